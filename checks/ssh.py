@@ -1,0 +1,114 @@
+"""ssh: every node is reachable and authenticated, runs a new enough python, and keeps time with the rest.
+
+The probe half also gathers the node basics other rules read: hostname, kernel, /dev/shm size and the
+locked-memory limit.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import socket
+import time
+from typing import Any, Dict, List
+
+from preflight.model import Check, ClusterView, Finding, Status, probe_error
+
+MIN_PYTHON = (3, 8)
+#: Clock skew above this many seconds is a warning: NCCL/gloo timeouts and log correlation suffer.
+MAX_SKEW_S = 1.0
+
+
+def probe(ctx: Any) -> Dict[str, Any]:
+    """Node basics, read from the standard library alone."""
+    try:
+        shm = os.statvfs("/dev/shm")
+        shm_bytes = shm.f_frsize * shm.f_blocks
+    except OSError:
+        shm_bytes = None
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return {
+        "hostname": socket.gethostname(),
+        "python": list(platform.python_version_tuple()),
+        "python_executable": os.path.realpath(os.sys.executable),
+        "kernel": platform.release(),
+        "time": time.time(),
+        "shm_bytes": shm_bytes,
+        "memlock_soft": None if soft == resource.RLIM_INFINITY else soft,
+        "memlock_hard": None if hard == resource.RLIM_INFINITY else hard,
+        "user": _user(),
+    }
+
+
+def _user() -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.getuid())
+
+
+def clock_offset(facts: Dict[str, Any]) -> Any:
+    """(offset, uncertainty) of the node clock against the controller's, in seconds, or None.
+
+    The controller stamps the window in which the node read its clock ("window": [sent, received]);
+    the offset is measured from the window's midpoint, with half the window as its uncertainty.
+    """
+    window = facts.get("window")
+    if not window or facts.get("time") is None:
+        return None
+    sent, received = window
+    return facts["time"] - (sent + received) / 2.0, (received - sent) / 2.0
+
+
+def rule(view: ClusterView) -> List[Finding]:
+    out: List[Finding] = []
+    for name, why in view.unreachable.items():
+        out.append(Finding("ssh", name, Status.FAIL, why, data={"unreachable": True}))
+    for name, facts in view.of("ssh").items():
+        err = probe_error("ssh", name, facts)
+        if err:
+            out.append(err)
+            continue
+        version = tuple(int(p) for p in facts["python"][:2])
+        shown = ".".join(facts["python"])
+        if version < MIN_PYTHON:
+            out.append(
+                Finding(
+                    "ssh",
+                    name,
+                    Status.FAIL,
+                    "python %s is too old for the probe" % shown,
+                    expected=">= %d.%d" % MIN_PYTHON,
+                    actual=shown,
+                )
+            )
+            continue
+        skew = clock_offset(facts)
+        if skew is not None and abs(skew[0]) - skew[1] > MAX_SKEW_S:
+            out.append(
+                Finding(
+                    "ssh",
+                    name,
+                    Status.WARN,
+                    "clock is %+.1f s off the controller's (±%.2f s); run chrony/ntpd" % skew,
+                    expected="|skew| <= %.0f s" % MAX_SKEW_S,
+                    actual="%+.1f s" % skew[0],
+                )
+            )
+            continue
+        out.append(Finding("ssh", name, Status.PASS, "reachable, python %s" % shown, actual=shown))
+    return out
+
+
+CHECK = Check(
+    name="ssh",
+    claim="Every node answers over SSH with a verified host key, runs python >= 3.8 and keeps time within 1 s",
+    why="A node the launcher cannot reach, or whose clock drifts, stalls rendezvous and scrambles logs.",
+    fix="Check sshd and the host key (ssh-keyscan HOST >> known_hosts after verifying it), the python "
+    "path in the inventory, and time sync (chronyc tracking).",
+    probe=probe,
+    rule=rule,
+)

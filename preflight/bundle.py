@@ -1,0 +1,115 @@
+"""The probe bundle: the node-side code, zipped once, sent on stdin, imported from memory on the node.
+
+Nothing is written to the node's disk: the bootstrap below reads the zip from stdin and serves its
+modules from memory, so there is no temp file to clean up even if the process is killed.
+
+Wire protocol (stdin → node):   one line of JSON config, one line with the zip's length, the zip bytes;
+                                stdin then stays open: its EOF means the controller is gone.
+Wire protocol (node → stdout):  `preflight-pid N` (from the login shell, before python starts),
+                                `preflight-clock T` (the node's time.time() as soon as python runs),
+                                `preflight-result {json}` (the last line).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import os
+import shlex
+import zipfile
+from typing import Any, Dict
+
+import preflight
+
+# Runs on the node as `python3 -c BOOTSTRAP`. Python 3.8+, standard library only. Kept small: it is
+# sent on every connection. It also arms the safety nets: the whole process group is killed when stdin
+# reaches EOF (the controller went away) or when the config's deadline passes.
+BOOTSTRAP = r"""
+import sys,os,io,json,time,signal,threading,zipfile,importlib.util
+sys.stdout.write('preflight-clock %r\n'%time.time());sys.stdout.flush()
+_in=sys.stdin.buffer;_cfg=json.loads(_in.readline());_zb=_in.read(int(_in.readline()))
+_z=zipfile.ZipFile(io.BytesIO(_zb));_S={}
+for _n in _z.namelist():
+    if _n.endswith('.py'):
+        _m=_n[:-3].replace('/','.');_p=_m.endswith('.__init__')
+        _S[_m[:-9] if _p else _m]=(_n,_p)
+class _L:
+    @staticmethod
+    def find_spec(name,path=None,target=None):
+        if name in _S:return importlib.util.spec_from_loader(name,_L,origin='bundle:'+_S[name][0],is_package=_S[name][1])
+    @staticmethod
+    def create_module(spec):return None
+    @staticmethod
+    def exec_module(mod):
+        n,p=_S[mod.__name__]
+        exec(compile(_z.read(n),'bundle/'+n,'exec'),mod.__dict__)
+    @staticmethod
+    def get_source(name):return _z.read(_S[name][0]).decode()
+sys.meta_path.insert(0,_L)
+def _die(*a):
+    try:os.killpg(os.getpgrp(),signal.SIGKILL)
+    finally:os._exit(137)
+def _watch():
+    try:
+        while _in.read(1):pass
+    except Exception:pass
+    _die()
+threading.Thread(target=_watch,daemon=True).start()
+threading.Timer(float(_cfg.get('deadline_s',600)),_die).start()
+from preflight.probe.runner import main
+sys.stdout.write('preflight-result '+json.dumps(main(_cfg,_zb))+'\n');sys.stdout.flush();os._exit(0)
+"""
+
+_NODE_MODULES = ("__init__.py", "model.py")
+
+
+@functools.lru_cache(maxsize=1)
+def base_zip() -> bytes:
+    """The node-side code: preflight/{__init__,model}.py, preflight/probe/*, preflight/checks/*, pynvml."""
+    pkg = os.path.dirname(preflight.__file__)
+    import preflight.checks as checks_pkg
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name in _NODE_MODULES:
+            zf.write(os.path.join(pkg, name), "preflight/" + name)
+        for sub, src in (("probe", os.path.join(pkg, "probe")), ("checks", os.path.dirname(checks_pkg.__file__))):
+            for name in sorted(os.listdir(src)):
+                if name.endswith(".py"):
+                    zf.write(os.path.join(src, name), "preflight/%s/%s" % (sub, name))
+        try:
+            import pynvml
+        except ImportError:  # nvidia-ml-py is a declared dependency; a broken install only loses NVML
+            pynvml = None
+        if pynvml is not None and pynvml.__file__ and pynvml.__file__.endswith(".py"):
+            zf.write(pynvml.__file__, "pynvml.py")
+    return buf.getvalue()
+
+
+def stdin_payload(config: Dict[str, Any]) -> bytes:
+    """What the bootstrap reads on stdin for one run."""
+    blob = base_zip()
+    return json.dumps(config, separators=(",", ":")).encode() + b"\n" + str(len(blob)).encode() + b"\n" + blob
+
+
+def remote_command(python: str) -> str:
+    """The command line sent to the node's login shell. `python` was validated by the inventory and is quoted."""
+    return "echo preflight-pid $$; exec %s -c %s" % (shlex.quote(python), shlex.quote(BOOTSTRAP))
+
+
+def parse_output(stdout: bytes) -> Dict[str, Any]:
+    """The protocol lines found in a run's stdout: pid, clock, result (each may be missing)."""
+    found: Dict[str, Any] = {}
+    for raw in stdout.split(b"\n"):
+        line = raw.decode("utf-8", "replace")
+        if line.startswith("preflight-pid ") and line[14:].strip().isdigit():
+            found["pid"] = int(line[14:])
+        elif line.startswith("preflight-clock "):
+            try:
+                found["clock"] = float(line[16:])
+            except ValueError:
+                pass
+        elif line.startswith("preflight-result "):
+            found["result"] = json.loads(line[17:])
+    return found

@@ -1,0 +1,265 @@
+"""The `preflight` command line. The only place errors become messages and exit codes.
+
+Exit codes: 0 nothing failed or errored, 1 a check failed or errored (or `diff` found regressions),
+2 a usage or inventory error (one line, never a traceback), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any, List, Optional
+
+from preflight import __version__
+from preflight.errors import PreflightError, UsageError
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        self.exit(EXIT_USAGE, "preflight: error: %s (see `%s --help`)\n" % (message, self.prog))
+
+
+def _names(text: str) -> List[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="preflight", description="Find the node that will hang your multi-node GPU job, before you launch it.")
+    parser.add_argument("--version", action="version", version="preflight %s" % __version__)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    check = sub.add_parser("check", help="check the nodes of an inventory (or this machine)")
+    check.add_argument("inventory", nargs="?", help="hosts.yaml; omit to check this machine locally, without SSH")
+    _common(check)
+    check.add_argument("--only", type=_names, metavar="NAMES", help="run only these checks (comma-separated)")
+    check.add_argument("--skip", type=_names, default=[], metavar="NAMES", help="skip these checks (comma-separated)")
+    check.add_argument("--json", metavar="PATH", help="write the JSON report to PATH ('-' = stdout)")
+    check.add_argument("--junit", metavar="PATH", help="write a JUnit XML report (one test case per check and node)")
+    check.add_argument("--prometheus", metavar="PATH", help="write a node_exporter textfile-collector file, atomically")
+    check.add_argument("--history", metavar="DIR", help="keep this run's JSON report in DIR for `preflight diff`")
+    check.add_argument("--hostfile", metavar="PATH", help="write the nodes that passed, for a launcher")
+    check.add_argument("--hostfile-format", choices=("plain", "deepspeed", "mpi", "mpich", "slurm"), default="plain")
+    check.add_argument("-v", "--verbose", action="store_true", help="one line per finding, passes included")
+
+    env = sub.add_parser("env", help="fast path: gather what the NCCL env needs and write the env file")
+    env.add_argument("inventory", nargs="?", help="hosts.yaml; omit for this machine")
+    _common(env)
+    env.add_argument("--with-allreduce", action="store_true", help="also prove the env with the all-reduce test")
+
+    sub.add_parser("checks", help="list every check with its claim")
+
+    diff = sub.add_parser("diff", help="compare two JSON reports (from --json or --history)")
+    diff.add_argument("old")
+    diff.add_argument("new")
+    diff.add_argument("--bw-threshold", type=float, default=0.10, metavar="FRACTION", help="busbw change that counts (default 0.10)")
+    return parser
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout", type=float, metavar="SECONDS", help="per-node command deadline (overrides command_timeout)")
+    p.add_argument("-j", "--parallel", type=int, default=64, metavar="N", help="nodes worked on at once (default 64)")
+    p.add_argument("--accept-new-host-keys", action="store_true", help="record unknown host keys (changed keys still fail)")
+    p.add_argument("--gpus-per-node", type=int, metavar="N", help="without an inventory: GPUs this machine should have")
+    p.add_argument("--master-port", type=int, metavar="PORT", help="override cluster.master_port")
+    p.add_argument("--env-file", metavar="PATH", help="write the recommended NCCL env file (sourced by launch scripts)")
+    p.add_argument("--no-progress", action="store_true", help="no progress display")
+    p.add_argument("--debug", action="store_true", help="log transport details to stderr")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if getattr(args, "debug", False) else logging.WARNING, format="preflight: %(message)s")
+    if getattr(args, "debug", False) is False:
+        logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    try:
+        if args.command == "checks":
+            return _cmd_checks()
+        if args.command == "diff":
+            return _cmd_diff(args)
+        if args.command in ("check", "env"):
+            return _cmd_check(args)
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    except PreflightError as exc:
+        sys.stderr.write("preflight: error: %s\n" % exc)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("preflight: interrupted; remote runs were killed\n")
+        return EXIT_INTERRUPTED
+
+
+def _cmd_checks() -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from preflight import checks as catalogue
+
+    table = Table(box=None, header_style="bold")
+    table.add_column("check")
+    table.add_column("claim")
+    for name, check in catalogue.catalogue().items():
+        table.add_row(name, check.claim)
+    Console().print(table)
+    return EXIT_OK
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    import json
+
+    from preflight import diff as differ
+
+    docs = []
+    for path in (args.old, args.new):
+        try:
+            with open(path) as handle:
+                docs.append(json.load(handle))
+        except OSError as exc:
+            raise UsageError("cannot read %s: %s" % (path, exc.strerror), "give the path of a JSON report") from None
+        except ValueError as exc:
+            raise UsageError("%s is not a JSON report: %s" % (path, exc), "give a file written by --json or --history") from None
+    result = differ.diff(docs[0], docs[1], bw_threshold=args.bw_threshold)
+    for line in differ.render_diff(result):
+        sys.stdout.write(line + "\n")
+    return EXIT_PROBLEMS if result.has_regressions else EXIT_OK
+
+
+def _load_inventory(args: argparse.Namespace) -> Any:
+    from preflight import inventory
+
+    if args.inventory:
+        if args.gpus_per_node is not None:
+            raise UsageError("--gpus-per-node applies only without an inventory", "set gpus_per_node in the inventory")
+        inv = inventory.load(args.inventory)
+    else:
+        inv = inventory.local_inventory(args.gpus_per_node)
+    if args.master_port is not None:
+        if not 0 < args.master_port < 65536:
+            raise UsageError("--master-port %d is out of range" % args.master_port, "use 1-65535")
+        inv.master_port = args.master_port
+        inv.cluster["master_port"] = args.master_port
+    return inv
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from preflight import engine, report
+
+    if args.parallel < 1:
+        raise UsageError("--parallel must be at least 1", "e.g. -j 64")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError("--timeout must be positive", "give seconds, e.g. --timeout 30")
+    inv = _load_inventory(args)
+    json_to_stdout = getattr(args, "json", None) == "-"
+    console = Console(stderr=json_to_stdout)
+    if args.command == "env":
+        only = ["nic", "ib_hca", "ports"] + (["allreduce"] if args.with_allreduce else [])
+        args.only, args.skip = only, []
+        if not args.env_file:
+            raise UsageError("`preflight env` needs --env-file PATH", "e.g. preflight env hosts.yaml --env-file nccl.env")
+    opts = engine.Options(
+        only=args.only,
+        skip=args.skip,
+        parallel=args.parallel,
+        timeout=args.timeout,
+        accept_new_host_keys=args.accept_new_host_keys,
+    )
+    engine.select_checks(opts.only, opts.skip)  # usage errors before any connection
+    progress = None if args.no_progress or not console.is_terminal else _Progress(console, len(inv.nodes))
+    opts.progress = progress.event if progress else None
+    try:
+        if progress:
+            with progress.live:
+                result = engine.run(inv, opts)
+        else:
+            result = engine.run(inv, opts)
+    finally:
+        if progress:
+            progress.close()
+    doc = report.to_json(result)
+    report.render(result, console, verbose=getattr(args, "verbose", False))
+    _write_outputs(args, result, doc, console)
+    return result.exit_code
+
+
+def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: Any) -> None:
+    from preflight import report
+
+    if getattr(args, "json", None):
+        if args.json == "-":
+            sys.stdout.write(report.dumps(doc))
+        else:
+            _write(args.json, report.dumps(doc))
+    if getattr(args, "env_file", None):
+        from preflight import envfile
+
+        _write(args.env_file, envfile.render(result), mode=0o644)
+        console.print("env file: %s" % args.env_file)
+    if getattr(args, "hostfile", None):
+        from preflight import hostfile
+
+        healthy = [(n["name"] if n["name"] else n["host"], max(1, n["gpus"])) for n in doc["nodes"] if n["status"] in ("pass", "warn", "skip")]
+        _write(args.hostfile, hostfile.render_hostfile([(h, s) for h, s in healthy], args.hostfile_format))
+    if getattr(args, "junit", None):
+        from preflight import junit
+
+        junit.write_junit(doc, args.junit)
+    if getattr(args, "prometheus", None):
+        from preflight import prometheus
+
+        prometheus.write_prometheus(doc, args.prometheus)
+    if getattr(args, "history", None):
+        from preflight import history
+
+        history.record(doc, args.history)
+
+
+def _write(path: str, text: str, mode: int = 0o644) -> None:
+    """Write a file atomically (temp file in the same directory, then rename); a bad path is a usage error."""
+    from preflight.history import atomic_write_text
+
+    try:
+        atomic_write_text(path, text, mode=mode)
+    except OSError as exc:
+        raise UsageError("cannot write %s: %s" % (path, exc.strerror or exc), "check the directory exists and is writable") from None
+
+
+class _Progress:
+    """A rich progress line: nodes done / failed / pending."""
+
+    def __init__(self, console: Any, total: int) -> None:
+        from rich.live import Live
+        from rich.text import Text
+
+        self.total = total
+        self.done = 0
+        self.failed = 0
+        self.running = 0
+        self._text = Text
+        self.live = Live(self._render(), console=console, transient=True, refresh_per_second=8)
+
+    def _render(self) -> Any:
+        return self._text.assemble(
+            ("preflight ", "bold"),
+            ("%d done" % self.done, "green"),
+            " · ",
+            ("%d failed" % self.failed, "red" if self.failed else "dim"),
+            " · %d running · %d nodes" % (self.running, self.total),
+        )
+
+    def event(self, kind: str, node: str) -> None:
+        if kind == "start":
+            self.running += 1
+        elif kind == "done":
+            self.done, self.running = self.done + 1, self.running - 1
+        elif kind == "failed":
+            self.failed, self.running = self.failed + 1, self.running - 1
+        self.live.update(self._render())
+
+    def close(self) -> None:
+        self.live.stop()

@@ -1,0 +1,182 @@
+"""One preflight run: gather facts in phases, then judge them with every selected rule.
+
+    phase 1   local facts on every node (ssh basics, gpu, driver, fabric manager, nic, ib)
+    phase 2   network facts planned from phase 1 (jumbo pings to ring neighbours, rendezvous port)
+    bench     the timed all-reduce on the nodes that passed (preflight.bench)
+    rules     pure functions over the gathered facts → findings
+
+Rules never reach back into a node: every verdict is computed here, from data.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+from preflight import checks as catalogue
+from preflight.errors import UsageError
+from preflight.gather import Fleet, Outcome, Progress
+from preflight.inventory import Inventory, NodeSpec
+from preflight.model import ClusterView, Finding, NodeInfo, Status
+
+
+@dataclass
+class Options:
+    only: Optional[Sequence[str]] = None
+    skip: Sequence[str] = ()
+    parallel: int = 64
+    timeout: Optional[float] = None  # overrides every node's command_timeout
+    accept_new_host_keys: bool = False
+    progress: Optional[Progress] = None
+    env_overrides: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RunReport:
+    """Everything one run produced; report.py renders it, envfile.py derives the env from it."""
+
+    inventory: Inventory
+    selected: List[str]
+    findings: List[Finding]
+    view: ClusterView
+    started_at: str
+    duration_s: float
+    allreduce: Optional[Dict[str, Any]] = None
+    phase_times: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(f.status.is_problem for f in self.findings) else 0
+
+
+def select_checks(only: Optional[Sequence[str]], skip: Sequence[str]) -> List[str]:
+    """The checks to report, in catalogue order. ssh always runs: nothing is known of a node without it."""
+    names = list(catalogue.CHECK_NAMES)
+    for given in list(only or []) + list(skip):
+        if given not in names:
+            raise UsageError("unknown check %r" % given, "choose from: %s (see `preflight checks`)" % ", ".join(names))
+    if "ssh" in skip:
+        raise UsageError("the ssh check cannot be skipped", "every other check runs over it")
+    chosen = [n for n in names if (not only or n in only or n == "ssh") and n not in skip]
+    return chosen
+
+
+def node_infos(inv: Inventory) -> List[NodeInfo]:
+    head = inv.head_name
+    return [
+        NodeInfo(
+            name=s.name,
+            host=s.host,
+            gpus_per_node=s.gpus_per_node,
+            is_head=s.name == head,
+            settings={"data_interface": s.data_interface, "local": s.local},
+        )
+        for s in inv.nodes
+    ]
+
+
+def _deadline(timeout: Optional[float]):
+    return lambda spec: timeout if timeout is not None else spec.command_timeout
+
+
+def _probe_config(names: Sequence[str], spec: NodeSpec, deadline: float, per_check: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    node = {"gpus_per_node": spec.gpus_per_node, "data_interface": spec.data_interface}
+    checks = {name: dict((per_check or {}).get(name) or {}, node=node) for name in names}
+    return {"mode": "probe", "checks": checks, "probe_timeout_s": max(1.0, deadline - 2.0)}
+
+
+def _absorb(view_facts: Dict[str, Dict[str, Any]], outcomes: Dict[str, Outcome], names: Sequence[str]) -> Dict[str, str]:
+    """Merge phase results into the facts; {node: failure message} for nodes that gave none."""
+    failed: Dict[str, str] = {}
+    for name, outcome in outcomes.items():
+        if outcome.failure is not None or outcome.result is None:
+            failed[name] = str(outcome.failure)
+            continue
+        facts = outcome.result.get("facts", {})
+        view_facts.setdefault(name, {}).update(facts)
+        ssh = view_facts[name].get("ssh")
+        run = outcome.run
+        if isinstance(ssh, dict) and run is not None and run.clock is not None and run.clock_received_at:
+            ssh["time"] = run.clock
+            ssh["window"] = [run.sent_at, run.clock_received_at]
+    return failed
+
+
+def run(inv: Inventory, opts: Options) -> RunReport:
+    selected = select_checks(opts.only, opts.skip)
+    gathered = catalogue.closure(selected)
+    checks = {name: catalogue.get(name) for name in gathered}
+    phase1 = [n for n in gathered if checks[n].phase == 1 and checks[n].probe is not None]
+    phase2 = [n for n in gathered if checks[n].phase == 2]
+    infos = node_infos(inv)
+    specs = {s.name: s for s in inv.nodes}
+    deadline = _deadline(opts.timeout)
+    started = time.time()
+    times: Dict[str, float] = {}
+    facts: Dict[str, Dict[str, Any]] = {}
+    unreachable: Dict[str, str] = {}
+    allreduce: Optional[Dict[str, Any]] = None
+    cluster = dict(inv.cluster)
+
+    with Fleet(inv.nodes, opts.parallel, opts.accept_new_host_keys, opts.progress) as fleet:
+        try:
+            t0 = time.monotonic()
+            configs = {s.name: _probe_config(phase1, s, deadline(s)) for s in inv.nodes}
+            unreachable.update(_absorb(facts, fleet.run(configs, deadline), phase1))
+            times["phase1_s"] = time.monotonic() - t0
+
+            view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
+            if phase2 and view.live:
+                t0 = time.monotonic()
+                plans = {name: checks[name].plan(view) if checks[name].plan else {} for name in phase2}
+                configs = {}
+                for node in view.live:
+                    per_check = {name: plans[name][node.name] for name in phase2 if node.name in plans[name]}
+                    if per_check:
+                        configs[node.name] = _probe_config(list(per_check), specs[node.name], deadline(specs[node.name]), per_check)
+                failed = _absorb(facts, fleet.run(configs, deadline), phase2)
+                for name, why in failed.items():
+                    for check in configs[name]["checks"]:
+                        facts[name][check] = {"probe_error": "network probe run failed: %s" % why}
+                times["phase2_s"] = time.monotonic() - t0
+
+            view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
+            if "allreduce" in selected and view.live:
+                from preflight import bench
+
+                t0 = time.monotonic()
+                allreduce = bench.run(fleet, inv, view, selected, opts)
+                times["allreduce_s"] = time.monotonic() - t0
+        except KeyboardInterrupt:
+            fleet.cancel()
+            raise
+
+    view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
+    findings = judge(view, selected)
+    return RunReport(
+        inventory=inv,
+        selected=selected,
+        findings=findings,
+        view=view,
+        started_at=datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        duration_s=time.time() - started,
+        allreduce=allreduce,
+        phase_times=times,
+    )
+
+
+def judge(view: ClusterView, selected: Sequence[str]) -> List[Finding]:
+    """Every selected rule over the view. A node without facts is reported per check, never passed."""
+    findings: List[Finding] = []
+    for name in selected:
+        check = catalogue.get(name)
+        try:
+            findings.extend(check.rule(view))
+        except Exception as exc:  # a rule bug must not hide the other checks' verdicts
+            findings.append(Finding(name, None, Status.ERROR, "rule failed: %s: %s" % (type(exc).__name__, exc)))
+        if name != "ssh":
+            for node in view.unreachable:
+                findings.append(Finding(name, node, Status.ERROR, "not checked: node unreachable (see ssh)"))
+    return findings

@@ -1,0 +1,36 @@
+"""The one error hierarchy. Only the CLI turns these into a message and an exit code."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class PreflightError(Exception):
+    """A problem the user can fix; printed as one line, exit code 2."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, fix: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return self.message + ("; " + self.fix if self.fix else "")
+
+
+class UsageError(PreflightError):
+    """Bad command-line arguments."""
+
+
+class InventoryError(PreflightError):
+    """A problem in the inventory file, located at file:line."""
+
+    def __init__(self, path: str, line: Optional[int], message: str, fix: Optional[str] = None) -> None:
+        super().__init__(message, fix)
+        self.path = path
+        self.line = line
+
+    def __str__(self) -> str:
+        where = self.path if self.line is None else "%s:%d" % (self.path, self.line)
+        return "%s: %s" % (where, PreflightError.__str__(self))

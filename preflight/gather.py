@@ -1,0 +1,123 @@
+"""Fan the probe bundle out over the nodes in a bounded pool; results are data, {node: outcome}.
+
+One connection per node, opened once and reused by every phase (local facts, network facts, the
+all-reduce). A node that fails to connect or overruns its deadline becomes a NodeFailure in its outcome;
+it never hides the other nodes' results. Ctrl-C cancels every in-flight run (remote process groups are
+killed) before the interrupt propagates.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+from preflight.inventory import NodeSpec
+from preflight.transport import NodeFailure, RunResult, Session, session_for
+
+#: progress(event, node name) with event in {"start", "done", "failed"}
+Progress = Callable[[str, str], None]
+
+
+@dataclass
+class Outcome:
+    """What one node returned for one phase: the run's result document, or why there is none."""
+
+    node: str
+    result: Optional[Dict[str, Any]] = None
+    run: Optional[RunResult] = None
+    failure: Optional[NodeFailure] = None
+
+
+class Fleet:
+    """The sessions to every node of an inventory, and the pool that drives them."""
+
+    def __init__(
+        self,
+        specs: List[NodeSpec],
+        parallel: int = 64,
+        accept_new_host_keys: bool = False,
+        progress: Optional[Progress] = None,
+    ) -> None:
+        self.specs = {s.name: s for s in specs}
+        self.parallel = max(1, parallel)
+        self.accept_new = accept_new_host_keys
+        self.progress = progress or (lambda event, node: None)
+        self.sessions: Dict[str, Session] = {}
+        self.dead: Dict[str, NodeFailure] = {}
+        self._lock = threading.Lock()
+
+    def _session(self, name: str) -> Session:
+        with self._lock:
+            if name in self.dead:
+                raise self.dead[name]
+            session = self.sessions.get(name)
+        if session is None:
+            session = session_for(self.specs[name], self.accept_new)
+            try:
+                session.open()
+            except NodeFailure as failure:
+                with self._lock:
+                    self.dead[name] = failure
+                session.close()
+                raise
+            with self._lock:
+                self.sessions[name] = session
+        return session
+
+    def _one(self, name: str, config: Dict[str, Any], deadline_s: float) -> Outcome:
+        self.progress("start", name)
+        try:
+            session = self._session(name)
+            run = session.run_bundle(config, deadline_s)
+        except NodeFailure as failure:
+            self.progress("failed", name)
+            return Outcome(name, failure=failure)
+        if run.result is None:
+            tail = run.stderr.strip().splitlines()[-1:] or ["no output"]
+            failure = NodeFailure("protocol", "probe bundle exited %s without a result: %s" % (run.rc, tail[0][:300]))
+            self.progress("failed", name)
+            return Outcome(name, run=run, failure=failure)
+        self.progress("done", name)
+        return Outcome(name, result=run.result, run=run)
+
+    def run(self, configs: Dict[str, Dict[str, Any]], deadline_of: Callable[[NodeSpec], float]) -> Dict[str, Outcome]:
+        """Run the bundle once on each node named in configs, concurrently; {node: Outcome} in input order."""
+        outcomes: Dict[str, Outcome] = {}
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(self.parallel, max(1, len(configs))))
+        try:
+            futures = {
+                pool.submit(self._one, name, cfg, deadline_of(self.specs[name])): name for name, cfg in configs.items()
+            }
+            pending = set(futures)
+            while pending:  # wake up regularly so Ctrl-C reaches the main thread
+                done, pending = concurrent.futures.wait(pending, timeout=0.5)
+                for future in done:
+                    outcomes[futures[future]] = future.result()
+        except KeyboardInterrupt:
+            self.cancel()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        return {name: outcomes[name] for name in configs}
+
+    def cancel(self) -> None:
+        """Kill every run in flight (remote process groups included)."""
+        with self._lock:
+            sessions = list(self.sessions.values())
+        for session in sessions:
+            session.cancel()
+
+    def close(self) -> None:
+        with self._lock:
+            sessions = list(self.sessions.values())
+            self.sessions.clear()
+        for session in sessions:
+            session.close()
+
+    def __enter__(self) -> "Fleet":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,448 @@
+"""Load and validate an inventory (hosts.yaml) into typed node specs.
+
+Every problem is an InventoryError naming file:line and the fix. Hosts, users, paths and interface
+names are checked against strict syntax here, so no inventory value can ever smuggle shell syntax
+anywhere later.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import ipaddress
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import yaml
+
+from preflight.errors import InventoryError
+
+# --- what may appear where ---------------------------------------------------------------------
+
+NODE_KEYS = (
+    "user",
+    "port",
+    "identity_file",
+    "known_hosts",
+    "ssh_config",
+    "proxy_jump",
+    "python",
+    "gpus_per_node",
+    "connect_timeout",
+    "command_timeout",
+    "data_interface",
+    "host_key_checking",
+)
+CLUSTER_KEYS = ("master_port", "head", "expect", "mtu_full_mesh", "allreduce")
+EXPECT_KEYS = (
+    "driver_version",
+    "cuda_version",
+    "nccl_version",
+    "torch_version",
+    "mtu",
+    "ib_hcas",
+    "ib_rate_gbps",
+    "busbw_gbps",
+)
+ALLREDUCE_KEYS = ("sizes", "warmup", "iters", "init_timeout", "op_timeout", "total_timeout", "enabled")
+TOP_KEYS = ("defaults", "cluster", "nodes")
+
+DEFAULTS: Dict[str, Any] = {
+    "user": None,  # None: ssh_config's User, else the local user
+    "port": None,  # None: ssh_config's Port, else 22
+    "identity_file": None,
+    "known_hosts": "~/.ssh/known_hosts",
+    "ssh_config": None,
+    "proxy_jump": None,
+    "python": "python3",
+    "gpus_per_node": 8,
+    "connect_timeout": 10.0,
+    "command_timeout": 60.0,
+    "data_interface": None,
+    "host_key_checking": "strict",
+}
+
+_LABEL = r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+HOSTNAME_RE = re.compile(r"^%s(\.%s)*\.?$" % (_LABEL, _LABEL))
+USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$")
+PYTHON_RE = re.compile(r"^[A-Za-z0-9_./+-]+$")
+IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+PATH_RE = re.compile(r"^[^\x00-\x1f]+$")
+
+
+def valid_host(host: str) -> bool:
+    """A DNS name or an IPv4/IPv6 literal, nothing else."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return bool(HOSTNAME_RE.match(host)) and len(host) <= 253
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node as the inventory describes it, with defaults applied."""
+
+    name: str
+    host: str
+    line: int
+    user: Optional[str] = None
+    port: Optional[int] = None
+    identity_file: Optional[str] = None
+    known_hosts: Optional[str] = "~/.ssh/known_hosts"
+    ssh_config: Optional[str] = None
+    proxy_jump: Optional[str] = None
+    python: str = "python3"
+    gpus_per_node: int = 8
+    connect_timeout: float = 10.0
+    command_timeout: float = 60.0
+    data_interface: Optional[str] = None
+    host_key_checking: str = "strict"
+    local: bool = False
+
+
+@dataclass
+class Inventory:
+    path: str
+    nodes: List[NodeSpec]
+    master_port: int = 29500
+    head: Optional[str] = None
+    expect: Dict[str, Any] = field(default_factory=dict)
+    cluster: Dict[str, Any] = field(default_factory=dict)
+    sha256: str = ""
+
+    @property
+    def head_name(self) -> str:
+        return self.head or self.nodes[0].name
+
+
+# --- YAML with line numbers ---------------------------------------------------------------------
+
+
+class _Located:
+    """The YAML document plus the line of every mapping key and sequence item (1-based)."""
+
+    def __init__(self, path: str, text: str) -> None:
+        self.path = path
+        self.lines: Dict[Tuple[Any, ...], int] = {}
+        try:
+            loader = yaml.SafeLoader(text)
+            try:
+                node = loader.get_single_node()
+                if node is None:
+                    self.data: Any = None
+                    return
+                self._walk(node, ())
+                self.data = loader.construct_document(node)
+            finally:
+                loader.dispose()
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            line = mark.line + 1 if mark else None
+            raise InventoryError(
+                path, line, "YAML syntax error: %s" % (exc.problem or exc.context), "fix the YAML at that line"
+            ) from None
+        except yaml.YAMLError as exc:
+            raise InventoryError(path, None, "YAML error: %s" % exc, "fix the YAML") from None
+
+    def _walk(self, node: yaml.Node, where: Tuple[Any, ...]) -> None:
+        self.lines[where] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            seen: Dict[Any, int] = {}
+            for key_node, value_node in node.value:
+                key = key_node.value
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise InventoryError(
+                        self.path,
+                        line,
+                        "duplicate key %r (first at line %d)" % (key, seen[key]),
+                        "keep one of them",
+                    )
+                seen[key] = line
+                self.lines[where + (key,)] = line
+                self._walk(value_node, where + (key,))
+                self.lines[where + (key,)] = line
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                self._walk(item, where + (index,))
+
+    def line(self, *where: Any) -> Optional[int]:
+        while where:
+            if where in self.lines:
+                return self.lines[where]
+            where = where[:-1]
+        return self.lines.get(())
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+
+class _Validator:
+    def __init__(self, doc: _Located) -> None:
+        self.doc = doc
+        self.path = doc.path
+
+    def fail(self, where: Tuple[Any, ...], message: str, fix: str) -> InventoryError:
+        return InventoryError(self.path, self.doc.line(*where), message, fix)
+
+    def mapping(self, value: Any, where: Tuple[Any, ...], allowed: Tuple[str, ...], what: str) -> Dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(where, "%s must be a mapping, not %s" % (what, _kind(value)), "write key: value pairs")
+        for key in value:
+            if key not in allowed:
+                guess = difflib.get_close_matches(str(key), allowed, n=1)
+                hint = "did you mean %r?" % guess[0] if guess else "allowed keys: %s" % ", ".join(allowed)
+                raise self.fail(where + (key,), "unknown key %r in %s" % (key, what), hint)
+        return value
+
+    def node_settings(self, raw: Dict[str, Any], where: Tuple[Any, ...]) -> Dict[str, Any]:
+        """Validate the per-node keys (shared by defaults and node entries)."""
+        out: Dict[str, Any] = {}
+        for key, value in raw.items():
+            if key not in NODE_KEYS:
+                continue
+            at = where + (key,)
+            if value is None:
+                out[key] = None
+                continue
+            if key == "user":
+                out[key] = self.string(value, at, key, USER_RE, "a login name such as root or ubuntu")
+            elif key == "port":
+                out[key] = self.integer(value, at, key, 1, 65535)
+            elif key in ("identity_file", "known_hosts", "ssh_config"):
+                text = self.string(value, at, key, PATH_RE, "a file path")
+                expanded = os.path.expanduser(text)
+                if key != "known_hosts" and not os.path.isfile(expanded):
+                    raise self.fail(at, "%s %s does not exist" % (key, text), "give the path of an existing file")
+                out[key] = expanded
+            elif key == "proxy_jump":
+                out[key] = self.proxy_jump(value, at)
+            elif key == "python":
+                out[key] = self.string(
+                    value, at, key, PYTHON_RE, "an interpreter name or absolute path such as /usr/bin/python3"
+                )
+            elif key == "gpus_per_node":
+                out[key] = self.integer(value, at, key, 0, 64)
+            elif key in ("connect_timeout", "command_timeout"):
+                out[key] = self.number(value, at, key, 0.1, 3600)
+            elif key == "data_interface":
+                out[key] = self.string(value, at, key, IFNAME_RE, "a network interface name such as eth1 or ib0")
+            elif key == "host_key_checking":
+                if value not in ("strict", "accept-new"):
+                    raise self.fail(at, "host_key_checking must be strict or accept-new", "use strict (default)")
+                out[key] = value
+        return out
+
+    def string(self, value: Any, where: Tuple[Any, ...], key: str, pattern: "re.Pattern[str]", want: str) -> str:
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise self.fail(where, "%s must be a string, not %s" % (key, _kind(value)), "write %s" % want)
+        text = str(value)
+        if not pattern.match(text):
+            raise self.fail(where, "%s %r is not valid" % (key, text), "write %s" % want)
+        return text
+
+    def integer(self, value: Any, where: Tuple[Any, ...], key: str, low: int, high: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(where, "%s must be an integer, not %s" % (key, _kind(value)), "write a number %d-%d" % (low, high))
+        if not low <= value <= high:
+            raise self.fail(where, "%s %d is out of range" % (key, value), "use a value from %d to %d" % (low, high))
+        return value
+
+    def number(self, value: Any, where: Tuple[Any, ...], key: str, low: float, high: float) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(where, "%s must be a number, not %s" % (key, _kind(value)), "write seconds, e.g. 10")
+        if not low <= value <= high:
+            raise self.fail(where, "%s %g is out of range" % (key, value), "use %g to %g seconds" % (low, high))
+        return float(value)
+
+    def proxy_jump(self, value: Any, where: Tuple[Any, ...]) -> str:
+        text = self.string(value, where, "proxy_jump", re.compile(r"^[^\s]+$"), "[user@]host[:port][,...]")
+        for hop in text.split(","):
+            user, _, hostport = hop.rpartition("@")
+            host, port = _split_port(hostport)
+            if (user and not USER_RE.match(user)) or not valid_host(host) or (port is not None and not 0 < port < 65536):
+                raise self.fail(where, "proxy_jump hop %r is not valid" % hop, "write [user@]host[:port], comma-separated")
+        return text
+
+
+def _split_port(hostport: str) -> Tuple[str, Optional[int]]:
+    if hostport.startswith("["):
+        host, _, rest = hostport[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else None
+    if hostport.count(":") == 1:
+        host, _, port = hostport.partition(":")
+        return host, int(port) if port.isdigit() else -1
+    return hostport, None
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "true/false", type(None): "empty"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _expand(pattern: str) -> List[str]:
+    """gpu-[001-004] → gpu-001 … gpu-004, via ClusterShell's NodeSet."""
+    from ClusterShell.NodeSet import NodeSet, NodeSetException
+
+    try:
+        return list(NodeSet(pattern))
+    except (NodeSetException, ValueError) as exc:
+        raise ValueError(str(exc)) from None
+
+
+def load(path: str) -> Inventory:
+    """Read, parse and validate an inventory file. Raises InventoryError."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        raise InventoryError(path, None, "inventory file not found", "check the path, or run `preflight check` with no argument to check this machine") from None
+    except IsADirectoryError:
+        raise InventoryError(path, None, "is a directory, not an inventory file", "give the path of a hosts.yaml") from None
+    except OSError as exc:
+        raise InventoryError(path, None, "cannot read: %s" % exc.strerror, "check the file's permissions") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise InventoryError(path, line, "not UTF-8 text", "save the file as UTF-8") from None
+    doc = _Located(path, text)
+    v = _Validator(doc)
+    top = doc.data
+    if top is None:
+        raise InventoryError(path, 1, "the inventory is empty", "list your hosts under `nodes:` (see inventory/hosts.example.yaml)")
+    top = v.mapping(top, (), TOP_KEYS, "the inventory")
+
+    defaults = dict(DEFAULTS)
+    defaults.update(v.node_settings(v.mapping(top.get("defaults"), ("defaults",), NODE_KEYS, "defaults"), ("defaults",)))
+
+    cluster_raw = v.mapping(top.get("cluster"), ("cluster",), CLUSTER_KEYS, "cluster")
+    master_port = 29500
+    if cluster_raw.get("master_port") is not None:
+        master_port = v.integer(cluster_raw["master_port"], ("cluster", "master_port"), "master_port", 1, 65535)
+    expect = dict(v.mapping(cluster_raw.get("expect"), ("cluster", "expect"), EXPECT_KEYS, "cluster.expect"))
+    _check_expect(v, expect)
+    allreduce = dict(v.mapping(cluster_raw.get("allreduce"), ("cluster", "allreduce"), ALLREDUCE_KEYS, "cluster.allreduce"))
+    _check_allreduce(v, allreduce)
+    mesh = cluster_raw.get("mtu_full_mesh", False)
+    if not isinstance(mesh, bool):
+        raise v.fail(("cluster", "mtu_full_mesh"), "mtu_full_mesh must be true or false", "write true or false")
+
+    nodes_raw = top.get("nodes")
+    if nodes_raw is None or nodes_raw == []:
+        raise v.fail(("nodes",), "no nodes in the inventory", "list hosts under `nodes:`, e.g. `- gpu-[001-004]`")
+    if not isinstance(nodes_raw, list):
+        raise v.fail(("nodes",), "nodes must be a list, not %s" % _kind(nodes_raw), "write one `- host` item per line")
+
+    nodes: List[NodeSpec] = []
+    names: Dict[str, int] = {}
+    hosts: Dict[Tuple[str, Any], int] = {}
+    for index, item in enumerate(nodes_raw):
+        where = ("nodes", index)
+        line = doc.line(*where) or 0
+        if isinstance(item, str) or (isinstance(item, int) and not isinstance(item, bool)):
+            pattern, settings, name = str(item), {}, None
+        elif isinstance(item, dict):
+            v.mapping(item, where, ("host", "name") + NODE_KEYS, "a node entry")
+            if "host" not in item or item["host"] in (None, ""):
+                raise v.fail(where, "node entry has no host", "add `host: NAME-OR-ADDRESS`")
+            if not isinstance(item["host"], str):
+                raise v.fail(where + ("host",), "host must be a string", "write the host name or address")
+            pattern = item["host"]
+            settings = v.node_settings(item, where)
+            name = item.get("name")
+            if name is not None and (not isinstance(name, str) or not NAME_RE.match(name)):
+                raise v.fail(where + ("name",), "name %r is not valid" % (name,), "use letters, digits, '.', '_' and '-'")
+            where = where + ("host",)
+        else:
+            raise v.fail(where, "a node must be a host string or a mapping, not %s" % _kind(item), "write `- host` or `- host: ...`")
+        try:
+            expanded = _expand(pattern) if "[" in pattern else [pattern]
+        except ValueError as exc:
+            raise v.fail(where, "bad host range %r: %s" % (pattern, exc), "write ranges like gpu-[001-064,070]") from None
+        if name is not None and len(expanded) > 1:
+            raise v.fail(("nodes", index, "name"), "name given for a range of %d hosts" % len(expanded), "drop `name:` or list the hosts one by one")
+        for host in expanded:
+            if not valid_host(host):
+                raise v.fail(where, "host %r is not a valid host name or address" % host, "use a DNS name or an IP address; no spaces or shell characters")
+            merged = dict(defaults)
+            merged.update(settings)
+            spec = NodeSpec(name=name or host, host=host, line=line, **merged)
+            if spec.name in names:
+                raise v.fail(where, "duplicate node %r (first at line %d)" % (spec.name, names[spec.name]), "list each node once")
+            key = (host, spec.port)
+            if key in hosts:
+                raise v.fail(where, "duplicate host %r (first at line %d)" % (host, hosts[key]), "list each host once")
+            names[spec.name] = line
+            hosts[key] = line
+            nodes.append(spec)
+
+    head = cluster_raw.get("head")
+    if head is not None and head not in names:
+        raise v.fail(("cluster", "head"), "head %r is not one of the nodes" % (head,), "use a node's name as listed under nodes:")
+    cluster = {"master_port": master_port, "mtu_full_mesh": mesh, "allreduce": allreduce}
+    return Inventory(
+        path=path,
+        nodes=nodes,
+        master_port=master_port,
+        head=head,
+        expect=expect,
+        cluster=cluster,
+        sha256=hashlib.sha256(raw).hexdigest(),
+    )
+
+
+def _check_expect(v: _Validator, expect: Dict[str, Any]) -> None:
+    for key, value in expect.items():
+        at = ("cluster", "expect", key)
+        if key in ("mtu", "ib_hcas"):
+            expect[key] = v.integer(value, at, key, 0 if key == "ib_hcas" else 576, 65536)
+        elif key in ("ib_rate_gbps", "busbw_gbps"):
+            expect[key] = v.number(value, at, key, 0.001, 100000)
+        elif isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise v.fail(at, "%s must be a version string" % key, 'quote it, e.g. "550.54.15"')
+        else:
+            expect[key] = str(value)
+
+
+def _check_allreduce(v: _Validator, allreduce: Dict[str, Any]) -> None:
+    for key, value in allreduce.items():
+        at = ("cluster", "allreduce", key)
+        if key == "sizes":
+            if not isinstance(value, list) or not value or not all(isinstance(s, int) and not isinstance(s, bool) and 4 <= s <= 2**36 for s in value):
+                raise v.fail(at, "sizes must be a list of byte counts", "e.g. [1048576, 16777216] (4 B to 64 GiB)")
+        elif key in ("warmup", "iters"):
+            allreduce[key] = v.integer(value, at, key, 0 if key == "warmup" else 1, 1000)
+        elif key == "enabled":
+            if not isinstance(value, bool):
+                raise v.fail(at, "enabled must be true or false", "write true or false")
+        else:
+            allreduce[key] = v.number(value, at, key, 1, 3600)
+
+
+def local_inventory(gpus_per_node: Optional[int] = None) -> Inventory:
+    """An inventory of this machine alone, checked locally without SSH."""
+    import sys
+
+    name = socket.gethostname() or "localhost"
+    if not NAME_RE.match(name):
+        name = "localhost"
+    gpus = gpus_per_node if gpus_per_node is not None else _local_gpu_count()
+    node = NodeSpec(name=name, host="localhost", line=0, python=sys.executable, gpus_per_node=gpus, local=True)
+    return Inventory(path="(this machine)", nodes=[node], cluster={"master_port": 29500, "mtu_full_mesh": False, "allreduce": {}})
+
+
+def _local_gpu_count() -> int:
+    """GPUs the NVIDIA driver registered on this machine (0 without a driver)."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0

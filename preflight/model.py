@@ -1,0 +1,194 @@
+"""The shared vocabulary: statuses, findings, check declarations and the cluster view rules read.
+
+Standard library only, Python 3.8 compatible: this module travels to the nodes in the probe bundle,
+because every check module imports it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+
+class Status(str, enum.Enum):
+    """The verdict of one finding. Ordered from best to worst by `rank`."""
+
+    PASS = "pass"
+    SKIP = "skip"
+    WARN = "warn"
+    FAIL = "fail"
+    ERROR = "error"
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+    @property
+    def is_problem(self) -> bool:
+        """True for the statuses that make the run exit 1."""
+        return self in (Status.FAIL, Status.ERROR)
+
+
+_RANK = {Status.PASS: 0, Status.SKIP: 1, Status.WARN: 2, Status.FAIL: 3, Status.ERROR: 4}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One verdict: a check's claim judged on one node (or cluster-wide when node is None)."""
+
+    check: str
+    node: Optional[str]
+    status: Status
+    message: str
+    expected: Optional[str] = None
+    actual: Optional[str] = None
+    data: Optional[Dict[str, Any]] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {
+            "check": self.check,
+            "node": self.node,
+            "status": self.status.value,
+            "message": self.message,
+        }
+        if self.expected is not None:
+            out["expected"] = self.expected
+        if self.actual is not None:
+            out["actual"] = self.actual
+        if self.data:
+            out["data"] = self.data
+        return out
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "Finding":
+        return cls(
+            check=doc["check"],
+            node=doc.get("node"),
+            status=Status(doc["status"]),
+            message=doc["message"],
+            expected=doc.get("expected"),
+            actual=doc.get("actual"),
+            data=doc.get("data"),
+        )
+
+
+class ParseError(ValueError):
+    """A parser met output it does not understand. The message names the source and what was wrong."""
+
+
+@dataclass
+class CommandResult:
+    """What one command run on the node returned. rc is 127 when the program does not exist."""
+
+    argv: List[str]
+    rc: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0 and not self.timed_out
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What the controller knows of a node from the inventory, as rules see it."""
+
+    name: str
+    host: str
+    gpus_per_node: int
+    is_head: bool = False
+    settings: Dict[str, Any] = field(default_factory=dict)
+
+
+class ClusterView:
+    """Everything a rule may read: the nodes, their gathered facts, and the inventory's expectations.
+
+    Rules are pure: they get a ClusterView and return findings. Only nodes whose probe bundle ran are
+    in `facts`; nodes that could not be reached are listed in `unreachable` and judged by the ssh check.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeInfo],
+        facts: Mapping[str, Mapping[str, Any]],
+        expect: Optional[Mapping[str, Any]] = None,
+        cluster: Optional[Mapping[str, Any]] = None,
+        unreachable: Optional[Mapping[str, str]] = None,
+    ) -> None:
+        self.nodes = list(nodes)
+        self.facts = {name: dict(f) for name, f in facts.items()}
+        self.expect = dict(expect or {})
+        self.cluster = dict(cluster or {})
+        self.unreachable = dict(unreachable or {})
+        self._by_name = {n.name: n for n in self.nodes}
+
+    @property
+    def live(self) -> List[NodeInfo]:
+        """Nodes whose facts were gathered, in inventory order."""
+        return [n for n in self.nodes if n.name in self.facts]
+
+    @property
+    def head(self) -> NodeInfo:
+        for n in self.nodes:
+            if n.is_head:
+                return n
+        return self.nodes[0]
+
+    def node(self, name: str) -> NodeInfo:
+        return self._by_name[name]
+
+    def of(self, check: str) -> Dict[str, Any]:
+        """{node name: that check's raw facts} for every live node (a missing entry maps to None)."""
+        return {n.name: self.facts[n.name].get(check) for n in self.live}
+
+
+ProbeFn = Callable[[Any], Dict[str, Any]]
+RuleFn = Callable[[ClusterView], List[Finding]]
+PlanFn = Callable[[ClusterView], Dict[str, Dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Check:
+    """A check's declaration: the catalogue entry every module in preflight.checks exports as CHECK.
+
+    name    stable CLI name (ssh, gpu, driver, fabric_manager, nic, ib_hca, mtu, ports, allreduce)
+    claim   one line: what is true when it passes
+    why     why a failure matters to a multi-node job (printed in the report)
+    fix     how to fix a failure (printed in the report)
+    probe   node-side: probe(ctx) -> JSON-serialisable facts; standard library (+ pynvml) only
+    rule    controller-side: rule(view) -> [Finding]; pure
+    phase   1 = local facts; 2 = network facts that need a plan built from phase-1 facts
+    plan    phase-2 only: plan(view) -> {node name: probe config}, built on the controller
+    needs   other checks whose facts this rule reads (they are gathered even when not selected)
+    """
+
+    name: str
+    claim: str
+    why: str
+    fix: str
+    probe: Optional[ProbeFn]
+    rule: RuleFn
+    phase: int = 1
+    plan: Optional[PlanFn] = None
+    needs: Sequence[str] = ()
+
+
+def skip_all(check: str, nodes: Sequence[NodeInfo], reason: str) -> List[Finding]:
+    """One SKIP finding per node, with the reason the check does not apply."""
+    return [Finding(check, n.name, Status.SKIP, reason) for n in nodes]
+
+
+def probe_error(check: str, node: str, facts: Any) -> Optional[Finding]:
+    """The ERROR finding for a node whose probe produced no facts or raised, else None.
+
+    The probe runner records a probe that raised as {"probe_error": "..."}; a check missing from a node's
+    facts entirely means the probe never ran there. Neither may ever pass.
+    """
+    if facts is None:
+        return Finding(check, node, Status.ERROR, "no facts gathered for this check")
+    if isinstance(facts, dict) and "probe_error" in facts:
+        return Finding(check, node, Status.ERROR, "probe failed: %s" % facts["probe_error"])
+    return None

@@ -1,0 +1,199 @@
+"""The report as a Prometheus text-format file for node_exporter's textfile collector.
+
+Run preflight from cron with ``--prometheus /var/lib/node_exporter/textfile/preflight.prom``; the file
+is replaced atomically, so the collector never scrapes half a file. All metrics are gauges, one
+sample per series, no client timestamps (the textfile collector rejects them).
+
+Status numbering (the same order as `Status.rank`, best to worst)::
+
+    0 pass   1 skip   2 warn   3 fail   4 error
+
+Metrics::
+
+    preflight_check_status{check,node}          worst status of that check on that node (numbering above);
+                                                node="" for a cluster-wide finding
+    preflight_check_ok{check,node}              1 unless that status is fail or error (what the exit code uses)
+    preflight_node_status{node}                 worst status of any finding on the node
+    preflight_findings{status}                  number of findings per status (all five always present)
+    preflight_last_run_timestamp_seconds        start of the run, Unix time (alert on its age)
+    preflight_run_duration_seconds              wall time of the run
+    preflight_exit_code                         0 ok, 1 something failed or errored
+    preflight_run_info{version,inventory,inventory_sha256}   always 1
+    preflight_allreduce_status                  all-reduce verdict (numbering above)
+    preflight_allreduce_world_size              ranks in the all-reduce test
+    preflight_allreduce_busbw_gbps              headline bus bandwidth, GB/s
+    preflight_allreduce_threshold_gbps          the pass threshold, when one was set
+    preflight_allreduce_algbw_gbps{bytes}       algorithm bandwidth per message size
+    preflight_allreduce_curve_busbw_gbps{bytes} bus bandwidth per message size
+    preflight_allreduce_time_seconds{bytes}     time of one all-reduce per message size
+
+The all-reduce metrics are absent when the report has no all-reduce result (or the value is null).
+Alert examples: ``max(preflight_check_status) >= 3``, ``time() - preflight_last_run_timestamp_seconds > 7200``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from preflight.history import PathLike, atomic_write_text, parse_timestamp
+from preflight.model import Status
+
+STATUS_VALUE = {s: s.rank for s in Status}  # pass 0, skip 1, warn 2, fail 3, error 4
+
+Labels = Tuple[Tuple[str, str], ...]
+
+
+def escape_label_value(value: Any) -> str:
+    """A label value escaped per the exposition format: backslash, double quote, newline."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    number = float(value)
+    if math.isnan(number):
+        return "NaN"
+    if math.isinf(number):
+        return "+Inf" if number > 0 else "-Inf"
+    return repr(number)
+
+
+class _Family:
+    """One metric family: its HELP/TYPE header and its samples, rendered together."""
+
+    def __init__(self, name: str, help_text: str) -> None:
+        self.name = name
+        self.help = help_text
+        self.samples: Dict[Labels, Any] = {}
+
+    def add(self, value: Any, **labels: Any) -> None:
+        if value is None:
+            return
+        self.samples[tuple((k, "" if v is None else str(v)) for k, v in labels.items())] = value
+
+    def render(self) -> List[str]:
+        if not self.samples:
+            return []
+        lines = ["# HELP %s %s" % (self.name, _escape_help(self.help)), "# TYPE %s gauge" % self.name]
+        for labels, value in self.samples.items():
+            label_text = ",".join('%s="%s"' % (k, escape_label_value(v)) for k, v in labels)
+            series = "%s{%s}" % (self.name, label_text) if label_text else self.name
+            lines.append("%s %s" % (series, _format_value(value)))
+        return lines
+
+
+def _worst(statuses: Iterable[Status]) -> Status:
+    return max(statuses, key=lambda s: s.rank)
+
+
+def _check_statuses(results: Iterable[Mapping[str, Any]]) -> Dict[Tuple[str, str], Status]:
+    """Worst status per (check, node); node "" for cluster-wide findings."""
+    worst: Dict[Tuple[str, str], Status] = {}
+    for result in results:
+        key = (result["check"], result.get("node") or "")
+        status = Status(result["status"])
+        if key not in worst or status.rank > worst[key].rank:
+            worst[key] = status
+    return worst
+
+
+def _node_statuses(report: Mapping[str, Any], checks: Dict[Tuple[str, str], Status]) -> Dict[str, Status]:
+    """The node status the report states; computed from the findings for a node it does not list."""
+    out: Dict[str, Status] = {}
+    for node in report.get("nodes") or []:
+        if node.get("status") is not None:
+            out[node["name"]] = Status(node["status"])
+    stated = set(out)
+    for (_, node), status in checks.items():
+        if node and node not in stated:
+            out[node] = _worst([out.get(node, status), status])
+    return out
+
+
+def _number(value: Any) -> Optional[float]:
+    return None if value is None else float(value)
+
+
+def to_prometheus(report: Mapping[str, Any]) -> str:
+    """The report document as Prometheus text exposition format (version 0.0.4)."""
+    numbering = ", ".join("%d %s" % (s.rank, s.value) for s in sorted(Status, key=lambda s: s.rank))
+    fam = {
+        name: _Family(name, help_text)
+        for name, help_text in [
+            ("preflight_check_status",
+             "Worst status of a check on a node (%s); node=\"\" is cluster-wide." % numbering),
+            ("preflight_check_ok", "1 unless the check's worst status on the node is fail or error."),
+            ("preflight_node_status", "Worst status of any finding on the node (%s)." % numbering),
+            ("preflight_findings", "Number of findings of each status in the last run."),
+            ("preflight_last_run_timestamp_seconds", "Start time of the last preflight run, Unix seconds."),
+            ("preflight_run_duration_seconds", "Wall time of the last preflight run in seconds."),
+            ("preflight_exit_code", "Exit code of the last run: 0 ok, 1 a check failed or errored."),
+            ("preflight_run_info", "Version and inventory of the last run; always 1."),
+            ("preflight_allreduce_status", "Verdict of the all-reduce bandwidth test (%s)." % numbering),
+            ("preflight_allreduce_world_size", "Number of ranks in the all-reduce test."),
+            ("preflight_allreduce_busbw_gbps", "All-reduce bus bandwidth, GB/s."),
+            ("preflight_allreduce_threshold_gbps", "All-reduce bus bandwidth pass threshold, GB/s."),
+            ("preflight_allreduce_algbw_gbps", "All-reduce algorithm bandwidth per message size, GB/s."),
+            ("preflight_allreduce_curve_busbw_gbps", "All-reduce bus bandwidth per message size, GB/s."),
+            ("preflight_allreduce_time_seconds", "Time of one all-reduce per message size, seconds."),
+        ]
+    }
+
+    checks = _check_statuses(report.get("results") or [])
+    for (check, node), status in checks.items():
+        fam["preflight_check_status"].add(STATUS_VALUE[status], check=check, node=node)
+        fam["preflight_check_ok"].add(0 if status.is_problem else 1, check=check, node=node)
+    for node, status in _node_statuses(report, checks).items():
+        fam["preflight_node_status"].add(STATUS_VALUE[status], node=node)
+
+    summary = report.get("summary") or {}
+    for status in sorted(Status, key=lambda s: s.rank):
+        fam["preflight_findings"].add(int(summary.get(status.value, 0)), status=status.value)
+
+    started = parse_timestamp(report.get("started_at"))
+    if started is not None:
+        fam["preflight_last_run_timestamp_seconds"].add(started.timestamp())
+    fam["preflight_run_duration_seconds"].add(_number(report.get("duration_s")))
+    if report.get("exit_code") is not None:
+        fam["preflight_exit_code"].add(int(report["exit_code"]))
+    fam["preflight_run_info"].add(
+        1,
+        version=report.get("preflight_version") or "",
+        inventory=report.get("inventory") or "",
+        inventory_sha256=report.get("inventory_sha256") or "",
+    )
+
+    allreduce = report.get("allreduce")
+    if allreduce:
+        if allreduce.get("verdict"):
+            fam["preflight_allreduce_status"].add(STATUS_VALUE[Status(allreduce["verdict"])])
+        if allreduce.get("world_size") is not None:
+            fam["preflight_allreduce_world_size"].add(int(allreduce["world_size"]))
+        fam["preflight_allreduce_busbw_gbps"].add(_number(allreduce.get("busbw_gbps")))
+        fam["preflight_allreduce_threshold_gbps"].add(_number(allreduce.get("threshold_gbps")))
+        for point in allreduce.get("curve") or []:
+            size = int(point["bytes"])
+            fam["preflight_allreduce_algbw_gbps"].add(_number(point.get("algbw_gbps")), bytes=size)
+            fam["preflight_allreduce_curve_busbw_gbps"].add(_number(point.get("busbw_gbps")), bytes=size)
+            fam["preflight_allreduce_time_seconds"].add(_number(point.get("time_s")), bytes=size)
+
+    lines: List[str] = []
+    for family in fam.values():
+        lines.extend(family.render())
+    return "\n".join(lines) + "\n"
+
+
+def write_prometheus(report: Mapping[str, Any], path: PathLike) -> None:
+    """Write `to_prometheus(report)` to path atomically (temporary file in the same directory, rename).
+
+    Give path a ``.prom`` suffix for the textfile collector; the temporary file never has one.
+    """
+    atomic_write_text(path, to_prometheus(report))

@@ -1,0 +1,182 @@
+"""Render a run: the JSON document for machines, the rich console report for people.
+
+The console report stays readable at 1,000 nodes: failures first, one line per distinct finding with
+its nodes folded (gpu-[001-063]), passes folded into one line per check unless verbose.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from preflight import __version__
+from preflight import checks as catalogue
+from preflight.engine import RunReport
+from preflight.model import Finding, Status
+
+STYLE = {
+    Status.PASS: "green",
+    Status.SKIP: "dim",
+    Status.WARN: "yellow",
+    Status.FAIL: "bold red",
+    Status.ERROR: "bold magenta",
+}
+
+
+def fold(names: Iterable[Optional[str]]) -> str:
+    """Node names folded with ClusterShell's NodeSet: n001 n002 n003 n005 → n[001-003,005]."""
+    from ClusterShell.NodeSet import NodeSet
+
+    real = [n for n in names if n]
+    folded = str(NodeSet.fromlist(real)) if real else ""
+    return folded if len(real) == len([n for n in names]) else ", ".join(filter(None, ["cluster", folded]))
+
+
+def node_status(findings: Iterable[Finding]) -> Dict[str, Status]:
+    worst: Dict[str, Status] = {}
+    for f in findings:
+        if f.node is not None and (f.node not in worst or f.status.rank > worst[f.node].rank):
+            worst[f.node] = f.status
+    return worst
+
+
+def summary(findings: Iterable[Finding]) -> Dict[str, int]:
+    counts = OrderedDict((s.value, 0) for s in (Status.PASS, Status.WARN, Status.FAIL, Status.SKIP, Status.ERROR))
+    for f in findings:
+        counts[f.status.value] += 1
+    return dict(counts)
+
+
+def to_json(report: RunReport) -> Dict[str, Any]:
+    """The machine-readable report (the --json document)."""
+    worst = node_status(report.findings)
+    inv = report.inventory
+    return {
+        "preflight_version": __version__,
+        "started_at": report.started_at,
+        "duration_s": round(report.duration_s, 3),
+        "phase_times_s": {k: round(v, 3) for k, v in report.phase_times.items()},
+        "inventory": inv.path,
+        "inventory_sha256": inv.sha256,
+        "checks": list(report.selected),
+        "nodes": [
+            {
+                "name": s.name,
+                "host": s.host,
+                "gpus": s.gpus_per_node,
+                "head": s.name == inv.head_name,
+                "status": (worst.get(s.name) or Status.ERROR).value,
+            }
+            for s in inv.nodes
+        ],
+        "results": [f.to_json() for f in sort_findings(report.findings)],
+        "summary": summary(report.findings),
+        "allreduce": report.allreduce,
+        "exit_code": report.exit_code,
+    }
+
+
+def dumps(doc: Dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+
+
+def sort_findings(findings: Iterable[Finding]) -> List[Finding]:
+    order = {name: i for i, name in enumerate(catalogue.CHECK_NAMES)}
+    return sorted(findings, key=lambda f: (-f.status.rank, order.get(f.check, 99), f.node or ""))
+
+
+def group(findings: Iterable[Finding], verbose: bool = False) -> List[Tuple[Status, str, List[Optional[str]], str]]:
+    """(status, check, nodes, message) rows: identical findings on several nodes become one row.
+
+    Passes fold into one row per check ("8 nodes") unless verbose.
+    """
+    rows: "OrderedDict[Tuple[Status, str, str], List[Optional[str]]]" = OrderedDict()
+    for f in sort_findings(findings):
+        message = f.message
+        if f.status == Status.PASS and not verbose:
+            message = ""
+        rows.setdefault((f.status, f.check, message), []).append(f.node)
+    out = []
+    for (status, check, message), nodes in rows.items():
+        if status == Status.PASS and not verbose:
+            message = "%d node%s" % (len(nodes), "" if len(nodes) == 1 else "s") if any(nodes) else "ok"
+        out.append((status, check, nodes, message))
+    return out
+
+
+def render(report: RunReport, console: Any, verbose: bool = False) -> None:
+    """The terminal report on a rich Console."""
+    from rich.table import Table
+    from rich.text import Text
+
+    inv = report.inventory
+    console.print(
+        Text.assemble(
+            ("preflight %s" % __version__, "bold"),
+            " · %s · %d node%s · %s · %.1f s"
+            % (inv.path, len(inv.nodes), "" if len(inv.nodes) == 1 else "s", ", ".join(report.selected), report.duration_s),
+        )
+    )
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False, expand=False)
+    table.add_column("status", no_wrap=True)
+    table.add_column("check", no_wrap=True)
+    table.add_column("nodes", overflow="fold")
+    table.add_column("finding", overflow="fold")
+    for status, check, nodes, message in group(report.findings, verbose):
+        table.add_row(Text(status.value.upper(), style=STYLE[status]), check, fold(nodes), message)
+    console.print(table)
+
+    curve = _curve(report)
+    if curve:
+        console.print(_curve_table(curve))
+
+    failed = [c for c in report.selected if any(f.check == c and f.status.is_problem for f in report.findings)]
+    if failed:
+        console.print()
+        for name in failed:
+            check = catalogue.get(name)
+            console.print(Text.assemble((name, "bold"), ": ", check.why))
+            console.print(Text.assemble("  fix: ", (check.fix, "cyan")))
+    counts = summary(report.findings)
+    parts = [
+        Text("%d %s" % (counts[s.value], s.value), style=STYLE[s] if counts[s.value] else "dim")
+        for s in (Status.PASS, Status.WARN, Status.FAIL, Status.SKIP, Status.ERROR)
+    ]
+    console.print()
+    console.print(Text(" · ").join(parts) + Text("  → exit %d" % report.exit_code, style="bold"))
+
+
+def _curve(report: RunReport) -> List[Dict[str, Any]]:
+    for f in report.findings:
+        if f.check == "allreduce" and f.data and f.data.get("curve"):
+            return list(f.data["curve"])
+    return []
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return ("%d %s" % (n, unit)) if float(n).is_integer() else ("%.1f %s" % (n, unit))
+        n /= 1024.0
+    return str(n)
+
+
+def _curve_table(curve: List[Dict[str, Any]]) -> Any:
+    from rich.table import Table
+
+    table = Table(title="all-reduce", box=None, header_style="bold", title_justify="left")
+    for col in ("size", "time", "algbw GB/s", "busbw GB/s", ""):
+        table.add_column(col, justify="right" if col else "left")
+    peak = max((p.get("busbw_gbps") or 0.0) for p in curve) or 1.0
+    for point in curve:
+        bus = point.get("busbw_gbps") or 0.0
+        bar = "█" * max(1, int(round(20 * bus / peak))) if bus else ""
+        table.add_row(
+            _human_bytes(point["bytes"]),
+            "%.3f ms" % (1000 * point["time_s"]) if point.get("time_s") is not None else "-",
+            "%.3f" % point["algbw_gbps"] if point.get("algbw_gbps") is not None else "-",
+            "%.3f" % bus,
+            bar,
+        )
+    return table

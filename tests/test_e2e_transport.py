@@ -1,0 +1,135 @@
+"""The SSH fan-out end to end: real sshd nodes in network namespaces, the real CLI in the controller's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def preflight(cluster, *args, timeout=180):
+    """Run the CLI in the controller namespace; (exit code, JSON report or None, stderr)."""
+    proc = cluster.ctl([sys.executable, "-m", "preflight", *args], cwd=REPO, timeout=timeout)
+    doc = None
+    if "--json" in args and proc.stdout.strip():
+        doc = json.loads(proc.stdout)
+    return proc.returncode, doc, proc.stderr
+
+
+def by_node(doc, check):
+    return {r["node"]: r for r in doc["results"] if r["check"] == check}
+
+
+def test_dead_and_hung_nodes_are_named_and_the_rest_reported(sim_cluster):
+    cluster = sim_cluster(8)
+    cluster.stop_sshd(7)
+    cluster.hang_commands(8)
+    inv = cluster.inventory(command_timeout=6, connect_timeout=3)
+    started = time.monotonic()
+    rc, doc, err = preflight(cluster, "check", inv, "--only", "ssh", "--json", "-", "--no-progress")
+    elapsed = time.monotonic() - started
+    assert rc == 1, err
+    ssh = by_node(doc, "ssh")
+    assert [n for n, r in sorted(ssh.items()) if r["status"] == "pass"] == ["n%03d" % i for i in range(1, 7)]
+    assert ssh["n007"]["status"] == "fail" and "connection refused" in ssh["n007"]["message"]
+    assert ssh["n008"]["status"] == "fail" and "timed out" in ssh["n008"]["message"]
+    assert "killed the remote process group" in ssh["n008"]["message"]
+    assert doc["summary"]["fail"] == 2 and doc["exit_code"] == 1
+    assert "Traceback" not in err
+    print("8 nodes, 1 dead, 1 hung: %.2f s (command_timeout 6 s)" % elapsed)
+    assert cluster.leftover_processes() == {}
+
+
+def test_unknown_host_key_fails_until_accepted(sim_cluster, tmp_path):
+    cluster = sim_cluster(2)
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    inv = cluster.inventory(known_hosts=str(empty))
+    rc, doc, _ = preflight(cluster, "check", inv, "--only", "ssh", "--json", "-", "--no-progress")
+    assert rc == 1
+    for result in by_node(doc, "ssh").values():
+        assert result["status"] == "fail"
+        assert "not in %s" % empty in result["message"] and "ssh-keyscan" in result["message"]
+    rc, doc, _ = preflight(cluster, "check", inv, "--only", "ssh", "--json", "-", "--no-progress", "--accept-new-host-keys")
+    assert rc == 0
+    recorded = empty.read_text()
+    assert all(n.mgmt_ip in recorded for n in cluster.nodes)
+    rc, _, _ = preflight(cluster, "check", inv, "--only", "ssh", "--json", "-", "--no-progress")
+    assert rc == 0  # now known: verified without the flag
+
+
+def test_changed_host_key_is_refused_even_with_accept_new(sim_cluster):
+    cluster = sim_cluster(2)
+    cluster.change_host_key(2)
+    inv = cluster.inventory()
+    for extra in ([], ["--accept-new-host-keys"]):
+        rc, doc, _ = preflight(cluster, "check", inv, "--only", "ssh", "--json", "-", "--no-progress", *extra)
+        assert rc == 1
+        bad = by_node(doc, "ssh")["n002"]
+        assert "CHANGED" in bad["message"] and "SHA256:" in bad["message"] and "ssh-keygen -R" in bad["message"]
+        assert by_node(doc, "ssh")["n001"]["status"] == "pass"
+
+
+def test_frozen_sshd_is_a_named_hang_within_connect_timeout(sim_cluster):
+    cluster = sim_cluster(2)
+    cluster.freeze_sshd(2)
+    inv = cluster.inventory(connect_timeout=2)
+    rc, doc, _ = preflight(cluster, "check", inv, "--only", "ssh", "--json", "-", "--no-progress")
+    assert rc == 1
+    assert "no SSH banner" in by_node(doc, "ssh")["n002"]["message"]
+
+
+def test_ctrl_c_kills_remote_runs(sim_cluster):
+    cluster = sim_cluster(2)
+    cluster.hang_commands(2)
+    inv = cluster.inventory(command_timeout=120)
+    proc = cluster.ctl_popen([sys.executable, "-m", "preflight", "check", inv, "--only", "ssh", "--no-progress"], cwd=REPO,
+                             stdout=open(os.devnull, "w"), stderr=__import__("subprocess").PIPE)
+    deadline = time.monotonic() + 30
+    while not cluster.processes(2) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert cluster.processes(2), "the hung command never started"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=30)[1].decode()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert cluster.leftover_processes() == {}
+
+
+def test_unreachable_node_checks_are_errors_not_passes(sim_cluster):
+    cluster = sim_cluster(2)
+    cluster.stop_sshd(2)
+    inv = cluster.inventory()
+    rc, doc, _ = preflight(cluster, "check", inv, "--only", "nic", "--json", "-", "--no-progress")
+    assert rc == 1
+    nic = by_node(doc, "nic")
+    assert nic["n002"]["status"] == "error" and "not checked" in nic["n002"]["message"]
+    assert [n for n in doc["nodes"] if n["name"] == "n002"][0]["status"] == "fail"
+
+
+@pytest.mark.parametrize("transport", ["ssh"])
+def test_in_process_session_deadline_kills_remote_group(sim_cluster, transport):
+    """The transport API itself, driven in-process from the controller namespace."""
+    from preflight import inventory
+    from preflight.transport import NodeFailure, SSHSession
+
+    cluster = sim_cluster(1)
+    cluster.hang_commands(1)
+    spec = inventory.load(cluster.inventory()).nodes[0]
+    with cluster.in_ctl():
+        session = SSHSession(spec)
+        session.open()
+        try:
+            with pytest.raises(NodeFailure) as info:
+                session.run_bundle({"mode": "probe", "checks": {"ssh": {}}}, deadline_s=2)
+            assert info.value.kind == "timeout"
+        finally:
+            session.close()
+    assert cluster.leftover_processes() == {}
