@@ -158,11 +158,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
     json_to_stdout = getattr(args, "json", None) == "-"
     console = Console(stderr=json_to_stdout)
     if args.command == "env":
-        only = ["nic", "ib_hca", "ports"] + (["allreduce"] if args.with_allreduce else [])
+        only = ["driver", "nic", "ib_hca", "ports"] + (["allreduce"] if args.with_allreduce else [])
         args.only, args.skip = only, []
         if not args.env_file:
             raise UsageError("`preflight env` needs --env-file PATH", "e.g. preflight env hosts.yaml --env-file nccl.env")
     opts = engine.Options(
+        gather_also=("nic", "ib_hca", "ports", "driver") if args.env_file else (),
         only=args.only,
         skip=args.skip,
         parallel=args.parallel,

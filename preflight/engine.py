@@ -30,7 +30,7 @@ class Options:
     timeout: Optional[float] = None  # overrides every node's command_timeout
     accept_new_host_keys: bool = False
     progress: Optional[Progress] = None
-    env_overrides: Dict[str, str] = field(default_factory=dict)
+    gather_also: Sequence[str] = ()  # checks whose facts are gathered but not judged (e.g. for the env file)
 
 
 @dataclass
@@ -45,6 +45,7 @@ class RunReport:
     duration_s: float
     allreduce: Optional[Dict[str, Any]] = None
     phase_times: Dict[str, float] = field(default_factory=dict)
+    env: Any = None  # preflight.envfile.Derived, when it was derived for the all-reduce or the env file
 
     @property
     def exit_code(self) -> int:
@@ -106,7 +107,7 @@ def _absorb(view_facts: Dict[str, Dict[str, Any]], outcomes: Dict[str, Outcome],
 
 def run(inv: Inventory, opts: Options) -> RunReport:
     selected = select_checks(opts.only, opts.skip)
-    gathered = catalogue.closure(selected)
+    gathered = catalogue.closure(list(selected) + list(opts.gather_also))
     checks = {name: catalogue.get(name) for name in gathered}
     phase1 = [n for n in gathered if checks[n].phase == 1 and checks[n].probe is not None]
     phase2 = [n for n in gathered if checks[n].phase == 2]
@@ -118,6 +119,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
     facts: Dict[str, Dict[str, Any]] = {}
     unreachable: Dict[str, str] = {}
     allreduce: Optional[Dict[str, Any]] = None
+    env: Any = None
     cluster = dict(inv.cluster)
 
     with Fleet(inv.nodes, opts.parallel, opts.accept_new_host_keys, opts.progress) as fleet:
@@ -143,11 +145,18 @@ def run(inv: Inventory, opts: Options) -> RunReport:
                 times["phase2_s"] = time.monotonic() - t0
 
             view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
+            if "allreduce" in selected or opts.gather_also:
+                from preflight import envfile
+
+                node_checks = [n for n in selected if n != "allreduce"]
+                sick = {f.node for f in judge(view, node_checks) if f.status.is_problem}
+                healthy = [n.name for n in view.live if n.name not in sick]
+                env = envfile.derive(view, healthy)
             if "allreduce" in selected and view.live:
                 from preflight import bench
 
                 t0 = time.monotonic()
-                allreduce = bench.run(fleet, inv, view, selected, opts)
+                allreduce = bench.run(fleet, inv, view, healthy, env, opts)
                 times["allreduce_s"] = time.monotonic() - t0
         except KeyboardInterrupt:
             fleet.cancel()
@@ -155,6 +164,8 @@ def run(inv: Inventory, opts: Options) -> RunReport:
 
     view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
     findings = judge(view, selected)
+    if env is not None:
+        findings.extend(env.refused)
     return RunReport(
         inventory=inv,
         selected=selected,
@@ -164,6 +175,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
         duration_s=time.time() - started,
         allreduce=allreduce,
         phase_times=times,
+        env=env,
     )
 
 

@@ -1,0 +1,529 @@
+"""ports: the head node can listen on the rendezvous port, and every other node can connect to it.
+
+Phase 2. The plan (from nic.choose) gives the head {role: listen, port, bind_ip, expect_peers, window_s}
+and every other node {role: connect, host, port, retry_s}. All phase-2 probes start at about the same
+time, so connecting nodes retry until the head's listener is up. The two ends shake hands with one line
+each way, so a connection that lands on some other program holding the port is told apart from ours.
+
+The head binds the wildcard address, as torch's TCPStore does (`wildcard: true` in the plan; bind_ip is
+then informational): a holder on any local address makes the job's rendezvous fail the same way.
+
+When the port is busy, the probe names the holder (socket inode from /proc/net/tcp{,6} matched against
+/proc/*/fd links → pid and comm; the owning uid when the process is not visible) and the nearest free
+ports above it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import socket
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
+
+CHECK_NAME = "ports"
+DEFAULT_PORT = 29500
+WINDOW_S = 15.0
+RETRY_S = 10.0
+HELLO = b"preflight-hello "
+REPLY = b"preflight-ok "
+TCP_LISTEN = "0A"
+
+_TCP_LINE = re.compile(
+    r"^\s*\d+: ([0-9A-Fa-f]+):([0-9A-Fa-f]{4}) [0-9A-Fa-f]+:[0-9A-Fa-f]{4} ([0-9A-Fa-f]{2}) "
+    r"[0-9A-Fa-f]+:[0-9A-Fa-f]+ [0-9A-Fa-f]+:[0-9A-Fa-f]+ [0-9A-Fa-f]+\s+(\d+)\s+\d+\s+(\d+)"
+)
+
+
+# ----------------------------------------------------------------------------------------------- parse
+
+
+def _hex_ip(hex_addr: str) -> str:
+    """/proc/net/tcp address: 32-bit words in host (little-endian) order; 8 hex digits IPv4, 32 IPv6."""
+    raw = bytes.fromhex(hex_addr)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    if len(words) == 4:
+        return socket.inet_ntop(socket.AF_INET, words)
+    if len(words) == 16:
+        return socket.inet_ntop(socket.AF_INET6, words)
+    raise ParseError("bad address %r in /proc/net/tcp" % hex_addr)
+
+
+def parse_proc_net_tcp(text: str) -> List[Dict[str, Any]]:
+    """/proc/net/tcp or tcp6 → [{local_ip, local_port, state ('0A' = LISTEN), uid, inode}]."""
+    lines = text.splitlines()
+    if not lines or not lines[0].strip().startswith("sl"):
+        raise ParseError("/proc/net/tcp: missing header line")
+    out = []
+    for line in lines[1:]:
+        if not line.strip():
+            continue
+        m = _TCP_LINE.match(line)
+        if not m:
+            raise ParseError("/proc/net/tcp: unexpected line %.100r" % line)
+        out.append(
+            {
+                "local_ip": _hex_ip(m.group(1)),
+                "local_port": int(m.group(2), 16),
+                "state": m.group(3).upper(),
+                "uid": int(m.group(4)),
+                "inode": int(m.group(5)),
+            }
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- probe
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path, "r", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def find_holders(port: int, proc: str = "/proc") -> List[Dict[str, Any]]:
+    """Who holds TCP `port` on this host: [{pid, comm, uid, ip}] (pid/comm None when not visible to us)."""
+    sockets: Dict[int, Dict[str, Any]] = {}
+    for name in ("tcp", "tcp6"):
+        text = _read(os.path.join(proc, "net", name))
+        if text is None:
+            continue
+        for row in parse_proc_net_tcp(text):
+            if row["local_port"] == port and row["inode"]:
+                sockets.setdefault(row["inode"], row)
+    if not sockets:
+        return []
+    # Listening sockets are the ones that make bind() fail; fall back to any socket on the port.
+    listening = {i: r for i, r in sockets.items() if r["state"] == TCP_LISTEN}
+    wanted = listening or sockets
+    links = {"socket:[%d]" % inode: inode for inode in wanted}
+    found: Dict[int, Dict[str, Any]] = {}
+    try:
+        pids = [p for p in os.listdir(proc) if p.isdigit()]
+    except OSError:
+        pids = []
+    for pid in pids:
+        fd_dir = os.path.join(proc, pid, "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            inode = links.get(target)
+            if inode is not None and inode not in found:
+                comm = (_read(os.path.join(proc, pid, "comm")) or "").strip() or None
+                found[inode] = {
+                    "pid": int(pid),
+                    "comm": comm,
+                    "uid": wanted[inode]["uid"],
+                    "ip": wanted[inode]["local_ip"],
+                }
+    out = []
+    for inode, row in sorted(wanted.items()):
+        out.append(found.get(inode) or {"pid": None, "comm": None, "uid": row["uid"], "ip": row["local_ip"]})
+    return out
+
+
+def _bind(addr: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((addr, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def free_ports_above(addr: str, port: int, want: int = 3, limit: int = 50) -> List[int]:
+    """The first `want` ports above `port` that bind and listen on `addr` right now (bind-tested)."""
+    out = []
+    for candidate in range(port + 1, min(port + 1 + limit, 65536)):
+        try:
+            sock = _bind(addr, candidate)
+            sock.listen(1)
+            sock.close()
+        except OSError:
+            continue
+        out.append(candidate)
+        if len(out) >= want:
+            break
+    return out
+
+
+def _errno_name(exc: BaseException) -> str:
+    code = getattr(exc, "errno", None)
+    if isinstance(exc, socket.timeout):
+        return "ETIMEDOUT"
+    return errno.errorcode.get(code, str(code)) if code is not None else type(exc).__name__
+
+
+def listen(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """Head side: bind, listen, accept hellos for up to window_s or until every expected peer came."""
+    port = int(cfg["port"])
+    addr = "0.0.0.0" if cfg.get("wildcard") else cfg.get("bind_ip") or "0.0.0.0"
+    window = float(cfg.get("window_s", WINDOW_S))
+    expect = set(cfg.get("expect_peers") or [])
+    expect_names = set(cfg.get("expect_names") or [])
+    result: Dict[str, Any] = {"role": "listen", "port": port, "bind_ip": addr, "listening": False, "peers": []}
+    try:
+        sock = _bind(addr, port)
+        sock.listen(128)
+    except OSError as exc:
+        result["error"] = "%s: %s" % (_errno_name(exc), exc.strerror or exc)
+        result["errno"] = _errno_name(exc)
+        if exc.errno == errno.EADDRINUSE:
+            try:
+                result["holders"] = find_holders(port)
+            except (ParseError, OSError) as hexc:
+                result["holders_error"] = str(hexc)
+            result["free_ports"] = free_ports_above(addr, port)
+        return result
+    result["listening"] = True
+    started = time.time()
+    lock = threading.Lock()
+    workers: List[threading.Thread] = []
+    seen_ips: set = set()
+    seen_names: set = set()
+
+    def serve(conn: socket.socket, peer: Tuple[Any, ...]) -> None:
+        name = None
+        try:
+            conn.settimeout(3.0)
+            data = b""
+            while not data.endswith(b"\n") and len(data) < 512:
+                chunk = conn.recv(512)
+                if not chunk:
+                    break
+                data += chunk
+            if data.startswith(HELLO):
+                name = data[len(HELLO) :].strip().decode("utf-8", "replace")[:100]
+                conn.sendall(REPLY + (cfg.get("name") or "head").encode() + b"\n")
+        except OSError:
+            pass
+        finally:
+            conn.close()
+        with lock:
+            result["peers"].append({"ip": peer[0], "name": name, "at_s": round(time.time() - started, 3)})
+            seen_ips.add(peer[0])
+            if name:
+                seen_names.add(name)
+
+    try:
+        while True:
+            left = window - (time.time() - started)
+            with lock:
+                done = (
+                    (not expect and not expect_names)
+                    or (expect and expect <= seen_ips)
+                    or (expect_names and expect_names <= seen_names)
+                )
+            if left <= 0 or done:
+                break
+            sock.settimeout(min(left, 0.5))
+            try:
+                conn, peer = sock.accept()
+            except socket.timeout:
+                continue
+            worker = threading.Thread(target=serve, args=(conn, peer), daemon=True)
+            worker.start()
+            workers.append(worker)
+    finally:
+        sock.close()
+        for worker in workers:
+            worker.join(timeout=3.5)
+    result["elapsed_s"] = round(time.time() - started, 3)
+    return result
+
+
+def connect(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """Other nodes: connect to the head (retrying for up to retry_s), say hello, expect preflight's reply."""
+    host, port = cfg["host"], int(cfg["port"])
+    retry = float(cfg.get("retry_s", RETRY_S))
+    source = cfg.get("source_ip")
+    started = time.time()
+    attempts = 0
+    last_error = None
+    last_errno = None
+    while True:
+        attempts += 1
+        try:
+            left = max(0.5, retry - (time.time() - started))
+            conn = socket.create_connection(
+                (host, port), timeout=min(3.0, left), source_address=(source, 0) if source else None
+            )
+        except OSError as exc:
+            last_error = "%s" % (exc.strerror or exc)
+            last_errno = _errno_name(exc)
+            if time.time() - started + 0.25 >= retry:
+                break
+            time.sleep(0.25)
+            continue
+        data = b""
+        problem = None
+        try:
+            conn.settimeout(3.0)
+            conn.sendall(HELLO + (cfg.get("name") or socket.gethostname()).encode() + b"\n")
+            while not data.endswith(b"\n") and len(data) < 512:
+                chunk = conn.recv(512)
+                if not chunk:
+                    break
+                data += chunk
+        except OSError as exc:
+            problem = "connected, then %s" % (exc.strerror or exc)
+        finally:
+            conn.close()
+        handshake = data.startswith(REPLY)
+        return {
+            "role": "connect",
+            "host": host,
+            "port": port,
+            "connected": True,
+            "handshake": handshake,
+            "reply": data[:100].decode("utf-8", "replace").strip(),
+            "attempts": attempts,
+            "elapsed_s": round(time.time() - started, 3),
+            "error": None if handshake else (problem or "the listener did not answer as preflight"),
+        }
+    return {
+        "role": "connect",
+        "host": host,
+        "port": port,
+        "connected": False,
+        "handshake": False,
+        "attempts": attempts,
+        "elapsed_s": round(time.time() - started, 3),
+        "error": last_error,
+        "errno": last_errno,
+    }
+
+
+def probe(ctx: Any) -> Dict[str, Any]:
+    cfg = ctx.config
+    if cfg.get("skip"):
+        return {"skipped": cfg["skip"]}
+    role = cfg.get("role")
+    if role == "listen":
+        return listen(cfg)
+    if role == "connect":
+        return connect(cfg)
+    raise ValueError("ports probe config has no role (the plan did not run?)")
+
+
+# ------------------------------------------------------------------------------------------------ plan
+
+
+def plan(view: ClusterView) -> Dict[str, Dict[str, Any]]:
+    """{node: probe config}: the head listens on master_port, every other node connects to it."""
+    from preflight.checks import nic
+
+    choice = nic.choose(view)
+    port = int(view.cluster.get("master_port", DEFAULT_PORT))
+    head = view.head.name
+    head_entry = choice.nodes.get(head)
+    out: Dict[str, Dict[str, Any]] = {}
+    if head not in view.facts:
+        for n in view.live:
+            out[n.name] = {"skip": "the head node %s was not reached" % head}
+        return out
+    if head_entry is None:
+        for n in view.live:
+            out[n.name] = {"skip": "the head node %s has no data interface (see the nic check)" % head}
+        return out
+    peers = [n.name for n in view.live if n.name != head]
+    out[head] = {
+        "role": "listen",
+        "name": head,
+        "port": port,
+        "bind_ip": head_entry["ip"],
+        "wildcard": True,
+        "expect_peers": [choice.nodes[p]["ip"] for p in peers if p in choice.nodes],
+        "expect_names": [p for p in peers if p in choice.nodes],
+        "window_s": WINDOW_S,
+    }
+    for p in peers:
+        entry = choice.nodes.get(p)
+        if entry is None:
+            out[p] = {"skip": "no data interface (see the nic check)"}
+            continue
+        out[p] = {
+            "role": "connect",
+            "name": p,
+            "host": head_entry["ip"],
+            "port": port,
+            "source_ip": entry["ip"],
+            "retry_s": RETRY_S,
+        }
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ rule
+
+
+def holder_text(holders: List[Dict[str, Any]]) -> str:
+    """'pid 4242 (python3)', or 'a process of uid 1001 not visible to us'."""
+    parts = []
+    for h in holders:
+        if h.get("pid") is not None:
+            parts.append("pid %d (%s)" % (h["pid"], h.get("comm") or "?"))
+        else:
+            parts.append("a process of uid %s not visible to this user" % h.get("uid"))
+    return ", ".join(parts) if parts else "another process"
+
+
+def _connect_hint(err: Optional[str], errno_name: Optional[str]) -> str:
+    if errno_name == "ECONNREFUSED":
+        return "refused: nothing listening there, or a firewall REJECT rule"
+    if errno_name in ("ETIMEDOUT", "timeout"):
+        return "timed out: a firewall dropping the packets?"
+    if errno_name in ("EHOSTUNREACH", "ENETUNREACH"):
+        return "unreachable: no route to the head's data address"
+    return err or "failed"
+
+
+def rule(view: ClusterView) -> List[Finding]:
+    out: List[Finding] = []
+    head = view.head.name
+    port = int(view.cluster.get("master_port", DEFAULT_PORT))
+    facts = view.of(CHECK_NAME)
+    head_facts = facts.get(head)
+    head_ok = False
+    if head in facts:
+        err = probe_error(CHECK_NAME, head, head_facts)
+        if err:
+            out.append(err)
+        elif head_facts.get("skipped"):
+            out.append(Finding(CHECK_NAME, head, Status.ERROR, "not tested: %s" % head_facts["skipped"]))
+        elif head_facts.get("listening"):
+            head_ok = True
+        else:
+            out.append(_listen_failure(head, port, head_facts))
+    for name, f in facts.items():
+        if name == head:
+            continue
+        err = probe_error(CHECK_NAME, name, f)
+        if err:
+            out.append(err)
+            continue
+        if f.get("skipped"):
+            out.append(Finding(CHECK_NAME, name, Status.ERROR, "not tested: %s" % f["skipped"]))
+            continue
+        target = "%s:%s" % (f.get("host"), f.get("port", port))
+        if (
+            head in facts
+            and not head_ok
+            and not (head_facts or {}).get("skipped")
+            and not probe_error(CHECK_NAME, head, head_facts)
+        ):
+            out.append(
+                Finding(
+                    CHECK_NAME, name, Status.ERROR, "not tested: the head %s could not listen on port %d" % (head, port)
+                )
+            )
+            continue
+        if f.get("handshake"):
+            out.append(
+                Finding(CHECK_NAME, name, Status.PASS, "connected to %s on %s (%s)" % (head, target, _attempts(f)))
+            )
+        elif f.get("connected"):
+            out.append(
+                Finding(
+                    CHECK_NAME,
+                    name,
+                    Status.FAIL,
+                    "%s → %s %s: connected, but %s" % (name, head, target, f.get("error") or "no preflight reply"),
+                    expected="preflight's listener",
+                    actual=f.get("reply") or "no reply",
+                )
+            )
+        else:
+            out.append(
+                Finding(
+                    CHECK_NAME,
+                    name,
+                    Status.FAIL,
+                    "%s → %s %s: %s after %ss (%s)"
+                    % (
+                        name,
+                        head,
+                        target,
+                        _connect_hint(f.get("error"), f.get("errno")),
+                        f.get("elapsed_s"),
+                        f.get("error"),
+                    ),
+                    expected="a TCP connection to the rendezvous port",
+                    actual=f.get("errno") or f.get("error"),
+                )
+            )
+    if head_ok:
+        peers = head_facts.get("peers") or []
+        names = sorted({p["name"] for p in peers if p.get("name")})
+        out.append(
+            Finding(
+                CHECK_NAME,
+                head,
+                Status.PASS,
+                "listened on port %d; %d peer%s connected%s"
+                % (port, len(names), "" if len(names) == 1 else "s", " (%s)" % _fold(names) if names else ""),
+                actual=str(port),
+            )
+        )
+    return out
+
+
+def _fold(names: List[str]) -> str:
+    from ClusterShell.NodeSet import NodeSet
+
+    return str(NodeSet.fromlist(names))
+
+
+def _attempts(f: Dict[str, Any]) -> str:
+    n = f.get("attempts") or 1
+    return "first try" if n == 1 else "after %d tries, %ss" % (n, f.get("elapsed_s"))
+
+
+def _listen_failure(head: str, port: int, f: Dict[str, Any]) -> Finding:
+    free = f.get("free_ports") or []
+    hint = "; try --master-port %d (free)" % free[0] if free else ""
+    if f.get("errno") == "EADDRINUSE":
+        message = "%s: port %d is held by %s%s" % (head, port, holder_text(f.get("holders") or []), hint)
+    elif f.get("errno") == "EACCES":
+        message = "%s: port %d needs privileges to bind (EACCES)%s" % (head, port, hint)
+    else:
+        message = "%s: cannot listen on port %d: %s" % (head, port, f.get("error"))
+    return Finding(
+        CHECK_NAME,
+        head,
+        Status.FAIL,
+        message,
+        expected="port %d free on the head" % port,
+        actual=f.get("errno") or f.get("error"),
+        data={"holders": f.get("holders") or [], "free_ports": free},
+    )
+
+
+CHECK = Check(
+    name=CHECK_NAME,
+    claim="The head node can listen on the rendezvous port and every node can connect to it",
+    why="torchrun/TCPStore rendezvous needs the master port free on the head and reachable from every node; "
+    "a stale process or a firewall makes the job hang at startup until its timeout.",
+    fix="Stop the process holding the port (or pass another --master-port), and open the port on the head's "
+    "firewall for the data network (firewall-cmd --add-port=29500/tcp, or the ufw/iptables equivalent).",
+    probe=probe,
+    rule=rule,
+    phase=2,
+    plan=plan,
+    needs=("nic",),
+)

@@ -1,0 +1,180 @@
+"""Simulated InfiniBand/RoCE HCAs: sysfs trees in the kernel's formats, for fixtures and simulated nodes.
+
+The probe reads HCAs only through the sysfs root (`class/infiniband/...`), so an HCA is simulated by
+writing the files the RDMA core would publish. `hca_files` is the single writer: the fixture cases under
+tests/fixtures/ib_hca/ were produced with it (`python tests/sim/ib_hw.py`), and `install_hcas` writes
+the same trees into a simulated node's sysfs root.
+
+    install_hcas(node)                                              # mlx5_0: 1 port ACTIVE, 400 Gb/s NDR
+    install_hcas(node, ports=[{}, {}, {"state": "DOWN"}])           # mlx5_0..2, mlx5_2 port DOWN/Disabled
+    install_hcas(node, ports=[{"link_layer": "roce", "netdev": "eth1", "ipv4": "198.19.0.3", "rate_gbps": 200}])
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
+
+STATE_NUM = {"NOP": 0, "DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5}
+PHYS_NUM = {
+    "Sleep": 1,
+    "Polling": 2,
+    "Disabled": 3,
+    "PortConfigurationTraining": 4,
+    "LinkUp": 5,
+    "LinkErrorRecovery": 6,
+}
+#: Gb/s per lane for each IB speed name (what the kernel's rate_show multiplies by the width).
+LANE_GBPS = {"SDR": 2.5, "DDR": 5, "QDR": 10, "FDR": 14, "EDR": 25, "HDR": 50, "NDR": 100, "XDR": 200}
+
+
+@dataclass
+class PortSpec:
+    """One HCA port. mlx5 devices expose one port each, so each PortSpec becomes its own mlx5_N."""
+
+    state: str = "ACTIVE"
+    phys_state: Optional[str] = None  # default: LinkUp when ACTIVE, else Disabled
+    rate_gbps: float = 400
+    width: int = 4
+    link_layer: str = "ib"  # "ib" | "roce"
+    netdev: Optional[str] = None  # default: ibN for IB (IPoIB), none for RoCE
+    ipv4: Optional[str] = None  # RoCE: the netdev's address, published as an IPv4-mapped RoCE v2 GID
+
+    @classmethod
+    def of(cls, spec: Union["PortSpec", Mapping[str, Any], None]) -> "PortSpec":
+        if spec is None:
+            return cls()
+        if isinstance(spec, PortSpec):
+            return spec
+        known = {f.name for f in fields(cls)}
+        unknown = set(spec) - known
+        if unknown:
+            raise TypeError("unknown port options: %s" % ", ".join(sorted(unknown)))
+        return cls(**dict(spec))
+
+
+def rate_text(rate_gbps: float, width: int = 4) -> str:
+    """The kernel's ports/N/rate: '400 Gb/sec (4X NDR)', '2.5 Gb/sec (1X SDR)'."""
+    lane = rate_gbps / float(width)
+    name = next((n for n, g in LANE_GBPS.items() if abs(g - lane) < 1e-9), None)
+    shown = ("%d" % rate_gbps) if rate_gbps == int(rate_gbps) else ("%d.5" % int(rate_gbps))
+    return "%s Gb/sec (%dX%s)" % (shown, width, " " + name if name else "")
+
+
+def _guid(seed: int) -> str:
+    raw = "%016x" % (0xB8CEF60300A1B200 + seed)
+    return ":".join(raw[i : i + 4] for i in range(0, 16, 4))
+
+
+def _mapped_gid(ipv4: str) -> str:
+    a, b, c, d = (int(p) for p in ipv4.split("."))
+    return "0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x" % (a, b, c, d)
+
+
+def hca_files(hca: str, port: Union[PortSpec, Mapping[str, Any], None] = None, seed: int = 0) -> Dict[str, str]:
+    """{path relative to the sysfs root: content} for one single-port mlx5 HCA."""
+    p = PortSpec.of(port)
+    if p.state not in STATE_NUM:
+        raise ValueError("state %r: use one of %s" % (p.state, ", ".join(STATE_NUM)))
+    phys = p.phys_state or ("LinkUp" if p.state == "ACTIVE" else "Disabled")
+    if phys not in PHYS_NUM:
+        raise ValueError("phys_state %r: use one of %s" % (phys, ", ".join(PHYS_NUM)))
+    base = "class/infiniband/%s" % hca
+    pdir = base + "/ports/1"
+    guid = _guid(seed)
+    files = {
+        base + "/node_guid": guid,
+        base + "/sys_image_guid": guid,
+        base + "/fw_ver": "28.39.1002",
+        base + "/hca_type": "MT4129",
+        base + "/board_id": "MT_0000000838",
+        base + "/node_type": "1: CA",
+        pdir + "/state": "%d: %s" % (STATE_NUM[p.state], p.state),
+        pdir + "/phys_state": "%d: %s" % (PHYS_NUM[phys], phys),
+        # A port without link reports the slowest rate, as mlx5 does.
+        pdir + "/rate": rate_text(p.rate_gbps, p.width) if p.state == "ACTIVE" else rate_text(10, 4),
+        pdir + "/link_layer": "InfiniBand" if p.link_layer == "ib" else "Ethernet",
+        pdir + "/cap_mask": "0xa751e84a" if p.link_layer == "ib" else "0x04010000",
+    }
+    netdev = p.netdev or ("ib%d" % seed if p.link_layer == "ib" else None)
+    if netdev:
+        files[base + "/device/net/%s/dev_port" % netdev] = "0"
+    if p.link_layer == "ib":
+        files[pdir + "/lid"] = "0x%x" % (0x10 + seed) if p.state == "ACTIVE" else "0xffff"
+        files[pdir + "/sm_lid"] = "0x1" if p.state == "ACTIVE" else "0x0"
+        files[pdir + "/gids/0"] = "fe80:0000:0000:0000:" + guid
+        files[pdir + "/gids/1"] = "0000:0000:0000:0000:0000:0000:0000:0000"
+    else:
+        files[pdir + "/lid"] = "0x0"
+        link_local = "fe80:0000:0000:0000:" + guid
+        files[pdir + "/gids/0"] = link_local
+        files[pdir + "/gid_attrs/types/0"] = "IB/RoCE v1"
+        files[pdir + "/gids/1"] = link_local
+        files[pdir + "/gid_attrs/types/1"] = "RoCE v2"
+        if p.ipv4:
+            files[pdir + "/gids/2"] = _mapped_gid(p.ipv4)
+            files[pdir + "/gid_attrs/types/2"] = "IB/RoCE v1"
+            files[pdir + "/gids/3"] = _mapped_gid(p.ipv4)
+            files[pdir + "/gid_attrs/types/3"] = "RoCE v2"
+        if netdev:
+            for i in range(4 if p.ipv4 else 2):
+                files[pdir + "/gid_attrs/ndevs/%d" % i] = netdev
+        # An unused table entry: its type cannot be read (EINVAL), so no types/N file.
+        files[pdir + "/gids/4"] = "0000:0000:0000:0000:0000:0000:0000:0000"
+    return {path: text + "\n" for path, text in files.items()}
+
+
+def cluster_files(ports: Iterable[Union[PortSpec, Mapping[str, Any], None]], first: int = 0) -> Dict[str, str]:
+    """The files of mlx5_<first>, mlx5_<first+1>, ... one per port spec."""
+    files: Dict[str, str] = {}
+    for i, spec in enumerate(ports):
+        files.update(hca_files("mlx5_%d" % (first + i), spec, seed=first + i))
+    return files
+
+
+def write_tree(root: str, files: Mapping[str, str]) -> None:
+    """Write {relative path: content} under root."""
+    for rel, text in files.items():
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as handle:
+            handle.write(text)
+
+
+def install_hcas(
+    node: Any, ports: Optional[List[Union[PortSpec, Mapping[str, Any], None]]] = None, first: int = 0
+) -> List[str]:
+    """Write mlx5 HCAs into a simulated node's sysfs root via node.write_sys(relpath, text).
+
+    ports: one spec per HCA (PortSpec or dict of its fields); default one ACTIVE 400 Gb/s NDR port.
+    Returns the HCA names written.
+    """
+    specs = list(ports) if ports is not None else [PortSpec()]
+    for rel, text in sorted(cluster_files(specs, first).items()):
+        node.write_sys(rel, text)
+    return ["mlx5_%d" % (first + i) for i in range(len(specs))]
+
+
+#: The fixture cases under tests/fixtures/ib_hca/<case>/, regenerated by running this file.
+FIXTURE_CASES: Dict[str, List[Dict[str, Any]]] = {
+    "ndr_active_and_down": [{}, {"state": "DOWN", "phys_state": "Disabled"}],
+    "ndr_polling": [{}, {}, {"state": "DOWN", "phys_state": "Polling"}],
+    "roce": [{"link_layer": "roce", "netdev": "ens1f0np0", "ipv4": "198.19.0.11", "rate_gbps": 200}],
+    "hdr_degraded": [{"rate_gbps": 200}, {"rate_gbps": 100, "width": 2}],
+}
+#: The malformed case: a valid tree with one attribute corrupted.
+MALFORMED = ("malformed", [{}], {"class/infiniband/mlx5_0/ports/1/state": "ACTIVE\n"})
+
+
+def write_fixtures(root: str) -> None:
+    for case, specs in FIXTURE_CASES.items():
+        write_tree(os.path.join(root, case), cluster_files(specs))
+    case, specs, override = MALFORMED
+    files = cluster_files(specs)
+    files.update(override)
+    write_tree(os.path.join(root, case), files)
+
+
+if __name__ == "__main__":
+    write_fixtures(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "ib_hca"))

@@ -1,0 +1,305 @@
+"""ib_hca: sysfs parsers on fixture trees, the rule's verdicts, usable_hcas, and the simulated-HCA writer."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from preflight.checks import ib_hca
+from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.probe.context import NodeContext
+
+sys.path.insert(0, str(Path(__file__).parent))  # `sim` importable however pytest was started
+from sim import ib_hw  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures" / "ib_hca"
+CASES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
+GIB = 1 << 30
+
+
+# --------------------------------------------------------------------------------------------- parsers
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_probe_on_fixture_tree(case):
+    expected = json.loads((FIXTURES / case / "expected.json").read_text())
+    ctx = NodeContext(sysfs_root=str(FIXTURES / case))
+    if "parse_error" in expected:
+        with pytest.raises(ParseError, match=expected["parse_error"]):
+            ib_hca.probe(ctx)
+    else:
+        assert ib_hca.probe(ctx) == expected
+
+
+def test_fixture_trees_match_the_writer():
+    """The committed trees are what tests/sim/ib_hw.py writes (so sim nodes and fixtures agree)."""
+    cases = dict(ib_hw.FIXTURE_CASES)
+    for case, specs in cases.items():
+        files = ib_hw.cluster_files(specs)
+        on_disk = {
+            str(p.relative_to(FIXTURES / case)): p.read_text()
+            for p in (FIXTURES / case).rglob("*")
+            if p.is_file() and p.name != "expected.json"
+        }
+        assert on_disk == files, case
+
+
+def test_no_infiniband_class_means_no_ports(tmp_path):
+    assert ib_hca.probe(NodeContext(sysfs_root=str(tmp_path))) == {"hcas": {}, "ports": []}
+
+
+@pytest.mark.parametrize(
+    "text, table, expected",
+    [
+        ("4: ACTIVE", ib_hca.STATES, "ACTIVE"),
+        ("1: DOWN\n", ib_hca.STATES, "DOWN"),
+        ("5: LinkUp", ib_hca.PHYS_STATES, "LinkUp"),
+        ("3: Disabled", ib_hca.PHYS_STATES, "Disabled"),
+        ("2: Polling", ib_hca.PHYS_STATES, "Polling"),
+    ],
+)
+def test_parse_numbered(text, table, expected):
+    assert ib_hca.parse_numbered(text, table, "x") == expected
+
+
+@pytest.mark.parametrize("text", ["ACTIVE", "4: DOWN", "9: WEIRD", "", None, "four: ACTIVE"])
+def test_parse_numbered_rejects(text):
+    with pytest.raises(ParseError):
+        ib_hca.parse_numbered(text, ib_hca.STATES, "mlx5_0 port 1 state")
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("400 Gb/sec (4X NDR)", (400.0, "4X NDR")),
+        ("200 Gb/sec (4X HDR)\n", (200.0, "4X HDR")),
+        ("2.5 Gb/sec (1X SDR)", (2.5, "1X SDR")),
+        ("56 Gb/sec (4X FDR)", (56.0, "4X FDR")),
+        ("10 Gb/sec (4X)", (10.0, "4X")),
+    ],
+)
+def test_parse_rate(text, expected):
+    assert ib_hca.parse_rate(text, "rate") == expected
+
+
+@pytest.mark.parametrize("text", ["fast", "400 Gbps", "", None, "400 Gb/sec (NDR)"])
+def test_parse_rate_rejects(text):
+    with pytest.raises(ParseError):
+        ib_hca.parse_rate(text, "rate")
+
+
+def test_parse_link_layer_and_gid():
+    assert ib_hca.parse_link_layer("InfiniBand\n", "x") == "ib"
+    assert ib_hca.parse_link_layer("Ethernet", "x") == "roce"
+    with pytest.raises(ParseError):
+        ib_hca.parse_link_layer("Omni-Path", "x")
+    assert ib_hca.parse_roce_gid("RoCE v2", "0000:0000:0000:0000:0000:ffff:c613:0003") == "198.19.0.3"
+    assert ib_hca.parse_roce_gid("RoCE v2", "::ffff:198.19.0.3") == "198.19.0.3"
+    assert ib_hca.parse_roce_gid("IB/RoCE v1", "0000:0000:0000:0000:0000:ffff:c613:0003") is None
+    assert ib_hca.parse_roce_gid("RoCE v2", "fe80:0000:0000:0000:b8ce:f603:00a1:b200") is None
+    with pytest.raises(ParseError):
+        ib_hca.parse_roce_gid("RoCE v2", "not-a-gid")
+
+
+def test_natural_order_of_hcas(tmp_path):
+    ib_hw.write_tree(str(tmp_path), ib_hw.cluster_files([{}] * 11))
+    facts = ib_hca.probe(NodeContext(sysfs_root=str(tmp_path)))
+    assert [p["hca"] for p in facts["ports"]][:3] == ["mlx5_0", "mlx5_1", "mlx5_2"]
+    assert facts["ports"][-1]["hca"] == "mlx5_10"
+
+
+# ------------------------------------------------------------------------------------------ sim writer
+
+
+class FakeSimNode:
+    """The two members of a simulated node install_hcas uses."""
+
+    def __init__(self, root):
+        self.sys_dir = str(root)
+
+    def write_sys(self, relpath, text):
+        ib_hw.write_tree(self.sys_dir, {relpath: text})
+
+
+def test_install_hcas_is_read_back_by_the_probe(tmp_path):
+    node = FakeSimNode(tmp_path)
+    names = ib_hw.install_hcas(
+        node,
+        ports=[
+            {},
+            {"state": "DOWN", "phys_state": "Polling"},
+            {"link_layer": "roce", "netdev": "eth1", "ipv4": "198.19.0.3", "rate_gbps": 200},
+        ],
+    )
+    assert names == ["mlx5_0", "mlx5_1", "mlx5_2"]
+    ports = ib_hca.probe(NodeContext(sysfs_root=node.sys_dir))["ports"]
+    assert [(p["state"], p["phys_state"], p["rate_gbps"], p["link_layer"]) for p in ports] == [
+        ("ACTIVE", "LinkUp", 400, "ib"),
+        ("DOWN", "Polling", 10, "ib"),
+        ("ACTIVE", "LinkUp", 200, "roce"),
+    ]
+    assert (
+        ports[2]["netdev"] == "eth1" and ports[2]["roce_v2_gid_index"] == 3 and ports[2]["roce_v2_ip"] == "198.19.0.3"
+    )
+
+
+def test_install_hcas_rejects_unknown_options(tmp_path):
+    with pytest.raises(TypeError):
+        ib_hw.install_hcas(FakeSimNode(tmp_path), ports=[{"speed": 400}])
+
+
+def test_rate_text_matches_kernel_format():
+    assert ib_hw.rate_text(400) == "400 Gb/sec (4X NDR)"
+    assert ib_hw.rate_text(2.5, 1) == "2.5 Gb/sec (1X SDR)"
+    assert ib_hw.rate_text(56) == "56 Gb/sec (4X FDR)"
+
+
+# ----------------------------------------------------------------------------------------------- rules
+
+
+def port(hca, state="ACTIVE", phys="LinkUp", rate=400, layer="ib", gid=None, n=1):
+    return {
+        "hca": hca,
+        "port": n,
+        "state": state,
+        "phys_state": phys,
+        "rate_gbps": rate,
+        "width": "4X NDR" if rate == 400 else None,
+        "link_layer": layer,
+        "netdev": None,
+        "roce_v2_gid_index": gid,
+        "roce_v2_ip": None,
+    }
+
+
+def healthy(count=4, **kw):
+    return {"hcas": {}, "ports": [port("mlx5_%d" % i, **kw) for i in range(count)]}
+
+
+def view_of(ib_facts, memlock=None, expect=None, ssh=True):
+    nodes = [NodeInfo(n, n, 8, is_head=(i == 0)) for i, n in enumerate(ib_facts)]
+    facts = {}
+    for n, f in ib_facts.items():
+        facts[n] = {"ib_hca": f}
+        if ssh:
+            facts[n]["ssh"] = {"memlock_soft": (memlock or {}).get(n)}
+    return ClusterView(nodes, facts, expect=expect)
+
+
+def by_status(findings, status):
+    return [f for f in findings if f.status == status]
+
+
+def test_all_healthy_passes():
+    findings = ib_hca.rule(view_of({"n001": healthy(), "n002": healthy()}))
+    assert [f.status for f in findings] == [Status.PASS, Status.PASS]
+    assert findings[0].message == "4 ports ACTIVE at 400 Gb/s (ib): mlx5_0:1, mlx5_1:1, mlx5_2:1, mlx5_3:1"
+
+
+def test_no_hca_anywhere_skips():
+    findings = ib_hca.rule(view_of({"n001": {"hcas": {}, "ports": []}, "n002": {"hcas": {}, "ports": []}}))
+    assert [(f.status, f.message) for f in findings] == [(Status.SKIP, "no InfiniBand/RoCE HCA")] * 2
+
+
+@pytest.mark.parametrize("expect", [{"ib_hcas": 8}, {"ib_rate_gbps": 400}])
+def test_no_hca_but_expected_fails(expect):
+    findings = ib_hca.rule(view_of({"n001": {"hcas": {}, "ports": []}}, expect=expect))
+    assert [f.status for f in findings] == [Status.FAIL]
+    assert "no InfiniBand/RoCE HCA (expected" in findings[0].message
+
+
+def test_node_without_hcas_among_nodes_with_them_fails():
+    findings = ib_hca.rule(view_of({"n001": healthy(), "n002": {"hcas": {}, "ports": []}, "n003": healthy()}))
+    fail = by_status(findings, Status.FAIL)
+    assert [f.node for f in fail] == ["n002"] and "n[001,003] have them" in fail[0].message
+
+
+def test_down_port_fails_with_expected_vs_actual():
+    facts = healthy()
+    facts["ports"][3] = port("mlx5_3", state="DOWN", phys="Disabled", rate=10)
+    findings = ib_hca.rule(view_of({"n001": healthy(), "n007": facts, "n003": healthy()}))
+    fail = by_status(findings, Status.FAIL)
+    assert fail[0].node == "n007"
+    assert fail[0].message == "n007 mlx5_3 port 1: state DOWN, Disabled (expected ACTIVE at 400 Gb/s)"
+    assert any("3 usable HCA ports" in f.message and "n[001,003] have 4" in f.message for f in fail)
+
+
+def test_spare_down_port_only_warns_when_expected_count_is_met():
+    facts = healthy(count=5)
+    facts["ports"][4] = port("mlx5_4", state="DOWN", phys="Polling", rate=10)
+    findings = ib_hca.rule(view_of({"n001": facts}, expect={"ib_hcas": 4}))
+    assert [f.status for f in findings] == [Status.WARN]
+    assert "not needed" in findings[0].message
+
+
+def test_rate_against_majority_and_expectation():
+    slow = healthy()
+    slow["ports"][1] = port("mlx5_1", rate=200)
+    findings = ib_hca.rule(view_of({"n001": healthy(), "n002": slow, "n003": healthy()}))
+    fail = by_status(findings, Status.FAIL)
+    assert fail[0].node == "n002"
+    assert fail[0].message == "n002 mlx5_1 port 1: rate 200 Gb/s (expected 400 Gb/s, the cluster majority)"
+    findings = ib_hca.rule(view_of({"n001": healthy()}, expect={"ib_rate_gbps": 200}))
+    assert {f.status for f in findings} == {Status.FAIL}
+    assert "(expected 200 Gb/s)" in findings[0].message
+
+
+def test_fewer_active_ports_than_expected_count_fails():
+    findings = ib_hca.rule(view_of({"n001": healthy(count=7)}, expect={"ib_hcas": 8}))
+    assert [f.message for f in by_status(findings, Status.FAIL)] == ["n001: 7 usable HCA ports (expected 8)"]
+
+
+@pytest.mark.parametrize(
+    "limit, status",
+    [(None, Status.PASS), (8 << 20, Status.FAIL), (64 * 1024, Status.FAIL), (2 * GIB, Status.WARN)],
+)
+def test_memlock_limit(limit, status):
+    findings = ib_hca.rule(view_of({"n001": healthy()}, memlock={"n001": limit}))
+    assert [f.status for f in findings] == [status]
+    if status == Status.FAIL:
+        assert "ulimit -l" in findings[0].message and findings[0].expected == "unlimited"
+
+
+def test_memlock_unknown_is_error():
+    findings = ib_hca.rule(view_of({"n001": healthy()}, ssh=False))
+    assert [f.status for f in findings] == [Status.ERROR]
+
+
+def test_probe_error_is_error():
+    findings = ib_hca.rule(view_of({"n001": {"probe_error": "ParseError: mlx5_0 port 1 state"}, "n002": healthy()}))
+    assert {f.node: f.status for f in findings} == {"n001": Status.ERROR, "n002": Status.PASS}
+
+
+def test_usable_hcas_uniform_ib():
+    facts = healthy()
+    facts["ports"][2] = port("mlx5_2", state="DOWN", phys="Disabled", rate=10)
+    usable = ib_hca.usable_hcas(view_of({"n001": healthy(), "n002": facts}))
+    assert usable["nodes"]["n001"] == ["mlx5_0:1", "mlx5_1:1", "mlx5_2:1", "mlx5_3:1"]
+    assert usable["nodes"]["n002"] == ["mlx5_0:1", "mlx5_1:1", "mlx5_3:1"]
+    assert usable["uniform"] is False and usable["link_layer"] == "ib" and usable["gid_index"] is None
+    same = ib_hca.usable_hcas(view_of({"n001": healthy(), "n002": healthy()}))
+    assert same["uniform"] is True and same["rate_gbps"] == {"ib": 400}
+
+
+def test_usable_hcas_roce_gid_index():
+    roce = {"hcas": {}, "ports": [port("mlx5_0", rate=200, layer="roce", gid=3)]}
+    usable = ib_hca.usable_hcas(view_of({"n001": roce, "n002": roce}))
+    assert usable["link_layer"] == "roce" and usable["gid_index"] == 3 and usable["uniform"]
+    other = {"hcas": {}, "ports": [port("mlx5_0", rate=200, layer="roce", gid=1)]}
+    assert ib_hca.usable_hcas(view_of({"n001": roce, "n002": other}))["gid_index"] is None
+
+
+def test_usable_hcas_leaves_out_failed_probes():
+    usable = ib_hca.usable_hcas(view_of({"n001": healthy(), "n002": {"probe_error": "x"}}))
+    assert list(usable["nodes"]) == ["n001"]
+
+
+def test_rule_on_fixture_facts():
+    """ndr_active_and_down across two nodes: the DOWN port is named, the healthy node passes."""
+    down = json.loads((FIXTURES / "ndr_active_and_down" / "expected.json").read_text())
+    polling = json.loads((FIXTURES / "ndr_polling" / "expected.json").read_text())
+    findings = ib_hca.rule(view_of({"n001": down, "n002": polling}))
+    messages = [f.message for f in by_status(findings, Status.FAIL)]
+    assert "n001 mlx5_1 port 1: state DOWN, Disabled (expected ACTIVE at 400 Gb/s)" in messages
+    assert "n002 mlx5_2 port 1: state DOWN, Polling (expected ACTIVE at 400 Gb/s)" in messages

@@ -1,0 +1,294 @@
+"""mtu: the iputils ping parser on recorded output, the plan (ring / mesh), a real ping of 127.0.0.1, the rule."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from preflight.checks import mtu
+from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.probe.context import NodeContext
+
+FIXTURES = Path(__file__).parent / "fixtures" / "mtu"
+CASES = sorted(p.stem for p in FIXTURES.glob("*.json"))
+
+
+# ---------------------------------------------------------------------------------------------- parser
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_parse_recorded_ping(case):
+    doc = json.loads((FIXTURES / (case + ".json")).read_text())
+    assert doc["argv"][:3] == ["ping", "-M", "do"]
+    assert mtu.parse_ping(doc["stdout"], doc["stderr"], doc["rc"]) == doc["expected"]
+
+
+def test_recorded_cases_cover_the_failure_kinds():
+    docs = {c: json.loads((FIXTURES / (c + ".json")).read_text())["expected"] for c in CASES}
+    assert docs["success"]["received"] == 3 and docs["success"]["rtt_ms"] == pytest.approx(0.271)
+    assert docs["total_loss"]["loss_pct"] == 100.0 and not docs["total_loss"]["too_long"]
+    assert docs["local_error_mtu"]["path_mtu"] == 1500 and docs["local_error_mtu"]["too_long"]
+    assert docs["sendmsg_message_too_long"]["too_long"] and docs["sendmsg_message_too_long"]["path_mtu"] is None
+    assert docs["host_unreachable"]["error"] == "destination host unreachable"
+
+
+def test_parse_frag_needed_from_a_router():
+    out = (
+        "PING 10.0.1.12 (10.0.1.12) from 10.0.0.11 ens1f0: 8972(9000) bytes of data.\n"
+        "From 10.0.0.1 icmp_seq=1 Frag needed and DF set (mtu = 1500)\n\n"
+        "--- 10.0.1.12 ping statistics ---\n"
+        "3 packets transmitted, 0 received, +1 errors, 100% packet loss, time 2046ms\n"
+    )
+    parsed = mtu.parse_ping(out, "", 1)
+    assert parsed["path_mtu"] == 1500 and parsed["too_long"] and parsed["errors"] == 1
+
+
+def test_partial_loss():
+    out = (
+        "--- x ping statistics ---\n3 packets transmitted, 2 received, 33.3333% packet loss, time 404ms\n"
+        "rtt min/avg/max/mdev = 0.050/0.060/0.070/0.010 ms\n"
+    )
+    parsed = mtu.parse_ping(out)
+    assert (
+        parsed["received"] == 2
+        and parsed["loss_pct"] == pytest.approx(33.3333)
+        and parsed["error"] == "1 of 3 replies lost"
+    )
+
+
+@pytest.mark.parametrize(
+    "stdout, stderr",
+    [
+        ("", ""),
+        ("PING 198.19.0.4 (198.19.0.4) from 198.19.0.3 eth1: 8972(9000) bytes of data.\n", ""),  # truncated
+        ("3 packets transmitted, 3 received, time 2ms\n", ""),  # no loss figure
+        ("garbage\n", "more garbage\n"),
+    ],
+)
+def test_parse_rejects_output_it_does_not_understand(stdout, stderr):
+    with pytest.raises(ParseError):
+        mtu.parse_ping(stdout, stderr, 1)
+
+
+def test_ping_argv_keeps_hostile_interface_name_as_one_argument():
+    argv = mtu.ping_argv("eth$(reboot) x", 8972, "198.19.0.4")
+    assert argv == [
+        "ping",
+        "-M",
+        "do",
+        "-s",
+        "8972",
+        "-c",
+        "3",
+        "-i",
+        "0.2",
+        "-W",
+        "1",
+        "-I",
+        "eth$(reboot) x",
+        "198.19.0.4",
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ plan
+
+
+def nic_facts(i, data_mtu=9000, data_up=True, name="eth1"):
+    def iface(n, ip, plen, m, up=True):
+        return {
+            "name": n,
+            "state": "UP" if up else "DOWN",
+            "up": up,
+            "mtu": m,
+            "speed_mbps": 10000,
+            "kind": "veth",
+            "link_type": "ether",
+            "master": None,
+            "arp_type": 1,
+            "physical": False,
+            "addresses": [{"ip": ip, "prefixlen": plen}],
+        }
+
+    return {
+        "interfaces": [
+            iface("eth0", "192.0.2.%d" % i, 24, 1500),
+            iface(name, "198.19.0.%d" % i, 16, data_mtu, data_up),
+        ],
+        "ssh_ip": "192.0.2.%d" % i,
+    }
+
+
+def cluster(n=4, mtus=None, down=(), mtu_facts=None, **kw):
+    names = ["n%03d" % i for i in range(1, n + 1)]
+    nodes = [NodeInfo(name, name, 8, is_head=(i == 0)) for i, name in enumerate(names)]
+    facts = {}
+    for i, name in enumerate(names, 1):
+        facts[name] = {"nic": nic_facts(i, (mtus or {}).get(name, 9000), name not in down)}
+        if mtu_facts is not None and name in mtu_facts:
+            facts[name]["mtu"] = mtu_facts[name]
+    return ClusterView(nodes, facts, **kw)
+
+
+def test_plan_ring_over_chosen_interfaces():
+    plan = mtu.plan(cluster(4, down=("n003",)))
+    assert plan["n003"] == {"skip": "no data interface (see the nic check)"}
+    assert [t["peer"] for t in plan["n001"]["targets"]] == ["n002"]
+    assert [t["peer"] for t in plan["n002"]["targets"]] == ["n004"]  # n003 has no data interface
+    assert [t["peer"] for t in plan["n004"]["targets"]] == ["n001"]
+    cfg = plan["n001"]
+    assert cfg["iface"] == "eth1" and cfg["size"] == 8972 and cfg["small_size"] == 1000
+    assert cfg["targets"][0]["ip"] == "198.19.0.2" and cfg["source_ip"] == "198.19.0.1"
+    json.dumps(plan)
+
+
+def test_plan_full_mesh():
+    plan = mtu.plan(cluster(3, cluster={"mtu_full_mesh": True}))
+    assert [t["peer"] for t in plan["n002"]["targets"]] == ["n001", "n003"]
+
+
+def test_plan_single_node_has_no_targets():
+    assert mtu.plan(cluster(1))["n001"]["targets"] == []
+
+
+# ----------------------------------------------------------------------------------------------- probe
+
+
+@pytest.mark.skipif(shutil.which("ping") is None, reason="iputils ping not installed")
+def test_probe_pings_localhost_for_real():
+    cfg = {
+        "iface": "lo",
+        "source_ip": "127.0.0.1",
+        "mtu": 1500,
+        "size": 1472,
+        "small_size": 56,
+        "count": 2,
+        "targets": [{"peer": "self", "ip": "127.0.0.1"}],
+    }
+    facts = mtu.probe(NodeContext(cfg))
+    if facts["targets"][0]["error"] and "permitted" in facts["targets"][0]["error"]:
+        pytest.skip("ping is not permitted here: %s" % facts["targets"][0]["error"])
+    t = facts["targets"][0]
+    assert t["jumbo_ok"] and t["small_ok"] and t["loss_pct"] == 0.0 and t["size"] == 1472
+    json.dumps(facts)
+
+
+def test_probe_skip_and_bad_config():
+    assert mtu.probe(NodeContext({"skip": "no data interface"})) == {"skipped": "no data interface"}
+    with pytest.raises(ValueError):
+        mtu.probe(NodeContext({}))
+
+
+# ------------------------------------------------------------------------------------------------ rule
+
+
+def target(peer, ip, jumbo=True, small=True, error=None, too_long=False, path_mtu=None, loss=None):
+    return {
+        "peer": peer,
+        "ip": ip,
+        "size": 8972,
+        "small_size": 1000,
+        "jumbo_ok": jumbo,
+        "small_ok": small,
+        "loss_pct": (0.0 if jumbo else 100.0) if loss is None else loss,
+        "small_loss_pct": 0.0 if small else 100.0,
+        "rtt_ms": 0.1 if jumbo else None,
+        "error": error,
+        "small_error": None if small else "3 of 3 replies lost",
+        "too_long": too_long,
+        "path_mtu": path_mtu,
+    }
+
+
+def ring_facts(n, bad=None, **bad_kw):
+    """Ring results where every path touching `bad` lost its jumbo pings."""
+    names = ["n%03d" % i for i in range(1, n + 1)]
+    out = {}
+    for i, name in enumerate(names):
+        peer = names[(i + 1) % n]
+        broken = bad in (name, peer)
+        kw = dict(jumbo=False, **bad_kw) if broken else {}
+        out[name] = {"iface": "eth1", "mtu": 9000, "targets": [target(peer, "198.19.0.%d" % ((i + 1) % n + 1), **kw)]}
+    return out
+
+
+def test_all_paths_ok_pass():
+    findings = mtu.rule(cluster(4, mtu_facts=ring_facts(4)))
+    assert [f.status for f in findings] == [Status.PASS] * 4
+    assert findings[0].message == "eth1 mtu 9000: 8972-byte DF pings reach n002"
+
+
+def test_mtu_mismatch_names_the_minority():
+    view = cluster(4, mtus={"n003": 1500}, mtu_facts=ring_facts(4))
+    fail = [f for f in mtu.rule(view) if f.status == Status.FAIL]
+    assert [f.node for f in fail] == ["n003"]
+    assert fail[0].message == "n003 eth1: mtu 1500 (n[001-002,004]: 9000)"
+
+
+def test_mtu_against_expectation():
+    view = cluster(2, mtu_facts=ring_facts(2), expect={"mtu": 4200})
+    fail = [f for f in mtu.rule(view) if f.status == Status.FAIL]
+    assert {f.node for f in fail} == {"n001", "n002"} and "expected 4200" in fail[0].message
+
+
+def test_black_holed_node_is_named_as_common_end():
+    view = cluster(5, mtu_facts=ring_facts(5, bad="n004"))
+    findings = mtu.rule(view)
+    fail = [f for f in findings if f.status == Status.FAIL]
+    assert {f.node for f in fail} == {"n004"}
+    messages = [f.message for f in fail]
+    assert "n004 is the common end of 2 failing paths" in messages
+    assert "n003 → n004: 8972-byte DF ping lost (1000-byte ping ok): jumbo frames black-holed" in messages
+    assert "n004 → n005: 8972-byte DF ping lost (1000-byte ping ok): jumbo frames black-holed" in messages
+    passes = {f.node: f for f in findings if f.status == Status.PASS}
+    assert set(passes) == {"n001", "n002", "n003", "n005"}
+    assert "blamed on n004" in passes["n003"].message
+
+
+def test_no_route_told_apart_from_black_hole():
+    view = cluster(3, mtu_facts=ring_facts(3, bad="n002", small=False))
+    messages = [f.message for f in mtu.rule(view) if f.status == Status.FAIL]
+    assert any(
+        "n001 → n002: no reply to 1000-byte pings either: no route, host down or firewall" in m for m in messages
+    )
+
+
+def test_locally_refused_big_ping():
+    facts = ring_facts(3)
+    facts["n001"]["targets"][0] = target(
+        "n002", "198.19.0.2", jumbo=False, too_long=True, path_mtu=1500, error="message too long, mtu=1500"
+    )
+    fail = [f for f in mtu.rule(cluster(3, mtu_facts=facts)) if f.status == Status.FAIL]
+    assert len(fail) == 1 and fail[0].node == "n001"
+    assert fail[0].message.startswith("n001 → n002: 8972-byte DF ping refused as too big (message too long, mtu=1500)")
+    assert "either end" in fail[0].message
+
+
+def test_two_node_ring_failing_both_ways_blames_no_one():
+    view = cluster(2, mtu_facts=ring_facts(2, bad="n002"))
+    fail = [f for f in mtu.rule(view) if f.status == Status.FAIL]
+    assert {f.node for f in fail} == {"n001", "n002"}
+    assert not any("common end" in f.message for f in fail)
+
+
+def test_partial_loss_warns():
+    facts = ring_facts(2)
+    facts["n001"]["targets"][0] = target("n002", "198.19.0.2", loss=33.3)
+    warn = [f for f in mtu.rule(cluster(2, mtu_facts=facts)) if f.status == Status.WARN]
+    assert [f.node for f in warn] == ["n001"] and "33.3% loss" in warn[0].message
+
+
+def test_probe_error_skip_and_missing():
+    facts = ring_facts(3)
+    facts["n001"] = {"probe_error": "RuntimeError: ping is not installed"}
+    facts["n002"] = {"skipped": "no data interface (see the nic check)"}
+    del facts["n003"]
+    found = {f.node: f.status for f in mtu.rule(cluster(3, mtu_facts=facts))}
+    assert found == {"n001": Status.ERROR, "n002": Status.ERROR, "n003": Status.ERROR}
+
+
+def test_common_end():
+    assert mtu.common_end([("a", "b"), ("b", "c")]) == "b"
+    assert mtu.common_end([("a", "b")]) is None
+    assert mtu.common_end([("a", "b"), ("b", "a")]) is None
+    assert mtu.common_end([("a", "b"), ("c", "d")]) is None

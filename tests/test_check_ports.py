@@ -1,0 +1,307 @@
+"""ports: real sockets on 127.0.0.1 (listen, connect, busy port, /proc holder lookup), the plan and the rule."""
+
+import json
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from preflight.checks import ports
+from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.probe.context import NodeContext
+
+# Recorded on Linux 6.x with a listener on 0.0.0.0:29500, one accepted connection to it, and a
+# listener on [::1]:29501.
+PROC_NET_TCP = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode                                                     
+   0: 00000000:733C 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 259424 1 00000000643ea1e8 100 0 0 10 0                    
+   2: 0100007F:733C 0100007F:DAD0 01 00000000:00000000 00:00000000 00000000     0        0 259427 1 00000000d25a2366 20 0 0 10 -1                    
+   3: 0100007F:DAD0 0100007F:733C 01 00000000:00000000 00:00000000 00000000  1001        0 259426 2 00000000c526e1a7 20 0 0 10 -1                    
+"""
+PROC_NET_TCP6 = """\
+  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000000000000000000001000000:733D 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 259425 1 0000000056b8190c 100 0 0 10 0
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------------------- parser
+
+
+def test_parse_proc_net_tcp():
+    rows = ports.parse_proc_net_tcp(PROC_NET_TCP)
+    assert rows[0] == {"local_ip": "0.0.0.0", "local_port": 29500, "state": "0A", "uid": 0, "inode": 259424}
+    assert rows[1]["local_ip"] == "127.0.0.1" and rows[1]["state"] == "01"
+    assert rows[2]["local_port"] == 0xDAD0 and rows[2]["uid"] == 1001
+    rows6 = ports.parse_proc_net_tcp(PROC_NET_TCP6)
+    assert rows6 == [{"local_ip": "::1", "local_port": 29501, "state": "0A", "uid": 0, "inode": 259425}]
+
+
+@pytest.mark.parametrize("text", ["", "garbage", PROC_NET_TCP + "   9: nonsense\n", PROC_NET_TCP.split("\n", 1)[1]])
+def test_parse_proc_net_tcp_rejects(text):
+    with pytest.raises(ParseError):
+        ports.parse_proc_net_tcp(text)
+
+
+def test_parse_real_proc_net_tcp():
+    with open("/proc/net/tcp") as handle:
+        ports.parse_proc_net_tcp(handle.read())
+
+
+# ---------------------------------------------------------------------------------------- real sockets
+
+
+def run_listener(cfg):
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(result=ports.listen(cfg)), daemon=True)
+    thread.start()
+    return thread, box
+
+
+def test_listen_and_connect_handshake():
+    port = free_port()
+    thread, box = run_listener(
+        {
+            "port": port,
+            "bind_ip": "127.0.0.1",
+            "name": "n001",
+            "expect_peers": ["127.0.0.1"],
+            "expect_names": ["n002"],
+            "window_s": 10,
+        }
+    )
+    res = ports.connect({"host": "127.0.0.1", "port": port, "name": "n002", "source_ip": "127.0.0.1", "retry_s": 5})
+    thread.join(10)
+    assert res["connected"] and res["handshake"] and res["error"] is None and res["reply"] == "preflight-ok n001"
+    head = box["result"]
+    assert head["listening"] and [p["name"] for p in head["peers"]] == ["n002"]
+    assert head["elapsed_s"] < 5  # stopped as soon as every expected peer came
+    json.dumps(head), json.dumps(res)
+
+
+def test_connector_retries_until_listener_comes_up():
+    port = free_port()
+    box = {}
+
+    def late():
+        time.sleep(0.8)
+        box["result"] = ports.listen({"port": port, "bind_ip": "127.0.0.1", "expect_names": ["n002"], "window_s": 10})
+
+    thread = threading.Thread(target=late, daemon=True)
+    thread.start()
+    res = ports.connect({"host": "127.0.0.1", "port": port, "name": "n002", "retry_s": 6})
+    thread.join(10)
+    assert res["handshake"] and res["attempts"] > 1
+
+
+def test_connect_refused_reports_errno():
+    res = ports.connect({"host": "127.0.0.1", "port": free_port(), "retry_s": 0.6})
+    assert not res["connected"] and res["errno"] == "ECONNREFUSED" and res["attempts"] >= 2
+
+
+def test_connect_to_foreign_listener_is_not_a_handshake():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+
+    def serve():
+        conn, _ = srv.accept()
+        conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        res = ports.connect({"host": "127.0.0.1", "port": port, "retry_s": 2})
+    finally:
+        srv.close()
+    assert res["connected"] and not res["handshake"]
+    assert res["error"] == "the listener did not answer as preflight" and res["reply"].startswith("SSH-2.0")
+
+
+@pytest.mark.parametrize("wildcard", [False, True])
+def test_busy_port_names_this_process_and_free_ports(wildcard):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    port = holder.getsockname()[1]
+    try:
+        res = ports.listen({"port": port, "bind_ip": "127.0.0.1", "wildcard": wildcard, "window_s": 1})
+    finally:
+        holder.close()
+    assert not res["listening"] and res["errno"] == "EADDRINUSE"
+    assert {"pid": os.getpid(), "ip": "127.0.0.1"}.items() <= res["holders"][0].items()
+    assert res["holders"][0]["comm"]  # e.g. "python" or "pytest"
+    assert res["free_ports"] and all(p > port for p in res["free_ports"])
+
+
+def test_find_holders_of_unused_port_is_empty():
+    assert ports.find_holders(free_port()) == []
+
+
+def test_probe_dispatch():
+    assert ports.probe(NodeContext({"skip": "no data interface"})) == {"skipped": "no data interface"}
+    with pytest.raises(ValueError):
+        ports.probe(NodeContext({}))
+
+
+# ------------------------------------------------------------------------------------------ plan, rule
+
+
+def nic_facts(i):
+    return {
+        "interfaces": [
+            {
+                "name": "eth1",
+                "state": "UP",
+                "up": True,
+                "mtu": 9000,
+                "speed_mbps": 10000,
+                "kind": "veth",
+                "link_type": "ether",
+                "master": None,
+                "arp_type": 1,
+                "physical": False,
+                "addresses": [{"ip": "198.19.0.%d" % i, "prefixlen": 16}],
+            },
+        ],
+        "ssh_ip": None,
+    }
+
+
+def cluster(n=3, port_facts=None, **kw):
+    names = ["n%03d" % i for i in range(1, n + 1)]
+    nodes = [NodeInfo(name, name, 8, is_head=(i == 0)) for i, name in enumerate(names)]
+    facts = {}
+    for i, name in enumerate(names, 1):
+        facts[name] = {"nic": nic_facts(i)}
+        if port_facts and name in port_facts:
+            facts[name]["ports"] = port_facts[name]
+    return ClusterView(nodes, facts, **kw)
+
+
+def test_plan():
+    plan = ports.plan(cluster(3, cluster={"master_port": 29600}))
+    head = plan["n001"]
+    assert head["role"] == "listen" and head["port"] == 29600 and head["bind_ip"] == "198.19.0.1"
+    assert head["expect_peers"] == ["198.19.0.2", "198.19.0.3"] and head["expect_names"] == ["n002", "n003"]
+    assert plan["n002"] == {
+        "role": "connect",
+        "name": "n002",
+        "host": "198.19.0.1",
+        "port": 29600,
+        "source_ip": "198.19.0.2",
+        "retry_s": ports.RETRY_S,
+    }
+    assert plan["n003"]["role"] == "connect"
+    json.dumps(plan)
+
+
+def connected(n):
+    return {
+        "role": "connect",
+        "host": "198.19.0.1",
+        "port": 29500,
+        "connected": True,
+        "handshake": True,
+        "reply": "preflight-ok n001",
+        "attempts": n,
+        "elapsed_s": 0.5 * n,
+        "error": None,
+    }
+
+
+def listening(*names):
+    return {
+        "role": "listen",
+        "port": 29500,
+        "bind_ip": "0.0.0.0",
+        "listening": True,
+        "peers": [{"ip": "198.19.0.%d" % (i + 2), "name": n, "at_s": 0.1} for i, n in enumerate(names)],
+    }
+
+
+def test_rule_pass():
+    view = cluster(3, {"n001": listening("n002", "n003"), "n002": connected(1), "n003": connected(3)})
+    findings = {f.node: f for f in ports.rule(view)}
+    assert {n: f.status for n, f in findings.items()} == {"n001": Status.PASS, "n002": Status.PASS, "n003": Status.PASS}
+    assert findings["n001"].message == "listened on port 29500; 2 peers connected (n[002-003])"
+
+
+def test_rule_busy_port_message():
+    busy = {
+        "role": "listen",
+        "port": 29500,
+        "bind_ip": "0.0.0.0",
+        "listening": False,
+        "peers": [],
+        "error": "EADDRINUSE: Address already in use",
+        "errno": "EADDRINUSE",
+        "holders": [{"pid": 4242, "comm": "python3", "uid": 1000, "ip": "0.0.0.0"}],
+        "free_ports": [29501, 29502, 29503],
+    }
+    refused = {
+        "role": "connect",
+        "host": "198.19.0.1",
+        "port": 29500,
+        "connected": True,
+        "handshake": False,
+        "reply": "",
+        "attempts": 1,
+        "elapsed_s": 3.0,
+        "error": "the listener did not answer as preflight",
+    }
+    findings = {f.node: f for f in ports.rule(cluster(2, {"n001": busy, "n002": refused}))}
+    assert findings["n001"].status == Status.FAIL
+    assert findings["n001"].message == "n001: port 29500 is held by pid 4242 (python3); try --master-port 29501 (free)"
+    assert findings["n002"].status == Status.ERROR
+
+
+def test_rule_holder_not_visible():
+    busy = {
+        "role": "listen",
+        "port": 29500,
+        "listening": False,
+        "errno": "EADDRINUSE",
+        "error": "EADDRINUSE",
+        "holders": [{"pid": None, "comm": None, "uid": 0, "ip": "0.0.0.0"}],
+        "free_ports": [],
+    }
+    f = [x for x in ports.rule(cluster(1, {"n001": busy}))][0]
+    assert f.message == "n001: port 29500 is held by a process of uid 0 not visible to this user"
+
+
+@pytest.mark.parametrize(
+    "errno_name, hint",
+    [("ECONNREFUSED", "refused"), ("ETIMEDOUT", "timed out: a firewall"), ("EHOSTUNREACH", "unreachable")],
+)
+def test_rule_connect_failure(errno_name, hint):
+    failed = {
+        "role": "connect",
+        "host": "198.19.0.1",
+        "port": 29500,
+        "connected": False,
+        "handshake": False,
+        "attempts": 30,
+        "elapsed_s": 10.0,
+        "error": "Connection refused",
+        "errno": errno_name,
+    }
+    findings = {
+        f.node: f for f in ports.rule(cluster(3, {"n001": listening("n002"), "n002": connected(1), "n003": failed}))
+    }
+    assert findings["n003"].status == Status.FAIL
+    assert findings["n003"].message.startswith("n003 → n001 198.19.0.1:29500: " + hint)
+    assert findings["n001"].status == Status.PASS and findings["n002"].status == Status.PASS
+
+
+def test_rule_errors_never_pass():
+    findings = {f.node: f.status for f in ports.rule(cluster(2, {"n001": {"probe_error": "boom"}}))}
+    assert findings == {"n001": Status.ERROR, "n002": Status.ERROR}
