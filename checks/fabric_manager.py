@@ -1,0 +1,246 @@
+"""fabric_manager: on NVSwitch nodes, nvidia-fabricmanager is active, matches the driver, and every GPU joined the fabric.
+
+Applies only where NVSwitches exist (HGX/DGX A100 and H100 baseboards). They are found in sysfs: PCI
+functions under ``<sysfs>/bus/pci/devices`` with vendor 0x10de and class 0x068000 (bridge, other).
+
+Facts schema::
+
+    nvswitches       ["0000:05:00.0", ...]              NVSwitch PCI addresses (empty: not an NVSwitch system)
+    service          {"LoadState": "loaded", "ActiveState": "failed", "SubState": "failed",
+                      "Result": "exit-code", "ExecMainCode": "1", "ExecMainStatus": "1",
+                      "UnitFileState": "enabled", "NRestarts": "0"} | None  (only on NVSwitch nodes)
+    service_error    why the service state could not be read (systemctl missing or failing) | None
+    fm_version       "550.54.15" | None                 from `nv-fabricmanager --version`
+    driver_version   "550.54.15" | None                 from <sysfs>/module/nvidia/version
+
+The fabric manager version is read from the binary systemd starts (``nv-fabricmanager --version``
+prints "Fabric Manager version is : 550.54.15"): it is what must match the loaded kernel module, and it
+reads the same on every distribution, where package names (nvidia-fabricmanager-550,
+cuda-drivers-fabricmanager-550, nvidia-fabricmanager) and package managers differ. The driver version
+is the loaded kernel module's (sysfs), the one fabric manager checks against at start; when sysfs lacks
+it the rule falls back to the gpu check's driver_version.
+
+Rule (reads the gpu check's facts for per-GPU fabric state, Hopper+):
+
+- CPU-only node, or no NVSwitch: SKIP with the reason.
+- service not installed, or not active: FAIL ("nvidia-fabricmanager is failed (Result=exit-code); NCCL
+  init will hang on this node").
+- service state unreadable (no systemctl, e.g. in a container): judged by GPU fabric state alone where
+  the GPUs report it (PASS noting it), else WARN.
+- fabric manager version != driver version: FAIL; version unknown: WARN.
+- any GPU whose fabric state is reported and is not Completed/Success: FAIL.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Tuple
+
+from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
+
+NAME = "fabric_manager"
+UNIT = "nvidia-fabricmanager"
+PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "UnitFileState", "NRestarts")
+NVIDIA_VENDOR = "0x10de"
+NVSWITCH_CLASS = "0x068000"
+HANG = "NCCL init will hang on this node"
+
+
+# --------------------------------------------------------------------------------------------- probe
+
+
+def probe(ctx: Any) -> Dict[str, Any]:
+    """NVSwitches from sysfs; on NVSwitch nodes, the service state and both versions."""
+    switches = find_nvswitches(ctx)
+    facts: Dict[str, Any] = {
+        "nvswitches": switches,
+        "service": None,
+        "service_error": None,
+        "fm_version": None,
+        "driver_version": None,
+    }
+    module = ctx.read(ctx.sys_path("module", "nvidia", "version"))
+    facts["driver_version"] = module.strip() if module and module.strip() else None
+    if not switches:
+        return facts
+    res = ctx.run(["systemctl", "show", UNIT, "--property=" + ",".join(PROPERTIES)], timeout=15.0)
+    if res.rc == 127:
+        facts["service_error"] = "systemctl not found"
+    elif not res.ok:
+        facts["service_error"] = "systemctl show failed (rc %d): %s" % (res.rc, (res.stderr or res.stdout).strip())
+    else:
+        facts["service"] = parse_systemctl_show(res.stdout)
+    ver = ctx.run(["nv-fabricmanager", "--version"], timeout=15.0)
+    if ver.ok:
+        facts["fm_version"] = parse_fm_version(ver.stdout + ver.stderr)
+    return facts
+
+
+def find_nvswitches(ctx: Any) -> List[str]:
+    """PCI addresses of NVIDIA functions whose class is 0x068000 (NVSwitch on HGX/DGX A100, H100)."""
+    root = ctx.sys_path("bus", "pci", "devices")
+    found = []
+    for bdf in ctx.listdir(root):
+        vendor = (ctx.read("%s/%s/vendor" % (root, bdf)) or "").strip().lower()
+        klass = (ctx.read("%s/%s/class" % (root, bdf)) or "").strip().lower()
+        if vendor == NVIDIA_VENDOR and klass == NVSWITCH_CLASS:
+            found.append(bdf)
+    return found
+
+
+# ------------------------------------------------------------------------------------------- parsers
+
+
+def parse_systemctl_show(text: str) -> Dict[str, str]:
+    """{property: value} from `systemctl show UNIT --property=...` (KEY=VALUE lines, any order)."""
+    out: Dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not re.match(r"^[A-Za-z][A-Za-z0-9]*$", key):
+            raise ParseError("systemctl show line %d: %r is not KEY=VALUE" % (number, line))
+        out[key] = value
+    for required in ("LoadState", "ActiveState"):
+        if required not in out:
+            raise ParseError("systemctl show: no %s in %r" % (required, text[:200]))
+    return out
+
+
+def parse_fm_version(text: str) -> str:
+    """'550.54.15' from `nv-fabricmanager --version` ("Fabric Manager version is : 550.54.15")."""
+    match = re.search(r"Fabric Manager version is\s*:\s*(\d+\.\d+(?:\.\d+)?)", text)
+    if not match:
+        raise ParseError("nv-fabricmanager --version: no 'Fabric Manager version is : X' in %r" % text.strip()[:200])
+    return match.group(1)
+
+
+# ---------------------------------------------------------------------------------------------- rule
+
+
+def _gpu_fabric(gpu_facts: Any) -> Tuple[List[str], int]:
+    """(problems, GPUs reporting Completed/Success) from the gpu check's facts."""
+    if not isinstance(gpu_facts, dict) or "gpus" not in gpu_facts:
+        return [], 0
+    problems, good = [], 0
+    for gpu in gpu_facts.get("gpus") or []:
+        fabric = gpu.get("fabric")
+        if not fabric:
+            continue
+        if fabric.get("state") == "Completed" and fabric.get("status") == "Success":
+            good += 1
+            continue
+        bus = gpu.get("pci_bus_id") or "?"
+        domain, _, rest = bus.partition(":")
+        short = "%s:%s" % (domain[-4:], rest) if rest else bus
+        problems.append(
+            "GPU %s (%s): fabric state %s, status %s (expected Completed/Success)"
+            % (gpu.get("index"), short, fabric.get("state"), fabric.get("status"))
+        )
+    return problems, good
+
+
+def _node(node: Any, facts: Dict[str, Any], gpu_facts: Any) -> List[Finding]:
+    name = node.name
+    switches = facts.get("nvswitches") or []
+    if not switches:
+        return [Finding(NAME, name, Status.SKIP, "no NVSwitch on this node (PCIe/NVLink-bridge system): fabric manager not needed")]
+    out: List[Finding] = []
+    fabric_problems, fabric_good = _gpu_fabric(gpu_facts)
+    service = facts.get("service")
+    if service is None:
+        why = facts.get("service_error") or "service state not gathered"
+        if fabric_good and not fabric_problems:
+            note = " (nvidia-fabricmanager state unreadable: %s)" % why
+        else:
+            out.append(
+                Finding(NAME, name, Status.WARN, "cannot verify nvidia-fabricmanager: %s" % why, expected="active", actual="unknown")
+            )
+            note = ""
+    else:
+        note = ""
+        state = service.get("ActiveState")
+        if service.get("LoadState") != "loaded":
+            out.append(
+                Finding(
+                    NAME,
+                    name,
+                    Status.FAIL,
+                    "nvidia-fabricmanager is not installed (LoadState=%s); %s" % (service.get("LoadState"), HANG),
+                    expected="loaded, active",
+                    actual="LoadState=%s" % service.get("LoadState"),
+                )
+            )
+        elif state != "active":
+            detail = "Result=%s" % service.get("Result", "?")
+            if service.get("ExecMainStatus") not in (None, "", "0"):
+                detail += ", exit status %s" % service["ExecMainStatus"]
+            out.append(
+                Finding(
+                    NAME,
+                    name,
+                    Status.FAIL,
+                    "nvidia-fabricmanager is %s (%s); %s" % (state, detail, HANG),
+                    expected="active",
+                    actual="%s/%s" % (state, service.get("SubState")),
+                )
+            )
+    fm, driver = facts.get("fm_version"), facts.get("driver_version")
+    if not driver and isinstance(gpu_facts, dict):
+        driver = gpu_facts.get("driver_version")
+    if fm is None:
+        if service is not None and service.get("LoadState") == "loaded":
+            out.append(
+                Finding(NAME, name, Status.WARN, "fabric manager version unknown (nv-fabricmanager --version did not answer)", expected=driver, actual="unknown")
+            )
+    elif driver and fm != driver:
+        out.append(
+            Finding(
+                NAME,
+                name,
+                Status.FAIL,
+                "fabric manager %s does not match driver %s (expected the same version)" % (fm, driver),
+                expected=driver,
+                actual=fm,
+            )
+        )
+    for problem in fabric_problems:
+        out.append(Finding(NAME, name, Status.FAIL, problem, expected="Completed/Success"))
+    if not out:
+        parts = ["%d NVSwitches" % len(switches)]
+        if service is not None:
+            parts.append("nvidia-fabricmanager %s (%s)" % (service.get("ActiveState"), service.get("SubState")))
+        if fm:
+            parts.append("version %s" % fm)
+        if fabric_good:
+            parts.append("fabric Completed on %d GPUs" % fabric_good)
+        out.append(Finding(NAME, name, Status.PASS, ", ".join(parts) + note, actual=fm))
+    return out
+
+
+def rule(view: ClusterView) -> List[Finding]:
+    out: List[Finding] = []
+    for node in view.live:
+        if node.gpus_per_node == 0:
+            out.append(Finding(NAME, node.name, Status.SKIP, "CPU-only node (gpus_per_node: 0)"))
+            continue
+        facts = view.facts[node.name].get(NAME)
+        err = probe_error(NAME, node.name, facts)
+        if err:
+            out.append(err)
+            continue
+        out.extend(_node(node, facts, view.facts[node.name].get("gpu")))
+    return out
+
+
+CHECK = Check(
+    name=NAME,
+    claim="On NVSwitch nodes nvidia-fabricmanager is active, matches the driver version, and every GPU joined the fabric",
+    why="Without a running, version-matched fabric manager the NVSwitch fabric is never programmed: CUDA init "
+    "fails with cudaErrorSystemNotReady or NCCL hangs at init on that node.",
+    fix="Install nvidia-fabricmanager of exactly the driver's version, then systemctl enable --now "
+    "nvidia-fabricmanager; read journalctl -u nvidia-fabricmanager for the cause of a failure.",
+    probe=probe,
+    rule=rule,
+    needs=("gpu",),
+)

@@ -1,0 +1,282 @@
+"""Simulated NVIDIA hardware for a simulated node: recorded nvidia-smi, NVSwitches in sysfs, fabric manager.
+
+Everything is presented through the interfaces real hardware uses: small executables on the node's PATH
+(``node.install_executable``) that print the recorded outputs under tests/fixtures, and files under the
+node's sysfs root (``node.write_sys``). NVML cannot be faked that way, so on a host that has a real GPU the
+node's sessions must set ``PREFLIGHT_NVML=off`` for the probes to read the simulated nvidia-smi.
+
+    install_gpus(node, "h100", count=8, faults={3: "ecc", 5: ["pcie_width", "persistence_off"], 6: "missing"})
+    install_nvswitches(node)                       # 4 NVSwitch PCI functions (6 for profile="a100")
+    install_fabric_manager(node, active=False)     # failed service; H100 GPUs then report fabric In Progress
+    set_driver_version(node, "535.129.03")         # a driver outlier (fabric manager keeps its version)
+    install_nccl(node, "2.21.5")                   # ldconfig -p listing libnccl.so.2 -> libnccl.so.2.21.5
+
+Faults (per GPU position 0..count-1): missing, ecc, remap_failure, remap_pending, pcie_width, hw_slowdown,
+sw_thermal, persistence_off, nvlink_down.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from typing import Any, Dict, Iterable, List, Optional, Union
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
+
+PROFILES: Dict[str, Dict[str, Any]] = {
+    "h100": {
+        "xml": "gpu/h100_hgx_550.xml",
+        "nvlink": "gpu/h100_hgx_550.nvlink.txt",
+        "driver": "550.54.15",
+        "gpu_device": "0x2330",
+        "nvswitch_device": "0x22a3",
+        "nvswitches": 4,
+    },
+    "a100": {
+        "xml": "gpu/a100_hgx_535.xml",
+        "nvlink": "gpu/a100_hgx_535.nvlink.txt",
+        "driver": "535.129.03",
+        "gpu_device": "0x20b2",
+        "nvswitch_device": "0x1af1",
+        "nvswitches": 6,
+    },
+}
+
+FAULTS = (
+    "missing",
+    "ecc",
+    "remap_failure",
+    "remap_pending",
+    "pcie_width",
+    "hw_slowdown",
+    "sw_thermal",
+    "persistence_off",
+    "nvlink_down",
+)
+
+_REASON = r"(<clocks_(?:event|throttle)_reason_%s>)Not Active(</)"
+#: fault -> [(pattern, replacement)] applied to one GPU's <gpu> block
+_EDITS = {
+    "ecc": [(r"(<dram_uncorrectable>)0(</)", r"\g<1>2\2")],
+    "remap_failure": [(r"(<remapped_row_failure>)No(</)", r"\1Yes\2"), (r"(<remapped_row_unc>)0(</)", r"\g<1>1\2")],
+    "remap_pending": [(r"(<remapped_row_pending>)No(</)", r"\1Yes\2"), (r"(<remapped_row_unc>)0(</)", r"\g<1>1\2")],
+    "pcie_width": [(r"(<current_link_width>)16x(</)", r"\g<1>8x\2")],
+    "hw_slowdown": [(_REASON % "hw_slowdown", r"\1Active\2"), (_REASON % "hw_thermal_slowdown", r"\1Active\2")],
+    "sw_thermal": [(_REASON % "sw_thermal_slowdown", r"\1Active\2")],
+    "persistence_off": [(r"(<persistence_mode>)Enabled(</)", r"\1Disabled\2")],
+    "nvlink_down": [],
+}
+
+# Node state, keyed by the node's bin directory (one per simulated node).
+_STATE: Dict[str, Dict[str, Any]] = {}
+
+FaultSpec = Optional[Dict[int, Union[str, Iterable[str]]]]
+
+
+def _read(rel: str) -> str:
+    with open(os.path.join(FIXTURES, rel)) as handle:
+        return handle.read()
+
+
+def _state(node: Any) -> Dict[str, Any]:
+    if node.bin_dir not in _STATE:
+        raise ValueError("install_gpus(node) first")
+    return _STATE[node.bin_dir]
+
+
+def install_gpus(node: Any, profile: str = "h100", count: int = 8, faults: FaultSpec = None) -> None:
+    """A fake nvidia-smi printing the recorded HGX output with `count` GPUs, plus the GPUs' sysfs entries."""
+    if profile not in PROFILES:
+        raise ValueError("profile %r: expected one of %s" % (profile, ", ".join(sorted(PROFILES))))
+    if not 0 < count <= 8:
+        raise ValueError("count %d: the recorded HGX outputs hold 1 to 8 GPUs" % count)
+    normalised: Dict[int, List[str]] = {}
+    for index, spec in (faults or {}).items():
+        names = [spec] if isinstance(spec, str) else list(spec)
+        unknown = [n for n in names if n not in FAULTS]
+        if unknown or not 0 <= index < count:
+            raise ValueError("fault %r on GPU %d: expected GPUs 0..%d and faults %s" % (spec, index, count - 1, FAULTS))
+        normalised[index] = names
+    old = _STATE.get(node.bin_dir, {})
+    _STATE[node.bin_dir] = {
+        "profile": profile,
+        "count": count,
+        "faults": normalised,
+        "driver": PROFILES[profile]["driver"],
+        "fabric_stuck": old.get("fabric_stuck", False),
+        "gpu_bdfs": old.get("gpu_bdfs", []),
+    }
+    _render(node)
+
+
+def set_driver_version(node: Any, version: str) -> None:
+    """Make this node report another driver (nvidia-smi and sysfs); an installed fabric manager keeps its own."""
+    _state(node)["driver"] = version
+    _render(node)
+
+
+def install_nvswitches(node: Any, count: Optional[int] = None, profile: Optional[str] = None) -> List[str]:
+    """NVSwitch PCI functions (vendor 0x10de, class 0x068000) in the node's sysfs; returns their addresses."""
+    profile = profile or _STATE.get(node.bin_dir, {}).get("profile", "h100")
+    spec = PROFILES[profile]
+    count = spec["nvswitches"] if count is None else count
+    bdfs = ["0000:%02x:00.0" % (0x05 + i) for i in range(count)]
+    for bdf in bdfs:
+        _pci(node, bdf, spec["nvswitch_device"], "0x068000")
+    return bdfs
+
+
+def install_fabric_manager(node: Any, active: bool = True, version: Optional[str] = None) -> None:
+    """Fake systemctl (show / is-active nvidia-fabricmanager) and nv-fabricmanager --version.
+
+    A failed service leaves Hopper GPUs stuck registering with the fabric (state In Progress), as on
+    real nodes; their nvidia-smi output is re-rendered to say so.
+    """
+    state = _STATE.get(node.bin_dir)
+    version = version or (state["driver"] if state else PROFILES["h100"]["driver"])
+    show = _read("fabric_manager/systemctl_show_%s.txt" % ("active" if active else "failed"))
+    node.install_executable(
+        "systemctl",
+        "#!/bin/sh\n"
+        "# systemctl (preflight simulator): answers for nvidia-fabricmanager only, from tests/fixtures\n"
+        'case "$1 $2" in\n'
+        '  "show nvidia-fabricmanager"|"show nvidia-fabricmanager.service")\n'
+        "    cat <<'PREFLIGHT_EOF'\n%s"
+        "PREFLIGHT_EOF\n"
+        "    ;;\n"
+        '  "is-active nvidia-fabricmanager"|"is-active nvidia-fabricmanager.service")\n'
+        "    %s\n"
+        "    ;;\n"
+        "  *)\n"
+        '    echo "systemctl (preflight simulator): no recorded answer for: $*" >&2\n'
+        "    exit 1\n"
+        "    ;;\n"
+        "esac\n" % (show, "echo active; exit 0" if active else "echo failed; exit 3"),
+    )
+    node.install_executable(
+        "nv-fabricmanager",
+        "#!/bin/sh\n"
+        "# nv-fabricmanager (preflight simulator): only --version\n"
+        'case "$1" in\n'
+        "  --version|-v) printf '\\nFabric Manager version is : %s\\n\\n' ;;\n"
+        '  *) echo "nv-fabricmanager (preflight simulator): only --version is recorded" >&2; exit 1 ;;\n'
+        "esac\n" % version,
+    )
+    if state is not None:
+        state["fabric_stuck"] = not active
+        _render(node)
+
+
+def install_nccl(node: Any, version: str = "2.21.5") -> str:
+    """A fake `ldconfig -p` listing libnccl.so.2, a symlink to an (empty) libnccl.so.2.<version>."""
+    libdir = os.path.join(os.path.dirname(node.bin_dir.rstrip("/")), "lib")
+    os.makedirs(libdir, exist_ok=True)
+    real = os.path.join(libdir, "libnccl.so." + version)
+    open(real, "w").close()
+    link = os.path.join(libdir, "libnccl.so.2")
+    if os.path.lexists(link):
+        os.unlink(link)
+    os.symlink(os.path.basename(real), link)
+    node.install_executable(
+        "ldconfig",
+        "#!/bin/sh\n"
+        "# ldconfig (preflight simulator): only -p\n"
+        'if [ "$1" != "-p" ]; then echo "ldconfig (preflight simulator): only -p" >&2; exit 1; fi\n'
+        "cat <<'PREFLIGHT_EOF'\n"
+        "2 libs found in cache `/etc/ld.so.cache'\n"
+        "\tlibnccl.so.2 (libc6,x86-64) => %s\n"
+        "\tlibc.so.6 (libc6,x86-64, OS ABI: Linux 3.2.0) => /lib/x86_64-linux-gnu/libc.so.6\n"
+        "Cache generated by: ldconfig (Ubuntu GLIBC 2.35-0ubuntu3.6) stable release version 2.35\n"
+        "PREFLIGHT_EOF\n" % link,
+    )
+    return real
+
+
+# ------------------------------------------------------------------------------------------ rendering
+
+_GPU_BLOCK = re.compile(r"\t<gpu id=\"[^\"]+\">\n.*?\n\t</gpu>\n", re.S)
+_NVLINK_GPU = re.compile(r"^GPU \d+: ", re.M)
+
+
+def _pci(node: Any, bdf: str, device: str, klass: str) -> None:
+    node.write_sys("bus/pci/devices/%s/vendor" % bdf, "0x10de\n")
+    node.write_sys("bus/pci/devices/%s/device" % bdf, device + "\n")
+    node.write_sys("bus/pci/devices/%s/class" % bdf, klass + "\n")
+
+
+def _render(node: Any) -> None:
+    state = _STATE[node.bin_dir]
+    spec = PROFILES[state["profile"]]
+    xml = _read(spec["xml"])
+    blocks = _GPU_BLOCK.findall(xml)
+    head = xml[: xml.index(blocks[0])]
+    tail = xml[xml.index(blocks[-1]) + len(blocks[-1]):]
+    nvlink = _split_nvlink(_read(spec["nvlink"]))
+    kept_xml: List[str] = []
+    kept_links: List[str] = []
+    present: List[str] = []
+    for i, block in enumerate(blocks[: state["count"]]):
+        faults = state["faults"].get(i, [])
+        if "missing" in faults:
+            continue
+        for fault in faults:
+            for pattern, repl in _EDITS[fault]:
+                block = re.sub(pattern, repl, block)
+        if state["fabric_stuck"]:
+            block = block.replace("<state>Completed</state>", "<state>In Progress</state>").replace(
+                "<status>Success</status>", "<status>N/A</status>"
+            )
+        block = re.sub(r"(<gsp_firmware_version>)\d[\d.]*(</)", r"\g<1>%s\2" % state["driver"], block)
+        links = nvlink[i]
+        if "nvlink_down" in faults:
+            links = re.sub(r"(Link [01]): \S+ GB/s", r"\1: <inactive>", links)
+        kept_links.append(re.sub(r"^GPU \d+:", "GPU %d:" % len(kept_xml), links))
+        kept_xml.append(block)
+        present.append(re.search(r"<pci_bus_id>([^<]+)</", block).group(1))
+    head = re.sub(r"(<driver_version>)[^<]*(</)", r"\g<1>%s\2" % state["driver"], head)
+    head = re.sub(r"(<attached_gpus>)\d+(</)", r"\g<1>%d\2" % len(kept_xml), head)
+    xml = head + "".join(kept_xml) + tail
+    listing = "".join(
+        "GPU %d: %s (UUID: %s)\n"
+        % (n, re.search(r"<product_name>([^<]+)</", b).group(1), re.search(r"<uuid>([^<]+)</", b).group(1))
+        for n, b in enumerate(kept_xml)
+    )
+    versions = "".join("%s\n" % state["driver"] for _ in kept_xml)
+    node.install_executable(
+        "nvidia-smi",
+        "#!/bin/sh\n"
+        "# nvidia-smi (preflight simulator): recorded %s output from tests/fixtures/gpu\n"
+        'case "$*" in\n'
+        '  "-q -x"|"-x -q"|"--query --xml-format"|"-q --xml-format"|"--query -x")\n'
+        "    cat <<'PREFLIGHT_EOF'\n%sPREFLIGHT_EOF\n    ;;\n"
+        '  "nvlink --status"|"nvlink -s")\n'
+        "    cat <<'PREFLIGHT_EOF'\n%sPREFLIGHT_EOF\n    ;;\n"
+        '  "-L"|"--list-gpus")\n'
+        "    cat <<'PREFLIGHT_EOF'\n%sPREFLIGHT_EOF\n    ;;\n"
+        '  "--query-gpu=driver_version --format=csv,noheader")\n'
+        "    cat <<'PREFLIGHT_EOF'\n%sPREFLIGHT_EOF\n    ;;\n"
+        "  *)\n"
+        '    echo "nvidia-smi (preflight simulator): no recorded output for: $*" >&2\n'
+        "    exit 2\n"
+        "    ;;\n"
+        "esac\n" % (state["profile"], xml, "".join(kept_links), listing, versions),
+    )
+    devices = os.path.join(node.sys_dir, "bus", "pci", "devices")
+    for bdf in state["gpu_bdfs"]:
+        shutil.rmtree(os.path.join(devices, bdf), ignore_errors=True)
+    state["gpu_bdfs"] = [_sysfs_bdf(b) for b in present]
+    for bdf in state["gpu_bdfs"]:
+        _pci(node, bdf, spec["gpu_device"], "0x030200")
+    node.write_sys("module/nvidia/version", state["driver"] + "\n")
+
+
+def _split_nvlink(text: str) -> List[str]:
+    starts = [m.start() for m in _NVLINK_GPU.finditer(text)] + [len(text)]
+    return [text[a:b] for a, b in zip(starts, starts[1:])]
+
+
+def _sysfs_bdf(bus_id: str) -> str:
+    """00000000:4E:00.0 (nvidia-smi) -> 0000:4e:00.0 (sysfs)."""
+    domain, rest = bus_id.split(":", 1)
+    return ("%s:%s" % (domain[-4:], rest)).lower()

@@ -1,0 +1,244 @@
+"""fabric_manager check: systemctl show / version parsers, NVSwitch detection in sysfs trees, probe, rule."""
+
+from __future__ import annotations
+
+import copy
+import glob
+import json
+import os
+
+import pytest
+
+from preflight.checks import fabric_manager as fm
+from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.probe.context import NodeContext
+
+FIX = os.path.join(os.path.dirname(__file__), "fixtures", "fabric_manager")
+GPU_FIX = os.path.join(os.path.dirname(__file__), "fixtures", "gpu")
+
+
+def meta(path):
+    with open(os.path.splitext(path)[0] + ".json") as fh:
+        return json.load(fh)
+
+
+def read(path):
+    with open(path) as fh:
+        return fh.read()
+
+
+def gpu_facts(case):
+    with open(os.path.join(GPU_FIX, case + ".json")) as fh:
+        return json.load(fh)["expected"]
+
+
+# ---------------------------------------------------------------------------------------------- parsers
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(FIX, "systemctl_*.txt"))), ids=os.path.basename)
+def test_parse_systemctl_show(path):
+    case = meta(path)
+    if "error" in case:
+        with pytest.raises(ParseError, match=case["error"]):
+            fm.parse_systemctl_show(read(path))
+    else:
+        assert case["command"].startswith("systemctl show nvidia-fabricmanager --property=")
+        assert case["command"].endswith(",".join(fm.PROPERTIES))
+        assert fm.parse_systemctl_show(read(path)) == case["expected"]
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(FIX, "nv_fabricmanager_version_*.txt"))), ids=os.path.basename)
+def test_parse_fm_version(path):
+    case = meta(path)
+    if "error" in case:
+        with pytest.raises(ParseError, match=case["error"]):
+            fm.parse_fm_version(read(path))
+    else:
+        assert fm.parse_fm_version(read(path)) == case["expected"]
+
+
+def test_systemctl_show_without_states_is_a_parse_error():
+    with pytest.raises(ParseError, match="no LoadState"):
+        fm.parse_systemctl_show("Result=success\n")
+
+
+@pytest.mark.parametrize("tree", sorted(glob.glob(os.path.join(FIX, "sysfs", "*.json"))), ids=os.path.basename)
+def test_find_nvswitches_in_recorded_sysfs(tree):
+    root = os.path.splitext(tree)[0]
+    want = meta(tree)["expected"]
+    assert fm.find_nvswitches(NodeContext(sysfs_root=root)) == want["nvswitches"]
+
+
+# ------------------------------------------------------------------------------------------------ probe
+
+
+def fake_tools(bindir, show_case, version_case):
+    os.makedirs(bindir, exist_ok=True)
+    for name, text in (
+        ("systemctl", '#!/bin/sh\n[ "$1 $2" = "show nvidia-fabricmanager" ] && exec cat "%s"\nexit 1\n'
+         % os.path.join(FIX, show_case + ".txt")),
+        ("nv-fabricmanager", '#!/bin/sh\n[ "$1" = --version ] && exec cat "%s"\nexit 1\n'
+         % os.path.join(FIX, version_case + ".txt")),
+    ):
+        path = os.path.join(bindir, name)
+        with open(path, "w") as fh:
+            fh.write(text)
+        os.chmod(path, 0o755)
+
+
+@pytest.mark.parametrize(
+    "tree,show,version,want_state,want_version",
+    [
+        ("hgx_h100", "systemctl_show_active", "nv_fabricmanager_version_550", "active", "550.54.15"),
+        ("hgx_a100", "systemctl_show_failed", "nv_fabricmanager_version_535", "failed", "535.129.03"),
+    ],
+)
+def test_probe_on_nvswitch_node(tmp_path, monkeypatch, tree, show, version, want_state, want_version):
+    fake_tools(str(tmp_path), show, version)
+    monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % tmp_path)
+    root = os.path.join(FIX, "sysfs", tree)
+    facts = fm.probe(NodeContext(sysfs_root=root))
+    recorded = meta(root + ".json")["expected"]
+    assert facts["nvswitches"] == recorded["nvswitches"]
+    assert facts["driver_version"] == recorded["driver_version"]
+    assert facts["service"] == meta(os.path.join(FIX, show + ".txt"))["expected"]
+    assert facts["service"]["ActiveState"] == want_state
+    assert facts["fm_version"] == want_version and facts["service_error"] is None
+    json.dumps(facts)
+
+
+def test_probe_without_nvswitch_does_not_ask_systemd(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # neither systemctl nor nv-fabricmanager exists
+    facts = fm.probe(NodeContext(sysfs_root=os.path.join(FIX, "sysfs", "pcie_h100")))
+    assert facts == {"nvswitches": [], "service": None, "service_error": None, "fm_version": None, "driver_version": "550.54.15"}
+
+
+def test_probe_without_systemctl(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    facts = fm.probe(NodeContext(sysfs_root=os.path.join(FIX, "sysfs", "hgx_h100")))
+    assert facts["service"] is None and facts["service_error"] == "systemctl not found" and facts["fm_version"] is None
+
+
+# ------------------------------------------------------------------------------------------------- rule
+
+SWITCHES = ["0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"]
+
+
+def fm_facts(state="active", version="550.54.15", driver="550.54.15", switches=SWITCHES, service=True):
+    show = {"active": "systemctl_show_active", "failed": "systemctl_show_failed", "not-found": "systemctl_show_not_found"}[state]
+    return {
+        "nvswitches": list(switches),
+        "service": copy.deepcopy(meta(os.path.join(FIX, show + ".txt"))["expected"]) if service else None,
+        "service_error": None if service else "systemctl not found",
+        "fm_version": version,
+        "driver_version": driver,
+    }
+
+
+def run(facts, gpu="h100_hgx_550", gpus_per_node=8):
+    node = NodeInfo("gpu-001", "h", gpus_per_node)
+    entry = {"fabric_manager": facts}
+    if gpu:
+        entry["gpu"] = gpu_facts(gpu)
+    return [(f.status, f.message) for f in fm.rule(ClusterView([node], {"gpu-001": entry}))]
+
+
+def test_rule_passes_healthy_h100():
+    assert run(fm_facts()) == [
+        (Status.PASS, "4 NVSwitches, nvidia-fabricmanager active (running), version 550.54.15, fabric Completed on 8 GPUs")
+    ]
+
+
+def test_rule_skips_without_nvswitch_and_on_cpu_nodes():
+    assert run(fm_facts(switches=[], service=False), gpu=None) == [
+        (Status.SKIP, "no NVSwitch on this node (PCIe/NVLink-bridge system): fabric manager not needed")
+    ]
+    assert run(fm_facts(), gpu=None, gpus_per_node=0) == [(Status.SKIP, "CPU-only node (gpus_per_node: 0)")]
+
+
+def test_rule_fails_failed_service_and_stuck_fabric():
+    found = run(fm_facts(state="failed"), gpu="h100_fabric_in_progress")
+    assert found[0] == (
+        Status.FAIL,
+        "nvidia-fabricmanager is failed (Result=exit-code, exit status 1); NCCL init will hang on this node",
+    )
+    assert found[1] == (Status.FAIL, "GPU 0 (0000:18:00.0): fabric state In Progress, status N/A (expected Completed/Success)")
+    assert len(found) == 1 + 8
+
+
+def test_rule_fails_not_installed():
+    assert run(fm_facts(state="not-found", version=None), gpu="a100_hgx_535") == [
+        (Status.FAIL, "nvidia-fabricmanager is not installed (LoadState=not-found); NCCL init will hang on this node")
+    ]
+
+
+def test_rule_fails_version_mismatch():
+    assert run(fm_facts(version="535.129.03")) == [
+        (Status.FAIL, "fabric manager 535.129.03 does not match driver 550.54.15 (expected the same version)")
+    ]
+
+
+def test_rule_falls_back_to_gpu_driver_version():
+    assert run(fm_facts(version="550.54.14", driver=None)) == [
+        (Status.FAIL, "fabric manager 550.54.14 does not match driver 550.54.15 (expected the same version)")
+    ]
+
+
+def test_rule_without_systemctl_judges_by_fabric_state():
+    assert run(fm_facts(service=False, version=None)) == [
+        (Status.PASS, "4 NVSwitches, fabric Completed on 8 GPUs (nvidia-fabricmanager state unreadable: systemctl not found)")
+    ]
+    assert run(fm_facts(service=False, version=None), gpu="a100_hgx_535") == [
+        (Status.WARN, "cannot verify nvidia-fabricmanager: systemctl not found")
+    ]
+
+
+def test_rule_warns_unknown_version():
+    assert run(fm_facts(version=None)) == [
+        (Status.WARN, "fabric manager version unknown (nv-fabricmanager --version did not answer)")
+    ]
+
+
+def test_rule_errors_without_facts():
+    nodes = [NodeInfo("a", "a", 8), NodeInfo("b", "b", 8)]
+    found = fm.rule(ClusterView(nodes, {"a": {"fabric_manager": {"probe_error": "boom"}}, "b": {}}))
+    assert [(f.node, f.status) for f in found] == [("a", Status.ERROR), ("b", Status.ERROR)]
+
+
+def test_check_declaration():
+    assert fm.CHECK.name == "fabric_manager" and fm.CHECK.needs == ("gpu",)
+
+
+# ------------------------------------------------------------------------------------ simulated hardware
+
+
+def test_sim_fabric_manager_failed_and_driver_outlier(tmp_path, monkeypatch):
+    from preflight.checks import gpu
+    from tests.sim import gpu_hw
+    from tests.test_check_gpu import StubNode
+
+    import pynvml
+
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: (_ for _ in ()).throw(pynvml.NVMLError(12)))
+    node = StubNode(tmp_path)
+    gpu_hw.install_gpus(node, "h100")
+    switches = gpu_hw.install_nvswitches(node)
+    gpu_hw.install_fabric_manager(node, active=True)
+    monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % node.bin_dir)
+    ctx = NodeContext(sysfs_root=node.sys_dir)
+
+    def judge():
+        facts = {"fabric_manager": fm.probe(ctx), "gpu": gpu.probe(ctx)}
+        return [(f.status, f.message) for f in fm.rule(ClusterView([NodeInfo("n001", "h", 8)], {"n001": facts}))]
+
+    assert fm.find_nvswitches(ctx) == switches
+    assert judge() == [
+        (Status.PASS, "4 NVSwitches, nvidia-fabricmanager active (running), version 550.54.15, fabric Completed on 8 GPUs")
+    ]
+    gpu_hw.set_driver_version(node, "550.90.07")
+    assert judge() == [(Status.FAIL, "fabric manager 550.54.15 does not match driver 550.90.07 (expected the same version)")]
+    gpu_hw.install_fabric_manager(node, active=False, version="550.90.07")
+    found = judge()
+    assert found[0][1].startswith("nvidia-fabricmanager is failed (Result=exit-code")
+    assert found[1] == (Status.FAIL, "GPU 0 (0000:18:00.0): fabric state In Progress, status N/A (expected Completed/Success)")
+    assert ctx.run(["systemctl", "restart", "nvidia-fabricmanager"]).rc == 1
