@@ -156,7 +156,10 @@ def run(inv: Inventory, opts: Options) -> RunReport:
                 from preflight import bench
 
                 t0 = time.monotonic()
-                allreduce = bench.run(fleet, inv, view, healthy, env, opts)
+                ran = bench.run(fleet, inv, view, healthy, env, opts)
+                for name, doc in ran.docs.items():
+                    facts[name]["allreduce"] = doc
+                cluster["allreduce"] = ran.meta
                 times["allreduce_s"] = time.monotonic() - t0
         except KeyboardInterrupt:
             fleet.cancel()
@@ -166,6 +169,10 @@ def run(inv: Inventory, opts: Options) -> RunReport:
     findings = judge(view, selected)
     if env is not None:
         findings.extend(env.refused)
+    if "allreduce" in selected:
+        from preflight import bench
+
+        allreduce = bench.summary(findings, cluster.get("allreduce") or {}, times.get("allreduce_s"))
     return RunReport(
         inventory=inv,
         selected=selected,

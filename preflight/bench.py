@@ -1,0 +1,208 @@
+"""Launch the timed all-reduce on the nodes that passed, over the same SSH sessions, and localize failures.
+
+Ranks are plain processes started by preflight.probe.bench_agent on each node (one per GPU with nccl,
+one per node with gloo on CPU nodes), rendezvousing at the head's data-plane address on the port the
+`ports` check verified, with exactly the env the env file will hold (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...).
+Deadlines are layered: the agents enforce init / per-operation / total deadlines and always answer;
+the controller's outer deadline kills the remote process group of an agent that does not.
+
+When the whole-cluster run fails, the nodes are tested in disjoint pairs, then suspects beside known-good
+nodes (checks.allreduce.localize), so the report names the node to exclude.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+from preflight.gather import Fleet
+from preflight.inventory import Inventory
+from preflight.model import ClusterView, NodeInfo
+
+#: Variables the agent sets itself for each rank; the env file's values are identical.
+_AGENT_SET = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+class BenchResult:
+    """What the bench adds to the run: per-node agent documents and the cluster-level metadata."""
+
+    def __init__(self) -> None:
+        self.docs: Dict[str, Dict[str, Any]] = {}
+        self.meta: Dict[str, Any] = {}
+
+
+def _participants(view: ClusterView, healthy: Sequence[str], inv: Inventory) -> List[NodeInfo]:
+    python = {s.name: s.python for s in inv.nodes}
+    out = []
+    for name in healthy:
+        info = view.node(name)
+        settings = dict(info.settings, python=python[name])
+        out.append(NodeInfo(info.name, info.host, info.gpus_per_node, info.is_head, settings))
+    head = [n for n in out if n.is_head]
+    return head + [n for n in out if not n.is_head]  # the head hosts rank 0 (and the TCPStore)
+
+
+def _settings(inv: Inventory) -> Dict[str, Any]:
+    raw = dict(inv.cluster.get("allreduce") or {})
+    deadlines = {}
+    for key, name in (("init_timeout", "init_s"), ("op_timeout", "op_s"), ("total_timeout", "total_s")):
+        if key in raw:
+            deadlines[name] = float(raw[key])
+    return {"sizes": raw.get("sizes"), "warmup": raw.get("warmup", 2), "iters": raw.get("iters", 5), "deadlines": deadlines}
+
+
+def _hardware(view: ClusterView, nodes: Sequence[str]) -> Dict[str, Any]:
+    """gpu_model and nic_gbps for the built-in bandwidth profile, from the gpu/nic/ib_hca facts."""
+    from preflight.checks import ib_hca, nic
+
+    out: Dict[str, Any] = {}
+    models = set()
+    for name in nodes:
+        gpu = (view.facts.get(name) or {}).get("gpu") or {}
+        for g in gpu.get("gpus") or []:
+            if g.get("name"):
+                models.add(g["name"])
+    if len(models) == 1:
+        out["gpu_model"] = models.pop()
+    usable = ib_hca.usable_hcas(view)
+    rates = []
+    for name in nodes:
+        ports = usable["nodes"].get(name) or []
+        layer_rate = (usable.get("rate_gbps") or {}).get(usable.get("link_layer"))
+        if ports and layer_rate:
+            rates.append(len(ports) * float(layer_rate))
+        else:
+            entry = nic.choose(view).get(name)
+            if entry and entry.get("speed_mbps"):
+                rates.append(entry["speed_mbps"] / 1000.0)
+    if rates and len(rates) == len(nodes):
+        out["nic_gbps"] = min(rates)
+    return out
+
+
+def _run_groups(
+    fleet: Fleet,
+    groups: List[List[NodeInfo]],
+    addr_of: Dict[str, str],
+    port: int,
+    env: Dict[str, str],
+    settings: Dict[str, Any],
+) -> Dict[str, Any]:
+    """Run one all-reduce per group, all groups at once. {"configs", "docs", "unanswered"}."""
+    from preflight.checks import allreduce
+
+    configs: Dict[str, Dict[str, Any]] = {}
+    metas = []
+    for group in groups:
+        cfgs = allreduce.make_configs(
+            group,
+            addr_of[group[0].name],
+            port,
+            env=env,
+            sizes=settings["sizes"],
+            warmup=settings["warmup"],
+            iters=settings["iters"],
+            deadlines=settings["deadlines"],
+        )
+        metas.append(allreduce.cluster_meta(cfgs))
+        configs.update(cfgs)
+    bundles = {name: {"mode": "bench", "bench": cfg} for name, cfg in configs.items()}
+    outcomes = fleet.run(bundles, lambda spec: allreduce.outer_deadline(configs[spec.name]))
+    docs: Dict[str, Dict[str, Any]] = {}
+    unanswered: Dict[str, str] = {}
+    for name, outcome in outcomes.items():
+        bench = (outcome.result or {}).get("bench")
+        if outcome.failure is not None or not isinstance(bench, dict):
+            unanswered[name] = "no all-reduce result: %s" % (outcome.failure or "the agent returned nothing")
+        else:
+            docs[name] = bench
+    return {"configs": configs, "metas": metas, "docs": docs, "unanswered": unanswered}
+
+
+def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str], env: Any, opts: Any) -> BenchResult:
+    """The whole-cluster all-reduce, then localization rounds if it failed."""
+    from preflight.checks import allreduce, nic
+
+    result = BenchResult()
+    settings = _settings(inv)
+    if inv.cluster.get("allreduce", {}).get("enabled") is False:
+        result.meta = {"skip": "disabled in the inventory (cluster.allreduce.enabled: false)"}
+        return result
+    nodes = _participants(view, healthy, inv)
+    if not nodes:
+        result.meta = {"skip": "not run: no node passed the node checks"}
+        return result
+    choice = nic.choose(view)
+    addr_of = {n.name: (choice.get(n.name) or {}).get("ip") for n in nodes}
+    no_addr = [n.name for n in nodes if not addr_of[n.name]]
+    if no_addr:
+        result.meta = {"unanswered": {}, "nodes": [n.name for n in nodes]}
+        for name in no_addr:
+            result.meta["unanswered"][name] = "no data interface to run the all-reduce on (see the nic check)"
+        return result
+    port = int(view.cluster.get("master_port", 29500))
+    env_vars = {k: v for k, v in (env.as_dict() if env is not None else {}).items() if k not in _AGENT_SET}
+
+    first = _run_groups(fleet, [nodes], addr_of, port, env_vars, settings)
+    result.docs = first["docs"]
+    meta = first["metas"][0]
+    meta["unanswered"] = first["unanswered"]
+    meta["env"] = env_vars
+    meta.update(_hardware(view, [n.name for n in nodes]))
+
+    if _failed(first, meta) and len(nodes) >= 3:
+        by_name = {n.name: n for n in nodes}
+
+        def run_round(groups: List[List[str]]) -> List[Dict[str, Any]]:
+            infos = [[by_name[n] for n in g] for g in groups]
+            # each group's first node hosts its store; the localization rounds keep short deadlines
+            short = dict(settings, deadlines=dict(settings["deadlines"], init_s=min(settings["deadlines"].get("init_s", 60), 30)))
+            done = _run_groups(fleet, infos, addr_of, port, env_vars, short)
+            docs = dict(done["docs"])
+            return [allreduce.group_result(g, {n: docs.get(n) for n in g}, meta["backend"]) for g in groups]
+
+        threshold = allreduce.threshold_for(view, meta, [n.name for n in nodes], meta["backend"])
+        limit = threshold[0] if threshold else None
+        verdict = allreduce.localize([n.name for n in nodes], run_round, threshold=limit)
+        meta["localization"] = {"results": verdict["results"], "rounds": verdict["rounds"], "threshold_gbps": limit}
+    result.meta = meta
+    return result
+
+
+def _failed(run: Dict[str, Any], meta: Dict[str, Any]) -> bool:
+    """True when some node did not answer or some rank did not finish every size correctly."""
+    if run["unanswered"]:
+        return True
+    for doc in run["docs"].values():
+        if doc.get("error") or doc.get("deadline"):
+            return True
+        for rank in doc.get("ranks") or []:
+            if rank.get("status") != "ok" or any(not s.get("ok") for s in rank.get("sizes") or []):
+                return True
+    return False
+
+
+def summary(findings: Sequence[Any], meta: Dict[str, Any], elapsed_s: Optional[float]) -> Optional[Dict[str, Any]]:
+    """The report's "allreduce" section: verdict, headline busbw, threshold, the whole curve."""
+    main = next((f for f in findings if f.check == "allreduce" and f.node is None and f.data and "curve" in f.data), None)
+    if not meta or meta.get("skip"):
+        return {"verdict": "skip", "reason": meta.get("skip")} if meta else None
+    worst = max((f.status for f in findings if f.check == "allreduce"), key=lambda s: s.rank, default=None)
+    data = main.data if main else {}
+    point = None
+    if data.get("verdict_bytes"):
+        point = next((p for p in data["curve"] if p["bytes"] == data["verdict_bytes"]), None)
+    loc = meta.get("localization")
+    return {
+        "backend": meta.get("backend"),
+        "world_size": meta.get("world_size"),
+        "nodes": meta.get("nodes"),
+        "master": meta.get("master"),
+        "verdict": worst.value if worst else None,
+        "summary": main.message if main else None,
+        "busbw_gbps": point["busbw_gbps"] if point else None,
+        "threshold_gbps": data.get("threshold_gbps"),
+        "curve": data.get("curve") or [],
+        "elapsed_s": round(elapsed_s, 3) if elapsed_s is not None else None,
+        "env": meta.get("env"),
+        "localization": {"rounds": loc.get("rounds"), "groups": loc.get("results")} if loc else None,
+    }

@@ -1,0 +1,559 @@
+"""Node side of the all-reduce test: start this node's ranks, watch them against deadlines, report.
+
+The controller sends the probe bundle to every participating node and calls `run(config)` on each, all
+nodes at once (or runs `python -m preflight.probe.bench_agent < config.json`, which prints the result
+document as one JSON line). The agent always returns a result document: it never raises for a rank that
+fails or hangs, and it leaves no rank process behind on any exit path.
+
+Standard library only, Python 3.8 compatible. The agent never imports torch: the rank processes do,
+with the interpreter named by `python`.
+
+Config (built by the controller)::
+
+    {
+      "backend": "gloo" | "nccl",
+      "master_addr": "198.19.0.2",     # where global rank 0 (on node_rank 0) hosts the TCPStore
+      "master_port": 29500,
+      "world_size": 8,                 # ranks across all nodes
+      "node_rank": 0,
+      "nnodes": 4,
+      "local_world_size": 2,           # ranks on this node: one per GPU; 1 on a CPU node (gloo)
+      "rank_offset": 0,                # global rank of local rank 0; default node_rank * local_world_size
+      "env": {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "=eth1"},   # set in the ranks
+      "sizes": [1024, 2048, ...],      # bytes per all-reduce, in sweep order (rounded down to float32)
+      "warmup": 2, "iters": 5,
+      "deadlines": {"init_s": 30, "op_s": 20, "total_s": 120, "kill_grace_s": 3, "fail_grace_s": 5},
+      "python": "/path/to/python"      # interpreter for the ranks; default sys.executable
+    }
+
+Deadlines, layered (all measured on this node's monotonic clock):
+
+    init_s    from a rank's start to its init_done: torch import, store connection, process group
+              creation and one 1-element all-reduce
+    op_s      after init, the longest a rank may go without progress: one size's warm-up, timed
+              iterations and verification, or the final teardown (and, after "done", its exit)
+    total_s   the whole run, from the call to run(); keep it under the controller's outer deadline
+    fail_grace_s  once a local rank has failed, how long the others get to report their own error
+                  (gloo peers notice a dead rank at once; NCCL ones hang) before they are stopped
+    kill_grace_s  SIGTERM to SIGKILL: a rank blocked in a collective may ignore SIGTERM
+
+When a deadline passes, every rank still running is stopped and reported as "timeout" at the stage it
+was in; the deadline that fired is named in the document.
+
+Result document::
+
+    {
+      "node_rank": 0, "hostname": "n001", "backend": "gloo", "world_size": 8,
+      "sizes": [1024, ...],             # the sweep, as run (rounded down to whole float32 elements)
+      "elapsed_s": 12.3,
+      "deadline": null | {"kind": "init"|"op"|"total", "limit_s": 30},
+      "error": null | "invalid config: ...",
+      "rendezvous": {"addr": "198.19.0.2", "port": 29500, "arrived": [0, 1, ...]},   # node_rank 0 only
+      "ranks": [
+        {"rank": 0, "local_rank": 0, "pid": 1234,
+         "status": "ok" | "timeout" | "error" | "aborted",
+         "stage": null | "init" | "size" | "finish",   # where a rank that did not finish stopped
+         "step": null | "import" | "store" | "group",  # within init: importing torch, connecting
+                                                       # to the store, creating the process group
+         "bytes": null | 2048,                          # the size in progress when stage is "size"
+         "error": null | "RuntimeError: ...",
+         "exit": null | 0 | -9,                          # exit status (-N: killed by signal N)
+         "stderr_tail": "...",                           # last lines of the rank's stderr
+         "sizes": [{"bytes": 1024, "time_s": 1.2e-05, "ok": true, "min_s": ..., "max_s": ...}]}
+      ]
+    }
+
+"aborted" marks a rank the agent stopped because another local rank failed first.
+
+Why plain subprocesses and not torchrun: the agent owns every deadline and needs to know, per rank,
+where it stopped; torchrun's elastic agent adds its own rendezvous, restarts and timeouts on top, hides
+a hung rank behind its own (long) timeouts, and starts workers in ways that make a clean, complete
+kill harder. Here each rank is a direct child in the agent's own process group (never setsid: the
+controller's group kill must reach it), and each asks the kernel to kill it should the agent die.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+WORKER_MODULE = "preflight.probe.bench_worker"
+WORKER_PATH = "preflight/probe/bench_worker.py"  # inside the probe bundle's zip
+
+DEFAULT_DEADLINES = {"init_s": 60.0, "op_s": 30.0, "total_s": 300.0, "kill_grace_s": 3.0, "fail_grace_s": 5.0}
+STDERR_TAIL = 4000
+
+EventHook = Callable[[Dict[str, Any], Dict[str, Any]], None]
+
+
+class _Interrupted(BaseException):
+    def __init__(self, signum: int) -> None:
+        BaseException.__init__(self, signum)
+        self.signum = signum
+
+
+class _Rank:
+    """One rank process and what it has said so far."""
+
+    def __init__(self, rank: int, local_rank: int) -> None:
+        self.rank = rank
+        self.local_rank = local_rank
+        self.proc = None  # type: Optional[Any]
+        self.started = 0.0
+        self.last_progress = 0.0
+        self.out = b""
+        self.err = b""
+        self.open_fds = 0
+        self.step = "import"
+        self.init_done = False
+        self.done = False
+        self.sizes = []  # type: List[Dict[str, Any]]
+        self.status = None  # type: Optional[str]
+        self.stage = None  # type: Optional[str]
+        self.bytes = None  # type: Optional[int]
+        self.error = None  # type: Optional[str]
+        self.exit = None  # type: Optional[int]
+        self.arrived = None  # type: Optional[List[int]]
+
+    @property
+    def settled(self) -> bool:
+        return self.status is not None
+
+    def where(self, sizes: List[int]) -> None:
+        """Record the stage this rank is in now: init, the size after the last one reported, or finish."""
+        if not self.init_done:
+            self.stage, self.bytes = "init", None
+        elif len(self.sizes) < len(sizes):
+            self.stage, self.bytes = "size", sizes[len(self.sizes)]
+        else:
+            self.stage, self.bytes = "finish", None
+
+    def stderr_tail(self) -> str:
+        return self.err[-STDERR_TAIL:].decode("utf-8", "replace")
+
+    def last_stderr_line(self) -> str:
+        for line in reversed(self.stderr_tail().splitlines()):
+            if line.strip():
+                return line.strip()[:300]
+        return ""
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "pid": self.proc.pid if self.proc is not None else None,
+            "status": self.status,
+            "stage": None if self.status == "ok" else self.stage,
+            "step": self.step if (self.status != "ok" and self.stage == "init") else None,
+            "bytes": None if self.status == "ok" else self.bytes,
+            "error": self.error,
+            "exit": self.exit,
+            "stderr_tail": self.stderr_tail() if self.status != "ok" else "",
+            "sizes": self.sizes,
+        }
+
+
+def _normalise(config: Dict[str, Any]) -> Dict[str, Any]:
+    """The config with defaults filled in; ValueError names what is wrong."""
+    cfg = dict(config)
+    for key in ("backend", "master_addr", "master_port", "world_size", "node_rank", "sizes"):
+        if key not in cfg:
+            raise ValueError("missing %r" % key)
+    if cfg["backend"] not in ("gloo", "nccl"):
+        raise ValueError("backend must be gloo or nccl, not %r" % (cfg["backend"],))
+    cfg["world_size"] = int(cfg["world_size"])
+    cfg["node_rank"] = int(cfg["node_rank"])
+    cfg["master_port"] = int(cfg["master_port"])
+    cfg["local_world_size"] = int(cfg.get("local_world_size", 1))
+    offset = cfg.get("rank_offset")
+    cfg["rank_offset"] = int(cfg["node_rank"] * cfg["local_world_size"] if offset is None else offset)
+    if cfg["local_world_size"] < 1:
+        raise ValueError("local_world_size must be >= 1")
+    if cfg["rank_offset"] < 0 or cfg["rank_offset"] + cfg["local_world_size"] > cfg["world_size"]:
+        raise ValueError(
+            "ranks %d..%d do not fit world_size %d"
+            % (cfg["rank_offset"], cfg["rank_offset"] + cfg["local_world_size"] - 1, cfg["world_size"])
+        )
+    sizes = [int(s) for s in cfg["sizes"]]
+    if not sizes or min(sizes) < 4:
+        raise ValueError("sizes must be a non-empty list of byte counts >= 4")
+    cfg["sizes"] = [s - s % 4 for s in sizes]
+    cfg["warmup"] = max(0, int(cfg.get("warmup", 2)))
+    cfg["iters"] = max(1, int(cfg.get("iters", 5)))
+    deadlines = dict(DEFAULT_DEADLINES)
+    deadlines.update({k: float(v) for k, v in (cfg.get("deadlines") or {}).items()})
+    cfg["deadlines"] = deadlines
+    cfg["env"] = {str(k): str(v) for k, v in (cfg.get("env") or {}).items()}
+    cfg["python"] = cfg.get("python") or sys.executable
+    return cfg
+
+
+def worker_source(bundle: Optional[bytes] = None) -> str:
+    """bench_worker's source: from the probe bundle's zip when given, else from its importer.
+
+    The bundle is imported from memory on the node (nothing is written to disk), so the ranks get the
+    worker's source on stdin (`python -u - CONFIG`), not a file path.
+    """
+    if bundle:
+        import io
+        import zipfile
+
+        with zipfile.ZipFile(io.BytesIO(bundle)) as zf:
+            return zf.read(WORKER_PATH).decode("utf-8")
+    import importlib.util
+
+    spec = importlib.util.find_spec(WORKER_MODULE)
+    source = spec.loader.get_source(WORKER_MODULE) if spec is not None and spec.loader is not None else None
+    if not source:
+        raise ImportError("cannot read the source of %s" % WORKER_MODULE)
+    return source
+
+
+def run(
+    config: Dict[str, Any], bundle: Optional[bytes] = None, on_event: Optional[EventHook] = None
+) -> Dict[str, Any]:
+    """Run this node's ranks of the all-reduce sweep and return the result document (never raises).
+
+    bundle: the probe bundle's zip bytes (the node-side runner passes them), where the worker's source
+    is read from; without it the worker is found through the import system.
+    on_event(rank_info, event), when given, is called in the agent's thread for every protocol line a
+    rank prints (rank_info: {"rank", "local_rank", "pid"}): a node-side runner may stream progress.
+    """
+    t0 = time.monotonic()
+    doc = {
+        "node_rank": config.get("node_rank"),
+        "hostname": socket.gethostname(),
+        "backend": config.get("backend"),
+        "world_size": config.get("world_size"),
+        "sizes": config.get("sizes"),
+        "deadline": None,
+        "error": None,
+        "ranks": [],
+    }  # type: Dict[str, Any]
+    try:
+        cfg = _normalise(config)
+    except (ValueError, TypeError, AttributeError) as exc:
+        doc["error"] = "invalid config: %s" % exc
+        doc["elapsed_s"] = round(time.monotonic() - t0, 3)
+        return doc
+
+    try:
+        cfg["worker_source"] = worker_source(bundle)
+    except (OSError, ImportError, KeyError, ValueError) as exc:
+        doc["error"] = "cannot load the bench worker: %s" % exc
+        doc["elapsed_s"] = round(time.monotonic() - t0, 3)
+        return doc
+    doc["sizes"] = cfg["sizes"]
+    ranks = [_Rank(cfg["rank_offset"] + i, i) for i in range(cfg["local_world_size"])]
+    restore = _trap_signals()
+    try:
+        _supervise(cfg, ranks, doc, t0, on_event)
+    except Exception as exc:  # a bug here must still yield a document, ranks stopped
+        doc["error"] = "agent error: %s: %s" % (type(exc).__name__, exc)
+    except _Interrupted as exc:
+        _stop(ranks, cfg["deadlines"]["kill_grace_s"])
+        restore()
+        restore = _nothing
+        # The caller asked us to stop: do it the way the signal would have, children already gone.
+        raise SystemExit(128 + exc.signum) from None
+    finally:
+        _stop(ranks, cfg["deadlines"]["kill_grace_s"])
+        restore()
+
+    for r in ranks:  # only after an agent error: never leave a rank without a verdict
+        if not r.settled:
+            r.where(cfg["sizes"])
+            r.status, r.error = "error", "stopped by the agent: %s" % doc["error"]
+    doc["ranks"] = [r.to_json() for r in ranks]
+    if cfg["node_rank"] == 0 and ranks and ranks[0].rank == 0:
+        doc["rendezvous"] = {"addr": cfg["master_addr"], "port": cfg["master_port"], "arrived": ranks[0].arrived}
+    doc["elapsed_s"] = round(time.monotonic() - t0, 3)
+    return doc
+
+
+def _nothing() -> None:
+    pass
+
+
+def _trap_signals() -> Callable[[], None]:
+    """Turn SIGTERM/SIGHUP/SIGINT into an exception (main thread only) so the ranks are always killed."""
+    if threading.current_thread() is not threading.main_thread():
+        return _nothing
+    previous = {}
+
+    def handler(signum, _frame):
+        raise _Interrupted(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        try:
+            previous[sig] = signal.signal(sig, handler)
+        except (ValueError, OSError):
+            pass
+
+    def restore() -> None:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    return restore
+
+
+def _rank_env(cfg: Dict[str, Any], rank: _Rank) -> Dict[str, str]:
+    env = dict(os.environ)
+    env.update(cfg["env"])
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(
+        {
+            "RANK": str(rank.rank),
+            "WORLD_SIZE": str(cfg["world_size"]),
+            "LOCAL_RANK": str(rank.local_rank),
+            "LOCAL_WORLD_SIZE": str(cfg["local_world_size"]),
+            "GROUP_RANK": str(cfg["node_rank"]),
+            "MASTER_ADDR": str(cfg["master_addr"]),
+            "MASTER_PORT": str(cfg["master_port"]),
+            "PYTHONUNBUFFERED": "1",
+            "PREFLIGHT_AGENT_PID": str(os.getpid()),
+        }
+    )
+    return env
+
+
+def _spawn(cfg: Dict[str, Any], rank: _Rank, sel: selectors.BaseSelector) -> None:
+    import subprocess
+
+    worker_cfg = {
+        "backend": cfg["backend"],
+        "sizes": cfg["sizes"],
+        "warmup": cfg["warmup"],
+        "iters": cfg["iters"],
+        # torch's own timeout is only a backstop behind the agent's deadlines.
+        "timeout_s": cfg["deadlines"]["total_s"] + 30,
+    }
+    rank.started = rank.last_progress = time.monotonic()
+    try:
+        # The program comes on stdin (`python -`): `ps` shows the rank and its config, not 9 KB of source.
+        rank.proc = subprocess.Popen(
+            [cfg["python"], "-u", "-", json.dumps(worker_cfg)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_rank_env(cfg, rank),
+            close_fds=True,
+        )
+    except OSError as exc:
+        rank.status, rank.stage, rank.error = "error", "init", "cannot start %s: %s" % (cfg["python"], exc)
+        return
+    try:
+        rank.proc.stdin.write(cfg["worker_source"].encode("utf-8"))
+    except OSError:
+        pass  # it died at once; its exit status and stderr tell why
+    finally:
+        try:
+            rank.proc.stdin.close()
+        except OSError:
+            pass
+    for stream, name in ((rank.proc.stdout, "out"), (rank.proc.stderr, "err")):
+        os.set_blocking(stream.fileno(), False)
+        sel.register(stream, selectors.EVENT_READ, (rank, name))
+        rank.open_fds += 1
+
+
+def _supervise(cfg, ranks, doc, t0, on_event) -> None:
+    dl = cfg["deadlines"]
+    sizes = cfg["sizes"]
+    sel = selectors.DefaultSelector()
+    try:
+        for r in ranks:
+            _spawn(cfg, r, sel)
+        failed_at = None  # type: Optional[float]
+        while True:
+            _reap(ranks, sizes)
+            live = [r for r in ranks if not r.settled]
+            if not live:
+                return
+            if failed_at is None and any(r.status in ("error",) for r in ranks):
+                failed_at = time.monotonic()
+            now = time.monotonic()
+            # The earliest deadline any live rank is under.
+            fire = [("total", t0 + dl["total_s"], dl["total_s"])]
+            for r in live:
+                if r.done:  # results are in; give the interpreter op_s to shut down before stopping it
+                    fire.append(("finish", r.last_progress + dl["op_s"], dl["op_s"]))
+                elif not r.init_done:
+                    fire.append(("init", r.started + dl["init_s"], dl["init_s"]))
+                else:
+                    fire.append(("op", r.last_progress + dl["op_s"], dl["op_s"]))
+            if failed_at is not None:
+                fire.append(("failed", failed_at + dl["fail_grace_s"], dl["fail_grace_s"]))
+            kind, when, limit = min(fire, key=lambda f: f[1])
+            if now >= when:
+                _expire(ranks, sizes, kind, limit, doc, dl["kill_grace_s"])
+                return
+            wait = min(when - now, 0.5)
+            if sel.get_map():
+                for key, _mask in sel.select(timeout=wait):
+                    _read(key, sel, sizes, on_event)
+            else:
+                time.sleep(min(wait, 0.05))
+    finally:
+        for key in list(sel.get_map().values()):
+            sel.unregister(key.fileobj)
+        sel.close()
+
+
+def _read(key, sel, sizes, on_event) -> None:
+    rank, name = key.data
+    try:
+        chunk = os.read(key.fileobj.fileno(), 65536)
+    except BlockingIOError:
+        return
+    except OSError:
+        chunk = b""
+    if not chunk:
+        sel.unregister(key.fileobj)
+        rank.open_fds -= 1
+        return
+    if name == "err":
+        rank.err = (rank.err + chunk)[-4 * STDERR_TAIL:]
+        return
+    rank.out += chunk
+    while b"\n" in rank.out:
+        line, rank.out = rank.out.split(b"\n", 1)
+        try:
+            event = json.loads(line.decode("utf-8", "replace"))
+        except ValueError:
+            continue  # not a protocol line
+        if isinstance(event, dict):
+            _on_event(rank, event, sizes)
+            if on_event is not None:
+                on_event({"rank": rank.rank, "local_rank": rank.local_rank, "pid": rank.proc.pid}, event)
+
+
+def _on_event(rank: _Rank, event: Dict[str, Any], sizes: List[int]) -> None:
+    kind = event.get("event")
+    now = time.monotonic()
+    if kind == "imported":
+        rank.step = "store"
+    elif kind == "store":
+        rank.step = "group"
+    elif kind == "arrived":
+        rank.arrived = list(event.get("ranks") or [])
+    elif kind == "init_done":
+        rank.init_done, rank.step, rank.last_progress = True, None, now
+    elif kind == "size":
+        entry = {k: v for k, v in event.items() if k not in ("event", "t")}
+        rank.sizes.append(entry)
+        rank.last_progress = now
+    elif kind == "done":
+        rank.done, rank.last_progress = True, now
+    elif kind == "error":
+        rank.where(sizes)
+        rank.status = "error"
+        rank.error = str(event.get("error") or "unknown error")
+        if event.get("stage") in ("init", "size", "finish"):
+            rank.stage, rank.bytes = event["stage"], event.get("bytes")
+
+
+def _reap(ranks: List[_Rank], sizes: List[int]) -> None:
+    """Settle the ranks whose process has exited and whose output has been read to the end."""
+    for r in ranks:
+        if r.proc is None or r.exit is not None:
+            continue
+        rc = r.proc.poll()
+        if rc is None or r.open_fds > 0:
+            continue
+        r.exit = rc
+        if r.settled:
+            continue
+        if r.done:
+            r.status = "ok"
+            continue
+        r.where(sizes)
+        r.status = "error"
+        how = "killed by signal %d" % -rc if rc < 0 else "exited with code %d" % rc
+        last = r.last_stderr_line()
+        r.error = "rank process %s%s" % (how, (": " + last) if last else "")
+
+
+def _expire(ranks, sizes, kind, limit, doc, grace) -> None:
+    """A deadline passed: stop every rank still running and record where each was."""
+    if kind == "finish":
+        # Every live rank reported done but has not exited: results stand.
+        for r in ranks:
+            if not r.settled and r.done:
+                r.status = "ok"
+    failed = [r.local_rank for r in ranks if r.status == "error"]
+    for r in ranks:
+        if r.settled:
+            continue
+        r.where(sizes)
+        if kind == "failed":
+            r.status = "aborted"
+            r.error = "stopped by the agent after local rank %s failed" % ",".join(str(x) for x in failed)
+        else:
+            r.status = "timeout"
+            r.error = "no progress within the %s deadline (%g s)" % (kind, limit)
+    if kind in ("init", "op", "total"):
+        doc["deadline"] = {"kind": kind, "limit_s": limit}
+    _stop(ranks, grace)
+
+
+def _stop(ranks: List[_Rank], grace: float) -> None:
+    """SIGTERM every rank process still alive, SIGKILL what is left after grace, reap them all."""
+    alive = [r for r in ranks if r.proc is not None and r.proc.poll() is None]
+    for r in alive:
+        _signal(r, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while alive and time.monotonic() < end:
+        alive = [r for r in alive if r.proc.poll() is None]
+        if alive:
+            time.sleep(0.05)
+    for r in alive:
+        _signal(r, signal.SIGKILL)
+    for r in ranks:
+        if r.proc is None:
+            continue
+        try:
+            r.proc.wait(timeout=max(grace, 1.0))
+        except Exception:  # a process in uninterruptible sleep (D state) outlives us; nothing more to do
+            pass
+        if r.exit is None and r.proc.returncode is not None:
+            r.exit = r.proc.returncode
+        for stream in (r.proc.stdout, r.proc.stderr):
+            if stream is not None:
+                _drain_into(r, stream)
+                stream.close()
+
+
+def _drain_into(rank: _Rank, stream) -> None:
+    """Keep the last stderr a killed rank wrote (its only clue); stdout after a kill is not trusted."""
+    try:
+        data = os.read(stream.fileno(), 65536) if not stream.closed else b""
+    except OSError:
+        return
+    if stream is rank.proc.stderr and data:
+        rank.err = (rank.err + data)[-4 * STDERR_TAIL:]
+
+
+def _signal(rank: _Rank, sig: int) -> None:
+    try:
+        rank.proc.send_signal(sig)
+    except OSError:
+        pass
+
+
+def main() -> int:
+    """Read a config JSON from stdin, run, print the result document as one JSON line."""
+    config = json.load(sys.stdin)
+    print(json.dumps(run(config)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

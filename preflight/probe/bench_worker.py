@@ -1,0 +1,239 @@
+"""One rank of the timed all-reduce test: rendezvous, sweep the sizes, check the sums, report as JSON lines.
+
+Started by bench_agent (one process per GPU, or one per CPU node) as
+
+    python -u - '<json config>'       (this file's source on stdin)
+
+(the probe bundle lives in memory on the node, so there is no file to point at; running it as a file
+works the same)
+with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and the configured NCCL_*/GLOO_* variables in
+its environment. The JSON config carries what the environment does not: backend, sizes, warmup, iters and
+the torch-side timeout (a backstop only: the agent's deadlines fire first and kill this process).
+
+Protocol: one JSON object per line on the *original* stdout (file descriptor 1 is re-pointed at stderr
+before torch is imported, so a library that prints cannot corrupt the stream):
+
+    {"event": "imported", "t": ...}                    torch imported
+    {"event": "store", "t": ...}                       connected to the rendezvous store, arrival recorded
+    {"event": "arrived", "ranks": [0, 1, ...]}         global rank 0 only: ranks that reached the store so far
+    {"event": "init_done", "t": ..., "pid": ...}       process group up and a first 1-element all-reduce done
+    {"event": "size", "bytes": N, "time_s": median, "ok": true, "min_s": .., "max_s": ..}
+    {"event": "size", "bytes": N, ..., "ok": false, "expected": 3.0, "got": 2.0, "mismatches": 12}
+    {"event": "done", "t": ...}                        process group destroyed
+    {"event": "error", "stage": "init"|"size"|"finish", "bytes": N|null, "error": "Type: message"}
+
+Timing: on GPU each iteration is bracketed by CUDA events on the current stream; on CPU by perf_counter
+around a blocking all_reduce. No barrier between iterations: every rank times its own view, and the
+controller takes the slowest rank's median as the collective's time. The buffer is refilled with
+(rank + 1) before every iteration (outside the timed region) so values never grow toward overflow.
+
+Correctness: after the timed iterations a freshly filled buffer is reduced once more and every element
+must equal world_size * (world_size + 1) / 2 (exact in float32 for any realistic world size).
+
+Runs with the interpreter named by the inventory (the one that has torch); Python 3.8 compatible.
+"""
+
+import os
+import sys
+
+# Run from stdin or -c, sys.path[0] is "" (the working directory); run as a file, it is the file's directory.
+# Drop it so a stray torch.py or json.py there can never shadow the real one (unless -I/-P already did).
+if sys.path and not (sys.flags.isolated or getattr(sys.flags, "safe_path", False)):
+    _here = os.path.dirname(os.path.abspath(globals().get("__file__") or ""))
+    if sys.path[0] == "" or os.path.abspath(sys.path[0]) == _here:
+        del sys.path[0]
+
+import datetime  # noqa: E402
+import json  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import statistics  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+ARRIVED_KEY = "preflight/arrived/%d"
+
+_events = None
+_events_lock = threading.Lock()
+
+
+def emit(event, **fields):
+    """Write one protocol line and flush it."""
+    doc = {"event": event, "t": time.time()}
+    doc.update(fields)
+    line = json.dumps(doc) + "\n"
+    with _events_lock:
+        _events.write(line)
+        _events.flush()
+
+
+def _take_stdout():
+    """Keep the real stdout for protocol lines; send everything else written to fd 1 to stderr."""
+    global _events
+    fd = os.dup(1)
+    os.dup2(2, 1)
+    _events = os.fdopen(fd, "w", buffering=1)
+
+
+def _die_with_parent():
+    """Ask the kernel to SIGKILL this rank if the agent dies (Linux), and exit if it is already gone."""
+    agent = os.environ.get("PREFLIGHT_AGENT_PID")
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if agent and os.getppid() != int(agent):
+        os._exit(3)
+
+
+def _describe(exc):
+    text = str(exc).strip().splitlines()
+    # torch errors can be pages long (C++ traceback); the first line carries the cause.
+    first = text[0] if text else ""
+    return "%s: %s" % (type(exc).__name__, first[:500])
+
+
+class _ArrivalWatch(threading.Thread):
+    """Global rank 0 only: report which ranks have reached the store, until all have or init ends.
+
+    Uses its own store client: a TCPStore client is one socket and the main thread's is blocked in
+    init_process_group. When some node never arrives, this is what names it.
+    """
+
+    def __init__(self, dist, host, port, world_size):
+        threading.Thread.__init__(self, name="arrival-watch", daemon=True)
+        self.dist, self.host, self.port, self.world_size = dist, host, port, world_size
+        self.stop = threading.Event()
+
+    def run(self):
+        try:
+            client = self.dist.TCPStore(
+                self.host, self.port, self.world_size, False, timeout=datetime.timedelta(seconds=10)
+            )
+        except Exception:  # the report is best effort; init itself reports store trouble
+            return
+        missing = list(range(self.world_size))
+        arrived = []
+        while missing and not self.stop.is_set():
+            now_in = [r for r in missing if client.check([ARRIVED_KEY % r])]
+            if now_in:
+                arrived = sorted(arrived + now_in)
+                missing = [r for r in missing if r not in now_in]
+                emit("arrived", ranks=arrived)
+            self.stop.wait(0.5)
+
+
+def main(argv):
+    _take_stdout()
+    _die_with_parent()
+    cfg = json.loads(argv[1])
+    backend = cfg["backend"]
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    host = os.environ["MASTER_ADDR"]
+    port = int(os.environ["MASTER_PORT"])
+    timeout = datetime.timedelta(seconds=float(cfg.get("timeout_s", 300)))
+    state = {"stage": "init", "bytes": None}
+    try:
+        import torch
+        import torch.distributed as dist
+
+        emit("imported")
+        gpu = backend == "nccl"
+        if gpu:
+            torch.cuda.set_device(local_rank)
+            device = torch.device("cuda", local_rank)
+        else:
+            device = torch.device("cpu")
+
+        store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout, wait_for_workers=False)
+        watch = None
+        if rank == 0:
+            watch = _ArrivalWatch(dist, host, port, world_size)
+            watch.start()
+        store.set(ARRIVED_KEY % rank, socket.gethostname())
+        emit("store")
+
+        kwargs = dict(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        if gpu:
+            kwargs["device_id"] = device  # eager NCCL communicator creation (torch >= 2.3)
+        try:
+            dist.init_process_group(**kwargs)
+        except TypeError:
+            kwargs.pop("device_id", None)
+            dist.init_process_group(**kwargs)
+        probe = torch.ones(1, dtype=torch.float32, device=device)
+        dist.all_reduce(probe)
+        if gpu:
+            torch.cuda.synchronize()
+        if watch is not None:
+            watch.stop.set()
+            watch.join(2.0)
+            emit("arrived", ranks=list(range(world_size)))  # the group formed: everyone arrived
+        emit("init_done", pid=os.getpid())
+
+        expected = world_size * (world_size + 1) / 2.0
+        for nbytes in cfg["sizes"]:
+            state.update(stage="size", bytes=nbytes)
+            emit("size", **_one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected))
+
+        state.update(stage="finish", bytes=None)
+        dist.destroy_process_group()
+        emit("done")
+        return 0
+    except BaseException as exc:  # noqa: B902 - report everything, including KeyboardInterrupt
+        emit("error", stage=state["stage"], bytes=state["bytes"], error=_describe(exc))
+        return 1
+
+
+def _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected):
+    """Warm up, time `iters` all-reduces of nbytes, then verify one more on a fresh buffer."""
+    count = max(1, nbytes // 4)
+    warmup, iters = int(cfg.get("warmup", 2)), max(1, int(cfg.get("iters", 5)))
+    buf = torch.empty(count, dtype=torch.float32, device=device)
+    times = []
+    marks = []
+    for i in range(warmup + iters):
+        buf.fill_(rank + 1)
+        if gpu:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dist.all_reduce(buf)
+            end.record()
+            if i >= warmup:
+                marks.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+    if gpu:
+        torch.cuda.synchronize()
+        times = [s.elapsed_time(e) / 1e3 for s, e in marks]
+
+    buf.fill_(rank + 1)
+    dist.all_reduce(buf)
+    if gpu:
+        torch.cuda.synchronize()
+    wrong = buf.ne(expected)
+    mismatches = int(wrong.sum().item())
+    out = {
+        "bytes": count * 4,
+        "time_s": statistics.median(times),
+        "min_s": min(times),
+        "max_s": max(times),
+        "ok": mismatches == 0,
+    }
+    if mismatches:
+        first = int(wrong.to(torch.uint8).argmax().item())
+        out.update(expected=expected, got=float(buf[first].item()), mismatches=mismatches, index=first)
+    del buf, wrong
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

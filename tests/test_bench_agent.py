@@ -1,0 +1,248 @@
+"""bench_agent on this machine with real torch.distributed (gloo on 127.0.0.1): runs, hangs, deaths, cleanup.
+
+Each "node" is one agent; several agents run at once in threads, as the controller runs them on several
+nodes. No mocks: the ranks are real processes that import torch and rendezvous over TCP.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from preflight.checks import allreduce
+from preflight.model import ClusterView, NodeInfo, Status
+from preflight.probe import bench_agent
+
+# The ranks import torch; this process never does (it is slow, and the agent must not need it).
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the bench needs torch")
+
+SMALL = [1024, 2048, 4096, 65536]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def config(port, world, node_rank=0, local=1, offset=None, sizes=SMALL, **deadlines):
+    # Generous unless a test is about a deadline: healthy runs end long before, and a loaded CI box
+    # (torch's import alone can take 10 s when the CPUs are starved) must not turn into a false timeout.
+    dl = {"init_s": 60, "op_s": 30, "total_s": 120, "kill_grace_s": 1, "fail_grace_s": 2}
+    dl.update(deadlines)
+    return {
+        "backend": "gloo",
+        "master_addr": "127.0.0.1",
+        "master_port": port,
+        "world_size": world,
+        "node_rank": node_rank,
+        "nnodes": 1,
+        "local_world_size": local,
+        "rank_offset": offset,
+        "env": {"GLOO_SOCKET_IFNAME": "lo"},
+        "sizes": sizes,
+        "warmup": 1,
+        "iters": 3,
+        "deadlines": dl,
+    }
+
+
+def run_all(*calls):
+    """Run bench_agent.run(*args) for every args tuple at once, as the controller does across nodes."""
+    results = [None] * len(calls)
+
+    def one(i, args):
+        results[i] = bench_agent.run(*args)
+
+    threads = [threading.Thread(target=one, args=(i, args)) for i, args in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return results
+
+
+def our_ranks(agent_pid=None):
+    """PIDs of live processes started by the agent running in `agent_pid` (default: this process)."""
+    marker = ("PREFLIGHT_AGENT_PID=%d" % (agent_pid or os.getpid())).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/environ" % entry, "rb") as fh:
+                env = fh.read().split(b"\0")
+            with open("/proc/%s/stat" % entry) as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in env and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def assert_no_leftovers(*docs):
+    for doc in docs:
+        for r in doc["ranks"]:
+            assert r["exit"] is not None, r
+            assert not os.path.exists("/proc/%d" % r["pid"]), "rank %d (pid %d) still exists" % (r["rank"], r["pid"])
+    assert our_ranks() == []
+
+
+def rule_over(docs, nodes, backend="gloo"):
+    meta = allreduce.cluster_meta({n: {"backend": backend, "world_size": d["world_size"], "node_rank": d["node_rank"],
+                                       "rank_offset": d["ranks"][0]["rank"], "local_world_size": len(d["ranks"]),
+                                       "master_addr": "127.0.0.1", "master_port": 1, "deadlines": {}}
+                                   for n, d in zip(nodes, docs)})
+    infos = [NodeInfo(n, n, 0) for n in nodes]
+    view = ClusterView(infos, {n: {"allreduce": d} for n, d in zip(nodes, docs)}, cluster={"allreduce": meta})
+    return allreduce.rule(view)
+
+
+def test_two_agents_as_two_nodes_sweep_the_cpu_sizes():
+    from preflight.bundle import base_zip
+
+    port = free_port()
+    sizes = allreduce.CPU_SIZES
+    started = time.monotonic()
+    # node 1 gets its worker from the probe bundle's zip, as on a real node; node 0 through the importer.
+    a, b = run_all(
+        (config(port, 2, node_rank=0, sizes=sizes),),
+        (config(port, 2, node_rank=1, sizes=sizes), base_zip()),
+    )
+    elapsed = time.monotonic() - started
+    for doc, rank in ((a, 0), (b, 1)):
+        assert doc["error"] is None and doc["deadline"] is None, doc
+        (r,) = doc["ranks"]
+        assert (r["rank"], r["status"], r["exit"]) == (rank, "ok", 0), r
+        assert [s["bytes"] for s in r["sizes"]] == sizes
+        assert all(s["ok"] and s["time_s"] > 0 for s in r["sizes"])
+    assert a["rendezvous"]["arrived"] == [0, 1]
+    assert "rendezvous" not in b
+    assert_no_leftovers(a, b)
+    print("two agents, 13 sizes: %.1f s" % elapsed)
+
+    findings = rule_over([a, b], ["n001", "n002"])
+    (f,) = findings
+    assert f.status is Status.WARN and "no threshold applies" in f.message
+    assert [p["bytes"] for p in f.data["curve"]] == sizes
+    assert all(p["busbw_gbps"] == pytest.approx(p["algbw_gbps"]) for p in f.data["curve"])  # n=2: factor 1
+
+
+def test_one_agent_with_two_local_ranks():
+    port = free_port()
+    (doc,) = run_all((config(port, 2, local=2),))
+    assert [(r["rank"], r["local_rank"], r["status"]) for r in doc["ranks"]] == [(0, 0, "ok"), (1, 1, "ok")]
+    for r in doc["ranks"]:
+        assert [s["bytes"] for s in r["sizes"]] == SMALL and all(s["ok"] for s in r["sizes"])
+    assert_no_leftovers(doc)
+
+
+def test_missing_rank_is_an_init_timeout_within_the_deadline():
+    port = free_port()
+    started = time.monotonic()
+    (doc,) = run_all((config(port, 3, local=2, init_s=10),))
+    elapsed = time.monotonic() - started
+    assert elapsed < 10 + 1 + 3, elapsed  # init deadline + kill grace + slack
+    assert doc["deadline"] == {"kind": "init", "limit_s": 10.0}
+    for r in doc["ranks"]:
+        assert (r["status"], r["stage"], r["bytes"]) == ("timeout", "init", None), r
+    assert_no_leftovers(doc)
+    if {r["step"] for r in doc["ranks"]} != {"group"}:
+        pytest.skip("CPU starved: the ranks were still importing torch at the deadline")
+    assert doc["rendezvous"]["arrived"] == [0, 1]  # both reached the store; the group never formed
+
+    infos = [NodeInfo("n001", "n001", 0), NodeInfo("n002", "n002", 0)]
+    meta = {"backend": "gloo", "world_size": 3, "nodes": ["n001", "n002"], "ranks": {"n001": [0, 1], "n002": [2, 2]},
+            "unanswered": {"n002": "no answer within 60 s"}}
+    view = ClusterView(infos, {"n001": {"allreduce": doc}}, cluster={"allreduce": meta})
+    cluster = [f for f in allreduce.rule(view) if f.node is None][0]
+    assert cluster.status is Status.FAIL
+    assert "hung at init: rank 2 (n002) never reached the rendezvous at 127.0.0.1:%d within 10 s" % port in cluster.message
+
+
+def test_rank_killed_mid_run_is_reported_as_an_error():
+    port = free_port()
+    killed = []
+
+    def kill_rank_1(info, event):  # once the sweep starts: the whole sweep outlasts the agent's reaction
+        if info["local_rank"] == 1 and event["event"] == "init_done" and not killed:
+            os.kill(info["pid"], signal.SIGKILL)
+            killed.append(info["pid"])
+
+    sizes = [1024 << i for i in range(12)]
+    doc = bench_agent.run(dict(config(port, 2, local=2, sizes=sizes), iters=10), on_event=kill_rank_1)
+    r0, r1 = doc["ranks"]
+    assert killed == [r1["pid"]]
+    assert r1["status"] == "error" and r1["stage"] == "size" and r1["exit"] == -9, r1
+    assert "killed by signal 9" in r1["error"] and r1["bytes"] in sizes
+    assert r0["status"] in ("error", "aborted"), r0  # gloo notices the dead peer, or the agent stops it
+    assert_no_leftovers(doc)
+
+    (f, node_f) = rule_over([doc], ["n001"])
+    assert f.status is Status.FAIL and f.message.startswith("all-reduce failed at ")
+    assert "rank 1 (n001): rank process killed by signal 9" in f.message
+    assert node_f.node == "n001" and node_f.status is Status.FAIL
+
+
+def test_stalled_rank_trips_the_op_deadline_and_is_killed():
+    """A rank that stops answering (SIGSTOP: it ignores SIGTERM) hangs its peer; both are killed."""
+    port = free_port()
+    stopped = []
+
+    def stop_rank_1(info, event):
+        if info["local_rank"] == 1 and event["event"] == "init_done" and not stopped:
+            os.kill(info["pid"], signal.SIGSTOP)
+            stopped.append(info["pid"])
+
+    sizes = [1024 << i for i in range(12)]
+    started = time.monotonic()
+    doc = bench_agent.run(dict(config(port, 2, local=2, sizes=sizes, op_s=3), iters=10), on_event=stop_rank_1)
+    elapsed = time.monotonic() - started
+    assert doc["deadline"] == {"kind": "op", "limit_s": 3.0}
+    r0, r1 = doc["ranks"]
+    assert r0["status"] == "timeout" and r0["stage"] == "size" and r0["bytes"] in sizes, r0
+    assert r1["status"] == "timeout" and r1["exit"] == -9, r1  # SIGTERM stayed pending: SIGKILL did it
+    assert_no_leftovers(doc)
+    print("stalled run: %.1f s" % elapsed)
+
+    f = rule_over([doc], ["n001"])[0]
+    assert f.status is Status.FAIL and "all-reduce hung at " in f.message and "did not finish within 3 s" in f.message
+
+
+def test_sigterm_to_the_agent_kills_its_ranks():
+    port = free_port()
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "preflight.probe.bench_agent"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    agent.stdin.write(json.dumps(config(port, 3, local=2, init_s=60)).encode())
+    agent.stdin.close()
+    deadline = time.monotonic() + 20
+    while len(our_ranks(agent.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(our_ranks(agent.pid)) == 2
+    agent.send_signal(signal.SIGTERM)
+    assert agent.wait(15) == 128 + signal.SIGTERM
+    agent.stdout.close()
+    agent.stderr.close()
+    assert our_ranks(agent.pid) == []
+
+
+def test_bad_config_and_missing_interpreter_still_return_a_document():
+    doc = bench_agent.run({"backend": "mpi"})
+    assert doc["error"].startswith("invalid config") and doc["ranks"] == []
+    doc = bench_agent.run(dict(config(free_port(), 2), world_size=1, rank_offset=1))
+    assert "do not fit world_size 1" in doc["error"]
+    doc = bench_agent.run(dict(config(free_port(), 1), python="/nonexistent/python3"))
+    (r,) = doc["ranks"]
+    assert r["status"] == "error" and r["stage"] == "init" and "cannot start /nonexistent/python3" in r["error"]

@@ -1,0 +1,115 @@
+"""The check catalogue end to end over SSH: each fault the catalogue exists for, on simulated nodes,
+must fail with a precise message naming the node and the device; a healthy CPU cluster passes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from tests.sim import gpu_hw, ib_hw
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_preflight(cluster, inv, *args, timeout=240):
+    proc = cluster.ctl([sys.executable, "-m", "preflight", "check", inv, "--json", "-", "--no-progress", *args], cwd=REPO, timeout=timeout)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+def results(doc, check, status=None):
+    return [r for r in doc["results"] if r["check"] == check and (status is None or r["status"] == status)]
+
+
+def hgx(cluster, **faults):
+    """Present every node as an HGX H100: 8 GPUs, 4 NVSwitches, fabric manager, NCCL, one NDR HCA port."""
+    for node in cluster.nodes:
+        gpu_hw.install_gpus(node, "h100", count=8)
+        gpu_hw.install_nvswitches(node)
+        gpu_hw.install_fabric_manager(node, active=True)
+        gpu_hw.install_nccl(node)
+        ib_hw.install_hcas(node, [{}, {}])
+
+
+def test_healthy_cpu_cluster_passes_with_gpu_checks_skipped(sim_cluster):
+    cluster = sim_cluster(4, docker0=True)
+    rc, doc, err = run_preflight(cluster, cluster.inventory(), "--skip", "allreduce")
+    assert rc == 0, err
+    for check in ("gpu", "fabric_manager"):
+        assert {r["status"] for r in results(doc, check)} == {"skip"}
+        assert all("gpus_per_node: 0" in r["message"] for r in results(doc, check))
+    assert {r["status"] for r in results(doc, "ib_hca")} == {"skip"}
+    for check in ("ssh", "nic", "mtu", "ports"):
+        assert {r["status"] for r in results(doc, check)} == {"pass"}, results(doc, check)
+    assert doc["summary"]["fail"] == doc["summary"]["error"] == 0
+    assert cluster.leftover_processes() == {}
+
+
+def test_docker0_is_never_chosen(sim_cluster):
+    cluster = sim_cluster(3, docker0=True)
+    rc, doc, _ = run_preflight(cluster, cluster.inventory(), "--only", "nic", "-v")
+    assert rc == 0
+    for r in results(doc, "nic"):
+        assert r["message"].startswith("eth1 198.19."), r["message"]
+        assert "skipped docker0 (container bridge)" in r["message"]
+
+
+def test_mtu_black_hole_names_the_node(sim_cluster):
+    cluster = sim_cluster(4)
+    cluster.mtu_blackhole(3)
+    rc, doc, _ = run_preflight(cluster, cluster.inventory(), "--only", "mtu")
+    assert rc == 1
+    failed = results(doc, "mtu", "fail")
+    assert {r["node"] for r in failed} == {"n003"}, failed
+    messages = " | ".join(r["message"] for r in failed)
+    assert "n003 is the common end of 2 failing paths" in messages, messages
+    assert "n002 → n003: 8972-byte DF ping lost (1000-byte ping ok): jumbo frames black-holed" in messages, messages
+    print(messages)
+
+
+def test_master_port_held_on_head(sim_cluster):
+    cluster = sim_cluster(3)
+    pid = cluster.hold_port(1, 29500)
+    rc, doc, _ = run_preflight(cluster, cluster.inventory(), "--only", "ports")
+    assert rc == 1
+    head = [r for r in results(doc, "ports", "fail") if r["node"] == "n001"]
+    assert head, doc["results"]
+    assert "port 29500 is held by pid %d" % pid in head[0]["message"], head[0]["message"]
+    assert "try --master-port" in head[0]["message"]
+
+
+@pytest.mark.parametrize(
+    "fault,check,node,words",
+    [
+        ("fabric_manager_stopped", "fabric_manager", "n002", ["nvidia-fabricmanager is failed", "NCCL init will hang"]),
+        ("driver_outlier", "driver", "n003", ["535.104.05", "majority 550.54.15"]),
+        ("ib_port_down", "ib_hca", "n002", ["mlx5_1 port 1", "DOWN"]),
+        ("gpu_missing", "gpu", "n003", ["7 GPUs", "expected 8"]),
+    ],
+)
+def test_hardware_fault_is_named(sim_cluster, fault, check, node, words):
+    cluster = sim_cluster(3)
+    hgx(cluster)
+    target = cluster.node(node)
+    if fault == "fabric_manager_stopped":
+        gpu_hw.install_fabric_manager(target, active=False)
+    elif fault == "driver_outlier":
+        gpu_hw.set_driver_version(target, "535.104.05")
+    elif fault == "ib_port_down":
+        ib_hw.install_hcas(target, [{}, {"state": "DOWN", "phys_state": "Disabled"}])
+    elif fault == "gpu_missing":
+        gpu_hw.install_gpus(target, "h100", count=7)
+    inv = cluster.inventory(gpus_per_node=8)
+    rc, doc, _ = run_preflight(cluster, inv, "--skip", "allreduce")
+    assert rc == 1
+    failed = [r for r in results(doc, check, "fail") if r["node"] == node]
+    assert failed, [r for r in doc["results"] if r["status"] != "pass"]
+    text = " ".join(r["message"] for r in failed)
+    for word in words:
+        assert word in text, text
+    other = {r["node"] for r in results(doc, check, "fail") if r["node"]} - {node}
+    assert not other, "healthy nodes failed %s: %s" % (check, other)
+    print("%s → %s" % (fault, text))
