@@ -169,7 +169,7 @@ def test_everyone_stuck_above_one_frame_hints_at_mtu():
     f = the(findings)
     assert f.message.startswith("all-reduce hung at 2 KiB: ranks 0-1 (n[001-002]) did not finish within 20 s")
     assert "sizes up to 1 KiB completed" in f.message and "MTU mismatch" in f.message
-    assert "run the pair localization" in f.message
+    assert "the pair localization below names the node" in f.message
     assert [x for x in findings if x.node] == []  # nobody stands out
 
 
