@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 from typing import Any, List, Optional
 
 from preflight import __version__
@@ -231,36 +232,35 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
 
 
 class _Progress:
-    """A rich progress line: nodes done / failed / pending."""
+    """A rich progress line: nodes done / failed / running in the current phase."""
 
     def __init__(self, console: Any, total: int) -> None:
         from rich.live import Live
         from rich.text import Text
 
         self.total = total
-        self.done = 0
-        self.failed = 0
-        self.running = 0
+        self.state: dict = {}  # node -> "running" | "done" | "failed" (a node's latest event)
+        self._lock = threading.Lock()  # events come from the fan-out's worker threads
         self._text = Text
         self.live = Live(self._render(), console=console, transient=True, refresh_per_second=8)
 
     def _render(self) -> Any:
+        counts = {k: sum(1 for v in self.state.values() if v == k) for k in ("done", "failed", "running")}
         return self._text.assemble(
             ("preflight ", "bold"),
-            ("%d done" % self.done, "green"),
+            ("%d done" % counts["done"], "green"),
             " · ",
-            ("%d failed" % self.failed, "red" if self.failed else "dim"),
-            " · %d running · %d nodes" % (self.running, self.total),
+            ("%d failed" % counts["failed"], "red" if counts["failed"] else "dim"),
+            " · %d running · %d pending" % (counts["running"], self.total - len(self.state)),
         )
 
     def event(self, kind: str, node: str) -> None:
-        if kind == "start":
-            self.running += 1
-        elif kind == "done":
-            self.done, self.running = self.done + 1, self.running - 1
-        elif kind == "failed":
-            self.failed, self.running = self.failed + 1, self.running - 1
-        self.live.update(self._render())
+        with self._lock:
+            if kind == "start" and self.state.get(node) == "done":
+                # the next phase begins: count nodes from zero again
+                self.state = {n: v for n, v in self.state.items() if v == "failed"}
+            self.state[node] = "running" if kind == "start" else kind
+            self.live.update(self._render())
 
     def close(self) -> None:
         self.live.stop()

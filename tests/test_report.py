@@ -1,0 +1,105 @@
+"""The report: console rendering at a fixed width, JSON round trip, readability at 1,000 nodes."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from rich.console import Console
+
+from preflight import report
+from preflight.engine import RunReport
+from preflight.inventory import Inventory, NodeSpec
+from preflight.model import ClusterView, Finding, NodeInfo, Status
+
+
+def make_report(n_nodes, findings, selected=("ssh", "driver", "ib_hca")):
+    nodes = [NodeSpec(name="gpu-%04d" % i, host="10.0.%d.%d" % (i // 250, i % 250 + 1), line=i) for i in range(1, n_nodes + 1)]
+    inv = Inventory(path="hosts.yaml", nodes=nodes, sha256="ab" * 32)
+    infos = [NodeInfo(s.name, s.host, 8, i == 0) for i, s in enumerate(nodes)]
+    view = ClusterView(infos, {s.name: {} for s in nodes})
+    return RunReport(inv, list(selected), findings, view, "2026-11-22T13:00:00Z", 12.34)
+
+
+def render(rep, verbose=False, width=100):
+    buf = io.StringIO()
+    report.render(rep, Console(file=buf, width=width, color_system=None, force_terminal=False), verbose=verbose)
+    return buf.getvalue()
+
+
+def fleet_findings(n):
+    out = []
+    for i in range(1, n + 1):
+        name = "gpu-%04d" % i
+        out.append(Finding("ssh", name, Status.PASS, "reachable, python 3.11.7"))
+        if i == 64:
+            out.append(Finding("driver", name, Status.FAIL, "driver 535.104.05 (majority 550.54.15 on %d nodes)" % (n - 1),
+                               expected="550.54.15", actual="535.104.05"))
+        else:
+            out.append(Finding("driver", name, Status.PASS, "driver 550.54.15"))
+        if i in (7, 8, 9, 700):
+            out.append(Finding("ib_hca", name, Status.FAIL, "mlx5_3 port 1: state DOWN (expected ACTIVE at 400 Gb/s)"))
+        else:
+            out.append(Finding("ib_hca", name, Status.PASS, "8 ports ACTIVE at 400 Gb/s"))
+    return out
+
+
+def test_console_report_golden():
+    rep = make_report(8, fleet_findings(8)[:24] + [Finding("driver", None, Status.WARN, "no expectation set")])
+    text = render(rep)
+    expected = (
+        "preflight %s · hosts.yaml · 8 nodes · ssh, driver, ib_hca · 12.3 s\n"
+        "status  check   nodes            finding                                                \n"
+        "FAIL    ib_hca  gpu-[0007-0008]  mlx5_3 port 1: state DOWN (expected ACTIVE at 400 Gb/s)\n"
+        "WARN    driver  cluster          no expectation set                                     \n"
+        "PASS    ssh     gpu-[0001-0008]  8 nodes                                                \n"
+        "PASS    driver  gpu-[0001-0008]  8 nodes                                                \n"
+        "PASS    ib_hca  gpu-[0001-0006]  6 nodes                                                \n"
+    ) % report.__version__
+    assert text.startswith(expected), text
+    assert "ib_hca: " in text and "fix: " in text  # why and fix printed for the failed check
+    assert text.rstrip().endswith("22 pass · 1 warn · 2 fail · 0 skip · 0 error  → exit 1")
+
+
+def test_thousand_nodes_fold_to_one_line_per_distinct_finding():
+    rep = make_report(1000, fleet_findings(1000))
+    text = render(rep, width=160)
+    lines = text.splitlines()
+    table = lines[1 : lines.index("")]
+    assert len(table) == 1 + 5, "\n".join(table)  # header, 2 FAIL rows, 3 PASS rows: one line each
+    assert any("gpu-[0007-0009,0700]" in line and "state DOWN" in line for line in table)
+    assert any("gpu-0064" in line and "majority 550.54.15 on 999 nodes" in line for line in table)
+    assert any("gpu-[0001-1000]" in line and "1000 nodes" in line for line in table)
+    # failures come first
+    assert table[1].startswith("FAIL") and table[-1].startswith("PASS")
+
+
+def test_verbose_lists_pass_messages():
+    rep = make_report(2, fleet_findings(2))
+    assert "reachable, python 3.11.7" in render(rep, verbose=True)
+    assert "reachable, python 3.11.7" not in render(rep)
+
+
+def test_json_round_trip_and_shape():
+    findings = fleet_findings(10)
+    rep = make_report(10, findings)
+    doc = json.loads(report.dumps(report.to_json(rep)))
+    assert doc["summary"] == {"pass": 27, "warn": 0, "fail": 3, "skip": 0, "error": 0}
+    assert doc["exit_code"] == 1 and doc["inventory_sha256"] == "ab" * 32
+    back = [Finding.from_json(r) for r in doc["results"]]
+    assert sorted(back, key=repr) == sorted(findings, key=repr)
+    status = {n["name"]: n["status"] for n in doc["nodes"]}
+    assert status["gpu-0007"] == "fail" and status["gpu-0001"] == "pass"
+    assert [r["status"] for r in doc["results"]][:4] == ["fail"] * 3 + ["pass"]  # failures first
+
+
+def test_node_without_findings_is_error_not_pass():
+    rep = make_report(2, [Finding("ssh", "gpu-0001", Status.PASS, "ok")])
+    doc = report.to_json(rep)
+    assert {n["name"]: n["status"] for n in doc["nodes"]} == {"gpu-0001": "pass", "gpu-0002": "error"}
+
+
+def test_fold_mixes_cluster_and_nodes():
+    assert report.fold(["n001", "n002", "n003", "n005"]) == "n[001-003,005]"
+    assert report.fold([None]) == "cluster"
+    assert report.fold([None, "n001"]) == "cluster, n001"
