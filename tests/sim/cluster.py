@@ -1,0 +1,857 @@
+"""A simulated cluster: each node a Linux network namespace running a real OpenSSH sshd.
+
+Topology (all addresses in 198.18.0.0/15, all inside namespaces this module creates; nothing is
+added to the root namespace):
+
+    {prefix}-sw    switch: bridges br-mgmt (MTU 1500) and br-data (MTU 9000); ports m<i>/d<i>, mctl/dctl
+    {prefix}-ctl   controller: eth0 198.18.0.1/16 on br-mgmt, eth1 198.19.0.1/16 (MTU 9000) on br-data
+    {prefix}-nNNN  node i: eth0 198.18.(i//250).(i%250+2)/16, eth1 198.19.(i//250).(i%250+2)/16 MTU 9000,
+                   optional docker0 bridge 198.19.255.1/24 (the same on every node, like Docker's default),
+                   operationally UP through one port vethdocker0 (a veth whose peer c<i> idles in the switch
+                   namespace, standing in for a container's end)
+
+Each node has a directory root/nNNN/ with sshd_config, its ed25519 host key, bin/ (first on the PATH
+of SSH sessions), sys/ (the sysfs root the probe sees through PREFLIGHT_SYSFS_ROOT) and sshd.log.
+
+    with SimCluster(4, docker0=True) as c:
+        hosts = c.inventory()
+        c.ctl(["preflight", "check", hosts])
+        c.mtu_blackhole("n003")
+
+Everything is removed by stop() (also via atexit, SIGTERM/SIGHUP, and cleanup_stale() after a crash).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import ctypes.util
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+from .netns import cmdline, in_netns, list_netns, netns_id, pids_by_netns
+
+SSHD = "/usr/sbin/sshd"
+BASE_DIR = os.environ.get("PFSIM_BASE", os.path.join(tempfile.gettempdir(), "pfsim"))
+PREFIX_BASE = "pfsim"
+MGMT_NET = "198.18"
+DATA_NET = "198.19"
+CTL_MGMT_IP = "198.18.0.1"
+CTL_DATA_IP = "198.19.0.1"
+DOCKER0_CIDR = "198.19.255.1/24"
+DATA_MTU = 9000
+MGMT_MTU = 1500
+MAX_NODES = 250 * 250  # third octet stays below 250, clear of docker0's 198.19.255.0/24
+SESSION_PATH_TAIL = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_NS_RE = re.compile(r"^(%s\w*)-(sw|ctl|n\d+)$" % PREFIX_BASE)
+
+NodeRef = Union["SimNode", str, int]
+
+
+class SimError(RuntimeError):
+    """The simulated cluster could not be built or changed."""
+
+
+def _ip_batch(lines: Sequence[str], ns: Optional[str] = None, force: bool = False) -> None:
+    """Run iproute2 commands through one `ip [-n NS] -batch -` process."""
+    argv = ["ip"] + (["-n", ns] if ns else []) + (["-force"] if force else []) + ["-batch", "-"]
+    proc = subprocess.run(argv, input="\n".join(lines) + "\n", stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, universal_newlines=True)
+    if proc.returncode != 0 and not force:
+        raise SimError("%s failed: %s" % (" ".join(argv), proc.stdout.strip()))
+
+
+def _ed25519_keypair(comment: str) -> Tuple[bytes, bytes]:
+    """(OpenSSH private key PEM, 'ssh-ed25519 AAAA... comment' line)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption())
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return private, public + b" " + comment.encode()
+
+
+def _write(path: str, data: Union[str, bytes], mode: int = 0o644) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data.encode() if isinstance(data, str) else data)
+    os.chmod(path, mode)
+
+
+def _sshd_version() -> Tuple[int, int]:
+    out = subprocess.run([SSHD, "-V"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         universal_newlines=True).stdout
+    m = re.search(r"OpenSSH_(\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def _proc_starttime(pid: int) -> Optional[str]:
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _hex_addr(ip: str) -> str:
+    """An IPv4 address as /proc/net/tcp writes it (little-endian hex)."""
+    return "".join("%02X" % int(o) for o in reversed(ip.split(".")))
+
+
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+
+
+def _child_setup() -> None:
+    """In the forked child: die with the parent (crash safety), and leave the terminal's process group."""
+    os.setsid()
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class SimNode:
+    """One simulated node: its namespace, addresses, directory and the hooks for fake hardware."""
+
+    def __init__(self, cluster: "SimCluster", index: int) -> None:
+        self.cluster = cluster
+        self.index = index
+        self.name = "n%03d" % index
+        self.ns = "%s-%s" % (cluster.prefix, self.name)
+        host = "%d.%d" % (index // 250, index % 250 + 2)
+        self.mgmt_ip = "%s.%s" % (MGMT_NET, host)
+        self.data_ip = "%s.%s" % (DATA_NET, host)
+        self.mgmt_veth = "m%d" % index  # switch side, in {prefix}-sw
+        self.data_veth = "d%d" % index
+        self.container_veth = "c%d" % index  # peer of the node's vethdocker0 (docker0's port)
+        self.dir = os.path.join(cluster.root, self.name)
+        self.bin_dir = os.path.join(self.dir, "bin")
+        self.sys_dir = os.path.join(self.dir, "sys")
+        self.host_key = os.path.join(self.dir, "ssh_host_ed25519_key")
+        self.sshd_config = os.path.join(self.dir, "sshd_config")
+        self.sshd_log = os.path.join(self.dir, "sshd.log")
+        self.docker0 = False
+        self.sshd: Optional[subprocess.Popen] = None
+        self.host_pubkey = b""
+
+    def __repr__(self) -> str:
+        return "SimNode(%s %s)" % (self.name, self.mgmt_ip)
+
+    def install_executable(self, name: str, text: str) -> str:
+        """Write an executable script into bin/ (first on the PATH of SSH sessions); returns its path."""
+        path = os.path.join(self.bin_dir, name)
+        if os.path.lexists(path):
+            os.unlink(path)
+        _write(path, text, 0o755)
+        return path
+
+    def write_sys(self, relpath: str, text: Union[str, bytes]) -> str:
+        """Write a file under the node's sysfs root (sys/), creating directories; returns its path."""
+        path = os.path.join(self.sys_dir, relpath.lstrip("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _write(path, text)
+        return path
+
+
+_live: List["SimCluster"] = []
+_signals_installed = False
+
+
+def _stop_all() -> None:
+    for cluster in list(_live):
+        cluster.stop()
+
+
+def _install_exit_hooks() -> None:
+    """atexit, and SIGTERM/SIGHUP turned into KeyboardInterrupt so finally-blocks and teardowns run."""
+    global _signals_installed
+    if _signals_installed:
+        return
+    _signals_installed = True
+    atexit.register(_stop_all)
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt("signal %d" % signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, interrupt)
+
+
+class SimCluster:
+    """N simulated nodes, a switch and a controller namespace; start() builds it, stop() removes it all.
+
+    docker0: True for every node, or an iterable of node names/indices that get one.
+    root: directory for keys/configs/node dirs (default BASE_DIR/prefix, removed at stop unless keep_root).
+    """
+
+    def __init__(self, n: int, *, prefix: Optional[str] = None, docker0: Union[bool, Iterable] = False,
+                 root: Optional[str] = None, keep_root: bool = False, start_timeout: float = 60.0) -> None:
+        if not 1 <= n < MAX_NODES:
+            raise ValueError("n must be between 1 and %d" % (MAX_NODES - 1))
+        self.prefix = prefix or "%s%s" % (PREFIX_BASE, secrets.token_hex(3))
+        if not re.match(r"^[A-Za-z0-9_]{1,20}$", self.prefix):
+            raise ValueError("prefix must be 1-20 characters of [A-Za-z0-9_]")
+        self.root = os.path.abspath(root or os.path.join(BASE_DIR, self.prefix))
+        self.keep_root = keep_root
+        self.start_timeout = start_timeout
+        self.switch_ns = "%s-sw" % self.prefix
+        self.ctl_ns = "%s-ctl" % self.prefix
+        self.ctl_mgmt_ip = CTL_MGMT_IP
+        self.ctl_data_ip = CTL_DATA_IP
+        self.identity_file = os.path.join(self.root, "id_ed25519")
+        self.known_hosts = os.path.join(self.root, "known_hosts")
+        self.authorized_keys = os.path.join(self.root, "authorized_keys")
+        self._owner_file = os.path.join(BASE_DIR, "%s.owner.json" % self.prefix)
+        self.nodes: List[SimNode] = [SimNode(self, i) for i in range(1, n + 1)]
+        self._by_name = {node.name: node for node in self.nodes}
+        if docker0 is True:
+            for node in self.nodes:
+                node.docker0 = True
+        elif docker0:
+            for ref in docker0:
+                self.node(ref).docker0 = True
+        self._popens: List[subprocess.Popen] = []
+        self._undo: Dict[str, List[Callable[[], None]]] = {}
+        self._held: Dict[int, subprocess.Popen] = {}
+        self._created_ns: List[str] = []
+        self.started = False
+        self.stopped = False
+        self.timings: Dict[str, float] = {}
+
+    # ---------------------------------------------------------------- lookup
+
+    def node(self, ref: NodeRef) -> SimNode:
+        """A node by SimNode, name ('n003') or 1-based index (3)."""
+        if isinstance(ref, SimNode):
+            return ref
+        if isinstance(ref, int):
+            if not 1 <= ref <= len(self.nodes):
+                raise KeyError("no node %d in this cluster (1..%d)" % (ref, len(self.nodes)))
+            return self.nodes[ref - 1]
+        try:
+            return self._by_name[ref]
+        except KeyError:
+            raise KeyError("no node %r in this cluster" % (ref,)) from None
+
+    def __iter__(self):
+        return iter(self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __enter__(self) -> "SimCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---------------------------------------------------------------- build
+
+    def start(self) -> "SimCluster":
+        """Create namespaces, links and addresses, start every sshd, and wait until all listen."""
+        if self.started:
+            return self
+        _install_exit_hooks()
+        _live.append(self)
+        self.started = True
+        t0 = time.monotonic()
+        try:
+            self._register_owner()
+            self._write_files()
+            t1 = time.monotonic()
+            self._build_network()
+            t2 = time.monotonic()
+            for node in self.nodes:
+                self._spawn_sshd(node)
+            self._wait_listening(self.nodes)
+            self._wait_links_up(self.nodes)
+            t3 = time.monotonic()
+        except BaseException:
+            self.stop()
+            raise
+        self.timings.update(files=t1 - t0, network=t2 - t1, sshd=t3 - t2, start=t3 - t0)
+        return self
+
+    def _register_owner(self) -> None:
+        os.makedirs(BASE_DIR, exist_ok=True)
+        _write(self._owner_file, json.dumps({"pid": os.getpid(), "start": _proc_starttime(os.getpid()),
+                                             "root": self.root}))
+
+    def _write_files(self) -> None:
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
+        os.makedirs(self.root, exist_ok=True)
+        private, public = _ed25519_keypair("preflight-sim-client")
+        _write(self.identity_file, private, 0o600)
+        _write(self.identity_file + ".pub", public + b"\n")
+        _write(self.authorized_keys, public + b"\n", 0o600)
+        extra = "PerSourcePenalties no\n" if _sshd_version() >= (9, 8) else ""
+        known = []
+        for node in self.nodes:
+            for d in (node.bin_dir, os.path.join(node.sys_dir, "class"), os.path.join(node.sys_dir, "bus/pci/devices")):
+                os.makedirs(d, exist_ok=True)
+            net = os.path.join(node.sys_dir, "class", "net")
+            if not os.path.lexists(net):
+                os.symlink("/sys/class/net", net)  # inside `ip netns exec`, /sys is the namespace's sysfs
+            self._install_python(node)
+            private, public = _ed25519_keypair("root@" + node.name)
+            _write(node.host_key, private, 0o600)
+            node.host_pubkey = public
+            known.append(b"%s %s\n" % (node.mgmt_ip.encode(), b" ".join(public.split()[:2])))
+            _write(node.sshd_config, self._sshd_config_text(node, extra))
+        _write(self.known_hosts, b"".join(known))
+
+    @staticmethod
+    def _install_python(node: SimNode) -> None:
+        path = os.path.join(node.bin_dir, "python3")
+        if os.path.lexists(path):
+            os.unlink(path)
+        if sys.prefix == sys.base_prefix:
+            os.symlink(sys.executable, path)
+        else:  # a venv is found next to the path python was started by, so keep that path
+            _write(path, '#!/bin/sh\nexec %s "$@"\n' % sys.executable, 0o755)
+
+    def _sshd_config_text(self, node: SimNode, extra: str) -> str:
+        return (
+            "Port 22\n"
+            "ListenAddress %(ip)s\n"
+            "HostKey %(key)s\n"
+            "AuthorizedKeysFile %(auth)s\n"
+            "PermitRootLogin prohibit-password\n"
+            "PubkeyAuthentication yes\n"
+            "PasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\n"
+            "UsePAM no\n"
+            "StrictModes no\n"
+            "UseDNS no\n"
+            "PidFile none\n"
+            "MaxStartups 1000:30:2000\n"
+            "MaxSessions 100\n"
+            "LoginGraceTime 30\n"
+            "PrintMotd no\n"
+            "PrintLastLog no\n"
+            "X11Forwarding no\n"
+            "AllowTcpForwarding yes\n"
+            "Subsystem sftp internal-sftp\n"
+            "LogLevel INFO\n"
+            # SHLVL=1: bash started by sshd sources ~/.bashrc only at shell level 1; the host's root
+            # .bashrc (shared by every node) would otherwise rewrite PATH (pyenv shims) and cost time.
+            "SetEnv PATH=%(bin)s:%(tail)s PREFLIGHT_SYSFS_ROOT=%(sys)s SHLVL=1\n"
+            "%(extra)s"
+        ) % {"ip": node.mgmt_ip, "key": node.host_key, "auth": self.authorized_keys, "bin": node.bin_dir,
+             "tail": SESSION_PATH_TAIL, "sys": node.sys_dir, "extra": extra}
+
+    def _build_network(self) -> None:
+        names = [self.switch_ns, self.ctl_ns] + [node.ns for node in self.nodes]
+        existing = set(list_netns())
+        clash = [n for n in names if n in existing]
+        if clash:
+            raise SimError("namespaces already exist: %s" % ", ".join(clash[:5]))
+        self._created_ns = names
+        _ip_batch(["netns add %s" % n for n in names])
+
+        sw = [
+            "link set lo up",
+            # MTU set after creation, so the bridge keeps it when a port's MTU changes (mtu_blackhole)
+            "link add br-mgmt type bridge",
+            "link set br-mgmt mtu %d up" % MGMT_MTU,
+            "link add br-data type bridge",
+            "link set br-data mtu %d up" % DATA_MTU,
+            "link add mctl mtu %d master br-mgmt up type veth peer name eth0 netns %s" % (MGMT_MTU, self.ctl_ns),
+            "link add dctl mtu %d master br-data up type veth peer name eth1 mtu %d netns %s"
+            % (DATA_MTU, DATA_MTU, self.ctl_ns),
+        ]
+        for node in self.nodes:
+            sw.append("link add %s mtu %d master br-mgmt up type veth peer name eth0 netns %s"
+                      % (node.mgmt_veth, MGMT_MTU, node.ns))
+            sw.append("link add %s mtu %d master br-data up type veth peer name eth1 mtu %d netns %s"
+                      % (node.data_veth, DATA_MTU, DATA_MTU, node.ns))
+            if node.docker0:
+                sw.append(self._docker0_port_line(node))
+        _ip_batch(sw, ns=self.switch_ns)
+
+        jobs = [(self.ctl_ns, self._host_lines(self.ctl_mgmt_ip, self.ctl_data_ip, False))]
+        jobs += [(node.ns, self._host_lines(node.mgmt_ip, node.data_ip, node.docker0)) for node in self.nodes]
+        self._parallel_batches(jobs)
+
+    @staticmethod
+    def _host_lines(mgmt_ip: str, data_ip: str, docker0: bool) -> List[str]:
+        lines = [
+            "link set lo up",
+            "addr add %s/16 dev eth0" % mgmt_ip,
+            "link set eth0 up",
+            "addr add %s/16 dev eth1" % data_ip,
+            "link set eth1 mtu %d up" % DATA_MTU,
+        ]
+        if docker0:
+            lines += SimCluster._docker0_lines()
+        return lines
+
+    @staticmethod
+    def _docker0_port_line(node: SimNode) -> str:
+        """(switch namespace) a veth whose node end becomes docker0's port; its other end stays unattached."""
+        return "link add %s up type veth peer name vethdocker0 netns %s" % (node.container_veth, node.ns)
+
+    @staticmethod
+    def _docker0_lines() -> List[str]:
+        # the port with carrier makes docker0 operationally UP, as on a host running containers:
+        # an interface with an address that a NIC check could wrongly pick
+        return ["link add docker0 type bridge", "addr add %s dev docker0" % DOCKER0_CIDR, "link set docker0 up",
+                "link set vethdocker0 master docker0 up"]
+
+    @staticmethod
+    def _parallel_batches(jobs: List[Tuple[str, List[str]]], width: int = 16) -> None:
+        """One `ip -n NS -batch -` per namespace, `width` at a time."""
+        pending = list(jobs)
+        running: List[Tuple[str, subprocess.Popen]] = []
+        errors = []
+        while pending or running:
+            while pending and len(running) < width:
+                ns, lines = pending.pop(0)
+                proc = subprocess.Popen(["ip", "-n", ns, "-batch", "-"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+                proc.stdin.write("\n".join(lines) + "\n")
+                proc.stdin.close()
+                running.append((ns, proc))
+            ns, proc = running.pop(0)
+            out = proc.stdout.read()
+            proc.stdout.close()
+            if proc.wait() != 0:
+                errors.append("%s: %s" % (ns, out.strip()))
+        if errors:
+            raise SimError("ip -batch failed in %d namespace(s): %s" % (len(errors), "; ".join(errors[:3])))
+
+    def _spawn_sshd(self, node: SimNode) -> None:
+        log = open(node.sshd_log, "ab")
+        try:
+            node.sshd = self._spawn(["ip", "netns", "exec", node.ns, SSHD, "-D", "-e", "-f", node.sshd_config],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        finally:
+            log.close()
+
+    def _spawn(self, argv: Sequence[str], **kw) -> subprocess.Popen:
+        if threading.current_thread() is threading.main_thread():
+            kw.setdefault("preexec_fn", _child_setup)  # parent-death signal is per thread: main only
+        else:
+            kw.setdefault("start_new_session", True)
+        proc = subprocess.Popen(list(argv), **kw)
+        self._popens.append(proc)
+        return proc
+
+    def _wait_listening(self, nodes: Sequence[SimNode], timeout: Optional[float] = None) -> None:
+        """Wait until each node's sshd has its socket in LISTEN (read from /proc/PID/net/tcp: no connections)."""
+        deadline = time.monotonic() + (timeout or self.start_timeout)
+        waiting = {node.name: node for node in nodes}
+        while waiting:
+            for name, node in list(waiting.items()):
+                proc = node.sshd
+                if proc is None or proc.poll() is not None:
+                    raise SimError("sshd on %s exited (rc %s): %s"
+                                   % (name, proc and proc.returncode, self._tail(node.sshd_log)))
+                want = "%s:0016" % _hex_addr(node.mgmt_ip)
+                try:
+                    with open("/proc/%d/net/tcp" % proc.pid) as fh:
+                        table = fh.read()
+                except OSError:
+                    continue
+                for line in table.splitlines()[1:]:
+                    fields = line.split()
+                    if fields[1] == want and fields[3] == "0A":
+                        del waiting[name]
+                        break
+            if waiting:
+                if time.monotonic() > deadline:
+                    raise SimError("sshd not listening after %.0fs on: %s" % (timeout or self.start_timeout,
+                                                                               ", ".join(sorted(waiting)[:10])))
+                time.sleep(0.01)
+
+    def _wait_links_up(self, nodes: Sequence[SimNode], timeout: float = 10.0) -> None:
+        """Wait until eth0, eth1 (and docker0) report operstate up, so probes never see a link mid-start.
+
+        Read through /proc/<sshd>/root/sys: sshd runs in the mount namespace where `ip netns exec`
+        mounted the node's own sysfs.
+        """
+        deadline = time.monotonic() + timeout
+        waiting = [(node, iface) for node in nodes
+                   for iface in ("eth0", "eth1") + (("docker0",) if node.docker0 else ())]
+        while waiting:
+            still = []
+            for node, iface in waiting:
+                try:
+                    with open("/proc/%d/root/sys/class/net/%s/operstate" % (node.sshd.pid, iface)) as fh:
+                        if fh.read().strip() == "up":
+                            continue
+                except OSError:
+                    pass
+                still.append((node, iface))
+            waiting = still
+            if waiting:
+                if time.monotonic() > deadline:
+                    raise SimError("links not up after %.0fs: %s" % (timeout, ", ".join(
+                        "%s %s" % (n.name, i) for n, i in waiting[:10])))
+                time.sleep(0.01)
+
+    @staticmethod
+    def _tail(path: str, n: int = 2000) -> str:
+        try:
+            with open(path, "rb") as fh:
+                return fh.read()[-n:].decode(errors="replace").strip()
+        except OSError:
+            return ""
+
+    # ---------------------------------------------------------------- teardown
+
+    def stop(self) -> None:
+        """Kill every process in the cluster's namespaces, delete the namespaces and the root dir. Idempotent."""
+        if self.stopped or not self.started:
+            return
+        self.stopped = True
+        t0 = time.monotonic()
+        try:
+            _teardown(self._created_ns, self._popens)
+        finally:
+            if self in _live:
+                _live.remove(self)
+            if not self.keep_root:
+                shutil.rmtree(self.root, ignore_errors=True)
+            try:
+                os.unlink(self._owner_file)
+            except OSError:
+                pass
+        self.timings["stop"] = time.monotonic() - t0
+
+    # ---------------------------------------------------------------- running things
+
+    @staticmethod
+    def _run_defaults(kw: dict) -> dict:
+        if not {"stdout", "stderr", "capture_output"} & set(kw):
+            kw["capture_output"] = True
+        if "text" not in kw and "universal_newlines" not in kw and "encoding" not in kw:
+            kw["text"] = True
+        return kw
+
+    def ctl(self, argv: Sequence[str], **kw) -> subprocess.CompletedProcess:
+        """subprocess.run(argv) in the controller namespace (captures text output unless told otherwise)."""
+        return subprocess.run(["ip", "netns", "exec", self.ctl_ns, *map(str, argv)], **self._run_defaults(kw))
+
+    def ctl_popen(self, argv: Sequence[str], **kw) -> subprocess.Popen:
+        """subprocess.Popen(argv) in the controller namespace; killed at stop() if still running."""
+        return self._spawn(["ip", "netns", "exec", self.ctl_ns, *map(str, argv)], **kw)
+
+    def node_exec(self, node: NodeRef, argv: Sequence[str], **kw) -> subprocess.CompletedProcess:
+        """subprocess.run(argv) inside a node's namespace, not through ssh (captures text output by default)."""
+        return subprocess.run(["ip", "netns", "exec", self.node(node).ns, *map(str, argv)], **self._run_defaults(kw))
+
+    def ssh_argv(self, node: NodeRef, *options: str) -> List[str]:
+        """A real `ssh` command line to a node (strict host-key checking, batch mode, cluster key)."""
+        node = self.node(node)
+        return ["ssh", "-F", "/dev/null", "-i", self.identity_file,
+                "-o", "UserKnownHostsFile=%s" % self.known_hosts, "-o", "GlobalKnownHostsFile=/dev/null",
+                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
+                *options, "root@%s" % node.mgmt_ip]
+
+    def ssh(self, node: NodeRef, command: str, *options: str, **kw) -> subprocess.CompletedProcess:
+        """Run `command` on a node through the real ssh client, from the controller namespace."""
+        kw.setdefault("timeout", 30)
+        return self.ctl(self.ssh_argv(node, *options) + ["--", command], **kw)
+
+    def in_ctl(self):
+        """Context manager: the current thread in the controller namespace (for paramiko/sockets in-process)."""
+        return in_netns(self.ctl_ns)
+
+    def inventory(self, path: Optional[str] = None, nodes: Optional[Iterable[NodeRef]] = None,
+                  node_overrides: Optional[Dict[str, dict]] = None, **extra) -> str:
+        """Write a hosts.yaml for this cluster and return its path.
+
+        extra: master_port/head/expect go to `cluster:`, anything else to `defaults:`.
+        node_overrides: {"n003": {"port": 2222}} merged into that node's entry.
+        nodes: a subset (default all).
+        """
+        import yaml
+
+        defaults = {"user": "root", "identity_file": self.identity_file, "known_hosts": self.known_hosts,
+                    "python": "python3", "gpus_per_node": 0, "connect_timeout": 5, "command_timeout": 30}
+        cluster = {"master_port": 29500}
+        for key, value in extra.items():
+            (cluster if key in ("master_port", "head", "expect") else defaults)[key] = value
+        overrides = dict(node_overrides or {})
+        entries = []
+        for node in (self.node(r) for r in (nodes if nodes is not None else self.nodes)):
+            entry = {"host": node.mgmt_ip, "name": node.name}
+            entry.update(overrides.pop(node.name, {}))
+            entries.append(entry)
+        if overrides:
+            raise KeyError("node_overrides for unknown nodes: %s" % ", ".join(sorted(overrides)))
+        path = path or os.path.join(self.root, "hosts.yaml")
+        with open(path, "w") as fh:
+            yaml.safe_dump({"defaults": defaults, "cluster": cluster, "nodes": entries}, fh,
+                           sort_keys=False, default_flow_style=False)
+        return path
+
+    # ---------------------------------------------------------------- process inventory
+
+    def processes(self, node: NodeRef) -> List[Tuple[int, str]]:
+        """(pid, cmdline) of every process in the node's network namespace except its sshd listener.
+
+        Listeners started by hold_port() are test setup and are left out too; sshd session processes
+        of a connection that just closed may still show for a few milliseconds (see leftover_processes).
+        """
+        node = self.node(node)
+        key = netns_id(node.ns)
+        listener = node.sshd.pid if node.sshd is not None and node.sshd.poll() is None else None
+        held = {pid for pid, p in self._held.items() if p.poll() is None}
+        return [(pid, cmdline(pid)) for pid in sorted(pids_by_netns([key])[key])
+                if pid != listener and pid not in held]
+
+    def leftover_processes(self, nodes: Optional[Iterable[NodeRef]] = None,
+                           timeout: float = 5.0) -> Dict[str, List[Tuple[int, str]]]:
+        """Wait up to `timeout` for nodes to go quiet; return {node: processes} for those that did not.
+
+        sshd session processes need a moment to exit after the client disconnects, hence the wait.
+        Ports held by hold_port() are not counted.
+        """
+        targets = [self.node(r) for r in (nodes if nodes is not None else self.nodes)]
+        deadline = time.monotonic() + timeout
+        while True:
+            left = {node.name: procs for node in targets for procs in [self.processes(node)] if procs}
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.05)
+
+    # ---------------------------------------------------------------- fault injection
+
+    def _push_undo(self, node: SimNode, fn: Callable[[], None]) -> None:
+        self._undo.setdefault(node.name, []).append(fn)
+
+    def heal(self, node: Optional[NodeRef] = None) -> None:
+        """Undo injected faults (newest first) on one node or on all."""
+        names = [self.node(node).name] if node is not None else list(self._undo)
+        for name in names:
+            stack = self._undo.pop(name, [])
+            while stack:
+                stack.pop()()
+
+    def start_sshd(self, node: NodeRef, timeout: float = 10.0) -> None:
+        """(Re)start a node's sshd if it is not running, and wait until it listens."""
+        node = self.node(node)
+        if node.sshd is not None and node.sshd.poll() is None:
+            return
+        self._spawn_sshd(node)
+        self._wait_listening([node], timeout)
+
+    def _kill_sshd(self, node: SimNode) -> None:
+        if node.sshd is not None and node.sshd.poll() is None:
+            node.sshd.kill()
+            node.sshd.wait()
+
+    def stop_sshd(self, node: NodeRef) -> None:
+        """Kill the node's sshd listener: connections are refused. Existing sessions live on."""
+        node = self.node(node)
+        self._kill_sshd(node)
+        self._push_undo(node, lambda: self.start_sshd(node))
+
+    def freeze_sshd(self, node: NodeRef) -> None:
+        """SIGSTOP the node's sshd: TCP connects (kernel backlog) but no SSH banner ever comes."""
+        node = self.node(node)
+        proc = node.sshd
+        if proc is None or proc.poll() is not None:
+            raise SimError("sshd on %s is not running" % node.name)
+        proc.send_signal(signal.SIGSTOP)
+        self._push_undo(node, lambda: proc.poll() is None and proc.send_signal(signal.SIGCONT))
+
+    def hang_commands(self, node: NodeRef) -> None:
+        """Every `python3` on the node hangs (bin/python3 becomes `exec sleep 100000`)."""
+        node = self.node(node)
+        node.install_executable("python3", "#!/bin/sh\nexec sleep 100000\n")
+        self._push_undo(node, lambda: self._install_python(node))
+
+    def mtu_blackhole(self, node: NodeRef, mtu: int = 1500) -> None:
+        """Switch-side data port of the node drops to `mtu` while its eth1 says 9000: jumbo frames vanish."""
+        node = self.node(node)
+        _ip_batch(["link set %s mtu %d" % (node.data_veth, mtu)], ns=self.switch_ns)
+        self._push_undo(node, lambda: _ip_batch(["link set %s mtu %d" % (node.data_veth, DATA_MTU)],
+                                                ns=self.switch_ns))
+
+    def hold_port(self, node: NodeRef, port: int, addr: str = "0.0.0.0") -> int:
+        """A real TCP listener on addr:port inside the node (until stop/heal); returns its pid."""
+        node = self.node(node)
+        code = ("import socket,sys,time\n"
+                "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+                "s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(16)\n"
+                "sys.stdout.write('ready\\n'); sys.stdout.flush()\n"
+                "while True: time.sleep(3600)\n")
+        proc = self._spawn(["ip", "netns", "exec", node.ns, sys.executable, "-c", code, addr, str(port)],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        line = proc.stdout.readline()
+        if line.strip() != b"ready":
+            proc.kill()
+            err = proc.stderr.read().decode(errors="replace").strip()
+            proc.wait()
+            raise SimError("hold_port %s %s:%d failed: %s" % (node.name, addr, port, err))
+        self._held[proc.pid] = proc
+
+        def release() -> None:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            self._held.pop(proc.pid, None)
+
+        self._push_undo(node, release)
+        return proc.pid
+
+    def link_down(self, node: NodeRef, unreachable: bool = False) -> None:
+        """Take the node's management link down.
+
+        Default: the controller keeps a permanent ARP entry for the node, so a connect from ctl times
+        out (SYNs vanish), like a hung or partitioned host. unreachable=True: ARP fails too, so
+        connects end with EHOSTUNREACH after about 3 s (or time out first if shorter).
+        """
+        node = self.node(node)
+        mac = None
+        if not unreachable:
+            out = subprocess.run(["ip", "-n", node.ns, "-j", "link", "show", "eth0"], stdout=subprocess.PIPE,
+                                 universal_newlines=True, check=True).stdout
+            mac = json.loads(out)[0]["address"]
+            _ip_batch(["neigh replace %s lladdr %s dev eth0 nud permanent" % (node.mgmt_ip, mac)], ns=self.ctl_ns)
+        _ip_batch(["link set %s down" % node.mgmt_veth], ns=self.switch_ns)
+
+        def undo() -> None:
+            _ip_batch(["link set %s up" % node.mgmt_veth], ns=self.switch_ns)
+            if mac:
+                _ip_batch(["neigh del %s dev eth0" % node.mgmt_ip], ns=self.ctl_ns, force=True)
+
+        self._push_undo(node, undo)
+
+    def change_host_key(self, node: NodeRef) -> None:
+        """New host key and sshd restart, known_hosts left alone: clients must see a key mismatch."""
+        node = self.node(node)
+        with open(node.host_key, "rb") as fh:
+            old_private = fh.read()
+        old_public = node.host_pubkey
+        private, node.host_pubkey = _ed25519_keypair("root@" + node.name)
+        _write(node.host_key, private, 0o600)
+        self._kill_sshd(node)
+        self.start_sshd(node)
+
+        def undo() -> None:
+            _write(node.host_key, old_private, 0o600)
+            node.host_pubkey = old_public
+            self._kill_sshd(node)
+            self.start_sshd(node)
+
+        self._push_undo(node, undo)
+
+    def add_docker0(self, node: NodeRef) -> None:
+        """Give a running node a docker0 bridge with the shared address (see DOCKER0_CIDR)."""
+        node = self.node(node)
+        if not node.docker0:
+            _ip_batch([self._docker0_port_line(node)], ns=self.switch_ns)
+            _ip_batch(self._docker0_lines(), ns=node.ns)
+            node.docker0 = True
+
+
+def _kill_namespace_processes(ids: List[Tuple[int, int]], rounds: int = 100) -> None:
+    """SIGKILL everything inside the namespaces until nothing is left (children may fork meanwhile)."""
+    for _ in range(rounds):
+        pids = [pid for found in pids_by_netns(ids).values() for pid in found]
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.01)
+    raise SimError("processes still alive in simulated namespaces: %s" % pids[:10])
+
+
+def _teardown(names: Sequence[str], popens: Sequence[subprocess.Popen]) -> None:
+    ids = []
+    present = set(list_netns())
+    for name in names:
+        if name in present:
+            try:
+                ids.append(netns_id(name))
+            except OSError:
+                pass
+    for proc in popens:  # our own children first (sshd, listeners, ctl commands): kill and reap
+        if proc.poll() is None:
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
+    try:
+        _kill_namespace_processes(ids)
+    finally:
+        for proc in popens:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+        doomed = [name for name in names if name in present]
+        if doomed:
+            _ip_batch(["netns del %s" % name for name in doomed], force=True)
+
+
+def cleanup_stale(prefix: str = PREFIX_BASE) -> List[str]:
+    """Remove namespaces, processes and directories left by crashed runs; returns the namespaces removed.
+
+    A cluster is stale when its owner process (recorded in BASE_DIR/<prefix>.owner.json) is gone, so
+    clusters of concurrently running test sessions are left alone.
+    """
+    groups: Dict[str, List[str]] = {}
+    for name in list_netns():
+        m = _NS_RE.match(name)
+        if m and m.group(1).startswith(prefix):
+            groups.setdefault(m.group(1), []).append(name)
+    owners = {}
+    if os.path.isdir(BASE_DIR):
+        for entry in os.listdir(BASE_DIR):
+            if entry.endswith(".owner.json") and entry.startswith(prefix):
+                owners[entry[: -len(".owner.json")]] = os.path.join(BASE_DIR, entry)
+    removed: List[str] = []
+    for cprefix in sorted(set(groups) | set(owners)):
+        info = {}
+        if cprefix in owners:
+            try:
+                with open(owners[cprefix]) as fh:
+                    info = json.load(fh)
+            except (OSError, ValueError):
+                info = {}
+        pid = info.get("pid")
+        if pid and _proc_starttime(pid) is not None and _proc_starttime(pid) == info.get("start"):
+            continue  # owner alive: a live cluster
+        root = info.get("root") or os.path.join(BASE_DIR, cprefix)
+        # processes whose namespace name is already gone are still found by their command line
+        strays = [int(p) for p in os.listdir("/proc") if p.isdigit() and (root + "/") in cmdline(int(p))]
+        for stray in strays:
+            try:
+                os.kill(stray, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        names = groups.get(cprefix, [])
+        _teardown(names, [])
+        removed.extend(names)
+        if root.startswith(BASE_DIR + "/"):
+            shutil.rmtree(root, ignore_errors=True)
+        if cprefix in owners:
+            try:
+                os.unlink(owners[cprefix])
+            except OSError:
+                pass
+    return removed
