@@ -555,12 +555,16 @@ class SimCluster:
         return subprocess.run(["ip", "netns", "exec", self.node(node).ns, *map(str, argv)], **self._run_defaults(kw))
 
     def ssh_argv(self, node: NodeRef, *options: str) -> List[str]:
-        """A real `ssh` command line to a node (strict host-key checking, batch mode, cluster key)."""
+        """A real `ssh` command line to a node (strict host-key checking, batch mode, cluster key).
+
+        `options` come first, so they win over these defaults (ssh keeps the first value it reads).
+        ConnectTimeout is generous: it also covers the key exchange, slow on a loaded 2-core box.
+        """
         node = self.node(node)
-        return ["ssh", "-F", "/dev/null", "-i", self.identity_file,
+        return ["ssh", *options, "-F", "/dev/null", "-i", self.identity_file,
                 "-o", "UserKnownHostsFile=%s" % self.known_hosts, "-o", "GlobalKnownHostsFile=/dev/null",
-                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
-                *options, "root@%s" % node.mgmt_ip]
+                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=20",
+                "root@%s" % node.mgmt_ip]
 
     def ssh(self, node: NodeRef, command: str, *options: str, **kw) -> subprocess.CompletedProcess:
         """Run `command` on a node through the real ssh client, from the controller namespace."""
