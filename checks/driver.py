@@ -44,6 +44,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any, Dict, List, Optional, Tuple
 
+from preflight.checks.gpu import nvml_shutdown
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
 
 NAME = "driver"
@@ -77,17 +78,19 @@ def _driver(ctx: Any) -> Dict[str, Any]:
                 "driver_source": "nvml",
                 "cuda_version": "%d.%d" % (cuda // 1000, (cuda % 1000) // 10),
             }
-        except Exception:
-            pass
+        except Exception as exc:  # NVML initialised but cannot answer: fall back, and say why
+            nvml_error = "NVML query failed: %s" % (exc,)
         finally:
-            try:
-                nvml.nvmlShutdown()
-            except Exception:
-                pass
+            nvml_shutdown(nvml)
+    else:
+        nvml_error = None
     smi = ctx.run(["nvidia-smi", "-q", "-x"], timeout=60.0)
     if smi.ok:
         driver, cuda = parse_smi_header(smi.stdout)
-        return {"driver_version": driver, "driver_source": "nvidia-smi", "cuda_version": cuda}
+        found = {"driver_version": driver, "driver_source": "nvidia-smi", "cuda_version": cuda}
+        if nvml_error:
+            found["nvml_error"] = nvml_error
+        return found
     module = ctx.read(ctx.sys_path("module", "nvidia", "version"))
     if module:
         return {"driver_version": parse_module_version(module), "driver_source": "sysfs"}

@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Tuple
 
-from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
+from preflight.model import Check, ClusterView, Finding, ParseError, Status, per_gpu_node
 
 NAME = "fabric_manager"
 UNIT = "nvidia-fabricmanager"
@@ -219,18 +219,7 @@ def _node(node: Any, facts: Dict[str, Any], gpu_facts: Any) -> List[Finding]:
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    out: List[Finding] = []
-    for node in view.live:
-        if node.gpus_per_node == 0:
-            out.append(Finding(NAME, node.name, Status.SKIP, "CPU-only node (gpus_per_node: 0)"))
-            continue
-        facts = view.facts[node.name].get(NAME)
-        err = probe_error(NAME, node.name, facts)
-        if err:
-            out.append(err)
-            continue
-        out.extend(_node(node, facts, view.facts[node.name].get("gpu")))
-    return out
+    return per_gpu_node(NAME, view, lambda node, facts: _node(node, facts, view.facts[node.name].get("gpu")))
 
 
 CHECK = Check(

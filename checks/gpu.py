@@ -55,7 +55,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
+from preflight.model import Check, ClusterView, Finding, ParseError, Status, per_gpu_node
 
 NAME = "gpu"
 #: Below this /dev/shm size NCCL's shared-memory transport fails on multi-GPU nodes.
@@ -95,10 +95,7 @@ def probe(ctx: Any) -> Dict[str, Any]:
         except Exception as exc:  # NVML answered init but not the queries: try nvidia-smi instead
             nvml_error = "NVML query failed: %s" % (exc,)
         finally:
-            try:
-                nvml.nvmlShutdown()
-            except Exception:
-                pass
+            nvml_shutdown(nvml)
     smi = ctx.run(["nvidia-smi", "-q", "-x"], timeout=60.0)
     if smi.rc == 127:
         return no_gpu_facts("nvidia-smi not found and NVML unavailable", nvml_error)
@@ -248,6 +245,15 @@ def _gpu_from_nvml(nvml: Any, index: int, h: Any) -> Dict[str, Any]:
     gpu["nvlink"] = _nvml_links(nvml, h)
     gpu["fabric"] = _nvml_fabric(nvml, h)
     return gpu
+
+
+def nvml_shutdown(nvml: Any) -> None:
+    """Release NVML after the facts are read. A failing shutdown changes no fact already gathered, and
+    the probe process exits right after, so its NVMLError is deliberately not reported."""
+    try:
+        nvml.nvmlShutdown()
+    except nvml.NVMLError:
+        return
 
 
 def _nvml_links(nvml: Any, h: Any) -> Optional[Dict[str, int]]:
@@ -617,18 +623,7 @@ def summary(gpus: List[Dict[str, Any]]) -> str:
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    out: List[Finding] = []
-    for node in view.live:
-        if node.gpus_per_node == 0:
-            out.append(Finding(NAME, node.name, Status.SKIP, "CPU-only node (gpus_per_node: 0)"))
-            continue
-        facts = view.facts[node.name].get(NAME)
-        err = probe_error(NAME, node.name, facts)
-        if err:
-            out.append(err)
-            continue
-        out.extend(_node_findings(node, facts, view.facts[node.name].get("ssh")))
-    return out
+    return per_gpu_node(NAME, view, lambda node, facts: _node_findings(node, facts, view.facts[node.name].get("ssh")))
 
 
 CHECK = Check(

@@ -192,3 +192,21 @@ def probe_error(check: str, node: str, facts: Any) -> Optional[Finding]:
     if isinstance(facts, dict) and "probe_error" in facts:
         return Finding(check, node, Status.ERROR, "probe failed: %s" % facts["probe_error"])
     return None
+
+
+def per_gpu_node(
+    check: str, view: "ClusterView", judge: Callable[[NodeInfo, Dict[str, Any]], List[Finding]]
+) -> List[Finding]:
+    """judge(node, facts) for every live GPU node; CPU-only nodes SKIP, nodes without facts ERROR."""
+    out: List[Finding] = []
+    for node in view.live:
+        if node.gpus_per_node == 0:
+            out.append(Finding(check, node.name, Status.SKIP, "CPU-only node (gpus_per_node: 0)"))
+            continue
+        facts = view.facts[node.name].get(check)
+        err = probe_error(check, node.name, facts)
+        if err:
+            out.append(err)
+            continue
+        out.extend(judge(node, facts))
+    return out

@@ -12,19 +12,12 @@ import pytest
 from preflight.checks import driver
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
+from tests.recorded import fixture_dir, meta, read
 
-FIX = os.path.join(os.path.dirname(__file__), "fixtures", "driver")
-GPU_FIX = os.path.join(os.path.dirname(__file__), "fixtures", "gpu")
-
-
-def meta(path):
-    with open(os.path.splitext(path)[0] + ".json") as fh:
-        return json.load(fh)
+FIX = fixture_dir("driver")
+GPU_FIX = fixture_dir("gpu")
 
 
-def read(path):
-    with open(path) as fh:
-        return fh.read()
 
 
 def cases(pattern):

@@ -13,19 +13,12 @@ import pytest
 from preflight.checks import gpu
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
+from tests.recorded import fixture_dir, meta, read
 
-FIX = os.path.join(os.path.dirname(__file__), "fixtures", "gpu")
+FIX = fixture_dir("gpu")
 GiB = 1 << 30
 
 
-def meta(path: str) -> dict:
-    with open(os.path.splitext(path)[0] + ".json") as fh:
-        return json.load(fh)
-
-
-def read(path: str) -> str:
-    with open(path) as fh:
-        return fh.read()
 
 
 def expected(case: str) -> dict:
