@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import threading
 from typing import Any, List, Optional
@@ -172,6 +171,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         accept_new_host_keys=args.accept_new_host_keys,
     )
     engine.select_checks(opts.only, opts.skip)  # usage errors before any connection
+    if getattr(args, "hostfile", None):
+        _check_hostfile_names(inv, args.hostfile_format)
     progress = None if args.no_progress or not console.is_terminal else _Progress(console, len(inv.nodes))
     opts.progress = progress.event if progress else None
     try:
@@ -205,8 +206,13 @@ def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: An
     if getattr(args, "hostfile", None):
         from preflight import hostfile
 
-        healthy = [(n["name"] if n["name"] else n["host"], max(1, n["gpus"])) for n in doc["nodes"] if n["status"] in ("pass", "warn", "skip")]
-        _write(args.hostfile, hostfile.render_hostfile([(h, s) for h, s in healthy], args.hostfile_format))
+        # the nodes that passed (worst finding pass/warn/skip); slots = GPUs per node, 1 on CPU-only nodes
+        healthy = [(_hostfile_name(n), max(1, n["gpus"])) for n in doc["nodes"] if n["status"] in ("pass", "warn", "skip")]
+        try:
+            text = hostfile.render_hostfile(healthy, args.hostfile_format)
+        except ValueError as exc:
+            raise UsageError("cannot write the hostfile: %s" % exc, "choose another --hostfile-format") from None
+        _write(args.hostfile, text)
     if getattr(args, "junit", None):
         from preflight import junit
 
@@ -219,6 +225,22 @@ def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: An
         from preflight import history
 
         history.record(doc, args.history)
+
+
+def _hostfile_name(node: dict) -> str:
+    """The name a launcher reaches a node by: its inventory name, else its host."""
+    return node.get("name") or node["host"]
+
+
+def _check_hostfile_names(inv: Any, fmt: str) -> None:
+    """Every inventory node must be writable in the hostfile format: a usage error before any connection."""
+    from preflight import hostfile
+
+    for spec in inv.nodes:
+        try:
+            hostfile.validate_host(_hostfile_name({"name": spec.name, "host": spec.host}), fmt)
+        except ValueError as exc:
+            raise UsageError("--hostfile-format %s: %s" % (fmt, exc), "rename the node in the inventory (name:) or choose another format") from None
 
 
 def _write(path: str, text: str, mode: int = 0o644) -> None:

@@ -152,6 +152,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
                 sick = {f.node for f in judge(view, node_checks) if f.status.is_problem}
                 healthy = [n.name for n in view.live if n.name not in sick]
                 env = envfile.derive(view, healthy)
+                healthy = list(env.nodes)  # a node whose facts the env file cannot carry is left out of the bench too
             if "allreduce" in selected and view.live:
                 from preflight import bench
 
