@@ -12,13 +12,13 @@ Wire protocol (node → stdout):  `preflight-pid N` (from the login shell, befor
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import os
 import shlex
+import threading
 import zipfile
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import preflight
 
@@ -64,8 +64,19 @@ sys.stdout.write('preflight-result '+json.dumps(main(_cfg,_zb))+'\n');sys.stdout
 _NODE_MODULES = ("__init__.py", "model.py")
 
 
-@functools.lru_cache(maxsize=1)
+_zip_lock = threading.Lock()
+_zip: List[bytes] = []
+
+
 def base_zip() -> bytes:
+    """The bundle, built once under a lock: 64 workers must not all zip it at the same moment."""
+    with _zip_lock:
+        if not _zip:
+            _zip.append(_build_zip())
+        return _zip[0]
+
+
+def _build_zip() -> bytes:
     """The node-side code: preflight/{__init__,model}.py, preflight/probe/*, preflight/checks/*, pynvml."""
     pkg = os.path.dirname(preflight.__file__)
     import preflight.checks as checks_pkg

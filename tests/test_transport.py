@@ -1,0 +1,50 @@
+"""Transport pieces that need no node: known_hosts parsing, fingerprints, the probe bundle locally."""
+
+from __future__ import annotations
+
+import time
+
+import paramiko
+from paramiko.hostkeys import HostKeys
+
+from preflight.inventory import NodeSpec
+from preflight.transport import KnownHosts, LocalSession, fingerprint
+
+
+def test_known_hosts_plain_hashed_and_port_entries(tmp_path):
+    a, b, c = (paramiko.ECDSAKey.generate() for _ in range(3))
+    path = tmp_path / "known_hosts"
+    path.write_text(
+        "# comment\n"
+        "10.0.0.1 %s %s\n" % (a.get_name(), a.get_base64())
+        + "%s %s %s\n" % (HostKeys.hash_host("gpu-002"), b.get_name(), b.get_base64())
+        + "[10.0.0.3]:2222 %s %s\n" % (c.get_name(), c.get_base64())
+        + "garbage-without-key\n"
+    )
+    known = KnownHosts.of(str(path))
+    assert [k.get_base64() for k in known.keys_for("10.0.0.1")] == [a.get_base64()]
+    assert [k.get_base64() for k in known.keys_for("gpu-002")] == [b.get_base64()]
+    assert [k.get_base64() for k in known.keys_for("[10.0.0.3]:2222")] == [c.get_base64()]
+    assert known.keys_for("10.0.0.3") == [] and known.keys_for("gpu-003") == []
+    assert KnownHosts.of(str(path)) is known  # parsed once per file version
+    time.sleep(0.01)
+    with open(path, "a") as handle:
+        handle.write("10.0.0.9 %s %s\n" % (a.get_name(), a.get_base64()))
+    assert KnownHosts.of(str(path)).keys_for("10.0.0.9")  # a changed file is read again
+
+
+def test_fingerprint_is_openssh_sha256():
+    key = paramiko.ECDSAKey.generate()
+    fp = fingerprint(key)
+    assert fp.startswith("SHA256:") and "=" not in fp and len(fp) == 7 + 43
+
+
+def test_local_session_runs_the_bundle_in_its_own_process_group():
+    import sys
+
+    spec = NodeSpec(name="local", host="localhost", line=0, python=sys.executable, local=True)
+    run = LocalSession(spec).run_bundle({"mode": "probe", "checks": {"ssh": {}}}, deadline_s=60)
+    assert run.rc == 0
+    facts = run.result["facts"]["ssh"]
+    assert facts["python"][:2] == list(map(str, sys.version_info[:2]))
+    assert abs(run.clock - time.time()) < 60 and run.clock_received_at >= run.sent_at
