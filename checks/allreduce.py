@@ -15,7 +15,8 @@ every participating node at once (see that module for the config and result docu
         unanswered   {node: why}: nodes whose agent returned nothing (outer deadline, SSH failure)
         gpu_model    NVML name, e.g. "NVIDIA H100 80GB HBM3" (for the built-in profile)
         nic_gbps     per-node aggregate line rate of the NICs the collective uses, Gb/s (multi-node profile)
-        localization {"results": [group result, ...]} from the pair rounds (see localize())
+        localization {"results": [group result, ...], "by_bandwidth": bool, "threshold_gbps": ...} from the
+                     pair rounds (see localize(); by_bandwidth false when localizing a hang or an error)
         skip         a reason: the test deliberately did not run (the rule then SKIPs)
 
 and `view.expect["busbw_gbps"]` (also `expect["nic_gbps"]` as a fallback for the NIC rate).
@@ -29,7 +30,8 @@ naming the stage, the ranks and the nodes.
 Localization (pure planning; the controller runs the rounds): plan_pairs() puts every node in one
 disjoint pair (a triple when the count is odd) for round 1; plan_suspects() pairs each node of a failing
 group with a node that passed; verdict_localization() names the nodes to exclude. localize() drives it,
-at most MAX_ROUNDS rounds.
+at most MAX_ROUNDS rounds. localization_plan() says whether the rounds can add anything after the whole-
+cluster run and which single size they run; round_deadlines() keeps their deadlines to what it measured.
 """
 
 from __future__ import annotations
@@ -54,6 +56,20 @@ CPU_SIZES = [KiB << i for i in range(13)]
 GPU_VERDICT_MIN = GiB
 
 DEFAULT_DEADLINES = {"init_s": 60.0, "op_s": 30.0, "total_s": 300.0, "kill_grace_s": 3.0, "fail_grace_s": 5.0}
+#: gloo on CPU: the whole 1 KiB - 4 MiB sweep takes about a second even on two loaded cores, one size's
+#: 8 all-reduces well under one; 10 s without progress is a hang, and it is what a hang costs.
+CPU_DEFAULT_DEADLINES = dict(DEFAULT_DEADLINES, op_s=10.0, total_s=180.0)
+
+#: Localization rounds re-run only the size the whole-cluster run stopped at (or its verdict size), and
+#: a pair that hangs costs the rounds' op deadline: LOCALIZE_OP_FACTOR times the slowest size the first
+#: run completed (warm-up and verification included), at least LOCALIZE_OP_MIN_S, at most the op deadline.
+LOCALIZE_OP_MIN_S = 5.0
+LOCALIZE_OP_FACTOR = 10.0
+#: Their init deadline stays the configured one, unless the first run hung at init (the pairs will hang
+#: there too): then LOCALIZE_INIT_FACTOR times the slowest init (torch import included) the first run
+#: saw, at least LOCALIZE_INIT_MIN_S, at most the init deadline. Import time varies a lot with load.
+LOCALIZE_INIT_MIN_S = 30.0
+LOCALIZE_INIT_FACTOR = 4.0
 
 #: Fraction of the hardware line rate a healthy system must reach. nccl-tests' busbw is directly
 #: comparable to the link's unidirectional peak (NVIDIA nccl-tests doc/PERFORMANCE.md); published
@@ -149,12 +165,16 @@ def curve(docs: Mapping[str, Mapping[str, Any]], world_size: int) -> List[Dict[s
     """The bandwidth curve over the sizes every one of world_size ranks completed.
 
     Per size the slowest rank's median time is the collective's time (every rank waits for the last
-    one to contribute): [{bytes, time_s, algbw_gbps, busbw_gbps, slowest_rank, fastest_rank}].
+    one to contribute): [{bytes, time_s, algbw_gbps, busbw_gbps, slowest_rank, fastest_rank}], plus
+    cpu_s (the ranks' mean CPU seconds per all-reduce) where every rank measured it (gloo).
     """
     by_size: Dict[int, Dict[int, float]] = {}
+    cpu: Dict[int, List[float]] = {}
     for rank, (_node, entry) in rank_table(docs).items():
         for s in entry.get("sizes") or []:
             by_size.setdefault(int(s["bytes"]), {})[rank] = float(s["time_s"])
+            if s.get("cpu_s") is not None:
+                cpu.setdefault(int(s["bytes"]), []).append(float(s["cpu_s"]))
     points = []
     for nbytes in sorted(by_size):
         times = by_size[nbytes]
@@ -175,6 +195,8 @@ def curve(docs: Mapping[str, Mapping[str, Any]], world_size: int) -> List[Dict[s
                 "median_time_s": statistics.median(times.values()),
             }
         )
+        if len(cpu.get(nbytes) or []) == len(times):
+            points[-1]["cpu_s"] = statistics.mean(cpu[nbytes])
     return points
 
 
@@ -525,7 +547,7 @@ def make_configs(
     if min(per_node) < 1:
         raise ValueError("backend nccl needs GPUs on every node")
     sizes = list(sizes or (GPU_SIZES if backend == "nccl" else CPU_SIZES))
-    dl = dict(DEFAULT_DEADLINES)
+    dl = default_deadlines(backend)
     dl.update(deadlines or {})
     world = sum(per_node)
     out: Dict[str, Dict[str, Any]] = {}
@@ -542,6 +564,11 @@ def make_configs(
         out[node.name] = cfg
         offset += local
     return out
+
+
+def default_deadlines(backend: str) -> Dict[str, float]:
+    """The agents' deadlines when the inventory sets none: CPU_DEFAULT_DEADLINES for gloo."""
+    return dict(DEFAULT_DEADLINES if backend == "nccl" else CPU_DEFAULT_DEADLINES)
 
 
 def cluster_meta(configs: Mapping[str, Mapping[str, Any]]) -> Dict[str, Any]:
@@ -627,10 +654,18 @@ def group_result(nodes: Sequence[str], docs: Mapping[str, Any], backend: str = "
     return {"nodes": list(nodes), "busbw_gbps": point["busbw_gbps"] if point else None, "failure": failure}
 
 
-def judge(results: Sequence[GroupResult], threshold: Optional[float] = None) -> List[Tuple[GroupResult, bool, str]]:
-    """(group, passed, reason): failed outright, below the threshold, or below SLOW_RATIO of the median."""
+def judge(
+    results: Sequence[GroupResult], threshold: Optional[float] = None, by_bandwidth: bool = True
+) -> List[Tuple[GroupResult, bool, str]]:
+    """(group, passed, reason): failed outright, below the threshold, or below SLOW_RATIO of the median.
+
+    by_bandwidth=False (localizing a hang or an error): a group passes when it completed; its busbw,
+    measured at one small size, says nothing and is not compared.
+    """
     measured = [g["busbw_gbps"] for g in results if g.get("failure") is None and g.get("busbw_gbps") is not None]
-    median = statistics.median(measured) if measured else None
+    median = statistics.median(measured) if measured and by_bandwidth else None
+    if not by_bandwidth:
+        threshold = None
     out = []
     for g in results:
         bw = g.get("busbw_gbps")
@@ -646,8 +681,8 @@ def judge(results: Sequence[GroupResult], threshold: Optional[float] = None) -> 
     return out
 
 
-def _good_and_suspects(results, threshold):
-    judged = judge(results, threshold)
+def _good_and_suspects(results, threshold, by_bandwidth=True):
+    judged = judge(results, threshold, by_bandwidth)
     good = []
     for g, ok, _why in judged:
         if ok:
@@ -664,13 +699,14 @@ def plan_suspects(
     suspects: Optional[Sequence[str]] = None,
     good: Optional[Sequence[str]] = None,
     threshold: Optional[float] = None,
+    by_bandwidth: bool = True,
 ) -> List[List[str]]:
     """The next round: each undecided suspect paired with a distinct known-good node ([] when done).
 
     suspects and good default to what results say. A suspect already tested beside a known-good node is
     decided and not tested again. With more suspects than good nodes, the rest wait for the next round.
     """
-    judged, found_good, found_suspects = _good_and_suspects(results, threshold)
+    judged, found_good, found_suspects = _good_and_suspects(results, threshold, by_bandwidth)
     good = list(good if good is not None else found_good)
     suspects = [s for s in (suspects if suspects is not None else found_suspects) if s not in good]
     decided = set(_verdicts(judged, set(good))[0])
@@ -707,9 +743,11 @@ def _verdicts(judged, good) -> Tuple[Dict[str, str], Dict[str, str]]:
     return bad, undecided
 
 
-def verdict_localization(results: Sequence[GroupResult], threshold: Optional[float] = None) -> Dict[str, Any]:
+def verdict_localization(
+    results: Sequence[GroupResult], threshold: Optional[float] = None, by_bandwidth: bool = True
+) -> Dict[str, Any]:
     """{"bad": {node: why}, "good": [...], "undecided": {node: why}, "shared_fault": bool, "message": str}."""
-    judged, good, _suspects = _good_and_suspects(results, threshold)
+    judged, good, _suspects = _good_and_suspects(results, threshold, by_bandwidth)
     bad, undecided = _verdicts(judged, set(good))
     all_nodes = [n for g in results for n in g["nodes"]]
     shared = bool(results) and not good
@@ -731,6 +769,7 @@ def localize(
     run_round: Callable[[List[List[str]]], List[GroupResult]],
     threshold: Optional[float] = None,
     max_rounds: int = MAX_ROUNDS,
+    by_bandwidth: bool = True,
 ) -> Dict[str, Any]:
     """Drive the rounds: run_round(groups) runs those groups concurrently and returns their results.
 
@@ -742,10 +781,78 @@ def localize(
     while groups and rounds < max_rounds:
         results.extend(run_round(groups))
         rounds += 1
-        groups = plan_suspects(results, threshold=threshold)
-    verdict = verdict_localization(results, threshold)
+        groups = plan_suspects(results, threshold=threshold, by_bandwidth=by_bandwidth)
+    verdict = verdict_localization(results, threshold, by_bandwidth)
     verdict.update(results=results, rounds=rounds)
     return verdict
+
+
+def localization_plan(
+    docs: Mapping[str, Any], meta: Mapping[str, Any], threshold: Optional[float] = None
+) -> Optional[Dict[str, Any]]:
+    """What the pair rounds must test after the whole-cluster run, or None when they cannot add anything.
+
+    {"mode": "fail" | "slow", "sizes": [bytes], "why": str, "at_init": bool (fail only)}:
+      None   the run passed; or it failed in a way that already names the nodes: an agent that returned
+             an error or nothing, ranks that could not start or died on some of the nodes (not all); or
+             ranks were still importing torch at the init deadline (pairs would be as slow)
+      fail   every rank hung or failed together at one point (no node stands out), or sums were wrong:
+             the rounds run only the size where it stopped (the smallest size for init) and a group
+             passes when it completes it
+      slow   it completed below the threshold: the rounds run only the verdict size and compare busbw
+    """
+    nodes = set(meta.get("nodes") or docs)
+    if meta.get("unanswered") or any(_doc_problem(d) for d in docs.values()):
+        return None
+    table = rank_table(docs)
+    sizes = sorted({int(b) for d in docs.values() for b in (d or {}).get("sizes") or []})
+    if not sizes:
+        return None
+    bad = {r: (n, e) for r, (n, e) in table.items() if e.get("status") != "ok"}
+    # a rank that failed on its own: at init (no torch, no device, cannot start) or whose process died
+    own = {n for n, e in bad.values() if e.get("status") == "error" and (
+        e.get("stage") == "init" or str(e.get("error") or "").startswith("rank process"))}
+    if own and own != nodes:
+        return None
+    if any(e.get("stage") == "init" and e.get("step") == "import" for _n, e in bad.values()):
+        return None  # still importing torch at the deadline: slow nodes or a slow filesystem, not a path
+    if bad:
+        stopped = min(_position(e, sizes) for _n, e in bad.values())
+        size = sizes[min(max(stopped, 0), len(sizes) - 1)]
+        where = "init" if stopped < 0 else ("teardown" if stopped >= len(sizes) else human_bytes(size))
+        return {"mode": "fail", "sizes": [size], "at_init": stopped < 0,
+                "why": "the whole-cluster run stopped at %s" % where}
+    wrong = _wrong_values(table)
+    if wrong:
+        return {"mode": "fail", "sizes": [wrong[0][0]], "why": "wrong sums at %s" % human_bytes(wrong[0][0])}
+    world = int(meta.get("world_size") or len(table))
+    point = verdict_point(curve(docs, world), meta.get("backend") or "gloo")
+    if point is not None and threshold is not None and point["busbw_gbps"] < threshold:
+        return {"mode": "slow", "sizes": [point["bytes"]],
+                "why": "busbw %.2f GB/s below %g GB/s" % (point["busbw_gbps"], threshold)}
+    return None
+
+
+def round_deadlines(deadlines: Mapping[str, float], docs: Mapping[str, Any], warmup: int, iters: int,
+                    nsizes: int = 1, at_init: bool = False) -> Dict[str, float]:
+    """The localization rounds' deadlines, from what the whole-cluster run measured (see LOCALIZE_*).
+
+    at_init: the first run hung at init, so the init deadline is what a failing pair costs: shorten it.
+    """
+    dl = dict(DEFAULT_DEADLINES)
+    dl.update(deadlines or {})
+    entries = [e for _n, e in rank_table(docs).values()]
+    # init_s, or import_s for a rank that imported torch but hung at the rendezvous
+    inits = [float(e.get("init_s") or e["import_s"]) for e in entries if (e.get("init_s") or e.get("import_s"))]
+    init = dl["init_s"]
+    if at_init and entries and len(inits) == len(entries):
+        init = max(LOCALIZE_INIT_MIN_S, LOCALIZE_INIT_FACTOR * max(inits))
+    steps = [float(s.get("max_s", s.get("time_s", 0.0))) * (warmup + iters + 1) for e in entries
+             for s in e.get("sizes") or []]
+    op = max(LOCALIZE_OP_MIN_S, LOCALIZE_OP_FACTOR * max(steps, default=0.0))
+    out = dict(dl, init_s=round(min(dl["init_s"], init), 1), op_s=round(min(dl["op_s"], op), 1))
+    out["total_s"] = round(min(dl["total_s"], out["init_s"] + out["op_s"] * (nsizes + 2)), 1)
+    return out
 
 
 def _localization_findings(view: ClusterView, meta: Mapping[str, Any]) -> List[Finding]:
@@ -754,7 +861,7 @@ def _localization_findings(view: ClusterView, meta: Mapping[str, Any]) -> List[F
     if not results:
         return []
     threshold = loc.get("threshold_gbps")
-    verdict = verdict_localization(results, threshold)
+    verdict = verdict_localization(results, threshold, bool(loc.get("by_bandwidth", True)))
     out = [Finding(NAME, n, Status.FAIL, "pair test: %s" % why) for n, why in verdict["bad"].items()]
     status = Status.FAIL if (verdict["bad"] or verdict["shared_fault"]) else (
         Status.WARN if verdict["undecided"] else Status.PASS)

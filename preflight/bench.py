@@ -6,12 +6,16 @@ one per node with gloo on CPU nodes), rendezvousing at the head's data-plane add
 Deadlines are layered: the agents enforce init / per-operation / total deadlines and always answer;
 the controller's outer deadline kills the remote process group of an agent that does not.
 
-When the whole-cluster run fails, the nodes are tested in disjoint pairs, then suspects beside known-good
-nodes (checks.allreduce.localize), so the report names the node to exclude.
+When the whole-cluster run hangs, fails or is slow and no node stands out, the nodes are tested in disjoint
+pairs, then suspects beside known-good nodes (checks.allreduce.localize), so the report names the node to
+exclude. The rounds re-run only the size the first run stopped at (or its verdict size), under deadlines
+derived from what the first run measured (checks.allreduce.localization_plan, round_deadlines): a hang is
+already known, so each round costs one torch import and one short op deadline, not a whole sweep.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from preflight.gather import Fleet
@@ -119,7 +123,7 @@ def _run_groups(
 
 
 def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str], env: Any, opts: Any) -> BenchResult:
-    """The whole-cluster all-reduce, then localization rounds if it failed."""
+    """The whole-cluster all-reduce, then localization rounds if it failed or was slow and no node stands out."""
     from preflight.checks import allreduce, nic
 
     result = BenchResult()
@@ -130,6 +134,9 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
     nodes = _participants(view, healthy, inv)
     if not nodes:
         result.meta = {"skip": "not run: no node passed the node checks"}
+        return result
+    if len(nodes) == 1 and nodes[0].gpus_per_node <= 1:
+        result.meta = {"skip": "a single rank (%s, %d GPU): no all-reduce traffic to measure" % (nodes[0].name, nodes[0].gpus_per_node)}
         return result
     choice = nic.choose(view)
     addr_of = {n.name: (choice.get(n.name) or {}).get("ip") for n in nodes}
@@ -142,43 +149,57 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
     port = int(view.cluster.get("master_port", 29500))
     env_vars = {k: v for k, v in (env.as_dict() if env is not None else {}).items() if k not in _AGENT_SET}
 
+    t0 = time.monotonic()
     first = _run_groups(fleet, [nodes], addr_of, port, env_vars, settings)
+    timings: Dict[str, Any] = {"run_s": round(time.monotonic() - t0, 3)}
+    timings.update(_slowest_start(first["docs"]))
     result.docs = first["docs"]
     meta = first["metas"][0]
     meta["unanswered"] = first["unanswered"]
     meta["env"] = env_vars
+    meta["timings_s"] = timings
     meta.update(_hardware(view, [n.name for n in nodes]))
 
-    if _failed(first, meta) and len(nodes) >= 3:
+    threshold = allreduce.threshold_for(view, meta, [n.name for n in nodes], meta["backend"])
+    limit = threshold[0] if threshold else None
+    plan = allreduce.localization_plan(first["docs"], meta, limit) if len(nodes) >= 3 else None
+    if plan is not None:
         by_name = {n.name: n for n in nodes}
+        by_bandwidth = plan["mode"] == "slow"
+        # each group's first node hosts its store; only the size that decides, under deadlines taken from
+        # what the whole-cluster run measured
+        short = dict(settings, sizes=plan["sizes"], deadlines=allreduce.round_deadlines(
+            meta["deadlines"], first["docs"], settings["warmup"], settings["iters"], len(plan["sizes"]),
+            at_init=bool(plan.get("at_init"))))
+        timings["rounds_s"] = []
 
         def run_round(groups: List[List[str]]) -> List[Dict[str, Any]]:
+            started = time.monotonic()
             infos = [[by_name[n] for n in g] for g in groups]
-            # each group's first node hosts its store; the localization rounds keep short deadlines
-            short = dict(settings, deadlines=dict(settings["deadlines"], init_s=min(settings["deadlines"].get("init_s", 60), 30)))
             done = _run_groups(fleet, infos, addr_of, port, env_vars, short)
             docs = dict(done["docs"])
+            timings["rounds_s"].append(round(time.monotonic() - started, 3))
             return [allreduce.group_result(g, {n: docs.get(n) for n in g}, meta["backend"]) for g in groups]
 
-        threshold = allreduce.threshold_for(view, meta, [n.name for n in nodes], meta["backend"])
-        limit = threshold[0] if threshold else None
-        verdict = allreduce.localize([n.name for n in nodes], run_round, threshold=limit)
-        meta["localization"] = {"results": verdict["results"], "rounds": verdict["rounds"], "threshold_gbps": limit}
+        verdict = allreduce.localize([n.name for n in nodes], run_round, threshold=limit if by_bandwidth else None,
+                                     by_bandwidth=by_bandwidth)
+        meta["localization"] = {
+            "results": verdict["results"], "rounds": verdict["rounds"], "threshold_gbps": limit if by_bandwidth else None,
+            "by_bandwidth": by_bandwidth, "why": plan["why"], "sizes": plan["sizes"], "deadlines": short["deadlines"],
+        }
+    timings["total_s"] = round(time.monotonic() - t0, 3)
     result.meta = meta
     return result
 
 
-def _failed(run: Dict[str, Any], meta: Dict[str, Any]) -> bool:
-    """True when some node did not answer or some rank did not finish every size correctly."""
-    if run["unanswered"]:
-        return True
-    for doc in run["docs"].values():
-        if doc.get("error") or doc.get("deadline"):
-            return True
-        for rank in doc.get("ranks") or []:
-            if rank.get("status") != "ok" or any(not s.get("ok") for s in rank.get("sizes") or []):
-                return True
-    return False
+def _slowest_start(docs: Dict[str, Dict[str, Any]]) -> Dict[str, Optional[float]]:
+    """The slowest rank's torch import and whole init (seconds from its start), where every rank got there."""
+    out: Dict[str, Optional[float]] = {}
+    entries = [e for doc in docs.values() for e in doc.get("ranks") or []]
+    for key in ("import_s", "init_s"):
+        values = [e.get(key) for e in entries]
+        out["slowest_" + key] = max(values) if values and None not in values else None
+    return out
 
 
 def summary(findings: Sequence[Any], meta: Dict[str, Any], elapsed_s: Optional[float]) -> Optional[Dict[str, Any]]:
@@ -192,6 +213,10 @@ def summary(findings: Sequence[Any], meta: Dict[str, Any], elapsed_s: Optional[f
     if data.get("verdict_bytes"):
         point = next((p for p in data["curve"] if p["bytes"] == data["verdict_bytes"]), None)
     loc = meta.get("localization")
+    loc_finding = next((f for f in findings if f.check == "allreduce" and f.node is None and f.data
+                        and "localization" in f.data), None)
+    if loc:
+        loc = dict(loc, exclude=sorted((loc_finding.data["localization"].get("bad") or {}) if loc_finding else []))
     return {
         "backend": meta.get("backend"),
         "world_size": meta.get("world_size"),
@@ -204,5 +229,15 @@ def summary(findings: Sequence[Any], meta: Dict[str, Any], elapsed_s: Optional[f
         "curve": data.get("curve") or [],
         "elapsed_s": round(elapsed_s, 3) if elapsed_s is not None else None,
         "env": meta.get("env"),
-        "localization": {"rounds": loc.get("rounds"), "groups": loc.get("results")} if loc else None,
+        "deadlines": meta.get("deadlines"),
+        "timings_s": meta.get("timings_s"),
+        "localization": _localization_summary(loc),
     }
+
+
+def _localization_summary(loc: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    if not loc:
+        return None
+    out = {k: loc.get(k) for k in ("rounds", "why", "sizes", "deadlines", "by_bandwidth", "exclude")}
+    out["groups"] = loc.get("results")
+    return out

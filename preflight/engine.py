@@ -123,48 +123,44 @@ def run(inv: Inventory, opts: Options) -> RunReport:
     cluster = dict(inv.cluster)
 
     with Fleet(inv.nodes, opts.parallel, opts.accept_new_host_keys, opts.progress) as fleet:
-        try:
+        t0 = time.monotonic()
+        configs = {s.name: _probe_config(phase1, s, deadline(s)) for s in inv.nodes}
+        unreachable.update(_absorb(facts, fleet.run(configs, deadline), phase1))
+        times["phase1_s"] = time.monotonic() - t0
+
+        view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
+        if phase2 and view.live:
             t0 = time.monotonic()
-            configs = {s.name: _probe_config(phase1, s, deadline(s)) for s in inv.nodes}
-            unreachable.update(_absorb(facts, fleet.run(configs, deadline), phase1))
-            times["phase1_s"] = time.monotonic() - t0
+            plans = {name: checks[name].plan(view) if checks[name].plan else {} for name in phase2}
+            configs = {}
+            for node in view.live:
+                per_check = {name: plans[name][node.name] for name in phase2 if node.name in plans[name]}
+                if per_check:
+                    configs[node.name] = _probe_config(list(per_check), specs[node.name], deadline(specs[node.name]), per_check)
+            failed = _absorb(facts, fleet.run(configs, deadline), phase2)
+            for name, why in failed.items():
+                for check in configs[name]["checks"]:
+                    facts[name][check] = {"probe_error": "network probe run failed: %s" % why}
+            times["phase2_s"] = time.monotonic() - t0
 
-            view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
-            if phase2 and view.live:
-                t0 = time.monotonic()
-                plans = {name: checks[name].plan(view) if checks[name].plan else {} for name in phase2}
-                configs = {}
-                for node in view.live:
-                    per_check = {name: plans[name][node.name] for name in phase2 if node.name in plans[name]}
-                    if per_check:
-                        configs[node.name] = _probe_config(list(per_check), specs[node.name], deadline(specs[node.name]), per_check)
-                failed = _absorb(facts, fleet.run(configs, deadline), phase2)
-                for name, why in failed.items():
-                    for check in configs[name]["checks"]:
-                        facts[name][check] = {"probe_error": "network probe run failed: %s" % why}
-                times["phase2_s"] = time.monotonic() - t0
+        view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
+        if "allreduce" in selected or opts.gather_also:
+            from preflight import envfile
 
-            view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
-            if "allreduce" in selected or opts.gather_also:
-                from preflight import envfile
+            node_checks = [n for n in selected if n != "allreduce"]
+            sick = {f.node for f in judge(view, node_checks) if f.status.is_problem}
+            healthy = [n.name for n in view.live if n.name not in sick]
+            env = envfile.derive(view, healthy)
+            healthy = list(env.nodes)  # a node whose facts the env file cannot carry is left out of the bench too
+        if "allreduce" in selected and view.live:
+            from preflight import bench
 
-                node_checks = [n for n in selected if n != "allreduce"]
-                sick = {f.node for f in judge(view, node_checks) if f.status.is_problem}
-                healthy = [n.name for n in view.live if n.name not in sick]
-                env = envfile.derive(view, healthy)
-                healthy = list(env.nodes)  # a node whose facts the env file cannot carry is left out of the bench too
-            if "allreduce" in selected and view.live:
-                from preflight import bench
-
-                t0 = time.monotonic()
-                ran = bench.run(fleet, inv, view, healthy, env, opts)
-                for name, doc in ran.docs.items():
-                    facts[name]["allreduce"] = doc
-                cluster["allreduce"] = ran.meta
-                times["allreduce_s"] = time.monotonic() - t0
-        except KeyboardInterrupt:
-            fleet.cancel()
-            raise
+            t0 = time.monotonic()
+            ran = bench.run(fleet, inv, view, healthy, env, opts)
+            for name, doc in ran.docs.items():
+                facts[name]["allreduce"] = doc
+            cluster["allreduce"] = ran.meta
+            times["allreduce_s"] = time.monotonic() - t0
 
     view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
     findings = judge(view, selected)

@@ -103,11 +103,13 @@ class Fleet:
         return {name: outcomes[name] for name in configs}
 
     def cancel(self) -> None:
-        """Kill every run in flight (remote process groups included)."""
+        """Kill every run in flight (remote process groups included), all nodes at once."""
         with self._lock:
             sessions = list(self.sessions.values())
-        for session in sessions:
-            session.cancel()
+        if not sessions:
+            return
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(self.parallel, len(sessions))) as pool:
+            list(pool.map(lambda session: session.cancel(), sessions))
 
     def close(self) -> None:
         with self._lock:

@@ -255,11 +255,11 @@ class _Validator:
             raise self.fail(where, "%s %d is out of range" % (key, value), "use a value from %d to %d" % (low, high))
         return value
 
-    def number(self, value: Any, where: Tuple[Any, ...], key: str, low: float, high: float) -> float:
+    def number(self, value: Any, where: Tuple[Any, ...], key: str, low: float, high: float, unit: str = "seconds") -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self.fail(where, "%s must be a number, not %s" % (key, _kind(value)), "write seconds, e.g. 10")
+            raise self.fail(where, "%s must be a number, not %s" % (key, _kind(value)), "write %s, e.g. 10" % unit)
         if not low <= value <= high:
-            raise self.fail(where, "%s %g is out of range" % (key, value), "use %g to %g seconds" % (low, high))
+            raise self.fail(where, "%s %g is out of range" % (key, value), "use %g to %g %s" % (low, high, unit))
         return float(value)
 
     def proxy_jump(self, value: Any, where: Tuple[Any, ...]) -> str:
@@ -406,7 +406,7 @@ def _check_expect(v: _Validator, expect: Dict[str, Any]) -> None:
         if key in ("mtu", "ib_hcas"):
             expect[key] = v.integer(value, at, key, 0 if key == "ib_hcas" else 576, 65536)
         elif key in ("ib_rate_gbps", "busbw_gbps"):
-            expect[key] = v.number(value, at, key, 0.001, 100000)
+            expect[key] = v.number(value, at, key, 0.001, 100000, "Gb/s" if key == "ib_rate_gbps" else "GB/s")
         elif isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise v.fail(at, "%s must be a version string" % key, 'quote it, e.g. "550.54.15"')
         else:

@@ -113,7 +113,7 @@ def render(report: RunReport, console: Any, verbose: bool = False) -> None:
     inv = report.inventory
     console.print(
         Text.assemble(
-            ("preflight %s" % __version__, "bold"),
+            ("preflight %s" % __version__, "bold"),  # the inventory path is shown as text, not markup
             " · %s · %d node%s · %s · %.1f s"
             % (inv.path, len(inv.nodes), "" if len(inv.nodes) == 1 else "s", ", ".join(report.selected), report.duration_s),
         )
@@ -124,7 +124,8 @@ def render(report: RunReport, console: Any, verbose: bool = False) -> None:
     table.add_column("nodes", overflow="fold")
     table.add_column("finding", overflow="fold")
     for status, check, nodes, message in group(report.findings, verbose):
-        table.add_row(Text(status.value.upper(), style=STYLE[status]), check, fold(nodes), message)
+        # facts from nodes are data, never rich markup ("[/usr/lib/...]" in an error must print as is)
+        table.add_row(Text(status.value.upper(), style=STYLE[status]), Text(check), Text(fold(nodes)), Text(message))
     console.print(table)
 
     curve = _curve(report)
@@ -136,7 +137,7 @@ def render(report: RunReport, console: Any, verbose: bool = False) -> None:
         console.print()
         for name in failed:
             check = catalogue.get(name)
-            console.print(Text.assemble((name, "bold"), ": ", check.why))
+            console.print(Text.assemble((name, "bold"), ": ", check.why))  # Text: no markup parsing
             console.print(Text.assemble("  fix: ", (check.fix, "cyan")))
     counts = summary(report.findings)
     parts = [

@@ -103,3 +103,9 @@ def test_fold_mixes_cluster_and_nodes():
     assert report.fold(["n001", "n002", "n003", "n005"]) == "n[001-003,005]"
     assert report.fold([None]) == "cluster"
     assert report.fold([None, "n001"]) == "cluster, n001"
+
+
+def test_messages_from_nodes_are_text_not_markup():
+    """A gloo error like '[/__w/pytorch/.../pair.cc:537]' once crashed the console report."""
+    rep = make_report(1, [Finding("ssh", "gpu-0001", Status.FAIL, "failed [/__w/pair.cc:537] [bold]x[/bold]")])
+    assert "failed [/__w/pair.cc:537] [bold]x[/bold]" in render(rep, width=160)

@@ -59,6 +59,8 @@ Result document::
          "error": null | "RuntimeError: ...",
          "exit": null | 0 | -9,                          # exit status (-N: killed by signal N)
          "stderr_tail": "...",                           # last lines of the rank's stderr
+         "import_s": 4.1, "init_s": 5.3,                 # seconds from the rank's start to "imported" and
+                                                         # to "init_done" (null if it never got there)
          "sizes": [{"bytes": 1024, "time_s": 1.2e-05, "ok": true, "min_s": ..., "max_s": ...}]}
       ]
     }
@@ -121,6 +123,8 @@ class _Rank:
         self.error = None  # type: Optional[str]
         self.exit = None  # type: Optional[int]
         self.arrived = None  # type: Optional[List[int]]
+        self.import_s = None  # type: Optional[float]
+        self.init_s = None  # type: Optional[float]
 
     @property
     def settled(self) -> bool:
@@ -156,6 +160,8 @@ class _Rank:
             "error": self.error,
             "exit": self.exit,
             "stderr_tail": self.stderr_tail() if self.status != "ok" else "",
+            "import_s": self.import_s,
+            "init_s": self.init_s,
             "sizes": self.sizes,
         }
 
@@ -440,12 +446,14 @@ def _on_event(rank: _Rank, event: Dict[str, Any], sizes: List[int]) -> None:
     now = time.monotonic()
     if kind == "imported":
         rank.step = "store"
+        rank.import_s = round(now - rank.started, 3)
     elif kind == "store":
         rank.step = "group"
     elif kind == "arrived":
         rank.arrived = list(event.get("ranks") or [])
     elif kind == "init_done":
         rank.init_done, rank.step, rank.last_progress = True, None, now
+        rank.init_s = round(now - rank.started, 3)
     elif kind == "size":
         entry = {k: v for k, v in event.items() if k not in ("event", "t")}
         rank.sizes.append(entry)

@@ -17,15 +17,17 @@ before torch is imported, so a library that prints cannot corrupt the stream):
     {"event": "store", "t": ...}                       connected to the rendezvous store, arrival recorded
     {"event": "arrived", "ranks": [0, 1, ...]}         global rank 0 only: ranks that reached the store so far
     {"event": "init_done", "t": ..., "pid": ...}       process group up and a first 1-element all-reduce done
-    {"event": "size", "bytes": N, "time_s": median, "ok": true, "min_s": .., "max_s": ..}
+    {"event": "size", "bytes": N, "time_s": median, "ok": true, "min_s": .., "max_s": .., "cpu_s": ..}
     {"event": "size", "bytes": N, ..., "ok": false, "expected": 3.0, "got": 2.0, "mismatches": 12}
     {"event": "done", "t": ...}                        process group destroyed
     {"event": "error", "stage": "init"|"size"|"finish", "bytes": N|null, "error": "Type: message"}
 
 Timing: on GPU each iteration is bracketed by CUDA events on the current stream; on CPU by perf_counter
-around a blocking all_reduce. No barrier between iterations: every rank times its own view, and the
-controller takes the slowest rank's median as the collective's time. The buffer is refilled with
-(rank + 1) before every iteration (outside the timed region) so values never grow toward overflow.
+around a blocking all_reduce, with the process's CPU time over the same span (cpu_s, CPU only: how
+much of time_s the rank spent copying and summing rather than waiting). No barrier between iterations:
+every rank times its own view, and the controller takes the slowest rank's median as the collective's
+time. The buffer is refilled with (rank + 1) before every iteration (outside the timed region) so values
+never grow toward overflow.
 
 Correctness: after the timed iterations a freshly filled buffer is reduced once more and every element
 must equal world_size * (world_size + 1) / 2 (exact in float32 for any realistic world size).
@@ -45,6 +47,7 @@ if sys.path and not (sys.flags.isolated or getattr(sys.flags, "safe_path", False
 
 import datetime  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
@@ -89,10 +92,14 @@ def _die_with_parent():
         os._exit(3)
 
 
+_SOURCE_LOCATION = re.compile(r"^\[[^\]\s]+\.(?:cc|cpp|h|hpp):\d+\]\s*")
+
+
 def _describe(exc):
     text = str(exc).strip().splitlines()
-    # torch errors can be pages long (C++ traceback); the first line carries the cause.
-    first = text[0] if text else ""
+    # torch errors can be pages long (C++ traceback); the first line carries the cause. gloo prefixes it
+    # with its source location ("[/__w/pytorch/.../gloo/transport/tcp/pair.cc:537] Read error ..."): noise.
+    first = _SOURCE_LOCATION.sub("", text[0]) if text else ""
     return "%s: %s" % (type(exc).__name__, first[:500])
 
 
@@ -196,6 +203,7 @@ def _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected):
     warmup, iters = int(cfg.get("warmup", 2)), max(1, int(cfg.get("iters", 5)))
     buf = torch.empty(count, dtype=torch.float32, device=device)
     times = []
+    cpu = []
     marks = []
     for i in range(warmup + iters):
         buf.fill_(rank + 1)
@@ -207,10 +215,11 @@ def _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected):
             if i >= warmup:
                 marks.append((start, end))
         else:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             dist.all_reduce(buf)
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
     if gpu:
         torch.cuda.synchronize()
         times = [s.elapsed_time(e) / 1e3 for s, e in marks]
@@ -228,6 +237,8 @@ def _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected):
         "max_s": max(times),
         "ok": mismatches == 0,
     }
+    if cpu:  # CPU seconds this process (all its threads) spent per timed all-reduce: gloo is CPU-bound
+        out["cpu_s"] = statistics.median(cpu)
     if mismatches:
         first = int(wrong.to(torch.uint8).argmax().item())
         out.update(expected=expected, got=float(buf[first].item()), mismatches=mismatches, index=first)

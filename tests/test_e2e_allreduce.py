@@ -1,0 +1,265 @@
+"""The timed all-reduce end to end: gloo ranks on simulated CPU nodes over SSH, its verdict, its curve,
+hang handling (deadlines, nothing left running), bad-node localization, a rank that cannot start, Ctrl-C.
+
+Each test prints its time to verdict (wall time of the whole `preflight` process, and the all-reduce
+phase's own breakdown). No timing is asserted: on two shared cores a rank's torch import alone can take
+from 2 to 30 s. The deadlines set in the inventories below are what a hang costs; init deadlines are
+generous because they only cost time when init really hangs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from preflight.checks import allreduce as ar
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CURVE_KEYS = {"bytes", "time_s", "algbw_gbps", "busbw_gbps", "slowest_rank", "fastest_rank"}
+LOW_BUSBW = 0.001  # GB/s (the inventory minimum): any healthy gloo sweep on veth links clears it
+
+
+def inventory(cluster, allreduce, **kw):
+    """cluster.inventory() plus cluster.allreduce (the sim writes unknown keys into defaults)."""
+    path = cluster.inventory(**kw)
+    with open(path) as fh:
+        doc = yaml.safe_load(fh)
+    doc["cluster"]["allreduce"] = dict(allreduce)
+    with open(path, "w") as fh:
+        yaml.safe_dump(doc, fh, sort_keys=False)
+    return path
+
+
+def run_preflight(cluster, inv, *args, timeout=420):
+    t0 = time.monotonic()
+    proc = cluster.ctl([sys.executable, "-m", "preflight", "check", inv, "--json", "-", "--no-progress", *args],
+                       cwd=REPO, timeout=timeout)
+    wall = time.monotonic() - t0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, json.loads(proc.stdout), wall
+
+
+def allreduce_results(doc, status=None):
+    return [r for r in doc["results"] if r["check"] == "allreduce" and (status is None or r["status"] == status)]
+
+
+def report_time(label, wall, section):
+    print("\n%s: time to verdict %.1f s (all-reduce phase %s s, %s)" % (
+        label, wall, section.get("elapsed_s"), json.dumps(section.get("timings_s"))))
+
+
+def assert_healthy(doc, n):
+    section = doc["allreduce"]
+    (main,) = [r for r in allreduce_results(doc) if r["node"] is None]
+    assert main["status"] == "pass", main
+    assert main["message"].startswith("all-reduce busbw ") and "across %d ranks on %d nodes" % (n, n) in main["message"]
+    assert section["verdict"] == "pass" and section["backend"] == "gloo"
+    assert section["world_size"] == n and section["nodes"] == ["n%03d" % i for i in range(1, n + 1)]
+    assert [p["bytes"] for p in section["curve"]] == ar.CPU_SIZES
+    for point in section["curve"]:
+        assert CURVE_KEYS <= set(point), point
+        assert point["time_s"] > 0 and point["busbw_gbps"] == pytest.approx(
+            point["algbw_gbps"] * ar.busbw_factor(n), abs=2e-4)
+        assert 0 <= point["slowest_rank"] < n and 0 <= point["fastest_rank"] < n
+    assert section["busbw_gbps"] == section["curve"][-1]["busbw_gbps"] >= LOW_BUSBW
+    assert section["threshold_gbps"] == LOW_BUSBW
+    env = section["env"]
+    assert env["GLOO_SOCKET_IFNAME"] == "eth1" and env["NCCL_SOCKET_IFNAME"] == "=eth1", env
+    assert not {"RANK", "WORLD_SIZE", "MASTER_ADDR"} & set(env)
+    assert section["master"] == "198.19.0.3:29500"  # n001's data address: the head hosts rank 0
+    assert section["localization"] is None
+
+
+# --------------------------------------------------------------------------------------------- healthy
+
+
+def test_four_cpu_nodes_pass_with_the_whole_curve(sim_cluster):
+    cluster = sim_cluster(4)
+    inv = inventory(cluster, {"init_timeout": 120, "op_timeout": 20}, expect={"busbw_gbps": LOW_BUSBW})
+    rc, doc, wall = run_preflight(cluster, inv)
+    assert rc == 0, [r for r in doc["results"] if r["status"] in ("fail", "error")]
+    assert_healthy(doc, 4)
+    report_time("4 nodes, healthy, full check", wall, doc["allreduce"])
+    assert cluster.leftover_processes() == {}
+
+
+def test_eight_cpu_nodes_pass(sim_cluster):
+    cluster = sim_cluster(8)
+    inv = inventory(cluster, {"init_timeout": 180, "op_timeout": 30}, expect={"busbw_gbps": LOW_BUSBW})
+    rc, doc, wall = run_preflight(cluster, inv, "--only", "allreduce")
+    assert rc == 0, allreduce_results(doc)
+    assert_healthy(doc, 8)
+    report_time("8 nodes, healthy, --only allreduce", wall, doc["allreduce"])
+    assert cluster.leftover_processes() == {}
+
+
+# --------------------------------------------------------------------------------------------- faults
+
+
+def test_mtu_black_hole_hangs_at_a_size_and_the_pairs_name_the_node(sim_cluster):
+    cluster = sim_cluster(4)
+    cluster.mtu_blackhole(3)
+    deadlines = {"init_timeout": 90, "op_timeout": 6, "total_timeout": 150}
+    inv = inventory(cluster, deadlines, expect={"busbw_gbps": LOW_BUSBW})
+    rc, doc, wall = run_preflight(cluster, inv, "--only", "allreduce")
+    assert rc == 1
+    section = doc["allreduce"]
+    (main,) = [r for r in allreduce_results(doc, "fail") if r["node"] is None and r["message"].startswith("all-reduce")]
+    hung = re.search(r"all-reduce hung at (\d+ [KM]iB): ranks 0-3 \(n\[001-004\]\) did not finish within 6 s",
+                     main["message"])
+    assert hung, main["message"]
+    assert "MTU mismatch" in main["message"], main["message"]
+    assert hung.group(1) != "1 KiB"  # the small sizes passed: they are on the curve
+    assert section["curve"] and section["curve"][-1]["bytes"] < ar.CPU_SIZES[-1]
+
+    loc = section["localization"]
+    assert loc["exclude"] == ["n003"], loc
+    assert loc["by_bandwidth"] is False and len(loc["sizes"]) == 1 and loc["rounds"] == 2
+    assert loc["deadlines"]["op_s"] <= 6
+    (named,) = [r for r in allreduce_results(doc, "fail") if r["node"] == "n003"]
+    assert named["message"].startswith("pair test: failed beside known-good"), named
+    assert not [r for r in allreduce_results(doc, "fail") if r["node"] not in (None, "n003")]
+    (verdict,) = [r for r in allreduce_results(doc) if r["message"].startswith("localization:")]
+    assert verdict["message"].startswith("localization: exclude n003"), verdict
+
+    # the deadlines bound it: the first run (init + op + kill grace) and two rounds under their own
+    first = deadlines["init_timeout"] + deadlines["op_timeout"] + 10
+    rounds = 2 * (loc["deadlines"]["init_s"] + loc["deadlines"]["op_s"] + 10)
+    report_time("4 nodes, MTU black hole on n003 (bound by deadlines: %d s)" % (first + rounds), wall, section)
+    assert cluster.leftover_processes() == {}
+
+
+def test_a_node_whose_rank_cannot_import_torch_is_named_not_hung(sim_cluster):
+    cluster = sim_cluster(4)
+    no_torch = "/usr/bin/python3"
+    probe = subprocess.run([no_torch, "-c", "import torch"], capture_output=True)
+    if not os.path.exists(no_torch) or probe.returncode == 0:
+        pytest.skip("needs an interpreter without torch at %s" % no_torch)
+    # the other ranks wait for n003 at the rendezvous until the init deadline: that is what this costs
+    inv = inventory(cluster, {"init_timeout": 20, "op_timeout": 10}, node_overrides={"n003": {"python": no_torch}})
+    rc, doc, wall = run_preflight(cluster, inv, "--only", "allreduce")
+    assert rc == 1
+    (main,) = [r for r in allreduce_results(doc) if r["node"] is None]
+    assert main["status"] == "fail"
+    assert main["message"].startswith("all-reduce failed at init: rank 2 (n003): ModuleNotFoundError: "
+                                      "No module named 'torch'"), main["message"]
+    assert "install torch in the interpreter named by python:" in main["message"]
+    assert "hung" not in main["message"]
+    (node,) = [r for r in allreduce_results(doc, "fail") if r["node"] is not None]
+    assert node["node"] == "n003" and "No module named 'torch'" in node["message"]
+    assert doc["allreduce"]["localization"] is None  # the node is named: no pair rounds
+    report_time("4 nodes, no torch on n003", wall, doc["allreduce"])
+    assert cluster.leftover_processes() == {}
+
+
+def _ranks_everywhere(cluster):
+    """True when every node runs a rank (the worker's argv carries its JSON config)."""
+    return all(any('"warmup"' in cmd for _pid, cmd in cluster.processes(node)) for node in cluster.nodes)
+
+
+def test_ctrl_c_during_the_all_reduce_exits_130_and_leaves_nothing(sim_cluster):
+    cluster = sim_cluster(4)
+    inv = inventory(cluster, {"init_timeout": 120, "op_timeout": 20})
+    proc = cluster.ctl_popen([sys.executable, "-m", "preflight", "check", inv, "--only", "allreduce", "--no-progress"],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    while not _ranks_everywhere(cluster):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the ranks never started"
+        time.sleep(0.2)
+    time.sleep(1.0)  # into the ranks' import / rendezvous
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    print("\nCtrl-C to exit: %.1f s" % (time.monotonic() - t0))
+    assert proc.returncode == 130, (out, err)
+    assert "interrupted" in err.decode() and "Traceback" not in err.decode(), err
+    assert cluster.leftover_processes(timeout=10) == {}
+
+
+# ------------------------------------------------------------------------------ the planner (pure, fast)
+
+
+def _doc(node_rank, rank, sizes, *, world=4, status=None, init_s=3.0, time_s=1e-3):
+    entry = {"rank": rank, "local_rank": 0, "status": "ok", "stage": None, "step": None, "bytes": None,
+             "error": None, "import_s": init_s - 1, "init_s": init_s,
+             "sizes": [{"bytes": b, "time_s": time_s, "max_s": 2 * time_s, "ok": True} for b in sizes]}
+    entry.update(status or {})
+    return {"node_rank": node_rank, "backend": "gloo", "world_size": world, "sizes": list(ar.CPU_SIZES),
+            "deadline": None, "error": None, "ranks": [entry]}
+
+
+def _meta(n=4):
+    return {"backend": "gloo", "world_size": n, "nodes": ["n%03d" % i for i in range(1, n + 1)], "unanswered": {}}
+
+
+def _docs(statuses, done=ar.CPU_SIZES[:4]):
+    return {"n%03d" % (i + 1): _doc(i, i, done, status=statuses.get(i)) for i in range(4)}
+
+
+def test_plan_after_everyone_hung_runs_only_the_size_it_stopped_at():
+    hung = {"status": "timeout", "stage": "size", "bytes": 16 * ar.KiB}
+    plan = ar.localization_plan(_docs({i: hung for i in range(4)}), _meta())
+    assert plan == {"mode": "fail", "sizes": [16 * ar.KiB], "at_init": False,
+                    "why": "the whole-cluster run stopped at 16 KiB"}
+
+
+def test_plan_is_none_when_the_run_already_names_the_node():
+    no_torch = {"status": "error", "stage": "init", "step": "import", "error": "ModuleNotFoundError: torch",
+                "init_s": None, "sizes": []}
+    waiting = {"status": "timeout", "stage": "init", "step": "group", "init_s": None, "sizes": []}
+    assert ar.localization_plan(_docs({0: waiting, 1: waiting, 2: no_torch, 3: waiting}), _meta()) is None
+    died = {"status": "error", "stage": "size", "bytes": 8 * ar.KiB, "error": "rank process killed by signal 9"}
+    peer = {"status": "error", "stage": "size", "bytes": 8 * ar.KiB, "error": "RuntimeError: Connection closed"}
+    assert ar.localization_plan(_docs({0: peer, 1: died, 2: peer, 3: peer}), _meta()) is None
+    importing = {"status": "timeout", "stage": "init", "step": "import", "import_s": None, "init_s": None}
+    assert ar.localization_plan(_docs({i: importing for i in range(4)}), _meta()) is None
+    assert ar.localization_plan(_docs({}), dict(_meta(), unanswered={"n002": "timed out"})) is None
+    assert ar.localization_plan(_docs({}, done=ar.CPU_SIZES), _meta()) is None  # passed
+
+
+def test_plan_for_a_slow_run_compares_bandwidth_at_the_verdict_size():
+    docs = _docs({}, done=ar.CPU_SIZES)
+    plan = ar.localization_plan(docs, _meta(), threshold=1e6)
+    assert plan["mode"] == "slow" and plan["sizes"] == [ar.CPU_SIZES[-1]]
+    assert ar.localization_plan(docs, _meta(), threshold=1e-9) is None
+
+
+def test_round_deadlines_follow_what_the_first_run_measured():
+    docs = _docs({}, done=ar.CPU_SIZES)
+    given = {"init_s": 120, "op_s": 30, "total_s": 300}
+    dl = ar.round_deadlines(given, docs, warmup=2, iters=5)
+    assert dl["init_s"] == 120 and dl["op_s"] == ar.LOCALIZE_OP_MIN_S  # a hang at a size: init stays
+    assert dl["total_s"] == dl["init_s"] + 3 * dl["op_s"]
+    assert ar.round_deadlines(given, docs, 2, 5, at_init=True)["init_s"] == ar.LOCALIZE_INIT_MIN_S
+    slow = {"n%03d" % (i + 1): _doc(i, i, ar.CPU_SIZES, init_s=25.0, time_s=0.5) for i in range(4)}
+    dl = ar.round_deadlines(given, slow, warmup=2, iters=5, at_init=True)
+    assert dl["init_s"] == 100.0 and dl["op_s"] == 30.0  # 4 x 25 s; 10 x 8 x 1 s capped by op_s
+    never = _docs({2: {"status": "timeout", "stage": "init", "step": "import", "import_s": None, "init_s": None}})
+    assert ar.round_deadlines({"init_s": 90}, never, 2, 5, at_init=True)["init_s"] == 90
+
+
+def test_a_hang_is_localized_by_completion_not_by_bandwidth():
+    groups = [{"nodes": ["n001", "n003"], "busbw_gbps": None, "failure": "hung at 16 KiB"},
+              {"nodes": ["n002", "n004"], "busbw_gbps": 0.001, "failure": None},
+              {"nodes": ["n001", "n002"], "busbw_gbps": 0.3, "failure": None},
+              {"nodes": ["n003", "n004"], "busbw_gbps": None, "failure": "hung at 16 KiB"}]
+    verdict = ar.verdict_localization(groups, threshold=0.1, by_bandwidth=False)
+    assert list(verdict["bad"]) == ["n003"] and verdict["undecided"] == {}
+    assert sorted(ar.verdict_localization(groups, threshold=0.1)["bad"]) != ["n003"]  # by bandwidth: wrong
+
+
+def test_cpu_default_deadlines_are_shorter_than_gpu_ones():
+    from preflight.model import NodeInfo
+
+    cpu = ar.make_configs([NodeInfo("a", "a", 0), NodeInfo("b", "b", 0)], "a")["a"]["deadlines"]
+    gpu = ar.make_configs([NodeInfo("a", "a", 8), NodeInfo("b", "b", 8)], "a")["a"]["deadlines"]
+    assert cpu["op_s"] == ar.CPU_DEFAULT_DEADLINES["op_s"] < gpu["op_s"] == ar.DEFAULT_DEADLINES["op_s"]
