@@ -44,7 +44,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.checks.gpu import nvml_shutdown
+from preflight.checks.gpu import load_nvml, nvml_shutdown
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
 
 NAME = "driver"
@@ -68,7 +68,7 @@ def probe(ctx: Any) -> Dict[str, Any]:
 
 
 def _driver(ctx: Any) -> Dict[str, Any]:
-    nvml = _nvml()
+    nvml, nvml_error = load_nvml()
     if nvml is not None:
         try:
             cuda = nvml.nvmlSystemGetCudaDriverVersion()
@@ -82,8 +82,6 @@ def _driver(ctx: Any) -> Dict[str, Any]:
             nvml_error = "NVML query failed: %s" % (exc,)
         finally:
             nvml_shutdown(nvml)
-    else:
-        nvml_error = None
     smi = ctx.run(["nvidia-smi", "-q", "-x"], timeout=60.0)
     if smi.ok:
         driver, cuda = parse_smi_header(smi.stdout)
@@ -98,18 +96,6 @@ def _driver(ctx: Any) -> Dict[str, Any]:
     if proc:
         return {"driver_version": parse_proc_version(proc), "driver_source": "proc"}
     return {}
-
-
-def _nvml() -> Any:
-    if os.environ.get("PREFLIGHT_NVML", "").lower() in ("0", "off", "no", "false"):
-        return None
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return pynvml
-    except Exception:
-        return None
 
 
 def _nccl_system(ctx: Any) -> List[Dict[str, Any]]:
