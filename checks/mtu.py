@@ -58,6 +58,20 @@ def _ping_error(text: str, stdout: str, stderr: str) -> Tuple[Optional[str], boo
     return (m.group(1).strip() if m else None), False, None
 
 
+def no_reply(error: str, too_long: bool = False, path_mtu: Optional[int] = None) -> Dict[str, Any]:
+    """The facts of a ping that got no statistics line: nothing sent or received, and why."""
+    return {
+        "transmitted": 0,
+        "received": 0,
+        "loss_pct": 100.0,
+        "rtt_ms": None,
+        "errors": 0,
+        "error": error,
+        "too_long": too_long,
+        "path_mtu": path_mtu,
+    }
+
+
 def parse_ping(stdout: str, stderr: str = "", rc: Optional[int] = None) -> Dict[str, Any]:
     """iputils ping output → {transmitted, received, loss_pct, rtt_ms, errors, error, too_long, path_mtu}.
 
@@ -73,16 +87,7 @@ def parse_ping(stdout: str, stderr: str = "", rc: Optional[int] = None) -> Dict[
     if stats is None:
         if error is None:
             raise ParseError("ping output has no statistics line and no error: %.120r" % text.strip())
-        return {
-            "transmitted": 0,
-            "received": 0,
-            "loss_pct": 100.0,
-            "rtt_ms": None,
-            "errors": 0,
-            "error": error,
-            "too_long": too_long,
-            "path_mtu": path_mtu,
-        }
+        return no_reply(error, too_long, path_mtu)
     transmitted, received = int(stats.group(1)), int(stats.group(2))
     loss = _LOSS.search(stats.group("rest"))
     if loss is None:
@@ -170,16 +175,7 @@ def _ping(ctx: Any, cfg: Dict[str, Any], size: int, target: str) -> Dict[str, An
         bound = cfg["source_ip"]
         res = ctx.run(ping_argv(bound, size, target, count), timeout=timeout)
     if res.timed_out:
-        return {
-            "transmitted": 0,
-            "received": 0,
-            "loss_pct": 100.0,
-            "rtt_ms": None,
-            "errors": 0,
-            "error": "ping timed out",
-            "too_long": False,
-            "path_mtu": None,
-        }
+        return no_reply("ping timed out")
     out = parse_ping(res.stdout, res.stderr, res.rc)
     out["bound"] = bound
     return out

@@ -15,6 +15,7 @@ import pytest
 from preflight import __version__, envfile
 from preflight.engine import RunReport
 from preflight.model import ClusterView, Finding, NodeInfo, Status
+from tests.test_check_ib_hca import port  # one builder of ib_hca port facts
 
 HOSTILE = ["x$(id)", "e;reboot", "a\nb", "a'b", "a,b", "=eth7", "^eth7", "`id`", "e$(id>p)", "qq zz", "a\"b", "x\\y"]
 
@@ -39,20 +40,6 @@ def iface(name, ip, prefix=16, mtu=9000, speed=100000, up=True, kind=None, physi
     }
 
 
-def port(hca, state="ACTIVE", phys="LinkUp", rate=400, layer="ib", gid=None, n=1):
-    """One entry of the ib_hca probe's port list."""
-    return {
-        "hca": hca,
-        "port": n,
-        "state": state,
-        "phys_state": phys,
-        "rate_gbps": rate,
-        "width": "4X NDR" if rate == 400 else None,
-        "link_layer": layer,
-        "netdev": None,
-        "roce_v2_gid_index": gid,
-        "roce_v2_ip": None,
-    }
 
 
 def mgmt_ip(i):
