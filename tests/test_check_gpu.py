@@ -213,9 +213,13 @@ def fake_nvidia_smi(bindir, xml_path=None, nvlink_path=None, rc=0):
 
 
 @pytest.fixture
-def no_nvml(monkeypatch):
-    """NVML init fails as it does on a machine without the driver library (even where a real GPU exists)."""
+def no_nvml(monkeypatch, tmp_path):
+    """A loaded NVIDIA driver (its /proc directory exists) whose NVML library cannot be loaded."""
     import pynvml
+
+    proc = tmp_path / "proc-driver-nvidia"
+    proc.mkdir()
+    monkeypatch.setattr(gpu, "NVIDIA_PROC", str(proc))
 
     def refuse():
         raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
@@ -231,6 +235,13 @@ def test_probe_reads_nvidia_smi_when_nvml_is_unavailable(tmp_path, monkeypatch, 
     assert facts.pop("nvml_error") == "NVML Shared Library Not Found"
     assert facts == with_links(expected("h100_hgx_550"), "h100_hgx_550")
     json.dumps(facts)  # facts travel as JSON
+
+
+def test_nvml_is_not_loaded_without_an_nvidia_driver(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu, "NVIDIA_PROC", str(tmp_path / "absent"))
+    monkeypatch.delenv("PREFLIGHT_NVML", raising=False)
+    nvml, why = gpu.load_nvml()
+    assert nvml is None and why == "no NVIDIA kernel driver loaded (%s absent)" % (tmp_path / "absent")
 
 
 def test_probe_without_nvlink_answer_leaves_links_unknown(tmp_path, monkeypatch, no_nvml):
