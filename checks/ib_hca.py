@@ -273,19 +273,14 @@ def _memlock_finding(view: ClusterView, name: str) -> Optional[Finding]:
         return None
     shown = _bytes_text(soft)
     if soft < MEMLOCK_MIN_BYTES:
-        return Finding(
-            CHECK_NAME,
-            name,
-            Status.FAIL,
-            "%s: locked-memory limit (ulimit -l) is %s: RDMA memory registration will fail" % (name, shown),
-            expected="unlimited",
-            actual=shown,
-        )
+        status, consequence = Status.FAIL, ": RDMA memory registration will fail"
+    else:
+        status, consequence = Status.WARN, "; set it unlimited for RDMA"
     return Finding(
         CHECK_NAME,
         name,
-        Status.WARN,
-        "%s: locked-memory limit (ulimit -l) is %s; set it unlimited for RDMA" % (name, shown),
+        status,
+        "%s: locked-memory limit (ulimit -l) is %s%s" % (name, shown, consequence),
         expected="unlimited",
         actual=shown,
     )

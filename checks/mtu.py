@@ -307,9 +307,6 @@ def rule(view: ClusterView) -> List[Finding]:
         if err:
             out.append(err)
             continue
-        if facts.get("skipped"):
-            out.append(Finding(CHECK_NAME, name, Status.ERROR, "not tested: %s" % facts["skipped"]))
-            continue
         if not isinstance(facts.get("targets"), list):
             out.append(Finding(CHECK_NAME, name, Status.ERROR, "probe returned no ping results"))
             continue

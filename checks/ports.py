@@ -404,8 +404,6 @@ def rule(view: ClusterView) -> List[Finding]:
         err = probe_error(CHECK_NAME, head, head_facts)
         if err:
             out.append(err)
-        elif head_facts.get("skipped"):
-            out.append(Finding(CHECK_NAME, head, Status.ERROR, "not tested: %s" % head_facts["skipped"]))
         elif head_facts.get("listening"):
             head_ok = True
         else:
@@ -417,14 +415,10 @@ def rule(view: ClusterView) -> List[Finding]:
         if err:
             out.append(err)
             continue
-        if f.get("skipped"):
-            out.append(Finding(CHECK_NAME, name, Status.ERROR, "not tested: %s" % f["skipped"]))
-            continue
         target = "%s:%s" % (f.get("host"), f.get("port", port))
         if (
             head in facts
             and not head_ok
-            and not (head_facts or {}).get("skipped")
             and not probe_error(CHECK_NAME, head, head_facts)
         ):
             out.append(

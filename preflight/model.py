@@ -182,15 +182,18 @@ def skip_all(check: str, nodes: Sequence[NodeInfo], reason: str) -> List[Finding
 
 
 def probe_error(check: str, node: str, facts: Any) -> Optional[Finding]:
-    """The ERROR finding for a node whose probe produced no facts or raised, else None.
+    """The ERROR finding for a node whose facts cannot be judged, else None.
 
-    The probe runner records a probe that raised as {"probe_error": "..."}; a check missing from a node's
-    facts entirely means the probe never ran there. Neither may ever pass.
+    The probe runner records a probe that raised as {"probe_error": "..."}; a network probe whose plan
+    had nothing to test on the node answers {"skipped": why}; a check missing from a node's facts
+    entirely means the probe never ran there. None of these may ever pass.
     """
     if facts is None:
         return Finding(check, node, Status.ERROR, "no facts gathered for this check")
     if isinstance(facts, dict) and "probe_error" in facts:
         return Finding(check, node, Status.ERROR, "probe failed: %s" % facts["probe_error"])
+    if isinstance(facts, dict) and facts.get("skipped"):
+        return Finding(check, node, Status.ERROR, "not tested: %s" % facts["skipped"])
     return None
 
 
