@@ -54,9 +54,10 @@ def _settings(inv: Inventory) -> Dict[str, Any]:
     return {"sizes": raw.get("sizes"), "warmup": raw.get("warmup", 2), "iters": raw.get("iters", 5), "deadlines": deadlines}
 
 
-def _hardware(view: ClusterView, nodes: Sequence[str]) -> Dict[str, Any]:
-    """gpu_model and nic_gbps for the built-in bandwidth profile, from the gpu/nic/ib_hca facts."""
-    from preflight.checks import ib_hca, nic
+def _hardware(view: ClusterView, nodes: Sequence[str], choice: Any) -> Dict[str, Any]:
+    """gpu_model and nic_gbps for the built-in bandwidth profile, from the gpu/ib_hca facts and the
+    nic choice the launcher already made (nic.choose looks at every node: call it once, not per node)."""
+    from preflight.checks import ib_hca
 
     out: Dict[str, Any] = {}
     models = set()
@@ -68,14 +69,14 @@ def _hardware(view: ClusterView, nodes: Sequence[str]) -> Dict[str, Any]:
     if len(models) == 1:
         out["gpu_model"] = models.pop()
     usable = ib_hca.usable_hcas(view)
+    layer_rate = (usable.get("rate_gbps") or {}).get(usable.get("link_layer"))
     rates = []
     for name in nodes:
         ports = usable["nodes"].get(name) or []
-        layer_rate = (usable.get("rate_gbps") or {}).get(usable.get("link_layer"))
         if ports and layer_rate:
             rates.append(len(ports) * float(layer_rate))
         else:
-            entry = nic.choose(view).get(name)
+            entry = choice.get(name)
             if entry and entry.get("speed_mbps"):
                 rates.append(entry["speed_mbps"] / 1000.0)
     if rates and len(rates) == len(nodes):
@@ -158,7 +159,7 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
     meta["unanswered"] = first["unanswered"]
     meta["env"] = env_vars
     meta["timings_s"] = timings
-    meta.update(_hardware(view, [n.name for n in nodes]))
+    meta.update(_hardware(view, [n.name for n in nodes], choice))
 
     threshold = allreduce.threshold_for(view, meta, [n.name for n in nodes], meta["backend"])
     limit = threshold[0] if threshold else None

@@ -144,11 +144,12 @@ def run(inv: Inventory, opts: Options) -> RunReport:
             times["phase2_s"] = time.monotonic() - t0
 
         view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
+        # The node checks' verdicts are final here (the bench only adds allreduce facts): judge them once.
+        findings = judge(view, [n for n in selected if n != "allreduce"])
         if "allreduce" in selected or opts.gather_also:
             from preflight import envfile
 
-            node_checks = [n for n in selected if n != "allreduce"]
-            sick = {f.node for f in judge(view, node_checks) if f.status.is_problem}
+            sick = {f.node for f in findings if f.status.is_problem}
             healthy = [n.name for n in view.live if n.name not in sick]
             env = envfile.derive(view, healthy)
             healthy = list(env.nodes)  # a node whose facts the env file cannot carry is left out of the bench too
@@ -163,12 +164,12 @@ def run(inv: Inventory, opts: Options) -> RunReport:
             times["allreduce_s"] = time.monotonic() - t0
 
     view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
-    findings = judge(view, selected)
     if env is not None:
         findings.extend(env.refused)
     if "allreduce" in selected:
         from preflight import bench
 
+        findings.extend(judge(view, ["allreduce"]))
         allreduce = bench.summary(findings, cluster.get("allreduce") or {}, times.get("allreduce_s"))
     return RunReport(
         inventory=inv,

@@ -28,9 +28,10 @@ def fold(names: Iterable[Optional[str]]) -> str:
     """Node names folded with ClusterShell's NodeSet: n001 n002 n003 n005 → n[001-003,005]."""
     from ClusterShell.NodeSet import NodeSet
 
+    names = list(names)
     real = [n for n in names if n]
     folded = str(NodeSet.fromlist(real)) if real else ""
-    return folded if len(real) == len([n for n in names]) else ", ".join(filter(None, ["cluster", folded]))
+    return folded if len(real) == len(names) else ", ".join(filter(None, ["cluster", folded]))
 
 
 def node_status(findings: Iterable[Finding]) -> Dict[str, Status]:
