@@ -7,10 +7,11 @@ Exit codes: 0 nothing failed or errored, 1 a check failed or errored (or `diff` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import threading
-from typing import Any, List, Optional
+from typing import Any, Iterator, List, Optional
 
 from preflight import __version__
 from preflight.errors import PreflightError, UsageError
@@ -202,7 +203,7 @@ def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: An
         from preflight import envfile
 
         _write(args.env_file, envfile.render(result), mode=0o644)
-        console.print("env file: %s" % args.env_file)
+        console.print("env file: %s" % args.env_file, markup=False, highlight=False)
     if getattr(args, "hostfile", None):
         from preflight import hostfile
 
@@ -216,15 +217,18 @@ def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: An
     if getattr(args, "junit", None):
         from preflight import junit
 
-        junit.write_junit(doc, args.junit)
+        with _writing(args.junit):
+            junit.write_junit(doc, args.junit)
     if getattr(args, "prometheus", None):
         from preflight import prometheus
 
-        prometheus.write_prometheus(doc, args.prometheus)
+        with _writing(args.prometheus):
+            prometheus.write_prometheus(doc, args.prometheus)
     if getattr(args, "history", None):
         from preflight import history
 
-        history.record(doc, args.history)
+        with _writing(args.history):
+            history.record(doc, args.history)
 
 
 def _hostfile_name(node: dict) -> str:
@@ -243,14 +247,21 @@ def _check_hostfile_names(inv: Any, fmt: str) -> None:
             raise UsageError("--hostfile-format %s: %s" % (fmt, exc), "rename the node in the inventory (name:) or choose another format") from None
 
 
-def _write(path: str, text: str, mode: int = 0o644) -> None:
-    """Write a file atomically (temp file in the same directory, then rename); a bad path is a usage error."""
-    from preflight.history import atomic_write_text
-
+@contextlib.contextmanager
+def _writing(path: str) -> Iterator[None]:
+    """An output file that cannot be written is a one-line usage error (exit 2), never a traceback."""
     try:
-        atomic_write_text(path, text, mode=mode)
+        yield
     except OSError as exc:
         raise UsageError("cannot write %s: %s" % (path, exc.strerror or exc), "check the directory exists and is writable") from None
+
+
+def _write(path: str, text: str, mode: int = 0o644) -> None:
+    """Write a file atomically (temp file in the same directory, then rename)."""
+    from preflight.history import atomic_write_text
+
+    with _writing(path):
+        atomic_write_text(path, text, mode=mode)
 
 
 class _Progress:
