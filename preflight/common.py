@@ -1,0 +1,108 @@
+"""Small shared helpers every rule and report uses: folding names, plurals, sizes, the majority.
+
+Standard library only at import time (this module travels to the nodes in the probe bundle, because
+check modules import it). `fold` imports ClusterShell when called; it is only called on the controller.
+
+Group resolution is always off: ClusterShell would resolve `@group` through the shell upcalls of its
+groups.conf, so a node name holding `@` could run a command. preflight never resolves groups.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Hashable, Iterable, List, Optional, Sequence, Tuple, TypeVar
+
+T = TypeVar("T", bound=Hashable)
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def _nodeset(pattern: Any = None) -> Any:
+    """A ClusterShell NodeSet that never resolves groups (no upcall, no shell)."""
+    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
+
+    return NodeSet(pattern, resolver=RESOLVER_NOGROUP)
+
+
+def expand(pattern: str) -> List[str]:
+    """gpu-[001-003] -> [gpu-001, gpu-002, gpu-003], with group resolution off.
+
+    Raises ValueError with ClusterShell's reason for a pattern it cannot expand.
+    """
+    from ClusterShell.NodeSet import NodeSetException
+
+    if "@" in pattern:
+        raise ValueError("'@' (a ClusterShell group) is not allowed in a node name")
+    try:
+        return list(_nodeset(pattern))
+    except (NodeSetException, ValueError) as exc:
+        raise ValueError(str(exc)) from None
+
+
+def fold(names: Iterable[Optional[str]]) -> str:
+    """Node names folded: n001 n002 n003 n005 -> n[001-003,005]. None and duplicates are dropped.
+
+    Names that do not fold (or anything ClusterShell refuses) come back as a sorted comma list, so a
+    report never fails on a strange name.
+    """
+    real = sorted({n for n in names if n})
+    if not real:
+        return ""
+    try:
+        from ClusterShell.NodeSet import NodeSetException
+
+        ns = _nodeset()
+        for name in real:
+            if "@" in name or "," in name:
+                raise ValueError(name)
+            ns.update(_nodeset(name))
+        folded = str(ns)
+    except (ImportError, NodeSetException, ValueError):
+        return ",".join(real)
+    return folded
+
+
+def fold_ints(values: Iterable[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8'."""
+    out: List[str] = []
+    ordered = sorted(set(values))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        out.append(str(ordered[i]) if i == j else "%d-%d" % (ordered[i], ordered[j]))
+        i = j + 1
+    return ",".join(out)
+
+
+def plural(n: int, word: str, many: Optional[str] = None) -> str:
+    """plural(1, 'node') -> '1 node'; plural(3, 'node') -> '3 nodes'; plural(2, 'is', 'are')."""
+    return "%d %s" % (n, word if n == 1 else (many or word + "s"))
+
+
+def human_bytes(n: int) -> str:
+    """1024 -> '1 KiB', 4294967296 -> '4 GiB', 1536 -> '1.5 KiB', 100 -> '100 B' (binary units)."""
+    for unit, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
+        if n >= unit:
+            value = n / unit
+            return ("%d %s" % (value, name)) if n % unit == 0 else ("%.1f %s" % (value, name))
+    return "%d B" % n
+
+
+def majority(values: Sequence[T]) -> Tuple[Optional[T], int, bool]:
+    """(the most common value, how many hold it, whether it is a strict majority: more than half).
+
+    The one tie rule: when several values are equally common there is no reference value, and
+    (None, count, False) comes back; callers then judge every differing node (or report the tie)
+    rather than silently preferring the larger value. An empty sequence gives (None, 0, False).
+    """
+    if not values:
+        return None, 0, False
+    counts = Counter(values).most_common()
+    top, count = counts[0]
+    if len(counts) > 1 and counts[1][1] == count:
+        return None, count, False
+    return top, count, count * 2 > len(values)
