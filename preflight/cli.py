@@ -67,6 +67,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus-per-node", type=int, metavar="N", help="without an inventory: GPUs this machine should have")
     p.add_argument("--master-port", type=int, metavar="PORT", help="override cluster.master_port")
     p.add_argument("--env-file", metavar="PATH", help="write the recommended NCCL env file (sourced by launch scripts)")
+    p.add_argument("--slurm", action="store_true", help="nodes and transport from Slurm: this allocation (SLURM_JOB_ID), or --nodelist / --partition --nodes")
+    p.add_argument("--nodelist", metavar="NODES", help="with --slurm: allocate these Slurm nodes for the run (e.g. gpu-[001-064])")
+    p.add_argument("--partition", metavar="P", help="with --slurm: allocate --nodes N nodes of partition P for the run")
+    p.add_argument("--nodes", type=int, metavar="N", help="with --slurm --partition: how many nodes")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.add_argument("--debug", action="store_true", help="log transport details to stderr")
 
@@ -132,6 +136,10 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 def _load_inventory(args: argparse.Namespace) -> Any:
     from preflight import inventory
 
+    if getattr(args, "slurm", False):
+        return _slurm_inventory(args)
+    if getattr(args, "nodelist", None) or getattr(args, "partition", None) or getattr(args, "nodes", None):
+        raise UsageError("--nodelist/--partition/--nodes apply only with --slurm", "add --slurm")
     if args.inventory:
         if args.gpus_per_node is not None:
             raise UsageError("--gpus-per-node applies only without an inventory", "set gpus_per_node in the inventory")
@@ -146,6 +154,34 @@ def _load_inventory(args: argparse.Namespace) -> Any:
     return inv
 
 
+def _slurm_inventory(args: argparse.Namespace) -> Any:
+    """The allocation as the inventory: this job's nodes, or an allocation made now (released after the run)."""
+    from preflight import slurm
+
+    if args.inventory:
+        raise UsageError("--slurm takes its nodes from Slurm, not from an inventory file",
+                         "drop the inventory, or write `transport: slurm` under `cluster:` in it")
+    if args.nodes is not None and args.nodes < 1:
+        raise UsageError("--nodes must be at least 1", "e.g. --nodes 16")
+    if args.nodelist and (args.partition or args.nodes):
+        raise UsageError("give --nodelist or --partition/--nodes, not both", "e.g. --nodelist gpu-[001-064]")
+    if args.nodelist or args.partition or args.nodes:
+        alloc = slurm.allocate(nodelist=args.nodelist, partition=args.partition, nodes=args.nodes)
+    else:
+        alloc = slurm.current_allocation()
+    try:
+        inv = slurm.inventory(alloc, gpus_per_node=args.gpus_per_node)
+        if args.master_port is not None:
+            if not 0 < args.master_port < 65536:
+                raise UsageError("--master-port %d is out of range" % args.master_port, "use 1-65535")
+            inv.master_port = args.master_port
+            inv.cluster["master_port"] = args.master_port
+    except BaseException:
+        alloc.release()
+        raise
+    return inv
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -156,6 +192,18 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError("--timeout must be positive", "give seconds, e.g. --timeout 30")
     inv = _load_inventory(args)
+    try:
+        return _check_inventory(args, inv)
+    finally:
+        if inv.allocation is not None:
+            inv.allocation.release()  # an allocation preflight made never outlives the run
+
+
+def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
+    from rich.console import Console
+
+    from preflight import engine, report
+
     json_to_stdout = getattr(args, "json", None) == "-"
     console = Console(stderr=json_to_stdout)
     if args.command == "env":
