@@ -45,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--hostfile", metavar="PATH", help="write the nodes that passed, for a launcher")
     check.add_argument("--hostfile-format", choices=("plain", "deepspeed", "mpi", "mpich", "slurm"), default="plain")
     check.add_argument("-v", "--verbose", action="store_true", help="one line per finding, passes included")
+    check.add_argument("--drain", action="store_true", help="with Slurm: drain failing nodes (reason 'preflight: <check>: <finding>')")
+    check.add_argument("--resume", action="store_true", help="with Slurm: return to service nodes preflight drained that now pass")
+    check.add_argument("--dry-run", action="store_true", help="with --drain/--resume: print the scontrol commands, change nothing")
+    check.add_argument("--max-drain-fraction", type=float, default=0.2, metavar="F",
+                       help="drain nothing when more than this share of nodes fails (default 0.2)")
 
     env = sub.add_parser("env", help="fast path: gather what the NCCL env needs and write the env file")
     env.add_argument("inventory", nargs="?", help="hosts.yaml; omit for this machine")
@@ -166,7 +171,8 @@ def _slurm_inventory(args: argparse.Namespace) -> Any:
     if args.nodelist and (args.partition or args.nodes):
         raise UsageError("give --nodelist or --partition/--nodes, not both", "e.g. --nodelist gpu-[001-064]")
     if args.nodelist or args.partition or args.nodes:
-        alloc = slurm.allocate(nodelist=args.nodelist, partition=args.partition, nodes=args.nodes)
+        recheck = getattr(args, "resume", False) and not getattr(args, "dry_run", False)
+        alloc = slurm.allocate(nodelist=args.nodelist, partition=args.partition, nodes=args.nodes, recheck_ours=recheck)
     else:
         alloc = slurm.current_allocation()
     try:
@@ -191,6 +197,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
         raise UsageError("--parallel must be at least 1", "e.g. -j 64")
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError("--timeout must be positive", "give seconds, e.g. --timeout 30")
+    if (getattr(args, "drain", False) or getattr(args, "resume", False)) and not getattr(args, "slurm", False):
+        raise UsageError("--drain/--resume act on Slurm nodes", "add --slurm")
+    if not 0 <= getattr(args, "max_drain_fraction", 0.2) <= 1:
+        raise UsageError("--max-drain-fraction must be between 0 and 1", "e.g. --max-drain-fraction 0.2")
     inv = _load_inventory(args)
     try:
         return _check_inventory(args, inv)
@@ -236,7 +246,33 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
     doc = report.to_json(result)
     report.render(result, console, verbose=getattr(args, "verbose", False))
     _write_outputs(args, result, doc, console)
+    _drain(args, inv, result, console)
     return result.exit_code
+
+
+def _drain(args: argparse.Namespace, inv: Any, result: Any, console: Any) -> None:
+    """--drain / --resume: act on Slurm node states from this run's findings (see preflight.drain)."""
+    import shlex
+
+    from preflight import drain, slurm
+
+    held = inv.allocation.held if inv.allocation is not None else {}
+    if not (getattr(args, "drain", False) or getattr(args, "resume", False) or held):
+        return
+    plan = drain.plan(result.findings, [s.name for s in inv.nodes], inv.allocation.state,
+                      drain=args.drain, resume=args.resume, max_fraction=args.max_drain_fraction)
+    worst = drain.worst_findings(result.findings)
+    for node, old in held.items():  # resumed only to be checked: back to drain unless it passed and --resume
+        if node not in plan.resume:
+            plan.drain[node] = drain.reason_for(worst[node]) if node in worst else old
+    for line in plan.lines():
+        console.print(line, markup=False, highlight=False)
+    if args.dry_run:
+        for argv in plan.commands():
+            console.print("would run: " + shlex.join(argv), markup=False, highlight=False)
+        return
+    for line in drain.apply(plan, lambda argv: slurm._run(argv)):
+        console.print("drain: " + line, markup=False, highlight=False)
 
 
 def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: Any) -> None:

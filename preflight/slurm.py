@@ -173,11 +173,20 @@ class Allocation:
     nodes: List[str]
     owned: bool = False
     excluded: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # nodes Slurm reported unusable
+    state: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # Slurm's view of every node before the run
+    held: Dict[str, str] = field(default_factory=dict)  # preflight-drained nodes resumed into our reservation
+    reservation: Optional[str] = None
 
     def release(self) -> None:
         if self.owned:
             self.owned = False
             _run([SCANCEL, self.job_id])
+        if self.reservation:
+            resv, self.reservation = self.reservation, None
+            for _ in range(20):  # the reservation can be deleted once the job has left its nodes
+                if _run([SCONTROL, "delete", "reservation=%s" % resv]).returncode == 0:
+                    break
+                time.sleep(0.5)
 
 
 def current_allocation(environ: Optional[Dict[str, str]] = None) -> Allocation:
@@ -196,12 +205,18 @@ def current_allocation(environ: Optional[Dict[str, str]] = None) -> Allocation:
 
 
 def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, nodes: Optional[int] = None,
-             time_limit: str = "30", timeout: float = 120.0) -> Allocation:
+             time_limit: str = "30", timeout: float = 120.0, recheck_ours: bool = False) -> Allocation:
     """Make an allocation for this run (salloc --no-shell); nodes Slurm reports unusable are left out.
 
     With a nodelist, down/drained nodes are named before allocating: asking for them would make the
     job wait forever. With --partition/--nodes, Slurm picks N usable nodes itself.
+
+    recheck_ours (--resume): nodes drained by preflight (reason `preflight:`, slurmd responding) are
+    checked too. A drained node cannot be allocated, so they go into a MAINT reservation with the
+    run's other nodes, are resumed inside it (no other job can start there), and the caller drains
+    again every one that does not pass (Allocation.held keeps their old reasons).
     """
+    from preflight import drain
     argv = [SALLOC, "--no-shell", "-J", "preflight", "-t", time_limit, "--immediate=%d" % int(timeout)]
     excluded: Dict[str, Dict[str, Any]] = {}
     if nodelist:
@@ -211,12 +226,19 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
             raise UsageError("--nodelist %r: %s" % (nodelist, exc), "write ranges like gpu-[001-064]") from None
         info = node_info(wanted)
         excluded = {n: info[n] for n in wanted if bad_state(info[n]["state"])}
+        held = {}
+        if recheck_ours:
+            held = {n: i["reason"] for n, i in excluded.items() if drain.ours(i["reason"]) and
+                    not any(x.rstrip("*") in ("DOWN", "NOT_RESPONDING") or x.endswith("*") for x in i["state"])}
+            excluded = {n: i for n, i in excluded.items() if n not in held}
         usable = [n for n in wanted if n not in excluded]
         if not usable:
-            return Allocation("", [], False, excluded)
-        argv += ["-N", str(len(usable)), "-w", fold(usable)]
+            return Allocation("", [], False, excluded, info)
+        resv = _hold(usable, held) if held else None
+        argv += ["-N", str(len(usable)), "-w", fold(usable)] + (["--reservation=%s" % resv] if resv else [])
     elif nodes:
         argv += ["-N", str(nodes)]
+        info, held, resv = {}, {}, None
     else:
         raise UsageError("--partition needs --nodes N", "e.g. --partition gpu --nodes 16")
     if partition:
@@ -224,6 +246,9 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
     out = _run(argv, timeout + 10)
     m = _GRANTED_RE.search(out.stderr + out.stdout)
     if out.returncode != 0 or not m:
+        if resv:
+            Allocation("", [], held=held, reservation=resv).release()
+            _redrain(held)
         raise SlurmError("salloc failed: %s" % (out.stderr.strip().splitlines() or ["rc %d" % out.returncode])[-1][:300],
                          "check the partition and node names (sinfo)")
     job = m.group(1)
@@ -233,7 +258,28 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
     except ValueError:
         _run([SCANCEL, job])
         raise SlurmError("cannot read the nodes of job %s: %r" % (job, got.stdout.strip())) from None
-    return Allocation(job, names, True, excluded)
+    return Allocation(job, names, True, excluded, info, held, resv)
+
+
+def _hold(nodes: Sequence[str], held: Dict[str, str]) -> str:
+    """A MAINT reservation over `nodes`, then resume the held (preflight-drained) ones inside it."""
+    import pwd
+
+    resv = "preflight-" + secrets.token_hex(4)
+    out = _run([SCONTROL, "create", "reservation", "ReservationName=%s" % resv, "Nodes=%s" % fold(nodes),
+                "StartTime=now", "Duration=30", "Users=%s" % pwd.getpwuid(os.getuid()).pw_name,
+                "Flags=maint,ignore_jobs"])
+    if out.returncode != 0:
+        raise SlurmError("cannot reserve %s to recheck drained nodes: %s" % (fold(nodes), out.stderr.strip()[:200]),
+                         "run --resume as a Slurm operator (root or SlurmUser)")
+    for node in held:
+        _run([SCONTROL, "update", "nodename=%s" % node, "state=resume"])
+    return resv
+
+
+def _redrain(held: Dict[str, str]) -> None:
+    for node, reason in held.items():
+        _run([SCONTROL, "update", "nodename=%s" % node, "state=drain", "reason=%s" % reason])
 
 
 def specs_for(alloc: Allocation, python: str = "python3", command_timeout: float = 60.0,
@@ -241,8 +287,7 @@ def specs_for(alloc: Allocation, python: str = "python3", command_timeout: float
     """NodeSpecs for Slurm nodes (name = host = the Slurm node name); GPUs from Slurm's Gres unless given."""
     names = list(alloc.nodes) + list(alloc.excluded)
     info = dict(alloc.excluded)
-    if gpus_per_node is None and alloc.nodes:
-        info.update(node_info(alloc.nodes))
+    info.update(alloc.state)
     return [NodeSpec(name=n, host=n, line=0, python=python, command_timeout=command_timeout,
                      gpus_per_node=gpus_per_node if gpus_per_node is not None else int(info.get(n, {}).get("gpus") or 0))
             for n in sorted(names, key=_natural)]
@@ -478,6 +523,11 @@ def inventory(alloc: Allocation, python: str = "python3", command_timeout: float
     from preflight.inventory import Inventory
 
     label = "slurm job %s" % alloc.job_id if alloc.job_id else "slurm"
+    if not alloc.state and alloc.nodes:
+        alloc.state = node_info(alloc.nodes)
+    if gpus_per_node is None:
+        for name, i in alloc.state.items():
+            alloc.excluded.get(name, {}).setdefault("gpus", i.get("gpus"))
     return Inventory(path=label, nodes=specs_for(alloc, python, command_timeout, gpus_per_node),
                      master_port=master_port, cluster={"master_port": master_port, "mtu_full_mesh": False, "allreduce": {}},
                      transport="slurm", allocation=alloc)

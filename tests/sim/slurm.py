@@ -124,7 +124,7 @@ class SimSlurm:
             "ReturnToService=2\n"
             "MpiDefault=none\n"
             "MessageTimeout=%(msg_timeout)d\n"
-            "SlurmdTimeout=30\n"
+            "SlurmdTimeout=120\n"
             "KillWait=2\n"
             "SlurmctldDebug=info\n"
             "SlurmdDebug=info\n"
