@@ -163,6 +163,8 @@ class Check:
     phase   1 = local facts; 2 = network facts that need a plan built from phase-1 facts
     plan    phase-2 only: plan(view) -> {node name: probe config}, built on the controller
     needs   other checks whose facts this rule reads (they are gathered even when not selected)
+    order   where it runs and is reported among the checks (lower first); the catalogue is every
+            module in preflight.checks, sorted by order, so adding a check edits no list
     """
 
     name: str
@@ -174,6 +176,7 @@ class Check:
     phase: int = 1
     plan: Optional[PlanFn] = None
     needs: Sequence[str] = ()
+    order: int = 500
 
 
 def skip_all(check: str, nodes: Sequence[NodeInfo], reason: str) -> List[Finding]:
