@@ -88,7 +88,7 @@ def parse_show_node(text: str) -> Dict[str, Dict[str, Any]]:
         reason = None
         m = re.search(r"(?:^| )Reason=(.*?)(?= (?:Comment|Extra)=|$)", line)
         if m:
-            reason = m.group(1).strip()
+            reason = re.sub(r"\s*\[[^\]@]*@[^\]]*\]$", "", m.group(1)).strip()  # drop the [user@time] stamp
             line = line[: m.start()] + line[m.end():]
         fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
         state = fields.get("State")
