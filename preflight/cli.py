@@ -56,6 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     _common(env)
     env.add_argument("--with-allreduce", action="store_true", help="also prove the env with the all-reduce test")
 
+    node = sub.add_parser("node", help="this machine alone, fast, log lines and exit code (Slurm HealthCheckProgram / Prolog)")
+    node.add_argument("--only", type=_names, metavar="NAMES", help="run only these checks (comma-separated)")
+    node.add_argument("--skip", type=_names, default=[], metavar="NAMES", help="skip these checks (comma-separated)")
+    node.add_argument("--gpus-per-node", type=int, metavar="N", help="GPUs this machine should have (default: what the driver registered)")
+    node.add_argument("--json", metavar="PATH", help="write the JSON report to PATH ('-' = stdout; the lines then go to stderr)")
+    node.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline for the probes (default 60; a hung probe is then an error)")
+    node.add_argument("--debug", action="store_true", help="log details to stderr")
+
     checks = sub.add_parser("checks", help="list every check with its claim")
     checks.add_argument("--markdown", action="store_true", help="print README.md's check table (claim, why, fix)")
 
@@ -92,6 +100,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _cmd_checks(args.markdown)
         if args.command == "diff":
             return _cmd_diff(args)
+        if args.command == "node":
+            from preflight import nodecheck
+
+            return nodecheck.run(args)
         if args.command in ("check", "env"):
             return _cmd_check(args)
         parser.print_help(sys.stderr)
