@@ -21,11 +21,15 @@ CASES = sorted(p.stem for p in FIXTURES.glob("*.json"))
 def test_parse_recorded_ping(case):
     doc = json.loads((FIXTURES / (case + ".json")).read_text())
     assert doc["argv"][:3] == ["ping", "-M", "do"]
+    if "error" in doc:
+        with pytest.raises(ParseError, match=doc["error"]):
+            mtu.parse_ping(doc["stdout"], doc["stderr"], doc["rc"])
+        return
     assert mtu.parse_ping(doc["stdout"], doc["stderr"], doc["rc"]) == doc["expected"]
 
 
 def test_recorded_cases_cover_the_failure_kinds():
-    docs = {c: json.loads((FIXTURES / (c + ".json")).read_text())["expected"] for c in CASES}
+    docs = {c: json.loads((FIXTURES / (c + ".json")).read_text()).get("expected") for c in CASES}
     assert docs["success"]["received"] == 3 and docs["success"]["rtt_ms"] == pytest.approx(0.271)
     assert docs["total_loss"]["loss_pct"] == 100.0 and not docs["total_loss"]["too_long"]
     assert docs["local_error_mtu"]["path_mtu"] == 1500 and docs["local_error_mtu"]["too_long"]
@@ -292,3 +296,18 @@ def test_common_end():
     assert mtu.common_end([("a", "b")]) is None
     assert mtu.common_end([("a", "b"), ("b", "a")]) is None
     assert mtu.common_end([("a", "b"), ("c", "d")]) is None
+
+
+@pytest.mark.parametrize(
+    "line, path_mtu",
+    [
+        ("ping: local error: Message too long, mtu=1500", 1500),  # iputils <= s20180629
+        ("ping: local error: message too long, mtu=1500", 1500),  # iputils >= s20190324, IPv4
+        ("ping: local error: message too long, mtu: 1280", 1280),  # iputils >= s20190324, IPv6
+        ("ping: sendmsg: Message too long", None),  # strerror(EMSGSIZE), no MTU given
+    ],
+)
+def test_message_too_long_in_every_iputils_spelling(line, path_mtu):
+    out = "--- x ping statistics ---\n3 packets transmitted, 0 received, +3 errors, 100% packet loss, time 4ms\n"
+    parsed = mtu.parse_ping(out, line + "\n", 1)
+    assert parsed["too_long"] is True and parsed["path_mtu"] == path_mtu
