@@ -436,3 +436,15 @@ def test_tied_link_layers_write_no_hca_list_and_say_why():
     derived = envfile.derive(cluster(2, ib={"n001": ports, "n002": ports}))
     assert "NCCL_IB_HCA" not in derived.as_dict()
     assert any("NCCL_IB_HCA not written" in n and "as many InfiniBand as RoCE" in n and "no majority link layer" in n for n in derived.notes)
+
+
+def test_management_network_chosen_is_called_the_management_network():
+    """A cluster whose only shared subnet is the management network: the comment must not say otherwise."""
+    view = cluster(2)
+    for f in view.facts.values():
+        f["nic"]["interfaces"] = [i for i in f["nic"]["interfaces"] if i["name"] != "eth1"]
+    derived = envfile.derive(view, ["n001", "n002"])
+    sock = next(v for v in derived.variables if v.key == "NCCL_SOCKET_IFNAME")
+    assert sock.value == "=eno1"
+    assert "not loopback, a container bridge or the management network" not in sock.why[0]
+    assert "the management network" in sock.why[0] and "no other subnet" in sock.why[0]
