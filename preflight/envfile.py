@@ -149,8 +149,12 @@ def _socket(choice: Any, chosen: Dict[str, Optional[Dict[str, Any]]], derived: D
         "%s: %s in %s, mtu %s" % (_fold([n for n, e in chosen.items() if e["iface"] == name]), name, _entry(chosen, name, "subnet"), _entry(chosen, name, "mtu"))
         for name in names
     )
+    if any(e.get("management") for e in chosen.values()):
+        network = "the management network: no other subnet is shared by the nodes"
+    else:
+        network = "not loopback, a container bridge or the management network"
     why = [
-        "nic check: the data interface chosen on every node (up, in the shared subnet %s; not loopback, a container bridge or the management network)" % (choice.subnet or "?"),
+        "nic check: the data interface chosen on every node (up, in the shared subnet %s; %s)" % (choice.subnet or "?", network),
         per_name,
     ]
     if len(names) == 1:
