@@ -278,7 +278,7 @@ def usable_hcas(view: ClusterView) -> Dict[str, Any]:
                         _layer_text(p["link_layer"]),
                         _rate_text(p["rate_gbps"]),
                         _layer_text(link_layer),
-                        _rate_text(rates[link_layer]),
+                        _rate_text(rates[link_layer]) if rates.get(link_layer) is not None else "mixed rates",
                     ),
                 )
                 for p in others
