@@ -340,3 +340,24 @@ def test_mixed_layers_pass_and_name_the_port_left_out_of_nccl():
     assert findings[0].message.endswith(
         "; not for NCCL: mlx5_bond_0:1 (RoCE at 200 Gb/s; the rails are InfiniBand at 400 Gb/s)"
     )
+
+
+def test_rate_tie_has_no_majority_and_fails_every_port_naming_the_split():
+    # n001 at 400, n002 at 200: equally common, so neither is the reference (the old rule took 400).
+    findings = ib_hca.rule(view_of({"n001": healthy(count=2), "n002": healthy(count=2, rate=200)}))
+    fail = by_status(findings, Status.FAIL)
+    assert {f.node for f in fail} == {"n001", "n002"} and len(fail) == 4
+    assert fail[0].message == (
+        "n001 mlx5_0 port 1: rate 400 Gb/s (no majority: 400 Gb/s on 2 ports · 200 Gb/s on 2 ports; "
+        "set expect.ib_rate_gbps)"
+    )
+    assert ib_hca.expected_rates(view_of({"n001": healthy(count=2), "n002": healthy(count=2, rate=200)})) == {"ib": None}
+
+
+def test_port_count_tie_has_no_majority_and_fails_every_node():
+    findings = ib_hca.rule(view_of({"n001": healthy(count=4), "n002": healthy(count=3)}))
+    fail = by_status(findings, Status.FAIL)
+    assert [f.message for f in fail] == [
+        "n001: 4 usable HCA ports (no majority: 4 on n001 · 3 on n002; set expect.ib_hcas)",
+        "n002: 3 usable HCA ports (no majority: 4 on n001 · 3 on n002; set expect.ib_hcas)",
+    ]

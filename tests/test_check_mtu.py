@@ -311,3 +311,13 @@ def test_message_too_long_in_every_iputils_spelling(line, path_mtu):
     out = "--- x ping statistics ---\n3 packets transmitted, 0 received, +3 errors, 100% packet loss, time 4ms\n"
     parsed = mtu.parse_ping(out, line + "\n", 1)
     assert parsed["too_long"] is True and parsed["path_mtu"] == path_mtu
+
+
+def test_mtu_tie_has_no_majority_and_fails_every_node_naming_the_split():
+    # Two nodes at 9000, two at 1500: no reference value (preflight.common.majority), so no side is
+    # silently taken (the old rule picked the larger MTU and failed only the 1500 nodes).
+    view = cluster(4, mtus={"n003": 1500, "n004": 1500}, mtu_facts=ring_facts(4))
+    fail = [f for f in mtu.rule(view) if f.status == Status.FAIL and "no majority" in f.message]
+    assert [f.node for f in fail] == ["n001", "n002", "n003", "n004"]
+    assert fail[2].message == "n003 eth1: mtu 1500 (no majority: 9000 on n[001-002] · 1500 on n[003-004]; set expect.mtu)"
+    assert fail[0].expected == "one MTU on every node"
