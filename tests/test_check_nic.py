@@ -244,7 +244,7 @@ def test_one_node_with_data_nic_down_fails_alone():
     assert set(choice.nodes) == {"gpu-001", "gpu-002", "gpu-004"}
     assert {e["iface"] for e in choice.nodes.values()} == {"ib0"}
     why = choice.missing["gpu-003"]
-    assert "10.30.0.0/16" in why and "ib0 holds 10.30.0.0/16 but is down" in why
+    assert "10.30.0.0/16" in why and "data NIC down: ib0 10.30.0.13/16 is down (operstate DOWN)" in why
     findings = {f.node: f for f in nic.rule(view) if f.node}
     assert findings["gpu-003"].status == Status.FAIL
     assert findings["gpu-001"].status == Status.PASS
