@@ -60,7 +60,8 @@ def main(config: Dict[str, Any], bundle: bytes) -> Dict[str, Any]:
     if mode == "probe":
         records: Optional[Dict[str, Any]] = {} if config.get("capture") else None
         facts = run_probes(config.get("checks", {}), float(config.get("probe_timeout_s", 30)), records)
-        out = {"facts": facts, "elapsed_s": time.time() - started}
+        # bytecode: this module ran from the controller's compiled code (same Python version), not its source
+        out = {"facts": facts, "elapsed_s": time.time() - started, "bytecode": bool(globals().get("__cached__"))}
         if records is not None:
             out["capture"] = records
         return out
