@@ -527,4 +527,5 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     needs=("ssh",),
+    order=60,
 )

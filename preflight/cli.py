@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 import threading
 from typing import Any, Iterator, List, Optional
@@ -45,13 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--hostfile", metavar="PATH", help="write the nodes that passed, for a launcher")
     check.add_argument("--hostfile-format", choices=("plain", "deepspeed", "mpi", "mpich", "slurm"), default="plain")
     check.add_argument("-v", "--verbose", action="store_true", help="one line per finding, passes included")
+    check.add_argument("--capture", metavar="DIR", help="write every node's raw command outputs and sysfs reads "
+                       "to DIR as test fixtures (DIR/<node>/<check>.json), to send with a bug report")
 
     env = sub.add_parser("env", help="fast path: gather what the NCCL env needs and write the env file")
     env.add_argument("inventory", nargs="?", help="hosts.yaml; omit for this machine")
     _common(env)
     env.add_argument("--with-allreduce", action="store_true", help="also prove the env with the all-reduce test")
 
-    sub.add_parser("checks", help="list every check with its claim")
+    checks = sub.add_parser("checks", help="list every check with its claim")
+    checks.add_argument("--markdown", action="store_true", help="print README.md's check table (claim, why, fix)")
 
     diff = sub.add_parser("diff", help="compare two JSON reports (from --json or --history)")
     diff.add_argument("old")
@@ -79,7 +83,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     try:
         if args.command == "checks":
-            return _cmd_checks()
+            return _cmd_checks(args.markdown)
         if args.command == "diff":
             return _cmd_diff(args)
         if args.command in ("check", "env"):
@@ -94,7 +98,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def _cmd_checks() -> int:
+def _cmd_checks(markdown: bool = False) -> int:
+    if markdown:
+        from preflight.report import checks_markdown
+
+        sys.stdout.write(checks_markdown())
+        return EXIT_OK
     from rich.console import Console
     from rich.table import Table
 
@@ -170,8 +179,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
         parallel=args.parallel,
         timeout=args.timeout,
         accept_new_host_keys=args.accept_new_host_keys,
+        capture=bool(getattr(args, "capture", None)),
     )
     engine.select_checks(opts.only, opts.skip)  # usage errors before any connection
+    if getattr(args, "capture", None):
+        _check_capture_dir(args.capture)
     if getattr(args, "hostfile", None):
         _check_hostfile_names(inv, args.hostfile_format)
     progress = None if args.no_progress or not console.is_terminal else _Progress(console, len(inv.nodes))
@@ -229,6 +241,27 @@ def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: An
 
         with _writing(args.history):
             history.record(doc, args.history)
+    if getattr(args, "capture", None):
+        from preflight import capture
+
+        written = capture.write(args.capture, result.captures, result.view.facts, result.started_at)
+        console.print("captured %d probe runs to %s (review before sending: it holds command outputs and "
+                      "addresses)" % (len(written), args.capture), markup=False, highlight=False)
+
+
+def _check_capture_dir(path: str) -> None:
+    """--capture DIR must be a directory we can create or write, and empty: a capture never mixes runs."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise UsageError("--capture %s is not a directory" % path, "give a new or empty directory")
+        if os.listdir(path):
+            raise UsageError("--capture directory %s is not empty" % path, "give a new or empty directory")
+        if not os.access(path, os.W_OK):
+            raise UsageError("--capture directory %s is not writable" % path, "give a writable directory")
+    else:
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+            raise UsageError("cannot create --capture directory %s" % path, "give a path in a writable directory")
 
 
 def _hostfile_name(node: dict) -> str:
