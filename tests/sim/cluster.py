@@ -738,6 +738,22 @@ class SimCluster:
 
         self._push_undo(node, undo)
 
+    def data_link_down(self, node: NodeRef) -> None:
+        """Pull the node's data cable: its switch-side data port goes down, so eth1 keeps its address
+        and MTU but loses carrier (NO-CARRIER, operstate DOWN), as a dead cable or switch port does."""
+        node = self.node(node)
+        _ip_batch(["link set %s down" % node.data_veth], ns=self.switch_ns)
+        self._push_undo(node, lambda: _ip_batch(["link set %s up" % node.data_veth], ns=self.switch_ns))
+
+    def set_data_address(self, node: NodeRef, ip: str) -> None:
+        """Give the node's eth1 another address in the data subnet (e.g. another node's: a conflict).
+        Duplicate-address detection is IPv6-only, so the kernel accepts it, as on a real mis-set host."""
+        node = self.node(node)
+        old = node.data_ip
+        _ip_batch(["addr del %s/16 dev eth1" % old, "addr add %s/16 dev eth1" % ip], ns=node.ns)
+        self._push_undo(node, lambda: _ip_batch(["addr del %s/16 dev eth1" % ip, "addr add %s/16 dev eth1" % old],
+                                                ns=node.ns))
+
     def change_host_key(self, node: NodeRef) -> None:
         """New host key and sshd restart, known_hosts left alone: clients must see a key mismatch."""
         node = self.node(node)
