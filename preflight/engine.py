@@ -116,6 +116,15 @@ def _absorb(view_facts: Dict[str, Dict[str, Any]], outcomes: Dict[str, Outcome],
     return failed
 
 
+def open_fleet(inv: Inventory, opts: Options) -> Any:
+    """The transport for this inventory: SSH fan-out (gather.Fleet) or srun steps (slurm.SlurmFleet)."""
+    if inv.transport == "slurm":
+        from preflight import slurm
+
+        return slurm.fleet_for(inv, opts.progress)
+    return Fleet(inv.nodes, opts.parallel, opts.accept_new_host_keys, opts.progress)
+
+
 def run(inv: Inventory, opts: Options) -> RunReport:
     selected = select_checks(opts.only, opts.skip)
     gathered = catalogue.closure(list(selected) + list(opts.gather_also))
@@ -135,7 +144,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
     env: Any = None
     cluster = dict(inv.cluster)
 
-    with Fleet(inv.nodes, opts.parallel, opts.accept_new_host_keys, opts.progress) as fleet:
+    with open_fleet(inv, opts) as fleet:
         t0 = time.monotonic()
         configs = {s.name: _probe_config(phase1, s, deadline(s), capture=opts.capture) for s in inv.nodes}
         unreachable.update(_absorb(facts, fleet.run(configs, deadline), phase1, captures))

@@ -198,7 +198,8 @@ class SimCluster:
     """
 
     def __init__(self, n: int, *, prefix: Optional[str] = None, docker0: Union[bool, Iterable] = False,
-                 root: Optional[str] = None, keep_root: bool = False, start_timeout: float = 60.0) -> None:
+                 root: Optional[str] = None, keep_root: bool = False, start_timeout: float = 60.0,
+                 slurm: bool = False) -> None:
         if not 1 <= n < MAX_NODES:
             raise ValueError("n must be between 1 and %d" % (MAX_NODES - 1))
         self.prefix = prefix or "%s%s" % (PREFIX_BASE, secrets.token_hex(3))
@@ -230,6 +231,10 @@ class SimCluster:
         self.started = False
         self.stopped = False
         self.timings: Dict[str, float] = {}
+        # slurm=True: every node also runs slurmd (tests/sim/slurm.py) and, like slurmd, its sshd gets a
+        # UTS namespace whose hostname is the node name, so both transports see the same node.
+        self.want_slurm = slurm
+        self.slurm = None
 
     # ---------------------------------------------------------------- lookup
 
@@ -279,10 +284,15 @@ class SimCluster:
             self._wait_listening(self.nodes)
             self._wait_links_up(self.nodes)
             t3 = time.monotonic()
+            if self.want_slurm:
+                from .slurm import SimSlurm
+
+                self.slurm = SimSlurm(self).start()
+            t4 = time.monotonic()
         except BaseException:
             self.stop()
             raise
-        self.timings.update(files=t1 - t0, network=t2 - t1, sshd=t3 - t2, start=t3 - t0)
+        self.timings.update(files=t1 - t0, network=t2 - t1, sshd=t3 - t2, slurm=t4 - t3, start=t4 - t0)
         return self
 
     def _register_owner(self) -> None:
@@ -436,7 +446,10 @@ class SimCluster:
     def _spawn_sshd(self, node: SimNode) -> None:
         log = open(node.sshd_log, "ab")
         try:
-            node.sshd = self._spawn(["ip", "netns", "exec", node.ns, SSHD, "-D", "-e", "-f", node.sshd_config],
+            argv = [SSHD, "-D", "-e", "-f", node.sshd_config]
+            if self.want_slurm:
+                argv = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', node.name] + argv
+            node.sshd = self._spawn(["ip", "netns", "exec", node.ns] + argv,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         finally:
             log.close()
@@ -609,13 +622,15 @@ class SimCluster:
     def processes(self, node: NodeRef) -> List[Tuple[int, str]]:
         """(pid, cmdline) of every process in the node's network namespace except its sshd listener.
 
-        Listeners started by hold_port() are test setup and are left out too; sshd session processes
+        Listeners started by hold_port() and the node's slurmd are left out too; sshd session processes
         of a connection that just closed may still show for a few milliseconds (see leftover_processes).
         """
         node = self.node(node)
         key = netns_id(node.ns)
         listener = node.sshd.pid if node.sshd is not None and node.sshd.poll() is None else None
         held = {pid for pid, p in self._held.items() if p.poll() is None}
+        if self.slurm is not None:  # the node's slurmd daemon is infrastructure, like its sshd listener
+            held |= {p.pid for name, p in self.slurm.slurmd.items() if name == node.name and p.poll() is None}
         return [(pid, cmdline(pid)) for pid in sorted(pids_by_netns([key])[key])
                 if pid != listener and pid not in held]
 
