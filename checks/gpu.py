@@ -649,4 +649,5 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     needs=("ssh",),
+    action="isolate",
 )

@@ -449,4 +449,5 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     needs=("ssh",),
+    action="isolate",
 )

@@ -372,4 +372,5 @@ CHECK = Check(
     phase=2,
     plan=plan,
     needs=("nic",),
+    action="fix_config",
 )

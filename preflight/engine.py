@@ -19,7 +19,7 @@ from preflight import checks as catalogue
 from preflight.errors import UsageError
 from preflight.gather import Fleet, Outcome, Progress
 from preflight.inventory import Inventory, NodeSpec
-from preflight.model import ClusterView, Finding, NodeInfo, Status
+from preflight.model import ClusterView, Finding, NodeInfo, Status, with_action
 
 
 @dataclass
@@ -165,7 +165,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
 
     view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
     if env is not None:
-        findings.extend(env.refused)
+        findings.extend(with_action(f, "fix_config") for f in env.refused)
     if "allreduce" in selected:
         from preflight import bench
 
@@ -190,10 +190,10 @@ def judge(view: ClusterView, selected: Sequence[str]) -> List[Finding]:
     for name in selected:
         check = catalogue.get(name)
         try:
-            findings.extend(check.rule(view))
+            findings.extend(with_action(f, check.action) for f in check.rule(view))
         except Exception as exc:  # a rule bug must not hide the other checks' verdicts
-            findings.append(Finding(name, None, Status.ERROR, "rule failed: %s: %s" % (type(exc).__name__, exc)))
+            findings.append(Finding(name, None, Status.ERROR, "rule failed: %s: %s" % (type(exc).__name__, exc), action="check_app"))
         if name != "ssh":
             for node in view.unreachable:
-                findings.append(Finding(name, node, Status.ERROR, "not checked: node unreachable (see ssh)"))
+                findings.append(Finding(name, node, Status.ERROR, "not checked: node unreachable (see ssh)", action="retest"))
     return findings

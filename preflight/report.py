@@ -13,7 +13,9 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from preflight import __version__
 from preflight import checks as catalogue
 from preflight.engine import RunReport
-from preflight.model import Finding, Status
+from preflight.common import fold as fold_names
+from preflight.common import plural
+from preflight.model import ACTIONS, Finding, Status
 
 STYLE = {
     Status.PASS: "green",
@@ -133,6 +135,13 @@ def render(report: RunReport, console: Any, verbose: bool = False) -> None:
     if curve:
         console.print(_curve_table(curve))
 
+    todo = actions(report.findings, [n.name for n in report.view.nodes])
+    if todo:
+        console.print()
+        console.print(Text("what to do", style="bold"))
+        for line in todo:
+            console.print(Text("  " + line))
+
     failed = [c for c in report.selected if any(f.check == c and f.status.is_problem for f in report.findings)]
     if failed:
         console.print()
@@ -147,6 +156,52 @@ def render(report: RunReport, console: Any, verbose: bool = False) -> None:
     ]
     console.print()
     console.print(Text(" · ").join(parts) + Text("  → exit %d" % report.exit_code, style="bold"))
+
+
+#: How the console words each action for an operator.
+ACTION_WORDS = {
+    "isolate": "drain (isolate)",
+    "reboot": "reboot",
+    "reset_gpu": "reset the GPU on",
+    "fix_config": "fix the config on",
+    "check_app": "check the application on",
+    "retest": "retest",
+}
+
+
+def actions(findings: Iterable[Finding], all_nodes: List[str]) -> List[str]:
+    """One line per action the failing findings ask for, most drastic first, with its nodes and checks.
+
+    'drain (isolate) 2 nodes: n[002-003] (ib_errors, gpu)'; a fix asked of every node says 'all N nodes'.
+    A node is listed under its most drastic action only (a node to drain needs no config fix first);
+    cluster-wide findings are listed as 'cluster'.
+    """
+    by_action: Dict[str, List[Finding]] = {}
+    for f in findings:
+        if f.status.is_problem:
+            by_action.setdefault(f.action or "retest", []).append(f)
+    placed: set = set()
+    lines = []
+    for action in ACTIONS:
+        group = by_action.get(action)
+        if not group:
+            continue
+        nodes = sorted({f.node for f in group if f.node is not None and f.node not in placed})
+        cluster_wide = any(f.node is None for f in group)
+        checks = list(OrderedDict((f.check, None) for f in group if f.node is None or f.node in nodes))
+        if not nodes and not cluster_wide:
+            continue
+        if nodes and len(nodes) == len(all_nodes) and len(all_nodes) > 1:
+            where = "all %d nodes" % len(nodes)
+        elif nodes:
+            where = "%s: %s" % (plural(len(nodes), "node"), fold_names(nodes))
+        else:
+            where = ""
+        if cluster_wide:
+            where = "cluster" + (", " + where if where else "")
+        placed.update(nodes)
+        lines.append("%s %s (%s)" % (ACTION_WORDS[action], where, ", ".join(checks)))
+    return lines
 
 
 def _curve(report: RunReport) -> List[Dict[str, Any]]:
