@@ -170,6 +170,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         parallel=args.parallel,
         timeout=args.timeout,
         accept_new_host_keys=args.accept_new_host_keys,
+        previous=_previous_run(getattr(args, "history", None), inv),
     )
     engine.select_checks(opts.only, opts.skip)  # usage errors before any connection
     if getattr(args, "hostfile", None):
@@ -229,6 +230,16 @@ def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: An
 
         with _writing(args.history):
             history.record(doc, args.history)
+
+
+def _previous_run(history_dir: Optional[str], inv: Any) -> Optional[dict]:
+    """The last report of this inventory kept in --history DIR (rules compare against it), else None."""
+    if not history_dir:
+        return None
+    from preflight import history
+
+    path = history.previous(history_dir, inv.sha256)
+    return history.load(path) if path is not None else None
 
 
 def _hostfile_name(node: dict) -> str:

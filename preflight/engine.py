@@ -31,6 +31,7 @@ class Options:
     accept_new_host_keys: bool = False
     progress: Optional[Progress] = None
     gather_also: Sequence[str] = ()  # checks whose facts are gathered but not judged (e.g. for the env file)
+    previous: Optional[Dict[str, Any]] = None  # the last run's report (--history): rules compare against it
 
 
 @dataclass
@@ -109,7 +110,8 @@ def run(inv: Inventory, opts: Options) -> RunReport:
     selected = select_checks(opts.only, opts.skip)
     gathered = catalogue.closure(list(selected) + list(opts.gather_also))
     checks = {name: catalogue.get(name) for name in gathered}
-    phase1 = [n for n in gathered if checks[n].phase == 1 and checks[n].probe is not None]
+    prepared = [n for n in gathered if checks[n].phase == 2 and checks[n].prepare is not None]
+    phase1 = [n for n in gathered if (checks[n].phase == 1 and checks[n].probe is not None) or n in prepared]
     phase2 = [n for n in gathered if checks[n].phase == 2]
     infos = node_infos(inv)
     specs = {s.name: s for s in inv.nodes}
@@ -121,10 +123,17 @@ def run(inv: Inventory, opts: Options) -> RunReport:
     allreduce: Optional[Dict[str, Any]] = None
     env: Any = None
     cluster = dict(inv.cluster)
+    if opts.previous:
+        cluster["previous"] = opts.previous
 
     with Fleet(inv.nodes, opts.parallel, opts.accept_new_host_keys, opts.progress) as fleet:
         t0 = time.monotonic()
-        configs = {s.name: _probe_config(phase1, s, deadline(s)) for s in inv.nodes}
+        configs = {
+            s.name: _probe_config(
+                phase1, s, deadline(s), {n: checks[n].prepare(cluster, s.name, s.name == inv.head_name) for n in prepared}
+            )
+            for s in inv.nodes
+        }
         unreachable.update(_absorb(facts, fleet.run(configs, deadline), phase1))
         times["phase1_s"] = time.monotonic() - t0
 

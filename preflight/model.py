@@ -181,6 +181,9 @@ class Check:
     phase   1 = local facts; 2 = network facts that need a plan built from phase-1 facts
     plan    phase-2 only: plan(view) -> {node name: probe config}, built on the controller
     needs   other checks whose facts this rule reads (they are gathered even when not selected)
+    prepare phase-2 only, optional: prepare(cluster settings, node name, is head) -> that node's probe config
+            for a first run of the probe in phase 1 (storage: the head writes the token the others
+            read in phase 2); the plan reads those phase-1 facts, the phase-2 facts replace them
     action  what to do about a FAIL finding that names no action of its own (one of ACTIONS); an
             ERROR finding without one gets "retest" (the check could not decide)
     """
@@ -195,6 +198,7 @@ class Check:
     plan: Optional[PlanFn] = None
     needs: Sequence[str] = ()
     action: str = "fix_config"
+    prepare: Optional[Callable[[Mapping[str, Any], str, bool], Dict[str, Any]]] = None
 
 
 def with_action(finding: Finding, default: str) -> Finding:

@@ -74,10 +74,41 @@ def to_json(report: RunReport) -> Dict[str, Any]:
             for s in inv.nodes
         ],
         "results": [f.to_json() for f in sort_findings(report.findings)],
+        "hardware": hardware(report.view),
         "summary": summary(report.findings),
         "allreduce": report.allreduce,
         "exit_code": report.exit_code,
     }
+
+
+def hardware(view: Any) -> Dict[str, Any]:
+    """{node: {"gpus": [{index, pci_bus_id, uuid, serial, failed}]}} from the gpu facts, for `preflight diff`.
+
+    failed: the gpu check's per-GPU judgement (gpu.gpu_problems) found a FAIL on that GPU, so a later run
+    can recognise the same serial coming back (a "lemon"). Nodes without GPU facts are left out.
+    """
+    from preflight.checks import gpu
+
+    out: Dict[str, Any] = {}
+    for node in view.live:
+        facts = view.facts[node.name].get("gpu")
+        gpus = facts.get("gpus") if isinstance(facts, dict) else None
+        if not gpus:
+            continue
+        links = max([g["nvlink"]["active"] for g in gpus if g.get("nvlink")] or [0])
+        out[node.name] = {
+            "gpus": [
+                {
+                    "index": g.get("index"),
+                    "pci_bus_id": g.get("pci_bus_id"),
+                    "uuid": g.get("uuid"),
+                    "serial": g.get("serial"),
+                    "failed": any(p[0] is Status.FAIL for p in gpu.gpu_problems(g, links)),
+                }
+                for g in gpus
+            ]
+        }
+    return out
 
 
 def dumps(doc: Dict[str, Any]) -> str:
