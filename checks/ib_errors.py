@@ -75,30 +75,30 @@ DEGRADED_PER_S = {
 #: symbol_error above this rate over a long interval violates the IBTA bit-error-rate bound: fatal.
 SYMBOL_FATAL_PER_H = 120.0
 _INT = re.compile(r"^\d+$")
+NO_PMA = "N/A (no PMA)"
 
 
 # ----------------------------------------------------------------------------------------------- parse
 
 
 def parse_counters(files: Mapping[str, Optional[str]]) -> Dict[str, Optional[int]]:
-    """{counter file name: its text (None = absent/unreadable)} → {counter: value or None}.
+    """{counter file name: its text (None = absent/unreadable)} → {counter: value, or None if unavailable}.
 
-    Only the error counters in WIDTH_BITS are kept. A value that is not a non-negative integer (for
-    example the "N/A (no PMA)" some drivers print for a port without a performance-management agent)
-    raises ParseError naming the counter.
+    Only the error counters in WIDTH_BITS are kept. "N/A (no PMA)" (what the kernel's show_pma_counter in
+    drivers/infiniband/core/sysfs.c prints for a device without a performance-management agent) reads as
+    None: unavailable, never a fabricated 0. Any other value that is not a non-negative integer raises
+    ParseError naming the counter.
     """
     out: Dict[str, Optional[int]] = {}
     for name in COUNTERS:
         text = files.get(name)
-        if text is None:
+        value = None if text is None else text.strip()
+        if value is None or value == NO_PMA:
             out[name] = None
-            continue
-        value = text.strip()
-        if not _INT.match(value):
-            raise ParseError("counters/%s: expected a non-negative integer, got %.40r" % (name, text))
-        out[name] = int(value)
-    if all(v is None for v in out.values()):
-        raise ParseError("no error counters (expected %s, ...)" % ", ".join(COUNTERS[:3]))
+        elif _INT.match(value):
+            out[name] = int(value)
+        else:
+            raise ParseError("counters/%s: expected a non-negative integer or %r, got %.40r" % (name, NO_PMA, text))
     return out
 
 
@@ -230,8 +230,11 @@ def _node(view: ClusterView, name: str, facts: Dict[str, Any]) -> Finding:
         where = "%s %s port %d" % (name, p["hca"], p["port"])
         found = judge_interval(p["before"], p["after"], seconds)
         old = (prev or {}).get(label(p))
-        if old and prev_at and facts.get("at"):
+        if old and prev_at is not None and facts.get("at") is not None:
             found += judge_since(old, p["after"], float(facts["at"]) - float(prev_at), "the last run (%s)" % (prev_started or "?"))
+        missing = [n for n in ("symbol_error", "link_downed", "port_rcv_errors") if p["after"].get(n) is None]
+        if missing:
+            found.append((Status.WARN, "error counters unavailable (%s): the link cannot be judged" % ", ".join(missing)))
         full = [n for n in COUNTERS if saturated(n, p["after"].get(n))]
         if full:
             found.append(
