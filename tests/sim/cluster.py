@@ -589,7 +589,7 @@ class SimCluster:
                   node_overrides: Optional[Dict[str, dict]] = None, **extra) -> str:
         """Write a hosts.yaml for this cluster and return its path.
 
-        extra: master_port/head/expect go to `cluster:`, anything else to `defaults:`.
+        extra: master_port/head/expect/shared_paths go to `cluster:`, anything else to `defaults:`.
         node_overrides: {"n003": {"port": 2222}} merged into that node's entry.
         nodes: a subset (default all).
         """
@@ -599,7 +599,7 @@ class SimCluster:
                     "python": "python3", "gpus_per_node": 0, "connect_timeout": 5, "command_timeout": 30}
         cluster = {"master_port": 29500}
         for key, value in extra.items():
-            (cluster if key in ("master_port", "head", "expect") else defaults)[key] = value
+            (cluster if key in ("master_port", "head", "expect", "shared_paths") else defaults)[key] = value
         overrides = dict(node_overrides or {})
         entries = []
         for node in (self.node(r) for r in (nodes if nodes is not None else self.nodes)):
@@ -730,13 +730,15 @@ class SimCluster:
         port counting errors while the probe watches it), until heal/stop; returns its pid."""
         node = self.node(node)
         paths = [os.path.join(node.sys_dir, r.lstrip("/")) for r in relpaths]
-        code = ("import sys,time\n"
+        # each new value replaces the file whole (a reader never sees it half-written, as with sysfs)
+        code = ("import os,sys,time\n"
                 "paths, step, every = sys.argv[3:], int(sys.argv[1]), float(sys.argv[2])\n"
                 "sys.stdout.write('ready\\n'); sys.stdout.flush()\n"
                 "while True:\n"
                 "    for p in paths:\n"
-                "        v = int(open(p).read().strip() or 0) + step\n"
-                "        open(p, 'w').write('%d\\n' % v)\n"
+                "        v = int(open(p).read().strip()) + step\n"
+                "        open(p + '.new', 'w').write('%d\\n' % v)\n"
+                "        os.replace(p + '.new', p)\n"
                 "    time.sleep(every)\n")
         proc = self._spawn(["ip", "netns", "exec", node.ns, sys.executable, "-c", code, str(step), str(every)] + paths,
                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
