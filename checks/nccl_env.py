@@ -221,9 +221,9 @@ def _contradiction(key: str, value: str, rec: Dict[str, str], node_iface: Option
 
 
 def _node_ifaces(view: ClusterView) -> Dict[str, str]:
-    from preflight.checks import nic
+    from preflight.datanet import choose
 
-    choice = nic.choose(view)
+    choice = choose(view)
     out = {}
     for node in view.live:
         entry = choice.get(node.name)

@@ -14,8 +14,6 @@ from preflight import __version__
 from preflight import checks as catalogue
 from preflight import common
 from preflight.engine import RunReport
-from preflight.common import fold as fold_names
-from preflight.common import plural
 from preflight.model import ACTIONS, Finding, Status
 
 STYLE = {
@@ -223,7 +221,7 @@ def actions(findings: Iterable[Finding], all_nodes: List[str]) -> List[str]:
         if nodes and len(nodes) == len(all_nodes) and len(all_nodes) > 1:
             where = "all %d nodes" % len(nodes)
         elif nodes:
-            where = "%s: %s" % (plural(len(nodes), "node"), fold_names(nodes))
+            where = "%s: %s" % (common.plural(len(nodes), "node"), common.fold(nodes))
         else:
             where = ""
         if cluster_wide:
