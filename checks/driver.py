@@ -411,4 +411,5 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     action="fix_config",
+    order=30,
 )

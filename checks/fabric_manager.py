@@ -233,4 +233,5 @@ CHECK = Check(
     rule=rule,
     needs=("gpu",),
     action="fix_config",
+    order=40,
 )

@@ -639,4 +639,5 @@ CHECK = Check(
     rule=rule,
     needs=("ssh",),
     action="isolate",
+    order=20,
 )

@@ -81,25 +81,24 @@ NO_PMA = "N/A (no PMA)"
 # ----------------------------------------------------------------------------------------------- parse
 
 
-def parse_counters(files: Mapping[str, Optional[str]]) -> Dict[str, Optional[int]]:
-    """{counter file name: its text (None = absent/unreadable)} → {counter: value, or None if unavailable}.
+def parse_counter(text: Optional[str], name: str) -> Optional[int]:
+    """One counters/<name> file's text → its value, or None when unavailable.
 
-    Only the error counters in WIDTH_BITS are kept. "N/A (no PMA)" (what the kernel's show_pma_counter in
-    drivers/infiniband/core/sysfs.c prints for a device without a performance-management agent) reads as
-    None: unavailable, never a fabricated 0. Any other value that is not a non-negative integer raises
-    ParseError naming the counter.
+    "N/A (no PMA)" (what the kernel's show_pma_counter in drivers/infiniband/core/sysfs.c prints for a
+    device without a performance-management agent) and an absent file read as None: unavailable, never a
+    fabricated 0. Any other value that is not a non-negative integer raises ParseError naming the counter.
     """
-    out: Dict[str, Optional[int]] = {}
-    for name in COUNTERS:
-        text = files.get(name)
-        value = None if text is None else text.strip()
-        if value is None or value == NO_PMA:
-            out[name] = None
-        elif _INT.match(value):
-            out[name] = int(value)
-        else:
-            raise ParseError("counters/%s: expected a non-negative integer or %r, got %.40r" % (name, NO_PMA, text))
-    return out
+    value = None if text is None else text.strip()
+    if value is None or value == NO_PMA:
+        return None
+    if not _INT.match(value):
+        raise ParseError("counters/%s: expected a non-negative integer or %r, got %.40r" % (name, NO_PMA, text))
+    return int(value)
+
+
+def counters_from(files: Mapping[str, Optional[str]]) -> Dict[str, Optional[int]]:
+    """{counter file name: its text (None = absent)} → {error counter: value or None}, for COUNTERS."""
+    return {name: parse_counter(files.get(name), name) for name in COUNTERS}
 
 
 def saturated(name: str, value: Optional[int]) -> bool:
@@ -112,7 +111,7 @@ def saturated(name: str, value: Optional[int]) -> bool:
 
 def _read_counters(ctx: Any, port_dir: str) -> Dict[str, Optional[int]]:
     cdir = os.path.join(port_dir, "counters")
-    return parse_counters({name: ctx.read(os.path.join(cdir, name)) for name in COUNTERS})
+    return counters_from({name: ctx.read(os.path.join(cdir, name)) for name in COUNTERS})
 
 
 def probe(ctx: Any) -> Dict[str, Any]:
@@ -298,4 +297,5 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     action="isolate",
+    order=65,
 )

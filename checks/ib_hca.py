@@ -485,4 +485,5 @@ CHECK = Check(
     rule=rule,
     needs=("ssh",),
     action="isolate",
+    order=60,
 )

@@ -376,4 +376,5 @@ CHECK = Check(
     plan=plan,
     needs=("nic",),
     action="fix_config",
+    order=70,
 )

@@ -353,4 +353,5 @@ CHECK = Check(
     rule=rule,
     needs=("nic", "ib_hca", "driver"),
     action="fix_config",
+    order=85,
 )

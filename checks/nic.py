@@ -283,4 +283,5 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     action="fix_config",
+    order=50,
 )

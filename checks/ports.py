@@ -516,4 +516,5 @@ CHECK = Check(
     plan=plan,
     needs=("nic",),
     action="fix_config",
+    order=80,
 )

@@ -112,4 +112,5 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     action="fix_config",
+    order=10,
 )

@@ -261,4 +261,5 @@ CHECK = Check(
     plan=plan,
     prepare=prepare,
     action="fix_config",
+    order=87,
 )

@@ -169,6 +169,20 @@ PlanFn = Callable[[ClusterView], Dict[str, Dict[str, Any]]]
 
 
 @dataclass(frozen=True)
+class CrossNode:
+    """A test that runs across nodes at once, after the node checks, on the nodes that passed them.
+
+    Controller side only (the check module wraps a lazy import of the controller code that runs it):
+    run(fleet, inventory, view, healthy node names, derived env, options) returns an object with
+    `docs` ({node: facts}, stored as view.facts[node][check]) and `meta` (view.cluster[check]);
+    summary(findings, meta, seconds), when given, is the report's section for it.
+    """
+
+    run: Callable[..., Any]
+    summary: Optional[Callable[..., Optional[Dict[str, Any]]]] = None
+
+
+@dataclass(frozen=True)
 class Check:
     """A check's declaration: the catalogue entry every module in preflight.checks exports as CHECK.
 
@@ -186,6 +200,10 @@ class Check:
             read in phase 2); the plan reads those phase-1 facts, the phase-2 facts replace them
     action  what to do about a FAIL finding that names no action of its own (one of ACTIONS); an
             ERROR finding without one gets "retest" (the check could not decide)
+    order   where it runs and is reported among the checks (lower first); the catalogue is every
+            module in preflight.checks, sorted by order, so adding a check edits no list
+    crossnode  a test run across the nodes that passed the node checks (CrossNode), e.g. the all-reduce;
+            its rule is judged after it ran
     """
 
     name: str
@@ -199,6 +217,8 @@ class Check:
     needs: Sequence[str] = ()
     action: str = "fix_config"
     prepare: Optional[Callable[[Mapping[str, Any], str, bool], Dict[str, Any]]] = None
+    order: int = 500
+    crossnode: Optional[CrossNode] = None
 
 
 def with_action(finding: Finding, default: str) -> Finding:

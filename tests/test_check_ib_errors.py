@@ -7,19 +7,9 @@ import pytest
 from preflight.checks import ib_errors
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe.context import NodeContext
-from tests import fixture_cases
 from tests.sim import ib_hw
 
 ZERO = dict.fromkeys(ib_errors.COUNTERS, 0)
-
-
-@pytest.mark.parametrize("case", fixture_cases.cases("ib_errors"))
-def test_parser_fixture(case):
-    fixture_cases.run("ib_errors", case)
-
-
-def test_every_parser_has_good_and_bad_cases():
-    fixture_cases.assert_good_and_bad("ib_errors", ["parse_counters"])
 
 
 def test_saturation_widths():

@@ -7,18 +7,8 @@ import pytest
 from preflight.checks import nccl_env
 from preflight.model import Status
 from preflight.probe.context import NodeContext
-from tests import fixture_cases
 from tests.test_check_ib_hca import port
 from tests.test_envfile import cluster
-
-
-@pytest.mark.parametrize("case", fixture_cases.cases("nccl_env"))
-def test_parser_fixture(case):
-    fixture_cases.run("nccl_env", case)
-
-
-def test_every_parser_has_good_and_bad_cases():
-    fixture_cases.assert_good_and_bad("nccl_env", ["parse_nccl_conf"])
 
 
 def conf(path, role, *entries, malformed=()):

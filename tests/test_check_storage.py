@@ -7,18 +7,8 @@ import pytest
 from preflight.checks import storage
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe.context import NodeContext
-from tests import fixture_cases
 
 GiB = 1 << 30
-
-
-@pytest.mark.parametrize("case", fixture_cases.cases("storage"))
-def test_parser_fixture(case):
-    fixture_cases.run("storage", case)
-
-
-def test_every_parser_has_good_and_bad_cases():
-    fixture_cases.assert_good_and_bad("storage", ["parse_mountinfo"])
 
 
 def test_mount_of_takes_the_longest_and_last_mount_point():
