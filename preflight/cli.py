@@ -238,6 +238,7 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
         timeout=args.timeout,
         accept_new_host_keys=args.accept_new_host_keys,
         capture=bool(getattr(args, "capture", None)),
+        previous=_previous_run(getattr(args, "history", None), inv),
     )
     engine.select_checks(opts.only, opts.skip)  # usage errors before any connection
     if getattr(args, "capture", None):
@@ -346,6 +347,16 @@ def _check_capture_dir(path: str) -> None:
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
             raise UsageError("cannot create --capture directory %s" % path, "give a path in a writable directory")
+
+
+def _previous_run(history_dir: Optional[str], inv: Any) -> Optional[dict]:
+    """The last report of this inventory kept in --history DIR (rules compare against it), else None."""
+    if not history_dir:
+        return None
+    from preflight import history
+
+    path = history.previous(history_dir, inv.sha256)
+    return history.load(path) if path is not None else None
 
 
 def _hostfile_name(node: dict) -> str:
