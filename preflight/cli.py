@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 import threading
 from typing import Any, Iterator, List, Optional
@@ -45,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--hostfile", metavar="PATH", help="write the nodes that passed, for a launcher")
     check.add_argument("--hostfile-format", choices=("plain", "deepspeed", "mpi", "mpich", "slurm"), default="plain")
     check.add_argument("-v", "--verbose", action="store_true", help="one line per finding, passes included")
+    check.add_argument("--capture", metavar="DIR", help="write every node's raw command outputs and sysfs reads "
+                       "to DIR as test fixtures (DIR/<node>/<check>.json), to send with a bug report")
     check.add_argument("--drain", action="store_true", help="with Slurm: drain failing nodes (reason 'preflight: <check>: <finding>')")
     check.add_argument("--resume", action="store_true", help="with Slurm: return to service nodes preflight drained that now pass")
     check.add_argument("--dry-run", action="store_true", help="with --drain/--resume: print the scontrol commands, change nothing")
@@ -257,8 +260,12 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
         parallel=args.parallel,
         timeout=args.timeout,
         accept_new_host_keys=args.accept_new_host_keys,
+        capture=bool(getattr(args, "capture", None)),
+        previous=_previous_run(getattr(args, "history", None), inv),
     )
     engine.select_checks(opts.only, opts.skip)  # usage errors before any connection
+    if getattr(args, "capture", None):
+        _check_capture_dir(args.capture)
     if getattr(args, "hostfile", None):
         _check_hostfile_names(inv, args.hostfile_format)
     progress = None if args.no_progress or not console.is_terminal else _Progress(console, len(inv.nodes))
@@ -345,6 +352,37 @@ def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: An
 
         with _writing(args.history):
             history.record(doc, args.history)
+    if getattr(args, "capture", None):
+        from preflight import capture
+
+        written = capture.write(args.capture, result.captures, result.view.facts, result.started_at)
+        console.print("captured %d probe runs to %s (review before sending: it holds command outputs and "
+                      "addresses)" % (len(written), args.capture), markup=False, highlight=False)
+
+
+def _check_capture_dir(path: str) -> None:
+    """--capture DIR must be a directory we can create or write, and empty: a capture never mixes runs."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise UsageError("--capture %s is not a directory" % path, "give a new or empty directory")
+        if os.listdir(path):
+            raise UsageError("--capture directory %s is not empty" % path, "give a new or empty directory")
+        if not os.access(path, os.W_OK):
+            raise UsageError("--capture directory %s is not writable" % path, "give a writable directory")
+    else:
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+            raise UsageError("cannot create --capture directory %s" % path, "give a path in a writable directory")
+
+
+def _previous_run(history_dir: Optional[str], inv: Any) -> Optional[dict]:
+    """The last report of this inventory kept in --history DIR (rules compare against it), else None."""
+    if not history_dir:
+        return None
+    from preflight import history
+
+    path = history.previous(history_dir, inv.sha256)
+    return history.load(path) if path is not None else None
 
 
 def _hostfile_name(node: dict) -> str:
