@@ -77,9 +77,12 @@ def run(args: Any) -> int:
     for finding in problems:
         out.write(line(finding) + "\n")
     counts: Dict[str, int] = report.summary(result.findings)
-    out.write("preflight: node %s %s: %d fail, %d error, %d warn, %d pass, %d skip (%s; %.1f s)\n" % (
+    # Without --gpus-per-node the count is what the driver registered: a node whose driver lost every GPU
+    # then looks CPU-only, so the line says where the expectation came from.
+    gpus = "%d GPUs%s" % (inv.nodes[0].gpus_per_node, "" if args.gpus_per_node is not None else " as the driver registered them")
+    out.write("preflight: node %s %s: %d fail, %d error, %d warn, %d pass, %d skip (%s; %s; %.1f s)\n" % (
         inv.nodes[0].name, "UNHEALTHY" if result.exit_code else "ok", counts["fail"], counts["error"],
-        counts["warn"], counts["pass"], counts["skip"], ",".join(result.selected), wall))
+        counts["warn"], counts["pass"], counts["skip"], gpus, ",".join(result.selected), wall))
     out.flush()
     if args.json:
         doc = report.to_json(result)
