@@ -13,7 +13,18 @@ from typing import Dict, List
 from preflight.model import Check
 
 #: Stable check names, in the order they run and are reported.
-CHECK_NAMES = ("ssh", "gpu", "driver", "fabric_manager", "nic", "ib_hca", "mtu", "ports", "allreduce")
+CHECK_NAMES = (
+    "ssh",
+    "gpu",
+    "driver",
+    "fabric_manager",
+    "xid",
+    "nic",
+    "ib_hca",
+    "mtu",
+    "ports",
+    "allreduce",
+)
 
 
 def get(name: str) -> Check:
