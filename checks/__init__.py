@@ -21,6 +21,8 @@ CHECK_NAMES = (
     "xid",
     "nic",
     "ib_hca",
+    "gpudirect",
+    "topology",
     "mtu",
     "ports",
     "allreduce",
