@@ -208,7 +208,8 @@ def _judge(node: Any, facts: Dict[str, Any]) -> List[Finding]:
             if ctl and any(ctl.get(flag) for flag in REDIRECTS):
                 redirecting.append((bdf, "+".join(f for f in REDIRECTS if ctl.get(f))))
         for bdf, flags in redirecting:
-            pairs = ", ".join("GPU %s↔%s" % (p["gpu"], p["hca"]) for p in facts["paths"] if bdf in p["bridges"])
+            index = {gpu: i for i, gpu in enumerate(sorted(facts["gpus"]))}
+            pairs = ", ".join("GPU %s (%s)↔%s" % (index.get(p["gpu"], "?"), p["gpu"], p["hca"]) for p in facts["paths"] if bdf in p["bridges"])
             out.append(Finding(
                 NAME, name, Status.FAIL,
                 "%s PCIe switch port %s: ACS %s on (expected off on bare metal): peer traffic of %s is redirected to the root complex" % (name, bdf, flags, pairs),

@@ -318,7 +318,7 @@ def _judge(node: Any, facts: Dict[str, Any], gpu_facts: Any, window: Optional[fl
         expected = "no hardware Xid/SXid" if status is Status.FAIL else "no Xid/SXid"
         msg = "%s %s: %s%s %s (%s): %s%s" % (
             name, where, label, count, _window_text(window), when, meaning,
-            ("; " + last["detail"][:120]) if last.get("detail") else "",
+            ("; " + last["detail"][:120]) if last.get("detail") and meaning.lower() not in last["detail"].lower() else "",
         )
         data: Dict[str, Any] = {"kind": kind, "code": code, "pci": bus, "count": len(events)}
         if action:

@@ -129,7 +129,8 @@ def inject_kernel_log(node: Any, message: str, seconds_after_boot: float = 60.0)
 
 def _render_kernel_log(node: Any) -> None:
     lines = sorted(BOOT_LOG + tuple(_state(node)["kernel_log"]))
-    text = "".join("[%12.6f] %s kernel: %s\n" % (ts, node.name, msg) for ts, msg in lines)
+    host = getattr(node, "name", "gpu-node")
+    text = "".join("[%12.6f] %s kernel: %s\n" % (ts, host, msg) for ts, msg in lines)
     node.install_executable(
         "journalctl",
         "#!/bin/sh\n"
