@@ -235,4 +235,5 @@ CHECK = Check(
     "troubleshooting guide shows; in VMs leave ACS to the hypervisor.",
     probe=probe,
     rule=rule,
+    order=65,
 )

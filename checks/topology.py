@@ -90,7 +90,7 @@ def read_device(ctx: Any, kind: str, bdf: str, name: Optional[str]) -> Dict[str,
     if chain:
         attrs = _link_attrs(ctx, chain[-1])
         if attrs["max_link_width"] is not None:
-            link = parse_pcie_link(attrs, "%s slot" % chain[-1])
+            link = link_facts(attrs, "%s slot" % chain[-1])
             slot = {"max_width": link["max_width"], "max_speed": link["max_speed"]}
     numa = ctx.read(ctx.sys_path("bus", "pci", "devices", bdf, "numa_node"))
     return {
@@ -99,7 +99,7 @@ def read_device(ctx: Any, kind: str, bdf: str, name: Optional[str]) -> Dict[str,
         "name": name,
         "numa_node": parse_numa_node(numa),
         "bridges": chain,
-        "link": parse_pcie_link(_link_attrs(ctx, bdf), "%s %s" % (kind, bdf)),
+        "link": link_facts(_link_attrs(ctx, bdf), "%s %s" % (kind, bdf)),
         "slot": slot,
     }
 
@@ -121,11 +121,12 @@ def parse_numa_node(text: Optional[str]) -> Optional[int]:
     if text is None or text.strip() == "-1":
         return None
     if not re.match(r"^\d+$", text.strip()):
-        raise ParseError("numa_node: expected an integer, got %.40r" % text)
+        raise ParseError("numa_node: expected an integer or -1, got %.40r" % text)
     return int(text.strip())
 
 
-def _speed(text: Optional[str], what: str) -> Optional[float]:
+def parse_link_speed(text: Optional[str], what: str = "link speed") -> Optional[float]:
+    """'32.0 GT/s PCIe' (kernel 4.19+), '8 GT/s' (older) -> GT/s; 'Unknown' (no link) or unreadable -> None."""
     if text is None or text.strip() in ("Unknown", "Unknown speed", ""):
         return None
     m = _SPEED.match(text.strip())
@@ -134,21 +135,22 @@ def _speed(text: Optional[str], what: str) -> Optional[float]:
     return float(m.group(1))
 
 
-def _width(text: Optional[str], what: str) -> Optional[int]:
-    if text is None or text.strip() == "0":  # 0: no link trained
+def parse_link_width(text: Optional[str], what: str = "link width") -> Optional[int]:
+    """'16' -> 16; '0' (no link trained) or unreadable -> None."""
+    if text is None or text.strip() == "0":
         return None
     if not text.strip().isdigit():
         raise ParseError("%s: expected a lane count like 16, got %.40r" % (what, text))
     return int(text.strip())
 
 
-def parse_pcie_link(attrs: Dict[str, Optional[str]], where: str = "device") -> Dict[str, Any]:
+def link_facts(attrs: Dict[str, Optional[str]], where: str = "device") -> Dict[str, Any]:
     """{current,max}_link_{width,speed} sysfs texts -> {cur_width, max_width, cur_speed, max_speed}."""
     return {
-        "cur_width": _width(attrs.get("current_link_width"), where + " current_link_width"),
-        "max_width": _width(attrs.get("max_link_width"), where + " max_link_width"),
-        "cur_speed": _speed(attrs.get("current_link_speed"), where + " current_link_speed"),
-        "max_speed": _speed(attrs.get("max_link_speed"), where + " max_link_speed"),
+        "cur_width": parse_link_width(attrs.get("current_link_width"), where + " current_link_width"),
+        "max_width": parse_link_width(attrs.get("max_link_width"), where + " max_link_width"),
+        "cur_speed": parse_link_speed(attrs.get("current_link_speed"), where + " current_link_speed"),
+        "max_speed": parse_link_speed(attrs.get("max_link_speed"), where + " max_link_speed"),
     }
 
 
@@ -295,4 +297,5 @@ CHECK = Check(
     "put NICs back in the slots the platform guide pairs with each GPU; keep BIOS NUMA settings (NPS, SNC) alike.",
     probe=probe,
     rule=rule,
+    order=66,
 )

@@ -353,5 +353,6 @@ CHECK = Check(
     "log readable (root, or the systemd-journal/adm group) for the check to run.",
     probe=probe,
     rule=rule,
+    order=45,
     needs=("gpu",),
 )

@@ -1,28 +1,12 @@
-"""gpudirect check: lspci -vvv ACS parser over real-format fixtures, the probe over a simulated PCIe tree, the rule."""
+"""gpudirect check (parser cases: tests/fixtures/gpudirect): the probe over a simulated PCIe tree, the rule."""
 
 from __future__ import annotations
 
-import os
-import re
-
-import pytest
-
 from preflight.checks import gpudirect
-from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe.context import NodeContext
-from tests.hw_fixtures import cases, run_case
 from tests.hw_node import LocalNode
 from tests.sim import gpu_hw, ib_hw, pci_hw
-
-
-@pytest.mark.parametrize("path", cases("gpudirect"), ids=os.path.basename)
-def test_parser_fixtures(path):
-    parse, text, case = run_case("gpudirect", path)
-    if "error" in case:
-        with pytest.raises(ParseError, match=re.escape(case["error"])):
-            parse(text)
-    else:
-        assert parse(text) == case["expected"]
 
 
 def hgx_node(tmp_path, monkeypatch, hcas=2, vm=False, **faults):

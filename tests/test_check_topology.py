@@ -1,29 +1,16 @@
-"""topology check: link parser over sysfs-format fixtures, the probe over a simulated PCIe tree, the rule."""
+"""topology check (parser cases: tests/fixtures/topology): the probe over a simulated PCIe tree, the rule."""
 
 from __future__ import annotations
 
 import copy
-import os
-import re
 
 import pytest
 
 from preflight.checks import topology
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
-from tests.hw_fixtures import cases, run_case
 from tests.hw_node import LocalNode
 from tests.sim import gpu_hw, ib_hw, pci_hw
-
-
-@pytest.mark.parametrize("path", cases("topology"), ids=os.path.basename)
-def test_parser_fixtures(path):
-    parse, tree, case = run_case("topology", path)
-    if "error" in case:
-        with pytest.raises(ParseError, match=re.escape(case["error"])):
-            parse(tree)
-    else:
-        assert parse(tree) == case["expected"]
 
 
 def test_numa_node_parser():

@@ -1,26 +1,14 @@
-"""xid check: kernel-log parser over real-format fixtures, the probe against fake journalctl/dmesg, the rule."""
+"""xid check (parser cases: tests/fixtures/xid, run by tests/test_fixtures.py): the probe against fake journalctl/dmesg, the rule."""
 
 from __future__ import annotations
 
 import os
-import re
 
 import pytest
 
 from preflight.checks import xid
-from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe.context import NodeContext
-from tests.hw_fixtures import cases, run_case
-
-
-@pytest.mark.parametrize("path", cases("xid"), ids=os.path.basename)
-def test_parser_fixtures(path):
-    parse, text, case = run_case("xid", path)
-    if "error" in case:
-        with pytest.raises(ParseError, match=re.escape(case["error"])):
-            parse(text, *case.get("args", []))
-    else:
-        assert parse(text, *case.get("args", [])) == case["expected"]
 
 
 # ------------------------------------------------------------------------------------------------ probe
