@@ -5,12 +5,12 @@ from __future__ import annotations
 from preflight.checks import gpudirect
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe.context import NodeContext
-from tests.hw_node import LocalNode
+from tests.builders import StubNode
 from tests.sim import gpu_hw, ib_hw, pci_hw
 
 
 def hgx_node(tmp_path, monkeypatch, hcas=2, vm=False, **faults):
-    node = LocalNode(str(tmp_path / "n001"))
+    node = StubNode(tmp_path / "n001")
     gpu_hw.install_gpus(node, "h100", count=8)
     if hcas:
         ib_hw.install_hcas(node, [{}] * hcas)

@@ -9,7 +9,7 @@ import pytest
 from preflight.checks import topology
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
-from tests.hw_node import LocalNode
+from tests.builders import StubNode
 from tests.sim import gpu_hw, ib_hw, pci_hw
 
 
@@ -21,7 +21,7 @@ def test_numa_node_parser():
 
 
 def hgx_node(tmp_path, name="n001", hcas=8, **faults):
-    node = LocalNode(str(tmp_path / name), name)
+    node = StubNode(tmp_path / name)
     gpu_hw.install_gpus(node, "h100", count=8)
     ib_hw.install_hcas(node, [{}] * hcas)
     pci_hw.install_pcie(node, faults=faults)
