@@ -37,7 +37,8 @@ Rule (per GPU node; CPU-only nodes SKIP):
 - Xid 154 (recovery action changed) FAILs with the action it names.
 - SXid: "Fatal" FAILs (action reboot: the NVSwitch fabric must be reset with its GPUs), "Non-fatal" WARNs.
 - Xid lines whose code cannot be read WARN (the line is shown; no code is invented).
-- otherwise PASS: "no Xid/SXid in N kernel log lines since boot (journalctl)".
+- otherwise PASS: "no Xid/SXid since boot in N kernel log lines (journalctl)", adding "the log only covers the
+  last 5.2 h" when the oldest line left (dmesg ring buffer wrapped, journal rotated) is younger than the window.
 """
 
 from __future__ import annotations
@@ -331,8 +332,9 @@ def _judge(node: Any, facts: Dict[str, Any], gpu_facts: Any, window: Optional[fl
     if not out:
         covered = ""
         first = log.get("first_ts")
-        if facts.get("source") == "dmesg" and first is not None and first > 60 and window is None:
-            covered = "; the ring buffer only covers the last %s" % _ago(uptime - first if uptime else None).replace(" ago", "")
+        if first is not None and first > 60 and uptime and (window is None or uptime - first < window):
+            # dmesg's ring buffer wrapped, or the journal was rotated: earlier events are not in the log
+            covered = "; the log only covers the last %s" % _ago(uptime - first).replace(" ago", "")
         out.append(Finding(NAME, name, Status.PASS, "no Xid/SXid %s in %s (%s)%s" % (
             _window_text(window), plural(log.get("lines", 0), "kernel log line"), facts.get("source"), covered)))
     return out

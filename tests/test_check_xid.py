@@ -135,3 +135,10 @@ def test_rule_xid_on_a_gpu_the_driver_no_longer_lists():
 def test_rule_skips_cpu_nodes():
     out = xid.rule(_view({"n1": []}, gpus=0))
     assert out[0].status is Status.SKIP
+
+
+def test_rule_pass_says_when_the_log_does_not_reach_back_to_boot():
+    view = _view({"n1": []}, uptime=100000.0)
+    view.facts["n1"]["xid"]["log"]["first_ts"] = 96400.0
+    out = xid.rule(view)
+    assert out[0].status is Status.PASS and "; the log only covers the last 60 min" in out[0].message
