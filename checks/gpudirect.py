@@ -21,7 +21,8 @@ Facts schema::
 
     gpus [bdf], hcas [{name, bdf|None}], peermem "nvidia_peermem"|"nv_peer_mem"|None,
     virtual str|None (why the node looks like a VM), iommu "off"|"passthrough"|"translated"|"on"|None,
-    dmabuf_possible bool (open NVIDIA kernel module on Linux >= 5.12: NCCL 2.19+ can use DMA-BUF instead),
+    dmabuf_possible bool (open NVIDIA kernel module, module/nvidia/taint without P, on Linux >= 5.12:
+                       NCCL 2.19+ can use DMA-BUF instead),
     paths [{gpu, hca, bridges [bdf]}]   the switch ports between a GPU and an HCA under one switch
     acs {bdf: {"type": str|None, "acs_ctl": {flag: bool}|None, "access_denied": bool}} | None
     lspci_error str|None
@@ -81,13 +82,14 @@ def _iommu(ctx: Any, gpus: List[str]) -> Optional[str]:
 
 
 def _dmabuf_possible(ctx: Any) -> bool:
-    version = ctx.read("/proc/driver/nvidia/version") or ""
+    """The open NVIDIA kernel module (module/nvidia/taint without P: not proprietary) on Linux >= 5.12."""
+    taint = ctx.read(ctx.sys_path("module", "nvidia", "taint"))
     release = platform.release().split("-")[0].split(".")
     try:
         kernel = (int(release[0]), int(release[1]))
     except (IndexError, ValueError):
         return False
-    return "Open Kernel Module" in version and kernel >= (5, 12)
+    return taint is not None and "P" not in taint and kernel >= (5, 12)
 
 
 def switch_paths(ctx: Any, gpus: List[str], hcas: List[Dict[str, Any]]) -> List[Dict[str, Any]]:

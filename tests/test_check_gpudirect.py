@@ -51,6 +51,16 @@ def test_missing_peermem_fails(tmp_path, monkeypatch):
     assert "GPUDirect RDMA module not loaded (expected nvidia_peermem or nv_peer_mem)" in out[0].message
 
 
+def test_missing_peermem_only_warns_with_the_open_module_on_a_new_kernel(tmp_path, monkeypatch):
+    node = hgx_node(tmp_path, monkeypatch, no_peermem=True)
+    node.write_sys("module/nvidia/taint", "OE\n")  # open module: out-of-tree, unsigned, not proprietary
+    monkeypatch.setattr(gpudirect.platform, "release", lambda: "6.8.0-45-generic")
+    out = judge(facts_of(node))
+    assert [f.status for f in out] == [Status.WARN] and "DMA-BUF" in out[0].message
+    node.write_sys("module/nvidia/taint", "POE\n")  # the proprietary module
+    assert [f.status for f in judge(facts_of(node))] == [Status.FAIL]
+
+
 def test_acs_unreadable_is_an_error(tmp_path, monkeypatch):
     facts = facts_of(hgx_node(tmp_path, monkeypatch, no_lspci=True))
     assert facts["acs"] is None and "lspci -D -vvv: not found" in facts["lspci_error"]
