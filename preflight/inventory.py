@@ -37,7 +37,8 @@ NODE_KEYS = (
     "data_interface",
     "host_key_checking",
 )
-CLUSTER_KEYS = ("master_port", "head", "expect", "mtu_full_mesh", "allreduce", "xid_window_s")
+CLUSTER_KEYS = ("master_port", "head", "expect", "mtu_full_mesh", "allreduce", "transport", "xid_window_s")
+TRANSPORTS = ("ssh", "slurm")
 EXPECT_KEYS = (
     "driver_version",
     "cuda_version",
@@ -115,6 +116,8 @@ class Inventory:
     expect: Dict[str, Any] = field(default_factory=dict)
     cluster: Dict[str, Any] = field(default_factory=dict)
     sha256: str = ""
+    transport: str = "ssh"  # "slurm": nodes are Slurm node names, reached with srun (preflight.slurm)
+    allocation: Any = None  # preflight.slurm.Allocation the run uses (None: the transport makes one)
 
     @property
     def head_name(self) -> str:
@@ -335,6 +338,11 @@ def load(path: str) -> Inventory:
     if cluster_raw.get("xid_window_s") is not None:
         xid_window = v.number(cluster_raw["xid_window_s"], ("cluster", "xid_window_s"), "xid_window_s", 1, 10 * 365 * 86400)
 
+    transport = cluster_raw.get("transport", "ssh")
+    if transport not in TRANSPORTS:
+        raise v.fail(("cluster", "transport"), "transport %r is not one of %s" % (transport, ", ".join(TRANSPORTS)),
+                     "write `transport: ssh` or `transport: slurm`")
+
     nodes_raw = top.get("nodes")
     if nodes_raw is None or nodes_raw == []:
         raise v.fail(("nodes",), "no nodes in the inventory", "list hosts under `nodes:`, e.g. `- gpu-[001-004]`")
@@ -396,6 +404,7 @@ def load(path: str) -> Inventory:
         expect=expect,
         cluster=cluster,
         sha256=hashlib.sha256(raw).hexdigest(),
+        transport=transport,
     )
 
 

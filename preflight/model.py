@@ -211,7 +211,8 @@ def probe_error(check: str, node: str, facts: Any) -> Optional[Finding]:
     if facts is None:
         return Finding(check, node, Status.ERROR, "no facts gathered for this check")
     if isinstance(facts, dict) and "probe_error" in facts:
-        return Finding(check, node, Status.ERROR, "probe failed: %s" % facts["probe_error"])
+        raw = {"raw": facts["raw"]} if facts.get("raw") else None  # the outputs it failed on (capped)
+        return Finding(check, node, Status.ERROR, "probe failed: %s" % facts["probe_error"], data=raw)
     if isinstance(facts, dict) and facts.get("skipped"):
         return Finding(check, node, Status.ERROR, "not tested: %s" % facts["skipped"])
     return None
