@@ -42,7 +42,7 @@ def test_acs_redirect_on_a_switch_port_fails(tmp_path, monkeypatch):
     failed = [f for f in out if f.status is Status.FAIL]
     assert len(failed) == 2, out  # the GPU's and the HCA's downstream ports
     assert failed[0].message.startswith("n001 PCIe switch port 0000:29:00.0: ACS ReqRedir+CmpltRedir on (expected off on bare metal)")
-    assert "GPU 1 (0000:2a:00.0)↔mlx5_1" in failed[0].message and failed[0].data["action"] == "fix_config"
+    assert "GPU 1 (0000:2a:00.0)↔mlx5_1" in failed[0].message and failed[0].action == "fix_config"
 
 
 def test_missing_peermem_fails(tmp_path, monkeypatch):

@@ -84,7 +84,7 @@ def test_rule_affinity_drift_and_numa(tmp_path):
     text = " | ".join(f.message for f in failed)
     assert "n3: GPU↔NIC affinity differs from 2 of 3 nodes: mlx5_0: NUMA 1 (expected mlx5_0: NUMA 0)" in text, text
     assert "n3 GPU 0 (0000:18:00.0) on NUMA 0" not in text  # other HCAs on NUMA 0 remain
-    assert all(f.data["action"] == "fix_config" for f in failed)
+    assert all(f.action == "fix_config" for f in failed)
 
 
 def test_rule_gpu_without_hca_on_its_numa_node(tmp_path):
