@@ -57,6 +57,7 @@ import threading
 import xml.etree.ElementTree as ET
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from preflight.common import fold, human_bytes, majority, plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, per_gpu_node
 
 NAME = "gpu"
@@ -726,31 +727,105 @@ def gpu_label(gpu: Dict[str, Any]) -> str:
     return "GPU %d (%s)" % (gpu["index"], short_bus_id(gpu.get("pci_bus_id")))
 
 
-def _plural(n: int, word: str) -> str:
-    return "%d %s%s" % (n, word, "" if n == 1 else "s")
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            value = n / scale
-            return ("%d %s" if value == int(value) else "%.1f %s") % (value, unit)
-    return "%d B" % n
-
-
 def _link(gen: Any, width: Any) -> str:
     return "Gen%s x%s" % ("?" if gen is None else gen, "?" if width is None else width)
 
 
-def gpu_problems(gpu: Dict[str, Any], node_max_links: int) -> List[Tuple[Status, str, str, str]]:
+#: NVLinks per GPU by model (product name as NVML / nvidia-smi print it). Sources: NVIDIA H100 Tensor Core
+#: GPU datasheet and Hopper architecture whitepaper (H100 SXM5: 18 fourth-generation links, 900 GB/s);
+#: H200 datasheet (SXM: 900 GB/s, the same 18 links); A100 datasheet and Ampere whitepaper (A100 SXM4: 12
+#: third-generation links, 600 GB/s); Blackwell datasheets (B200 / GB200: 18 fifth-generation links,
+#: 1.8 TB/s). PCIe and NVL boards (NVLink bridges, 0-4 links depending on how they are bridged) are not
+#: listed: for them only the comparison across the node's GPUs applies.
+MODEL_NVLINKS = (
+    (re.compile(r"\bH100\b.*(HBM3|SXM)"), 18),
+    (re.compile(r"\bH200\b(?!.*\bNVL\b)"), 18),
+    (re.compile(r"\bA100-SXM"), 12),
+    (re.compile(r"\bG?B[23]00\b(?!.*\bNVL\b)"), 18),
+)
+
+
+def model_nvlinks(name: Optional[str]) -> Optional[int]:
+    """How many NVLinks a GPU of this model has (None: not a model with a fixed count)."""
+    for pattern, links in MODEL_NVLINKS:
+        if name and pattern.search(name):
+            return links
+    return None
+
+
+class Fleet:
+    """What the GPUs of every judged node share: the reference a design choice is measured against."""
+
+    def __init__(self, nodes: List[Tuple[Any, Dict[str, Any]]]) -> None:
+        self.nodes = nodes
+        self.multi_node = len(nodes) > 1
+        widths: Dict[Optional[str], List[int]] = {}
+        ecc: Dict[Optional[str], List[bool]] = {}
+        persistence: List[bool] = []
+        self.mig: Dict[str, bool] = {}
+        for node, facts in nodes:
+            gpus = facts.get("gpus") or []
+            for g in gpus:
+                pcie = g.get("pcie") or {}
+                if pcie.get("width") is not None:
+                    widths.setdefault(g.get("name"), []).append(pcie["width"])
+                if g.get("ecc_enabled") is not None:
+                    ecc.setdefault(g.get("name"), []).append(g["ecc_enabled"])
+                if g.get("persistence_mode") is not None:
+                    persistence.append(g["persistence_mode"])
+            modes = [g.get("mig_enabled") for g in gpus if g.get("mig_enabled") is not None]
+            if modes:
+                self.mig[node.name] = any(modes)
+        self.width = {name: majority(v)[0] for name, v in widths.items()}
+        self.ecc = {name: majority(v)[0] for name, v in ecc.items()}
+        self.persistence = majority(persistence)[0]
+
+    def mig_others(self, node: str) -> str:
+        """'MIG disabled on node[02-03]' for the nodes whose MIG mode differs from this one's ('' if none)."""
+        mine = self.mig.get(node)
+        other = [n for n, on in self.mig.items() if n != node and on != mine]
+        if not other:
+            return ""
+        return "MIG %s on %s" % ("disabled" if mine else "enabled", fold(other))
+
+
+def _alone(node: Any, facts: Dict[str, Any]) -> Fleet:
+    return Fleet([(node, facts)])
+
+
+def gpu_problems(
+    gpu: Dict[str, Any], node_max_links: int, fleet: Optional[Fleet] = None, node: str = ""
+) -> List[Tuple[Status, str, str, str]]:
     """(status, message, expected, actual) for everything wrong with one GPU."""
     label = gpu_label(gpu)
     out: List[Tuple[Status, str, str, str]] = []
     if gpu.get("error"):
         return [(Status.FAIL, "%s: NVML cannot read this GPU: %s" % (label, gpu["error"]), "readable", gpu["error"])]
+    for problem in gpu.get("query_errors") or []:
+        out.append((Status.FAIL, "%s: %s (expected an answer)" % (label, problem), "an answer", problem))
+    if gpu.get("mig_enabled") and fleet is not None and fleet.multi_node:
+        others = fleet.mig_others(node)
+        out.append(
+            (
+                Status.FAIL,
+                "%s: MIG mode enabled (expected disabled for a multi-node NCCL job%s)" % (label, "; " + others if others else ""),
+                "disabled",
+                "enabled",
+            )
+        )
     vol = gpu.get("ecc_uncorrectable_volatile")
     if vol:
         out.append((Status.FAIL, "%s: %d uncorrectable ECC errors since boot (expected 0)" % (label, vol), "0", str(vol)))
+    elif vol is None and gpu.get("ecc_enabled"):
+        why = "N/A (MIG mode on)" if gpu.get("mig_enabled") else "unreadable"
+        out.append(
+            (
+                Status.WARN,
+                "%s: volatile ECC counters read %s: uncorrectable errors since boot unknown" % (label, why),
+                "a count",
+                "unknown",
+            )
+        )
     if gpu.get("remapped_rows_failure"):
         out.append((Status.FAIL, "%s: row remapping failed (expected none): replace the GPU" % label, "no", "yes"))
     if gpu.get("remapped_rows_pending"):
@@ -766,33 +841,71 @@ def gpu_problems(gpu: Dict[str, Any], node_max_links: int) -> List[Tuple[Status,
     if soft:
         active = ", ".join(soft)
         out.append((Status.WARN, "%s: clocks throttled by %s (expected none active)" % (label, active), "none", active))
-    links = gpu.get("nvlink")
-    if links and node_max_links and links["active"] < node_max_links:
-        actual = "%d/%d" % (links["active"], links["active"] + links["inactive"])
-        out.append(
-            (
-                Status.FAIL,
-                "%s: %s NVLinks active (expected %d like the other GPUs)" % (label, actual, node_max_links),
-                str(node_max_links),
-                actual,
-            )
-        )
+    out.extend(_link_problems(gpu, label, node_max_links))
     pcie = gpu.get("pcie") or {}
-    if pcie.get("width") is not None and pcie.get("max_width") is not None and pcie["width"] < pcie["max_width"]:
-        actual = _link(pcie.get("gen"), pcie["width"])
-        expected = _link(pcie.get("max_gen"), pcie["max_width"])
-        out.append((Status.WARN, "%s: PCIe link %s (expected %s)" % (label, actual, expected), expected, actual))
-    if gpu.get("persistence_mode") is False:
+    width, max_width = pcie.get("width"), pcie.get("max_width")
+    if width is not None and max_width is not None and width < max_width:
+        # A width every GPU of this model in the fleet shares is the platform's (an x8 slot): not a fault
+        # of this node. Below that, or below max with no shared width (a tie), the link trained narrow.
+        shared = fleet.width.get(gpu.get("name")) if fleet is not None else None
+        reference = max_width if shared is None else min(shared, max_width)
+        if width < reference:
+            actual = _link(pcie.get("gen"), width)
+            expected = _link(pcie.get("max_gen"), reference)
+            out.append((Status.WARN, "%s: PCIe link %s (expected %s)" % (label, actual, expected), expected, actual))
+    if gpu.get("persistence_mode") is False and (fleet is None or fleet.persistence is True):
         out.append((Status.WARN, "%s: persistence mode off (expected on: nvidia-smi -pm 1 or nvidia-persistenced)" % label, "on", "off"))
-    if gpu.get("ecc_enabled") is False:
-        out.append((Status.WARN, "%s: ECC disabled (expected enabled)" % label, "enabled", "disabled"))
+    if gpu.get("ecc_enabled") is False and (fleet is None or fleet.ecc.get(gpu.get("name")) is True):
+        out.append((Status.WARN, "%s: ECC disabled (expected enabled like the fleet's other %s)" % (label, gpu.get("name")), "enabled", "disabled"))
     return out
 
 
-def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any) -> List[Finding]:
+def _link_problems(gpu: Dict[str, Any], label: str, node_max_links: int) -> List[Tuple[Status, str, str, str]]:
+    links = gpu.get("nvlink")
+    if not links or links.get("unreadable"):
+        return []  # unknown, or counts incomplete (warned once for the node)
+    model = model_nvlinks(gpu.get("name"))
+    total = links["active"] + links["inactive"]
+    note = "; %s" % links["error"] if links.get("error") else ""
+    if model and links["active"] < model:
+        actual = "%d/%d" % (links["active"], total or model)
+        msg = "%s: %s NVLinks active (expected %d on %s%s)" % (label, actual, model, gpu.get("name"), note)
+        return [(Status.FAIL, msg, str(model), actual)]
+    if node_max_links and links["active"] < node_max_links:
+        actual = "%d/%d" % (links["active"], total)
+        msg = "%s: %s NVLinks active (expected %d like the other GPUs%s)" % (label, actual, node_max_links, note)
+        return [(Status.FAIL, msg, str(node_max_links), actual)]
+    return []
+
+
+def _notes(gpus: List[Dict[str, Any]], fleet: Fleet) -> List[str]:
+    """What the PASS message says about shared platform choices (not faults, but worth seeing)."""
+    notes = []
+    seen = set()
+    for g in gpus:
+        pcie = g.get("pcie") or {}
+        name = g.get("name")
+        shared = fleet.width.get(name)
+        if shared is not None and pcie.get("max_width") and shared < pcie["max_width"] and name not in seen:
+            seen.add(name)
+            notes.append("PCIe x%d on every %s (max x%d)" % (shared, name, pcie["max_width"]))
+    off = [g for g in gpus if g.get("persistence_mode") is False]
+    if off:
+        notes.append("persistence mode off on %s" % plural(len(off), "GPU"))
+    no_ecc = [g for g in gpus if g.get("ecc_enabled") is False]
+    if no_ecc:
+        notes.append("ECC disabled on %s" % plural(len(no_ecc), "GPU"))
+    mig = [g for g in gpus if g.get("mig_enabled")]
+    if mig:
+        notes.append("MIG enabled on %s" % plural(len(mig), "GPU"))
+    return notes
+
+
+def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any, fleet: Optional[Fleet] = None) -> List[Finding]:
     name, expected = node.name, node.gpus_per_node
+    fleet = fleet or _alone(node, facts)
     if facts.get("source") is None:
-        msg = "%s (expected %s)" % (facts.get("error") or "no NVIDIA driver answered", _plural(expected, "GPU"))
+        msg = "%s (expected %s)" % (facts.get("error") or "no NVIDIA driver answered", plural(expected, "GPU"))
         return [Finding(NAME, name, Status.FAIL, msg, expected=str(expected), actual="0")]
     gpus = facts.get("gpus") or []
     out: List[Finding] = []
@@ -804,7 +917,7 @@ def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any) -> List[Finding]:
                 NAME,
                 name,
                 Status.FAIL,
-                "%s visible (expected %d)%s" % (_plural(len(gpus), "GPU"), expected, extra),
+                "%s visible (expected %d)%s" % (plural(len(gpus), "GPU"), expected, extra),
                 expected=str(expected),
                 actual=str(len(gpus)),
             )
@@ -815,14 +928,32 @@ def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any) -> List[Finding]:
                 NAME,
                 name,
                 Status.WARN,
-                "%s visible (expected %d): update gpus_per_node in the inventory" % (_plural(len(gpus), "GPU"), expected),
+                "%s visible (expected %d): update gpus_per_node in the inventory" % (plural(len(gpus), "GPU"), expected),
                 expected=str(expected),
                 actual=str(len(gpus)),
             )
         )
+    unreadable = facts.get("nvlink_unreadable") or []
+    if unreadable:
+        partial = [gpu_label(g) for g in gpus if (g.get("nvlink") or {}).get("unreadable")]
+        out.append(
+            Finding(
+                NAME,
+                name,
+                Status.WARN,
+                "nvidia-smi nvlink --status: %s not understood (%s)%s"
+                % (
+                    plural(len(unreadable), "line"),
+                    "; ".join(unreadable[:3]) + ("; ..." if len(unreadable) > 3 else ""),
+                    "; NVLink counts of %s are incomplete" % ", ".join(partial) if partial else "",
+                ),
+                expected="known link lines",
+                actual=unreadable[0],
+            )
+        )
     node_max_links = max([g["nvlink"]["active"] for g in gpus if g.get("nvlink")] or [0])
     for gpu in gpus:
-        for status, msg, exp, act in gpu_problems(gpu, node_max_links):
+        for status, msg, exp, act in gpu_problems(gpu, node_max_links, fleet, name):
             out.append(Finding(NAME, name, status, msg, expected=exp, actual=act))
     shm = ssh.get("shm_bytes") if isinstance(ssh, dict) else None
     if shm is not None and shm < MIN_SHM_BYTES:
@@ -831,13 +962,15 @@ def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any) -> List[Finding]:
                 NAME,
                 name,
                 Status.WARN,
-                "/dev/shm is %s (expected >= 1 GiB: NCCL's SHM transport needs it; docker --shm-size)" % _size(shm),
+                "/dev/shm is %s (expected >= 1 GiB: NCCL's SHM transport needs it; docker --shm-size)" % human_bytes(shm),
                 expected=">= 1 GiB",
-                actual=_size(shm),
+                actual=human_bytes(shm),
             )
         )
     if not out:
-        out.append(Finding(NAME, name, Status.PASS, "%s, healthy" % summary(gpus), actual=str(len(gpus))))
+        notes = _notes(gpus, fleet)
+        msg = "%s, healthy%s" % (summary(gpus), "; " + "; ".join(notes) if notes else "")
+        out.append(Finding(NAME, name, Status.PASS, msg, actual=str(len(gpus))))
     return out
 
 
@@ -850,7 +983,15 @@ def summary(gpus: List[Dict[str, Any]]) -> str:
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    return per_gpu_node(NAME, view, lambda node, facts: _node_findings(node, facts, view.facts[node.name].get("ssh")))
+    judged = []
+    for node in view.live:
+        facts = view.facts[node.name].get(NAME)
+        if node.gpus_per_node and isinstance(facts, dict) and facts.get("source") is not None:
+            judged.append((node, facts))
+    fleet = Fleet(judged)
+    return per_gpu_node(
+        NAME, view, lambda node, facts: _node_findings(node, facts, view.facts[node.name].get("ssh"), fleet)
+    )
 
 
 CHECK = Check(

@@ -274,7 +274,7 @@ def test_rule_fails_gpu_that_lost_nvlinks():
     for g in facts["gpus"]:
         g["nvlink"] = links[g["uuid"]]
     found = by_status(run_rule(facts))
-    assert found == {Status.FAIL: ["GPU 2 (0000:3A:00.0): 16/18 NVLinks active (expected 18 like the other GPUs)"]}
+    assert found == {Status.FAIL: ["GPU 2 (0000:3A:00.0): 16/18 NVLinks active (expected 18 on NVIDIA H100 80GB HBM3)"]}
 
 
 def test_rule_fails_node_without_driver():
@@ -368,7 +368,7 @@ def test_sim_install_gpus_with_faults(tmp_path, monkeypatch, no_nvml):
         "7 GPUs visible (expected 8)",
         # positions shift after the missing GPU: recorded GPU 3 is now index 2
         "GPU 2 (0000:4E:00.0): 2 uncorrectable ECC errors since boot (expected 0)",
-        "GPU 4 (0000:90:00.0): 10/12 NVLinks active (expected 12 like the other GPUs)",
+        "GPU 4 (0000:90:00.0): 10/12 NVLinks active (expected 12 on NVIDIA A100-SXM4-80GB)",
         "GPU 5 (0000:B7:00.0): clocks throttled by hw_slowdown, hw_thermal_slowdown (expected none active)",
     ]
     assert found[Status.WARN] == ["GPU 2 (0000:4E:00.0): PCIe link Gen4 x8 (expected Gen4 x16)"]
