@@ -102,7 +102,7 @@ def probe(ctx: Any) -> Dict[str, Any]:
         except Exception as exc:  # NVML answered init but not the queries: try nvidia-smi instead
             nvml_error = "NVML query failed: %s" % (exc,)
         finally:
-            if not _WEDGED:
+            if not nvml_wedged():
                 nvml_shutdown(nvml)
     smi = ctx.run(["nvidia-smi", "-q", "-x"], timeout=60.0)
     if smi.rc == 127:
@@ -168,6 +168,11 @@ class NvmlWedged(Exception):
 
 def reset_nvml_wedge() -> None:
     del _WEDGED[:]
+
+
+def nvml_wedged() -> Optional[str]:
+    """Why NVML is taken for stuck in this probe process (None while it answers)."""
+    return _WEDGED[0] if _WEDGED else None
 
 
 def bounded_nvml(fn: Callable[[], Any], what: str, budget: Optional[float] = None) -> Any:

@@ -186,8 +186,11 @@ def test_wedged_nvml_call_costs_only_the_gpu_facts(tmp_path, monkeypatch, fake_p
     fake_pynvml(answers)
     (tmp_path / "module" / "nvidia").mkdir(parents=True)
     (tmp_path / "module" / "nvidia" / "version").write_text("550.54.15\n")
-    (tmp_path / "empty").mkdir()
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    # nvidia-smi on a wedged driver hangs as well (ctx.run would wait its 60 s): it must not be called
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 300\n")
+    (tmp_path / "bin" / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % (tmp_path / "bin"))
     ctx = NodeContext(sysfs_root=str(tmp_path))
     facts = _bounded(gpu.probe, ctx)
     assert [g["index"] for g in facts["gpus"]] == [0, 1, 2, 3, 4, 5]  # what was read is kept
@@ -197,6 +200,7 @@ def test_wedged_nvml_call_costs_only_the_gpu_facts(tmp_path, monkeypatch, fake_p
     drv = _bounded(driver.probe, ctx)  # the node's other facts still arrive
     assert drv["driver_version"] == "550.54.15" and drv["driver_source"] == "sysfs"
     assert drv["torch"] is not None and drv["torch"]["version"]
+    assert "did not return within" in drv["nvml_error"]
 
 
 # ------------------------------------------------------------------------------- 15.6 lenient nvlink
