@@ -271,8 +271,13 @@ def _tray(node: Any, facts: Dict[str, Any], gpu_facts: Dict[str, Any]) -> List[F
                     actual=parts,
                 )
             )
+    multi_node = any(
+        (g["fabric"].get("cluster_uuid") or "").strip("0-") for g in gpus
+    )  # H100 HGX reports an all-zero cluster UUID: NVLink within the node only, no IMEX
     service = facts.get("imex")
-    if service is None:
+    if not multi_node:
+        pass
+    elif service is None:
         why = facts.get("imex_error") or "service state not gathered"
         out.append(Finding(NAME, name, Status.WARN, "cannot verify nvidia-imex: %s" % why, expected="active", actual="unknown"))
     elif service.get("LoadState") != "loaded":
@@ -303,12 +308,14 @@ def _tray(node: Any, facts: Dict[str, Any], gpu_facts: Dict[str, Any]) -> List[F
         out.append(Finding(NAME, name, Status.FAIL, problem, expected="Completed/Success"))
     if not out:
         first = gpus[0]["fabric"] if gpus else {}
-        msg = "no NVSwitch PCI function (multi-node NVLink tray): fabric Completed on %d GPUs" % good
-        if first.get("clique_id") is not None:
-            msg += ", clique %s" % first["clique_id"]
-        if first.get("cluster_uuid"):
+        if not multi_node:
+            msg = "no NVSwitch PCI function visible (fabric managed outside this OS): fabric Completed on %d GPUs" % good
+        else:
+            msg = "no NVSwitch PCI function (multi-node NVLink tray): fabric Completed on %d GPUs" % good
+            if first.get("clique_id") is not None:
+                msg += ", clique %s" % first["clique_id"]
             msg += " of cluster %s" % first["cluster_uuid"]
-        msg += ", nvidia-imex %s (%s)" % (service.get("ActiveState"), service.get("SubState"))
+            msg += ", nvidia-imex %s (%s)" % (service.get("ActiveState"), service.get("SubState"))
         out.append(Finding(NAME, name, Status.PASS, msg))
     return out
 

@@ -123,3 +123,14 @@ def test_systemctl_failure_message_has_no_line_break(tmp_path, monkeypatch):
         "systemctl show failed (rc 1): System has not been booted with systemd as init system (PID 1). "
         "Can't operate. / Failed to connect to bus: Host is down"
     )
+
+
+def test_h100_with_hidden_nvswitches_is_judged_by_fabric_without_imex():
+    """An HGX H100 VM whose NVSwitches are not passed through: all-zero cluster UUID, no IMEX needed."""
+    h100 = copy.deepcopy(meta(os.path.join(GPU_FIX, "h100_hgx_550.xml"))["expected"])
+    assert run(tray_facts(None, "systemctl not found"), h100) == [
+        (Status.PASS, "no NVSwitch PCI function visible (fabric managed outside this OS): fabric Completed on 8 GPUs")
+    ]
+    stuck = copy.deepcopy(meta(os.path.join(GPU_FIX, "h100_fabric_in_progress.xml"))["expected"])
+    found = run(tray_facts(None, "systemctl not found"), stuck)
+    assert len(found) == 8 and all(s is Status.FAIL for s, _ in found)
