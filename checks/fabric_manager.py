@@ -9,8 +9,10 @@ Facts schema::
     service          {"LoadState": "loaded", "ActiveState": "failed", "SubState": "failed",
                       "Result": "exit-code", "ExecMainCode": "1", "ExecMainStatus": "1",
                       "UnitFileState": "enabled", "NRestarts": "0"} | None  (only on NVSwitch nodes)
-    service_error    why the service state could not be read (systemctl missing or failing) | None
+    service_error    why the service state could not be read (systemctl missing or failing) | None,
+                     on one line (systemctl's output lines joined with " / ")
     fm_version       "550.54.15" | None                 from `nv-fabricmanager --version`
+    imex, imex_error the same for nvidia-imex, read only on GPU nodes without an NVSwitch
     driver_version   "550.54.15" | None                 from <sysfs>/module/nvidia/version
 
 The fabric manager version is read from the binary systemd starts (``nv-fabricmanager --version``
@@ -22,7 +24,12 @@ it the rule falls back to the gpu check's driver_version.
 
 Rule (reads the gpu check's facts for per-GPU fabric state, Hopper+):
 
-- CPU-only node, or no NVSwitch: SKIP with the reason.
+- CPU-only node, or no NVSwitch and no GPU reporting fabric state: SKIP with the reason.
+- no NVSwitch PCI function but GPUs reporting fabric state: a GB200/GB300 compute tray (its NVSwitches
+  sit in separate switch trays) or a VM whose NVSwitches are not passed through. Every GPU must be
+  Completed/Success and the tray's GPUs in one clique and cluster (FAIL otherwise); where a GPU reports a
+  non-zero cluster UUID (multi-node NVLink), nvidia-imex must be installed and active (FAIL; WARN when
+  its state cannot be read).
 - service not installed, or not active: FAIL ("nvidia-fabricmanager is failed (Result=exit-code); NCCL
   init will hang on this node").
 - service state unreadable (no systemctl, e.g. in a container): judged by GPU fabric state alone where
@@ -326,7 +333,7 @@ def rule(view: ClusterView) -> List[Finding]:
 
 CHECK = Check(
     name=NAME,
-    claim="On NVSwitch nodes nvidia-fabricmanager is active, matches the driver version, and every GPU joined the fabric",
+    claim="On NVSwitch nodes nvidia-fabricmanager is active, matches the driver version, and every GPU joined the fabric; on GB200/GB300 trays every GPU joined one NVLink clique and nvidia-imex is active",
     why="Without a running, version-matched fabric manager the NVSwitch fabric is never programmed: CUDA init "
     "fails with cudaErrorSystemNotReady or NCCL hangs at init on that node.",
     fix="Install nvidia-fabricmanager of exactly the driver's version, then systemctl enable --now "

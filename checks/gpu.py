@@ -9,43 +9,67 @@ Facts schema (both sources produce the same one)::
 
     source          "nvml" | "nvidia-smi" | None (no driver answered)
     error           why no source worked (None when one did)
-    nvml_error      why NVML was not used (None when it was)
+    nvml_error      why NVML was not used, or the wedge that stopped it (None when it answered)
     driver_version  "550.54.15" | None
     cuda_version    "12.4" | None          (CUDA version the driver supports)
     attached_gpus   int                    (what the driver reports; may exceed len(gpus))
     gpus            [gpu, ...] in nvidia-smi index order (PCI bus order)
+    nvlink_unreadable ["line 7: 'Link 5: ...'", ...]  (nvidia-smi path only: lines not understood)
 
     gpu = {
       index int, name str, pci_bus_id "00000000:4E:00.0", uuid str, serial str|None,
-      persistence_mode bool|None, ecc_enabled bool|None, ecc_pending bool|None,
+      persistence_mode bool|None, mig_enabled bool|None, mig_pending bool|None,
+      ecc_enabled bool|None, ecc_pending bool|None,
       ecc_uncorrectable_volatile int|None, ecc_uncorrectable_aggregate int|None,
+                                                        (sram/dram *_uncorrectable, or the legacy
+                                                         double_bit total of Pascal-era drivers)
       retired_pages_pending bool|None,                  (pre-Ampere page retirement)
       remapped_rows_pending bool|None, remapped_rows_failure bool|None,  (Ampere+ row remapping)
       pcie {gen, max_gen, width, max_width: int|None},
       clock_events [active reason names]|None,          (gpu_idle, sw_power_cap, hw_slowdown,
                                                          hw_thermal_slowdown, sw_thermal_slowdown,
                                                          hw_power_brake_slowdown, ...)
-      nvlink {active int, inactive int}|None,           (None: no NVLink or not reported)
-      fabric {state "Completed"|"In Progress"|"Not Started", status "Success"|...}|None,  (Hopper+)
-      error str|None                                     (NVML could not read this GPU at all)
+      nvlink {active int, inactive int, [error str], [unreadable int]}|None,
+                                                        (None: not reported; error: the driver's message
+                                                         instead of links, "all links are inActive" or
+                                                         NVML's error at link 0)
+      fabric {state "Completed"|"In Progress"|"Not Started", status "Success"|...,
+              clique_id int|None, cluster_uuid str|None}|None,  (R535+; None: not supported)
+      query_errors [str],                               (NVML queries that failed with anything but
+                                                         NotSupported / FunctionNotFound)
+      error str|None                                     (NVML could not read this GPU at all, or a
+                                                         call on it did not return)
     }
 
-Rule (per node; gpus_per_node from the inventory):
+NVML runs bounded: every NVML call sequence runs on a daemon thread waited for NVML_BUDGET_S; a call
+stuck in the kernel costs only the GPU facts (what was read before it is kept, the GPU being read gets
+the error), nvidia-smi is not tried after it (it would hang the same way), and the driver check falls
+back to sysfs for the version so the torch and NCCL facts still arrive.
+
+Rule (per node; gpus_per_node from the inventory; "the fleet" is every judged GPU node of the run):
 
 - gpus_per_node 0: SKIP (CPU-only node).
 - no driver answered, or fewer GPUs than expected: FAIL; more than expected: WARN (fix the inventory).
 - per GPU, FAIL: volatile uncorrectable ECC > 0, row-remap failure, row remap pending, retired pages
   pending, HW slowdown / HW thermal slowdown / HW power brake active (clocks cut by half or more: the
-  straggler every all-reduce waits for), fewer NVLinks active than the node's other GPUs, NVML error.
-- per GPU, WARN: persistence mode off, ECC disabled, SW thermal slowdown active, PCIe width below max.
-  A PCIe *generation* below max alone is not reported: idle GPUs downshift the link to save power and
-  speed it up under load. The width does not change with load, so a narrower link is a real fault
-  (reseat / riser); the message then shows generation and width against the maximum.
+  straggler every all-reduce waits for), an NVML query error (GPU lost, corrupted infoROM, unknown
+  error: only NotSupported and FunctionNotFound mean "cannot say"), fewer NVLinks active than the
+  model has (H100/H200/B200 SXM 18, A100 SXM 12: see MODEL_NVLINKS) or than the node's other GPUs,
+  including every link down; MIG enabled when the run has more than one GPU node (NCCL cannot use MIG
+  instances for a multi-node job), naming the nodes whose MIG mode differs.
+- per GPU, WARN: SW thermal slowdown active; ECC enabled but the volatile counters unreadable (N/A
+  under MIG); PCIe width below both its max and the width the fleet's GPUs of the same model train at
+  (an x8 slot every A10G/T4 node shares is the platform, said in the PASS message, not a warning);
+  persistence mode off / ECC disabled where the fleet's majority has it on / enabled (otherwise said
+  in the PASS message: the cloud images' default is not a fault). A PCIe *generation* below max alone
+  is not reported: idle GPUs downshift the link to save power.
+- per node, WARN: nvidia-smi nvlink --status lines not understood (named; the rest is judged).
 - /dev/shm (from the ssh check's facts) below 1 GiB: WARN (Docker's 64 MiB default breaks NCCL's SHM
   transport).
-- otherwise one PASS: "8× NVIDIA H100 80GB HBM3, healthy".
+- otherwise one PASS: "8× NVIDIA H100 80GB HBM3, healthy" plus the shared platform choices.
 
-GPU fabric state (Hopper NVSwitch registration) is collected here and judged by fabric_manager.
+GPU fabric state (NVSwitch registration; GB200/GB300 clique and cluster) is collected here and judged by
+fabric_manager.
 """
 
 from __future__ import annotations

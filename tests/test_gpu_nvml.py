@@ -294,3 +294,13 @@ def test_pcie_width_below_its_peers_still_warns():
     b = with_links(expected("h100_hgx_550"), "h100_hgx_550")
     found = [(f.node, f.status, f.message) for f in gpu.rule(_view({"node01": a, "node02": b})) if f.status is not Status.PASS]
     assert found == [("node01", Status.WARN, "GPU 3 (0000:5D:00.0): PCIe link Gen5 x8 (expected Gen5 x16)")]
+
+
+def test_unknown_model_compared_with_the_node_gpus():
+    """A model without a fixed link count (an NVL board bridged in pairs): only the node's other GPUs count."""
+    facts = with_links(expected("h100_hgx_550"), "h100_hgx_550")
+    for g in facts["gpus"]:
+        g["name"] = "NVIDIA H100 NVL"
+    facts["gpus"][5]["nvlink"] = {"active": 12, "inactive": 6}
+    fails = by_status(run_rule(facts))[Status.FAIL]
+    assert fails == ["GPU 5 (0000:AB:00.0): 12/18 NVLinks active (expected 18 like the other GPUs)"]
