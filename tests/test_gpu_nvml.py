@@ -304,3 +304,22 @@ def test_unknown_model_compared_with_the_node_gpus():
     facts["gpus"][5]["nvlink"] = {"active": 12, "inactive": 6}
     fails = by_status(run_rule(facts))[Status.FAIL]
     assert fails == ["GPU 5 (0000:AB:00.0): 12/18 NVLinks active (expected 18 like the other GPUs)"]
+
+
+def test_wedged_nvml_in_the_node_runner_keeps_the_other_probes(tmp_path, monkeypatch, fake_pynvml):
+    """Through the node-side runner (gpu and driver probes side by side, as the bundle runs them)."""
+    from preflight.probe import runner
+
+    answers = nvml_answers()
+    answers["nvmlDeviceGetCount"] = {"block": True}
+    fake_pynvml(answers)
+    (tmp_path / "module" / "nvidia").mkdir(parents=True)
+    (tmp_path / "module" / "nvidia" / "version").write_text("550.54.15\n")
+    monkeypatch.setenv("PREFLIGHT_SYSFS_ROOT", str(tmp_path))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    doc = _bounded(runner.run_probes, {"gpu": {}, "driver": {}}, 20.0)
+    assert "probe_error" not in doc["gpu"] and "probe_error" not in doc["driver"]
+    assert doc["gpu"]["source"] is None and "nvmlDeviceGetCount did not return within" in doc["gpu"]["error"]
+    assert doc["driver"]["torch"]["version"] and doc["driver"]["driver_version"] == "550.54.15"
+    failed = run_rule(doc["gpu"])
+    assert [f.status for f in failed] == [Status.FAIL] and "did not return" in failed[0].message
