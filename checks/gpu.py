@@ -478,14 +478,28 @@ def _nvml_links(nvml: Any, gpu: Dict[str, Any], h: Any) -> Optional[Dict[str, An
     return {"active": active, "inactive": inactive}
 
 
+def _call_c(nvml: Any, name: str, *args: Any) -> None:
+    """Call the C function itself (pynvml's _nvmlGetFunctionPointer) with our own ctypes arguments, so
+    no pynvml wrapper or structure of any release stands between nvml.h and us; raise NVMLError on a
+    non-zero nvmlReturn_t. Without that entry point, the wrapper of the same name (it forwards the
+    pointer in every release that has it)."""
+    get = getattr(nvml, "_nvmlGetFunctionPointer", None)
+    if get is None:
+        wrapper = getattr(nvml, name, None)
+        if wrapper is None:
+            raise nvml.NVMLError(getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13))
+        wrapper(*args)
+        return
+    ret = get(name)(*args)
+    if ret != 0:
+        raise nvml.NVMLError(ret)
+
+
 def _nvml_fabric(nvml: Any, gpu: Dict[str, Any], h: Any) -> Optional[Dict[str, Any]]:
-    fn = getattr(nvml, "nvmlDeviceGetGpuFabricInfo", None)
-    if fn is None:
-        return None
     info = NvmlGpuFabricInfo()
     _LAST_CALL["name"] = "nvmlDeviceGetGpuFabricInfo"
     try:
-        fn(h, ctypes.pointer(info))
+        _call_c(nvml, "nvmlDeviceGetGpuFabricInfo", h, ctypes.pointer(info))
     except nvml.NVMLError as exc:
         if not _cannot_say(nvml, exc):
             gpu["query_errors"].append("NVML nvmlDeviceGetGpuFabricInfo failed: %s" % exc)

@@ -323,3 +323,67 @@ def test_wedged_nvml_in_the_node_runner_keeps_the_other_probes(tmp_path, monkeyp
     assert doc["driver"]["torch"]["version"] and doc["driver"]["driver_version"] == "550.54.15"
     failed = run_rule(doc["gpu"])
     assert [f.status for f in failed] == [Status.FAIL] and "did not return" in failed[0].message
+
+
+def test_fabric_error_codes_from_the_c_entry_point():
+    answers = nvml_answers()
+    answers["devices"][0]["nvmlDeviceGetGpuFabricInfo"] = {"error": "NVML_ERROR_NOT_SUPPORTED"}  # e.g. A100
+    answers["devices"][1]["nvmlDeviceGetGpuFabricInfo"] = {"error": "NVML_ERROR_GPU_IS_LOST"}
+    facts = nvml_facts(answers)
+    assert facts["gpus"][0]["fabric"] is None and facts["gpus"][0]["query_errors"] == []
+    assert facts["gpus"][1]["query_errors"] == ["NVML nvmlDeviceGetGpuFabricInfo failed: GPU is lost"]
+
+
+# The structure as nvml.h declares it, compiled by the C compiler: the layout test that needs no GPU.
+NVML_H_FABRIC = r"""
+#include <string.h>
+#define NVML_GPU_FABRIC_UUID_LEN 16
+typedef int nvmlReturn_t;
+typedef unsigned char nvmlGpuFabricState_t;
+typedef struct {
+    unsigned char        clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t         status;
+    unsigned int         cliqueId;
+    nvmlGpuFabricState_t state;
+} nvmlGpuFabricInfo_t;
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(void *device, nvmlGpuFabricInfo_t *info) {
+    unsigned char uuid[16] = {0x5a,0x1f,0x0c,0x3e,0x7b,0x2d,0x4e,0x6f,0x9a,0x8b,0x0c,0x1d,0x2e,0x3f,0x4a,0x5b};
+    memset(info, 0xff, sizeof *info);  /* padding the library leaves alone: garbage */
+    memcpy(info->clusterUuid, uuid, 16);
+    info->status = 0;
+    info->cliqueId = 32766;
+    info->state = 2;  /* NVML_GPU_FABRIC_STATE_IN_PROGRESS */
+    return 0;
+}
+unsigned long fabric_info_size(void) { return sizeof(nvmlGpuFabricInfo_t); }
+"""
+
+
+def test_fabric_struct_against_a_compiled_nvml_h(tmp_path):
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the nvml.h structure")
+    src = tmp_path / "fabric.c"
+    src.write_text(NVML_H_FABRIC)
+    lib_path = tmp_path / "libfabric.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib_path), str(src)], check=True)
+    lib = ctypes.CDLL(str(lib_path))
+    lib.fabric_info_size.restype = ctypes.c_ulong
+    assert lib.fabric_info_size() == ctypes.sizeof(gpu.NvmlGpuFabricInfo)
+
+    class Library:  # pynvml's shape: the C entry point by name, NVMLError by code
+        NVMLError = FakeNVML.NVMLError
+        NVML_ERROR_NOT_SUPPORTED = 3
+        NVML_ERROR_FUNCTION_NOT_FOUND = 13
+
+        @staticmethod
+        def _nvmlGetFunctionPointer(name):
+            return getattr(lib, name)
+
+    g = gpu._empty_gpu(0)
+    fabric = gpu._nvml_fabric(Library, g, None)
+    assert fabric == {"state": "In Progress", "status": "N/A", "clique_id": 32766, "cluster_uuid": UUID}

@@ -432,10 +432,26 @@ class FakeNVML:
             raise FakeNVMLError(2)  # past this GPU's last link
         return states[link]
 
+    def _nvmlGetFunctionPointer(self, name: str) -> Any:
+        """The C entry point: returns an nvmlReturn_t instead of raising, writes into the caller's memory."""
+        if name != "nvmlDeviceGetGpuFabricInfo":
+            raise AssertionError("the fake library has no raw entry point %s" % name)
+
+        def c_function(h: int, pointer: Any) -> int:
+            try:
+                data = fabric_bytes(self._get(h, name))
+            except FakeNVMLError as exc:
+                return exc.value
+            ctypes.memmove(pointer, data, len(data))  # exactly what libnvidia-ml writes: 28 bytes
+            return 0
+
+        return c_function
+
     def nvmlDeviceGetGpuFabricInfo(self, h: int, pointer: Any) -> int:
-        """Write the answer's bytes into the caller's buffer, as libnvidia-ml does."""
-        data = fabric_bytes(self._get(h, "nvmlDeviceGetGpuFabricInfo"))
-        ctypes.memmove(pointer, data, len(data))
+        """pynvml's wrapper: the C function, raising on an error code."""
+        ret = self._nvmlGetFunctionPointer("nvmlDeviceGetGpuFabricInfo")(h, pointer)
+        if ret:
+            raise FakeNVMLError(ret)
         return 0
 
     def nvmlErrorString(self, code: int) -> str:
