@@ -90,11 +90,11 @@ def _unit(ctx: Any, unit: str) -> Tuple[Optional[Dict[str, str]], Optional[str]]
     if res.rc == 127:
         return None, "systemctl not found"
     if not res.ok:
-        return None, service_error(res.rc, res.stdout, res.stderr)
+        return None, service_error(res.stdout, res.stderr, res.rc)
     return parse_systemctl_show(res.stdout), None
 
 
-def service_error(rc: int, stdout: str, stderr: str) -> str:
+def service_error(stdout: str, stderr: str, rc: int) -> str:
     """One line saying why `systemctl show` failed: its output's lines joined with ' / ' (a finding
     message must not carry a raw line break, and systemctl prints two lines in a container)."""
     lines = [line.strip() for line in (stderr or stdout or "").splitlines() if line.strip()]
@@ -337,8 +337,11 @@ CHECK = Check(
     why="Without a running, version-matched fabric manager the NVSwitch fabric is never programmed: CUDA init "
     "fails with cudaErrorSystemNotReady or NCCL hangs at init on that node.",
     fix="Install nvidia-fabricmanager of exactly the driver's version, then systemctl enable --now "
-    "nvidia-fabricmanager; read journalctl -u nvidia-fabricmanager for the cause of a failure.",
+    "nvidia-fabricmanager; read journalctl -u nvidia-fabricmanager for the cause of a failure. GB200/GB300 trays: "
+    "systemctl enable --now nvidia-imex (with the rack's nodes_config.cfg); a GPU stuck registering points at "
+    "the NVLink switch trays' fabric manager.",
     probe=probe,
     rule=rule,
     needs=("gpu",),
+    order=40,
 )

@@ -1039,15 +1039,18 @@ def rule(view: ClusterView) -> List[Finding]:
 
 CHECK = Check(
     name=NAME,
-    claim="Every GPU node shows its gpus_per_node GPUs, each without ECC/remap faults, HW throttling, "
-    "degraded PCIe or missing NVLinks, and /dev/shm is at least 1 GiB",
+    claim="Every GPU node shows its gpus_per_node GPUs, each without ECC/remap faults, NVML errors, HW throttling, "
+    "a PCIe link narrower than its peers', or fewer NVLinks than its model has (18 on H100/H200/B200 SXM, 12 on "
+    "A100 SXM); no MIG on a multi-node run; /dev/shm is at least 1 GiB",
     why="One missing, throttled or faulty GPU makes every collective wait for it or crash; NCCL needs a "
     "large /dev/shm for its shared-memory transport.",
     fix="Uncorrectable ECC / pending remap: drain the node and reset the GPU (nvidia-smi -r); remap failure: "
     "replace it. Missing GPU or narrow PCIe link: check dmesg for Xid 79, reseat. HW slowdown: check "
     "cooling and power (nvidia-smi -q -d PERFORMANCE). Persistence: enable nvidia-persistenced. "
-    "/dev/shm: remount larger or run containers with --shm-size=16g (or --ipc=host).",
+    "/dev/shm: remount larger or run containers with --shm-size=16g (or --ipc=host). MIG: nvidia-smi -mig 0 and "
+    "reset the GPU.",
     probe=probe,
     rule=rule,
     needs=("ssh",),
+    order=20,
 )

@@ -9,7 +9,7 @@ import os
 from preflight.checks import fabric_manager as fm
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe.context import NodeContext
-from tests.recorded import fixture_dir, meta
+from tests.fixture_cases import fixture_dir, meta
 
 FIX = fixture_dir("fabric_manager")
 GPU_FIX = fixture_dir("gpu")

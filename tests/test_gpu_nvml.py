@@ -17,7 +17,11 @@ from preflight.checks import driver, gpu
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe.context import NodeContext
 from tests.sim.gpu_hw import FakeNVML
-from tests.test_check_gpu import FIX, by_status, expected, fake_nvidia_smi, nvml_answers, run_rule, with_links
+from tests.builders import by_status, fake_nvidia_smi, gpu_expected as expected, gpu_rule as run_rule
+from tests.builders import gpu_with_links as with_links, nvml_answers
+from tests.fixture_cases import fixture_dir
+
+FIX = fixture_dir("gpu")
 
 GiB = 1 << 30
 UUID = "5a1f0c3e-7b2d-4e6f-9a8b-0c1d2e3f4a5b"

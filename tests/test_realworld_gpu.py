@@ -119,7 +119,7 @@ def check_systemctl(stem: str) -> List[str]:
     if rc == 0:
         fabric_manager.parse_systemctl_show(out)
         return []
-    why = fabric_manager.service_error(rc, out, err)
+    why = fabric_manager.service_error(out, err, rc)
     bad = []
     if "\n" in why or "\r" in why:
         bad.append("service_error carries a raw line break: %r" % why)
