@@ -1052,5 +1052,6 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     needs=("ssh",),
+    action="isolate",
     order=20,
 )

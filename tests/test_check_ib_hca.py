@@ -285,6 +285,43 @@ def test_rule_on_fixture_facts():
     assert "n002 mlx5_2 port 1: state DOWN, Polling (expected ACTIVE at 400 Gb/s)" in messages
 
 
+def h100_bf3(ib_rate=400):
+    """An H100 node as the real capture has it: mlx5_0,1,4-9 InfiniBand NDR rails and a BlueField-3
+    Ethernet port mlx5_bond_0 at 200 Gb/s (the front-end network)."""
+    rails = [port("mlx5_%d" % i, rate=ib_rate) for i in (0, 1, 4, 5, 6, 7, 8, 9)]
+    return {"hcas": {}, "ports": rails + [port("mlx5_bond_0", rate=200, layer="roce")]}
+
+
+RAILS = ["mlx5_%d:1" % i for i in (0, 1, 4, 5, 6, 7, 8, 9)]
+
+
+def test_usable_hcas_mixed_layers_picks_the_majority_layer_and_says_what_it_left_out():
+    usable = ib_hca.usable_hcas(view_of({"n001": h100_bf3(), "n002": h100_bf3()}))
+    assert usable["nodes"] == {"n001": RAILS, "n002": RAILS}
+    assert usable["uniform"] is True and usable["link_layer"] == "ib"
+    assert usable["left_out"] == {
+        "n001": [("mlx5_bond_0:1", "RoCE at 200 Gb/s; the rails are InfiniBand at 400 Gb/s")],
+        "n002": [("mlx5_bond_0:1", "RoCE at 200 Gb/s; the rails are InfiniBand at 400 Gb/s")],
+    }
+
+
+def test_usable_hcas_tied_layers_pick_nothing():
+    """Two InfiniBand and two RoCE ports per node: no majority (the one tie rule), no rails chosen."""
+    facts = {"hcas": {}, "ports": [port("mlx5_0"), port("mlx5_1"), port("mlx5_2", rate=200, layer="roce"),
+                                   port("mlx5_3", rate=200, layer="roce")]}
+    usable = ib_hca.usable_hcas(view_of({"n001": facts, "n002": facts}))
+    assert usable["link_layer"] is None
+
+
+def test_mixed_layers_pass_and_name_the_port_left_out_of_nccl():
+    findings = ib_hca.rule(view_of({"n001": h100_bf3(), "n002": h100_bf3()}))
+    assert [f.status for f in findings] == [Status.PASS, Status.PASS]
+    assert findings[0].message.startswith("8 ports ACTIVE at 400 Gb/s (ib): mlx5_0:1, mlx5_1:1, mlx5_4:1")
+    assert findings[0].message.endswith(
+        "; not for NCCL: mlx5_bond_0:1 (RoCE at 200 Gb/s; the rails are InfiniBand at 400 Gb/s)"
+    )
+
+
 def test_rate_tie_has_no_majority_and_fails_every_port_naming_the_split():
     # n001 at 400, n002 at 200: equally common, so neither is the reference (the old rule took 400).
     findings = ib_hca.rule(view_of({"n001": healthy(count=2), "n002": healthy(count=2, rate=200)}))
