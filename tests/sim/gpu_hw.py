@@ -8,6 +8,7 @@ node's sessions must set ``PREFLIGHT_NVML=off`` for the probes to read the simul
     install_gpus(node, "h100", count=8, faults={3: "ecc", 5: ["pcie_width", "persistence_off"], 6: "missing"})
     install_nvswitches(node)                       # 4 NVSwitch PCI functions (6 for profile="a100")
     install_fabric_manager(node, active=False)     # failed service; H100 GPUs then report fabric In Progress
+    install_gpus(node, "gb200", count=4); install_imex(node, "not_found")   # a GB200 tray without IMEX
     set_driver_version(node, "535.129.03")         # a driver outlier (fabric manager keeps its version)
     install_nccl(node, "2.21.5")                   # ldconfig -p listing libnccl.so.2 -> libnccl.so.2.21.5
 
@@ -32,6 +33,14 @@ PROFILES: Dict[str, Dict[str, Any]] = {
         "gpu_device": "0x2330",
         "nvswitch_device": "0x22a3",
         "nvswitches": 4,
+    },
+    "gb200": {  # a GB200 compute tray: no NVSwitch PCI function, GPUs on the rack's NVLink fabric
+        "xml": "gpu/gb200_tray_570.xml",
+        "nvlink": "gpu/gb200_tray_570.nvlink.txt",
+        "driver": "570.133.20",
+        "gpu_device": "0x2941",
+        "nvswitch_device": None,
+        "nvswitches": 0,
     },
     "a100": {
         "xml": "gpu/a100_hgx_535.xml",
@@ -89,8 +98,9 @@ def install_gpus(node: Any, profile: str = "h100", count: int = 8, faults: Fault
     """A fake nvidia-smi printing the recorded HGX output with `count` GPUs, plus the GPUs' sysfs entries."""
     if profile not in PROFILES:
         raise ValueError("profile %r: expected one of %s" % (profile, ", ".join(sorted(PROFILES))))
-    if not 0 < count <= 8:
-        raise ValueError("count %d: the recorded HGX outputs hold 1 to 8 GPUs" % count)
+    recorded = len(_GPU_BLOCK.findall(_read(PROFILES[profile]["xml"])))
+    if not 0 < count <= recorded:
+        raise ValueError("count %d: the recorded %s output holds 1 to %d GPUs" % (count, profile, recorded))
     normalised: Dict[int, List[str]] = {}
     for index, spec in (faults or {}).items():
         names = [spec] if isinstance(spec, str) else list(spec)
@@ -166,6 +176,27 @@ def install_fabric_manager(node: Any, active: bool = True, version: Optional[str
     if state is not None:
         state["fabric_stuck"] = not active
         _render(node)
+
+
+def install_imex(node: Any, state: str = "active") -> None:
+    """A systemctl answering `show nvidia-imex` (state "active" or "not_found": package missing), as on a
+    GB200/GB300 tray; other units get systemctl's error."""
+    show = _read("fabric_manager/imex_systemctl_show_%s.txt" % state)
+    node.install_executable(
+        "systemctl",
+        "#!/bin/sh\n"
+        "# systemctl (preflight simulator): answers for nvidia-imex only, from tests/fixtures\n"
+        'case "$1 $2" in\n'
+        '  "show nvidia-imex"|"show nvidia-imex.service")\n'
+        "    cat <<'PREFLIGHT_EOF'\n%s"
+        "PREFLIGHT_EOF\n"
+        "    ;;\n"
+        "  *)\n"
+        '    echo "systemctl (preflight simulator): no recorded answer for: $*" >&2\n'
+        "    exit 1\n"
+        "    ;;\n"
+        "esac\n" % show,
+    )
 
 
 def install_nccl(node: Any, version: str = "2.21.5") -> str:
