@@ -81,7 +81,28 @@ def check_nvlink(path: str) -> List[str]:
     got_i = sum((c or {}).get("inactive", 0) for c in parsed.values())
     if (got_a, got_i) != (active, inactive):
         bad.append("links active/inactive %d/%d != %d/%d" % (got_a, got_i, active, inactive))
+    # The model's NVLink count (gpu.MODEL_NVLINKS, from NVIDIA's datasheets) against a real machine's.
+    for name, uuid in re.findall(r"^GPU \d+: (.*) \(UUID: (GPU-[0-9a-f-]+)\)$", text, re.M):
+        model, links = gpu.model_nvlinks(name), parsed.get(uuid)
+        if model is not None and links is not None and links["active"] + links["inactive"] != model:
+            bad.append("%s: %d links in the capture, model table says %d" % (name, links["active"] + links["inactive"], model))
     return bad
+
+
+def judge_nvlink(path: str) -> List[Any]:
+    """The gpu rule on a node whose only facts are the capture's GPUs and their links."""
+    text = _read(path)
+    links = gpu.parse_nvlink_status(text)
+    gpus = []
+    for index, (name, uuid) in enumerate(re.findall(r"^GPU \d+: (.*) \(UUID: (GPU-[0-9a-f-]+)\)$", text, re.M)):
+        g = gpu._empty_gpu(index)
+        g.update({"name": name, "uuid": uuid, "pci_bus_id": "00000000:%02X:00.0" % (index + 1), "nvlink": links[uuid]})
+        gpus.append(g)
+    facts = {"source": "nvidia-smi", "error": None, "nvml_error": None, "driver_version": None, "cuda_version": None,
+             "attached_gpus": len(gpus), "gpus": gpus, "nvlink_unreadable": []}
+    node = NodeInfo("node01", "198.18.0.1", max(1, len(gpus)))
+    view = ClusterView([node], {"node01": {"gpu": facts, "ssh": {"shm_bytes": 16 << 30}}})
+    return [f for f in gpu.rule(view) if f.status != Status.PASS]
 
 
 def check_fm_version(path: str) -> List[str]:
@@ -179,6 +200,14 @@ def test_rule_is_quiet_on_a_healthy_capture(path):
     allowed = EXPLAINED.get(os.path.basename(path), [])
     unexplained = [f.message for f in judge_xml(path) if not any(a in f.message for a in allowed)]
     assert unexplained == []
+
+
+NVLINKS = [p for p in _files("nvidia_smi_nvlink") if os.path.getsize(p)]
+
+
+@pytest.mark.parametrize("path", NVLINKS, ids=[os.path.basename(p) for p in NVLINKS])
+def test_rule_is_quiet_on_healthy_nvlink_capture(path):
+    assert [f.message for f in judge_nvlink(path)] == []
 
 
 def counts() -> Dict[str, int]:
