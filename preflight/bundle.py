@@ -4,10 +4,14 @@ Nothing is written to the node's disk: the bootstrap below reads the zip from st
 modules from memory, so there is no temp file to clean up even if the process is killed.
 
 Wire protocol (stdin → node):   one line of JSON config, one line with the zip's length, the zip bytes;
-                                stdin then stays open: its EOF means the controller is gone.
+                                stdin then stays open: its EOF means the controller is gone. Under
+                                Slurm every task reads the same stdin: the config is then
+                                {"by_node": {node: config}}, picked by SLURMD_NODENAME.
 Wire protocol (node → stdout):  `preflight-pid N` (from the login shell, before python starts),
                                 `preflight-clock T` (the node's time.time() as soon as python runs),
-                                `preflight-result {json}` (the last line).
+                                `preflight-result {json}` (the last line); with config `line_max` the
+                                JSON is cut into `preflight-part` lines before it (srun splits output
+                                lines longer than 1024 bytes).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ BOOTSTRAP = r"""
 import sys,os,io,json,time,signal,threading,zipfile,importlib.util,marshal
 sys.stdout.write('preflight-clock %r\n'%time.time());sys.stdout.flush()
 _in=sys.stdin.buffer;_cfg=json.loads(_in.readline());_zb=_in.read(int(_in.readline()))
+if 'by_node' in _cfg:_cfg=_cfg['by_node'][os.environ['SLURMD_NODENAME']]
 _z=zipfile.ZipFile(io.BytesIO(_zb));_S={};_N=set(_z.namelist())
 _B='bytecode/MAGIC' in _N and _z.read('bytecode/MAGIC')==importlib.util.MAGIC_NUMBER
 for _n in _N:
@@ -65,7 +70,9 @@ def _watch():
 threading.Thread(target=_watch,daemon=True).start()
 threading.Timer(float(_cfg.get('deadline_s',600)),_die).start()
 from preflight.probe.runner import main
-sys.stdout.write('preflight-result '+json.dumps(main(_cfg,_zb))+'\n');sys.stdout.flush();os._exit(0)
+_r=json.dumps(main(_cfg,_zb));_k=int(_cfg.get('line_max') or len(_r))
+for _i in range(0,len(_r),_k):sys.stdout.write(('preflight-result ' if _i+_k>=len(_r) else 'preflight-part ')+_r[_i:_i+_k]+'\n')
+sys.stdout.flush();os._exit(0)
 """
 
 _NODE_MODULES = ("__init__.py", "common.py", "model.py")
@@ -172,6 +179,7 @@ def remote_command(python: str) -> str:
 def parse_output(stdout: bytes) -> Dict[str, Any]:
     """The protocol lines found in a run's stdout: pid, clock, result (each may be missing)."""
     found: Dict[str, Any] = {}
+    parts: List[str] = []
     for raw in stdout.split(b"\n"):
         line = raw.decode("utf-8", "replace")
         if line.startswith("preflight-pid ") and line[14:].strip().isdigit():
@@ -181,6 +189,9 @@ def parse_output(stdout: bytes) -> Dict[str, Any]:
                 found["clock"] = float(line[16:])
             except ValueError:
                 pass
+        elif line.startswith("preflight-part "):
+            parts.append(line[15:])
         elif line.startswith("preflight-result "):
-            found["result"] = json.loads(line[17:])
+            found["result"] = json.loads("".join(parts) + line[17:])
+            parts = []
     return found
