@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 
 from preflight.checks import allreduce as ar
-from preflight.model import ClusterView, NodeInfo, Status
+from preflight.model import ClusterView, NodeInfo, ParseError, Status
 
 GiB, MiB, KiB = ar.GiB, ar.MiB, ar.KiB
 
@@ -351,3 +355,31 @@ def test_group_result_from_agent_documents():
     assert g["failure"].startswith("hung at 2 KiB (rank 1")
     g = ar.group_result(["n001", "n002"], {"n001": docs[0]})
     assert g["failure"] == "n002: no result"
+
+
+# ------------------------------------------------------------------------------------------ NCCL log parser
+
+_NCCL_FIXTURES = Path(__file__).parent / "fixtures" / "allreduce"
+_NCCL_CASES = sorted(p.stem for p in _NCCL_FIXTURES.glob("*.json"))
+
+
+@pytest.mark.parametrize("case", _NCCL_CASES)
+def test_parse_nccl_log_fixture(case):
+    doc = json.loads((_NCCL_FIXTURES / (case + ".json")).read_text())
+    text = (_NCCL_FIXTURES / doc["input"]).read_text()
+    parser = getattr(ar, doc["parser"])
+    if "error" in doc:
+        with pytest.raises(ParseError, match=re.escape(doc["error"])):
+            parser(text)
+    else:
+        assert parser(text) == doc["expected"]
+
+
+def test_nccl_fixtures_cover_the_four_paths():
+    got = {c: json.loads((_NCCL_FIXTURES / (c + ".json")).read_text()).get("expected") for c in _NCCL_CASES}
+    assert got["ib_gdr"]["transport"] == "NET/IB" and got["ib_gdr"]["gdr_used"] is True
+    assert got["ib_no_gdr"]["gdr"] == {"mlx5_0": False, "mlx5_1": False} and got["ib_no_gdr"]["gdr_used"] is False
+    assert got["socket_fallback"]["transport"] == "NET/Socket" and got["socket_fallback"]["ib_no_device"]
+    assert got["wrong_interface"]["devices"] == [{"name": "lo", "addr": "127.0.0.1"}]
+    assert got["old_2_4_socket"]["intra"] == ["SHM"] and got["old_2_4_socket"]["version"] == "2.4.7"
+    assert "NVLS" in got["plugin_ibext_nvls"]["intra"]
