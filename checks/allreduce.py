@@ -538,6 +538,13 @@ def rule(view: ClusterView) -> List[Finding]:
         out.append(Finding(NAME, None, Status.WARN, "a single rank: no all-reduce traffic to measure", data=data))
         return out
     point = verdict_point(points, backend)
+    cut = sweep_cut(table)
+    if cut:
+        data["cut"] = cut
+    if point is None and cut and points:
+        out.append(Finding(NAME, None, Status.FAIL, "all-reduce too slow to reach %s across %s: %s" % (
+            human_bytes(GPU_VERDICT_MIN), where, _cut_phrase(cut, points)), data=data))
+        return out
     if point is None:
         largest = human_bytes(points[-1]["bytes"]) if points else "none"
         out.append(Finding(NAME, None, Status.WARN, "all-reduce completed across %s, but the largest size (%s) is "
@@ -546,6 +553,8 @@ def rule(view: ClusterView) -> List[Finding]:
         return out
     figures = "busbw %.2f GB/s (algbw %.2f GB/s) at %s across %s" % (
         point["busbw_gbps"], point["algbw_gbps"], human_bytes(point["bytes"]), where)
+    if cut:
+        figures += "; " + _cut_phrase(cut, points)
     data["verdict_bytes"] = point["bytes"]
     threshold = threshold_for(view, meta, nodes, backend)
     if threshold is None:
@@ -569,6 +578,20 @@ def rule(view: ClusterView) -> List[Finding]:
         msg += "; slowest %s" % _ranks_phrase([slow], node_of)
     out.append(Finding(NAME, None, Status.FAIL, msg, expected=expected, actual=actual, data=data))
     return out
+
+
+def sweep_cut(table: Mapping[int, Tuple[str, Mapping[str, Any]]]) -> Optional[Dict[str, Any]]:
+    """The "cut" the ranks agreed on (the sweep ended before a size projected over its budget), or None."""
+    cuts = [e["cut"] for _n, e in table.values() if e.get("cut")]
+    return min(cuts, key=lambda c: c.get("bytes") or 0) if cuts else None
+
+
+def _cut_phrase(cut: Mapping[str, Any], points: Sequence[Mapping[str, Any]]) -> str:
+    last = human_bytes(points[-1]["bytes"]) if points else "the first size"
+    return "sweep stopped before %s: %s took %.2f s on the slowest rank, so %s would take about %.1f s " \
+        "(over its %g s budget)" % (human_bytes(int(cut["bytes"])), last, float(cut.get("took_s") or 0),
+                                   human_bytes(int(cut["bytes"])), float(cut.get("projected_s") or 0),
+                                   float(cut.get("budget_s") or 0))
 
 
 def _wrong_values(table) -> List[Tuple[int, List[int], Dict[str, Any]]]:
