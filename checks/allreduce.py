@@ -1071,8 +1071,155 @@ def _localization_findings(view: ClusterView, meta: Mapping[str, Any]) -> List[F
     return out
 
 
+def ifname_allows(spec: Optional[str], name: str) -> bool:
+    """Whether NCCL_SOCKET_IFNAME `spec` admits interface `name` (NCCL's syntax: comma list, "^" excludes,
+    "=" exact match, else prefix match). No spec admits everything but lo and docker*, as NCCL does."""
+    if not spec:
+        return not (name == "lo" or name.startswith("docker"))
+    text = spec.strip()
+    exclude = text.startswith("^")
+    if exclude:
+        text = text[1:]
+    exact = text.startswith("=")
+    if exact:
+        text = text[1:]
+    hit = any((name == item) if exact else name.startswith(item) for item in (i.strip() for i in text.split(",")) if item)
+    return not hit if exclude else hit
+
+
+def _gdr_expected(facts: Any) -> Tuple[Optional[bool], str]:
+    """(should GPUDirect RDMA work on this node, why) from the gpudirect check's facts; None when unknown."""
+    if not isinstance(facts, dict) or "probe_error" in facts:
+        return None, "no gpudirect facts (run the gpudirect check with the bench)"
+    if not facts.get("hcas"):
+        return False, "no RDMA HCA"
+    if not (facts.get("peermem") or facts.get("dmabuf_possible")):
+        return False, "no peer-memory module and no DMA-BUF"
+    if not facts.get("virtual"):
+        on_paths = {b for p in facts.get("paths") or [] for b in p.get("bridges") or []}
+        for bdf, port in (facts.get("acs") or {}).items():
+            ctl = (port or {}).get("acs_ctl") or {}
+            if bdf in on_paths and (ctl.get("ReqRedir") or ctl.get("CmpltRedir")):
+                return False, "ACS redirects peer traffic at %s" % bdf
+    return True, "gpudirect: %s loaded" % (facts.get("peermem") or "DMA-BUF")
+
+
+def _devices_text(nccl: Mapping[str, Any]) -> str:
+    devs = []
+    for d in nccl.get("devices") or []:
+        devs.append(d["name"] if isinstance(d, dict) else str(d))
+    return ",".join(devs) or "no device"
+
+
+def nccl_summary(logs: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """One node's NCCL facts from its ranks' parsed logs: every value seen, in order."""
+    def seen(key):
+        out = []
+        for log in logs:
+            value = log.get(key)
+            if value is not None and value not in out:
+                out.append(value)
+        return out
+
+    devices: List[str] = []
+    for log in logs:
+        for d in log.get("devices") or []:
+            text = d["name"] if isinstance(d, dict) else str(d)
+            if text not in devices:
+                devices.append(text)
+    gdr: Dict[str, bool] = {}
+    for log in logs:
+        gdr.update(log.get("gdr") or {})
+    return {
+        "version": seen("version"), "transport": seen("transport"), "devices": devices,
+        "socket_ifaces": sorted({d["name"] for log in logs if log.get("network") == "Socket"
+                                 for d in log.get("devices") or [] if isinstance(d, dict)}),
+        "oob": sorted({(log.get("oob") or {}).get("name") for log in logs if log.get("oob")}),
+        "gdr": gdr, "gdr_used": seen("gdr_used"),
+        "intra": sorted({t for log in logs for t in log.get("intra") or []}),
+        "net_used": any(log.get("net_paths") for log in logs),
+        "ranks": len(logs),
+    }
+
+
+def nccl_findings(view: ClusterView, meta: Mapping[str, Any], docs: Mapping[str, Mapping[str, Any]]) -> List[Finding]:
+    """Per node: what NCCL chose (version, transport, devices, GDR, intra-node transports), and a FAIL when
+    it fell back to sockets although ACTIVE HCAs were found, bound an interface the env file does not
+    name, or ran without GPUDirect RDMA where the gpudirect facts say it should work."""
+    from preflight.model import ParseError
+
+    env = dict(meta.get("env") or {})
+    ifspec = env.get("NCCL_SOCKET_IFNAME")
+    hcas: Dict[str, List[str]] = {}
+    try:
+        from preflight.checks import ib_hca
+
+        hcas = ib_hca.usable_hcas(view)["nodes"]
+    except Exception as exc:  # no ib_hca facts at all: the fallback sub-rule cannot be judged
+        hcas = {}
+        meta = dict(meta, hca_error=str(exc))
+    out: List[Finding] = []
+    for node, doc in docs.items():
+        if (doc or {}).get("backend") != "nccl":
+            continue
+        logs, problems = [], []
+        for entry in doc.get("ranks") or []:
+            text = entry.get("nccl_log")
+            if not text:
+                if entry.get("init_s") is not None:
+                    problems.append("rank %s: no NCCL_DEBUG=INFO lines" % entry.get("rank"))
+                continue
+            try:
+                logs.append(parse_nccl_log(text))
+            except ParseError as exc:
+                problems.append("rank %s: %s" % (entry.get("rank"), exc))
+        if not logs:
+            if problems:
+                out.append(Finding(NAME, node, Status.ERROR, "NCCL's choices unknown: %s" % "; ".join(problems[:2])))
+            continue
+        facts = nccl_summary(logs)
+        what = "NCCL %s, %s on %s" % ("/".join(facts["version"]) or "?", "/".join(facts["transport"]) or
+                                      "no network (single node)", ",".join(facts["devices"]) or "no device")
+        gdr_on = sorted(h for h, ok in facts["gdr"].items() if ok)
+        if facts["gdr"] and "NET/Socket" not in facts["transport"]:
+            what += ", GPUDirect RDMA %s" % ("enabled" if gdr_on else "disabled")
+        what += ", intra-node %s" % (",".join(facts["intra"]) or "none")
+        bad: List[str] = []
+        active = hcas.get(node) or []
+        if "NET/Socket" in facts["transport"] and active and facts["net_used"]:
+            bad.append("fell back to sockets although %s %s ACTIVE" % (
+                ",".join(active), "is" if len(active) == 1 else "are"))
+        if ifspec:
+            wrong = [i for i in facts["socket_ifaces"] + facts["oob"] if i and not ifname_allows(ifspec, i)]
+            if wrong:
+                bad.append("bound %s, not the interface the env file names (NCCL_SOCKET_IFNAME=%s)" % (
+                    ",".join(sorted(set(wrong))), ifspec))
+        gdr_note = None
+        if facts["net_used"] and "NET/Socket" not in facts["transport"]:
+            should, why = _gdr_expected((view.facts.get(node) or {}).get("gpudirect"))
+            used = True in facts["gdr_used"] or bool(gdr_on)
+            if should is None:
+                gdr_note = "GPUDirect RDMA not judged: %s" % why
+            elif should and not used:
+                bad.append("GPUDirect RDMA disabled (%s) although %s" % (
+                    ",".join(sorted(facts["gdr"])) or "every connection", why))
+        data = {"nccl": facts}
+        if gdr_note:
+            data["gdr_note"] = gdr_note
+        if bad:
+            out.append(Finding(NAME, node, Status.FAIL, "%s: %s" % (what, "; ".join(bad)),
+                               expected="NCCL on the data path preflight chose", actual=what, data=data))
+        else:
+            out.append(Finding(NAME, node, Status.PASS, what + ("" if not gdr_note else " (%s)" % gdr_note),
+                               data=data))
+    return out
+
+
 def _rule_with_localization(view: ClusterView) -> List[Finding]:
-    return rule(view) + _localization_findings(view, dict(view.cluster.get(NAME) or {}))
+    meta = dict(view.cluster.get(NAME) or {})
+    docs = {n: (view.facts.get(n) or {}).get(NAME) for n in meta.get("nodes") or []}
+    docs = {n: d for n, d in docs.items() if isinstance(d, dict) and not _doc_problem(d)}
+    return rule(view) + _localization_findings(view, meta) + nccl_findings(view, meta, docs)
 
 
 CHECK = Check(

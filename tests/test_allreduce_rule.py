@@ -383,3 +383,71 @@ def test_nccl_fixtures_cover_the_four_paths():
     assert got["wrong_interface"]["devices"] == [{"name": "lo", "addr": "127.0.0.1"}]
     assert got["old_2_4_socket"]["intra"] == ["SHM"] and got["old_2_4_socket"]["version"] == "2.4.7"
     assert "NVLS" in got["plugin_ibext_nvls"]["intra"]
+
+
+# ------------------------------------------------------------------------------------ what NCCL chose (rule)
+
+
+def _nccl_view(logs, env=None, ib_ports=None, gpudirect=None):
+    """Two nccl nodes that passed the sweep; node n00k's rank logs are logs[k-1] (fixture file names)."""
+    docs = eight_ranks_on(2, 1, [GiB], time_s=0.01)
+    for d, name in zip(docs, logs):
+        d["ranks"][0]["nccl_log"] = (_NCCL_FIXTURES / name).read_text()
+        d["ranks"][0]["init_s"] = 5.0
+    view = cluster(docs, gpus=1, env=env or {"NCCL_SOCKET_IFNAME": "=eth1"})
+    for i, n in enumerate(["n001", "n002"]):
+        port = {"hca": "mlx5_0", "port": 1, "state": "ACTIVE", "phys_state": "LinkUp", "link_layer": "ib",
+                "rate_gbps": 400}
+        view.facts[n]["ib_hca"] = {"hcas": {}, "ports": [port] if (ib_ports or {}).get(n) else []}
+        if gpudirect is not None:
+            view.facts[n]["gpudirect"] = gpudirect
+    return view
+
+
+def _node_findings(view, node):
+    return [f for f in ar.CHECK.rule(view) if f.node == node and f.data and "nccl" in f.data]
+
+
+def test_nccl_socket_fallback_with_an_active_hca_fails_the_node():
+    view = _nccl_view(["socket_fallback.log", "socket_fallback.log"], ib_ports={"n001": True})
+    (f,) = _node_findings(view, "n001")
+    assert f.status is Status.FAIL and "fell back to sockets although mlx5_0:1 is ACTIVE" in f.message, f.message
+    assert f.message.startswith("NCCL 2.18.5, NET/Socket on eth1"), f.message
+    (g,) = _node_findings(view, "n002")  # no ACTIVE HCA there: sockets are what it has
+    assert g.status is Status.PASS and "intra-node P2P/IPC" in g.message
+
+
+def test_nccl_bound_to_an_interface_the_env_file_does_not_name_fails():
+    view = _nccl_view(["wrong_interface.log", "socket_fallback.log"])
+    (f,) = _node_findings(view, "n001")
+    assert f.status is Status.FAIL and "bound lo, not the interface the env file names (NCCL_SOCKET_IFNAME==eth1)" \
+        in f.message, f.message
+    assert _node_findings(view, "n002")[0].status is Status.PASS
+
+
+def test_nccl_gdr_disabled_where_gpudirect_should_work_fails_and_is_skipped_without_facts():
+    good = {"hcas": [{"name": "mlx5_0", "bdf": "0000:18:00.0"}], "peermem": "nvidia_peermem", "virtual": None,
+            "paths": [], "acs": {}}
+    view = _nccl_view(["ib_no_gdr.log", "ib_gdr.log"], env={"NCCL_SOCKET_IFNAME": "=eth1,ib0"}, gpudirect=good)
+    (f,) = _node_findings(view, "n001")
+    assert f.status is Status.FAIL and "GPUDirect RDMA disabled (mlx5_0,mlx5_1) although gpudirect: " \
+        "nvidia_peermem loaded" in f.message, f.message
+    (g,) = _node_findings(view, "n002")
+    assert g.status is Status.PASS and "GPUDirect RDMA enabled" in g.message and "P2P/CUMEM" in g.message
+    view = _nccl_view(["ib_no_gdr.log", "ib_gdr.log"], env={"NCCL_SOCKET_IFNAME": "=eth1,ib0"})
+    (f,) = _node_findings(view, "n001")
+    assert f.status is Status.PASS and "GPUDirect RDMA not judged: no gpudirect facts" in f.message
+    assert f.data["gdr_note"]
+
+
+def test_an_unreadable_nccl_log_is_an_error_not_a_pass():
+    view = _nccl_view(["warn_only.log", "ib_gdr.log"], env={"NCCL_SOCKET_IFNAME": "ib"})
+    (f,) = [x for x in ar.CHECK.rule(view) if x.node == "n001"]
+    assert f.status is Status.ERROR and "no 'NCCL INFO' line" in f.message
+
+
+@pytest.mark.parametrize("spec,name,ok", [
+    ("=eth1", "eth1", True), ("=eth1", "eth10", False), ("eth", "eth10", True), ("^docker,lo", "eth0", True),
+    ("^docker,lo", "docker0", False), (None, "lo", False), (None, "ens3", True), ("=eth1,ib0", "ib0", True)])
+def test_ifname_syntax(spec, name, ok):
+    assert ar.ifname_allows(spec, name) is ok
