@@ -88,6 +88,32 @@ NVLINK_PROFILES = (
     (re.compile(r"\bB200\b", re.I), "B200 8-GPU NVLink5", 900.0),
 )
 
+#: Published all-reduce busbw (GB/s, nccl-tests all_reduce_perf at >= 1 GiB) of healthy systems: a run below
+#: SKU_WARN_FRACTION of the figure is a WARN (the FAIL floor stays the line-rate profile above). Each entry:
+#: (GPU name pattern, nodes it was measured on, per-node NIC aggregate it needs in Gb/s or None, label,
+#: busbw, source). "2" means two or more nodes: a ring's busbw is bounded by per-node injection, whatever
+#: the node count.
+SKU_WARN_FRACTION = 0.8
+SKU_PROFILES = (
+    (re.compile(r"H100(?!.*(PCIe|NVL\b)).*(HBM3|SXM)", re.I), 1, None, "8x H100 SXM, one node", 460.0,
+     "docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests: 460-480 GB/s, 'more than 20% below "
+     "this, something is off'"),
+    (re.compile(r"A100[- ]SXM", re.I), 1, None, "8x A100 SXM4, one node", 230.0,
+     "docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests: 230-250 GB/s"),
+    (re.compile(r"H200(?!.*NVL)", re.I), 1, None, "8x H200 SXM, one node", 460.0,
+     "same NVLink4/NVSwitch baseboard as H100 SXM (NVIDIA H200 datasheet: 900 GB/s NVLink); H100 figure"),
+    (re.compile(r"H100(?!.*(PCIe|NVL\b)).*(HBM3|SXM)", re.I), 2, 3200.0, "H100 SXM, 8x 400G per node", 400.0,
+     "saturncloud.io/blog/crusoe-nccl-cluster-validation: H100 SXM NVLink + IB NDR 400-450 GB/s"),
+    (re.compile(r"H200(?!.*NVL)", re.I), 2, 3200.0, "H200 SXM, 8x 400G per node", 400.0,
+     "saturncloud.io/blog/crusoe-nccl-cluster-validation: H200 SXM NVLink + IB NDR 400-450 GB/s"),
+    (re.compile(r"\bB200\b", re.I), 2, 3200.0, "B200, 8x 400G per node", 400.0,
+     "no published multi-node run found: DGX B200 has the same 8x 400 Gb/s ConnectX-7 as DGX H100, so the "
+     "H100 NDR figure (saturncloud.io, above) is the network-bound floor"),
+    (re.compile(r"A100[- ]SXM", re.I), 2, 1600.0, "A100 SXM4, 8x 200G HDR per node", 192.0,
+     "NVIDIA/nccl#778 (NVIDIA, AddyLaddy): 'DGX-A100 systems with 8x IB HDR NICs ... peak NCCL AllReduce "
+     "BusBW of ~192GB/s'"),
+)
+
 #: Localization: at most this many rounds of concurrent pair tests.
 MAX_ROUNDS = 3
 #: A group whose busbw is below this fraction of the median group is slow, even with no threshold.
@@ -426,6 +452,24 @@ def profile_threshold(
     return found
 
 
+def sku_warn_level(
+    backend: str, nnodes: int, gpus_per_node: int, gpu_model: Optional[str], nic_gbps: Optional[float]
+) -> Optional[Tuple[float, str]]:
+    """(WARN level in GB/s, source) from SKU_PROFILES for 8-GPU nodes of a known model, or None. Multi-node
+    figures apply only where each node has at least the NIC aggregate they were measured with."""
+    if backend != "nccl" or gpus_per_node != 8 or not gpu_model:
+        return None
+    scope = 1 if nnodes <= 1 else 2
+    for pattern, nodes, nic_needed, label, gbps, source in SKU_PROFILES:
+        if nodes != scope or not pattern.search(gpu_model):
+            continue
+        if nic_needed and (not nic_gbps or float(nic_gbps) < nic_needed):
+            return None
+        return (round(SKU_WARN_FRACTION * gbps, 1), "%s: %d%% of the published %g GB/s (%s)" % (
+            label, SKU_WARN_FRACTION * 100, gbps, source))
+    return None
+
+
 def threshold_for(view: ClusterView, meta: Mapping[str, Any], nodes: Sequence[str], backend: str):
     """expect.busbw_gbps, else the built-in profile, else None: (GB/s, source)."""
     if view.expect.get("busbw_gbps") is not None:
@@ -565,6 +609,17 @@ def rule(view: ClusterView) -> List[Finding]:
     data.update(threshold_gbps=limit, threshold_source=source)
     expected = "busbw >= %g GB/s (%s)" % (limit, source)
     actual = "%.2f GB/s" % point["busbw_gbps"]
+    warn = None
+    if source != "expect.busbw_gbps":
+        known = {n.name: n for n in view.nodes}
+        gpus = [known[n].gpus_per_node for n in nodes if n in known]
+        warn = sku_warn_level(backend, len(nodes), min(gpus) if gpus else 0, meta.get("gpu_model"),
+                              meta.get("nic_gbps") or view.expect.get("nic_gbps"))
+    if point["busbw_gbps"] >= limit and warn and warn[0] > limit and point["busbw_gbps"] < warn[0]:
+        data.update(warn_gbps=warn[0], warn_source=warn[1])
+        out.append(Finding(NAME, None, Status.WARN, "all-reduce %s, below %g GB/s (%s)" % (figures, warn[0], warn[1]),
+                           expected="busbw >= %g GB/s" % warn[0], actual=actual, data=data))
+        return out
     if point["busbw_gbps"] >= limit:
         out.append(Finding(NAME, None, Status.PASS, "all-reduce " + figures, expected=expected, actual=actual,
                            data=data))

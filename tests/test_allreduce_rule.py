@@ -451,3 +451,20 @@ def test_an_unreadable_nccl_log_is_an_error_not_a_pass():
     ("^docker,lo", "docker0", False), (None, "lo", False), (None, "ens3", True), ("=eth1,ib0", "ib0", True)])
 def test_ifname_syntax(spec, name, ok):
     assert ar.ifname_allows(spec, name) is ok
+
+
+def test_sku_profiles_warn_below_the_published_figure_above_the_fail_floor():
+    h100 = ar.sku_warn_level("nccl", 1, 8, "NVIDIA H100 80GB HBM3", None)
+    assert h100[0] == 368.0 and "460" in h100[1] and "alayanew" in h100[1]
+    assert ar.sku_warn_level("nccl", 2, 8, "NVIDIA H200", 3200)[0] == 320.0
+    assert ar.sku_warn_level("nccl", 2, 8, "NVIDIA H200", 1600) is None  # fewer NICs than it was measured with
+    assert ar.sku_warn_level("nccl", 4, 8, "NVIDIA B200", 3200)[0] == 320.0
+    assert "NVIDIA/nccl#778" in ar.sku_warn_level("nccl", 2, 8, "NVIDIA A100-SXM4-80GB", 1600)[1]
+    assert ar.sku_warn_level("gloo", 2, 0, None, None) is None
+    # 8x H100, one node at 340 GB/s busbw: above the 315 GB/s FAIL floor, below 80% of the published 460
+    t = GiB / (340e9 / ar.busbw_factor(8))
+    docs = eight_ranks_on(1, 8, [GiB], time_s=t)
+    f = the(ar.rule(cluster(docs, gpu_model="NVIDIA H100 80GB HBM3")))
+    assert f.status is Status.WARN and "below 368 GB/s" in f.message and f.data["warn_gbps"] == 368.0, f.message
+    docs = eight_ranks_on(1, 8, [GiB], time_s=GiB / (470e9 / ar.busbw_factor(8)))
+    assert the(ar.rule(cluster(docs, gpu_model="NVIDIA H100 80GB HBM3"))).status is Status.PASS
