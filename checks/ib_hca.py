@@ -23,9 +23,9 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
 
+from preflight.common import fold, human_bytes, majority, plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
 
 CHECK_NAME = "ib_hca"
@@ -201,21 +201,27 @@ def _valid(view: ClusterView) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def expected_rates(view: ClusterView, valid: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, Any]:
-    """{link layer: expected Gb/s}: expect.ib_rate_gbps, else the most common rate of ACTIVE ports."""
-    valid = _valid(view) if valid is None else valid
-    counts: Dict[str, Counter] = {}
+def _active_rates(valid: Dict[str, Dict[str, Any]]) -> Dict[str, List[Any]]:
+    """{link layer: [rate of every ACTIVE port]}."""
+    rates: Dict[str, List[Any]] = {}
     for facts in valid.values():
         for p in facts["ports"]:
             if is_active(p):
-                counts.setdefault(p["link_layer"], Counter())[p["rate_gbps"]] += 1
+                rates.setdefault(p["link_layer"], []).append(p["rate_gbps"])
+    return rates
+
+
+def expected_rates(view: ClusterView, valid: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, Any]:
+    """{link layer: expected Gb/s}: expect.ib_rate_gbps, else the most common rate of ACTIVE ports.
+
+    A tie (two rates equally common, none more) has no reference value: the layer maps to None, every
+    ACTIVE port of it counts as usable, and the rule FAILs each port naming the split (rate_split()).
+    """
+    valid = _valid(view) if valid is None else valid
     want = view.expect.get("ib_rate_gbps")
     out: Dict[str, Any] = {}
-    for layer, counter in counts.items():
-        if want is not None:
-            out[layer] = want
-        else:
-            out[layer] = max(counter.items(), key=lambda kv: (kv[1], kv[0]))[0]
+    for layer, rates in _active_rates(valid).items():
+        out[layer] = want if want is not None else majority(rates)[0]
     if want is not None:
         out.setdefault("ib", want)
         out.setdefault("roce", want)
@@ -223,9 +229,21 @@ def expected_rates(view: ClusterView, valid: Optional[Dict[str, Dict[str, Any]]]
 
 
 def _usable(ports: List[Dict[str, Any]], rates: Dict[str, Any]) -> List[Dict[str, Any]]:
-    return [
-        p for p in ports if is_active(p) and float(p["rate_gbps"]) == float(rates.get(p["link_layer"], p["rate_gbps"]))
-    ]
+    """ACTIVE ports at their layer's expected rate (any rate where the layer has no reference: a tie)."""
+    out = []
+    for p in ports:
+        want = rates.get(p["link_layer"])
+        if is_active(p) and (want is None or float(p["rate_gbps"]) == float(want)):
+            out.append(p)
+    return out
+
+
+def rate_split(valid: Dict[str, Dict[str, Any]], layer: str) -> str:
+    """'400 Gb/s on 4 ports · 200 Gb/s on 4 ports': the ACTIVE ports' rates of one link layer."""
+    rates = _active_rates(valid).get(layer) or []
+    return " · ".join(
+        "%s on %s" % (_rate_text(r), plural(rates.count(r), "port")) for r in sorted(set(rates), reverse=True)
+    )
 
 
 def usable_hcas(view: ClusterView) -> Dict[str, Any]:
@@ -271,7 +289,7 @@ def _memlock_finding(view: ClusterView, name: str) -> Optional[Finding]:
     soft = ssh["memlock_soft"]
     if soft is None:
         return None
-    shown = _bytes_text(soft)
+    shown = human_bytes(soft)
     if soft < MEMLOCK_MIN_BYTES:
         status, consequence = Status.FAIL, ": RDMA memory registration will fail"
     else:
@@ -286,16 +304,7 @@ def _memlock_finding(view: ClusterView, name: str) -> Optional[Finding]:
     )
 
 
-def _bytes_text(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return "%g %s" % (round(n / float(size), 1), unit)
-    return "%d bytes" % n
-
-
 def rule(view: ClusterView) -> List[Finding]:
-    from ClusterShell.NodeSet import NodeSet
-
     out: List[Finding] = []
     valid = _valid(view)
     for name, facts in view.of(CHECK_NAME).items():
@@ -313,11 +322,14 @@ def rule(view: ClusterView) -> List[Finding]:
 
     rates = expected_rates(view, valid)
     usable_counts = {n: len(_usable(f["ports"], rates)) for n, f in valid.items()}
-    majority_count = None
-    if want_count is None and usable_counts:
-        tally = Counter(usable_counts.values())
-        majority_count = max(tally, key=lambda c: (tally[c], c))
+    # Usable ports per node against expect.ib_hcas, else the majority; a tie has no reference value.
+    majority_count = majority(list(usable_counts.values()))[0] if want_count is None and usable_counts else None
     majority_nodes = sorted(n for n, c in usable_counts.items() if c == majority_count)
+    count_tie = want_count is None and majority_count is None and len(set(usable_counts.values())) > 1
+    count_split = " · ".join(
+        "%d on %s" % (c, fold(n for n, v in usable_counts.items() if v == c))
+        for c in sorted(set(usable_counts.values()), reverse=True)
+    )
 
     for node in view.live:
         name = node.name
@@ -346,7 +358,7 @@ def rule(view: ClusterView) -> List[Finding]:
                         CHECK_NAME,
                         name,
                         Status.FAIL,
-                        "no InfiniBand/RoCE HCA (%s have them)" % NodeSet.fromlist(others),
+                        "no InfiniBand/RoCE HCA (%s have them)" % fold(others),
                         expected="HCAs like the other nodes",
                         actual="none",
                     )
@@ -396,12 +408,36 @@ def rule(view: ClusterView) -> List[Finding]:
                         data={"port": port_label(p)},
                     )
                 )
+            elif exp_rate is None and want_rate is None:
+                node_out.append(
+                    Finding(
+                        CHECK_NAME,
+                        name,
+                        Status.FAIL,
+                        "%s: rate %s (no majority: %s; set expect.ib_rate_gbps)"
+                        % (where, _rate_text(p["rate_gbps"]), rate_split(valid, p["link_layer"])),
+                        expected="one rate on every port",
+                        actual=_rate_text(p["rate_gbps"]),
+                        data={"port": port_label(p)},
+                    )
+                )
+        if count_tie:
+            node_out.append(
+                Finding(
+                    CHECK_NAME,
+                    name,
+                    Status.FAIL,
+                    "%s: %d usable HCA ports (no majority: %s; set expect.ib_hcas)" % (name, len(usable), count_split),
+                    expected="the same count on every node",
+                    actual=str(len(usable)),
+                )
+            )
         target = want_count if want_count is not None else majority_count
         if target is not None and len(usable) < target:
             basis = (
                 "expected %d" % target
                 if want_count is not None
-                else "%s have %d" % (NodeSet.fromlist(majority_nodes), target)
+                else "%s have %d" % (fold(majority_nodes), target)
             )
             node_out.append(
                 Finding(
@@ -424,10 +460,9 @@ def rule(view: ClusterView) -> List[Finding]:
                     CHECK_NAME,
                     name,
                     Status.PASS,
-                    "%d port%s ACTIVE at %s (%s): %s"
+                    "%s ACTIVE at %s (%s): %s"
                     % (
-                        len(usable),
-                        "" if len(usable) == 1 else "s",
+                        plural(len(usable), "port"),
                         "/".join(_rate_text(r) for r in sorted({p["rate_gbps"] for p in usable})),
                         "/".join(layers),
                         ", ".join(port_label(p) for p in usable),

@@ -61,7 +61,7 @@ from preflight.probe.runner import main
 sys.stdout.write('preflight-result '+json.dumps(main(_cfg,_zb))+'\n');sys.stdout.flush();os._exit(0)
 """
 
-_NODE_MODULES = ("__init__.py", "model.py")
+_NODE_MODULES = ("__init__.py", "common.py", "model.py")
 
 
 _zip_lock = threading.Lock()
@@ -77,7 +77,7 @@ def base_zip() -> bytes:
 
 
 def _build_zip() -> bytes:
-    """The node-side code: preflight/{__init__,model}.py, preflight/probe/*, preflight/checks/*, pynvml."""
+    """The node-side code: preflight/{__init__,common,model}.py, preflight/probe/*, preflight/checks/*, pynvml."""
     pkg = os.path.dirname(preflight.__file__)
     import preflight.checks as checks_pkg
 

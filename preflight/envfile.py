@@ -19,7 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from preflight import __version__
+from preflight import __version__, datanet
+from preflight.common import fold
 from preflight.model import ClusterView, Finding, Status
 
 #: Interface names NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME can carry. Linux allows almost anything in a
@@ -59,9 +60,7 @@ class Derived:
 
 
 def _fold(names: Sequence[str]) -> str:
-    from ClusterShell.NodeSet import NodeSet
-
-    return str(NodeSet.fromlist(list(names))) if names else "(none)"
+    return fold(names) or "(none)"
 
 
 def _is_ipv4(text: str) -> bool:
@@ -105,11 +104,9 @@ def derive(view: ClusterView, healthy: Optional[Sequence[str]] = None) -> Derive
     Pure. A node whose data-interface name or address is refused is left out (with a FAIL finding
     naming it), and the variables are derived for the remaining nodes.
     """
-    from preflight.checks import nic
-
     derived = Derived()
     wanted = list(healthy) if healthy is not None else [n.name for n in view.live]
-    choice = nic.choose(view)
+    choice = datanet.choose(view)
 
     # Per-node facts first: a node whose own fact cannot be written is left out as a whole.
     for node in wanted:

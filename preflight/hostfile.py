@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 from typing import List, Sequence, Tuple
 
+from preflight.common import expand, fold
 from preflight.history import PathLike, atomic_write_text
 
 FORMATS = ("plain", "deepspeed", "mpi", "mpich", "slurm")
@@ -68,10 +69,8 @@ def _validate(nodes: Sequence[Tuple[str, int]], fmt: str) -> List[Tuple[str, int
 
 
 def _slurm_nodelist(hosts: List[str]) -> str:
-    from ClusterShell.NodeSet import NodeSet
-
-    folded = str(NodeSet.fromlist(hosts))
-    if set(NodeSet(folded)) != set(hosts):  # the fold must expand back to exactly these hosts
+    folded = fold(hosts)
+    if set(expand(folded)) != set(hosts):  # the fold must expand back to exactly these hosts
         raise ValueError("hosts %r do not fold into a Slurm nodelist (got %r)" % (hosts, folded))
     return folded
 

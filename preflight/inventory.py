@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
+from preflight import common
 from preflight.errors import InventoryError
 
 # --- what may appear where ---------------------------------------------------------------------
@@ -289,13 +290,8 @@ def _kind(value: Any) -> str:
 
 
 def _expand(pattern: str) -> List[str]:
-    """gpu-[001-004] → gpu-001 … gpu-004, via ClusterShell's NodeSet."""
-    from ClusterShell.NodeSet import NodeSet, NodeSetException
-
-    try:
-        return list(NodeSet(pattern))
-    except (NodeSetException, ValueError) as exc:
-        raise ValueError(str(exc)) from None
+    """gpu-[001-004] → gpu-001 … gpu-004, via ClusterShell's NodeSet with group resolution off."""
+    return common.expand(pattern)
 
 
 def load(path: str) -> Inventory:

@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from preflight import __version__
 from preflight import checks as catalogue
+from preflight import common
 from preflight.engine import RunReport
 from preflight.model import Finding, Status
 
@@ -25,13 +26,10 @@ STYLE = {
 
 
 def fold(names: Iterable[Optional[str]]) -> str:
-    """Node names folded with ClusterShell's NodeSet: n001 n002 n003 n005 → n[001-003,005]."""
-    from ClusterShell.NodeSet import NodeSet
-
+    """Node names folded (n001 n002 n003 n005 → n[001-003,005]); None (a cluster-wide finding) shows as 'cluster'."""
     names = list(names)
-    real = [n for n in names if n]
-    folded = str(NodeSet.fromlist(real)) if real else ""
-    return folded if len(real) == len(names) else ", ".join(filter(None, ["cluster", folded]))
+    folded = common.fold(names)
+    return folded if all(names) else ", ".join(filter(None, ["cluster", folded]))
 
 
 def node_status(findings: Iterable[Finding]) -> Dict[str, Status]:
@@ -156,14 +154,6 @@ def _curve(report: RunReport) -> List[Dict[str, Any]]:
     return []
 
 
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return ("%d %s" % (n, unit)) if float(n).is_integer() else ("%.1f %s" % (n, unit))
-        n /= 1024.0
-    return str(n)
-
-
 def _curve_table(curve: List[Dict[str, Any]]) -> Any:
     from rich.table import Table
 
@@ -175,7 +165,7 @@ def _curve_table(curve: List[Dict[str, Any]]) -> Any:
         bus = point.get("busbw_gbps") or 0.0
         bar = "█" * max(1, int(round(20 * bus / peak))) if bus else ""
         table.add_row(
-            _human_bytes(point["bytes"]),
+            common.human_bytes(point["bytes"]),
             "%.3f ms" % (1000 * point["time_s"]) if point.get("time_s") is not None else "-",
             "%.3f" % point["algbw_gbps"] if point.get("algbw_gbps") is not None else "-",
             "%.3f" % bus,

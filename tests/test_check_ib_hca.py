@@ -303,3 +303,24 @@ def test_rule_on_fixture_facts():
     messages = [f.message for f in by_status(findings, Status.FAIL)]
     assert "n001 mlx5_1 port 1: state DOWN, Disabled (expected ACTIVE at 400 Gb/s)" in messages
     assert "n002 mlx5_2 port 1: state DOWN, Polling (expected ACTIVE at 400 Gb/s)" in messages
+
+
+def test_rate_tie_has_no_majority_and_fails_every_port_naming_the_split():
+    # n001 at 400, n002 at 200: equally common, so neither is the reference (the old rule took 400).
+    findings = ib_hca.rule(view_of({"n001": healthy(count=2), "n002": healthy(count=2, rate=200)}))
+    fail = by_status(findings, Status.FAIL)
+    assert {f.node for f in fail} == {"n001", "n002"} and len(fail) == 4
+    assert fail[0].message == (
+        "n001 mlx5_0 port 1: rate 400 Gb/s (no majority: 400 Gb/s on 2 ports · 200 Gb/s on 2 ports; "
+        "set expect.ib_rate_gbps)"
+    )
+    assert ib_hca.expected_rates(view_of({"n001": healthy(count=2), "n002": healthy(count=2, rate=200)})) == {"ib": None}
+
+
+def test_port_count_tie_has_no_majority_and_fails_every_node():
+    findings = ib_hca.rule(view_of({"n001": healthy(count=4), "n002": healthy(count=3)}))
+    fail = by_status(findings, Status.FAIL)
+    assert [f.message for f in fail] == [
+        "n001: 4 usable HCA ports (no majority: 4 on n001 · 3 on n002; set expect.ib_hcas)",
+        "n002: 3 usable HCA ports (no majority: 4 on n001 · 3 on n002; set expect.ib_hcas)",
+    ]

@@ -292,3 +292,13 @@ def test_common_end():
     assert mtu.common_end([("a", "b")]) is None
     assert mtu.common_end([("a", "b"), ("b", "a")]) is None
     assert mtu.common_end([("a", "b"), ("c", "d")]) is None
+
+
+def test_mtu_tie_has_no_majority_and_fails_every_node_naming_the_split():
+    # Two nodes at 9000, two at 1500: no reference value (preflight.common.majority), so no side is
+    # silently taken (the old rule picked the larger MTU and failed only the 1500 nodes).
+    view = cluster(4, mtus={"n003": 1500, "n004": 1500}, mtu_facts=ring_facts(4))
+    fail = [f for f in mtu.rule(view) if f.status == Status.FAIL and "no majority" in f.message]
+    assert [f.node for f in fail] == ["n001", "n002", "n003", "n004"]
+    assert fail[2].message == "n003 eth1: mtu 1500 (no majority: 9000 on n[001-002] · 1500 on n[003-004]; set expect.mtu)"
+    assert fail[0].expected == "one MTU on every node"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from preflight import datanet
 from preflight.checks import nic
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
@@ -159,7 +160,7 @@ def three_sim(**over):
 
 
 def test_choose_picks_data_veth_over_management_and_docker():
-    choice = nic.choose(view_of(three_sim()))
+    choice = datanet.choose(view_of(three_sim()))
     assert choice.missing == {}
     assert {n: e["iface"] for n, e in choice.nodes.items()} == {"n001": "eth1", "n002": "eth1", "n003": "eth1"}
     assert choice.nodes["n002"]["ip"] == "198.19.0.12" and choice.nodes["n002"]["prefixlen"] == 16
@@ -184,7 +185,7 @@ def test_rule_pass_message_names_interface_speed_mtu_and_skips():
 def test_management_wins_nothing_when_equal():
     # Same speed and MTU on both: the management interface must not be chosen.
     facts = {"n%03d" % i: sim_node(i, data_mtu=1500) for i in (1, 2)}
-    choice = nic.choose(view_of(facts))
+    choice = datanet.choose(view_of(facts))
     assert {e["iface"] for e in choice.nodes.values()} == {"eth1"}
 
 
@@ -193,7 +194,7 @@ def test_management_known_without_ssh_ip_from_inventory_host():
     for f in facts.values():
         f["ssh_ip"] = None
     hosts = {"n001": "192.0.2.11", "n002": "192.0.2.12"}
-    choice = nic.choose(view_of(facts, hosts=hosts))
+    choice = datanet.choose(view_of(facts, hosts=hosts))
     assert {e["iface"] for e in choice.nodes.values()} == {"eth1"}
     assert ("eth0", "management") in choice.skipped["n001"]
 
@@ -209,7 +210,7 @@ def test_slow_management_port_loses_to_unknown_speed_data_interface():
             "ssh_ip": "10.10.0.%d" % i,
         }
 
-    choice = nic.choose(view_of({"a": node(1), "b": node(2)}))
+    choice = datanet.choose(view_of({"a": node(1), "b": node(2)}))
     assert {e["iface"] for e in choice.nodes.values()} == {"bond0"}
 
 
@@ -227,7 +228,7 @@ def gpu_node(i, ib_up=True):
 
 def test_gpu_nodes_choose_fastest_shared_interface():
     view = view_of({"gpu-%03d" % i: gpu_node(i) for i in (1, 2, 3, 4)})
-    choice = nic.choose(view)
+    choice = datanet.choose(view)
     assert {e["iface"] for e in choice.nodes.values()} == {"ib0"}  # 400 Gb/s IPoIB beats 200 GbE and the bond
     assert choice.nodes["gpu-003"]["speed_mbps"] == 400000
     skipped = dict(choice.skipped["gpu-001"])
@@ -239,7 +240,7 @@ def test_gpu_nodes_choose_fastest_shared_interface():
 
 def test_one_node_with_data_nic_down_fails_alone():
     view = view_of({"gpu-%03d" % i: gpu_node(i, ib_up=(i != 3)) for i in (1, 2, 3, 4)})
-    choice = nic.choose(view)
+    choice = datanet.choose(view)
     assert set(choice.nodes) == {"gpu-001", "gpu-002", "gpu-004"}
     assert {e["iface"] for e in choice.nodes.values()} == {"ib0"}
     why = choice.missing["gpu-003"]
@@ -254,7 +255,7 @@ def test_identical_address_on_every_node_is_not_a_network():
     facts = three_sim()
     for f in facts.values():
         f["interfaces"].append(iface("br0", "10.88.0.1", 16, 9000, 100000, "bridge", physical=False))
-    choice = nic.choose(view_of(facts))
+    choice = datanet.choose(view_of(facts))
     assert {e["iface"] for e in choice.nodes.values()} == {"eth1"}
     assert ("br0", "same address 10.88.0.1 on every node") in choice.skipped["n001"]
 
@@ -278,7 +279,7 @@ def test_container_named_veth_excluded_but_plain_veth_kept():
             "ssh_ip": None,
         },
     }
-    choice = nic.choose(view_of(facts))
+    choice = datanet.choose(view_of(facts))
     assert {e["iface"] for e in choice.nodes.values()} == {"eth0"}
     assert ("veth1234abc", "container veth") in choice.skipped["a"]
 
@@ -286,7 +287,7 @@ def test_container_named_veth_excluded_but_plain_veth_kept():
 def test_pinned_interface_is_honoured_even_if_slower():
     facts = three_sim()
     settings = {n: {"data_interface": "eth0"} for n in facts}
-    choice = nic.choose(view_of(facts, settings=settings))
+    choice = datanet.choose(view_of(facts, settings=settings))
     assert {e["iface"] for e in choice.nodes.values()} == {"eth0"}
     assert all(e["pinned"] for e in choice.nodes.values())
     findings = nic.rule(view_of(facts, settings=settings))
@@ -303,7 +304,7 @@ def test_pinned_interface_absent_down_or_addressless_fails(pin, expect):
     facts["n002"]["interfaces"][2]["state"] = "DOWN"
     facts["n002"]["interfaces"].append(iface("eth2", None))
     view = view_of(facts, settings={"n002": {"data_interface": pin}})
-    choice = nic.choose(view)
+    choice = datanet.choose(view)
     assert "n002" not in choice.nodes
     assert expect in choice.missing["n002"] and pin in choice.missing["n002"]
     failing = [f for f in nic.rule(view) if f.status == Status.FAIL]
@@ -316,7 +317,7 @@ def test_names_differ_warns_with_socket_ifname_list():
         if entry["name"] == "eth1":
             entry["name"] = "ens1f0"
     view = view_of(facts)
-    choice = nic.choose(view)
+    choice = datanet.choose(view)
     assert not choice.uniform and choice.socket_ifname() == "=ens1f0,eth1"
     warns = [f for f in nic.rule(view) if f.status == Status.WARN]
     assert len(warns) == 1 and warns[0].node is None
@@ -347,13 +348,13 @@ def test_unshared_subnets_fail_with_reason():
         "a": {"interfaces": [lo(), iface("eth1", "10.1.0.1", 24)], "ssh_ip": None},
         "b": {"interfaces": [lo(), iface("eth1", "10.2.0.1", 24)], "ssh_ip": None},
     }
-    choice = nic.choose(view_of(facts))
+    choice = datanet.choose(view_of(facts))
     assert choice.nodes == {} and choice.subnet is None
     assert "only on 1 of 2 nodes" in choice.missing["a"]
 
 
 def test_single_node_picks_best_interface():
-    choice = nic.choose(view_of({"solo": gpu_node(1)}))
+    choice = datanet.choose(view_of({"solo": gpu_node(1)}))
     assert choice.nodes["solo"]["iface"] == "ib0"
 
 
@@ -364,7 +365,7 @@ def test_probe_error_is_error_never_pass():
     findings = {f.node: f for f in nic.rule(view)}
     assert findings["n002"].status == Status.ERROR
     assert findings["n001"].status == Status.PASS  # quorum of the rest still picks eth1
-    assert "n002" in nic.choose(view).missing
+    assert "n002" in datanet.choose(view).missing
 
 
 def test_missing_facts_are_error():
@@ -374,11 +375,23 @@ def test_missing_facts_are_error():
 
 
 def test_choice_is_json_serialisable():
-    json.dumps(nic.choose(view_of(three_sim())).to_json())
+    json.dumps(datanet.choose(view_of(three_sim())).to_json())
 
 
 def test_speed_text():
-    assert nic.speed_text(100000) == "100 Gb/s"
-    assert nic.speed_text(2500) == "2.5 Gb/s"
-    assert nic.speed_text(100) == "100 Mb/s"
-    assert nic.speed_text(None) == "speed unknown"
+    assert datanet.speed_text(100000) == "100 Gb/s"
+    assert datanet.speed_text(2500) == "2.5 Gb/s"
+    assert datanet.speed_text(100) == "100 Mb/s"
+    assert datanet.speed_text(None) == "speed unknown"
+
+
+def test_speed_tie_has_no_majority_and_warns_once_naming_the_split():
+    facts = {"n%03d" % i: sim_node(i) for i in (1, 2, 3, 4)}
+    for name in ("n003", "n004"):
+        facts[name]["interfaces"][2]["speed_mbps"] = 1000
+    warns = [f for f in nic.rule(view_of(facts)) if f.status == Status.WARN]
+    assert [f.node for f in warns] == [None]
+    assert warns[0].message == (
+        "data interface speeds split evenly with no majority: 10 Gb/s on n[001-002] · 1 Gb/s on n[003-004]; "
+        "the slowest link paces every collective"
+    )
