@@ -44,6 +44,8 @@ from preflight.model import Check, ClusterView, Finding, Status
 
 NAME = "allreduce"
 
+#: What the cluster finding says when no absolute figure applies (the fleet rounds may then judge).
+NO_THRESHOLD = "no threshold applies (set expect.busbw_gbps)"
 #: Smallest size a GPU verdict may be taken at: below it latency, not bandwidth, dominates.
 GPU_VERDICT_MIN = GiB
 
@@ -539,8 +541,8 @@ def rule(view: ClusterView) -> List[Finding]:
     data["verdict_bytes"] = point["bytes"]
     threshold = threshold_for(view, meta, nodes, backend)
     if threshold is None:
-        out.append(Finding(NAME, None, Status.WARN, "all-reduce %s; no threshold applies (set expect.busbw_gbps)"
-                           % figures, actual="%.2f GB/s" % point["busbw_gbps"], data=data))
+        out.append(Finding(NAME, None, Status.WARN, "all-reduce %s; %s" % (figures, NO_THRESHOLD),
+                           actual="%.2f GB/s" % point["busbw_gbps"], data=data))
         return out
     limit, source = threshold
     data.update(threshold_gbps=limit, threshold_source=source)
@@ -614,7 +616,12 @@ def _failure(view, meta, docs, missing, table, bad, node_of, points, data, world
         stage = _stage_name(first)
         data["stopped_at"] = {"stage": first.get("stage"), "bytes": first.get("bytes")}
         errors = {r: ne for r, ne in bad.items() if ne[1].get("status") == "error"}
-        if errors:
+        stopped_ranks = {r: ne for r, ne in bad.items() if ne[1].get("status") == "timeout"}
+        if errors and stopped_ranks and all(_peer_error(e) for _n, e in errors.values()):
+            # a rank stopped at its deadline and its peers lost their connection to it: a stall, which the
+            # ranks that report the reset did not cause
+            parts.append(_stall_message(stopped_ranks, errors, sizes, node_of, docs, meta))
+        elif errors:
             parts.append(_error_message(errors, bad, sizes, node_of, implicated))
         elif stopped == -1:
             limit = _deadline_of(first, docs.get(first_node) or {}, meta)
@@ -651,6 +658,28 @@ def _failure(view, meta, docs, missing, table, bad, node_of, points, data, world
     data["implicated"] = sorted(set(implicated) | set(missing))
     out.insert(0, Finding(NAME, None, Status.FAIL, "; ".join(parts), data=data))
     return out
+
+
+_PEER_ERROR = re.compile(r"Connection (?:closed|reset) by peer|Broken pipe|Connection refused|"
+                         r"Socket Timeout|recv.*timed out|NCCL communicator was aborted", re.I)
+
+
+def _peer_error(entry: Mapping[str, Any]) -> bool:
+    """True when a rank's error says only that a peer went away (the cause is elsewhere)."""
+    return bool(_PEER_ERROR.search(str(entry.get("error") or "")))
+
+
+def _stall_message(stopped, errors, sizes, node_of, docs, meta) -> str:
+    at = min(_position(e, sizes) for _n, e in stopped.values())
+    lead = sorted(r for r, (_n, e) in stopped.items() if _position(e, sizes) == at)
+    node, first = stopped[lead[0]]
+    limit = _deadline_of(first, docs.get(node) or {}, meta)
+    sample = errors[sorted(errors)[0]][1].get("error") or ""
+    return ("all-reduce stalled at %s: %s made no progress within the %s deadline and %s stopped; %s then lost "
+            "the connection (%s). Every rank was still in the collective, so no node stands out: a slow or "
+            "lossy link stalls the whole ring; the rounds below name it" % (
+                _stage_name(first), _ranks_phrase(lead, node_of), "%g s op" % limit if limit else "op",
+                "was" if len(lead) == 1 else "were", _ranks_phrase(sorted(errors), node_of), sample[:160]))
 
 
 def _error_message(errors, bad, sizes, node_of, implicated) -> str:
@@ -712,21 +741,83 @@ def _master(docs) -> Optional[str]:
     return None
 
 
-def _localization_findings(view: ClusterView, meta: Mapping[str, Any]) -> List[Finding]:
-    loc = meta.get("localization") or {}
-    results = loc.get("results") or []
-    if not results:
-        return []
-    from preflight.benchplan import verdict_localization  # controller only
+def _fleet_findings(view: ClusterView, meta: Mapping[str, Any]) -> Tuple[List[Finding], List[str], Status, Dict[str, Any]]:
+    """What the rounds after the whole-cluster run found: (node findings, notes for the cluster finding,
+    the status they imply, data). Node rounds name a node on its own; pair rounds beside a known-good node
+    (preflight.benchplan); both judge against the fleet median (meta["slow_fraction"])."""
+    from preflight.benchplan import SLOW_FRACTION, gbps, judge_nodes, judged_gbps, verdict_localization
 
-    threshold = loc.get("threshold_gbps")
-    verdict = verdict_localization(results, threshold, bool(loc.get("by_bandwidth", True)))
-    out = [Finding(NAME, n, Status.FAIL, "pair test: %s" % why) for n, why in verdict["bad"].items()]
-    status = Status.FAIL if (verdict["bad"] or verdict["shared_fault"]) else (
-        Status.WARN if verdict["undecided"] else Status.PASS)
-    out.insert(0, Finding(NAME, None, status, "localization: " + verdict["message"],
-                          data={"localization": {k: verdict[k] for k in ("bad", "good", "undecided")},
-                                "groups": list(results)}))
+    frac = float(meta.get("slow_fraction") or SLOW_FRACTION)
+    named: Dict[str, List[str]] = {}
+    notes: List[str] = []
+    status = Status.PASS
+    data: Dict[str, Any] = {"slow_fraction": frac}
+    for rnd in meta.get("node_rounds") or []:
+        results = rnd.get("results") or []
+        if not results:
+            continue
+        bad = judge_nodes(results, None, frac)
+        measured = [judged_gbps(g) for g in results if not g.get("failure") and judged_gbps(g) is not None]
+        median = statistics.median(measured) if measured else None
+        for n, why in bad.items():
+            named.setdefault(n, []).append("alone (%s): %s" % (rnd.get("what") or rnd.get("name"), why))
+        where = " at %s" % human_bytes(int(rnd["sizes"][0])) if rnd.get("sizes") else ""
+        if bad:
+            notes.append("node round %s%s: %s" % (rnd.get("name"), where, fold(list(bad))))
+        else:
+            notes.append("node round %s%s: every node within %d%% of the fleet median %s" % (
+                rnd.get("name"), where, round(100 * frac), gbps(median) if median is not None else "(none measured)"))
+        data.setdefault("node_rounds", []).append({"name": rnd.get("name"), "what": rnd.get("what"),
+                                                   "median_gbps": median, "named": bad, "results": results})
+    loc = meta.get("localization") or {}
+    if loc.get("results"):
+        results = loc["results"]
+        verdict = verdict_localization(results, loc.get("threshold_gbps"), bool(loc.get("by_bandwidth", True)),
+                                       meta.get("nodes"), frac)
+        for n, why in verdict["bad"].items():
+            named.setdefault(n, []).append("pair test: %s" % why)
+        notes.append("pair test: " + verdict["message"])
+        if verdict["shared_fault"]:
+            status = Status.FAIL
+        elif verdict["undecided"]:
+            status = Status.WARN
+        data["localization"] = {k: verdict[k] for k in ("bad", "good", "undecided")}
+        data["groups"] = list(results)
+    findings = [Finding(NAME, n, Status.FAIL, "; ".join(whys), data={"fleet": whys}) for n, whys in named.items()]
+    if named:
+        status = Status.FAIL
+    return findings, notes, status, data
+
+
+def _with_fleet(out: List[Finding], view: ClusterView, meta: Mapping[str, Any]) -> List[Finding]:
+    """The rule's findings with the rounds' verdict folded into the one cluster finding: one check, one
+    cluster verdict (a failed run is never followed by a cluster-wide PASS of its localization)."""
+    import dataclasses
+
+    extra, notes, status, data = _fleet_findings(view, meta)
+    if not notes:
+        return out
+    idx = next((i for i, f in enumerate(out) if f.node is None), None)
+    if idx is None:
+        return out + extra
+    main = out[idx]
+    message = main.message
+    new_status = max((main.status, status), key=lambda s: s.rank)
+    judged = bool(data.get("node_rounds")) or (meta.get("localization") or {}).get("by_bandwidth")
+    if main.status is Status.WARN and NO_THRESHOLD in message and judged:
+        message = message.replace(NO_THRESHOLD, "no absolute threshold set: judged against the fleet")
+        new_status = status
+    merged = dict(main.data or {})
+    merged.update(data)
+    out = list(out)
+    out[idx] = dataclasses.replace(main, status=new_status, message=message + "; " + "; ".join(notes), data=merged)
+    by_node = {f.node: i for i, f in enumerate(out) if f.node is not None}
+    for f in extra:
+        if f.node in by_node:
+            old = out[by_node[f.node]]
+            out[by_node[f.node]] = dataclasses.replace(old, message=old.message + "; " + f.message)
+        else:
+            out.append(f)
     return out
 
 
@@ -878,7 +969,7 @@ def _rule_with_localization(view: ClusterView) -> List[Finding]:
     meta = dict(view.cluster.get(NAME) or {})
     docs = {n: (view.facts.get(n) or {}).get(NAME) for n in meta.get("nodes") or []}
     docs = {n: d for n, d in docs.items() if isinstance(d, dict) and not _doc_problem(d)}
-    return rule(view) + _localization_findings(view, meta) + nccl_findings(view, meta, docs)
+    return _with_fleet(rule(view), view, meta) + nccl_findings(view, meta, docs)
 
 
 CHECK = Check(

@@ -52,7 +52,9 @@ def _settings(inv: Inventory) -> Dict[str, Any]:
     for key, name in (("init_timeout", "init_s"), ("op_timeout", "op_s"), ("total_timeout", "total_s")):
         if key in raw:
             deadlines[name] = float(raw[key])
-    return {"sizes": raw.get("sizes"), "warmup": raw.get("warmup", 2), "iters": raw.get("iters", 5), "deadlines": deadlines}
+    return {"sizes": raw.get("sizes"), "warmup": raw.get("warmup", 2), "iters": raw.get("iters", 5), "deadlines": deadlines,
+            "slow_fraction": float(raw.get("slow_fraction", benchplan.SLOW_FRACTION)),
+            "node_round": raw.get("node_round", True)}
 
 
 def _hardware(view: ClusterView, nodes: Sequence[str], choice: Any) -> Dict[str, Any]:
@@ -106,6 +108,7 @@ def _run_groups(
             warmup=settings["warmup"],
             iters=settings["iters"],
             deadlines=settings["deadlines"],
+            local_ranks=settings.get("local_ranks"),
         )
         metas.append(benchplan.cluster_meta(cfgs))
         configs.update(cfgs)
@@ -162,31 +165,41 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
 
     threshold = allreduce.threshold_for(view, meta, [n.name for n in nodes], meta["backend"])
     limit = threshold[0] if threshold else None
-    plan = benchplan.localization_plan(first["docs"], meta, limit) if len(nodes) >= 3 else None
+    meta["slow_fraction"] = settings["slow_fraction"]
+    plan = benchplan.localization_plan(first["docs"], meta, limit) if len(nodes) >= 2 else None
     if plan is not None:
         by_name = {n.name: n for n in nodes}
-        by_bandwidth = plan["mode"] == "slow"
-        # each group's first node hosts its store; only the size that decides, under deadlines taken from
-        # what the whole-cluster run measured
+        by_bandwidth = plan["mode"] in ("slow", "check")
+        # only the size that decides, under deadlines taken from what the whole-cluster run measured
         short = dict(settings, sizes=plan["sizes"], deadlines=benchplan.round_deadlines(
             meta["deadlines"], first["docs"], settings["warmup"], settings["iters"], len(plan["sizes"]),
             at_init=bool(plan.get("at_init"))))
         timings["rounds_s"] = []
 
-        def run_round(groups: List[List[str]]) -> List[Dict[str, Any]]:
+        def run_groups(groups: List[List[str]], extra_env=None, local_ranks=None) -> List[Dict[str, Any]]:
             started = time.monotonic()
-            infos = [[by_name[n] for n in g] for g in groups]
-            done = _run_groups(fleet, infos, addr_of, port, env_vars, short)
+            infos = [[by_name[n] for n in g] for g in groups]  # each group's first node hosts its store
+            done = _run_groups(fleet, infos, addr_of, port, dict(env_vars, **(extra_env or {})),
+                               dict(short, local_ranks=local_ranks))
             docs = dict(done["docs"])
             timings["rounds_s"].append(round(time.monotonic() - started, 3))
             return [benchplan.group_result(g, {n: docs.get(n) for n in g}, meta["backend"]) for g in groups]
 
-        verdict = benchplan.localize([n.name for n in nodes], run_round, threshold=limit if by_bandwidth else None,
-                                     by_bandwidth=by_bandwidth)
-        meta["localization"] = {
-            "results": verdict["results"], "rounds": verdict["rounds"], "threshold_gbps": limit if by_bandwidth else None,
-            "by_bandwidth": by_bandwidth, "why": plan["why"], "sizes": plan["sizes"], "deadlines": short["deadlines"],
-        }
+        # partner-free: every node alone, all at once; a slow node is named in this one round
+        if settings["node_round"]:
+            meta["node_rounds"] = []
+            for spec in benchplan.node_rounds(nodes, meta["backend"]):
+                results = run_groups([[n.name] for n in nodes], spec["env"], spec["local_ranks"])
+                meta["node_rounds"].append(dict(spec, results=results, sizes=plan["sizes"]))
+        # pairs: the path between nodes, which only a partner can test
+        if len(nodes) >= 3:
+            verdict = benchplan.localize([n.name for n in nodes], run_groups, threshold=limit if by_bandwidth else None,
+                                         by_bandwidth=by_bandwidth, slow_fraction=settings["slow_fraction"])
+            meta["localization"] = {
+                "results": verdict["results"], "rounds": verdict["rounds"],
+                "threshold_gbps": limit if by_bandwidth else None, "by_bandwidth": by_bandwidth, "mode": plan["mode"],
+                "why": plan["why"], "sizes": plan["sizes"], "deadlines": short["deadlines"],
+            }
     timings["total_s"] = round(time.monotonic() - t0, 3)
     result.meta = meta
     return result

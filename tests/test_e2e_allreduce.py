@@ -224,14 +224,24 @@ def test_plan_is_none_when_the_run_already_names_the_node():
     importing = {"status": "timeout", "stage": "init", "step": "import", "import_s": None, "init_s": None}
     assert benchplan.localization_plan(_docs({i: importing for i in range(4)}), _meta()) is None
     assert benchplan.localization_plan(_docs({}), dict(_meta(), unanswered={"n002": "timed out"})) is None
-    assert benchplan.localization_plan(_docs({}, done=benchplan.CPU_SIZES), _meta()) is None  # passed
+    # it passed: the rounds still judge every node against the fleet, at the verdict size
+    assert benchplan.localization_plan(_docs({}, done=benchplan.CPU_SIZES), _meta()) == {
+        "mode": "check", "sizes": [benchplan.CPU_SIZES[-1]], "why": "every node judged against the fleet at 4 MiB"}
+
+
+def test_plan_after_a_stall_compares_bandwidth_where_it_stalled():
+    stopped = {"status": "timeout", "stage": "size", "bytes": 16 * common.KiB, "error": "no progress"}
+    reset = {"status": "error", "stage": "size", "bytes": 16 * common.KiB,
+             "error": "RuntimeError: Connection closed by peer [198.19.0.6]:57505"}
+    plan = benchplan.localization_plan(_docs({0: reset, 1: reset, 2: reset, 3: stopped}), _meta())
+    assert plan["mode"] == "slow" and plan["sizes"] == [16 * common.KiB] and "stalled at 16 KiB" in plan["why"]
 
 
 def test_plan_for_a_slow_run_compares_bandwidth_at_the_verdict_size():
     docs = _docs({}, done=benchplan.CPU_SIZES)
     plan = benchplan.localization_plan(docs, _meta(), threshold=1e6)
     assert plan["mode"] == "slow" and plan["sizes"] == [benchplan.CPU_SIZES[-1]]
-    assert benchplan.localization_plan(docs, _meta(), threshold=1e-9) is None
+    assert benchplan.localization_plan(docs, _meta(), threshold=1e-9)["mode"] == "check"
 
 
 def test_round_deadlines_follow_what_the_first_run_measured():
