@@ -284,6 +284,11 @@ def parse_nccl_log(text: str) -> Dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ the maths
 
 
+def gbps(value: float) -> str:
+    """'1.23 GB/s', '0.0042 GB/s' (CPU figures are small: keep 2 significant digits)."""
+    return ("%.2f GB/s" % value) if value >= 0.1 else ("%.2g GB/s" % value)
+
+
 def busbw_factor(n: int) -> float:
     """All-reduce bus bandwidth factor 2(n-1)/n.
 
@@ -534,8 +539,8 @@ def rule(view: ClusterView) -> List[Finding]:
                            "below %s: bus bandwidth not judged" % (where, largest, human_bytes(GPU_VERDICT_MIN)),
                            data=data))
         return out
-    figures = "busbw %.2f GB/s (algbw %.2f GB/s) at %s across %s" % (
-        point["busbw_gbps"], point["algbw_gbps"], human_bytes(point["bytes"]), where)
+    figures = "busbw %s (algbw %s) at %s across %s" % (
+        gbps(point["busbw_gbps"]), gbps(point["algbw_gbps"]), human_bytes(point["bytes"]), where)
     if cut:
         figures += "; " + _cut_phrase(cut, points)
     data["verdict_bytes"] = point["bytes"]
@@ -745,7 +750,7 @@ def _fleet_findings(view: ClusterView, meta: Mapping[str, Any]) -> Tuple[List[Fi
     """What the rounds after the whole-cluster run found: (node findings, notes for the cluster finding,
     the status they imply, data). Node rounds name a node on its own; pair rounds beside a known-good node
     (preflight.benchplan); both judge against the fleet median (meta["slow_fraction"])."""
-    from preflight.benchplan import SLOW_FRACTION, gbps, judge_nodes, judged_gbps, verdict_localization
+    from preflight.benchplan import SLOW_FRACTION, judge_nodes, judged_gbps, verdict_localization
 
     frac = float(meta.get("slow_fraction") or SLOW_FRACTION)
     named: Dict[str, List[str]] = {}
@@ -756,7 +761,8 @@ def _fleet_findings(view: ClusterView, meta: Mapping[str, Any]) -> Tuple[List[Fi
         results = rnd.get("results") or []
         if not results:
             continue
-        bad = judge_nodes(results, None, frac)
+        rfrac = max(frac, float(rnd.get("slow_fraction") or 0))
+        bad = judge_nodes(results, None, rfrac)
         measured = [judged_gbps(g) for g in results if not g.get("failure") and judged_gbps(g) is not None]
         median = statistics.median(measured) if measured else None
         for n, why in bad.items():
@@ -766,7 +772,7 @@ def _fleet_findings(view: ClusterView, meta: Mapping[str, Any]) -> Tuple[List[Fi
             notes.append("node round %s%s: %s" % (rnd.get("name"), where, fold(list(bad))))
         else:
             notes.append("node round %s%s: every node within %d%% of the fleet median %s" % (
-                rnd.get("name"), where, round(100 * frac), gbps(median) if median is not None else "(none measured)"))
+                rnd.get("name"), where, round(100 * rfrac), gbps(median) if median is not None else "(none measured)"))
         data.setdefault("node_rounds", []).append({"name": rnd.get("name"), "what": rnd.get("what"),
                                                    "median_gbps": median, "named": bad, "results": results})
     loc = meta.get("localization") or {}

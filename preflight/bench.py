@@ -23,6 +23,12 @@ from preflight.gather import Fleet
 from preflight.inventory import Inventory
 from preflight.model import ClusterView, NodeInfo
 
+#: Groups run side by side start timing together, at least this long after their launch (bench_worker).
+ROUND_START_MIN_S = 3.0
+ROUND_START_FACTOR = 1.25
+#: Timed iterations per size in the gloo rounds (at least).
+ROUND_MIN_ITERS = 20
+
 #: Variables the agent sets itself for each rank; the env file's values are identical.
 _AGENT_SET = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -110,6 +116,9 @@ def _run_groups(
             deadlines=settings["deadlines"],
             local_ranks=settings.get("local_ranks"),
         )
+        if settings.get("start_at"):
+            for cfg in cfgs.values():
+                cfg["start_at"] = settings["start_at"]
         metas.append(benchplan.cluster_meta(cfgs))
         configs.update(cfgs)
     bundles = {name: {"mode": "bench", "bench": cfg} for name, cfg in configs.items()}
@@ -171,16 +180,24 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
         by_name = {n.name: n for n in nodes}
         by_bandwidth = plan["mode"] in ("slow", "check")
         # only the size that decides, under deadlines taken from what the whole-cluster run measured
-        short = dict(settings, sizes=plan["sizes"], deadlines=benchplan.round_deadlines(
-            meta["deadlines"], first["docs"], settings["warmup"], settings["iters"], len(plan["sizes"]),
+        # gloo rounds time more iterations: groups side by side share CPUs, and their best iteration is
+        # what they are compared on (one size of a few ms: 20 iterations cost well under a second)
+        iters = max(settings["iters"], ROUND_MIN_ITERS) if meta["backend"] == "gloo" else settings["iters"]
+        short = dict(settings, sizes=plan["sizes"], iters=iters, deadlines=benchplan.round_deadlines(
+            meta["deadlines"], first["docs"], settings["warmup"], iters, len(plan["sizes"]),
             at_init=bool(plan.get("at_init"))))
         timings["rounds_s"] = []
 
         def run_groups(groups: List[List[str]], extra_env=None, local_ranks=None) -> List[Dict[str, Any]]:
             started = time.monotonic()
             infos = [[by_name[n] for n in g] for g in groups]  # each group's first node hosts its store
+            # every group starts timing at once, once the slowest of them should have started: the slowest
+            # start of the whole-cluster run, scaled by how many more ranks each node starts now
+            ratio = float(local_ranks or 1) if meta["backend"] == "gloo" else 1.0
+            delay = ROUND_START_FACTOR * ratio * float(timings.get("slowest_init_s") or 0) + 1.0
+            start_at = time.time() + max(ROUND_START_MIN_S, delay)
             done = _run_groups(fleet, infos, addr_of, port, dict(env_vars, **(extra_env or {})),
-                               dict(short, local_ranks=local_ranks))
+                               dict(short, local_ranks=local_ranks, start_at=start_at))
             docs = dict(done["docs"])
             timings["rounds_s"].append(round(time.monotonic() - started, 3))
             return [benchplan.group_result(g, {n: docs.get(n) for n in g}, meta["backend"]) for g in groups]

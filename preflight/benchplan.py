@@ -27,6 +27,7 @@ from preflight.checks.allreduce import (
     _wrong_values,
     busbw_factor,
     curve,
+    gbps,
     rank_table,
     verdict_point,
 )
@@ -59,6 +60,10 @@ LOCALIZE_INIT_FACTOR = 4.0
 
 #: Localization: at most this many rounds of concurrent pair tests.
 MAX_ROUNDS = 3
+#: The gloo loopback round is CPU-bound: its figure moves with whatever else the node's CPUs do (and on
+#: the simulated cluster every "node" shares the same cores), so it names a node only at half the fleet's
+#: median (or the configured slow_fraction, if larger). A node-alone NCCL round uses slow_fraction.
+LOOPBACK_SLOW_FRACTION = 0.5
 #: A group (node, pair) whose busbw is more than this share below the fleet median is slow, whatever the
 #: absolute figure (cluster.allreduce.slow_fraction). SuperBench's and NCCL's own diagnostics judge a node
 #: against its peers the same way; 20% is well outside the run-to-run spread of a healthy fabric.
@@ -250,11 +255,6 @@ def judge(
         else:
             out.append((g, True, "busbw %s" % gbps(bw) if bw is not None else "ok"))
     return out
-
-
-def gbps(value: float) -> str:
-    """'1.23 GB/s', '0.0042 GB/s' (CPU figures are small: keep 2 significant digits)."""
-    return ("%.2f GB/s" % value) if value >= 0.1 else ("%.2g GB/s" % value)
 
 
 def _good_and_suspects(results, threshold, by_bandwidth=True, slow_fraction=SLOW_FRACTION):
@@ -467,7 +467,8 @@ def node_rounds(nodes: Sequence[NodeInfo], backend: str) -> List[Dict[str, Any]]
         return [{"name": "nvlink", "what": "its GPUs alone (NVLink/P2P)", "env": {}, "local_ranks": None},
                 {"name": "nic", "what": "its GPUs through its own NICs (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)",
                  "env": {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}, "local_ranks": None}]
-    return [{"name": "loopback", "what": "two local ranks (CPU, memory, TCP stack)", "env": {}, "local_ranks": 2}]
+    return [{"name": "loopback", "what": "two local ranks (CPU, memory, TCP stack)", "env": {}, "local_ranks": 2,
+             "slow_fraction": LOOPBACK_SLOW_FRACTION}]
 
 
 def judge_nodes(results: Sequence[GroupResult], threshold: Optional[float] = None,

@@ -489,3 +489,72 @@ def test_sku_profiles_warn_below_the_published_figure_above_the_fail_floor():
     assert f.status is Status.WARN and "below 368 GB/s" in f.message and f.data["warn_gbps"] == 368.0, f.message
     docs = eight_ranks_on(1, 8, [GiB], time_s=GiB / (470e9 / ar.busbw_factor(8)))
     assert the(ar.rule(cluster(docs, gpu_model="NVIDIA H100 80GB HBM3"))).status is Status.PASS
+
+
+# ------------------------------------------------------------------------- fleet judgement (rounds -> rule)
+
+
+def _node_round(figures, name="loopback", fraction=None):
+    rnd = {"name": name, "what": "two local ranks", "sizes": [4 * MiB],
+           "results": [{"nodes": [n], "busbw_gbps": bw, "best_gbps": bw, "failure": None} for n, bw in figures.items()]}
+    if fraction is not None:
+        rnd["slow_fraction"] = fraction
+    return rnd
+
+
+def test_no_threshold_a_healthy_fleet_passes_and_a_slow_node_is_named():
+    docs = eight_ranks_on(4, 1, ar_cpu_sizes(), backend="gloo")
+    even = {"n%03d" % i: 1.0 + 0.05 * i for i in range(1, 5)}
+    view = cluster(docs, gpus=0, node_rounds=[_node_round(even, "nvlink")])
+    (main,) = ar.CHECK.rule(view)
+    assert main.status is Status.PASS, main.message
+    assert "no absolute threshold set: judged against the fleet" in main.message
+    assert "node round nvlink at 4 MiB: every node within 20% of the fleet median" in main.message
+    slow = dict(even, n003=0.7)  # 33% below the median of the others: named at the default 20%
+    findings = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[_node_round(slow, "nvlink")]))
+    main = the(findings)
+    assert main.status is Status.FAIL and "node round nvlink at 4 MiB: n003" in main.message
+    n3 = the(findings, "n003")
+    assert n3.status is Status.FAIL and "alone (two local ranks): slow: busbw 0.70 GB/s" in n3.message
+    assert [f.node for f in findings if f.status is Status.FAIL] == [None, "n003"]
+    # the gloo loopback round only names a node at half the median; slow_fraction raises both
+    loose = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[_node_round(slow, fraction=0.5)]))
+    assert [f.status for f in loose] == [Status.PASS]
+    half = dict(even, n003=0.4)
+    named = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[_node_round(half, fraction=0.5)]))
+    assert [f.node for f in named if f.status is Status.FAIL] == [None, "n003"]
+
+
+def test_half_the_fleet_slow_in_a_node_round_is_still_named_by_the_healthy_majority():
+    docs = eight_ranks_on(5, 1, ar_cpu_sizes(), backend="gloo")
+    figures = {"n001": 10.0, "n002": 10.2, "n003": 9.9, "n004": 4.0, "n005": 4.1}  # 2 of 5 slow
+    findings = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[_node_round(figures, "nic")]))
+    assert sorted(f.node for f in findings if f.node and f.status is Status.FAIL) == ["n004", "n005"]
+
+
+def test_a_failed_run_and_its_localization_print_one_cluster_verdict():
+    hung = {"status": "timeout", "stage": "size", "bytes": 2 * KiB, "error": "no progress"}
+    docs = eight_ranks_on(4, 1, [KiB], backend="gloo", status={r: hung for r in range(4)})
+    groups = [{"nodes": ["n001", "n003"], "busbw_gbps": 0.1, "failure": None},
+              {"nodes": ["n002", "n004"], "busbw_gbps": 0.1, "failure": None}]
+    view = cluster(docs, gpus=0, localization={"results": groups, "by_bandwidth": False})
+    cluster_findings = [f for f in ar.CHECK.rule(view) if f.node is None]
+    assert len(cluster_findings) == 1 and cluster_findings[0].status is Status.FAIL
+    assert "pair test: every group passed: no node stands out" in cluster_findings[0].message
+
+
+def test_a_stall_blames_no_rank_that_only_reported_the_reset():
+    reset = {"status": "error", "stage": "size", "bytes": 2 * MiB,
+             "error": "RuntimeError: Connection closed by peer [198.19.0.6]:57505. This is typically caused by a remote"}
+    stopped = {"status": "timeout", "stage": "size", "bytes": 2 * MiB, "error": "no progress within the op deadline (20 s)"}
+    status = {0: reset, 1: reset, 2: reset, 3: stopped}
+    docs = eight_ranks_on(4, 1, [MiB], backend="gloo", status=status)
+    findings = ar.rule(cluster(docs, gpus=0))
+    (main,) = findings  # no node finding: the ranks that saw the reset did not cause it
+    assert main.status is Status.FAIL and main.message.startswith(
+        "all-reduce stalled at 2 MiB: rank 3 (n004) made no progress within the 20 s op deadline"), main.message
+    assert "ranks 0-2 (n[001-003]) then lost the connection" in main.message
+
+
+def ar_cpu_sizes():
+    return [KiB, 4 * MiB]

@@ -24,7 +24,8 @@ Config (built by the controller)::
       "warmup": 2, "iters": 5,
       "deadlines": {"init_s": 30, "op_s": 20, "total_s": 120, "kill_grace_s": 3, "fail_grace_s": 5},
       "python": "/path/to/python",     # interpreter for the ranks; default sys.executable
-      "size_budget_s": 15              # optional; default op_s * SIZE_BUDGET_FRACTION (see bench_worker)
+      "size_budget_s": 15,             # optional; default op_s * SIZE_BUDGET_FRACTION (see bench_worker)
+      "start_at": 1700000000.0         # optional: wall-clock time the ranks start timing (bench_worker)
     }
 
 Deadlines, layered (all measured on this node's monotonic clock):
@@ -384,6 +385,7 @@ def _spawn(cfg: Dict[str, Any], rank: _Rank, sel: selectors.BaseSelector) -> Non
         "timeout_s": cfg["deadlines"]["total_s"] + 30,
         # stop the sweep before a size that would run into the op deadline (see bench_worker)
         "size_budget_s": cfg["size_budget_s"],
+        "start_at": cfg.get("start_at"),
     }
     rank.started = rank.last_progress = time.monotonic()
     try:

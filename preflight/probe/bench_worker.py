@@ -7,8 +7,8 @@ Started by bench_agent (one process per GPU, or one per CPU node) as
 (the probe bundle lives in memory on the node, so there is no file to point at; running it as a file
 works the same)
 with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and the configured NCCL_*/GLOO_* variables in
-its environment. The JSON config carries what the environment does not: backend, sizes, warmup, iters and
-the torch-side timeout (a backstop only: the agent's deadlines fire first and kill this process).
+its environment. The JSON config carries what the environment does not: backend, sizes, warmup, iters,
+start_at (optional: wall-clock time to start timing, see _wait_for_start) and the torch-side timeout (a backstop only: the agent's deadlines fire first and kill this process).
 
 Protocol: one JSON object per line on the *original* stdout (file descriptor 1 is re-pointed at stderr
 before torch is imported, so a library that prints cannot corrupt the stream):
@@ -190,6 +190,7 @@ def main(argv):
             watch.stop.set()
             watch.join(2.0)
             emit("arrived", ranks=list(range(world_size)))  # the group formed: everyone arrived
+        _wait_for_start(cfg.get("start_at"))
         emit("init_done", pid=os.getpid())
 
         expected = world_size * (world_size + 1) / 2.0
@@ -215,6 +216,22 @@ def main(argv):
     except BaseException as exc:  # noqa: B902 - report everything, including KeyboardInterrupt
         emit("error", stage=state["stage"], bytes=state["bytes"], error=_describe(exc))
         return 1
+
+
+#: The longest a rank waits for start_at (its agent's init deadline still bounds it).
+MAX_START_WAIT_S = 120.0
+
+
+def _wait_for_start(start_at):
+    """Groups measured side by side (the node and pair rounds) start timing together at the wall-clock
+    time start_at, once every group has imported torch and formed: a group still importing must not
+    steal the CPU from one being timed. Nodes' clocks agree to well under a second (the ssh check judges
+    skew); a rank already late starts at once."""
+    if not start_at:
+        return
+    wait = float(start_at) - time.time()
+    if wait > 0:
+        time.sleep(min(wait, MAX_START_WAIT_S))
 
 
 def _slowest(torch, dist, device, gpu, seconds):
