@@ -40,7 +40,7 @@ import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from preflight.common import GiB, MiB, fold, fold_ints, human_bytes, plural
-from preflight.model import Check, ClusterView, Finding, Status
+from preflight.model import Check, ClusterView, CrossNode, Finding, Status
 
 NAME = "allreduce"
 
@@ -971,6 +971,19 @@ def nccl_findings(view: ClusterView, meta: Mapping[str, Any], docs: Mapping[str,
     return out
 
 
+def _run_bench(fleet: Any, inv: Any, view: ClusterView, healthy: Sequence[str], env: Any, opts: Any) -> Any:
+    """The cross-node stage: preflight.bench launches the agents and localizes (controller only)."""
+    from preflight import bench
+
+    return bench.run(fleet, inv, view, healthy, env, opts)
+
+
+def _summary(findings: Sequence[Finding], meta: Dict[str, Any], elapsed_s: Optional[float]) -> Optional[Dict[str, Any]]:
+    from preflight import bench
+
+    return bench.summary(findings, meta, elapsed_s)
+
+
 def _rule_with_localization(view: ClusterView) -> List[Finding]:
     meta = dict(view.cluster.get(NAME) or {})
     docs = {n: (view.facts.get(n) or {}).get(NAME) for n in meta.get("nodes") or []}
@@ -992,4 +1005,6 @@ CHECK = Check(
     # the launcher runs on the data interface the nic check chose, at the port the ports check verified,
     # with the env derived from the ib_hca and driver facts
     needs=("nic", "ib_hca", "ports", "driver"),
+    order=90,
+    crossnode=CrossNode(run=_run_bench, summary=_summary),
 )

@@ -410,4 +410,5 @@ CHECK = Check(
     "and nvidia-nccl-cu12 in every node's environment (pip install torch==X nvidia-nccl-cu12==Y).",
     probe=probe,
     rule=rule,
+    order=30,
 )

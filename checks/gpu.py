@@ -638,4 +638,5 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     needs=("ssh",),
+    order=20,
 )

@@ -484,4 +484,5 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     needs=("ssh",),
+    order=60,
 )

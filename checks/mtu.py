@@ -375,4 +375,5 @@ CHECK = Check(
     phase=2,
     plan=plan,
     needs=("nic",),
+    order=70,
 )

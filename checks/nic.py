@@ -282,4 +282,5 @@ CHECK = Check(
     "it with data_interface: in the inventory; export NCCL_SOCKET_IFNAME as printed in the env file.",
     probe=probe,
     rule=rule,
+    order=50,
 )

@@ -515,4 +515,5 @@ CHECK = Check(
     phase=2,
     plan=plan,
     needs=("nic",),
+    order=80,
 )

@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(env)
     env.add_argument("--with-allreduce", action="store_true", help="also prove the env with the all-reduce test")
 
-    sub.add_parser("checks", help="list every check with its claim")
+    checks = sub.add_parser("checks", help="list every check with its claim")
+    checks.add_argument("--markdown", action="store_true", help="print README.md's check table (claim, why, fix)")
 
     diff = sub.add_parser("diff", help="compare two JSON reports (from --json or --history)")
     diff.add_argument("old")
@@ -79,7 +80,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     try:
         if args.command == "checks":
-            return _cmd_checks()
+            return _cmd_checks(args.markdown)
         if args.command == "diff":
             return _cmd_diff(args)
         if args.command in ("check", "env"):
@@ -94,7 +95,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def _cmd_checks() -> int:
+def _cmd_checks(markdown: bool = False) -> int:
+    if markdown:
+        from preflight.report import checks_markdown
+
+        sys.stdout.write(checks_markdown())
+        return EXIT_OK
     from rich.console import Console
     from rich.table import Table
 

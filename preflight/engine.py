@@ -2,7 +2,8 @@
 
     phase 1   local facts on every node (ssh basics, gpu, driver, fabric manager, nic, ib)
     phase 2   network facts planned from phase 1 (jumbo pings to ring neighbours, rendezvous port)
-    bench     the timed all-reduce on the nodes that passed (preflight.bench)
+    crossnode the checks declaring Check.crossnode (the timed all-reduce, preflight.bench) on the nodes
+              that passed
     rules     pure functions over the gathered facts → findings
 
 Rules never reach back into a node: every verdict is computed here, from data.
@@ -43,7 +44,8 @@ class RunReport:
     view: ClusterView
     started_at: str
     duration_s: float
-    allreduce: Optional[Dict[str, Any]] = None
+    allreduce: Optional[Dict[str, Any]] = None  # the allreduce check's report section (summaries["allreduce"])
+    summaries: Dict[str, Any] = field(default_factory=dict)  # {cross-node check: its report section}
     phase_times: Dict[str, float] = field(default_factory=dict)
     env: Any = None  # preflight.envfile.Derived, when it was derived for the all-reduce or the env file
 
@@ -111,6 +113,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
     checks = {name: catalogue.get(name) for name in gathered}
     phase1 = [n for n in gathered if checks[n].phase == 1 and checks[n].probe is not None]
     phase2 = [n for n in gathered if checks[n].phase == 2]
+    crossnode = [n for n in selected if checks[n].crossnode is not None]
     infos = node_infos(inv)
     specs = {s.name: s for s in inv.nodes}
     deadline = _deadline(opts.timeout)
@@ -118,7 +121,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
     times: Dict[str, float] = {}
     facts: Dict[str, Dict[str, Any]] = {}
     unreachable: Dict[str, str] = {}
-    allreduce: Optional[Dict[str, Any]] = None
+    summaries: Dict[str, Any] = {}
     env: Any = None
     cluster = dict(inv.cluster)
 
@@ -144,33 +147,33 @@ def run(inv: Inventory, opts: Options) -> RunReport:
             times["phase2_s"] = time.monotonic() - t0
 
         view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
-        # The node checks' verdicts are final here (the bench only adds allreduce facts): judge them once.
-        findings = judge(view, [n for n in selected if n != "allreduce"])
-        if "allreduce" in selected or opts.gather_also:
+        # The node checks' verdicts are final here (a cross-node test only adds its own facts): judge them once.
+        findings = judge(view, [n for n in selected if n not in crossnode])
+        if crossnode or opts.gather_also:
             from preflight import envfile
 
             sick = {f.node for f in findings if f.status.is_problem}
             healthy = [n.name for n in view.live if n.name not in sick]
             env = envfile.derive(view, healthy)
             healthy = list(env.nodes)  # a node whose facts the env file cannot carry is left out of the bench too
-        if "allreduce" in selected and view.live:
-            from preflight import bench
-
+        for check in crossnode:
+            if not view.live:
+                break
             t0 = time.monotonic()
-            ran = bench.run(fleet, inv, view, healthy, env, opts)
+            ran = checks[check].crossnode.run(fleet, inv, view, healthy, env, opts)
             for name, doc in ran.docs.items():
-                facts[name]["allreduce"] = doc
-            cluster["allreduce"] = ran.meta
-            times["allreduce_s"] = time.monotonic() - t0
+                facts[name][check] = doc
+            cluster[check] = ran.meta
+            times[check + "_s"] = time.monotonic() - t0
 
     view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
     if env is not None:
         findings.extend(env.refused)
-    if "allreduce" in selected:
-        from preflight import bench
-
-        findings.extend(judge(view, ["allreduce"]))
-        allreduce = bench.summary(findings, cluster.get("allreduce") or {}, times.get("allreduce_s"))
+    for check in crossnode:
+        findings.extend(judge(view, [check]))
+        summarise = checks[check].crossnode.summary
+        if summarise is not None:
+            summaries[check] = summarise(findings, cluster.get(check) or {}, times.get(check + "_s"))
     return RunReport(
         inventory=inv,
         selected=selected,
@@ -178,7 +181,8 @@ def run(inv: Inventory, opts: Options) -> RunReport:
         view=view,
         started_at=datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         duration_s=time.time() - started,
-        allreduce=allreduce,
+        allreduce=summaries.get("allreduce"),
+        summaries=summaries,
         phase_times=times,
         env=env,
     )

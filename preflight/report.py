@@ -32,6 +32,17 @@ def fold(names: Iterable[Optional[str]]) -> str:
     return folded if all(names) else ", ".join(filter(None, ["cluster", folded]))
 
 
+def checks_markdown() -> str:
+    """README.md's check table, from the CHECK declarations (`preflight checks --markdown`)."""
+    def cell(text: str) -> str:
+        return " ".join(text.split()).replace("|", "\\|")
+
+    lines = ["| check | claim | why it matters | fix |", "|---|---|---|---|"]
+    for name, check in catalogue.catalogue().items():
+        lines.append("| `%s` | %s | %s | %s |" % (name, cell(check.claim), cell(check.why), cell(check.fix)))
+    return "\n".join(lines) + "\n"
+
+
 def node_status(findings: Iterable[Finding]) -> Dict[str, Status]:
     worst: Dict[str, Status] = {}
     for f in findings:

@@ -9,6 +9,9 @@ import pytest
 from preflight.checks import ib_hca
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
+from tests import fixture_cases as fc
+from tests.builders import ib_port as port
+from tests.builders import view
 
 sys.path.insert(0, str(Path(__file__).parent))  # `sim` importable however pytest was started
 from sim import ib_hw  # noqa: E402
@@ -21,15 +24,8 @@ GIB = 1 << 30
 # --------------------------------------------------------------------------------------------- parsers
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_probe_on_fixture_tree(case):
-    expected = json.loads((FIXTURES / case / "expected.json").read_text())
-    ctx = NodeContext(sysfs_root=str(FIXTURES / case))
-    if "parse_error" in expected:
-        with pytest.raises(ParseError, match=expected["parse_error"]):
-            ib_hca.probe(ctx)
-    else:
-        assert ib_hca.probe(ctx) == expected
+# probe cases on the fixture trees and parse_* cases: tests/fixtures/ib_hca/*.json, run by
+# tests/test_fixtures.py
 
 
 def test_fixture_trees_match_the_writer():
@@ -158,33 +154,17 @@ def test_rate_text_matches_kernel_format():
 # ----------------------------------------------------------------------------------------------- rules
 
 
-def port(hca, state="ACTIVE", phys="LinkUp", rate=400, layer="ib", gid=None, n=1):
-    return {
-        "hca": hca,
-        "port": n,
-        "state": state,
-        "phys_state": phys,
-        "rate_gbps": rate,
-        "width": "4X NDR" if rate == 400 else None,
-        "link_layer": layer,
-        "netdev": None,
-        "roce_v2_gid_index": gid,
-        "roce_v2_ip": None,
-    }
-
-
 def healthy(count=4, **kw):
     return {"hcas": {}, "ports": [port("mlx5_%d" % i, **kw) for i in range(count)]}
 
 
 def view_of(ib_facts, memlock=None, expect=None, ssh=True):
-    nodes = [NodeInfo(n, n, 8, is_head=(i == 0)) for i, n in enumerate(ib_facts)]
     facts = {}
     for n, f in ib_facts.items():
         facts[n] = {"ib_hca": f}
         if ssh:
             facts[n]["ssh"] = {"memlock_soft": (memlock or {}).get(n)}
-    return ClusterView(nodes, facts, expect=expect)
+    return view(facts, expect=expect)
 
 
 def by_status(findings, status):
@@ -297,8 +277,8 @@ def test_usable_hcas_leaves_out_failed_probes():
 
 def test_rule_on_fixture_facts():
     """ndr_active_and_down across two nodes: the DOWN port is named, the healthy node passes."""
-    down = json.loads((FIXTURES / "ndr_active_and_down" / "expected.json").read_text())
-    polling = json.loads((FIXTURES / "ndr_polling" / "expected.json").read_text())
+    down = fc.expected("ib_hca", "ndr_active_and_down")
+    polling = fc.expected("ib_hca", "ndr_polling")
     findings = ib_hca.rule(view_of({"n001": down, "n002": polling}))
     messages = [f.message for f in by_status(findings, Status.FAIL)]
     assert "n001 mlx5_1 port 1: state DOWN, Disabled (expected ACTIVE at 400 Gb/s)" in messages

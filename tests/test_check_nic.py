@@ -11,53 +11,19 @@ from preflight import datanet
 from preflight.checks import nic
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
+from tests import fixture_cases as fc
+from tests.builders import iface, view
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nic"
-CASES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
-SSH_IP = {"gpu_node": "10.10.0.11", "veth_node": "192.0.2.13"}
-
-FAKE_IP = """#!{python}
-import os, sys
-d = os.environ["FAKE_IP_DIR"]
-files = {{("-j", "addr", "show"): "ip-addr.json", ("-j", "-d", "link", "show"): "ip-link.json"}}
-name = files.get(tuple(sys.argv[1:]))
-if name is None:
-    sys.stderr.write("ip: unexpected arguments %r\\n" % (sys.argv[1:],))
-    sys.exit(255)
-sys.stdout.write(open(os.path.join(d, name)).read())
-"""
-
-
-@pytest.fixture
-def fake_ip(tmp_path, monkeypatch):
-    """An `ip` executable on PATH that prints a fixture case's recorded output."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    script = bindir / "ip"
-    script.write_text(FAKE_IP.format(python=sys.executable))
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", "%s%s%s" % (bindir, os.pathsep, os.environ.get("PATH", "")))
-
-    def use(case_dir):
-        monkeypatch.setenv("FAKE_IP_DIR", str(case_dir))
-
-    return use
 
 
 # --------------------------------------------------------------------------------------------- parsers
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_probe_on_recorded_case(case, fake_ip, monkeypatch):
-    fake_ip(FIXTURES / case)
-    monkeypatch.setenv("SSH_CONNECTION", "10.10.0.1 51234 %s 22" % SSH_IP[case])
-    facts = nic.probe(NodeContext(sysfs_root=str(FIXTURES / case / "sys")))
-    assert facts == json.loads((FIXTURES / case / "expected.json").read_text())
-    json.dumps(facts)  # JSON-serialisable
+# parse_* and probe cases (node snapshots with recorded `ip` output): tests/fixtures/nic/*.json, run by
+# tests/test_fixtures.py
 
 
 def test_gpu_node_kinds_and_speeds():
-    facts = json.loads((FIXTURES / "gpu_node" / "expected.json").read_text())
+    facts = fc.expected("nic", "gpu_node")
     by = {i["name"]: i for i in facts["interfaces"]}
     assert by["lo"]["kind"] == "loopback" and by["lo"]["speed_mbps"] is None
     assert by["docker0"]["kind"] == "bridge"
@@ -110,23 +76,6 @@ def test_probe_fails_clearly_without_ip(monkeypatch, tmp_path):
 # ---------------------------------------------------------------------------------------------- choose
 
 
-def iface(name, ip=None, prefixlen=24, mtu=1500, speed=10000, kind=None, up=True, physical=True):
-    addresses = [] if ip is None else [{"ip": ip, "prefixlen": prefixlen}]
-    return {
-        "name": name,
-        "state": "UP" if up else "DOWN",
-        "up": up,
-        "mtu": mtu,
-        "speed_mbps": speed,
-        "kind": kind,
-        "link_type": "ether",
-        "master": None,
-        "arp_type": 1,
-        "physical": physical,
-        "addresses": addresses,
-    }
-
-
 def lo():
     return iface("lo", "127.0.0.1", 8, 65536, None, "loopback", physical=False)
 
@@ -146,11 +95,7 @@ def sim_node(i, data_up=True, data_mtu=9000):
 
 
 def view_of(facts_by_node, settings=None, hosts=None, **kw):
-    nodes = [
-        NodeInfo(name, (hosts or {}).get(name, name), 8, is_head=(i == 0), settings=(settings or {}).get(name, {}))
-        for i, name in enumerate(facts_by_node)
-    ]
-    return ClusterView(nodes, {n: {"nic": f} for n, f in facts_by_node.items()}, **kw)
+    return view({n: {"nic": f} for n, f in facts_by_node.items()}, settings=settings, hosts=hosts, **kw)
 
 
 def three_sim(**over):
@@ -215,7 +160,7 @@ def test_slow_management_port_loses_to_unknown_speed_data_interface():
 
 
 def gpu_node(i, ib_up=True):
-    facts = json.loads((FIXTURES / "gpu_node" / "expected.json").read_text())
+    facts = fc.expected("nic", "gpu_node")
     for entry in facts["interfaces"]:
         for addr in entry["addresses"]:
             if addr["ip"].count(".") == 3 and not addr["ip"].startswith(("127.", "172.17.")):

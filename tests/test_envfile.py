@@ -15,31 +15,13 @@ import pytest
 from preflight import __version__, envfile
 from preflight.engine import RunReport
 from preflight.model import ClusterView, Finding, NodeInfo, Status
-from tests.test_check_ib_hca import port  # one builder of ib_hca port facts
+from tests.builders import iface
+from tests.builders import ib_port as port
 
 HOSTILE = ["x$(id)", "e;reboot", "a\nb", "a'b", "a,b", "=eth7", "^eth7", "`id`", "e$(id>p)", "qq zz", "a\"b", "x\\y"]
 
 
 # ------------------------------------------------------------------------------------------------ facts
-
-
-def iface(name, ip, prefix=16, mtu=9000, speed=100000, up=True, kind=None, physical=True):
-    """One entry of the nic probe's interface list."""
-    return {
-        "name": name,
-        "state": "UP" if up else "DOWN",
-        "up": up,
-        "mtu": mtu,
-        "link_type": "ether",
-        "master": None,
-        "addresses": [{"ip": ip, "prefixlen": prefix}],
-        "speed_mbps": speed,
-        "arp_type": 1,
-        "physical": physical,
-        "kind": kind,
-    }
-
-
 
 
 def mgmt_ip(i):
@@ -74,7 +56,7 @@ def cluster(n=3, data=None, torch="2.4.0+cu121", ib=None, ports=None, drop=(), m
                 "interfaces": [
                     dict(iface("lo", "127.0.0.1", 8, 65536, None, physical=False), kind="loopback", link_type="loopback"),
                     iface("eno1", mgmt_ip(i), 24, 1500, 1000),
-                    iface(data.get(name, "eth1"), data_ip(i)),
+                    iface(data.get(name, "eth1"), data_ip(i), 16, 9000, 100000),
                     iface("docker0", "172.17.0.1", 16, 1500, None, kind="bridge", physical=False),
                 ],
                 "ssh_ip": mgmt_ip(i),
