@@ -762,7 +762,7 @@ def _fleet_findings(view: ClusterView, meta: Mapping[str, Any]) -> Tuple[List[Fi
         if not results:
             continue
         rfrac = max(frac, float(rnd.get("slow_fraction") or 0))
-        bad = judge_nodes(results, None, rfrac)
+        bad = judge_nodes(results, None, rfrac, bool(rnd.get("by_bandwidth", True)))
         measured = [judged_gbps(g) for g in results if not g.get("failure") and judged_gbps(g) is not None]
         median = statistics.median(measured) if measured else None
         for n, why in bad.items():
@@ -770,6 +770,8 @@ def _fleet_findings(view: ClusterView, meta: Mapping[str, Any]) -> Tuple[List[Fi
         where = " at %s" % human_bytes(int(rnd["sizes"][0])) if rnd.get("sizes") else ""
         if bad:
             notes.append("node round %s%s: %s" % (rnd.get("name"), where, fold(list(bad))))
+        elif not rnd.get("by_bandwidth", True):
+            notes.append("node round %s%s: every node completed alone" % (rnd.get("name"), where))
         else:
             notes.append("node round %s%s: every node within %d%% of the fleet median %s" % (
                 rnd.get("name"), where, round(100 * rfrac), gbps(median) if median is not None else "(none measured)"))

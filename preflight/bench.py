@@ -195,7 +195,8 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
             # start of the whole-cluster run, scaled by how many more ranks each node starts now
             ratio = float(local_ranks or 1) if meta["backend"] == "gloo" else 1.0
             delay = ROUND_START_FACTOR * ratio * float(timings.get("slowest_init_s") or 0) + 1.0
-            start_at = time.time() + max(ROUND_START_MIN_S, delay)
+            # never so late that the agents' init deadline fires first
+            start_at = time.time() + min(max(ROUND_START_MIN_S, delay), 0.5 * short["deadlines"]["init_s"])
             done = _run_groups(fleet, infos, addr_of, port, dict(env_vars, **(extra_env or {})),
                                dict(short, local_ranks=local_ranks, start_at=start_at))
             docs = dict(done["docs"])
@@ -207,7 +208,7 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
             meta["node_rounds"] = []
             for spec in benchplan.node_rounds(nodes, meta["backend"]):
                 results = run_groups([[n.name] for n in nodes], spec["env"], spec["local_ranks"])
-                meta["node_rounds"].append(dict(spec, results=results, sizes=plan["sizes"]))
+                meta["node_rounds"].append(dict(spec, results=results, sizes=plan["sizes"], by_bandwidth=by_bandwidth))
         # pairs: the path between nodes, which only a partner can test
         if len(nodes) >= 3:
             verdict = benchplan.localize([n.name for n in nodes], run_groups, threshold=limit if by_bandwidth else None,
@@ -262,6 +263,12 @@ def summary(findings: Sequence[Any], meta: Dict[str, Any], elapsed_s: Optional[f
         "deadlines": meta.get("deadlines"),
         "timings_s": meta.get("timings_s"),
         "localization": _localization_summary(loc),
+        "node_rounds": [{"name": r.get("name"), "what": r.get("what"), "median_gbps": r.get("median_gbps"),
+                         "named": sorted(r.get("named") or {}),
+                         "nodes": {g["nodes"][0]: g.get("best_gbps", g.get("busbw_gbps")) for g in r.get("results") or []}}
+                        for r in data.get("node_rounds") or []] or None,
+        "nccl": {f.node: f.data["nccl"] for f in findings
+                 if f.check == "allreduce" and f.node and f.data and "nccl" in f.data} or None,
     }
 
 

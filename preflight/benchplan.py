@@ -472,9 +472,10 @@ def node_rounds(nodes: Sequence[NodeInfo], backend: str) -> List[Dict[str, Any]]
 
 
 def judge_nodes(results: Sequence[GroupResult], threshold: Optional[float] = None,
-                slow_fraction: float = SLOW_FRACTION) -> Dict[str, str]:
-    """{node: why} for the nodes a node round names: failed, or slow against the fleet (one node a group)."""
-    return {g["nodes"][0]: why for g, ok, why in judge(results, threshold, True, slow_fraction) if not ok}
+                slow_fraction: float = SLOW_FRACTION, by_bandwidth: bool = True) -> Dict[str, str]:
+    """{node: why} for the nodes a node round names: failed, or slow against the fleet (one node a group).
+    by_bandwidth=False (the round re-ran a small size a hang stopped at): completion only."""
+    return {g["nodes"][0]: why for g, ok, why in judge(results, threshold, by_bandwidth, slow_fraction) if not ok}
 
 
 def round_deadlines(deadlines: Mapping[str, float], docs: Mapping[str, Any], warmup: int, iters: int,
