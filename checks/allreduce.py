@@ -541,6 +541,13 @@ def rule(view: ClusterView) -> List[Finding]:
         return out
     figures = "busbw %s (algbw %s) at %s across %s" % (
         gbps(point["busbw_gbps"]), gbps(point["algbw_gbps"]), human_bytes(point["bytes"]), where)
+    straggler = stragglers(points, node_of, float(meta.get("slow_fraction") or 0.2))
+    data["slowest_per_size"] = [{"bytes": p["bytes"], "rank": p["slowest_rank"], "node": node_of.get(p["slowest_rank"])}
+                                for p in points]
+    if straggler:
+        data["straggler"] = straggler
+        figures += "; straggler: %s slowest at %d of %d sizes, %.1fx the median rank" % (
+            _ranks_phrase([straggler["rank"]], node_of), straggler["sizes"], len(points), straggler["ratio"])
     if cut:
         figures += "; " + _cut_phrase(cut, points)
     data["verdict_bytes"] = point["bytes"]
@@ -577,6 +584,25 @@ def rule(view: ClusterView) -> List[Finding]:
         msg += "; slowest %s" % _ranks_phrase([slow], node_of)
     out.append(Finding(NAME, None, Status.FAIL, msg, expected=expected, actual=actual, data=data))
     return out
+
+
+def stragglers(points: Sequence[Mapping[str, Any]], node_of: Mapping[int, str], fraction: float) -> Optional[Dict[str, Any]]:
+    """The rank that was slowest at most sizes, when that is more than half of them and its time there
+    was more than `fraction` above the median rank's (in a ring every rank waits for the slowest, so
+    only a clear, repeated lead means something), else None."""
+    if len(points) < 2:
+        return None
+    counts: Dict[int, List[Mapping[str, Any]]] = {}
+    for p in points:
+        counts.setdefault(int(p["slowest_rank"]), []).append(p)
+    rank, where = max(counts.items(), key=lambda kv: (len(kv[1]), -kv[0]))
+    if len(where) * 2 <= len(points):
+        return None
+    ratios = [p["time_s"] / p["median_time_s"] for p in where if p.get("median_time_s")]
+    ratio = statistics.median(ratios) if ratios else 1.0
+    if ratio <= 1.0 + fraction:
+        return None
+    return {"rank": rank, "node": node_of.get(rank), "sizes": len(where), "ratio": round(ratio, 2)}
 
 
 def sweep_cut(table: Mapping[int, Tuple[str, Mapping[str, Any]]]) -> Optional[Dict[str, Any]]:
@@ -761,7 +787,7 @@ def _fleet_findings(view: ClusterView, meta: Mapping[str, Any]) -> Tuple[List[Fi
         results = rnd.get("results") or []
         if not results:
             continue
-        rfrac = max(frac, float(rnd.get("slow_fraction") or 0))
+        rfrac = frac
         bad = judge_nodes(results, None, rfrac, bool(rnd.get("by_bandwidth", True)))
         measured = [judged_gbps(g) for g in results if not g.get("failure") and judged_gbps(g) is not None]
         median = statistics.median(measured) if measured else None

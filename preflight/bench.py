@@ -188,7 +188,7 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
             at_init=bool(plan.get("at_init"))))
         timings["rounds_s"] = []
 
-        def run_groups(groups: List[List[str]], extra_env=None, local_ranks=None) -> List[Dict[str, Any]]:
+        def run_groups(groups: List[List[str]], extra_env=None, local_ranks=None, sync=True) -> List[Dict[str, Any]]:
             started = time.monotonic()
             infos = [[by_name[n] for n in g] for g in groups]  # each group's first node hosts its store
             # every group starts timing at once, once the slowest of them should have started: the slowest
@@ -197,6 +197,8 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
             delay = ROUND_START_FACTOR * ratio * float(timings.get("slowest_init_s") or 0) + 1.0
             # never so late that the agents' init deadline fires first
             start_at = time.time() + min(max(ROUND_START_MIN_S, delay), 0.5 * short["deadlines"]["init_s"])
+            if not sync:  # judged on completion: no need to wait for the others
+                start_at = None
             done = _run_groups(fleet, infos, addr_of, port, dict(env_vars, **(extra_env or {})),
                                dict(short, local_ranks=local_ranks, start_at=start_at))
             docs = dict(done["docs"])
@@ -207,8 +209,9 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
         if settings["node_round"]:
             meta["node_rounds"] = []
             for spec in benchplan.node_rounds(nodes, meta["backend"]):
-                results = run_groups([[n.name] for n in nodes], spec["env"], spec["local_ranks"])
-                meta["node_rounds"].append(dict(spec, results=results, sizes=plan["sizes"], by_bandwidth=by_bandwidth))
+                judged = by_bandwidth and spec.get("by_bandwidth", True)
+                results = run_groups([[n.name] for n in nodes], spec["env"], spec["local_ranks"], sync=judged)
+                meta["node_rounds"].append(dict(spec, results=results, sizes=plan["sizes"], by_bandwidth=judged))
         # pairs: the path between nodes, which only a partner can test
         if len(nodes) >= 3:
             verdict = benchplan.localize([n.name for n in nodes], run_groups, threshold=limit if by_bandwidth else None,

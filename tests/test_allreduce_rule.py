@@ -506,12 +506,23 @@ def test_no_threshold_a_healthy_fleet_passes_and_a_slow_node_is_named():
     n3 = the(findings, "n003")
     assert n3.status is Status.FAIL and "alone (two local ranks): slow: busbw 0.70 GB/s" in n3.message
     assert [f.node for f in findings if f.status is Status.FAIL] == [None, "n003"]
-    # the gloo loopback round only names a node at half the median; slow_fraction raises both
-    loose = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[_node_round(slow, fraction=0.5)]))
-    assert [f.status for f in loose] == [Status.PASS]
-    half = dict(even, n003=0.4)
-    named = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[_node_round(half, fraction=0.5)]))
+    # the gloo loopback round is judged on completion only: a slow figure names nobody, a failure does
+    loose = dict(_node_round(slow), by_bandwidth=False)
+    assert [f.status for f in ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[loose]))] == [Status.PASS]
+    broken = dict(loose, results=loose["results"][:2] + [{"nodes": ["n003"], "busbw_gbps": None,
+                                                          "failure": "failed at 4 MiB (rank 0: boom)"}])
+    named = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[broken]))
     assert [f.node for f in named if f.status is Status.FAIL] == [None, "n003"]
+
+
+def test_a_rank_slowest_at_most_sizes_is_named_a_straggler():
+    sizes = [KiB << i for i in range(6)]
+    docs = eight_ranks_on(4, 1, sizes, backend="gloo", slow={2: 1.6})
+    main = the(ar.rule(cluster(docs, gpus=0)))
+    assert "straggler: rank 2 (n003) slowest at 6 of 6 sizes, 1.6x the median rank" in main.message, main.message
+    assert main.data["straggler"]["node"] == "n003" and len(main.data["slowest_per_size"]) == 6
+    even = eight_ranks_on(4, 1, sizes, backend="gloo", slow={2: 1.1})
+    assert "straggler" not in the(ar.rule(cluster(even, gpus=0))).message  # within 20% of the median rank
 
 
 def test_half_the_fleet_slow_in_a_node_round_is_still_named_by_the_healthy_majority():
