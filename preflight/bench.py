@@ -60,7 +60,7 @@ def _settings(inv: Inventory) -> Dict[str, Any]:
             deadlines[name] = float(raw[key])
     return {"sizes": raw.get("sizes"), "warmup": raw.get("warmup", 2), "iters": raw.get("iters", 5), "deadlines": deadlines,
             "slow_fraction": float(raw.get("slow_fraction", benchplan.SLOW_FRACTION)),
-            "node_round": raw.get("node_round", True)}
+            "node_round": raw.get("node_round")}
 
 
 def _hardware(view: ClusterView, nodes: Sequence[str], choice: Any) -> Dict[str, Any]:
@@ -206,7 +206,10 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
             return [benchplan.group_result(g, {n: docs.get(n) for n in g}, meta["backend"]) for g in groups]
 
         # partner-free: every node alone, all at once; a slow node is named in this one round
-        if settings["node_round"]:
+        # default: on for nccl (NVLink and NIC paths); off for gloo, whose loopback round is judged on
+        # completion only and costs a whole round of torch imports (cluster.allreduce.node_round: true)
+        node_round = settings["node_round"] if settings["node_round"] is not None else meta["backend"] == "nccl"
+        if node_round:
             meta["node_rounds"] = []
             for spec in benchplan.node_rounds(nodes, meta["backend"]):
                 judged = by_bandwidth and spec.get("by_bandwidth", True)

@@ -28,12 +28,18 @@ CURVE_KEYS = {"bytes", "time_s", "algbw_gbps", "busbw_gbps", "slowest_rank", "fa
 LOW_BUSBW = 0.001  # GB/s (the inventory minimum): any healthy gloo sweep on veth links clears it
 
 
+#: The simulated nodes share two cores with each other (and with whatever else runs): pairs measured side
+#: by side spread by a third or more under load, where real nodes own their CPUs and NICs. The rounds
+#: here name a node at 60% below the fleet median (a throttled link is >99% below); the default is 20%.
+SIM_SLOW_FRACTION = 0.6
+
+
 def inventory(cluster, allreduce, **kw):
     """cluster.inventory() plus cluster.allreduce (the sim writes unknown keys into defaults)."""
     path = cluster.inventory(**kw)
     with open(path) as fh:
         doc = yaml.safe_load(fh)
-    doc["cluster"]["allreduce"] = dict(allreduce)
+    doc["cluster"]["allreduce"] = dict({"slow_fraction": SIM_SLOW_FRACTION}, **allreduce)
     with open(path, "w") as fh:
         yaml.safe_dump(doc, fh, sort_keys=False)
     return path
@@ -57,7 +63,7 @@ def report_time(label, wall, section):
         label, wall, section.get("elapsed_s"), json.dumps(section.get("timings_s"))))
 
 
-def assert_healthy(doc, n):
+def assert_healthy(doc, n, node_round=False):
     section = doc["allreduce"]
     (main,) = [r for r in allreduce_results(doc) if r["node"] is None]
     assert main["status"] == "pass", main
@@ -82,9 +88,12 @@ def assert_healthy(doc, n):
     else:  # every node judged against the fleet: pairs (and the node round below) name nobody
         assert loc["exclude"] == [] and loc["by_bandwidth"] and loc["groups"], loc
         assert "pair test: every group passed: no node stands out" in main["message"], main["message"]
-    (rnd,) = section["node_rounds"]
-    assert rnd["name"] == "loopback" and rnd["named"] == [] and sorted(rnd["nodes"]) == section["nodes"], rnd
-    assert all(v and v > 0 for v in rnd["nodes"].values())
+    if node_round:  # every node alone, two local ranks: each completes and gets its own figure
+        (rnd,) = section["node_rounds"]
+        assert rnd["name"] == "loopback" and rnd["named"] == [] and sorted(rnd["nodes"]) == section["nodes"], rnd
+        assert all(v and v > 0 for v in rnd["nodes"].values())
+    else:
+        assert section["node_rounds"] is None
 
 
 # --------------------------------------------------------------------------------------------- healthy
@@ -92,10 +101,11 @@ def assert_healthy(doc, n):
 
 def test_four_cpu_nodes_pass_with_the_whole_curve(sim_cluster):
     cluster = sim_cluster(4)
-    inv = inventory(cluster, {"init_timeout": 120, "op_timeout": 20}, expect={"busbw_gbps": LOW_BUSBW})
+    inv = inventory(cluster, {"init_timeout": 120, "op_timeout": 20, "node_round": True},
+                    expect={"busbw_gbps": LOW_BUSBW})
     rc, doc, wall = run_preflight(cluster, inv)
     assert rc == 0, [r for r in doc["results"] if r["status"] in ("fail", "error")]
-    assert_healthy(doc, 4)
+    assert_healthy(doc, 4, node_round=True)
     report_time("4 nodes, healthy, full check", wall, doc["allreduce"])
     assert cluster.leftover_processes() == {}
 
@@ -139,9 +149,9 @@ def test_mtu_black_hole_hangs_at_a_size_and_the_pairs_name_the_node(sim_cluster)
     assert "pair test: exclude n003: n003 failed beside known-good" in main["message"], main["message"]
     assert len([r for r in allreduce_results(doc) if r["node"] is None]) == 1  # one cluster verdict
 
-    # the deadlines bound it: the first run (init + op + kill grace), the node round and two pair rounds
+    # the deadlines bound it: the first run (init + op + kill grace) and two pair rounds under their own
     first = deadlines["init_timeout"] + deadlines["op_timeout"] + 10
-    rounds = 3 * (loc["deadlines"]["init_s"] + loc["deadlines"]["op_s"] + 10)
+    rounds = 2 * (loc["deadlines"]["init_s"] + loc["deadlines"]["op_s"] + 10)
     report_time("4 nodes, MTU black hole on n003 (bound by deadlines: %d s)" % (first + rounds), wall, section)
     assert cluster.leftover_processes() == {}
 
