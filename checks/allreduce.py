@@ -934,14 +934,9 @@ def nccl_findings(view: ClusterView, meta: Mapping[str, Any], docs: Mapping[str,
 
     env = dict(meta.get("env") or {})
     ifspec = env.get("NCCL_SOCKET_IFNAME")
-    hcas: Dict[str, List[str]] = {}
-    try:
-        from preflight.checks import ib_hca
+    from preflight.checks import ib_hca
 
-        hcas = ib_hca.usable_hcas(view)["nodes"]
-    except Exception as exc:  # no ib_hca facts at all: the fallback sub-rule cannot be judged
-        hcas = {}
-        meta = dict(meta, hca_error=str(exc))
+    hcas: Dict[str, List[str]] = ib_hca.usable_hcas(view)["nodes"]  # nodes without ib_hca facts: absent
     out: List[Finding] = []
     for node, doc in docs.items():
         if (doc or {}).get("backend") != "nccl":
