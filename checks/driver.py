@@ -410,5 +410,6 @@ CHECK = Check(
     "and nvidia-nccl-cu12 in every node's environment (pip install torch==X nvidia-nccl-cu12==Y).",
     probe=probe,
     rule=rule,
+    action="fix_config",
     order=30,
 )

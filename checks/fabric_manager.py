@@ -232,5 +232,6 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     needs=("gpu",),
+    action="fix_config",
     order=40,
 )

@@ -638,5 +638,6 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     needs=("ssh",),
+    action="isolate",
     order=20,
 )

@@ -246,30 +246,61 @@ def rate_split(valid: Dict[str, Dict[str, Any]], layer: str) -> str:
     )
 
 
+LAYER_NAMES = {"ib": "InfiniBand", "roce": "RoCE"}
+
+
+def _layer_text(layer: Any) -> str:
+    return LAYER_NAMES.get(layer, str(layer))
+
+
 def usable_hcas(view: ClusterView) -> Dict[str, Any]:
     """The ports NCCL should use, per node, for the env-file writer. Pure.
 
-    Returns {"nodes": {node: ["mlx5_0:1", ...]},   ACTIVE ports at the expected rate (nodes whose probe
-                                                      failed are left out)
+    The rails are the usable ports (ACTIVE at the expected rate for their link layer) of the link layer
+    most usable ports across the nodes have: an H100 node's 8 InfiniBand rails, not its BlueField-3
+    Ethernet port. Usable ports of another layer are left out, with the reason. When the layers tie
+    (as many InfiniBand as RoCE ports) there is no majority and no layer is picked.
+
+    Returns {"nodes": {node: ["mlx5_0:1", ...]},   the rails (nodes whose probe failed are left out)
              "uniform": bool,                        the same list on every node listed
-             "link_layer": "ib" | "roce" | None,     None when no port is usable or layers are mixed
+             "link_layer": "ib" | "roce" | None,     the rails' layer; None when no port is usable or the
+                                                      layers tie
+             "layer_counts": {layer: usable ports},  across the nodes, before the pick
+             "left_out": {node: [(port, why)]},      usable ports not on the rails' layer
              "gid_index": int | None,                RoCE v2 GID index when RoCE and identical on every
-                                                      usable port, else None
+                                                      rail, else None
              "rate_gbps": {link layer: Gb/s}}        the expected rates used
     """
     valid = _valid(view)
     rates = expected_rates(view, valid)
+    names = [n.name for n in view.live if n.name in valid]
+    usable_by_node = {name: _usable(valid[name]["ports"], rates) for name in names}
+    all_layers = [p["link_layer"] for usable in usable_by_node.values() for p in usable]
+    link_layer, _, _ = majority(all_layers)
     nodes: Dict[str, List[str]] = {}
-    layers = set()
+    left_out: Dict[str, List[Tuple[str, str]]] = {}
     gids = set()
-    for name in [n.name for n in view.live if n.name in valid]:
-        usable = _usable(valid[name]["ports"], rates)
-        nodes[name] = [port_label(p) for p in usable]
-        for p in usable:
-            layers.add(p["link_layer"])
-            gids.add(p.get("roce_v2_gid_index"))
+    for name in names:
+        usable = usable_by_node[name]
+        rails = [p for p in usable if link_layer is None or p["link_layer"] == link_layer]
+        nodes[name] = [port_label(p) for p in rails]
+        gids.update(p.get("roce_v2_gid_index") for p in rails)
+        others = [p for p in usable if p not in rails]
+        if others:
+            left_out[name] = [
+                (
+                    port_label(p),
+                    "%s at %s; the rails are %s at %s"
+                    % (
+                        _layer_text(p["link_layer"]),
+                        _rate_text(p["rate_gbps"]),
+                        _layer_text(link_layer),
+                        _rate_text(rates[link_layer]) if rates.get(link_layer) is not None else "mixed rates",
+                    ),
+                )
+                for p in others
+            ]
     lists = {tuple(v) for v in nodes.values()}
-    link_layer = layers.pop() if len(layers) == 1 else None
     gid_index = None
     if link_layer == "roce" and len(gids) == 1:
         gid_index = gids.pop()
@@ -277,9 +308,18 @@ def usable_hcas(view: ClusterView) -> Dict[str, Any]:
         "nodes": nodes,
         "uniform": len(lists) <= 1,
         "link_layer": link_layer,
+        "layer_counts": {layer: all_layers.count(layer) for layer in sorted(set(all_layers))},
+        "left_out": left_out,
         "gid_index": gid_index,
         "rate_gbps": rates,
     }
+
+
+def _left_out_text(left_out: Optional[List[Tuple[str, str]]]) -> str:
+    """'; not for NCCL: mlx5_bond_0:1 (RoCE at 200 Gb/s; the rails are ...)', or ''."""
+    if not left_out:
+        return ""
+    return "; not for NCCL: " + ", ".join("%s (%s)" % pair for pair in left_out)
 
 
 def _memlock_finding(view: ClusterView, name: str) -> Optional[Finding]:
@@ -325,6 +365,7 @@ def rule(view: ClusterView) -> List[Finding]:
     # Usable ports per node against expect.ib_hcas, else the majority; a tie has no reference value.
     majority_count = majority(list(usable_counts.values()))[0] if want_count is None and usable_counts else None
     majority_nodes = sorted(n for n, c in usable_counts.items() if c == majority_count)
+    not_for_nccl = usable_hcas(view)["left_out"]
     count_tie = want_count is None and majority_count is None and len(set(usable_counts.values())) > 1
     count_split = " · ".join(
         "%d on %s" % (c, fold(n for n, v in usable_counts.items() if v == c))
@@ -454,18 +495,20 @@ def rule(view: ClusterView) -> List[Finding]:
             if mem is not None:
                 node_out.append(mem)
         if not node_out:
-            layers = sorted({p["link_layer"] for p in usable})
+            aside = {label for label, _ in not_for_nccl.get(name) or []}
+            shown = [p for p in usable if port_label(p) not in aside]
             node_out.append(
                 Finding(
                     CHECK_NAME,
                     name,
                     Status.PASS,
-                    "%s ACTIVE at %s (%s): %s"
+                    "%s ACTIVE at %s (%s): %s%s"
                     % (
-                        plural(len(usable), "port"),
-                        "/".join(_rate_text(r) for r in sorted({p["rate_gbps"] for p in usable})),
-                        "/".join(layers),
-                        ", ".join(port_label(p) for p in usable),
+                        plural(len(shown), "port"),
+                        "/".join(_rate_text(r) for r in sorted({p["rate_gbps"] for p in shown})),
+                        "/".join(sorted({p["link_layer"] for p in shown})),
+                        ", ".join(port_label(p) for p in shown),
+                        _left_out_text(not_for_nccl.get(name)),
                     ),
                     actual=str(len(usable)),
                 )
@@ -484,5 +527,6 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     needs=("ssh",),
+    action="isolate",
     order=60,
 )

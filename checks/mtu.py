@@ -32,7 +32,10 @@ _STATS = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received(?P<
 _LOSS = re.compile(r"(\d+(?:\.\d+)?)% packet loss")
 _ERRORS = re.compile(r"\+(\d+) errors")
 _RTT = re.compile(r"(?:rtt|round-trip) min/avg/max(?:/mdev)? = ([\d.]+)/([\d.]+)/([\d.]+)")
-_LOCAL_MTU = re.compile(r"local error: message too long, mtu=(\d+)")
+#: iputils <= s20180629 prints "local error: Message too long, mtu=1500" (capitalised); s20190324 and later
+#: "message too long, mtu=1500" (IPv4) and "message too long, mtu: 1500" (IPv6, ping6_common.c).
+_LOCAL_MTU = re.compile(r"local error: message too long, mtu(?:=|: )(\d+)", re.I)
+_TOO_LONG = re.compile(r"message too long", re.I)
 _FRAG = re.compile(r"Frag(?:mentation)? needed and DF set \(mtu = (\d+)\)")
 _PROG_ERROR = re.compile(r"^\S*ping\S*: (.+)$", re.M)
 
@@ -48,7 +51,7 @@ def _ping_error(text: str, stdout: str, stderr: str) -> Tuple[Optional[str], boo
     m = _FRAG.search(text)
     if m:
         return "fragmentation needed (mtu = %s)" % m.group(1), True, int(m.group(1))
-    if "Message too long" in text:
+    if _TOO_LONG.search(text):
         return "message too long", True, None
     if "Destination Host Unreachable" in text:
         return "destination host unreachable", False, None
@@ -375,5 +378,6 @@ CHECK = Check(
     phase=2,
     plan=plan,
     needs=("nic",),
+    action="fix_config",
     order=70,
 )

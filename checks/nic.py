@@ -139,7 +139,7 @@ def probe(ctx: Any) -> Dict[str, Any]:
         arp_type = parse_int_attr(ctx.read(os.path.join(base, "type")), "%s/type" % name)
         iface["speed_mbps"] = parse_int_attr(ctx.read(os.path.join(base, "speed")), "%s/speed" % name)
         iface["arp_type"] = arp_type
-        iface["physical"] = os.path.exists(os.path.join(base, "device"))
+        iface["physical"] = ctx.exists(os.path.join(base, "device"))
         kind = kinds.get(name)
         if kind is None and (arp_type == 772 or iface["link_type"] == "loopback"):
             kind = "loopback"
@@ -282,5 +282,6 @@ CHECK = Check(
     "it with data_interface: in the inventory; export NCCL_SOCKET_IFNAME as printed in the env file.",
     probe=probe,
     rule=rule,
+    action="fix_config",
     order=50,
 )

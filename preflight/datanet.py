@@ -13,14 +13,19 @@ Selection policy (see `choose`):
 2. Otherwise candidates are interfaces that are up, hold a global IPv4 address, and are not loopback,
    container/VM bridges (docker*, virbr*, br-*, cni*, ...), container-side veths (veth*, cali*, ...),
    VPNs or tunnels. Kind alone never excludes a veth: a simulated node's real links are veths named eth0.
-3. Candidate addresses are grouped by subnet. A subnet where some address is held by more than one node
-   (docker0's 172.17.0.1 on every host) is host-local, not a network between the nodes: excluded.
+3. Candidate addresses are grouped by subnet. A subnet where some address is held by EVERY node
+   (docker0's 172.17.0.1 on every host) on a virtual link is host-local, not a network between the
+   nodes: excluded. The same address on only some of the nodes, or on every node's physical NIC (a
+   two-node cluster), is an address conflict: those nodes fail, named together.
 4. The data subnet is the best subnet held by every live node (or, failing that, by a strict majority, so
    that one node whose data NIC is down fails on its own instead of silently moving the whole cluster to
-   the management network): highest typical (upper-median) speed, then MTU, then coverage, then not the
-   management network (the subnet of the address the controller connected to: sshd's SSH_CONNECTION on
-   the node, or the inventory host when it is an IP). A management port of 1 Gb/s or of unknown speed
-   ranks below every other candidate. Subnets pinned by `data_interface` on some nodes come first.
+   the management network). A down interface still holds its configured address: a subnet configured on
+   enough nodes counting down links stays the data network when it would win with its links up, or when
+   the up-only choice would be the management network (2 of 2, or 2 of 4, data NICs down); the nodes
+   whose link is down then fail ("data NIC down"). Ranking: highest typical (upper-median) speed, then
+   MTU, then coverage, then not the management network (the subnet of the address the controller
+   connected to: sshd's SSH_CONNECTION on the node, or the inventory host when it is an IP). A
+   management port of 1 Gb/s or of unknown speed ranks below every other candidate. Subnets pinned by `data_interface` on some nodes come first.
 5. Each node's interface is its best candidate in that subnet (speed, MTU, not management, name).
 """
 
@@ -218,6 +223,7 @@ def choose(view: ClusterView) -> Choice:
 
     # Candidates: up, IPv4, not excluded by name or kind.
     cands: Dict[str, List[_Cand]] = {}
+    down: Dict[str, List[_Cand]] = {}  # addresses on interfaces that are down: configured, not usable
     for name in nodes:
         mgmt_ips = _mgmt_ips(view, name, facts_by_node[name])
         skipped = choice.skipped.setdefault(name, [])
@@ -232,32 +238,33 @@ def choose(view: ClusterView) -> Choice:
             if why:
                 skipped.append((iface["name"], why))
                 continue
+            is_mgmt = any(str(a.ip) in mgmt_ips for a in addrs)
             if not iface.get("up"):
                 skipped.append((iface["name"], "down"))
+                down.setdefault(name, []).extend(_Cand(name, iface, addr, is_mgmt) for addr in addrs)
                 continue
-            is_mgmt = any(str(a.ip) in mgmt_ips for a in addrs)
             for addr in addrs:
                 cands[name].append(_Cand(name, iface, addr, is_mgmt))
 
-    # Host-local subnets: some address in them is held by more than one node.
+    # Host-local subnets: some address in them is held by EVERY node (docker0's 172.17.0.1) on a virtual
+    # link. The same address on only some of the nodes, or on every node's physical NIC (two hosts), is
+    # an address conflict between them, named on each of them.
     holders_of_ip: Dict[str, set] = {}
     for name in nodes:
         for c in cands[name]:
             holders_of_ip.setdefault(str(c.addr.ip), set()).add(name)
     host_local: Dict[str, str] = {}
+    conflicts: Dict[str, Dict[str, str]] = {}  # {node: {ip: "198.19.0.12 on eth1 is also on n003"}}
     for ip, holders in holders_of_ip.items():
-        if len(holders) > 1:
-            net = None
-            for name in holders:
-                for c in cands[name]:
-                    if str(c.addr.ip) == ip:
-                        net = str(c.addr.network)
-            if net and net not in host_local:
-                everyone = len(holders) == total
-                host_local[net] = "same address %s on %s" % (
-                    ip,
-                    "every node" if everyone else fold(holders),
-                )
+        if len(holders) < 2:
+            continue
+        holding = [c for name in holders for c in cands[name] if str(c.addr.ip) == ip]
+        if len(holders) == total and not all(c.iface.get("physical") for c in holding):
+            host_local.setdefault(str(holding[0].addr.network), "same address %s on every node" % ip)
+            continue
+        for name in holders:
+            iface_name = next(c.name for c in cands[name] if str(c.addr.ip) == ip)
+            conflicts.setdefault(name, {})[ip] = "%s on %s is also on %s" % (ip, iface_name, fold(holders - {name}))
 
     # Subnets: who holds them, and how good they are.
     by_subnet: Dict[str, Dict[str, List[_Cand]]] = {}
@@ -270,11 +277,15 @@ def choose(view: ClusterView) -> Choice:
     def best(cs: List[_Cand]) -> _Cand:
         return max(cs, key=_node_rank)
 
-    def subnet_rank(net: str) -> Tuple[Any, ...]:
+    def subnet_rank(net: str, holders: Optional[Dict[str, List[_Cand]]] = None) -> Tuple[Any, ...]:
         # Typical (upper-median) speed and MTU: one node's degraded link must not move the cluster off
-        # its data network; that node is reported by the speed-drift and mtu rules instead.
-        per_node = [best(cs) for cs in by_subnet[net].values()]
-        speed = statistics.median_high([c.iface.get("speed_mbps") or 0 for c in per_node])
+        # its data network; that node is reported by the speed-drift and mtu rules instead. With
+        # `holders` (up or down interfaces), a down link's unknown speed does not count.
+        per_node = [best(cs) for cs in (holders or by_subnet[net]).values()]
+        speeds = [c.iface.get("speed_mbps") or 0 for c in per_node]
+        if holders:
+            speeds = [s for s in speeds if s] or [0]
+        speed = statistics.median_high(speeds)
         mtu = statistics.median_high([c.iface.get("mtu") or 0 for c in per_node])
         mgmt = any(c.mgmt for c in per_node)
         slow_mgmt = mgmt and speed <= SLOW_MGMT_MBPS
@@ -288,6 +299,8 @@ def choose(view: ClusterView) -> Choice:
         if net not in rejected and net not in qualified:
             rejected[net] = "only on %d of %d nodes" % (len(holders), total)
     data_net = max(qualified, key=subnet_rank) if qualified else None
+    data_net, down_nodes = _down_data_net(data_net, by_subnet, down, host_local, quorum, subnet_rank)
+    rejected.pop(data_net, None)
     choice.subnet = data_net
 
     for name in nodes:
@@ -300,17 +313,31 @@ def choose(view: ClusterView) -> Choice:
                 choice.nodes[name] = entry
         elif data_net is None:
             choice.missing[name] = _no_subnet_reason(name, cands[name], rejected, total)
-        elif name not in by_subnet[data_net]:
+        elif name in down_nodes:
+            choice.missing[name] = _down_reason(down_nodes[name], data_net, by_subnet.get(data_net) or {})
+        elif name not in by_subnet.get(data_net, {}):
             choice.missing[name] = _not_in_subnet_reason(name, data_net, by_subnet[data_net], facts_by_node[name])
         else:
-            chosen = best(by_subnet[data_net][name])
-            choice.nodes[name] = chosen.entry(pinned=False)
+            mine = by_subnet[data_net][name]
+            clean = [c for c in mine if str(c.addr.ip) not in conflicts.get(name, {})]
+            if clean:
+                choice.nodes[name] = best(clean).entry(pinned=False)
+            else:
+                choice.missing[name] = "address conflict: " + "; ".join(
+                    conflicts[name][str(c.addr.ip)] for c in mine
+                )
         if name in choice.nodes:
             _explain_skips(choice, name, cands[name], rejected)
 
     if data_net is None:
         choice.reason = "no subnet is shared by the nodes" + (
             " (%s)" % "; ".join("%s: %s" % kv for kv in sorted(rejected.items())) if rejected else ""
+        )
+    elif not by_subnet.get(data_net):
+        choice.reason = "data subnet %s is configured on %d of %d nodes and down on every one" % (
+            data_net,
+            len(down_nodes),
+            total,
         )
     else:
         holders = by_subnet[data_net]
@@ -330,7 +357,66 @@ def choose(view: ClusterView) -> Choice:
         ]
         if others:
             choice.reason += "; passed over " + ", ".join(others)
+        if down_nodes:
+            choice.reason += "; down on %s" % fold(down_nodes)
     return choice
+
+
+def _down_data_net(
+    data_net: Optional[str],
+    by_subnet: Dict[str, Dict[str, List[_Cand]]],
+    down: Dict[str, List[_Cand]],
+    host_local: Dict[str, str],
+    quorum: int,
+    subnet_rank: Any,
+) -> Tuple[Optional[str], Dict[str, List[_Cand]]]:
+    """(the data subnet, {node: its down candidates there}) once down links are counted as configured.
+
+    A link going down must not move the cluster to another network: a subnet configured on a quorum of
+    nodes (up or down) is the data network when it would outrank the up-only choice with its links up,
+    or when the up-only choice is the management network and it is not. Its down nodes then fail.
+    """
+    configured: Dict[str, Dict[str, List[_Cand]]] = {}
+    for name, cs in down.items():
+        for c in cs:
+            net = str(c.addr.network)
+            if net not in host_local and name not in by_subnet.get(net, {}):
+                configured.setdefault(net, {}).setdefault(name, []).append(c)
+    best_net, best_rank = None, None
+    for net, down_holders in configured.items():
+        holders = dict(by_subnet.get(net, {}))
+        holders.update(down_holders)
+        if net == data_net or len(holders) < quorum:
+            continue
+        rank = subnet_rank(net, holders)
+        if best_rank is None or rank > best_rank:
+            best_net, best_rank = net, rank
+    if best_net is None:
+        return data_net, {n: cs for n, cs in configured.get(data_net, {}).items()} if data_net else {}
+    if data_net is not None:
+        current = subnet_rank(data_net)
+        pinned_here = current[0] > 0  # the rank's first key counts data_interface pins in the subnet
+        mgmt_here = any(c.mgmt for cs in by_subnet[data_net].values() for c in cs)
+        mgmt_there = any(c.mgmt for cs in configured[best_net].values() for c in cs) or any(
+            c.mgmt for cs in by_subnet.get(best_net, {}).values() for c in cs
+        )
+        if pinned_here or not ((mgmt_here and not mgmt_there) or best_rank > current):
+            return data_net, {n: cs for n, cs in configured.get(data_net, {}).items()}
+    return best_net, configured[best_net]
+
+
+def _down_reason(cands: List[_Cand], data_net: str, up_holders: Dict[str, List[_Cand]]) -> str:
+    """'data NIC down: eth1 198.19.0.12/16 is down (operstate DOWN); the data subnet 198.19.0.0/16 is up on n[001,004]'."""
+    c = cands[0]
+    where = "up on %s" % fold(up_holders) if up_holders else "down on every node that has it"
+    return "data NIC down: %s %s/%d is down (operstate %s); the data subnet %s is %s" % (
+        c.name,
+        c.addr.ip,
+        c.addr.network.prefixlen,
+        c.iface.get("state") or "DOWN",
+        data_net,
+        where,
+    )
 
 
 def _subnet_note(

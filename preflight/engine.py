@@ -20,7 +20,7 @@ from preflight import checks as catalogue
 from preflight.errors import UsageError
 from preflight.gather import Fleet, Outcome, Progress
 from preflight.inventory import Inventory, NodeSpec
-from preflight.model import ClusterView, Finding, NodeInfo, Status
+from preflight.model import ClusterView, Finding, NodeInfo, Status, with_action
 
 
 @dataclass
@@ -32,6 +32,8 @@ class Options:
     accept_new_host_keys: bool = False
     progress: Optional[Progress] = None
     gather_also: Sequence[str] = ()  # checks whose facts are gathered but not judged (e.g. for the env file)
+    capture: bool = False  # nodes send back every command output and file read (preflight.capture)
+    previous: Optional[Dict[str, Any]] = None  # the last run's report (--history): rules compare against it
 
 
 @dataclass
@@ -47,6 +49,7 @@ class RunReport:
     allreduce: Optional[Dict[str, Any]] = None  # the allreduce check's report section (summaries["allreduce"])
     summaries: Dict[str, Any] = field(default_factory=dict)  # {cross-node check: its report section}
     phase_times: Dict[str, float] = field(default_factory=dict)
+    captures: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # {node: {check: recording}} with capture
     env: Any = None  # preflight.envfile.Derived, when it was derived for the all-reduce or the env file
 
     @property
@@ -84,19 +87,26 @@ def _deadline(timeout: Optional[float]):
     return lambda spec: timeout if timeout is not None else spec.command_timeout
 
 
-def _probe_config(names: Sequence[str], spec: NodeSpec, deadline: float, per_check: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def _probe_config(names: Sequence[str], spec: NodeSpec, deadline: float, per_check: Optional[Dict[str, Any]] = None,
+                  capture: bool = False) -> Dict[str, Any]:
     node = {"gpus_per_node": spec.gpus_per_node, "data_interface": spec.data_interface}
     checks = {name: dict((per_check or {}).get(name) or {}, node=node) for name in names}
-    return {"mode": "probe", "checks": checks, "probe_timeout_s": max(1.0, deadline - 2.0)}
+    config = {"mode": "probe", "checks": checks, "probe_timeout_s": max(1.0, deadline - 2.0)}
+    if capture:
+        config["capture"] = True
+    return config
 
 
-def _absorb(view_facts: Dict[str, Dict[str, Any]], outcomes: Dict[str, Outcome], names: Sequence[str]) -> Dict[str, str]:
+def _absorb(view_facts: Dict[str, Dict[str, Any]], outcomes: Dict[str, Outcome], names: Sequence[str],
+            captures: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, str]:
     """Merge phase results into the facts; {node: failure message} for nodes that gave none."""
     failed: Dict[str, str] = {}
     for name, outcome in outcomes.items():
         if outcome.failure is not None or outcome.result is None:
             failed[name] = str(outcome.failure)
             continue
+        if captures is not None and isinstance(outcome.result.get("capture"), dict):
+            captures.setdefault(name, {}).update(outcome.result["capture"])
         facts = outcome.result.get("facts", {})
         view_facts.setdefault(name, {}).update(facts)
         ssh = view_facts[name].get("ssh")
@@ -107,11 +117,21 @@ def _absorb(view_facts: Dict[str, Dict[str, Any]], outcomes: Dict[str, Outcome],
     return failed
 
 
+def open_fleet(inv: Inventory, opts: Options) -> Any:
+    """The transport for this inventory: SSH fan-out (gather.Fleet) or srun steps (slurm.SlurmFleet)."""
+    if inv.transport == "slurm":
+        from preflight import slurm
+
+        return slurm.fleet_for(inv, opts.progress)
+    return Fleet(inv.nodes, opts.parallel, opts.accept_new_host_keys, opts.progress)
+
+
 def run(inv: Inventory, opts: Options) -> RunReport:
     selected = select_checks(opts.only, opts.skip)
     gathered = catalogue.closure(list(selected) + list(opts.gather_also))
     checks = {name: catalogue.get(name) for name in gathered}
-    phase1 = [n for n in gathered if checks[n].phase == 1 and checks[n].probe is not None]
+    prepared = [n for n in gathered if checks[n].phase == 2 and checks[n].prepare is not None]
+    phase1 = [n for n in gathered if (checks[n].phase == 1 and checks[n].probe is not None) or n in prepared]
     phase2 = [n for n in gathered if checks[n].phase == 2]
     crossnode = [n for n in selected if checks[n].crossnode is not None]
     infos = node_infos(inv)
@@ -122,13 +142,22 @@ def run(inv: Inventory, opts: Options) -> RunReport:
     facts: Dict[str, Dict[str, Any]] = {}
     unreachable: Dict[str, str] = {}
     summaries: Dict[str, Any] = {}
+    captures: Optional[Dict[str, Dict[str, Any]]] = {} if opts.capture else None
     env: Any = None
     cluster = dict(inv.cluster)
+    if opts.previous:
+        cluster["previous"] = opts.previous
 
-    with Fleet(inv.nodes, opts.parallel, opts.accept_new_host_keys, opts.progress) as fleet:
+    with open_fleet(inv, opts) as fleet:
         t0 = time.monotonic()
-        configs = {s.name: _probe_config(phase1, s, deadline(s)) for s in inv.nodes}
-        unreachable.update(_absorb(facts, fleet.run(configs, deadline), phase1))
+        configs = {
+            s.name: _probe_config(
+                phase1, s, deadline(s), {n: checks[n].prepare(cluster, s.name, s.name == inv.head_name) for n in prepared},
+                capture=opts.capture,
+            )
+            for s in inv.nodes
+        }
+        unreachable.update(_absorb(facts, fleet.run(configs, deadline), phase1, captures))
         times["phase1_s"] = time.monotonic() - t0
 
         view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
@@ -139,8 +168,9 @@ def run(inv: Inventory, opts: Options) -> RunReport:
             for node in view.live:
                 per_check = {name: plans[name][node.name] for name in phase2 if node.name in plans[name]}
                 if per_check:
-                    configs[node.name] = _probe_config(list(per_check), specs[node.name], deadline(specs[node.name]), per_check)
-            failed = _absorb(facts, fleet.run(configs, deadline), phase2)
+                    configs[node.name] = _probe_config(list(per_check), specs[node.name], deadline(specs[node.name]),
+                                                       per_check, capture=opts.capture)
+            failed = _absorb(facts, fleet.run(configs, deadline), phase2, captures)
             for name, why in failed.items():
                 for check in configs[name]["checks"]:
                     facts[name][check] = {"probe_error": "network probe run failed: %s" % why}
@@ -168,7 +198,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
 
     view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
     if env is not None:
-        findings.extend(env.refused)
+        findings.extend(with_action(f, "fix_config") for f in env.refused)
     for check in crossnode:
         findings.extend(judge(view, [check]))
         summarise = checks[check].crossnode.summary
@@ -185,6 +215,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
         summaries=summaries,
         phase_times=times,
         env=env,
+        captures=captures or {},
     )
 
 
@@ -194,10 +225,10 @@ def judge(view: ClusterView, selected: Sequence[str]) -> List[Finding]:
     for name in selected:
         check = catalogue.get(name)
         try:
-            findings.extend(check.rule(view))
+            findings.extend(with_action(f, check.action) for f in check.rule(view))
         except Exception as exc:  # a rule bug must not hide the other checks' verdicts
-            findings.append(Finding(name, None, Status.ERROR, "rule failed: %s: %s" % (type(exc).__name__, exc)))
+            findings.append(Finding(name, None, Status.ERROR, "rule failed: %s: %s" % (type(exc).__name__, exc), action="check_app"))
         if name != "ssh":
             for node in view.unreachable:
-                findings.append(Finding(name, node, Status.ERROR, "not checked: node unreachable (see ssh)"))
+                findings.append(Finding(name, node, Status.ERROR, "not checked: node unreachable (see ssh)", action="retest"))
     return findings

@@ -37,7 +37,8 @@ NODE_KEYS = (
     "data_interface",
     "host_key_checking",
 )
-CLUSTER_KEYS = ("master_port", "head", "expect", "mtu_full_mesh", "allreduce")
+CLUSTER_KEYS = ("master_port", "head", "expect", "mtu_full_mesh", "allreduce", "transport", "shared_paths")
+TRANSPORTS = ("ssh", "slurm")
 EXPECT_KEYS = (
     "driver_version",
     "cuda_version",
@@ -47,6 +48,7 @@ EXPECT_KEYS = (
     "ib_hcas",
     "ib_rate_gbps",
     "busbw_gbps",
+    "shared_free_gib",
 )
 ALLREDUCE_KEYS = ("sizes", "warmup", "iters", "init_timeout", "op_timeout", "total_timeout", "enabled", "slow_fraction",
                   "node_round")
@@ -116,6 +118,8 @@ class Inventory:
     expect: Dict[str, Any] = field(default_factory=dict)
     cluster: Dict[str, Any] = field(default_factory=dict)
     sha256: str = ""
+    transport: str = "ssh"  # "slurm": nodes are Slurm node names, reached with srun (preflight.slurm)
+    allocation: Any = None  # preflight.slurm.Allocation the run uses (None: the transport makes one)
 
     @property
     def head_name(self) -> str:
@@ -333,6 +337,12 @@ def load(path: str) -> Inventory:
     if not isinstance(mesh, bool):
         raise v.fail(("cluster", "mtu_full_mesh"), "mtu_full_mesh must be true or false", "write true or false")
 
+    transport = cluster_raw.get("transport", "ssh")
+    if transport not in TRANSPORTS:
+        raise v.fail(("cluster", "transport"), "transport %r is not one of %s" % (transport, ", ".join(TRANSPORTS)),
+                     "write `transport: ssh` or `transport: slurm`")
+    shared_paths = _shared_paths(v, cluster_raw.get("shared_paths"))
+
     nodes_raw = top.get("nodes")
     if nodes_raw is None or nodes_raw == []:
         raise v.fail(("nodes",), "no nodes in the inventory", "list hosts under `nodes:`, e.g. `- gpu-[001-004]`")
@@ -385,7 +395,7 @@ def load(path: str) -> Inventory:
     head = cluster_raw.get("head")
     if head is not None and head not in names:
         raise v.fail(("cluster", "head"), "head %r is not one of the nodes" % (head,), "use a node's name as listed under nodes:")
-    cluster = {"master_port": master_port, "mtu_full_mesh": mesh, "allreduce": allreduce}
+    cluster = {"master_port": master_port, "mtu_full_mesh": mesh, "allreduce": allreduce, "shared_paths": shared_paths}
     return Inventory(
         path=path,
         nodes=nodes,
@@ -394,7 +404,27 @@ def load(path: str) -> Inventory:
         expect=expect,
         cluster=cluster,
         sha256=hashlib.sha256(raw).hexdigest(),
+        transport=transport,
     )
+
+
+def _shared_paths(v: _Validator, raw: Any) -> List[str]:
+    """cluster.shared_paths: absolute directory paths every node must see as one filesystem (storage check)."""
+    if raw is None:
+        return []
+    at = ("cluster", "shared_paths")
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list):
+        raise v.fail(at, "shared_paths must be a list of paths, not %s" % _kind(raw), "write e.g. `shared_paths: [/shared/checkpoints]`")
+    out: List[str] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, str) or not item.startswith("/") or any(c in item for c in "\x00\n\r"):
+            raise v.fail(at + (i,), "shared path %r is not an absolute path" % (item,), "write an absolute directory path such as /shared/checkpoints")
+        path = "/" + "/".join(p for p in item.split("/") if p)
+        if path not in out:
+            out.append(path)
+    return out
 
 
 def _check_expect(v: _Validator, expect: Dict[str, Any]) -> None:
@@ -404,6 +434,8 @@ def _check_expect(v: _Validator, expect: Dict[str, Any]) -> None:
             expect[key] = v.integer(value, at, key, 0 if key == "ib_hcas" else 576, 65536)
         elif key in ("ib_rate_gbps", "busbw_gbps"):
             expect[key] = v.number(value, at, key, 0.001, 100000, "Gb/s" if key == "ib_rate_gbps" else "GB/s")
+        elif key == "shared_free_gib":
+            expect[key] = v.number(value, at, key, 0, 10 ** 9, "GiB")
         elif isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise v.fail(at, "%s must be a version string" % key, 'quote it, e.g. "550.54.15"')
         else:

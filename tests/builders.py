@@ -7,7 +7,7 @@ starts from facts a node could really send.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from preflight.model import ClusterView, NodeInfo
 
@@ -78,6 +78,17 @@ def ib_port(hca: str, state: str = "ACTIVE", phys: str = "LinkUp", rate: float =
         "roce_v2_gid_index": gid,
         "roce_v2_ip": None,
     }
+
+
+#: The InfiniBand rails of the real H100 capture (gpud's sys-class-infiniband-h100.0): mlx5_0,1,4-9.
+H100_RAILS = ["mlx5_%d:1" % i for i in (0, 1, 4, 5, 6, 7, 8, 9)]
+
+
+def h100_bf3_ports(ib_rate: float = 400) -> List[Dict[str, Any]]:
+    """An H100 node's ports as the real capture has them: 8 InfiniBand NDR rails and a BlueField-3
+    Ethernet port mlx5_bond_0 at 200 Gb/s (the front-end network)."""
+    rails = [ib_port("mlx5_%d" % i, rate=ib_rate) for i in (0, 1, 4, 5, 6, 7, 8, 9)]
+    return rails + [ib_port("mlx5_bond_0", rate=200, layer="roce")]
 
 
 # ------------------------------------------------------------------------------------------------ sim hooks

@@ -17,11 +17,13 @@
         "text": "..." | null               an inline file content (a short sysfs attribute; null: unreadable)
         "stdout"/"stderr"/"rc"/"argv"      an inline command result: parser(stdout, stderr, rc)
       "rc": N                              with a file input: the exit status of the command
+      "config": {...}                      with a node snapshot: the probe's configuration (ctx.config)
       "args": [...]                        optional extra positional arguments; "@NAME" is the check
                                            module's attribute NAME (a table such as ib_hca.STATES)
       and one outcome:
         "expected": {...}                  the parser's result, compared as JSON (tuples are lists)
         "error": "..."                     a regular expression searched in the ParseError's message
+                                           (for a probe, in the message of whatever it raised)
     }
 
 Inputs may sit in a folder below the json ("gpu_node/ip-addr.json") or beside another check's cases
@@ -42,7 +44,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 
 #: Keys a case may hold; anything else is a typo the guard test reports.
 KEYS = {"parser", "command", "source", "description", "note", "input", "text", "stdout", "stderr", "rc", "argv",
-        "args", "env", "expected", "error"}
+        "args", "env", "config", "expected", "error"}
 
 
 def case_files() -> Iterator[str]:
@@ -148,7 +150,7 @@ def prepare(path: str, doc: Dict[str, Any], bindir: str) -> Tuple[Any, List[Any]
             if install_replay(where, bindir):
                 env["PATH"] = bindir
             env.update(doc.get("env") or {})
-            return parser, [NodeContext(sysfs_root=root)] + extra, env
+            return parser, [NodeContext(doc.get("config"), sysfs_root=root)] + extra, env
         with open(where, errors="replace") as fh:
             return parser, [fh.read()] + extra, env
     if "text" in doc:

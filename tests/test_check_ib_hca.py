@@ -11,7 +11,7 @@ from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
 from tests import fixture_cases as fc
 from tests.builders import ib_port as port
-from tests.builders import view
+from tests.builders import H100_RAILS, h100_bf3_ports, view
 
 sys.path.insert(0, str(Path(__file__).parent))  # `sim` importable however pytest was started
 from sim import ib_hw  # noqa: E402
@@ -283,6 +283,37 @@ def test_rule_on_fixture_facts():
     messages = [f.message for f in by_status(findings, Status.FAIL)]
     assert "n001 mlx5_1 port 1: state DOWN, Disabled (expected ACTIVE at 400 Gb/s)" in messages
     assert "n002 mlx5_2 port 1: state DOWN, Polling (expected ACTIVE at 400 Gb/s)" in messages
+
+
+def h100_bf3():
+    return {"hcas": {}, "ports": h100_bf3_ports()}
+
+
+def test_usable_hcas_mixed_layers_picks_the_majority_layer_and_says_what_it_left_out():
+    usable = ib_hca.usable_hcas(view_of({"n001": h100_bf3(), "n002": h100_bf3()}))
+    assert usable["nodes"] == {"n001": H100_RAILS, "n002": H100_RAILS}
+    assert usable["uniform"] is True and usable["link_layer"] == "ib"
+    assert usable["left_out"] == {
+        "n001": [("mlx5_bond_0:1", "RoCE at 200 Gb/s; the rails are InfiniBand at 400 Gb/s")],
+        "n002": [("mlx5_bond_0:1", "RoCE at 200 Gb/s; the rails are InfiniBand at 400 Gb/s")],
+    }
+
+
+def test_usable_hcas_tied_layers_pick_nothing():
+    """Two InfiniBand and two RoCE ports per node: no majority (the one tie rule), no rails chosen."""
+    facts = {"hcas": {}, "ports": [port("mlx5_0"), port("mlx5_1"), port("mlx5_2", rate=200, layer="roce"),
+                                   port("mlx5_3", rate=200, layer="roce")]}
+    usable = ib_hca.usable_hcas(view_of({"n001": facts, "n002": facts}))
+    assert usable["link_layer"] is None
+
+
+def test_mixed_layers_pass_and_name_the_port_left_out_of_nccl():
+    findings = ib_hca.rule(view_of({"n001": h100_bf3(), "n002": h100_bf3()}))
+    assert [f.status for f in findings] == [Status.PASS, Status.PASS]
+    assert findings[0].message.startswith("8 ports ACTIVE at 400 Gb/s (ib): mlx5_0:1, mlx5_1:1, mlx5_4:1")
+    assert findings[0].message.endswith(
+        "; not for NCCL: mlx5_bond_0:1 (RoCE at 200 Gb/s; the rails are InfiniBand at 400 Gb/s)"
+    )
 
 
 def test_rate_tie_has_no_majority_and_fails_every_port_naming_the_split():

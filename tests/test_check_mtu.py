@@ -269,6 +269,21 @@ def test_common_end():
     assert mtu.common_end([("a", "b"), ("c", "d")]) is None
 
 
+@pytest.mark.parametrize(
+    "line, path_mtu",
+    [
+        ("ping: local error: Message too long, mtu=1500", 1500),  # iputils <= s20180629
+        ("ping: local error: message too long, mtu=1500", 1500),  # iputils >= s20190324, IPv4
+        ("ping: local error: message too long, mtu: 1280", 1280),  # iputils >= s20190324, IPv6
+        ("ping: sendmsg: Message too long", None),  # strerror(EMSGSIZE), no MTU given
+    ],
+)
+def test_message_too_long_in_every_iputils_spelling(line, path_mtu):
+    out = "--- x ping statistics ---\n3 packets transmitted, 0 received, +3 errors, 100% packet loss, time 4ms\n"
+    parsed = mtu.parse_ping(out, line + "\n", 1)
+    assert parsed["too_long"] is True and parsed["path_mtu"] == path_mtu
+
+
 def test_mtu_tie_has_no_majority_and_fails_every_node_naming_the_split():
     # Two nodes at 9000, two at 1500: no reference value (preflight.common.majority), so no side is
     # silently taken (the old rule picked the larger MTU and failed only the 1500 nodes).

@@ -189,7 +189,7 @@ def test_one_node_with_data_nic_down_fails_alone():
     assert set(choice.nodes) == {"gpu-001", "gpu-002", "gpu-004"}
     assert {e["iface"] for e in choice.nodes.values()} == {"ib0"}
     why = choice.missing["gpu-003"]
-    assert "10.30.0.0/16" in why and "ib0 holds 10.30.0.0/16 but is down" in why
+    assert "10.30.0.0/16" in why and "data NIC down: ib0 10.30.0.13/16 is down (operstate DOWN)" in why
     findings = {f.node: f for f in nic.rule(view) if f.node}
     assert findings["gpu-003"].status == Status.FAIL
     assert findings["gpu-001"].status == Status.PASS
@@ -340,3 +340,76 @@ def test_speed_tie_has_no_majority_and_warns_once_naming_the_split():
         "data interface speeds split evenly with no majority: 10 Gb/s on n[001-002] · 1 Gb/s on n[003-004]; "
         "the slowest link paces every collective"
     )
+
+
+# ------------------------------------------------- issue 14: wrong verdicts about the data network
+
+
+def _statuses(findings):
+    return {f.node: f.status for f in findings if f.node}
+
+
+@pytest.mark.parametrize("n, down", [(2, (1, 2)), (4, (2, 3))])
+def test_data_nic_down_on_half_the_nodes_fails_them_instead_of_moving_to_management(n, down):
+    """Two nodes (or 2 of 4) with their data NIC down: the data network stays the data network, and the
+    nodes whose data NIC is down fail by name; the management network is never taken for it."""
+    facts = {"n%03d" % i: sim_node(i, data_up=(i not in down)) for i in range(1, n + 1)}
+    view = view_of(facts)
+    choice = datanet.choose(view)
+    assert choice.subnet == "198.19.0.0/16"
+    assert all(not e["management"] for e in choice.nodes.values())
+    assert set(choice.missing) == {"n%03d" % i for i in down}
+    for i in down:
+        why = choice.missing["n%03d" % i]
+        assert "eth1 198.19.0.%d/16 is down" % (10 + i) in why and "198.19.0.0/16" in why
+    findings = nic.rule(view)
+    statuses = _statuses(findings)
+    assert [name for name, s in sorted(statuses.items()) if s == Status.FAIL] == ["n%03d" % i for i in down]
+    assert all(s == Status.PASS for name, s in statuses.items() if int(name[1:]) not in down)
+
+
+def test_data_nic_down_everywhere_with_a_fast_management_network_still_fails():
+    """Even when the management port is as fast as the data port, a down data NIC is a failure."""
+    facts = {"n%03d" % i: sim_node(i, data_up=False) for i in (1, 2)}
+    for f in facts.values():
+        for entry in f["interfaces"]:
+            if entry["name"] == "eth1":
+                entry["speed_mbps"] = None  # an administratively down link reports no speed
+    findings = nic.rule(view_of(facts))
+    assert _statuses(findings) == {"n001": Status.FAIL, "n002": Status.FAIL}
+
+
+def test_data_address_conflict_between_two_nodes_is_a_named_failure():
+    """The same data address on two of three nodes is a conflict, not a host-local bridge."""
+    facts = three_sim()
+    facts["n003"]["interfaces"][2]["addresses"] = [{"ip": "198.19.0.12", "prefixlen": 16}]  # n002's
+    view = view_of(facts)
+    choice = datanet.choose(view)
+    assert choice.subnet == "198.19.0.0/16"
+    assert set(choice.nodes) == {"n001"}
+    for node, other in (("n002", "n003"), ("n003", "n002")):
+        assert "address conflict: 198.19.0.12 on eth1 is also on %s" % other in choice.missing[node]
+    statuses = _statuses(nic.rule(view))
+    assert statuses == {"n001": Status.PASS, "n002": Status.FAIL, "n003": Status.FAIL}
+
+
+def test_same_address_on_every_node_is_still_host_local():
+    facts = three_sim()
+    for f in facts.values():
+        f["interfaces"].append(iface("br9", "10.99.0.1", 16, 9000, 100000, "bridge", physical=False))
+    choice = datanet.choose(view_of(facts))
+    assert choice.subnet == "198.19.0.0/16" and not choice.missing
+
+
+def test_two_node_cluster_with_one_data_address_on_both_physical_nics_is_a_conflict():
+    """Two nodes whose physical data NICs hold the same address: 'every node' here is two hosts in
+    conflict, not a host-local bridge (bridges and container links are virtual)."""
+    facts = {"n%03d" % i: sim_node(i) for i in (1, 2)}
+    for f in facts.values():
+        eth1 = f["interfaces"][2]
+        eth1["physical"], eth1["kind"] = True, None
+        eth1["addresses"] = [{"ip": "198.19.0.11", "prefixlen": 16}]
+    choice = datanet.choose(view_of(facts))
+    assert choice.subnet == "198.19.0.0/16" and choice.nodes == {}
+    assert "address conflict: 198.19.0.11 on eth1 is also on n002" in choice.missing["n001"]
+    assert _statuses(nic.rule(view_of(facts))) == {"n001": Status.FAIL, "n002": Status.FAIL}

@@ -47,6 +47,9 @@ def test_healthy_cpu_cluster_passes_with_gpu_checks_skipped(sim_cluster):
         assert {r["status"] for r in results(doc, check)} == {"skip"}
         assert all("gpus_per_node: 0" in r["message"] for r in results(doc, check))
     assert {r["status"] for r in results(doc, "ib_hca")} == {"skip"}
+    assert {r["status"] for r in results(doc, "ib_errors")} == {"skip"}
+    assert {r["status"] for r in results(doc, "storage")} == {"skip"}  # no cluster.shared_paths
+    assert {r["status"] for r in results(doc, "nccl_env")} == {"pass"}
     for check in ("ssh", "nic", "mtu", "ports"):
         assert {r["status"] for r in results(doc, check)} == {"pass"}, results(doc, check)
     assert doc["summary"]["fail"] == doc["summary"]["error"] == 0

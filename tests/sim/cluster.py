@@ -137,6 +137,7 @@ class SimNode:
         self.dir = os.path.join(cluster.root, self.name)
         self.bin_dir = os.path.join(self.dir, "bin")
         self.sys_dir = os.path.join(self.dir, "sys")
+        self.root_dir = os.path.join(self.dir, "root")  # the node's "/" for configuration files (PREFLIGHT_HOST_ROOT)
         self.host_key = os.path.join(self.dir, "ssh_host_ed25519_key")
         self.sshd_config = os.path.join(self.dir, "sshd_config")
         self.sshd_log = os.path.join(self.dir, "sshd.log")
@@ -154,6 +155,13 @@ class SimNode:
             os.unlink(path)
         _write(path, text, 0o755)
         return path
+
+    def write_host_file(self, path: str, text: Union[str, bytes]) -> str:
+        """Write a file the node's jobs read at absolute `path` (e.g. /etc/nccl.conf) under its root_dir."""
+        real = os.path.join(self.root_dir, path.lstrip("/"))
+        os.makedirs(os.path.dirname(real), exist_ok=True)
+        _write(real, text)
+        return real
 
     def write_sys(self, relpath: str, text: Union[str, bytes]) -> str:
         """Write a file under the node's sysfs root (sys/), creating directories; returns its path."""
@@ -198,7 +206,8 @@ class SimCluster:
     """
 
     def __init__(self, n: int, *, prefix: Optional[str] = None, docker0: Union[bool, Iterable] = False,
-                 root: Optional[str] = None, keep_root: bool = False, start_timeout: float = 60.0) -> None:
+                 root: Optional[str] = None, keep_root: bool = False, start_timeout: float = 60.0,
+                 slurm: bool = False) -> None:
         if not 1 <= n < MAX_NODES:
             raise ValueError("n must be between 1 and %d" % (MAX_NODES - 1))
         self.prefix = prefix or "%s%s" % (PREFIX_BASE, secrets.token_hex(3))
@@ -230,6 +239,10 @@ class SimCluster:
         self.started = False
         self.stopped = False
         self.timings: Dict[str, float] = {}
+        # slurm=True: every node also runs slurmd (tests/sim/slurm.py) and, like slurmd, its sshd gets a
+        # UTS namespace whose hostname is the node name, so both transports see the same node.
+        self.want_slurm = slurm
+        self.slurm = None
 
     # ---------------------------------------------------------------- lookup
 
@@ -279,10 +292,15 @@ class SimCluster:
             self._wait_listening(self.nodes)
             self._wait_links_up(self.nodes)
             t3 = time.monotonic()
+            if self.want_slurm:
+                from .slurm import SimSlurm
+
+                self.slurm = SimSlurm(self).start()
+            t4 = time.monotonic()
         except BaseException:
             self.stop()
             raise
-        self.timings.update(files=t1 - t0, network=t2 - t1, sshd=t3 - t2, start=t3 - t0)
+        self.timings.update(files=t1 - t0, network=t2 - t1, sshd=t3 - t2, slurm=t4 - t3, start=t4 - t0)
         return self
 
     def _register_owner(self) -> None:
@@ -300,7 +318,8 @@ class SimCluster:
         extra = "PerSourcePenalties no\n" if _sshd_version() >= (9, 8) else ""
         known = []
         for node in self.nodes:
-            for d in (node.bin_dir, os.path.join(node.sys_dir, "class"), os.path.join(node.sys_dir, "bus/pci/devices")):
+            for d in (node.bin_dir, os.path.join(node.sys_dir, "class"), os.path.join(node.sys_dir, "bus/pci/devices"),
+                      os.path.join(node.root_dir, "etc")):
                 os.makedirs(d, exist_ok=True)
             net = os.path.join(node.sys_dir, "class", "net")
             if not os.path.lexists(net):
@@ -348,10 +367,11 @@ class SimCluster:
             "LogLevel INFO\n"
             # SHLVL=1: bash started by sshd sources ~/.bashrc only at shell level 1; the host's root
             # .bashrc (shared by every node) would otherwise rewrite PATH (pyenv shims) and cost time.
-            "SetEnv PATH=%(bin)s:%(tail)s PREFLIGHT_SYSFS_ROOT=%(sys)s SHLVL=1\n"
+            # PREFLIGHT_HOST_ROOT: the node's own "/" for the files jobs read (/etc/nccl.conf, ~/.nccl.conf).
+            "SetEnv PATH=%(bin)s:%(tail)s PREFLIGHT_SYSFS_ROOT=%(sys)s PREFLIGHT_HOST_ROOT=%(root)s SHLVL=1\n"
             "%(extra)s"
         ) % {"ip": node.mgmt_ip, "key": node.host_key, "auth": self.authorized_keys, "bin": node.bin_dir,
-             "tail": SESSION_PATH_TAIL, "sys": node.sys_dir, "extra": extra}
+             "tail": SESSION_PATH_TAIL, "sys": node.sys_dir, "root": node.root_dir, "extra": extra}
 
     def _build_network(self) -> None:
         names = [self.switch_ns, self.ctl_ns] + [node.ns for node in self.nodes]
@@ -436,7 +456,10 @@ class SimCluster:
     def _spawn_sshd(self, node: SimNode) -> None:
         log = open(node.sshd_log, "ab")
         try:
-            node.sshd = self._spawn(["ip", "netns", "exec", node.ns, SSHD, "-D", "-e", "-f", node.sshd_config],
+            argv = [SSHD, "-D", "-e", "-f", node.sshd_config]
+            if self.want_slurm:
+                argv = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', node.name] + argv
+            node.sshd = self._spawn(["ip", "netns", "exec", node.ns] + argv,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         finally:
             log.close()
@@ -579,7 +602,7 @@ class SimCluster:
                   node_overrides: Optional[Dict[str, dict]] = None, **extra) -> str:
         """Write a hosts.yaml for this cluster and return its path.
 
-        extra: master_port/head/expect go to `cluster:`, anything else to `defaults:`.
+        extra: master_port/head/expect/shared_paths go to `cluster:`, anything else to `defaults:`.
         node_overrides: {"n003": {"port": 2222}} merged into that node's entry.
         nodes: a subset (default all).
         """
@@ -589,7 +612,7 @@ class SimCluster:
                     "python": "python3", "gpus_per_node": 0, "connect_timeout": 5, "command_timeout": 30}
         cluster = {"master_port": 29500}
         for key, value in extra.items():
-            (cluster if key in ("master_port", "head", "expect") else defaults)[key] = value
+            (cluster if key in ("master_port", "head", "expect", "shared_paths") else defaults)[key] = value
         overrides = dict(node_overrides or {})
         entries = []
         for node in (self.node(r) for r in (nodes if nodes is not None else self.nodes)):
@@ -609,13 +632,15 @@ class SimCluster:
     def processes(self, node: NodeRef) -> List[Tuple[int, str]]:
         """(pid, cmdline) of every process in the node's network namespace except its sshd listener.
 
-        Listeners started by hold_port() are test setup and are left out too; sshd session processes
+        Listeners started by hold_port() and the node's slurmd are left out too; sshd session processes
         of a connection that just closed may still show for a few milliseconds (see leftover_processes).
         """
         node = self.node(node)
         key = netns_id(node.ns)
         listener = node.sshd.pid if node.sshd is not None and node.sshd.poll() is None else None
         held = {pid for pid, p in self._held.items() if p.poll() is None}
+        if self.slurm is not None:  # the node's slurmd daemon is infrastructure, like its sshd listener
+            held |= {p.pid for name, p in self.slurm.slurmd.items() if name == node.name and p.poll() is None}
         return [(pid, cmdline(pid)) for pid in sorted(pids_by_netns([key])[key])
                 if pid != listener and pid not in held]
 
@@ -724,6 +749,61 @@ class SimCluster:
         self._push_undo(node, release)
         return proc.pid
 
+    def count_up(self, node: NodeRef, relpaths: Sequence[str], step: int = 7, every: float = 0.05) -> int:
+        """A process in the node that adds `step` to each sysfs counter file every `every` seconds (an HCA
+        port counting errors while the probe watches it), until heal/stop; returns its pid."""
+        node = self.node(node)
+        paths = [os.path.join(node.sys_dir, r.lstrip("/")) for r in relpaths]
+        # each new value replaces the file whole (a reader never sees it half-written, as with sysfs)
+        code = ("import os,sys,time\n"
+                "paths, step, every = sys.argv[3:], int(sys.argv[1]), float(sys.argv[2])\n"
+                "sys.stdout.write('ready\\n'); sys.stdout.flush()\n"
+                "while True:\n"
+                "    for p in paths:\n"
+                "        v = int(open(p).read().strip()) + step\n"
+                "        open(p + '.new', 'w').write('%d\\n' % v)\n"
+                "        os.replace(p + '.new', p)\n"
+                "    time.sleep(every)\n")
+        proc = self._spawn(["ip", "netns", "exec", node.ns, sys.executable, "-c", code, str(step), str(every)] + paths,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if proc.stdout.readline().strip() != b"ready":
+            proc.kill()
+            err = proc.stderr.read().decode(errors="replace").strip()
+            proc.wait()
+            raise SimError("count_up on %s failed: %s" % (node.name, err))
+        self._held[proc.pid] = proc
+
+        def release() -> None:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            self._held.pop(proc.pid, None)
+
+        self._push_undo(node, release)
+        return proc.pid
+
+    def mount_local(self, node: NodeRef, path: str) -> None:
+        """Mount an empty tmpfs over `path` in the node's mount namespace (its sshd's): the node sees a
+        local directory where the others see the shared one, as when a network mount failed at boot."""
+        node = self.node(node)
+        if node.sshd is None or node.sshd.poll() is not None:
+            raise SimError("sshd on %s is not running" % node.name)
+        pid = self._sshd_pid(node)
+        argv = ["nsenter", "-t", str(pid), "-m", "mount", "-t", "tmpfs", "-o", "size=16m", "pfsim-local", path]
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+        if proc.returncode != 0:
+            raise SimError("mount_local %s %s failed: %s" % (node.name, path, proc.stdout.strip()))
+
+        def undo() -> None:
+            subprocess.run(["nsenter", "-t", str(pid), "-m", "umount", path],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        self._push_undo(node, undo)
+
+    def _sshd_pid(self, node: SimNode) -> int:
+        """The pid of the node's sshd itself (`ip netns exec` execs it, so the Popen pid is sshd's)."""
+        return node.sshd.pid
+
     def link_down(self, node: NodeRef, unreachable: bool = False) -> None:
         """Take the node's management link down.
 
@@ -746,6 +826,22 @@ class SimCluster:
                 _ip_batch(["neigh del %s dev eth0" % node.mgmt_ip], ns=self.ctl_ns, force=True)
 
         self._push_undo(node, undo)
+
+    def data_link_down(self, node: NodeRef) -> None:
+        """Pull the node's data cable: its switch-side data port goes down, so eth1 keeps its address
+        and MTU but loses carrier (NO-CARRIER, operstate DOWN), as a dead cable or switch port does."""
+        node = self.node(node)
+        _ip_batch(["link set %s down" % node.data_veth], ns=self.switch_ns)
+        self._push_undo(node, lambda: _ip_batch(["link set %s up" % node.data_veth], ns=self.switch_ns))
+
+    def set_data_address(self, node: NodeRef, ip: str) -> None:
+        """Give the node's eth1 another address in the data subnet (e.g. another node's: a conflict).
+        Duplicate-address detection is IPv6-only, so the kernel accepts it, as on a real mis-set host."""
+        node = self.node(node)
+        old = node.data_ip
+        _ip_batch(["addr del %s/16 dev eth1" % old, "addr add %s/16 dev eth1" % ip], ns=node.ns)
+        self._push_undo(node, lambda: _ip_batch(["addr del %s/16 dev eth1" % ip, "addr add %s/16 dev eth1" % old],
+                                                ns=node.ns))
 
     def change_host_key(self, node: NodeRef) -> None:
         """New host key and sshd restart, known_hosts left alone: clients must see a key mismatch."""
