@@ -37,7 +37,7 @@ NODE_KEYS = (
     "data_interface",
     "host_key_checking",
 )
-CLUSTER_KEYS = ("master_port", "head", "expect", "mtu_full_mesh", "allreduce", "transport", "shared_paths")
+CLUSTER_KEYS = ("master_port", "head", "expect", "mtu_full_mesh", "allreduce", "transport", "shared_paths", "xid_window_s")
 TRANSPORTS = ("ssh", "slurm")
 EXPECT_KEYS = (
     "driver_version",
@@ -336,6 +336,9 @@ def load(path: str) -> Inventory:
     mesh = cluster_raw.get("mtu_full_mesh", False)
     if not isinstance(mesh, bool):
         raise v.fail(("cluster", "mtu_full_mesh"), "mtu_full_mesh must be true or false", "write true or false")
+    xid_window = None
+    if cluster_raw.get("xid_window_s") is not None:
+        xid_window = v.number(cluster_raw["xid_window_s"], ("cluster", "xid_window_s"), "xid_window_s", 1, 10 * 365 * 86400)
 
     transport = cluster_raw.get("transport", "ssh")
     if transport not in TRANSPORTS:
@@ -395,7 +398,7 @@ def load(path: str) -> Inventory:
     head = cluster_raw.get("head")
     if head is not None and head not in names:
         raise v.fail(("cluster", "head"), "head %r is not one of the nodes" % (head,), "use a node's name as listed under nodes:")
-    cluster = {"master_port": master_port, "mtu_full_mesh": mesh, "allreduce": allreduce, "shared_paths": shared_paths}
+    cluster = {"master_port": master_port, "mtu_full_mesh": mesh, "allreduce": allreduce, "shared_paths": shared_paths, "xid_window_s": xid_window}
     return Inventory(
         path=path,
         nodes=nodes,

@@ -612,7 +612,7 @@ class SimCluster:
                     "python": "python3", "gpus_per_node": 0, "connect_timeout": 5, "command_timeout": 30}
         cluster = {"master_port": 29500}
         for key, value in extra.items():
-            (cluster if key in ("master_port", "head", "expect", "shared_paths") else defaults)[key] = value
+            (cluster if key in ("master_port", "head", "expect", "shared_paths", "xid_window_s") else defaults)[key] = value
         overrides = dict(node_overrides or {})
         entries = []
         for node in (self.node(r) for r in (nodes if nodes is not None else self.nodes)):

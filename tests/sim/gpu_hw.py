@@ -9,6 +9,7 @@ node's sessions must set ``PREFLIGHT_NVML=off`` for the probes to read the simul
     install_nvswitches(node)                       # 4 NVSwitch PCI functions (6 for profile="a100")
     install_fabric_manager(node, active=False)     # failed service; H100 GPUs then report fabric In Progress
     set_driver_version(node, "535.129.03")         # a driver outlier (fabric manager keeps its version)
+    inject_kernel_log(node, "NVRM: Xid (PCI:0000:3a:00): 79, GPU has fallen off the bus.")   # journalctl -k line
     install_nccl(node, "2.21.5")                   # ldconfig -p listing libnccl.so.2 -> libnccl.so.2.21.5
 
 Faults (per GPU position 0..count-1): missing, ecc, remap_failure, remap_pending, pcie_width, hw_slowdown,
@@ -106,8 +107,40 @@ def install_gpus(node: Any, profile: str = "h100", count: int = 8, faults: Fault
         "driver": PROFILES[profile]["driver"],
         "fabric_stuck": old.get("fabric_stuck", False),
         "gpu_bdfs": old.get("gpu_bdfs", []),
+        "kernel_log": old.get("kernel_log", []),
     }
     _render(node)
+    _render_kernel_log(node)
+
+
+#: The clean start of a GPU node's kernel log (journalctl -k -o short-monotonic), before injected lines.
+BOOT_LOG = (
+    (0.0, "Linux version 5.15.0-105-generic (buildd@lcy02-amd64-054) #115-Ubuntu SMP Mon Apr 15 09:52:04 UTC 2024"),
+    (14.650646, "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024"),
+    (15.101233, "mlx5_core 0000:19:00.0 mlx5_0: Port: 1 Link ACTIVE"),
+)
+
+
+def inject_kernel_log(node: Any, message: str, seconds_after_boot: float = 60.0) -> None:
+    """Append a kernel message (e.g. an Xid line) to what the node's journalctl -k prints."""
+    _state(node)["kernel_log"].append((seconds_after_boot, message))
+    _render_kernel_log(node)
+
+
+def _render_kernel_log(node: Any) -> None:
+    lines = sorted(BOOT_LOG + tuple(_state(node)["kernel_log"]))
+    host = getattr(node, "name", "gpu-node")
+    text = "".join("[%12.6f] %s kernel: %s\n" % (ts, host, msg) for ts, msg in lines)
+    node.install_executable(
+        "journalctl",
+        "#!/bin/sh\n"
+        "# journalctl (preflight simulator): the kernel log of this boot in short-monotonic format\n"
+        'case "$*" in\n'
+        '  *-k*short-monotonic*) ;;\n'
+        '  *) echo "journalctl (preflight simulator): only -k -o short-monotonic is recorded" >&2; exit 1 ;;\n'
+        "esac\n"
+        "cat <<'PREFLIGHT_EOF'\n%sPREFLIGHT_EOF\n" % text,
+    )
 
 
 def set_driver_version(node: Any, version: str) -> None:
