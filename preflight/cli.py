@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-nodes", type=int, metavar="N", help="refuse inventories of more nodes (default 10000, or cluster.max_nodes)")
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="per-node command deadline (overrides command_timeout)")
     p.add_argument("-j", "--parallel", type=int, default=64, metavar="N", help="nodes worked on at once (default 64)")
     p.add_argument("--accept-new-host-keys", action="store_true", help="record unknown host keys (changed keys still fail)")
@@ -135,7 +136,9 @@ def _load_inventory(args: argparse.Namespace) -> Any:
     if args.inventory:
         if args.gpus_per_node is not None:
             raise UsageError("--gpus-per-node applies only without an inventory", "set gpus_per_node in the inventory")
-        inv = inventory.load(args.inventory)
+        if args.max_nodes is not None and args.max_nodes < 1:
+            raise UsageError("--max-nodes must be at least 1", "e.g. --max-nodes 20000")
+        inv = inventory.load(args.inventory, max_nodes=args.max_nodes)
     else:
         inv = inventory.local_inventory(args.gpus_per_node)
     if args.master_port is not None:

@@ -19,8 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ClusterShell.NodeSet import NodeSet, NodeSetException
-
+from preflight.common import fold
 from preflight.model import Status
 
 SSH_CHECK = "ssh"
@@ -210,11 +209,8 @@ def diff(old: Mapping[str, Any], new: Mapping[str, Any], bw_threshold: float = 0
 
 
 def _fold(nodes: List[str]) -> str:
-    """Node names folded with NodeSet (gpu-[001-003]); a plain comma list if they do not fold."""
-    try:
-        return str(NodeSet.fromlist(nodes))
-    except NodeSetException:
-        return ",".join(nodes)
+    """Node names folded (gpu-[001-003], group resolution off); a plain comma list if they do not fold."""
+    return fold(nodes)
 
 
 def _where(change: StatusChange) -> str:

@@ -59,9 +59,9 @@ class Derived:
 
 
 def _fold(names: Sequence[str]) -> str:
-    from ClusterShell.NodeSet import NodeSet
+    from preflight.common import fold
 
-    return str(NodeSet.fromlist(list(names))) if names else "(none)"
+    return fold(names) if names else "(none)"
 
 
 def _is_ipv4(text: str) -> bool:

@@ -68,10 +68,14 @@ def _validate(nodes: Sequence[Tuple[str, int]], fmt: str) -> List[Tuple[str, int
 
 
 def _slurm_nodelist(hosts: List[str]) -> str:
-    from ClusterShell.NodeSet import NodeSet
+    from preflight.common import expand, fold
 
-    folded = str(NodeSet.fromlist(hosts))
-    if set(NodeSet(folded)) != set(hosts):  # the fold must expand back to exactly these hosts
+    folded = fold(hosts)  # group resolution off: a name never reaches a groups.conf upcall
+    try:
+        back = set(expand(folded))
+    except ValueError:
+        back = set()
+    if back != set(hosts):  # the fold must expand back to exactly these hosts
         raise ValueError("hosts %r do not fold into a Slurm nodelist (got %r)" % (hosts, folded))
     return folded
 

@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from preflight import __version__
 from preflight import checks as catalogue
+from preflight.common import fold as common_fold
 from preflight.engine import RunReport
 from preflight.model import Finding, Status
 
@@ -25,12 +26,10 @@ STYLE = {
 
 
 def fold(names: Iterable[Optional[str]]) -> str:
-    """Node names folded with ClusterShell's NodeSet: n001 n002 n003 n005 → n[001-003,005]."""
-    from ClusterShell.NodeSet import NodeSet
-
+    """Node names folded (common.fold, group resolution off): n001 n002 n003 n005 → n[001-003,005]."""
     names = list(names)
     real = [n for n in names if n]
-    folded = str(NodeSet.fromlist(real)) if real else ""
+    folded = common_fold(real)
     return folded if len(real) == len(names) else ", ".join(filter(None, ["cluster", folded]))
 
 
