@@ -1,7 +1,9 @@
 """The `preflight` command line. The only place errors become messages and exit codes.
 
 Exit codes: 0 nothing failed or errored, 1 a check failed or errored (or `diff` found regressions),
-2 a usage or inventory error (one line, never a traceback), 130 interrupted.
+2 a usage or inventory error (one line, never a traceback), 128+N stopped by signal N: 130 Ctrl-C
+(SIGINT), 143 SIGTERM, 129 SIGHUP. On any of these the remote runs are killed first; a second signal
+exits at once.
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
+import os
+import signal
 import sys
 import threading
 from typing import Any, Iterator, List, Optional
@@ -17,6 +22,40 @@ from preflight import __version__
 from preflight.errors import PreflightError, UsageError
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP: unwinds like Ctrl-C (remote runs killed, cursor restored)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_stopping: List[int] = []
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    if _stopping:  # a second signal while the first one is being cleaned up: leave now, quietly
+        os.write(2, b"preflight: interrupted again; exiting without waiting for cleanup\n")
+        os._exit(128 + _stopping[0])
+    _stopping.append(signum)
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def _signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP all raise Interrupted in the main thread (systemd stop, `timeout`, CI)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    del _stopping[:]
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -79,19 +118,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     if getattr(args, "debug", False) is False:
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     try:
-        if args.command == "checks":
-            return _cmd_checks()
-        if args.command == "diff":
-            return _cmd_diff(args)
-        if args.command in ("check", "env"):
-            return _cmd_check(args)
-        parser.print_help(sys.stderr)
-        return EXIT_USAGE
-    except PreflightError as exc:
-        sys.stderr.write("preflight: error: %s\n" % exc)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        sys.stderr.write("preflight: interrupted; remote runs were killed\n")
+        with _signals():
+            try:
+                if args.command == "checks":
+                    return _cmd_checks()
+                if args.command == "diff":
+                    return _cmd_diff(args)
+                if args.command in ("check", "env"):
+                    return _cmd_check(args)
+                parser.print_help(sys.stderr)
+                return EXIT_USAGE
+            except PreflightError as exc:
+                sys.stderr.write("preflight: error: %s\n" % exc)
+                return exc.exit_code
+            except KeyboardInterrupt as exc:
+                signum = getattr(exc, "signum", signal.SIGINT)
+                sys.stderr.write("preflight: %s (%s); remote runs were killed\n"
+                                 % ("interrupted" if signum == signal.SIGINT else "terminated", signal.Signals(signum).name))
+                sys.stderr.flush()
+                return 128 + signum
+    except KeyboardInterrupt:  # a signal between the handler's install and its removal
         return EXIT_INTERRUPTED
 
 
@@ -156,8 +202,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     if args.parallel < 1:
         raise UsageError("--parallel must be at least 1", "e.g. -j 64")
-    if args.timeout is not None and args.timeout <= 0:
-        raise UsageError("--timeout must be positive", "give seconds, e.g. --timeout 30")
+    if args.timeout is not None and not (math.isfinite(args.timeout) and 0 < args.timeout <= 86400):
+        raise UsageError("--timeout %s is not a usable deadline" % args.timeout, "give seconds from 0.1 to 86400, e.g. --timeout 30")
     inv = _load_inventory(args)
     json_to_stdout = getattr(args, "json", None) == "-"
     console = Console(stderr=json_to_stdout)

@@ -9,6 +9,7 @@ killed) before the interrupt propagates.
 from __future__ import annotations
 
 import concurrent.futures
+import queue
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
@@ -47,6 +48,7 @@ class Fleet:
         self.sessions: Dict[str, Session] = {}
         self.dead: Dict[str, NodeFailure] = {}
         self._lock = threading.Lock()
+        self._cancelled = threading.Event()
 
     def _session(self, name: str) -> Session:
         with self._lock:
@@ -70,6 +72,8 @@ class Fleet:
         self.progress("start", name)
         try:
             session = self._session(name)
+            if self._cancelled.is_set():  # interrupted while this connection was being opened
+                raise NodeFailure("cancelled", "interrupted before the probe started")
             run = session.run_bundle(config, deadline_s)
         except NodeFailure as failure:
             self.progress("failed", name)
@@ -85,27 +89,47 @@ class Fleet:
     def run(self, configs: Dict[str, Dict[str, Any]], deadline_of: Callable[[NodeSpec], float]) -> Dict[str, Outcome]:
         """Run the bundle once on each node named in configs, concurrently; {node: Outcome} in input order."""
         outcomes: Dict[str, Outcome] = {}
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(self.parallel, max(1, len(configs))))
+        todo: "queue.Queue[Any]" = queue.Queue()
+        for item in configs.items():
+            todo.put(item)
+        done: "queue.Queue[Any]" = queue.Queue()
+
+        def worker() -> None:
+            while not self._cancelled.is_set():
+                try:
+                    name, cfg = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    done.put((name, self._one(name, cfg, deadline_of(self.specs[name]))))
+                except BaseException as exc:  # handed to the main thread, which raises it
+                    done.put((name, exc))
+
+        # Daemon threads, not a ThreadPoolExecutor: after Ctrl-C/SIGTERM a thread still inside a
+        # connect (up to connect_timeout) must not hold the interpreter's exit.
+        for i in range(min(self.parallel, max(1, len(configs)))):
+            threading.Thread(target=worker, name="preflight-fanout-%d" % i, daemon=True).start()
         try:
-            futures = {
-                pool.submit(self._one, name, cfg, deadline_of(self.specs[name])): name for name, cfg in configs.items()
-            }
-            pending = set(futures)
-            while pending:  # wake up regularly so Ctrl-C reaches the main thread
-                done, pending = concurrent.futures.wait(pending, timeout=0.5)
-                for future in done:
-                    outcomes[futures[future]] = future.result()
-        except KeyboardInterrupt:
+            while len(outcomes) < len(configs):  # wake up regularly so signals reach the main thread
+                try:
+                    name, outcome = done.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                outcomes[name] = outcome
+        except BaseException:
             self.cancel()
-            pool.shutdown(wait=False, cancel_futures=True)
             raise
-        pool.shutdown(wait=True)
         return {name: outcomes[name] for name in configs}
 
     def cancel(self) -> None:
-        """Kill every run in flight (remote process groups included), all nodes at once."""
+        """Kill every run in flight (remote process groups included), all nodes at once; start no more."""
+        self._cancelled.set()
         with self._lock:
             sessions = list(self.sessions.values())
+        for session in sessions:
+            session.cancelled = True
         if not sessions:
             return
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(self.parallel, len(sessions))) as pool:

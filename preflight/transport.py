@@ -74,7 +74,7 @@ class _Run:
         before = self.out.count(b"\n")
         self.out += data
         if self.out.count(b"\n") != before and (self.pid is None or self.clock_at is None):
-            seen = bundle.parse_output(bytes(self.out[: self.out.rfind(b"\n")]))
+            seen = bundle.parse_output(bytes(self.out[: self.out.rfind(b"\n") + 1]))
             if self.pid is None and "pid" in seen:
                 self.pid = seen["pid"]
             if self.clock_at is None and "clock" in seen:
@@ -97,6 +97,7 @@ class Session:
     """A connection to one node that runs bundles. Subclasses: SSHSession, LocalSession."""
 
     spec: NodeSpec
+    cancelled: bool = False  # set by Fleet.cancel(): a run in progress kills itself and stops
 
     def open(self) -> None:  # pragma: no cover - interface
         raise NotImplementedError
@@ -213,9 +214,17 @@ class KnownHosts:
 class SSHSession(Session):
     """One SSH connection per node (through ProxyJump hops if configured), reused for every phase."""
 
+    #: how long the kill command (kill -TERM, 0.5 s, kill -KILL) may take beyond the connect timeout
+    KILL_WAIT_S = 3.0
+    #: how long output may keep coming after the exit status (a background job of the node's shell rc
+    #: that holds stdout open would otherwise keep the run waiting forever)
+    DRAIN_S = 2.0
+
     def __init__(self, spec: NodeSpec, accept_new_host_keys: bool = False) -> None:
         self.spec = spec
         self.accept_new = accept_new_host_keys or spec.host_key_checking == "accept-new"
+        self.kill_hung = False
+        self.cancelled = False
         self.conn: Any = None
         self._pid: Optional[int] = None
         self._lock = threading.Lock()
@@ -243,7 +252,7 @@ class SSHSession(Session):
         )
         # fabric defaults to AutoAddPolicy on every hop; preflight verifies host keys on every hop.
         hop = conn
-        while hop is not None and not isinstance(hop, str):
+        while hop and not isinstance(hop, str):
             hop.client.set_missing_host_key_policy(_host_key_policy(self.accept_new, spec.known_hosts))
             if spec.known_hosts and os.path.isfile(spec.known_hosts):
                 name = hop.host if hop.port == 22 else "[%s]:%d" % (hop.host, hop.port)
@@ -253,11 +262,33 @@ class SSHSession(Session):
         return conn
 
     def _gateway(self) -> Any:
-        if not self.spec.proxy_jump:
-            return None  # fabric then honours a ProxyJump from ssh_config
-        gateway = None
-        for hop in self.spec.proxy_jump.split(","):
-            gateway = self._connection(hop, None, None, gateway)
+        """The ProxyJump chain: the inventory's proxy_jump, else the ssh_config's ProxyJump for this host.
+
+        Both are built here, hop by hop, so every hop gets the node's connect timeout and host-key
+        policy (fabric's own ssh_config ProxyJump hops have no connect timeout: ~135 s for one dead node).
+        """
+        jump = self.spec.proxy_jump
+        if not jump:
+            probe = _fabric_config(self.spec.ssh_config)
+            import fabric
+
+            found = fabric.Connection(self.spec.host, config=probe).ssh_config.get("proxyjump")
+            if not found or found.strip().lower() == "none":
+                return None
+            jump = found.strip()
+        gateway: Any = False  # the first hop connects directly (not through fabric's own, untimed, chain)
+        for hop in jump.split(","):
+            user, _, hostport = hop.strip().rpartition("@")
+            host, port = hostport, None
+            if hostport.startswith("["):
+                host, _, rest = hostport[1:].partition("]")
+                port = int(rest[1:]) if rest[1:].isdigit() else None
+            elif hostport.count(":") == 1:
+                host, _, text = hostport.partition(":")
+                port = int(text) if text.isdigit() else None
+            if host == self.spec.host:  # a wildcard Host block naming the bastion itself
+                return None if gateway is False else gateway
+            gateway = self._connection(host, user or None, port, gateway)
         return gateway
 
     def open(self) -> None:
@@ -321,8 +352,13 @@ class SSHSession(Session):
                     with self._lock:
                         self._pid = run.pid
                 remaining = end - time.monotonic()
+                if self.cancelled:
+                    self._kill(run.pid)
+                    raise NodeFailure("cancelled", "interrupted; killed the remote process group")
                 if remaining <= 0:
                     self._kill(run.pid)
+                    if self.kill_hung:
+                        self.close()  # the node's stdin watchdog ends the run when the connection drops
                     raise NodeFailure(
                         "timeout",
                         "timed out: no answer within %g s%s" % (deadline_s, "; killed the remote process group" if run.pid else ""),
@@ -340,11 +376,28 @@ class SSHSession(Session):
                 if chan.closed and not got:
                     break
             rc = chan.recv_exit_status() if chan.exit_status_ready() else None
-            while True:  # drain what is left after the exit status
-                data = chan.recv(65536)
-                if not data:
+            # drain what is left after the exit status, within a bound: a background job started by the
+            # node's shell start-up file may hold stdout open for ever
+            drain_end = min(end, time.monotonic() + self.DRAIN_S)
+            held = False
+            while not chan.eof_received:
+                remaining = drain_end - time.monotonic()
+                if remaining <= 0:
+                    held = True
                     break
-                run.feed(data)
+                select.select([chan], [], [], min(remaining, 0.5))
+                while chan.recv_ready():
+                    run.feed(chan.recv(65536))
+                while chan.recv_stderr_ready():
+                    run.err += chan.recv_stderr(65536)
+                if chan.closed:
+                    break
+            if held and run.pid is not None:
+                # the process group lives on (that background job): it was started by our command, so
+                # it does not outlive the run
+                log.info("%s: output still open %g s after the exit status; killing process group %d",
+                         self.spec.name, self.DRAIN_S, run.pid)
+                self._kill(run.pid)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise NodeFailure("unreachable", "connection lost during the probe: %s" % (exc or type(exc).__name__)) from None
         finally:
@@ -359,10 +412,22 @@ class SSHSession(Session):
             return
         try:
             chan = self.conn.transport.open_session(timeout=self.spec.connect_timeout)
-            chan.settimeout(10)
-            chan.exec_command("kill -TERM -- -%d 2>/dev/null; sleep 0.5; kill -KILL -- -%d 2>/dev/null; exit 0" % (pid, pid))
-            chan.recv_exit_status()
-            chan.close()
+            try:
+                chan.settimeout(self.spec.connect_timeout)
+                # the last kill takes this shell's own group: a background job its start-up file began
+                # (the same rc that may have started one in the run) must not outlive the kill either
+                chan.exec_command(
+                    "kill -TERM -- -%d 2>/dev/null; sleep 0.5; kill -KILL -- -%d 2>/dev/null; "
+                    "trap '' TERM; kill -TERM -- -$$ 2>/dev/null; exit 0" % (pid, pid)
+                )
+                # The kill's own login shell may hang too (a lost NFS home): wait a bounded time, then
+                # drop the connection (close()), which ends the run through the bundle's stdin watchdog.
+                if not chan.status_event.wait(self.KILL_WAIT_S + self.spec.connect_timeout):
+                    log.warning("%s: the kill for process group %d did not answer within %g s; closing the connection",
+                                self.spec.name, pid, self.KILL_WAIT_S + self.spec.connect_timeout)
+                    self.kill_hung = True
+            finally:
+                chan.close()
         except Exception as exc:  # noqa: BLE001 - best effort, and said so
             # The bundle's watchdog kills its process group when our connection closes, so a lost
             # kill channel still ends the remote run once close() drops the connection.
