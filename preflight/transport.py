@@ -117,13 +117,32 @@ class Session:
 _known_hosts_lock = threading.Lock()
 
 
+class RevokedHostKey(Exception):
+    """The server presented a key that known_hosts marks @revoked."""
+
+    def __init__(self, hostname: str, key: Any, where: str) -> None:
+        super().__init__("host key of %s (%s %s) is revoked at %s" % (hostname, key.get_name(), fingerprint(key), where))
+
+
 def _host_key_policy(accept_new: bool, known_hosts: Optional[str]) -> Any:
     import paramiko
+
+    revoked: Dict[bytes, str] = {}
+    if known_hosts and os.path.isfile(known_hosts):
+        revoked = KnownHosts.of(known_hosts).revoked
+
+    class Reject(paramiko.RejectPolicy):
+        def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+            if key.asbytes() in revoked:
+                raise RevokedHostKey(hostname, key, revoked[key.asbytes()])
+            super().missing_host_key(client, hostname, key)
 
     class AcceptNew(paramiko.MissingHostKeyPolicy):
         """Like OpenSSH's StrictHostKeyChecking=accept-new: record unknown keys; changed keys still fail."""
 
         def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+            if key.asbytes() in revoked:  # OpenSSH refuses a revoked key even with accept-new
+                raise RevokedHostKey(hostname, key, revoked[key.asbytes()])
             client.get_host_keys().add(hostname, key.get_name(), key)
             if known_hosts:
                 with _known_hosts_lock:
@@ -131,7 +150,7 @@ def _host_key_policy(accept_new: bool, known_hosts: Optional[str]) -> Any:
                     with open(known_hosts, "a") as handle:
                         handle.write("%s %s %s\n" % (hostname, key.get_name(), key.get_base64()))
 
-    return AcceptNew() if accept_new else paramiko.RejectPolicy()
+    return AcceptNew() if accept_new else Reject()
 
 
 _fabric_configs: Dict[Optional[str], Any] = {}
@@ -175,17 +194,32 @@ class KnownHosts:
         import paramiko
 
         self.entries = []
-        with open(path) as handle:
+        self.revoked: Dict[bytes, str] = {}  # key blob -> "file:line" of its @revoked line
+        with open(path, errors="replace") as handle:
             for lineno, line in enumerate(handle, 1):
                 line = line.strip()
                 if not line or line.startswith("#"):
                     continue
+                marker = None
+                if line.startswith("@"):  # OpenSSH markers (sshd(8) SSH_KNOWN_HOSTS FILE FORMAT)
+                    marker, _, line = line.partition(" ")
+                    line = line.strip()
+                    if marker not in ("@revoked", "@cert-authority"):
+                        log.warning("%s:%d: unknown known_hosts marker %s; line ignored", path, lineno, marker)
+                        continue
+                    if marker == "@cert-authority":
+                        log.warning("%s:%d: @cert-authority (host certificates) is not supported; line ignored", path, lineno)
+                        continue
                 try:
                     entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
-                except paramiko.SSHException as exc:
-                    log.warning("%s:%d: unreadable known_hosts line ignored: %s", path, lineno, exc)
+                except Exception as exc:  # InvalidHostKey, SSHException, a truncated base64 blob, ...
+                    log.warning("%s:%d: unreadable known_hosts line ignored: %s", path, lineno, getattr(exc, "exc", exc))
                     continue
-                if entry is not None:
+                if entry is None:
+                    log.warning("%s:%d: unreadable known_hosts line ignored (incomplete or unknown key type)", path, lineno)
+                elif marker == "@revoked":
+                    self.revoked[entry.key.asbytes()] = "%s:%d" % (path, lineno)
+                else:
                     self.entries.append(entry)
 
     @classmethod
@@ -204,6 +238,8 @@ class KnownHosts:
 
         found = []
         for entry in self.entries:
+            if entry.key.asbytes() in self.revoked:
+                continue  # a revoked key is never trusted, whatever other line lists it
             for recorded in entry.hostnames:
                 if recorded == name or (recorded.startswith("|1|") and HostKeys.hash_host(name, recorded) == recorded):
                     found.append(entry.key)
@@ -300,6 +336,8 @@ class SSHSession(Session):
             self.conn = self._connection(spec.host, spec.user, spec.port, self._gateway())
             self.conn.open()
             self.conn.transport.set_keepalive(max(1, int(spec.connect_timeout)))
+        except RevokedHostKey as exc:
+            raise NodeFailure("host_key", "%s; refusing it as OpenSSH does (verify the node's new key and replace the entry)" % exc) from None
         except paramiko.BadHostKeyException as exc:
             raise NodeFailure(
                 "host_key",
