@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -170,6 +171,12 @@ def _cmd_diff(args: argparse.Namespace) -> int:
             raise UsageError("cannot read %s: %s" % (path, exc.strerror), "give the path of a JSON report") from None
         except ValueError as exc:
             raise UsageError("%s is not a JSON report: %s" % (path, exc), "give a file written by --json or --history") from None
+        try:
+            differ.validate(docs[-1])
+        except ValueError as exc:
+            raise UsageError("%s is not a preflight report (%s)" % (path, exc), "give a file written by --json or --history") from None
+    if not (math.isfinite(args.bw_threshold) and args.bw_threshold >= 0):
+        raise UsageError("--bw-threshold %s is not usable" % args.bw_threshold, "give a fraction such as 0.10")
     result = differ.diff(docs[0], docs[1], bw_threshold=args.bw_threshold)
     for line in differ.render_diff(result):
         sys.stdout.write(line + "\n")
@@ -221,6 +228,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         accept_new_host_keys=args.accept_new_host_keys,
     )
     engine.select_checks(opts.only, opts.skip)  # usage errors before any connection
+    _check_output_paths(args)
     if getattr(args, "hostfile", None):
         _check_hostfile_names(inv, args.hostfile_format)
     progress = None if args.no_progress or not console.is_terminal else _Progress(console, len(inv.nodes))
@@ -278,6 +286,43 @@ def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: An
 
         with _writing(args.history):
             history.record(doc, args.history)
+
+
+def _check_output_paths(args: argparse.Namespace) -> None:
+    """Every output path must be writable before any node is touched (not found after a long run)."""
+    files = [(opt, getattr(args, dest, None)) for opt, dest in (
+        ("--json", "json"), ("--env-file", "env_file"), ("--hostfile", "hostfile"),
+        ("--junit", "junit"), ("--prometheus", "prometheus"))]
+    for opt, path in files:
+        if not path or (opt == "--json" and path == "-"):
+            continue
+        if os.path.isdir(path):
+            raise UsageError("cannot write %s: Is a directory" % path, "give %s a file path" % opt)
+        if os.path.exists(path) and not os.access(path, os.W_OK):
+            _unwritable(path, errno.EACCES)
+        _check_dir(path, os.path.dirname(os.path.abspath(path)))
+    history = getattr(args, "history", None)
+    if history:
+        target = os.path.abspath(history)
+        if os.path.exists(target) and not os.path.isdir(target):
+            raise UsageError("--history %s is not a directory" % history, "give a directory for the run history")
+        while not os.path.exists(target):  # record() creates the missing directories
+            target = os.path.dirname(target)
+        _check_dir(history, target)
+
+
+def _unwritable(path: str, code: int) -> None:
+    raise UsageError("cannot write %s: %s" % (path, os.strerror(code)), "check the directory exists and is writable")
+
+
+def _check_dir(path: str, directory: str) -> None:
+    """`path` is to be written in `directory`: it must be an existing, writable directory."""
+    if not os.path.exists(directory):
+        _unwritable(path, errno.ENOENT)
+    if not os.path.isdir(directory):
+        _unwritable(path, errno.ENOTDIR)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        _unwritable(path, errno.EACCES)
 
 
 def _hostfile_name(node: dict) -> str:
