@@ -229,6 +229,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
     )
     engine.select_checks(opts.only, opts.skip)  # usage errors before any connection
     _check_output_paths(args)
+    if any(not s.local for s in inv.nodes):
+        from preflight import transport
+
+        try:
+            transport.load_ssh_configs(s.ssh_config for s in inv.nodes if not s.local)
+        except transport.SSHConfigError as exc:
+            raise UsageError(str(exc), "fix the ssh_config (preflight reads it as OpenSSH does, Include included)") from None
     if getattr(args, "hostfile", None):
         _check_hostfile_names(inv, args.hostfile_format)
     progress = None if args.no_progress or not console.is_terminal else _Progress(console, len(inv.nodes))
