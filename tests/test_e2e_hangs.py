@@ -152,3 +152,18 @@ def test_ctrl_c_while_connecting_stops_and_a_second_one_is_quiet(sim_cluster):
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     assert cluster.leftover_processes(timeout=15) == {}
+
+
+def test_connection_dropping_mid_result_line_is_that_nodes_failure(sim_cluster):
+    cluster = sim_cluster(2)
+    # the node's python sends the start of a result line, then the connection goes away
+    cluster.node(2).install_executable(
+        "python3", "#!/bin/sh\nprintf 'preflight-clock 1.0\\npreflight-result {\"facts\": {\"ssh\": {\"py'\nkill -9 $PPID\n"
+    )
+    inv = cluster.inventory(command_timeout=10, connect_timeout=5)
+    rc, doc, err = preflight(cluster, "check", inv, "--only", "ssh", "--json", "-", "--no-progress", timeout=60)
+    assert "Traceback" not in err
+    ssh = ssh_results(doc)
+    assert rc == 1 and ssh["n001"]["status"] == "pass"
+    assert ssh["n002"]["status"] in ("fail", "error"), ssh["n002"]
+    assert cluster.leftover_processes() == {}
