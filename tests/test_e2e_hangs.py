@@ -158,7 +158,7 @@ def test_connection_dropping_mid_result_line_is_that_nodes_failure(sim_cluster):
     cluster = sim_cluster(2)
     # the node's python sends the start of a result line, then the connection goes away
     cluster.node(2).install_executable(
-        "python3", "#!/bin/sh\nprintf 'preflight-clock 1.0\\npreflight-result {\"facts\": {\"ssh\": {\"py'\nkill -9 $PPID\n"
+        "python3", "#!/bin/sh\nprintf 'preflight-clock 1.0\\npreflight-result {\"facts\": {\"ssh\": {\"py'\nsleep 1\nkill -9 $PPID\n"
     )
     inv = cluster.inventory(command_timeout=10, connect_timeout=5)
     rc, doc, err = preflight(cluster, "check", inv, "--only", "ssh", "--json", "-", "--no-progress", timeout=60)
