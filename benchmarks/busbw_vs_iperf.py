@@ -62,12 +62,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from preflight.common import KiB, MiB, human_bytes  # noqa: E402 (after the sys.path line above)
+
 IPERF_PORT = 5201
-KiB, MiB = 1 << 10, 1 << 20
-
-
-def _human(n: int) -> str:
-    return "%d MiB" % (n // MiB) if n >= MiB else "%d KiB" % (n // KiB)
 
 
 def run_allreduce(cluster, max_mib: int, timeout: float) -> Dict[str, Any]:
@@ -199,7 +196,7 @@ def _ratios(row: Dict[str, Any], key: str, ref: str) -> List[float]:
 
 def table(rows: List[Dict[str, Any]]) -> List[str]:
     """Markdown table: medians of the repeats; ratios as median [min-max] over the repeats."""
-    head = ("nodes", "busbw 4 MiB", "busbw %s" % _human(rows[0]["runs"][0]["allreduce"]["max_bytes"]),
+    head = ("nodes", "busbw 4 MiB", "busbw %s" % human_bytes(rows[0]["runs"][0]["allreduce"]["max_bytes"]),
             "iperf3 1 link", "iperf3 ring (min link)", "busbw 4 MiB / 1 link", "busbw max / 1 link",
             "busbw max / ring")
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
@@ -218,7 +215,7 @@ def table(rows: List[Dict[str, Any]]) -> List[str]:
 
 def cpu_table(rows: List[Dict[str, Any]]) -> List[str]:
     """Markdown table: bytes moved over the links per CPU-second (load-independent), medians of the repeats."""
-    head = ("nodes", "all-reduce GB per CPU-s (%s)" % _human(rows[0]["runs"][0]["allreduce"]["max_bytes"]),
+    head = ("nodes", "all-reduce GB per CPU-s (%s)" % human_bytes(rows[0]["runs"][0]["allreduce"]["max_bytes"]),
             "iperf3 GB per CPU-s (1 link)", "ratio [range]")
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import platform
@@ -58,7 +57,6 @@ if REPO not in sys.path:
 
 TOOLS = ("preflight", "preflight-ssh", "pdsh", "ansible")
 TIME_FORMAT = "%M %e %U %S"  # peak RSS KiB, wall s, user s, sys s
-PROBE_CHECKS = ("ssh", "gpu", "driver", "fabric_manager", "nic", "ib_hca", "mtu", "ports")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -84,16 +82,23 @@ def find_ansible(given: Optional[str]) -> Optional[str]:
     return None
 
 
-def missing_checks() -> List[str]:
-    """Catalogue checks whose module is not there yet (the catalogue is still growing)."""
-    return [n for n in PROBE_CHECKS if importlib.util.find_spec("preflight.checks." + n) is None]
+def check_selection() -> List[str]:
+    """preflight's selection for "all node checks": --skip every check without a node probe (the bench)."""
+    from preflight import checks
+
+    return ["--skip", ",".join(n for n, c in checks.catalogue().items() if c.probe is None)]
 
 
-def check_selection(missing: Sequence[str]) -> List[str]:
-    """preflight's selection for "all node checks": --skip allreduce, or --only <present> while some are missing."""
-    if not missing:
-        return ["--skip", "allreduce"]
-    return ["--only", ",".join(n for n in PROBE_CHECKS if n not in missing)]
+def bundle_size() -> Dict[str, int]:
+    """The probe bundle each node is sent: zip bytes, files, and the uncompressed size."""
+    import zipfile
+    from io import BytesIO
+
+    from preflight import bundle
+
+    blob = bundle.base_zip()
+    infos = zipfile.ZipFile(BytesIO(blob)).infolist()
+    return {"bytes": len(blob), "files": len(infos), "uncompressed_bytes": sum(i.file_size for i in infos)}
 
 
 def ansible_inventory(cluster: Any, path: str) -> str:
@@ -500,10 +505,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         tools.remove("ansible")
     if "pdsh" in tools and not shutil.which("pdsh"):
         p.error("pdsh not found (apt-get install pdsh)")
-    missing = missing_checks()
-    selection = check_selection(missing)
-    if missing:
-        notes.append("checks not in the catalogue yet: %s; preflight ran %s" % (", ".join(missing), " ".join(selection)))
+    selection = check_selection()
+    size = bundle_size()
     info = machine()
     if ansible:
         info["ansible"] = subprocess.run([ansible, "--version"], stdout=subprocess.PIPE, text=True).stdout.splitlines()[0]
@@ -529,6 +532,8 @@ def main(argv: Optional[List[str]] = None) -> int:
           "nodes' CPU s: the simulated nodes' sshd+shell+python for that run; load: 1-min load average "
           "before the run (the nodes share this machine's cores)\n" % (args.repeat, args.parallel))
     print(markdown(summary))
+    print("\nprobe bundle (this tree): %d bytes zipped, %d files, %d bytes unzipped" % (
+        size["bytes"], size["files"], size["uncompressed_bytes"]))
     if sweep_summary:
         print("\npreflight (all node checks) by --parallel\n")
         print(sweep_markdown(sweep_summary))
@@ -538,7 +543,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for note in notes:
         print("note: " + note)
     if args.json:
-        doc = {"machine": info, "args": vars(args), "notes": notes, "failed": failed,
+        doc = {"machine": info, "args": vars(args), "notes": notes, "failed": failed, "bundle": size,
                "summary": summary, "parallel_sweep": sweep_summary, "runs": runs + sweep,
                "clusters": [{k: v for k, v in res.items() if k in ("nodes", "cluster_start_s")} for res in results]}
         with open(args.json, "w") as fh:

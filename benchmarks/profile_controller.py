@@ -292,7 +292,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     pyspy = find_pyspy() if args.pyspy else None
     if args.pyspy and not pyspy:
         p.error("py-spy not found (pip install py-spy)")
-    selection = ["--only", args.only] if args.only else fanout.check_selection(fanout.missing_checks())
+    selection = ["--only", args.only] if args.only else fanout.check_selection()
     work = tempfile.mkdtemp(prefix="pf-profile-")
     try:
         result = profile(args, pyspy, selection, work)

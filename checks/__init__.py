@@ -3,29 +3,53 @@
 Installed as `preflight.checks`. Standard library only at import time: these modules travel to the
 nodes in the probe bundle (their probe halves run there), and the controller imports the same files
 for their rule halves.
+
+The catalogue is every module here (not starting with "_"), in the order its CHECK declares: adding a
+check is adding its module (and its fixtures); tests/test_catalogue.py names what a new one forgot.
+CHECK_NAMES is computed on first use, on the controller only (the nodes never need it).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Dict, List
+import os
+from typing import Any, Dict, List, Tuple
 
 from preflight.model import Check
 
-#: Stable check names, in the order they run and are reported.
-CHECK_NAMES = ("ssh", "gpu", "driver", "fabric_manager", "nic", "ib_hca", "mtu", "ports", "allreduce")
+_names: List[Tuple[str, ...]] = []
+
+
+def module_names() -> List[str]:
+    """The check modules in this package, by file name."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return sorted(n[:-3] for n in os.listdir(here) if n.endswith(".py") and not n.startswith("_"))
+
+
+def _discover() -> Tuple[str, ...]:
+    found = [importlib.import_module(__name__ + "." + name).CHECK for name in module_names()]
+    return tuple(c.name for c in sorted(found, key=lambda c: (c.order, c.name)))
+
+
+def __getattr__(name: str) -> Any:
+    """CHECK_NAMES: stable check names, in the order they run and are reported."""
+    if name == "CHECK_NAMES":
+        if not _names:
+            _names.append(_discover())
+        return _names[0]
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
 def get(name: str) -> Check:
     """The CHECK declared by module preflight.checks.<name>."""
-    if name not in CHECK_NAMES:
+    if name not in __getattr__("CHECK_NAMES"):
         raise KeyError(name)
-    return importlib.import_module("preflight.checks." + name).CHECK
+    return importlib.import_module(__name__ + "." + name).CHECK
 
 
 def catalogue() -> Dict[str, Check]:
     """Every check, in CHECK_NAMES order."""
-    return {name: get(name) for name in CHECK_NAMES}
+    return {name: get(name) for name in __getattr__("CHECK_NAMES")}
 
 
 def closure(names: List[str]) -> List[str]:
@@ -37,4 +61,4 @@ def closure(names: List[str]) -> List[str]:
             if dep not in wanted:
                 wanted.add(dep)
                 todo.append(dep)
-    return [n for n in CHECK_NAMES if n in wanted]
+    return [n for n in __getattr__("CHECK_NAMES") if n in wanted]

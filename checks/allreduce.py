@@ -4,8 +4,9 @@ This check has no probe half in the bundle sense: the controller runs preflight.
 every participating node at once (see that module for the config and result documents). The rule reads
 
     view.facts[node]["allreduce"]   that node's agent result document (or {"probe_error": "..."})
-    view.cluster["allreduce"]       cluster-level metadata, filled by the controller (cluster_meta()
-                                    builds the skeleton from the configs it sent):
+    view.cluster["allreduce"]       cluster-level metadata, filled by the controller
+                                    (preflight.benchplan.cluster_meta() builds the skeleton from the
+                                    configs it sent):
         backend      "nccl" | "gloo"
         world_size   total ranks
         nodes        participating node names, index = node_rank
@@ -16,7 +17,8 @@ every participating node at once (see that module for the config and result docu
         gpu_model    NVML name, e.g. "NVIDIA H100 80GB HBM3" (for the built-in profile)
         nic_gbps     per-node aggregate line rate of the NICs the collective uses, Gb/s (multi-node profile)
         localization {"results": [group result, ...], "by_bandwidth": bool, "threshold_gbps": ...} from the
-                     pair rounds (see localize(); by_bandwidth false when localizing a hang or an error)
+                     pair rounds (see preflight.benchplan.localize(); by_bandwidth false when localizing a
+                     hang or an error)
         skip         a reason: the test deliberately did not run (the rule then SKIPs)
 
 and `view.expect["busbw_gbps"]` (also `expect["nic_gbps"]` as a fallback for the NIC rate).
@@ -27,49 +29,23 @@ or the largest size run on CPU (gloo), against expect.busbw_gbps, else the built
 the figures are reported as WARN "no threshold applies". A hang, a rank error or a wrong sum is a FAIL
 naming the stage, the ranks and the nodes.
 
-Localization (pure planning; the controller runs the rounds): plan_pairs() puts every node in one
-disjoint pair (a triple when the count is odd) for round 1; plan_suspects() pairs each node of a failing
-group with a node that passed; verdict_localization() names the nodes to exclude. localize() drives it,
-at most MAX_ROUNDS rounds. localization_plan() says whether the rounds can add anything after the whole-
-cluster run and which single size they run; round_deadlines() keeps their deadlines to what it measured.
+The launch (configs, size sweeps, deadlines) and the pair-test localization are planned on the controller
+by preflight.benchplan; the rule reports the localization's verdict (benchplan.verdict_localization).
 """
 
 from __future__ import annotations
 
 import re
 import statistics
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from preflight.model import Check, ClusterView, Finding, NodeInfo, Status
+from preflight.common import GiB, MiB, fold, fold_ints, human_bytes, plural
+from preflight.model import Check, ClusterView, CrossNode, Finding, Status
 
 NAME = "allreduce"
-KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
-#: GPU sweep: 1 MiB to 4 GiB, doubling (nccl-tests' usual range; bandwidth plateaus above 1 GiB).
-GPU_SIZES = [MiB << i for i in range(13)]
-#: CPU sweep: 1 KiB to 4 MiB, doubling. A ring all-reduce moves about bytes/world_size per message, so
-#: the sweep starts below one 1500-byte Ethernet frame and ends far above a 9000-byte jumbo frame even
-#: split over many ranks: a path that drops jumbo frames (an MTU black hole) passes the small sizes
-#: and hangs at the first size whose segments exceed the real path MTU.
-CPU_SIZES = [KiB << i for i in range(13)]
 #: Smallest size a GPU verdict may be taken at: below it latency, not bandwidth, dominates.
 GPU_VERDICT_MIN = GiB
-
-DEFAULT_DEADLINES = {"init_s": 60.0, "op_s": 30.0, "total_s": 300.0, "kill_grace_s": 3.0, "fail_grace_s": 5.0}
-#: gloo on CPU: the whole 1 KiB - 4 MiB sweep takes about a second even on two loaded cores, one size's
-#: 8 all-reduces well under one; 10 s without progress is a hang, and it is what a hang costs.
-CPU_DEFAULT_DEADLINES = dict(DEFAULT_DEADLINES, op_s=10.0, total_s=180.0)
-
-#: Localization rounds re-run only the size the whole-cluster run stopped at (or its verdict size), and
-#: a pair that hangs costs the rounds' op deadline: LOCALIZE_OP_FACTOR times the slowest size the first
-#: run completed (warm-up and verification included), at least LOCALIZE_OP_MIN_S, at most the op deadline.
-LOCALIZE_OP_MIN_S = 5.0
-LOCALIZE_OP_FACTOR = 10.0
-#: Their init deadline stays the configured one, unless the first run hung at init (the pairs will hang
-#: there too): then LOCALIZE_INIT_FACTOR times the slowest init (torch import included) the first run
-#: saw, at least LOCALIZE_INIT_MIN_S, at most the init deadline. Import time varies a lot with load.
-LOCALIZE_INIT_MIN_S = 30.0
-LOCALIZE_INIT_FACTOR = 4.0
 
 #: Fraction of the hardware line rate a healthy system must reach. nccl-tests' busbw is directly
 #: comparable to the link's unidirectional peak (NVIDIA nccl-tests doc/PERFORMANCE.md); published
@@ -88,55 +64,16 @@ NVLINK_PROFILES = (
     (re.compile(r"\bB200\b", re.I), "B200 8-GPU NVLink5", 900.0),
 )
 
-#: Localization: at most this many rounds of concurrent pair tests.
-MAX_ROUNDS = 3
-#: A group whose busbw is below this fraction of the median group is slow, even with no threshold.
-SLOW_RATIO = 0.5
-
 
 # ----------------------------------------------------------------------------------------------- formatting
-
-
-def human_bytes(n: int) -> str:
-    """1024 -> '1 KiB', 4294967296 -> '4 GiB', 1536 -> '1.5 KiB'."""
-    for unit, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
-        if n >= unit:
-            value = n / unit
-            return ("%d %s" % (value, name)) if n % unit == 0 else ("%.1f %s" % (value, name))
-    return "%d B" % n
-
-
-def fold_ranks(ranks: Sequence[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8'."""
-    out: List[str] = []
-    values = sorted(set(ranks))
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        out.append(str(values[i]) if i == j else "%d-%d" % (values[i], values[j]))
-        i = j + 1
-    return ",".join(out)
-
-
-def fold_nodes(names: Sequence[str]) -> str:
-    """Node names folded with ClusterShell's NodeSet (gpu-[001-004]); a plain list if it is missing."""
-    names = sorted(set(names))
-    try:
-        from ClusterShell.NodeSet import NodeSet
-
-        return str(NodeSet.fromlist(names))
-    except Exception:  # ClusterShell is a controller dependency; fall back rather than fail a report
-        return ",".join(names)
 
 
 def _ranks_phrase(ranks: Sequence[int], node_of: Mapping[int, str]) -> str:
     """'rank 3 (n004)' / 'ranks 0-7 (n[001-002])'."""
     nodes = [node_of[r] for r in ranks if r in node_of]
     word = "rank" if len(set(ranks)) == 1 else "ranks"
-    where = " (%s)" % fold_nodes(nodes) if nodes else ""
-    return "%s %s%s" % (word, fold_ranks(ranks), where)
+    where = " (%s)" % fold(nodes) if nodes else ""
+    return "%s %s%s" % (word, fold_ints(ranks), where)
 
 
 # ------------------------------------------------------------------------------------------------ the maths
@@ -336,7 +273,7 @@ def rule(view: ClusterView) -> List[Finding]:
             node_of.setdefault(r, node)
     points = curve(docs, world)
     data: Dict[str, Any] = {"curve": points, "backend": backend, "world_size": world, "nodes": len(nodes)}
-    where = "%d ranks on %d node%s" % (world, len(nodes), "" if len(nodes) == 1 else "s")
+    where = "%d ranks on %s" % (world, plural(len(nodes), "node"))
 
     for name, why in missing.items():
         out.append(Finding(NAME, name, Status.FAIL, why))
@@ -447,9 +384,9 @@ def _failure(view, meta, docs, missing, table, bad, node_of, points, data, world
 
     if missing:
         missing_ranks = sorted(r for r, n in node_of.items() if n in missing and r not in table)
-        text = "no result from %s" % fold_nodes(list(missing))
+        text = "no result from %s" % fold(missing)
         if missing_ranks:
-            text += " (%s %s)" % ("rank" if len(missing_ranks) == 1 else "ranks", fold_ranks(missing_ranks))
+            text += " (%s %s)" % ("rank" if len(missing_ranks) == 1 else "ranks", fold_ints(missing_ranks))
         if not parts:
             text = "all-reduce incomplete: " + text
         parts.append(text)
@@ -520,346 +457,13 @@ def _master(docs) -> Optional[str]:
     return None
 
 
-# ---------------------------------------------------------------------------------------- controller helpers
-
-
-def make_configs(
-    nodes: Sequence[NodeInfo],
-    master_addr: str,
-    master_port: int = 29500,
-    backend: Optional[str] = None,
-    env: Optional[Mapping[str, str]] = None,
-    sizes: Optional[Sequence[int]] = None,
-    warmup: int = 2,
-    iters: int = 5,
-    deadlines: Optional[Mapping[str, float]] = None,
-) -> Dict[str, Dict[str, Any]]:
-    """{node name: bench_agent config} for the nodes, in order (node_rank = position). Pure.
-
-    nccl with one rank per GPU when every node has GPUs, else gloo with one rank per node.
-    A node's `python` setting, when the inventory has one, names the ranks' interpreter.
-    """
-    if not nodes:
-        return {}
-    if backend is None:
-        backend = "nccl" if all(n.gpus_per_node > 0 for n in nodes) else "gloo"
-    per_node = [n.gpus_per_node if backend == "nccl" else 1 for n in nodes]
-    if min(per_node) < 1:
-        raise ValueError("backend nccl needs GPUs on every node")
-    sizes = list(sizes or (GPU_SIZES if backend == "nccl" else CPU_SIZES))
-    dl = default_deadlines(backend)
-    dl.update(deadlines or {})
-    world = sum(per_node)
-    out: Dict[str, Dict[str, Any]] = {}
-    offset = 0
-    for rank, (node, local) in enumerate(zip(nodes, per_node)):
-        cfg: Dict[str, Any] = {
-            "backend": backend, "master_addr": master_addr, "master_port": int(master_port),
-            "world_size": world, "node_rank": rank, "nnodes": len(nodes), "local_world_size": local,
-            "rank_offset": offset, "env": dict(env or {}), "sizes": sizes, "warmup": warmup, "iters": iters,
-            "deadlines": dl,
-        }
-        if node.settings.get("python"):
-            cfg["python"] = node.settings["python"]
-        out[node.name] = cfg
-        offset += local
-    return out
-
-
-def default_deadlines(backend: str) -> Dict[str, float]:
-    """The agents' deadlines when the inventory sets none: CPU_DEFAULT_DEADLINES for gloo."""
-    return dict(DEFAULT_DEADLINES if backend == "nccl" else CPU_DEFAULT_DEADLINES)
-
-
-def cluster_meta(configs: Mapping[str, Mapping[str, Any]]) -> Dict[str, Any]:
-    """The skeleton of view.cluster["allreduce"] for the configs sent; the controller adds unanswered,
-    gpu_model and nic_gbps."""
-    ordered = sorted(configs.items(), key=lambda kv: kv[1]["node_rank"])
-    if not ordered:
-        return {}
-    first = ordered[0][1]
-    return {
-        "backend": first["backend"],
-        "world_size": first["world_size"],
-        "nodes": [name for name, _c in ordered],
-        "ranks": {name: [c["rank_offset"], c["rank_offset"] + c["local_world_size"] - 1] for name, c in ordered},
-        "master": "%s:%s" % (first["master_addr"], first["master_port"]),
-        "deadlines": dict(first.get("deadlines") or {}),
-        "unanswered": {},
-    }
-
-
-def outer_deadline(config: Mapping[str, Any]) -> float:
-    """Seconds the controller should give one agent: its total deadline, two kill graces and slack."""
-    dl = dict(DEFAULT_DEADLINES)
-    dl.update(config.get("deadlines") or {})
-    return dl["total_s"] + 2 * dl["kill_grace_s"] + dl["fail_grace_s"] + 15.0
-
-
-# -------------------------------------------------------------------------------------------- localization
-#
-# When the whole-cluster run hangs or is slow and no node stands out, the controller localizes:
-#   round 1: every node in one disjoint pair, all pairs at once (plan_pairs; an odd node makes a triple);
-#   round 2: each node of a failing group with a node that passed (plan_suspects), one pair per good node;
-#   round 3: the suspects round 2 had no partner for (more suspects than good nodes).
-# A node that fails beside a known-good partner is bad; a node that passes anywhere is good; the rest
-# are undecided. If no group passes, the fault is shared (a switch, the fabric, the configuration) and
-# no node is named. Pairs cross the inventory's halves (i with i + n/2) so that, with rack-ordered
-# inventories, each pair goes through the spine as the real job does.
-#
-# A group result is {"nodes": [...], "busbw_gbps": float | None, "failure": str | None};
-# group_result() builds one from the group's agent documents.
-
-
-GroupResult = Dict[str, Any]
-
-
-def plan_pairs(nodes: Sequence[str]) -> List[List[str]]:
-    """Round 1: all nodes in disjoint pairs (node i with node i + n/2); an odd one out joins a triple."""
-    nodes = list(nodes)
-    if len(nodes) < 2:
-        return [nodes] if nodes else []
-    half = len(nodes) // 2
-    groups = [[nodes[i], nodes[i + half]] for i in range(half)]
-    if len(nodes) % 2:
-        groups[-1].append(nodes[-1])
-    return groups
-
-
-def group_result(nodes: Sequence[str], docs: Mapping[str, Any], backend: str = "nccl") -> GroupResult:
-    """One group's outcome from its agent documents: busbw at the verdict size, or why it failed."""
-    failure = None
-    good_docs: Dict[str, Dict[str, Any]] = {}
-    for name in nodes:
-        doc = docs.get(name)
-        problem = _doc_problem(doc) if doc is not None else "no result"
-        if problem:
-            failure = failure or "%s: %s" % (name, problem)
-        else:
-            good_docs[name] = doc
-    table = rank_table(good_docs)
-    world = next((int(d["world_size"]) for d in good_docs.values() if d.get("world_size")), len(table))
-    if failure is None:
-        bad = sorted((r, e) for r, (_n, e) in table.items() if e.get("status") != "ok")
-        if bad:
-            r, e = bad[0]
-            what = "hung" if e.get("status") == "timeout" else "failed"
-            failure = "%s at %s (rank %d: %s)" % (what, _stage_name(e), r, e.get("error") or e.get("status"))
-        elif _wrong_values(table):
-            failure = "wrong sums at %s" % human_bytes(_wrong_values(table)[0][0])
-    point = verdict_point(curve(good_docs, world), backend) if failure is None else None
-    if point is None and failure is None:
-        points = curve(good_docs, world)
-        point = points[-1] if points else None
-    return {"nodes": list(nodes), "busbw_gbps": point["busbw_gbps"] if point else None, "failure": failure}
-
-
-def judge(
-    results: Sequence[GroupResult], threshold: Optional[float] = None, by_bandwidth: bool = True
-) -> List[Tuple[GroupResult, bool, str]]:
-    """(group, passed, reason): failed outright, below the threshold, or below SLOW_RATIO of the median.
-
-    by_bandwidth=False (localizing a hang or an error): a group passes when it completed; its busbw,
-    measured at one small size, says nothing and is not compared.
-    """
-    measured = [g["busbw_gbps"] for g in results if g.get("failure") is None and g.get("busbw_gbps") is not None]
-    median = statistics.median(measured) if measured and by_bandwidth else None
-    if not by_bandwidth:
-        threshold = None
-    out = []
-    for g in results:
-        bw = g.get("busbw_gbps")
-        if g.get("failure"):
-            out.append((g, False, str(g["failure"])))
-        elif threshold is not None and bw is not None and bw < threshold:
-            out.append((g, False, "busbw %.2f GB/s below %g GB/s" % (bw, threshold)))
-        elif median and bw is not None and bw < SLOW_RATIO * median:
-            out.append((g, False, "busbw %.2f GB/s, under %d%% of the median group (%.2f GB/s)"
-                        % (bw, SLOW_RATIO * 100, median)))
-        else:
-            out.append((g, True, "busbw %.2f GB/s" % bw if bw is not None else "ok"))
-    return out
-
-
-def _good_and_suspects(results, threshold, by_bandwidth=True):
-    judged = judge(results, threshold, by_bandwidth)
-    good = []
-    for g, ok, _why in judged:
-        if ok:
-            good.extend(n for n in g["nodes"] if n not in good)
-    suspects = []
-    for g, ok, _why in judged:
-        if not ok:
-            suspects.extend(n for n in g["nodes"] if n not in good and n not in suspects)
-    return judged, good, suspects
-
-
-def plan_suspects(
-    results: Sequence[GroupResult],
-    suspects: Optional[Sequence[str]] = None,
-    good: Optional[Sequence[str]] = None,
-    threshold: Optional[float] = None,
-    by_bandwidth: bool = True,
-) -> List[List[str]]:
-    """The next round: each undecided suspect paired with a distinct known-good node ([] when done).
-
-    suspects and good default to what results say. A suspect already tested beside a known-good node is
-    decided and not tested again. With more suspects than good nodes, the rest wait for the next round.
-    """
-    judged, found_good, found_suspects = _good_and_suspects(results, threshold, by_bandwidth)
-    good = list(good if good is not None else found_good)
-    suspects = [s for s in (suspects if suspects is not None else found_suspects) if s not in good]
-    decided = set(_verdicts(judged, set(good))[0])
-    pairs = []
-    partners = iter(good)
-    for s in suspects:
-        if s in decided:
-            continue
-        partner = next(partners, None)
-        if partner is None:
-            break
-        pairs.append([s, partner])
-    return pairs
-
-
-def _verdicts(judged, good) -> Tuple[Dict[str, str], Dict[str, str]]:
-    """({bad node: why}, {undecided node: why}) from judged groups and the known-good set."""
-    bad: Dict[str, str] = {}
-    undecided: Dict[str, str] = {}
-    for g, ok, why in judged:
-        if ok:
-            continue
-        others_good = [n for n in g["nodes"] if n in good]
-        for n in g["nodes"]:
-            if n in good:
-                continue
-            partners = [m for m in g["nodes"] if m != n]
-            if partners and all(m in good for m in partners):
-                bad.setdefault(n, "failed beside known-good %s: %s" % (fold_nodes(others_good), why))
-            else:
-                undecided.setdefault(n, "failed with %s: %s" % (fold_nodes(partners), why))
-    for n in bad:
-        undecided.pop(n, None)
-    return bad, undecided
-
-
-def verdict_localization(
-    results: Sequence[GroupResult], threshold: Optional[float] = None, by_bandwidth: bool = True
-) -> Dict[str, Any]:
-    """{"bad": {node: why}, "good": [...], "undecided": {node: why}, "shared_fault": bool, "message": str}."""
-    judged, good, _suspects = _good_and_suspects(results, threshold, by_bandwidth)
-    bad, undecided = _verdicts(judged, set(good))
-    all_nodes = [n for g in results for n in g["nodes"]]
-    shared = bool(results) and not good
-    if shared:
-        message = "every group failed (%s): the fault is shared (switch, fabric or configuration), not one node" % (
-            fold_nodes(all_nodes))
-    elif bad:
-        message = "exclude %s: %s" % (fold_nodes(list(bad)), "; ".join("%s %s" % (n, w) for n, w in bad.items()))
-    elif undecided:
-        message = "%s undecided after %d groups (not enough known-good partners)" % (
-            fold_nodes(list(undecided)), len(results))
-    else:
-        message = "every group passed: no node stands out"
-    return {"bad": bad, "good": sorted(good), "undecided": undecided, "shared_fault": shared, "message": message}
-
-
-def localize(
-    nodes: Sequence[str],
-    run_round: Callable[[List[List[str]]], List[GroupResult]],
-    threshold: Optional[float] = None,
-    max_rounds: int = MAX_ROUNDS,
-    by_bandwidth: bool = True,
-) -> Dict[str, Any]:
-    """Drive the rounds: run_round(groups) runs those groups concurrently and returns their results.
-
-    Returns verdict_localization() plus "results" (every group result) and "rounds" (how many ran).
-    """
-    results: List[GroupResult] = []
-    groups = plan_pairs(nodes)
-    rounds = 0
-    while groups and rounds < max_rounds:
-        results.extend(run_round(groups))
-        rounds += 1
-        groups = plan_suspects(results, threshold=threshold, by_bandwidth=by_bandwidth)
-    verdict = verdict_localization(results, threshold, by_bandwidth)
-    verdict.update(results=results, rounds=rounds)
-    return verdict
-
-
-def localization_plan(
-    docs: Mapping[str, Any], meta: Mapping[str, Any], threshold: Optional[float] = None
-) -> Optional[Dict[str, Any]]:
-    """What the pair rounds must test after the whole-cluster run, or None when they cannot add anything.
-
-    {"mode": "fail" | "slow", "sizes": [bytes], "why": str, "at_init": bool (fail only)}:
-      None   the run passed; or it failed in a way that already names the nodes: an agent that returned
-             an error or nothing, ranks that could not start or died on some of the nodes (not all); or
-             ranks were still importing torch at the init deadline (pairs would be as slow)
-      fail   every rank hung or failed together at one point (no node stands out), or sums were wrong:
-             the rounds run only the size where it stopped (the smallest size for init) and a group
-             passes when it completes it
-      slow   it completed below the threshold: the rounds run only the verdict size and compare busbw
-    """
-    nodes = set(meta.get("nodes") or docs)
-    if meta.get("unanswered") or any(_doc_problem(d) for d in docs.values()):
-        return None
-    table = rank_table(docs)
-    sizes = sorted({int(b) for d in docs.values() for b in (d or {}).get("sizes") or []})
-    if not sizes:
-        return None
-    bad = {r: (n, e) for r, (n, e) in table.items() if e.get("status") != "ok"}
-    # a rank that failed on its own: at init (no torch, no device, cannot start) or whose process died
-    own = {n for n, e in bad.values() if e.get("status") == "error" and (
-        e.get("stage") == "init" or str(e.get("error") or "").startswith("rank process"))}
-    if own and own != nodes:
-        return None
-    if any(e.get("stage") == "init" and e.get("step") == "import" for _n, e in bad.values()):
-        return None  # still importing torch at the deadline: slow nodes or a slow filesystem, not a path
-    if bad:
-        stopped = min(_position(e, sizes) for _n, e in bad.values())
-        size = sizes[min(max(stopped, 0), len(sizes) - 1)]
-        where = "init" if stopped < 0 else ("teardown" if stopped >= len(sizes) else human_bytes(size))
-        return {"mode": "fail", "sizes": [size], "at_init": stopped < 0,
-                "why": "the whole-cluster run stopped at %s" % where}
-    wrong = _wrong_values(table)
-    if wrong:
-        return {"mode": "fail", "sizes": [wrong[0][0]], "why": "wrong sums at %s" % human_bytes(wrong[0][0])}
-    world = int(meta.get("world_size") or len(table))
-    point = verdict_point(curve(docs, world), meta.get("backend") or "gloo")
-    if point is not None and threshold is not None and point["busbw_gbps"] < threshold:
-        return {"mode": "slow", "sizes": [point["bytes"]],
-                "why": "busbw %.2f GB/s below %g GB/s" % (point["busbw_gbps"], threshold)}
-    return None
-
-
-def round_deadlines(deadlines: Mapping[str, float], docs: Mapping[str, Any], warmup: int, iters: int,
-                    nsizes: int = 1, at_init: bool = False) -> Dict[str, float]:
-    """The localization rounds' deadlines, from what the whole-cluster run measured (see LOCALIZE_*).
-
-    at_init: the first run hung at init, so the init deadline is what a failing pair costs: shorten it.
-    """
-    dl = dict(DEFAULT_DEADLINES)
-    dl.update(deadlines or {})
-    entries = [e for _n, e in rank_table(docs).values()]
-    # init_s, or import_s for a rank that imported torch but hung at the rendezvous
-    inits = [float(e.get("init_s") or e["import_s"]) for e in entries if (e.get("init_s") or e.get("import_s"))]
-    init = dl["init_s"]
-    if at_init and entries and len(inits) == len(entries):
-        init = max(LOCALIZE_INIT_MIN_S, LOCALIZE_INIT_FACTOR * max(inits))
-    steps = [float(s.get("max_s", s.get("time_s", 0.0))) * (warmup + iters + 1) for e in entries
-             for s in e.get("sizes") or []]
-    op = max(LOCALIZE_OP_MIN_S, LOCALIZE_OP_FACTOR * max(steps, default=0.0))
-    out = dict(dl, init_s=round(min(dl["init_s"], init), 1), op_s=round(min(dl["op_s"], op), 1))
-    out["total_s"] = round(min(dl["total_s"], out["init_s"] + out["op_s"] * (nsizes + 2)), 1)
-    return out
-
-
 def _localization_findings(view: ClusterView, meta: Mapping[str, Any]) -> List[Finding]:
     loc = meta.get("localization") or {}
     results = loc.get("results") or []
     if not results:
         return []
+    from preflight.benchplan import verdict_localization  # controller only
+
     threshold = loc.get("threshold_gbps")
     verdict = verdict_localization(results, threshold, bool(loc.get("by_bandwidth", True)))
     out = [Finding(NAME, n, Status.FAIL, "pair test: %s" % why) for n, why in verdict["bad"].items()]
@@ -869,6 +473,19 @@ def _localization_findings(view: ClusterView, meta: Mapping[str, Any]) -> List[F
                           data={"localization": {k: verdict[k] for k in ("bad", "good", "undecided")},
                                 "groups": list(results)}))
     return out
+
+
+def _run_bench(fleet: Any, inv: Any, view: ClusterView, healthy: Sequence[str], env: Any, opts: Any) -> Any:
+    """The cross-node stage: preflight.bench launches the agents and localizes (controller only)."""
+    from preflight import bench
+
+    return bench.run(fleet, inv, view, healthy, env, opts)
+
+
+def _summary(findings: Sequence[Finding], meta: Dict[str, Any], elapsed_s: Optional[float]) -> Optional[Dict[str, Any]]:
+    from preflight import bench
+
+    return bench.summary(findings, meta, elapsed_s)
 
 
 def _rule_with_localization(view: ClusterView) -> List[Finding]:
@@ -889,4 +506,6 @@ CHECK = Check(
     # the launcher runs on the data interface the nic check chose, at the port the ports check verified,
     # with the env derived from the ib_hca and driver facts
     needs=("nic", "ib_hca", "ports", "driver"),
+    order=90,
+    crossnode=CrossNode(run=_run_bench, summary=_summary),
 )

@@ -45,6 +45,7 @@ import xml.etree.ElementTree as ET
 from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.checks.gpu import load_nvml, nvml_shutdown
+from preflight.common import fold, majority, plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
 
 NAME = "driver"
@@ -270,16 +271,6 @@ def _values(node: Any, facts: Dict[str, Any]) -> Dict[str, Optional[str]]:
     }
 
 
-def _plural(n: int, word: str) -> str:
-    return "%d %s%s" % (n, word, "" if n == 1 else "s")
-
-
-def _fold(names: List[str]) -> str:
-    from ClusterShell.NodeSet import NodeSet
-
-    return str(NodeSet.fromlist(names))
-
-
 def _compare(
     key: str, label: str, values: Dict[str, str], expect: Optional[str]
 ) -> Tuple[Dict[str, Tuple[str, str, str]], Optional[Finding]]:
@@ -300,23 +291,23 @@ def _compare(
     # "not found" is never the reference: the nodes lacking a value are the ones to fix.
     ranked = sorted(groups.items(), key=lambda kv: (kv[0] == NOT_FOUND, -len(kv[1]), kv[0]))
     top_value, top_nodes = ranked[0]
-    tie = len(ranked) > 1 and ranked[1][0] != NOT_FOUND and len(ranked[1][1]) == len(top_nodes)
+    tie = majority([v for v in values.values() if v != NOT_FOUND])[0] is None
     word = "majority " if len(top_nodes) * 2 > len(values) else "most common: "
     for value, nodes in ranked:
         if value == top_value and not tie:
             continue
         for node in nodes:
             if tie and value != NOT_FOUND:
-                others = "; ".join("%s on %s" % (v, _fold(n)) for v, n in ranked if v != value)
+                others = "; ".join("%s on %s" % (v, fold(n)) for v, n in ranked if v != value)
                 bad[node] = ("%s %s (no majority: %s)" % (label, value, others), "one version", value)
             else:
                 bad[node] = (
-                    "%s %s (%s%s on %s)" % (label, value, word, top_value, _plural(len(top_nodes), "node")),
+                    "%s %s (%s%s on %s)" % (label, value, word, top_value, plural(len(top_nodes), "node")),
                     top_value,
                     value,
                 )
-    summary = " · ".join("%s: %s %s" % (_fold(nodes), label, value) for value, nodes in ranked)
-    cluster = Finding(NAME, None, Status.FAIL, "%s drift: %s" % (label, summary), data={"versions": {v: _fold(n) for v, n in ranked}})
+    summary = " · ".join("%s: %s %s" % (fold(nodes), label, value) for value, nodes in ranked)
+    cluster = Finding(NAME, None, Status.FAIL, "%s drift: %s" % (label, summary), data={"versions": {v: fold(n) for v, n in ranked}})
     return bad, cluster
 
 
@@ -419,4 +410,5 @@ CHECK = Check(
     "and nvidia-nccl-cu12 in every node's environment (pip install torch==X nvidia-nccl-cu12==Y).",
     probe=probe,
     rule=rule,
+    order=30,
 )

@@ -232,4 +232,5 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     needs=("gpu",),
+    order=40,
 )

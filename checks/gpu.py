@@ -55,6 +55,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any, Dict, List, Optional, Tuple
 
+from preflight.common import human_bytes, plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, per_gpu_node
 
 NAME = "gpu"
@@ -509,18 +510,6 @@ def gpu_label(gpu: Dict[str, Any]) -> str:
     return "GPU %d (%s)" % (gpu["index"], short_bus_id(gpu.get("pci_bus_id")))
 
 
-def _plural(n: int, word: str) -> str:
-    return "%d %s%s" % (n, word, "" if n == 1 else "s")
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            value = n / scale
-            return ("%d %s" if value == int(value) else "%.1f %s") % (value, unit)
-    return "%d B" % n
-
-
 def _link(gen: Any, width: Any) -> str:
     return "Gen%s x%s" % ("?" if gen is None else gen, "?" if width is None else width)
 
@@ -575,7 +564,7 @@ def gpu_problems(gpu: Dict[str, Any], node_max_links: int) -> List[Tuple[Status,
 def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any) -> List[Finding]:
     name, expected = node.name, node.gpus_per_node
     if facts.get("source") is None:
-        msg = "%s (expected %s)" % (facts.get("error") or "no NVIDIA driver answered", _plural(expected, "GPU"))
+        msg = "%s (expected %s)" % (facts.get("error") or "no NVIDIA driver answered", plural(expected, "GPU"))
         return [Finding(NAME, name, Status.FAIL, msg, expected=str(expected), actual="0")]
     gpus = facts.get("gpus") or []
     out: List[Finding] = []
@@ -587,7 +576,7 @@ def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any) -> List[Finding]:
                 NAME,
                 name,
                 Status.FAIL,
-                "%s visible (expected %d)%s" % (_plural(len(gpus), "GPU"), expected, extra),
+                "%s visible (expected %d)%s" % (plural(len(gpus), "GPU"), expected, extra),
                 expected=str(expected),
                 actual=str(len(gpus)),
             )
@@ -598,7 +587,7 @@ def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any) -> List[Finding]:
                 NAME,
                 name,
                 Status.WARN,
-                "%s visible (expected %d): update gpus_per_node in the inventory" % (_plural(len(gpus), "GPU"), expected),
+                "%s visible (expected %d): update gpus_per_node in the inventory" % (plural(len(gpus), "GPU"), expected),
                 expected=str(expected),
                 actual=str(len(gpus)),
             )
@@ -614,9 +603,9 @@ def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any) -> List[Finding]:
                 NAME,
                 name,
                 Status.WARN,
-                "/dev/shm is %s (expected >= 1 GiB: NCCL's SHM transport needs it; docker --shm-size)" % _size(shm),
+                "/dev/shm is %s (expected >= 1 GiB: NCCL's SHM transport needs it; docker --shm-size)" % human_bytes(shm),
                 expected=">= 1 GiB",
-                actual=_size(shm),
+                actual=human_bytes(shm),
             )
         )
     if not out:
@@ -649,4 +638,5 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     needs=("ssh",),
+    order=20,
 )

@@ -23,9 +23,9 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
 
+from preflight.common import fold, human_bytes, majority, plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
 
 CHECK_NAME = "ib_hca"
@@ -201,21 +201,27 @@ def _valid(view: ClusterView) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def expected_rates(view: ClusterView, valid: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, Any]:
-    """{link layer: expected Gb/s}: expect.ib_rate_gbps, else the most common rate of ACTIVE ports."""
-    valid = _valid(view) if valid is None else valid
-    counts: Dict[str, Counter] = {}
+def _active_rates(valid: Dict[str, Dict[str, Any]]) -> Dict[str, List[Any]]:
+    """{link layer: [rate of every ACTIVE port]}."""
+    rates: Dict[str, List[Any]] = {}
     for facts in valid.values():
         for p in facts["ports"]:
             if is_active(p):
-                counts.setdefault(p["link_layer"], Counter())[p["rate_gbps"]] += 1
+                rates.setdefault(p["link_layer"], []).append(p["rate_gbps"])
+    return rates
+
+
+def expected_rates(view: ClusterView, valid: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, Any]:
+    """{link layer: expected Gb/s}: expect.ib_rate_gbps, else the most common rate of ACTIVE ports.
+
+    A tie (two rates equally common, none more) has no reference value: the layer maps to None, every
+    ACTIVE port of it counts as usable, and the rule FAILs each port naming the split (rate_split()).
+    """
+    valid = _valid(view) if valid is None else valid
     want = view.expect.get("ib_rate_gbps")
     out: Dict[str, Any] = {}
-    for layer, counter in counts.items():
-        if want is not None:
-            out[layer] = want
-        else:
-            out[layer] = max(counter.items(), key=lambda kv: (kv[1], kv[0]))[0]
+    for layer, rates in _active_rates(valid).items():
+        out[layer] = want if want is not None else majority(rates)[0]
     if want is not None:
         out.setdefault("ib", want)
         out.setdefault("roce", want)
@@ -223,35 +229,78 @@ def expected_rates(view: ClusterView, valid: Optional[Dict[str, Dict[str, Any]]]
 
 
 def _usable(ports: List[Dict[str, Any]], rates: Dict[str, Any]) -> List[Dict[str, Any]]:
-    return [
-        p for p in ports if is_active(p) and float(p["rate_gbps"]) == float(rates.get(p["link_layer"], p["rate_gbps"]))
-    ]
+    """ACTIVE ports at their layer's expected rate (any rate where the layer has no reference: a tie)."""
+    out = []
+    for p in ports:
+        want = rates.get(p["link_layer"])
+        if is_active(p) and (want is None or float(p["rate_gbps"]) == float(want)):
+            out.append(p)
+    return out
+
+
+def rate_split(valid: Dict[str, Dict[str, Any]], layer: str) -> str:
+    """'400 Gb/s on 4 ports · 200 Gb/s on 4 ports': the ACTIVE ports' rates of one link layer."""
+    rates = _active_rates(valid).get(layer) or []
+    return " · ".join(
+        "%s on %s" % (_rate_text(r), plural(rates.count(r), "port")) for r in sorted(set(rates), reverse=True)
+    )
+
+
+LAYER_NAMES = {"ib": "InfiniBand", "roce": "RoCE"}
+
+
+def _layer_text(layer: Any) -> str:
+    return LAYER_NAMES.get(layer, str(layer))
 
 
 def usable_hcas(view: ClusterView) -> Dict[str, Any]:
     """The ports NCCL should use, per node, for the env-file writer. Pure.
 
-    Returns {"nodes": {node: ["mlx5_0:1", ...]},   ACTIVE ports at the expected rate (nodes whose probe
-                                                      failed are left out)
+    The rails are the usable ports (ACTIVE at the expected rate for their link layer) of the link layer
+    most usable ports across the nodes have: an H100 node's 8 InfiniBand rails, not its BlueField-3
+    Ethernet port. Usable ports of another layer are left out, with the reason. When the layers tie
+    (as many InfiniBand as RoCE ports) there is no majority and no layer is picked.
+
+    Returns {"nodes": {node: ["mlx5_0:1", ...]},   the rails (nodes whose probe failed are left out)
              "uniform": bool,                        the same list on every node listed
-             "link_layer": "ib" | "roce" | None,     None when no port is usable or layers are mixed
+             "link_layer": "ib" | "roce" | None,     the rails' layer; None when no port is usable or the
+                                                      layers tie
+             "layer_counts": {layer: usable ports},  across the nodes, before the pick
+             "left_out": {node: [(port, why)]},      usable ports not on the rails' layer
              "gid_index": int | None,                RoCE v2 GID index when RoCE and identical on every
-                                                      usable port, else None
+                                                      rail, else None
              "rate_gbps": {link layer: Gb/s}}        the expected rates used
     """
     valid = _valid(view)
     rates = expected_rates(view, valid)
+    names = [n.name for n in view.live if n.name in valid]
+    usable_by_node = {name: _usable(valid[name]["ports"], rates) for name in names}
+    all_layers = [p["link_layer"] for usable in usable_by_node.values() for p in usable]
+    link_layer, _, _ = majority(all_layers)
     nodes: Dict[str, List[str]] = {}
-    layers = set()
+    left_out: Dict[str, List[Tuple[str, str]]] = {}
     gids = set()
-    for name in [n.name for n in view.live if n.name in valid]:
-        usable = _usable(valid[name]["ports"], rates)
-        nodes[name] = [port_label(p) for p in usable]
-        for p in usable:
-            layers.add(p["link_layer"])
-            gids.add(p.get("roce_v2_gid_index"))
+    for name in names:
+        usable = usable_by_node[name]
+        rails = [p for p in usable if link_layer is None or p["link_layer"] == link_layer]
+        nodes[name] = [port_label(p) for p in rails]
+        gids.update(p.get("roce_v2_gid_index") for p in rails)
+        others = [p for p in usable if p not in rails]
+        if others:
+            left_out[name] = [
+                (
+                    port_label(p),
+                    "%s at %s; the rails are %s at %s"
+                    % (
+                        _layer_text(p["link_layer"]),
+                        _rate_text(p["rate_gbps"]),
+                        _layer_text(link_layer),
+                        _rate_text(rates[link_layer]) if rates.get(link_layer) is not None else "mixed rates",
+                    ),
+                )
+                for p in others
+            ]
     lists = {tuple(v) for v in nodes.values()}
-    link_layer = layers.pop() if len(layers) == 1 else None
     gid_index = None
     if link_layer == "roce" and len(gids) == 1:
         gid_index = gids.pop()
@@ -259,9 +308,18 @@ def usable_hcas(view: ClusterView) -> Dict[str, Any]:
         "nodes": nodes,
         "uniform": len(lists) <= 1,
         "link_layer": link_layer,
+        "layer_counts": {layer: all_layers.count(layer) for layer in sorted(set(all_layers))},
+        "left_out": left_out,
         "gid_index": gid_index,
         "rate_gbps": rates,
     }
+
+
+def _left_out_text(left_out: Optional[List[Tuple[str, str]]]) -> str:
+    """'; not for NCCL: mlx5_bond_0:1 (RoCE at 200 Gb/s; the rails are ...)', or ''."""
+    if not left_out:
+        return ""
+    return "; not for NCCL: " + ", ".join("%s (%s)" % pair for pair in left_out)
 
 
 def _memlock_finding(view: ClusterView, name: str) -> Optional[Finding]:
@@ -271,7 +329,7 @@ def _memlock_finding(view: ClusterView, name: str) -> Optional[Finding]:
     soft = ssh["memlock_soft"]
     if soft is None:
         return None
-    shown = _bytes_text(soft)
+    shown = human_bytes(soft)
     if soft < MEMLOCK_MIN_BYTES:
         status, consequence = Status.FAIL, ": RDMA memory registration will fail"
     else:
@@ -286,16 +344,7 @@ def _memlock_finding(view: ClusterView, name: str) -> Optional[Finding]:
     )
 
 
-def _bytes_text(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return "%g %s" % (round(n / float(size), 1), unit)
-    return "%d bytes" % n
-
-
 def rule(view: ClusterView) -> List[Finding]:
-    from ClusterShell.NodeSet import NodeSet
-
     out: List[Finding] = []
     valid = _valid(view)
     for name, facts in view.of(CHECK_NAME).items():
@@ -313,11 +362,15 @@ def rule(view: ClusterView) -> List[Finding]:
 
     rates = expected_rates(view, valid)
     usable_counts = {n: len(_usable(f["ports"], rates)) for n, f in valid.items()}
-    majority_count = None
-    if want_count is None and usable_counts:
-        tally = Counter(usable_counts.values())
-        majority_count = max(tally, key=lambda c: (tally[c], c))
+    # Usable ports per node against expect.ib_hcas, else the majority; a tie has no reference value.
+    majority_count = majority(list(usable_counts.values()))[0] if want_count is None and usable_counts else None
     majority_nodes = sorted(n for n, c in usable_counts.items() if c == majority_count)
+    not_for_nccl = usable_hcas(view)["left_out"]
+    count_tie = want_count is None and majority_count is None and len(set(usable_counts.values())) > 1
+    count_split = " · ".join(
+        "%d on %s" % (c, fold(n for n, v in usable_counts.items() if v == c))
+        for c in sorted(set(usable_counts.values()), reverse=True)
+    )
 
     for node in view.live:
         name = node.name
@@ -346,7 +399,7 @@ def rule(view: ClusterView) -> List[Finding]:
                         CHECK_NAME,
                         name,
                         Status.FAIL,
-                        "no InfiniBand/RoCE HCA (%s have them)" % NodeSet.fromlist(others),
+                        "no InfiniBand/RoCE HCA (%s have them)" % fold(others),
                         expected="HCAs like the other nodes",
                         actual="none",
                     )
@@ -396,12 +449,36 @@ def rule(view: ClusterView) -> List[Finding]:
                         data={"port": port_label(p)},
                     )
                 )
+            elif exp_rate is None and want_rate is None:
+                node_out.append(
+                    Finding(
+                        CHECK_NAME,
+                        name,
+                        Status.FAIL,
+                        "%s: rate %s (no majority: %s; set expect.ib_rate_gbps)"
+                        % (where, _rate_text(p["rate_gbps"]), rate_split(valid, p["link_layer"])),
+                        expected="one rate on every port",
+                        actual=_rate_text(p["rate_gbps"]),
+                        data={"port": port_label(p)},
+                    )
+                )
+        if count_tie:
+            node_out.append(
+                Finding(
+                    CHECK_NAME,
+                    name,
+                    Status.FAIL,
+                    "%s: %d usable HCA ports (no majority: %s; set expect.ib_hcas)" % (name, len(usable), count_split),
+                    expected="the same count on every node",
+                    actual=str(len(usable)),
+                )
+            )
         target = want_count if want_count is not None else majority_count
         if target is not None and len(usable) < target:
             basis = (
                 "expected %d" % target
                 if want_count is not None
-                else "%s have %d" % (NodeSet.fromlist(majority_nodes), target)
+                else "%s have %d" % (fold(majority_nodes), target)
             )
             node_out.append(
                 Finding(
@@ -418,19 +495,20 @@ def rule(view: ClusterView) -> List[Finding]:
             if mem is not None:
                 node_out.append(mem)
         if not node_out:
-            layers = sorted({p["link_layer"] for p in usable})
+            aside = {label for label, _ in not_for_nccl.get(name) or []}
+            shown = [p for p in usable if port_label(p) not in aside]
             node_out.append(
                 Finding(
                     CHECK_NAME,
                     name,
                     Status.PASS,
-                    "%d port%s ACTIVE at %s (%s): %s"
+                    "%s ACTIVE at %s (%s): %s%s"
                     % (
-                        len(usable),
-                        "" if len(usable) == 1 else "s",
-                        "/".join(_rate_text(r) for r in sorted({p["rate_gbps"] for p in usable})),
-                        "/".join(layers),
-                        ", ".join(port_label(p) for p in usable),
+                        plural(len(shown), "port"),
+                        "/".join(_rate_text(r) for r in sorted({p["rate_gbps"] for p in shown})),
+                        "/".join(sorted({p["link_layer"] for p in shown})),
+                        ", ".join(port_label(p) for p in shown),
+                        _left_out_text(not_for_nccl.get(name)),
                     ),
                     actual=str(len(usable)),
                 )
@@ -449,4 +527,5 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     needs=("ssh",),
+    order=60,
 )

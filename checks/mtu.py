@@ -1,6 +1,6 @@
 """mtu: the data interfaces agree on their MTU, and full-size frames cross the network between the nodes.
 
-Phase 2. The plan (built on the controller from the nic facts, via nic.choose) has each node ping its
+Phase 2. The plan (built on the controller from the nic facts, via preflight.datanet.choose) has each node ping its
 ring neighbour (the next node in inventory order among nodes with a data interface; every other node
 when `cluster.mtu_full_mesh` is true) over its data interface with the don't-fragment bit set and a
 payload of MTU − 28 (20-byte IPv4 header + 8-byte ICMP header), plus a small ping that tells "no route
@@ -8,7 +8,7 @@ at all" from "jumbo frames black-holed" (a switch port left at 1500 silently dro
 small messages work, NCCL hangs on the first large one).
 
 Rule decisions: an MTU that differs from `expect.mtu` (or, without it, from the majority) FAILs the
-minority; each failing path FAILs as the pair `n003 → n004: ...`; when two or more paths fail and one node
+minority (a tie has no majority: every node FAILs naming the split, and the fix is to set expect.mtu); each failing path FAILs as the pair `n003 → n004: ...`; when two or more paths fail and one node
 is an end of all of them, that node is named as the fault and the failures are attributed to it.
 Partial loss of full-size pings WARNs. Nodes without a data interface are not tested (ERROR "not tested", nic FAILs).
 """
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
-from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
 
+from preflight.common import fold, majority
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
 
 CHECK_NAME = "mtu"
@@ -32,7 +32,10 @@ _STATS = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received(?P<
 _LOSS = re.compile(r"(\d+(?:\.\d+)?)% packet loss")
 _ERRORS = re.compile(r"\+(\d+) errors")
 _RTT = re.compile(r"(?:rtt|round-trip) min/avg/max(?:/mdev)? = ([\d.]+)/([\d.]+)/([\d.]+)")
-_LOCAL_MTU = re.compile(r"local error: message too long, mtu=(\d+)")
+#: iputils <= s20180629 prints "local error: Message too long, mtu=1500" (capitalised); s20190324 and later
+#: "message too long, mtu=1500" (IPv4) and "message too long, mtu: 1500" (IPv6, ping6_common.c).
+_LOCAL_MTU = re.compile(r"local error: message too long, mtu(?:=|: )(\d+)", re.I)
+_TOO_LONG = re.compile(r"message too long", re.I)
 _FRAG = re.compile(r"Frag(?:mentation)? needed and DF set \(mtu = (\d+)\)")
 _PROG_ERROR = re.compile(r"^\S*ping\S*: (.+)$", re.M)
 
@@ -48,7 +51,7 @@ def _ping_error(text: str, stdout: str, stderr: str) -> Tuple[Optional[str], boo
     m = _FRAG.search(text)
     if m:
         return "fragmentation needed (mtu = %s)" % m.group(1), True, int(m.group(1))
-    if "Message too long" in text:
+    if _TOO_LONG.search(text):
         return "message too long", True, None
     if "Destination Host Unreachable" in text:
         return "destination host unreachable", False, None
@@ -112,9 +115,9 @@ def parse_ping(stdout: str, stderr: str = "", rc: Optional[int] = None) -> Dict[
 
 def plan(view: ClusterView) -> Dict[str, Dict[str, Any]]:
     """{node: probe config}: ring (or full-mesh) targets over each node's chosen data interface."""
-    from preflight.checks import nic
+    from preflight.datanet import choose
 
-    choice = nic.choose(view)
+    choice = choose(view)
     ordered = [n.name for n in view.live if n.name in choice.nodes]
     mesh = bool(view.cluster.get("mtu_full_mesh"))
     out: Dict[str, Dict[str, Any]] = {}
@@ -269,32 +272,35 @@ def common_end(pairs: List[Tuple[str, str]]) -> Optional[str]:
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    from ClusterShell.NodeSet import NodeSet
-
-    from preflight.checks import nic
+    from preflight.datanet import choose
 
     out: List[Finding] = []
-    choice = nic.choose(view)
+    choice = choose(view)
     mtus = {name: entry["mtu"] for name, entry in choice.nodes.items()}
 
-    # 1. One MTU everywhere.
+    # 1. One MTU everywhere: against expect.mtu, else the majority; a tie has no reference value.
     want = view.expect.get("mtu")
     if mtus:
-        counts = Counter(mtus.values())
-        majority = want if want is not None else max(counts, key=lambda m: (counts[m], m))
-        holders = sorted(n for n, m in mtus.items() if m == majority)
+        reference = want if want is not None else majority(list(mtus.values()))[0]
+        holders = sorted(n for n, m in mtus.items() if m == reference)
+        split = " · ".join(
+            "%s on %s" % (m, fold(n for n, v in mtus.items() if v == m)) for m in sorted(set(mtus.values()), reverse=True)
+        )
         for name in [n.name for n in view.live if n.name in mtus]:
-            if mtus[name] != majority:
-                basis = (
-                    "expected %s" % majority if want is not None else "%s: %s" % (NodeSet.fromlist(holders), majority)
-                )
+            if reference is None or mtus[name] != reference:
+                if want is not None:
+                    basis = "expected %s" % reference
+                elif reference is not None:
+                    basis = "%s: %s" % (fold(holders), reference)
+                else:
+                    basis = "no majority: %s; set expect.mtu" % split
                 out.append(
                     Finding(
                         CHECK_NAME,
                         name,
                         Status.FAIL,
                         "%s %s: mtu %s (%s)" % (name, choice.nodes[name]["iface"], mtus[name], basis),
-                        expected=str(majority),
+                        expected=str(reference) if reference is not None else "one MTU on every node",
                         actual=str(mtus[name]),
                     )
                 )
@@ -372,4 +378,5 @@ CHECK = Check(
     phase=2,
     plan=plan,
     needs=("nic",),
+    order=70,
 )

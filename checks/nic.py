@@ -1,27 +1,10 @@
 """nic: every node has an up data interface, with an IPv4 address in a subnet the other nodes share.
 
 The probe lists the node's interfaces (`ip -j addr show`, `ip -j -d link show`, and the sysfs attributes
-speed, type and device). `choose(view)` then picks, on the controller, the one interface per node that
-NCCL's bootstrap, gloo, the rendezvous port and the bandwidth test will use. It is the single source of
-truth for that choice: the mtu and ports checks, the NCCL env-file writer and the bench launcher all call
-it, so they can never disagree about which interface "the data network" is.
-
-Selection policy (see `choose`):
-
-1. A node's `data_interface` inventory setting pins its interface; the pinned interface must exist, be up
-   and hold an IPv4 address, or the node fails.
-2. Otherwise candidates are interfaces that are up, hold a global IPv4 address, and are not loopback,
-   container/VM bridges (docker*, virbr*, br-*, cni*, ...), container-side veths (veth*, cali*, ...),
-   VPNs or tunnels. Kind alone never excludes a veth: a simulated node's real links are veths named eth0.
-3. Candidate addresses are grouped by subnet. A subnet where some address is held by more than one node
-   (docker0's 172.17.0.1 on every host) is host-local, not a network between the nodes: excluded.
-4. The data subnet is the best subnet held by every live node (or, failing that, by a strict majority, so
-   that one node whose data NIC is down fails on its own instead of silently moving the whole cluster to
-   the management network): highest typical (upper-median) speed, then MTU, then coverage, then not the
-   management network (the subnet of the address the controller connected to: sshd's SSH_CONNECTION on
-   the node, or the inventory host when it is an IP). A management port of 1 Gb/s or of unknown speed
-   ranks below every other candidate. Subnets pinned by `data_interface` on some nodes come first.
-5. Each node's interface is its best candidate in that subnet (speed, MTU, not management, name).
+speed, type and device). Which of them is each node's data network is decided on the controller by
+`preflight.datanet.choose(view)` (the policy is documented there), the one choice the mtu and ports
+checks, the NCCL env-file writer and the bench launcher share. The rule reports that choice: a node with
+no data interface FAILs; differing interface names and a node slower than the majority WARN.
 """
 
 from __future__ import annotations
@@ -30,54 +13,12 @@ import ipaddress
 import json
 import os
 import re
-import statistics
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
+from preflight.common import fold, majority
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
 
 CHECK_NAME = "nic"
-
-#: Interface-name prefixes that never carry the data network, with the reason shown in the report.
-EXCLUDED_PREFIXES: Tuple[Tuple[str, str], ...] = (
-    ("docker", "container bridge"),
-    ("br-", "container bridge"),
-    ("virbr", "VM bridge"),
-    ("lxcbr", "container bridge"),
-    ("lxdbr", "container bridge"),
-    ("podman", "container bridge"),
-    ("cni", "container network"),
-    ("flannel", "container network"),
-    ("cilium", "container network"),
-    ("kube-", "container network"),
-    ("weave", "container network"),
-    ("vxlan.calico", "container network"),
-    ("cali", "container veth"),
-    ("veth", "container veth"),
-    ("lxc", "container veth"),
-    ("tailscale", "VPN"),
-    ("wg", "VPN"),
-    ("zt", "VPN"),
-    ("tun", "tunnel"),
-    ("tap", "tunnel"),
-)
-#: linkinfo kinds that are tunnels or overlays, whatever their name.
-EXCLUDED_KINDS = {
-    "tun": "tunnel",
-    "wireguard": "VPN",
-    "vxlan": "overlay",
-    "geneve": "overlay",
-    "ipip": "tunnel",
-    "gre": "tunnel",
-    "gretap": "tunnel",
-    "sit": "tunnel",
-    "dummy": "dummy interface",
-}
-#: A management port at or below this speed (Mb/s), or of unknown speed, never wins over another candidate.
-SLOW_MGMT_MBPS = 1000
-
-ARPHRD = {1: "ether", 32: "infiniband", 772: "loopback"}
-
 
 # ----------------------------------------------------------------------------------------------- parse
 
@@ -198,7 +139,7 @@ def probe(ctx: Any) -> Dict[str, Any]:
         arp_type = parse_int_attr(ctx.read(os.path.join(base, "type")), "%s/type" % name)
         iface["speed_mbps"] = parse_int_attr(ctx.read(os.path.join(base, "speed")), "%s/speed" % name)
         iface["arp_type"] = arp_type
-        iface["physical"] = os.path.exists(os.path.join(base, "device"))
+        iface["physical"] = ctx.exists(os.path.join(base, "device"))
         kind = kinds.get(name)
         if kind is None and (arp_type == 772 or iface["link_type"] == "loopback"):
             kind = "loopback"
@@ -208,367 +149,15 @@ def probe(ctx: Any) -> Dict[str, Any]:
     return {"interfaces": interfaces, "ssh_ip": _ssh_server_ip()}
 
 
-# ---------------------------------------------------------------------------------------------- choose
-
-
-def speed_text(mbps: Optional[int]) -> str:
-    """100000 → '100 Gb/s', 2500 → '2.5 Gb/s', 100 → '100 Mb/s', None → 'speed unknown'."""
-    if mbps is None:
-        return "speed unknown"
-    if mbps >= 1000:
-        return "%g Gb/s" % (mbps / 1000.0)
-    return "%d Mb/s" % mbps
-
-
-def excluded_reason(iface: Dict[str, Any]) -> Optional[str]:
-    """Why this interface can never carry the data network (by name or kind), or None."""
-    name, kind = iface["name"], iface.get("kind")
-    if kind == "loopback" or name == "lo":
-        return "loopback"
-    for prefix, why in EXCLUDED_PREFIXES:
-        if name.startswith(prefix):
-            return why
-    if kind in EXCLUDED_KINDS:
-        return EXCLUDED_KINDS[kind]
-    return None
-
-
-def _ipv4(iface: Dict[str, Any]) -> List[ipaddress.IPv4Interface]:
-    out = []
-    for addr in iface.get("addresses") or []:
-        try:
-            ifa = ipaddress.ip_interface("%s/%s" % (addr["ip"], addr["prefixlen"]))
-        except (KeyError, ValueError):
-            continue
-        if ifa.version == 4 and not (ifa.ip.is_loopback or ifa.ip.is_link_local or ifa.ip.is_unspecified):
-            out.append(ifa)
-    return out
-
-
-@dataclass
-class _Cand:
-    node: str
-    iface: Dict[str, Any]
-    addr: ipaddress.IPv4Interface
-    mgmt: bool
-
-    @property
-    def name(self) -> str:
-        return self.iface["name"]
-
-    def entry(self, pinned: bool) -> Dict[str, Any]:
-        return {
-            "iface": self.name,
-            "ip": str(self.addr.ip),
-            "prefixlen": self.addr.network.prefixlen,
-            "mtu": self.iface.get("mtu"),
-            "speed_mbps": self.iface.get("speed_mbps"),
-            "kind": self.iface.get("kind"),
-            "subnet": str(self.addr.network),
-            "pinned": pinned,
-            "management": self.mgmt,
-        }
-
-
-def _node_rank(c: _Cand) -> Tuple[Any, ...]:
-    slow_mgmt = c.mgmt and (c.iface.get("speed_mbps") or 0) <= SLOW_MGMT_MBPS
-    return (not slow_mgmt, c.iface.get("speed_mbps") or 0, c.iface.get("mtu") or 0, not c.mgmt, _neg_name(c.name))
-
-
-def _neg_name(name: str) -> Tuple[int, ...]:
-    """A key that sorts names in reverse, so that max() picks the alphabetically first name."""
-    return tuple(-ord(ch) for ch in name) + (0,)
-
-
-@dataclass
-class Choice:
-    """The data interface chosen per node, or why a node has none.
-
-    nodes    {node: {iface, ip, prefixlen, mtu, speed_mbps, kind, subnet, pinned, management}}
-    missing  {node: reason it has no data interface}
-    skipped  {node: [(iface, why it was passed over)]} (up interfaces with an IPv4 address only)
-    subnet   the data subnet ("198.19.0.0/16"), None when none qualified
-    reason   the overall reason text
-    """
-
-    nodes: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    missing: Dict[str, str] = field(default_factory=dict)
-    skipped: Dict[str, List[Tuple[str, str]]] = field(default_factory=dict)
-    subnet: Optional[str] = None
-    reason: str = ""
-
-    def get(self, node: str) -> Optional[Dict[str, Any]]:
-        return self.nodes.get(node)
-
-    @property
-    def names(self) -> List[str]:
-        """The distinct chosen interface names, sorted."""
-        return sorted({entry["iface"] for entry in self.nodes.values()})
-
-    @property
-    def uniform(self) -> bool:
-        """True when every node with a choice uses the same interface name."""
-        return len(self.names) <= 1
-
-    def socket_ifname(self) -> Optional[str]:
-        """An NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME value: '=eth1', or '=eth1,ens1f0' when names differ.
-
-        The leading '=' asks NCCL for exact names (a bare 'eth1' would also match eth10).
-        """
-        return "=" + ",".join(self.names) if self.names else None
-
-    def to_json(self) -> Dict[str, Any]:
-        return {
-            "nodes": self.nodes,
-            "missing": self.missing,
-            "skipped": {k: [list(p) for p in v] for k, v in self.skipped.items()},
-            "subnet": self.subnet,
-            "reason": self.reason,
-        }
-
-
-def _mgmt_ips(view: ClusterView, name: str, facts: Dict[str, Any]) -> set:
-    ips = set()
-    if facts.get("ssh_ip"):
-        ips.add(str(facts["ssh_ip"]))
-    try:
-        ips.add(str(ipaddress.ip_address(view.node(name).host)))
-    except ValueError:
-        pass
-    return ips
-
-
-def choose(view: ClusterView) -> Choice:
-    """Pick each live node's data interface (policy in the module docstring). Pure."""
-    from ClusterShell.NodeSet import NodeSet
-
-    choice = Choice()
-    facts_by_node: Dict[str, Dict[str, Any]] = {}
-    for name, facts in view.of(CHECK_NAME).items():
-        if probe_error(CHECK_NAME, name, facts) is not None or not isinstance(facts.get("interfaces"), list):
-            choice.missing[name] = "no interface facts (the nic probe failed)"
-        else:
-            facts_by_node[name] = facts
-    nodes = [n.name for n in view.live if n.name in facts_by_node]
-    total = len(nodes)
-
-    # Candidates: up, IPv4, not excluded by name or kind.
-    cands: Dict[str, List[_Cand]] = {}
-    for name in nodes:
-        mgmt_ips = _mgmt_ips(view, name, facts_by_node[name])
-        skipped = choice.skipped.setdefault(name, [])
-        cands[name] = []
-        for iface in facts_by_node[name]["interfaces"]:
-            addrs = _ipv4(iface)
-            if not addrs:
-                continue
-            why = excluded_reason(iface)
-            if why == "loopback":
-                continue
-            if why:
-                skipped.append((iface["name"], why))
-                continue
-            if not iface.get("up"):
-                skipped.append((iface["name"], "down"))
-                continue
-            is_mgmt = any(str(a.ip) in mgmt_ips for a in addrs)
-            for addr in addrs:
-                cands[name].append(_Cand(name, iface, addr, is_mgmt))
-
-    # Host-local subnets: some address in them is held by more than one node.
-    holders_of_ip: Dict[str, set] = {}
-    for name in nodes:
-        for c in cands[name]:
-            holders_of_ip.setdefault(str(c.addr.ip), set()).add(name)
-    host_local: Dict[str, str] = {}
-    for ip, holders in holders_of_ip.items():
-        if len(holders) > 1:
-            net = None
-            for name in holders:
-                for c in cands[name]:
-                    if str(c.addr.ip) == ip:
-                        net = str(c.addr.network)
-            if net and net not in host_local:
-                everyone = len(holders) == total
-                host_local[net] = "same address %s on %s" % (
-                    ip,
-                    "every node" if everyone else NodeSet.fromlist(sorted(holders)),
-                )
-
-    # Subnets: who holds them, and how good they are.
-    by_subnet: Dict[str, Dict[str, List[_Cand]]] = {}
-    for name in nodes:
-        for c in cands[name]:
-            by_subnet.setdefault(str(c.addr.network), {}).setdefault(name, []).append(c)
-    pinned = {n: view.node(n).settings.get("data_interface") for n in nodes}
-    pinned = {n: p for n, p in pinned.items() if p}
-
-    def best(cs: List[_Cand]) -> _Cand:
-        return max(cs, key=_node_rank)
-
-    def subnet_rank(net: str) -> Tuple[Any, ...]:
-        # Typical (upper-median) speed and MTU: one node's degraded link must not move the cluster off
-        # its data network; that node is reported by the speed-drift and mtu rules instead.
-        per_node = [best(cs) for cs in by_subnet[net].values()]
-        speed = statistics.median_high([c.iface.get("speed_mbps") or 0 for c in per_node])
-        mtu = statistics.median_high([c.iface.get("mtu") or 0 for c in per_node])
-        mgmt = any(c.mgmt for c in per_node)
-        slow_mgmt = mgmt and speed <= SLOW_MGMT_MBPS
-        pins = sum(1 for c in per_node if pinned.get(c.node) == c.name)
-        return (pins, not slow_mgmt, speed, mtu, len(per_node), not mgmt, _neg_name(net))
-
-    quorum = total if total <= 2 else total // 2 + 1
-    qualified = [net for net, holders in by_subnet.items() if net not in host_local and len(holders) >= quorum]
-    rejected: Dict[str, str] = dict(host_local)
-    for net, holders in by_subnet.items():
-        if net not in rejected and net not in qualified:
-            rejected[net] = "only on %d of %d nodes" % (len(holders), total)
-    data_net = max(qualified, key=subnet_rank) if qualified else None
-    choice.subnet = data_net
-
-    for name in nodes:
-        want = pinned.get(name)
-        if want:
-            entry, why = _pinned_entry(name, want, facts_by_node[name]["interfaces"], cands[name], data_net)
-            if entry is None:
-                choice.missing[name] = why
-            else:
-                choice.nodes[name] = entry
-        elif data_net is None:
-            choice.missing[name] = _no_subnet_reason(name, cands[name], rejected, total)
-        elif name not in by_subnet[data_net]:
-            choice.missing[name] = _not_in_subnet_reason(name, data_net, by_subnet[data_net], facts_by_node[name])
-        else:
-            chosen = best(by_subnet[data_net][name])
-            choice.nodes[name] = chosen.entry(pinned=False)
-        if name in choice.nodes:
-            _explain_skips(choice, name, cands[name], rejected)
-
-    if data_net is None:
-        choice.reason = "no subnet is shared by the nodes" + (
-            " (%s)" % "; ".join("%s: %s" % kv for kv in sorted(rejected.items())) if rejected else ""
-        )
-    else:
-        holders = by_subnet[data_net]
-        per_node = [best(cs) for cs in holders.values()]
-        speeds = sorted({c.iface.get("speed_mbps") for c in per_node}, key=lambda s: s or 0)
-        choice.reason = "data subnet %s on %d of %d nodes (%s, mtu %s)" % (
-            data_net,
-            len(holders),
-            total,
-            "/".join(speed_text(s) for s in speeds),
-            "/".join(str(m) for m in sorted({c.iface.get("mtu") for c in per_node})),
-        )
-        others = [
-            "%s (%s)" % (net, _subnet_note(net, by_subnet, rejected, data_net))
-            for net in sorted(by_subnet)
-            if net != data_net
-        ]
-        if others:
-            choice.reason += "; passed over " + ", ".join(others)
-    return choice
-
-
-def _subnet_note(
-    net: str, by_subnet: Dict[str, Dict[str, List[_Cand]]], rejected: Dict[str, str], data_net: str
-) -> str:
-    if net in rejected:
-        return rejected[net]
-    cs = [c for cands in by_subnet[net].values() for c in cands]
-    if any(c.mgmt for c in cs):
-        return "management"
-    mine = statistics.median_high([c.iface.get("speed_mbps") or 0 for c in cs])
-    data = [c for cands in by_subnet[data_net].values() for c in cands]
-    if mine < statistics.median_high([c.iface.get("speed_mbps") or 0 for c in data]):
-        return "slower, %s" % speed_text(mine or None)
-    return "ranked lower"
-
-
-def _pinned_entry(
-    name: str, want: str, interfaces: List[Dict[str, Any]], cands: List[_Cand], data_net: Optional[str]
-) -> Tuple[Optional[Dict[str, Any]], str]:
-    iface = next((i for i in interfaces if i["name"] == want), None)
-    label = "data_interface %s (set in the inventory)" % want
-    if iface is None:
-        return None, "%s does not exist on this node" % label
-    if not iface.get("up"):
-        return None, "%s is down (operstate %s)" % (label, iface.get("state") or "?")
-    addrs = _ipv4(iface)
-    if not addrs:
-        return None, "%s has no IPv4 address" % label
-    mine = [c for c in cands if c.name == want]
-    in_net = [c for c in mine if data_net and str(c.addr.network) == data_net]
-    if in_net:
-        return in_net[0].entry(pinned=True), ""
-    if mine:
-        return mine[0].entry(pinned=True), ""
-    # Pinned but excluded by name/kind (e.g. a bridge named br-data): the user's word wins.
-    return _Cand(name, iface, addrs[0], False).entry(pinned=True), ""
-
-
-def _no_subnet_reason(name: str, cands: List[_Cand], rejected: Dict[str, str], total: int) -> str:
-    if not cands:
-        return "no up interface with an IPv4 address (other than loopback, bridges, container links)"
-    parts = [
-        "%s %s/%d: %s" % (c.name, c.addr.ip, c.addr.network.prefixlen, rejected.get(str(c.addr.network), "?"))
-        for c in cands
-    ]
-    return "no interface in a subnet shared by the %d nodes (%s)" % (total, "; ".join(parts))
-
-
-def _not_in_subnet_reason(name: str, data_net: str, holders: Dict[str, List[_Cand]], facts: Dict[str, Any]) -> str:
-    from ClusterShell.NodeSet import NodeSet
-
-    names = sorted({cs[0].name for cs in holders.values()})
-    net = ipaddress.ip_network(data_net)
-    text = "no up interface in the data subnet %s (held by %s on %s)" % (
-        data_net,
-        "/".join(names),
-        NodeSet.fromlist(sorted(holders)),
-    )
-    notes = []
-    for iface in facts["interfaces"]:
-        in_net = any(a in net for a in (i.ip for i in _ipv4(iface)))
-        if in_net and not iface.get("up"):
-            notes.append("%s holds %s but is %s" % (iface["name"], data_net, str(iface.get("state", "down")).lower()))
-        elif iface["name"] in names and not in_net:
-            state = "up" if iface.get("up") else str(iface.get("state", "down")).lower()
-            addrs = ", ".join("%s/%d" % (i.ip, i.network.prefixlen) for i in _ipv4(iface)) or "no IPv4 address"
-            notes.append("%s is %s with %s" % (iface["name"], state, addrs))
-    return text + ("; " + "; ".join(notes) if notes else "")
-
-
-def _explain_skips(choice: Choice, name: str, cands: List[_Cand], rejected: Dict[str, str]) -> None:
-    chosen = choice.nodes.get(name)
-    skipped = choice.skipped.setdefault(name, [])
-    seen = {n for n, _ in skipped}
-    for c in cands:
-        if chosen and c.name == chosen["iface"]:
-            continue
-        if c.name in seen:
-            continue
-        seen.add(c.name)
-        net = str(c.addr.network)
-        if c.mgmt:
-            why = "management"
-        elif net in rejected:
-            why = rejected[net]
-        elif chosen and net == chosen["subnet"]:
-            why = "same subnet, ranked lower"
-        elif chosen and (c.iface.get("speed_mbps") or 0) < (chosen["speed_mbps"] or 0):
-            why = "slower, %s" % speed_text(c.iface.get("speed_mbps"))
-        elif chosen and (c.iface.get("mtu") or 0) < (chosen["mtu"] or 0):
-            why = "smaller mtu %s" % c.iface.get("mtu")
-        else:
-            why = "ranked lower"
-        skipped.append((c.name, why))
-
-
 # ------------------------------------------------------------------------------------------------ rule
+# The rule runs on the controller only; it reports preflight.datanet's choice (imported there, inside the
+# functions, because this module also travels to the nodes, where only the probe half runs).
 
 
 def describe(entry: Dict[str, Any]) -> str:
     """'eth1 198.19.0.3/16 mtu 9000 (100 Gb/s)'."""
+    from preflight.datanet import speed_text
+
     return "%s %s/%s mtu %s (%s)" % (
         entry["iface"],
         entry["ip"],
@@ -579,7 +168,7 @@ def describe(entry: Dict[str, Any]) -> str:
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    from ClusterShell.NodeSet import NodeSet
+    from preflight.datanet import choose
 
     out: List[Finding] = []
     errors = set()
@@ -620,7 +209,7 @@ def rule(view: ClusterView) -> List[Finding]:
         groups: Dict[str, List[str]] = {}
         for name, entry in choice.nodes.items():
             groups.setdefault(entry["iface"], []).append(name)
-        shown = " · ".join("%s on %s" % (iface, NodeSet.fromlist(sorted(ns))) for iface, ns in sorted(groups.items()))
+        shown = " · ".join("%s on %s" % (iface, fold(ns)) for iface, ns in sorted(groups.items()))
         out.append(
             Finding(
                 CHECK_NAME,
@@ -636,9 +225,13 @@ def rule(view: ClusterView) -> List[Finding]:
     return out
 
 
-def _speed_drift(choice: Choice) -> List[Finding]:
-    """WARN the nodes whose chosen interface is slower than the cluster majority's."""
-    from ClusterShell.NodeSet import NodeSet
+def _speed_drift(choice: Any) -> List[Finding]:
+    """WARN the nodes whose chosen interface is slower than the cluster majority's.
+
+    A tie (as many nodes at one speed as at another, none more common) has no reference speed
+    (preflight.common.majority): one cluster-wide WARN names the split instead of taking a side.
+    """
+    from preflight.datanet import speed_text
 
     speeds: Dict[Optional[int], List[str]] = {}
     for name, entry in choice.nodes.items():
@@ -646,10 +239,23 @@ def _speed_drift(choice: Choice) -> List[Finding]:
     known = {s: ns for s, ns in speeds.items() if s}
     if len(known) < 2:
         return []
-    majority = max(known, key=lambda s: (len(known[s]), s))
+    reference, _count, _strict = majority([s for s, ns in known.items() for _n in ns])
+    if reference is None:
+        split = " · ".join("%s on %s" % (speed_text(s), fold(known[s])) for s in sorted(known, reverse=True))
+        return [
+            Finding(
+                CHECK_NAME,
+                None,
+                Status.WARN,
+                "data interface speeds split evenly with no majority: %s; the slowest link paces every collective"
+                % split,
+                expected="one speed on every node",
+                actual=", ".join(speed_text(s) for s in sorted(known, reverse=True)),
+            )
+        ]
     out = []
     for speed, names in sorted(known.items(), key=lambda kv: kv[0] or 0):
-        if speed >= majority:
+        if speed >= reference:
             continue
         for name in sorted(names):
             entry = choice.nodes[name]
@@ -659,14 +265,8 @@ def _speed_drift(choice: Choice) -> List[Finding]:
                     name,
                     Status.WARN,
                     "%s %s runs at %s (%s: %s); the slowest link paces every collective"
-                    % (
-                        name,
-                        entry["iface"],
-                        speed_text(speed),
-                        NodeSet.fromlist(sorted(known[majority])),
-                        speed_text(majority),
-                    ),
-                    expected=speed_text(majority),
+                    % (name, entry["iface"], speed_text(speed), fold(known[reference]), speed_text(reference)),
+                    expected=speed_text(reference),
                     actual=speed_text(speed),
                 )
             )
@@ -682,4 +282,5 @@ CHECK = Check(
     "it with data_interface: in the inventory; export NCCL_SOCKET_IFNAME as printed in the env file.",
     probe=probe,
     rule=rule,
+    order=50,
 )

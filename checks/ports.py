@@ -1,6 +1,6 @@
 """ports: the head node can listen on the rendezvous port, and every other node can connect to it.
 
-Phase 2. The plan (from nic.choose) gives the head {role: listen, port, bind_ip, expect_peers, window_s}
+Phase 2. The plan (from preflight.datanet.choose) gives the head {role: listen, port, bind_ip, expect_peers, window_s}
 and every other node {role: connect, host, port, retry_s}. All phase-2 probes start at about the same
 time, so connecting nodes retry until the head's listener is up. The two ends shake hands with one line
 each way, so a connection that lands on some other program holding the port is told apart from ours.
@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from preflight.common import fold, plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
 
 CHECK_NAME = "ports"
@@ -327,9 +328,9 @@ def probe(ctx: Any) -> Dict[str, Any]:
 
 def plan(view: ClusterView) -> Dict[str, Dict[str, Any]]:
     """{node: probe config}: the head listens on master_port, every other node connects to it."""
-    from preflight.checks import nic
+    from preflight.datanet import choose
 
-    choice = nic.choose(view)
+    choice = choose(view)
     port = int(view.cluster.get("master_port", DEFAULT_PORT))
     head = view.head.name
     head_entry = choice.nodes.get(head)
@@ -469,18 +470,12 @@ def rule(view: ClusterView) -> List[Finding]:
                 CHECK_NAME,
                 head,
                 Status.PASS,
-                "listened on port %d; %d peer%s connected%s"
-                % (port, len(names), "" if len(names) == 1 else "s", " (%s)" % _fold(names) if names else ""),
+                "listened on port %d; %s connected%s"
+                % (port, plural(len(names), "peer"), " (%s)" % fold(names) if names else ""),
                 actual=str(port),
             )
         )
     return out
-
-
-def _fold(names: List[str]) -> str:
-    from ClusterShell.NodeSet import NodeSet
-
-    return str(NodeSet.fromlist(names))
 
 
 def _attempts(f: Dict[str, Any]) -> str:
@@ -520,4 +515,5 @@ CHECK = Check(
     phase=2,
     plan=plan,
     needs=("nic",),
+    order=80,
 )

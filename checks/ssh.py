@@ -111,4 +111,5 @@ CHECK = Check(
     "path in the inventory, and time sync (chronyc tracking).",
     probe=probe,
     rule=rule,
+    order=10,
 )

@@ -7,9 +7,9 @@ Deadlines are layered: the agents enforce init / per-operation / total deadlines
 the controller's outer deadline kills the remote process group of an agent that does not.
 
 When the whole-cluster run hangs, fails or is slow and no node stands out, the nodes are tested in disjoint
-pairs, then suspects beside known-good nodes (checks.allreduce.localize), so the report names the node to
+pairs, then suspects beside known-good nodes (preflight.benchplan.localize), so the report names the node to
 exclude. The rounds re-run only the size the first run stopped at (or its verdict size), under deadlines
-derived from what the first run measured (checks.allreduce.localization_plan, round_deadlines): a hang is
+derived from what the first run measured (preflight.benchplan.localization_plan, round_deadlines): a hang is
 already known, so each round costs one torch import and one short op deadline, not a whole sweep.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from preflight import benchplan, datanet
 from preflight.gather import Fleet
 from preflight.inventory import Inventory
 from preflight.model import ClusterView, NodeInfo
@@ -56,7 +57,7 @@ def _settings(inv: Inventory) -> Dict[str, Any]:
 
 def _hardware(view: ClusterView, nodes: Sequence[str], choice: Any) -> Dict[str, Any]:
     """gpu_model and nic_gbps for the built-in bandwidth profile, from the gpu/ib_hca facts and the
-    nic choice the launcher already made (nic.choose looks at every node: call it once, not per node)."""
+    nic choice the launcher already made (datanet.choose looks at every node: call it once, not per node)."""
     from preflight.checks import ib_hca
 
     out: Dict[str, Any] = {}
@@ -93,12 +94,10 @@ def _run_groups(
     settings: Dict[str, Any],
 ) -> Dict[str, Any]:
     """Run one all-reduce per group, all groups at once. {"configs", "docs", "unanswered"}."""
-    from preflight.checks import allreduce
-
     configs: Dict[str, Dict[str, Any]] = {}
     metas = []
     for group in groups:
-        cfgs = allreduce.make_configs(
+        cfgs = benchplan.make_configs(
             group,
             addr_of[group[0].name],
             port,
@@ -108,10 +107,10 @@ def _run_groups(
             iters=settings["iters"],
             deadlines=settings["deadlines"],
         )
-        metas.append(allreduce.cluster_meta(cfgs))
+        metas.append(benchplan.cluster_meta(cfgs))
         configs.update(cfgs)
     bundles = {name: {"mode": "bench", "bench": cfg} for name, cfg in configs.items()}
-    outcomes = fleet.run(bundles, lambda spec: allreduce.outer_deadline(configs[spec.name]))
+    outcomes = fleet.run(bundles, lambda spec: benchplan.outer_deadline(configs[spec.name]))
     docs: Dict[str, Dict[str, Any]] = {}
     unanswered: Dict[str, str] = {}
     for name, outcome in outcomes.items():
@@ -125,7 +124,7 @@ def _run_groups(
 
 def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str], env: Any, opts: Any) -> BenchResult:
     """The whole-cluster all-reduce, then localization rounds if it failed or was slow and no node stands out."""
-    from preflight.checks import allreduce, nic
+    from preflight.checks import allreduce
 
     result = BenchResult()
     settings = _settings(inv)
@@ -139,7 +138,7 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
     if len(nodes) == 1 and nodes[0].gpus_per_node <= 1:
         result.meta = {"skip": "a single rank (%s, %d GPU): no all-reduce traffic to measure" % (nodes[0].name, nodes[0].gpus_per_node)}
         return result
-    choice = nic.choose(view)
+    choice = datanet.choose(view)
     addr_of = {n.name: (choice.get(n.name) or {}).get("ip") for n in nodes}
     no_addr = [n.name for n in nodes if not addr_of[n.name]]
     if no_addr:
@@ -163,13 +162,13 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
 
     threshold = allreduce.threshold_for(view, meta, [n.name for n in nodes], meta["backend"])
     limit = threshold[0] if threshold else None
-    plan = allreduce.localization_plan(first["docs"], meta, limit) if len(nodes) >= 3 else None
+    plan = benchplan.localization_plan(first["docs"], meta, limit) if len(nodes) >= 3 else None
     if plan is not None:
         by_name = {n.name: n for n in nodes}
         by_bandwidth = plan["mode"] == "slow"
         # each group's first node hosts its store; only the size that decides, under deadlines taken from
         # what the whole-cluster run measured
-        short = dict(settings, sizes=plan["sizes"], deadlines=allreduce.round_deadlines(
+        short = dict(settings, sizes=plan["sizes"], deadlines=benchplan.round_deadlines(
             meta["deadlines"], first["docs"], settings["warmup"], settings["iters"], len(plan["sizes"]),
             at_init=bool(plan.get("at_init"))))
         timings["rounds_s"] = []
@@ -180,9 +179,9 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
             done = _run_groups(fleet, infos, addr_of, port, env_vars, short)
             docs = dict(done["docs"])
             timings["rounds_s"].append(round(time.monotonic() - started, 3))
-            return [allreduce.group_result(g, {n: docs.get(n) for n in g}, meta["backend"]) for g in groups]
+            return [benchplan.group_result(g, {n: docs.get(n) for n in g}, meta["backend"]) for g in groups]
 
-        verdict = allreduce.localize([n.name for n in nodes], run_round, threshold=limit if by_bandwidth else None,
+        verdict = benchplan.localize([n.name for n in nodes], run_round, threshold=limit if by_bandwidth else None,
                                      by_bandwidth=by_bandwidth)
         meta["localization"] = {
             "results": verdict["results"], "rounds": verdict["rounds"], "threshold_gbps": limit if by_bandwidth else None,

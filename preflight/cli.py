@@ -85,13 +85,21 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--hostfile", metavar="PATH", help="write the nodes that passed, for a launcher")
     check.add_argument("--hostfile-format", choices=("plain", "deepspeed", "mpi", "mpich", "slurm"), default="plain")
     check.add_argument("-v", "--verbose", action="store_true", help="one line per finding, passes included")
+    check.add_argument("--capture", metavar="DIR", help="write every node's raw command outputs and sysfs reads "
+                       "to DIR as test fixtures (DIR/<node>/<check>.json), to send with a bug report")
+    check.add_argument("--drain", action="store_true", help="with Slurm: drain failing nodes (reason 'preflight: <check>: <finding>')")
+    check.add_argument("--resume", action="store_true", help="with Slurm: return to service nodes preflight drained that now pass")
+    check.add_argument("--dry-run", action="store_true", help="with --drain/--resume: print the scontrol commands, change nothing")
+    check.add_argument("--max-drain-fraction", type=float, default=0.2, metavar="F",
+                       help="drain nothing when more than this share of nodes fails (default 0.2)")
 
     env = sub.add_parser("env", help="fast path: gather what the NCCL env needs and write the env file")
     env.add_argument("inventory", nargs="?", help="hosts.yaml; omit for this machine")
     _common(env)
     env.add_argument("--with-allreduce", action="store_true", help="also prove the env with the all-reduce test")
 
-    sub.add_parser("checks", help="list every check with its claim")
+    checks = sub.add_parser("checks", help="list every check with its claim")
+    checks.add_argument("--markdown", action="store_true", help="print README.md's check table (claim, why, fix)")
 
     diff = sub.add_parser("diff", help="compare two JSON reports (from --json or --history)")
     diff.add_argument("old")
@@ -108,6 +116,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus-per-node", type=int, metavar="N", help="without an inventory: GPUs this machine should have")
     p.add_argument("--master-port", type=int, metavar="PORT", help="override cluster.master_port")
     p.add_argument("--env-file", metavar="PATH", help="write the recommended NCCL env file (sourced by launch scripts)")
+    p.add_argument("--slurm", action="store_true", help="nodes and transport from Slurm: this allocation (SLURM_JOB_ID), or --nodelist / --partition --nodes")
+    p.add_argument("--nodelist", metavar="NODES", help="with --slurm: allocate these Slurm nodes for the run (e.g. gpu-[001-064])")
+    p.add_argument("--partition", metavar="P", help="with --slurm: allocate --nodes N nodes of partition P for the run")
+    p.add_argument("--nodes", type=int, metavar="N", help="with --slurm --partition: how many nodes")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.add_argument("--debug", action="store_true", help="log transport details to stderr")
 
@@ -122,7 +134,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         with _signals():
             try:
                 if args.command == "checks":
-                    return _cmd_checks()
+                    return _cmd_checks(args.markdown)
                 if args.command == "diff":
                     return _cmd_diff(args)
                 if args.command in ("check", "env"):
@@ -142,7 +154,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def _cmd_checks() -> int:
+def _cmd_checks(markdown: bool = False) -> int:
+    if markdown:
+        from preflight.report import checks_markdown
+
+        sys.stdout.write(checks_markdown())
+        return EXIT_OK
     from rich.console import Console
     from rich.table import Table
 
@@ -186,6 +203,10 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 def _load_inventory(args: argparse.Namespace) -> Any:
     from preflight import inventory
 
+    if getattr(args, "slurm", False):
+        return _slurm_inventory(args)
+    if getattr(args, "nodelist", None) or getattr(args, "partition", None) or getattr(args, "nodes", None):
+        raise UsageError("--nodelist/--partition/--nodes apply only with --slurm", "add --slurm")
     if args.inventory:
         if args.gpus_per_node is not None:
             raise UsageError("--gpus-per-node applies only without an inventory", "set gpus_per_node in the inventory")
@@ -202,6 +223,35 @@ def _load_inventory(args: argparse.Namespace) -> Any:
     return inv
 
 
+def _slurm_inventory(args: argparse.Namespace) -> Any:
+    """The allocation as the inventory: this job's nodes, or an allocation made now (released after the run)."""
+    from preflight import slurm
+
+    if args.inventory:
+        raise UsageError("--slurm takes its nodes from Slurm, not from an inventory file",
+                         "drop the inventory, or write `transport: slurm` under `cluster:` in it")
+    if args.nodes is not None and args.nodes < 1:
+        raise UsageError("--nodes must be at least 1", "e.g. --nodes 16")
+    if args.nodelist and (args.partition or args.nodes):
+        raise UsageError("give --nodelist or --partition/--nodes, not both", "e.g. --nodelist gpu-[001-064]")
+    if args.nodelist or args.partition or args.nodes:
+        recheck = getattr(args, "resume", False) and not getattr(args, "dry_run", False)
+        alloc = slurm.allocate(nodelist=args.nodelist, partition=args.partition, nodes=args.nodes, recheck_ours=recheck)
+    else:
+        alloc = slurm.current_allocation()
+    try:
+        inv = slurm.inventory(alloc, gpus_per_node=args.gpus_per_node)
+        if args.master_port is not None:
+            if not 0 < args.master_port < 65536:
+                raise UsageError("--master-port %d is out of range" % args.master_port, "use 1-65535")
+            inv.master_port = args.master_port
+            inv.cluster["master_port"] = args.master_port
+    except BaseException:
+        alloc.release()
+        raise
+    return inv
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -211,7 +261,23 @@ def _cmd_check(args: argparse.Namespace) -> int:
         raise UsageError("--parallel must be at least 1", "e.g. -j 64")
     if args.timeout is not None and not (math.isfinite(args.timeout) and 0 < args.timeout <= 86400):
         raise UsageError("--timeout %s is not a usable deadline" % args.timeout, "give seconds from 0.1 to 86400, e.g. --timeout 30")
+    if (getattr(args, "drain", False) or getattr(args, "resume", False)) and not getattr(args, "slurm", False):
+        raise UsageError("--drain/--resume act on Slurm nodes", "add --slurm")
+    if not 0 <= getattr(args, "max_drain_fraction", 0.2) <= 1:
+        raise UsageError("--max-drain-fraction must be between 0 and 1", "e.g. --max-drain-fraction 0.2")
     inv = _load_inventory(args)
+    try:
+        return _check_inventory(args, inv)
+    finally:
+        if inv.allocation is not None:
+            inv.allocation.release()  # an allocation preflight made never outlives the run
+
+
+def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
+    from rich.console import Console
+
+    from preflight import engine, report
+
     json_to_stdout = getattr(args, "json", None) == "-"
     console = Console(stderr=json_to_stdout)
     if args.command == "env":
@@ -226,10 +292,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
         parallel=args.parallel,
         timeout=args.timeout,
         accept_new_host_keys=args.accept_new_host_keys,
+        capture=bool(getattr(args, "capture", None)),
     )
     engine.select_checks(opts.only, opts.skip)  # usage errors before any connection
+    if getattr(args, "capture", None):
+        _check_capture_dir(args.capture)
     _check_output_paths(args)
-    if any(not s.local for s in inv.nodes):
+    if not getattr(args, "slurm", False) and any(not s.local for s in inv.nodes):
         from preflight import transport
 
         try:
@@ -252,7 +321,33 @@ def _cmd_check(args: argparse.Namespace) -> int:
     doc = report.to_json(result)
     report.render(result, console, verbose=getattr(args, "verbose", False))
     _write_outputs(args, result, doc, console)
+    _drain(args, inv, result, console)
     return result.exit_code
+
+
+def _drain(args: argparse.Namespace, inv: Any, result: Any, console: Any) -> None:
+    """--drain / --resume: act on Slurm node states from this run's findings (see preflight.drain)."""
+    import shlex
+
+    from preflight import drain, slurm
+
+    held = inv.allocation.held if inv.allocation is not None else {}
+    if not (getattr(args, "drain", False) or getattr(args, "resume", False) or held):
+        return
+    plan = drain.plan(result.findings, [s.name for s in inv.nodes], inv.allocation.state,
+                      drain=args.drain, resume=args.resume, max_fraction=args.max_drain_fraction)
+    worst = drain.worst_findings(result.findings)
+    for node, old in held.items():  # resumed only to be checked: back to drain unless it passed and --resume
+        if node not in plan.resume:
+            plan.drain[node] = drain.reason_for(worst[node]) if node in worst else old
+    for line in plan.lines():
+        console.print(line, markup=False, highlight=False)
+    if args.dry_run:
+        for argv in plan.commands():
+            console.print("would run: " + shlex.join(argv), markup=False, highlight=False)
+        return
+    for line in drain.apply(plan, lambda argv: slurm._run(argv)):
+        console.print("drain: " + line, markup=False, highlight=False)
 
 
 def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: Any) -> None:
@@ -293,6 +388,27 @@ def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: An
 
         with _writing(args.history):
             history.record(doc, args.history)
+    if getattr(args, "capture", None):
+        from preflight import capture
+
+        written = capture.write(args.capture, result.captures, result.view.facts, result.started_at)
+        console.print("captured %d probe runs to %s (review before sending: it holds command outputs and "
+                      "addresses)" % (len(written), args.capture), markup=False, highlight=False)
+
+
+def _check_capture_dir(path: str) -> None:
+    """--capture DIR must be a directory we can create or write, and empty: a capture never mixes runs."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise UsageError("--capture %s is not a directory" % path, "give a new or empty directory")
+        if os.listdir(path):
+            raise UsageError("--capture directory %s is not empty" % path, "give a new or empty directory")
+        if not os.access(path, os.W_OK):
+            raise UsageError("--capture directory %s is not writable" % path, "give a writable directory")
+    else:
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+            raise UsageError("cannot create --capture directory %s" % path, "give a path in a writable directory")
 
 
 def _check_output_paths(args: argparse.Namespace) -> None:

@@ -241,11 +241,6 @@ def diff(old: Mapping[str, Any], new: Mapping[str, Any], bw_threshold: float = 0
     return result
 
 
-def _fold(nodes: List[str]) -> str:
-    """Node names folded (gpu-[001-003], group resolution off); a plain comma list if they do not fold."""
-    return fold(nodes)
-
-
 def _where(change: StatusChange) -> str:
     return change.check if change.node is None else "%s %s" % (change.check, change.node)
 
@@ -259,7 +254,7 @@ def render_diff(result: DiffResult) -> List[str]:
         lines.append("inventory changed (different inventory_sha256)")
 
     if result.went_down:
-        lines.append("went down (%d): %s" % (len(result.went_down), _fold([c.node for c in result.went_down])))
+        lines.append("went down (%d): %s" % (len(result.went_down), fold([c.node for c in result.went_down])))
         lines.extend("  %s: ssh %s: %s" % (c.node, c.new, c.message) for c in result.went_down)
     if result.new_failures:
         lines.append("new failures (%d):" % len(result.new_failures))
@@ -277,9 +272,9 @@ def render_diff(result: DiffResult) -> List[str]:
         lines.append("recovered (%d):" % len(result.recovered))
         lines.extend("  %s: %s -> %s" % (_where(c), c.old, c.new) for c in result.recovered)
     if result.nodes_removed:
-        lines.append("nodes removed (%d): %s" % (len(result.nodes_removed), _fold(result.nodes_removed)))
+        lines.append("nodes removed (%d): %s" % (len(result.nodes_removed), fold(result.nodes_removed)))
     if result.nodes_added:
-        lines.append("nodes added (%d): %s" % (len(result.nodes_added), _fold(result.nodes_added)))
+        lines.append("nodes added (%d): %s" % (len(result.nodes_added), fold(result.nodes_added)))
     if result.version_drift:
         lines.append("driver changed (%d):" % len(result.version_drift))
         lines.extend("  %s: %s -> %s" % (v.node, v.old, v.new) for v in result.version_drift)

@@ -2,7 +2,8 @@
 
     phase 1   local facts on every node (ssh basics, gpu, driver, fabric manager, nic, ib)
     phase 2   network facts planned from phase 1 (jumbo pings to ring neighbours, rendezvous port)
-    bench     the timed all-reduce on the nodes that passed (preflight.bench)
+    crossnode the checks declaring Check.crossnode (the timed all-reduce, preflight.bench) on the nodes
+              that passed
     rules     pure functions over the gathered facts → findings
 
 Rules never reach back into a node: every verdict is computed here, from data.
@@ -31,6 +32,7 @@ class Options:
     accept_new_host_keys: bool = False
     progress: Optional[Progress] = None
     gather_also: Sequence[str] = ()  # checks whose facts are gathered but not judged (e.g. for the env file)
+    capture: bool = False  # nodes send back every command output and file read (preflight.capture)
 
 
 @dataclass
@@ -43,8 +45,10 @@ class RunReport:
     view: ClusterView
     started_at: str
     duration_s: float
-    allreduce: Optional[Dict[str, Any]] = None
+    allreduce: Optional[Dict[str, Any]] = None  # the allreduce check's report section (summaries["allreduce"])
+    summaries: Dict[str, Any] = field(default_factory=dict)  # {cross-node check: its report section}
     phase_times: Dict[str, float] = field(default_factory=dict)
+    captures: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # {node: {check: recording}} with capture
     env: Any = None  # preflight.envfile.Derived, when it was derived for the all-reduce or the env file
 
     @property
@@ -82,19 +86,26 @@ def _deadline(timeout: Optional[float]):
     return lambda spec: timeout if timeout is not None else spec.command_timeout
 
 
-def _probe_config(names: Sequence[str], spec: NodeSpec, deadline: float, per_check: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def _probe_config(names: Sequence[str], spec: NodeSpec, deadline: float, per_check: Optional[Dict[str, Any]] = None,
+                  capture: bool = False) -> Dict[str, Any]:
     node = {"gpus_per_node": spec.gpus_per_node, "data_interface": spec.data_interface}
     checks = {name: dict((per_check or {}).get(name) or {}, node=node) for name in names}
-    return {"mode": "probe", "checks": checks, "probe_timeout_s": max(1.0, deadline - 2.0)}
+    config = {"mode": "probe", "checks": checks, "probe_timeout_s": max(1.0, deadline - 2.0)}
+    if capture:
+        config["capture"] = True
+    return config
 
 
-def _absorb(view_facts: Dict[str, Dict[str, Any]], outcomes: Dict[str, Outcome], names: Sequence[str]) -> Dict[str, str]:
+def _absorb(view_facts: Dict[str, Dict[str, Any]], outcomes: Dict[str, Outcome], names: Sequence[str],
+            captures: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, str]:
     """Merge phase results into the facts; {node: failure message} for nodes that gave none."""
     failed: Dict[str, str] = {}
     for name, outcome in outcomes.items():
         if outcome.failure is not None or outcome.result is None:
             failed[name] = str(outcome.failure)
             continue
+        if captures is not None and isinstance(outcome.result.get("capture"), dict):
+            captures.setdefault(name, {}).update(outcome.result["capture"])
         facts = outcome.result.get("facts", {})
         view_facts.setdefault(name, {}).update(facts)
         ssh = view_facts[name].get("ssh")
@@ -105,12 +116,22 @@ def _absorb(view_facts: Dict[str, Dict[str, Any]], outcomes: Dict[str, Outcome],
     return failed
 
 
+def open_fleet(inv: Inventory, opts: Options) -> Any:
+    """The transport for this inventory: SSH fan-out (gather.Fleet) or srun steps (slurm.SlurmFleet)."""
+    if inv.transport == "slurm":
+        from preflight import slurm
+
+        return slurm.fleet_for(inv, opts.progress)
+    return Fleet(inv.nodes, opts.parallel, opts.accept_new_host_keys, opts.progress)
+
+
 def run(inv: Inventory, opts: Options) -> RunReport:
     selected = select_checks(opts.only, opts.skip)
     gathered = catalogue.closure(list(selected) + list(opts.gather_also))
     checks = {name: catalogue.get(name) for name in gathered}
     phase1 = [n for n in gathered if checks[n].phase == 1 and checks[n].probe is not None]
     phase2 = [n for n in gathered if checks[n].phase == 2]
+    crossnode = [n for n in selected if checks[n].crossnode is not None]
     infos = node_infos(inv)
     specs = {s.name: s for s in inv.nodes}
     deadline = _deadline(opts.timeout)
@@ -118,14 +139,15 @@ def run(inv: Inventory, opts: Options) -> RunReport:
     times: Dict[str, float] = {}
     facts: Dict[str, Dict[str, Any]] = {}
     unreachable: Dict[str, str] = {}
-    allreduce: Optional[Dict[str, Any]] = None
+    summaries: Dict[str, Any] = {}
+    captures: Optional[Dict[str, Dict[str, Any]]] = {} if opts.capture else None
     env: Any = None
     cluster = dict(inv.cluster)
 
-    with Fleet(inv.nodes, opts.parallel, opts.accept_new_host_keys, opts.progress) as fleet:
+    with open_fleet(inv, opts) as fleet:
         t0 = time.monotonic()
-        configs = {s.name: _probe_config(phase1, s, deadline(s)) for s in inv.nodes}
-        unreachable.update(_absorb(facts, fleet.run(configs, deadline), phase1))
+        configs = {s.name: _probe_config(phase1, s, deadline(s), capture=opts.capture) for s in inv.nodes}
+        unreachable.update(_absorb(facts, fleet.run(configs, deadline), phase1, captures))
         times["phase1_s"] = time.monotonic() - t0
 
         view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
@@ -136,41 +158,42 @@ def run(inv: Inventory, opts: Options) -> RunReport:
             for node in view.live:
                 per_check = {name: plans[name][node.name] for name in phase2 if node.name in plans[name]}
                 if per_check:
-                    configs[node.name] = _probe_config(list(per_check), specs[node.name], deadline(specs[node.name]), per_check)
-            failed = _absorb(facts, fleet.run(configs, deadline), phase2)
+                    configs[node.name] = _probe_config(list(per_check), specs[node.name], deadline(specs[node.name]),
+                                                       per_check, capture=opts.capture)
+            failed = _absorb(facts, fleet.run(configs, deadline), phase2, captures)
             for name, why in failed.items():
                 for check in configs[name]["checks"]:
                     facts[name][check] = {"probe_error": "network probe run failed: %s" % why}
             times["phase2_s"] = time.monotonic() - t0
 
         view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
-        # The node checks' verdicts are final here (the bench only adds allreduce facts): judge them once.
-        findings = judge(view, [n for n in selected if n != "allreduce"])
-        if "allreduce" in selected or opts.gather_also:
+        # The node checks' verdicts are final here (a cross-node test only adds its own facts): judge them once.
+        findings = judge(view, [n for n in selected if n not in crossnode])
+        if crossnode or opts.gather_also:
             from preflight import envfile
 
             sick = {f.node for f in findings if f.status.is_problem}
             healthy = [n.name for n in view.live if n.name not in sick]
             env = envfile.derive(view, healthy)
             healthy = list(env.nodes)  # a node whose facts the env file cannot carry is left out of the bench too
-        if "allreduce" in selected and view.live:
-            from preflight import bench
-
+        for check in crossnode:
+            if not view.live:
+                break
             t0 = time.monotonic()
-            ran = bench.run(fleet, inv, view, healthy, env, opts)
+            ran = checks[check].crossnode.run(fleet, inv, view, healthy, env, opts)
             for name, doc in ran.docs.items():
-                facts[name]["allreduce"] = doc
-            cluster["allreduce"] = ran.meta
-            times["allreduce_s"] = time.monotonic() - t0
+                facts[name][check] = doc
+            cluster[check] = ran.meta
+            times[check + "_s"] = time.monotonic() - t0
 
     view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
     if env is not None:
         findings.extend(env.refused)
-    if "allreduce" in selected:
-        from preflight import bench
-
-        findings.extend(judge(view, ["allreduce"]))
-        allreduce = bench.summary(findings, cluster.get("allreduce") or {}, times.get("allreduce_s"))
+    for check in crossnode:
+        findings.extend(judge(view, [check]))
+        summarise = checks[check].crossnode.summary
+        if summarise is not None:
+            summaries[check] = summarise(findings, cluster.get(check) or {}, times.get(check + "_s"))
     return RunReport(
         inventory=inv,
         selected=selected,
@@ -178,9 +201,11 @@ def run(inv: Inventory, opts: Options) -> RunReport:
         view=view,
         started_at=datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         duration_s=time.time() - started,
-        allreduce=allreduce,
+        allreduce=summaries.get("allreduce"),
+        summaries=summaries,
         phase_times=times,
         env=env,
+        captures=captures or {},
     )
 
 

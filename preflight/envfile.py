@@ -19,7 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from preflight import __version__
+from preflight import __version__, datanet
+from preflight.common import fold
 from preflight.model import ClusterView, Finding, Status
 
 #: Interface names NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME can carry. Linux allows almost anything in a
@@ -59,9 +60,7 @@ class Derived:
 
 
 def _fold(names: Sequence[str]) -> str:
-    from preflight.common import fold
-
-    return fold(names) if names else "(none)"
+    return fold(names) or "(none)"
 
 
 def _is_ipv4(text: str) -> bool:
@@ -105,11 +104,9 @@ def derive(view: ClusterView, healthy: Optional[Sequence[str]] = None) -> Derive
     Pure. A node whose data-interface name or address is refused is left out (with a FAIL finding
     naming it), and the variables are derived for the remaining nodes.
     """
-    from preflight.checks import nic
-
     derived = Derived()
     wanted = list(healthy) if healthy is not None else [n.name for n in view.live]
-    choice = nic.choose(view)
+    choice = datanet.choose(view)
 
     # Per-node facts first: a node whose own fact cannot be written is left out as a whole.
     for node in wanted:
@@ -149,8 +146,12 @@ def _socket(choice: Any, chosen: Dict[str, Optional[Dict[str, Any]]], derived: D
         "%s: %s in %s, mtu %s" % (_fold([n for n, e in chosen.items() if e["iface"] == name]), name, _entry(chosen, name, "subnet"), _entry(chosen, name, "mtu"))
         for name in names
     )
+    if any(e.get("management") for e in chosen.values()):
+        network = "the management network: no other subnet is shared by the nodes"
+    else:
+        network = "not loopback, a container bridge or the management network"
     why = [
-        "nic check: the data interface chosen on every node (up, in the shared subnet %s; not loopback, a container bridge or the management network)" % (choice.subnet or "?"),
+        "nic check: the data interface chosen on every node (up, in the shared subnet %s; %s)" % (choice.subnet or "?", network),
         per_name,
     ]
     if len(names) == 1:
@@ -200,26 +201,36 @@ def _ib(view: ClusterView, nodes: Sequence[str], derived: Derived) -> None:
         return
     layer = usable.get("link_layer")
     if layer not in ("ib", "roce"):
-        derived.notes.append("NCCL_IB_HCA not written: the ports mix InfiniBand and RoCE link layers")
+        counts = usable.get("layer_counts") or {}
+        derived.notes.append(
+            "NCCL_IB_HCA not written: the usable ports are as many InfiniBand as RoCE (%d each across the nodes), "
+            "so there is no majority link layer to take as the rails; set NCCL_IB_HCA to the rails by hand"
+            % counts.get("ib", 0)
+        )
         return
     rate = (usable.get("rate_gbps") or {}).get(layer)
-    derived.variables.append(
-        EnvVar(
-            "NCCL_IB_HCA",
-            "=" + ",".join(hcas),
-            [
-                "ib_hca check: the %d ACTIVE %s port(s)%s, identical on %s"
-                % (len(hcas), "RoCE" if layer == "roce" else "InfiniBand", " at %g Gb/s" % rate if rate else "", _fold(list(nodes))),
-                "'=' asks NCCL for exactly these devices and ports",
-            ],
-        )
-    )
+    why = [
+        "ib_hca check: the %d ACTIVE %s port(s)%s, identical on %s"
+        % (len(hcas), "RoCE" if layer == "roce" else "InfiniBand", " at %g Gb/s" % rate if rate else "", _fold(list(nodes))),
+        "'=' asks NCCL for exactly these devices and ports",
+    ]
+    why.extend(_left_out_ports(usable.get("left_out") or {}, nodes))
+    derived.variables.append(EnvVar("NCCL_IB_HCA", "=" + ",".join(hcas), why))
     if layer == "roce":
         gid = usable.get("gid_index")
         if isinstance(gid, int) and not isinstance(gid, bool) and 0 <= gid < 1024:
             derived.variables.append(EnvVar("NCCL_IB_GID_INDEX", str(gid), ["ib_hca check: GID index %d is RoCE v2 with an IPv4 address on every port" % gid]))
         else:
             derived.notes.append("NCCL_IB_GID_INDEX not written: the RoCE v2 GID index differs across ports or was not found")
+
+
+def _left_out_ports(left_out: Dict[str, List[Tuple[str, str]]], nodes: Sequence[str]) -> List[str]:
+    """'left out mlx5_bond_0:1 on n[001-002]: RoCE at 200 Gb/s; the rails are InfiniBand at 400 Gb/s'."""
+    where: Dict[Tuple[str, str], List[str]] = {}
+    for node in nodes:
+        for label, why in left_out.get(node) or []:
+            where.setdefault((label, why), []).append(node)
+    return ["left out %s on %s: %s" % (label, _fold(on), why) for (label, why), on in where.items()]
 
 
 def _rendezvous(view: ClusterView, nodes: Sequence[str], chosen: Dict[str, Any], derived: Derived) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 from typing import List, Sequence, Tuple
 
+from preflight.common import expand, fold
 from preflight.history import PathLike, atomic_write_text
 
 FORMATS = ("plain", "deepspeed", "mpi", "mpich", "slurm")
@@ -68,8 +69,6 @@ def _validate(nodes: Sequence[Tuple[str, int]], fmt: str) -> List[Tuple[str, int
 
 
 def _slurm_nodelist(hosts: List[str]) -> str:
-    from preflight.common import expand, fold
-
     folded = fold(hosts)  # group resolution off: a name never reaches a groups.conf upcall
     try:
         back = set(expand(folded))

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
-from preflight.common import expand
+from preflight import common
 from preflight.errors import InventoryError
 
 # --- what may appear where ---------------------------------------------------------------------
@@ -37,7 +37,8 @@ NODE_KEYS = (
     "data_interface",
     "host_key_checking",
 )
-CLUSTER_KEYS = ("master_port", "head", "expect", "mtu_full_mesh", "allreduce", "max_nodes")
+CLUSTER_KEYS = ("master_port", "head", "expect", "mtu_full_mesh", "allreduce", "transport", "max_nodes")
+TRANSPORTS = ("ssh", "slurm")
 EXPECT_KEYS = (
     "driver_version",
     "cuda_version",
@@ -150,6 +151,8 @@ class Inventory:
     expect: Dict[str, Any] = field(default_factory=dict)
     cluster: Dict[str, Any] = field(default_factory=dict)
     sha256: str = ""
+    transport: str = "ssh"  # "slurm": nodes are Slurm node names, reached with srun (preflight.slurm)
+    allocation: Any = None  # preflight.slurm.Allocation the run uses (None: the transport makes one)
 
     @property
     def head_name(self) -> str:
@@ -375,7 +378,7 @@ def _expand(pattern: str, limit: int) -> List[str]:
     size = range_size(pattern)
     if size > limit:
         raise _TooMany(size)
-    names = expand(pattern)
+    names = common.expand(pattern)
     if not names:
         raise ValueError("the range names no host")
     return names
@@ -424,6 +427,11 @@ def load(path: str, max_nodes: Optional[int] = None) -> Inventory:
     mesh = cluster_raw.get("mtu_full_mesh", False)
     if not isinstance(mesh, bool):
         raise v.fail(("cluster", "mtu_full_mesh"), "mtu_full_mesh must be true or false", "write true or false")
+
+    transport = cluster_raw.get("transport", "ssh")
+    if transport not in TRANSPORTS:
+        raise v.fail(("cluster", "transport"), "transport %r is not one of %s" % (transport, ", ".join(TRANSPORTS)),
+                     "write `transport: ssh` or `transport: slurm`")
 
     nodes_raw = top.get("nodes")
     if nodes_raw is None or nodes_raw == []:
@@ -504,6 +512,7 @@ def load(path: str, max_nodes: Optional[int] = None) -> Inventory:
         expect=expect,
         cluster=cluster,
         sha256=hashlib.sha256(raw).hexdigest(),
+        transport=transport,
     )
 
 

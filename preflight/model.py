@@ -151,6 +151,20 @@ PlanFn = Callable[[ClusterView], Dict[str, Dict[str, Any]]]
 
 
 @dataclass(frozen=True)
+class CrossNode:
+    """A test that runs across nodes at once, after the node checks, on the nodes that passed them.
+
+    Controller side only (the check module wraps a lazy import of the controller code that runs it):
+    run(fleet, inventory, view, healthy node names, derived env, options) returns an object with
+    `docs` ({node: facts}, stored as view.facts[node][check]) and `meta` (view.cluster[check]);
+    summary(findings, meta, seconds), when given, is the report's section for it.
+    """
+
+    run: Callable[..., Any]
+    summary: Optional[Callable[..., Optional[Dict[str, Any]]]] = None
+
+
+@dataclass(frozen=True)
 class Check:
     """A check's declaration: the catalogue entry every module in preflight.checks exports as CHECK.
 
@@ -163,6 +177,10 @@ class Check:
     phase   1 = local facts; 2 = network facts that need a plan built from phase-1 facts
     plan    phase-2 only: plan(view) -> {node name: probe config}, built on the controller
     needs   other checks whose facts this rule reads (they are gathered even when not selected)
+    order   where it runs and is reported among the checks (lower first); the catalogue is every
+            module in preflight.checks, sorted by order, so adding a check edits no list
+    crossnode  a test run across the nodes that passed the node checks (CrossNode), e.g. the all-reduce;
+            its rule is judged after it ran
     """
 
     name: str
@@ -174,6 +192,8 @@ class Check:
     phase: int = 1
     plan: Optional[PlanFn] = None
     needs: Sequence[str] = ()
+    order: int = 500
+    crossnode: Optional[CrossNode] = None
 
 
 def skip_all(check: str, nodes: Sequence[NodeInfo], reason: str) -> List[Finding]:
@@ -191,7 +211,8 @@ def probe_error(check: str, node: str, facts: Any) -> Optional[Finding]:
     if facts is None:
         return Finding(check, node, Status.ERROR, "no facts gathered for this check")
     if isinstance(facts, dict) and "probe_error" in facts:
-        return Finding(check, node, Status.ERROR, "probe failed: %s" % facts["probe_error"])
+        raw = {"raw": facts["raw"]} if facts.get("raw") else None  # the outputs it failed on (capped)
+        return Finding(check, node, Status.ERROR, "probe failed: %s" % facts["probe_error"], data=raw)
     if isinstance(facts, dict) and facts.get("skipped"):
         return Finding(check, node, Status.ERROR, "not tested: %s" % facts["skipped"])
     return None

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from preflight import __version__
 from preflight import checks as catalogue
-from preflight.common import fold as common_fold
+from preflight import common
 from preflight.common import plural
 from preflight.engine import RunReport, not_run
 from preflight.model import Finding, Status
@@ -28,11 +28,21 @@ STYLE = {
 
 
 def fold(names: Iterable[Optional[str]]) -> str:
-    """Node names folded (common.fold, group resolution off): n001 n002 n003 n005 → n[001-003,005]."""
+    """Node names folded (n001 n002 n003 n005 → n[001-003,005]); None (a cluster-wide finding) shows as 'cluster'."""
     names = list(names)
-    real = [n for n in names if n]
-    folded = common_fold(real)
-    return folded if len(real) == len(names) else ", ".join(filter(None, ["cluster", folded]))
+    folded = common.fold(names)
+    return folded if all(names) else ", ".join(filter(None, ["cluster", folded]))
+
+
+def checks_markdown() -> str:
+    """README.md's check table, from the CHECK declarations (`preflight checks --markdown`)."""
+    def cell(text: str) -> str:
+        return " ".join(text.split()).replace("|", "\\|")
+
+    lines = ["| check | claim | why it matters | fix |", "|---|---|---|---|"]
+    for name, check in catalogue.catalogue().items():
+        lines.append("| `%s` | %s | %s | %s |" % (name, cell(check.claim), cell(check.why), cell(check.fix)))
+    return "\n".join(lines) + "\n"
 
 
 def node_status(findings: Iterable[Finding]) -> Dict[str, Status]:
@@ -170,14 +180,6 @@ def _curve(report: RunReport) -> List[Dict[str, Any]]:
     return []
 
 
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return ("%d %s" % (n, unit)) if float(n).is_integer() else ("%.1f %s" % (n, unit))
-        n /= 1024.0
-    return str(n)
-
-
 def _curve_table(curve: List[Dict[str, Any]]) -> Any:
     from rich.table import Table
 
@@ -189,7 +191,7 @@ def _curve_table(curve: List[Dict[str, Any]]) -> Any:
         bus = point.get("busbw_gbps") or 0.0
         bar = "█" * max(1, int(round(20 * bus / peak))) if bus else ""
         table.add_row(
-            _human_bytes(point["bytes"]),
+            common.human_bytes(point["bytes"]),
             "%.3f ms" % (1000 * point["time_s"]) if point.get("time_s") is not None else "-",
             "%.3f" % point["algbw_gbps"] if point.get("algbw_gbps") is not None else "-",
             "%.3f" % bus,

@@ -42,3 +42,34 @@ def sim_cluster():
                 errors.append(exc)
         if errors:
             raise errors[0]
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    """Factory: slurm_cluster(n, **opts) -> a started SimCluster whose nodes also run slurmd (tests/sim/slurm.py).
+
+    Module-scoped (a Slurm start costs seconds): tests heal their faults. Skips where network
+    namespaces or the Slurm/munge packages are missing; torn down after the module even on failure.
+    """
+    ok, why = netns_available()
+    if not ok:
+        pytest.skip(why)
+    from tests.sim import slurm
+    from tests.sim.cluster import SimCluster, cleanup_stale
+
+    missing = slurm.available()
+    if missing:
+        pytest.skip(missing)
+    cleanup_stale()
+    clusters = []
+
+    def factory(n: int = 3, **opts) -> SimCluster:
+        cluster = SimCluster(n, slurm=True, **opts)
+        clusters.append(cluster)
+        return cluster.start()
+
+    try:
+        yield factory
+    finally:
+        for cluster in reversed(clusters):
+            cluster.stop()

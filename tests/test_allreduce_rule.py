@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from preflight import benchplan, common
 from preflight.checks import allreduce as ar
 from preflight.model import ClusterView, NodeInfo, Status
 
-GiB, MiB, KiB = ar.GiB, ar.MiB, ar.KiB
+GiB, MiB, KiB = common.GiB, common.MiB, common.KiB
 
 
 def doc(node_rank, ranks, sizes, time_s=0.01, slow=None, status=None, world=None, backend="nccl", **extra):
@@ -101,7 +102,7 @@ def test_gpu_verdict_needs_a_size_of_at_least_1_gib():
 
 
 def test_cpu_verdict_uses_the_largest_size_and_warns_without_threshold():
-    sizes = ar.CPU_SIZES
+    sizes = benchplan.CPU_SIZES
     docs = [doc(i, [i], sizes, time_s=0.004, world=2, backend="gloo") for i in range(2)]
     f = the(ar.rule(cluster(docs, gpus=0)))
     assert f.status is Status.WARN and "no threshold applies" in f.message and "at 4 MiB" in f.message
@@ -232,21 +233,21 @@ def test_agent_error_document_is_a_node_failure():
 
 def test_make_configs_and_cluster_meta():
     nodes = [NodeInfo("n001", "h1", 8), NodeInfo("n002", "h2", 8, settings={"python": "/opt/py/bin/python3"})]
-    cfgs = ar.make_configs(nodes, "10.0.0.1", 29501, env={"NCCL_SOCKET_IFNAME": "=eth1"})
+    cfgs = benchplan.make_configs(nodes, "10.0.0.1", 29501, env={"NCCL_SOCKET_IFNAME": "=eth1"})
     assert [c["rank_offset"] for c in cfgs.values()] == [0, 8]
     assert cfgs["n002"]["world_size"] == 16 and cfgs["n002"]["backend"] == "nccl"
-    assert cfgs["n002"]["sizes"] == ar.GPU_SIZES and cfgs["n002"]["python"] == "/opt/py/bin/python3"
-    meta = ar.cluster_meta(cfgs)
+    assert cfgs["n002"]["sizes"] == benchplan.GPU_SIZES and cfgs["n002"]["python"] == "/opt/py/bin/python3"
+    meta = benchplan.cluster_meta(cfgs)
     assert meta["ranks"] == {"n001": [0, 7], "n002": [8, 15]} and meta["master"] == "10.0.0.1:29501"
-    cpu = ar.make_configs([NodeInfo("c1", "c1", 0), NodeInfo("c2", "c2", 0)], "c1")
+    cpu = benchplan.make_configs([NodeInfo("c1", "c1", 0), NodeInfo("c2", "c2", 0)], "c1")
     assert [c["local_world_size"] for c in cpu.values()] == [1, 1] and cpu["c1"]["backend"] == "gloo"
-    assert ar.outer_deadline(cpu["c1"]) > cpu["c1"]["deadlines"]["total_s"]
+    assert benchplan.outer_deadline(cpu["c1"]) > cpu["c1"]["deadlines"]["total_s"]
 
 
 def test_default_sweeps():
-    assert ar.GPU_SIZES[0] == MiB and ar.GPU_SIZES[-1] == 4 * GiB
-    assert ar.CPU_SIZES[0] == KiB and ar.CPU_SIZES[-1] == 4 * MiB
-    assert any(1500 < s <= 9000 for s in ar.CPU_SIZES) and any(s > 9000 for s in ar.CPU_SIZES)
+    assert benchplan.GPU_SIZES[0] == MiB and benchplan.GPU_SIZES[-1] == 4 * GiB
+    assert benchplan.CPU_SIZES[0] == KiB and benchplan.CPU_SIZES[-1] == 4 * MiB
+    assert any(1500 < s <= 9000 for s in benchplan.CPU_SIZES) and any(s > 9000 for s in benchplan.CPU_SIZES)
 
 
 # ------------------------------------------------------------------------------------------- localization
@@ -271,18 +272,18 @@ def fake_round(bad, slow=()):
 
 def test_plan_pairs_covers_every_node_once():
     nodes = ["n%03d" % i for i in range(1, 9)]
-    pairs = ar.plan_pairs(nodes)
+    pairs = benchplan.plan_pairs(nodes)
     assert pairs == [["n001", "n005"], ["n002", "n006"], ["n003", "n007"], ["n004", "n008"]]
-    odd = ar.plan_pairs(nodes[:5])
+    odd = benchplan.plan_pairs(nodes[:5])
     assert odd == [["n001", "n003"], ["n002", "n004", "n005"]]
     assert sorted(n for g in odd for n in g) == nodes[:5]
-    assert ar.plan_pairs(["n001"]) == [["n001"]] and ar.plan_pairs([]) == []
+    assert benchplan.plan_pairs(["n001"]) == [["n001"]] and benchplan.plan_pairs([]) == []
 
 
 def test_eight_nodes_one_bad_is_found_in_two_rounds():
     nodes = ["n%03d" % i for i in range(1, 9)]
     run_round, calls = fake_round({"n004"})
-    verdict = ar.localize(nodes, run_round)
+    verdict = benchplan.localize(nodes, run_round)
     assert list(verdict["bad"]) == ["n004"] and verdict["undecided"] == {}
     assert verdict["rounds"] == 2 and len(calls[1]) == 2  # n004 and n008 each beside a good node
     assert all(len(set(g)) == len(g) for g in calls[1])
@@ -292,32 +293,32 @@ def test_eight_nodes_one_bad_is_found_in_two_rounds():
 def test_plan_suspects_pairs_each_suspect_with_a_distinct_good_node():
     results = [{"nodes": ["a", "b"], "busbw_gbps": None, "failure": "hung"},
                {"nodes": ["c", "d"], "busbw_gbps": 40.0, "failure": None}]
-    assert ar.plan_suspects(results) == [["a", "c"], ["b", "d"]]
-    assert ar.plan_suspects(results, suspects=["b"], good=["d"]) == [["b", "d"]]
+    assert benchplan.plan_suspects(results) == [["a", "c"], ["b", "d"]]
+    assert benchplan.plan_suspects(results, suspects=["b"], good=["d"]) == [["b", "d"]]
 
 
 def test_odd_count_with_the_bad_node_in_the_triple():
     nodes = ["n%03d" % i for i in range(1, 6)]
     run_round, calls = fake_round({"n005"})
-    verdict = ar.localize(nodes, run_round)
+    verdict = benchplan.localize(nodes, run_round)
     assert calls[0][-1] == ["n002", "n004", "n005"]
     assert list(verdict["bad"]) == ["n005"] and sorted(verdict["good"]) == ["n001", "n002", "n003", "n004"]
-    assert verdict["rounds"] <= ar.MAX_ROUNDS
+    assert verdict["rounds"] <= benchplan.MAX_ROUNDS
 
 
 def test_more_suspects_than_good_nodes_takes_a_third_round_and_stops():
     nodes = ["n%03d" % i for i in range(1, 7)]
     run_round, calls = fake_round({"n001", "n002"})  # pairs n001+n004, n002+n005 fail; n003+n006 pass
-    verdict = ar.localize(nodes, run_round)
+    verdict = benchplan.localize(nodes, run_round)
     assert sorted(verdict["bad"]) == ["n001", "n002"]
     assert sorted(verdict["good"]) == ["n003", "n004", "n005", "n006"]
-    assert verdict["rounds"] <= ar.MAX_ROUNDS
+    assert verdict["rounds"] <= benchplan.MAX_ROUNDS
 
 
 def test_every_pair_failing_is_a_shared_fault():
     nodes = ["n%03d" % i for i in range(1, 5)]
     run_round, calls = fake_round(set(nodes))
-    verdict = ar.localize(nodes, run_round)
+    verdict = benchplan.localize(nodes, run_round)
     assert verdict["shared_fault"] and verdict["bad"] == {} and len(calls) == 1
     assert "the fault is shared" in verdict["message"]
 
@@ -325,14 +326,14 @@ def test_every_pair_failing_is_a_shared_fault():
 def test_a_slow_node_is_localized_without_a_threshold():
     nodes = ["n%03d" % i for i in range(1, 9)]
     run_round, _calls = fake_round(set(), slow={"n007"})
-    verdict = ar.localize(nodes, run_round)
+    verdict = benchplan.localize(nodes, run_round)
     assert list(verdict["bad"]) == ["n007"] and "under 50% of the median group" in verdict["bad"]["n007"]
 
 
 def test_rule_reports_the_localization_from_cluster_metadata():
     nodes = ["n%03d" % i for i in range(1, 5)]
     run_round, _calls = fake_round({"n002"})
-    verdict = ar.localize(nodes, run_round)
+    verdict = benchplan.localize(nodes, run_round)
     docs = eight_ranks_on(4, 1, [KiB], backend="gloo")
     view = cluster(docs, gpus=0, localization={"results": verdict["results"]})
     findings = ar.CHECK.rule(view)
@@ -344,10 +345,10 @@ def test_rule_reports_the_localization_from_cluster_metadata():
 def test_group_result_from_agent_documents():
     sizes = [GiB]
     docs = eight_ranks_on(2, 8, sizes, time_s=0.02)
-    g = ar.group_result(["n001", "n002"], {"n001": docs[0], "n002": docs[1]})
+    g = benchplan.group_result(["n001", "n002"], {"n001": docs[0], "n002": docs[1]})
     assert g["failure"] is None and g["busbw_gbps"] == pytest.approx(GiB / 0.02 / 1e9 * 1.875, rel=1e-3)
     hung = eight_ranks_on(2, 1, sizes, status={1: _hung()})
-    g = ar.group_result(["n001", "n002"], {"n001": hung[0], "n002": hung[1]})
+    g = benchplan.group_result(["n001", "n002"], {"n001": hung[0], "n002": hung[1]})
     assert g["failure"].startswith("hung at 2 KiB (rank 1")
-    g = ar.group_result(["n001", "n002"], {"n001": docs[0]})
+    g = benchplan.group_result(["n001", "n002"], {"n001": docs[0]})
     assert g["failure"] == "n002: no result"

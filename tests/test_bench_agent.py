@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from preflight import benchplan
 from preflight.checks import allreduce
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe import bench_agent
@@ -99,7 +100,7 @@ def assert_no_leftovers(*docs):
 
 
 def rule_over(docs, nodes, backend="gloo"):
-    meta = allreduce.cluster_meta({n: {"backend": backend, "world_size": d["world_size"], "node_rank": d["node_rank"],
+    meta = benchplan.cluster_meta({n: {"backend": backend, "world_size": d["world_size"], "node_rank": d["node_rank"],
                                        "rank_offset": d["ranks"][0]["rank"], "local_world_size": len(d["ranks"]),
                                        "master_addr": "127.0.0.1", "master_port": 1, "deadlines": {}}
                                    for n, d in zip(nodes, docs)})
@@ -112,7 +113,7 @@ def test_two_agents_as_two_nodes_sweep_the_cpu_sizes():
     from preflight.bundle import base_zip
 
     port = free_port()
-    sizes = allreduce.CPU_SIZES
+    sizes = benchplan.CPU_SIZES
     started = time.monotonic()
     # node 1 gets its worker from the probe bundle's zip, as on a real node; node 0 through the importer.
     a, b = run_all(

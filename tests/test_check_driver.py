@@ -12,7 +12,7 @@ import pytest
 from preflight.checks import driver
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
-from tests.recorded import fixture_dir, meta, read
+from tests.fixture_cases import fixture_dir, meta, read
 
 FIX = fixture_dir("driver")
 GPU_FIX = fixture_dir("gpu")
@@ -20,58 +20,10 @@ GPU_FIX = fixture_dir("gpu")
 
 
 
-def cases(pattern):
-    return sorted(glob.glob(os.path.join(FIX, pattern)))
-
-
 # ---------------------------------------------------------------------------------------------- parsers
 
 
-@pytest.mark.parametrize("path", cases("proc_version_*.txt"), ids=os.path.basename)
-def test_parse_proc_version(path):
-    case = meta(path)
-    if "error" in case:
-        with pytest.raises(ParseError, match=case["error"]):
-            driver.parse_proc_version(read(path))
-    else:
-        assert driver.parse_proc_version(read(path)) == case["expected"]
-
-
-@pytest.mark.parametrize("path", cases("ldconfig_*.txt"), ids=os.path.basename)
-def test_parse_ldconfig(path):
-    case = meta(path)
-    assert case["command"].startswith("ldconfig -p")
-    if "error" in case:
-        with pytest.raises(ParseError, match=case["error"]):
-            driver.parse_ldconfig(read(path))
-        return
-    libs = driver.parse_ldconfig(read(path))
-    assert len(libs) == case["expected_count"]
-    assert [list(lib) for lib in libs if lib[0].startswith("libnccl")] == case["expected_nccl"]
-
-
-@pytest.mark.parametrize("path", cases("torch_version_*.py"), ids=os.path.basename)
-def test_parse_torch_version_py(path):
-    case = meta(path)
-    if "error" in case:
-        with pytest.raises(ParseError, match=case["error"]):
-            driver.parse_torch_version_py(read(path))
-    else:
-        assert driver.parse_torch_version_py(read(path)) == case["expected"]
-
-
-@pytest.mark.parametrize("path", [os.path.join(GPU_FIX, "a100_hgx_535.xml"), os.path.join(GPU_FIX, "h100_hgx_550.xml")])
-def test_parse_smi_header(path):
-    want = meta(path)["expected"]
-    assert driver.parse_smi_header(read(path)) == (want["driver_version"], want["cuda_version"])
-
-
-def test_parse_smi_header_rejects_truncated_and_module_version_rejects_garbage():
-    with pytest.raises(ParseError, match="not well-formed"):
-        driver.parse_smi_header(read(os.path.join(GPU_FIX, "driver_not_loaded.xml")))
-    assert driver.parse_module_version("550.54.15\n") == "550.54.15"
-    with pytest.raises(ParseError, match="not a driver version"):
-        driver.parse_module_version("(null)")
+# parse_* cases: tests/fixtures/driver/*.json, run by tests/test_fixtures.py
 
 
 @pytest.mark.parametrize(

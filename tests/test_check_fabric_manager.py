@@ -12,10 +12,12 @@ import pytest
 from preflight.checks import fabric_manager as fm
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
-from tests.recorded import fixture_dir, meta, read
+from tests.fixture_cases import fixture_dir, meta, read
 
 FIX = fixture_dir("fabric_manager")
 GPU_FIX = fixture_dir("gpu")
+#: /sys/module/nvidia/version in each recorded sysfs tree (tests/fixtures/fabric_manager/sysfs/<tree>).
+TREE_DRIVER = {"hgx_a100": "535.129.03", "hgx_h100": "550.54.15", "pcie_h100": "550.54.15"}
 
 
 
@@ -28,38 +30,20 @@ def gpu_facts(case):
 # ---------------------------------------------------------------------------------------------- parsers
 
 
-@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(FIX, "systemctl_*.txt"))), ids=os.path.basename)
-def test_parse_systemctl_show(path):
-    case = meta(path)
-    if "error" in case:
-        with pytest.raises(ParseError, match=case["error"]):
-            fm.parse_systemctl_show(read(path))
-    else:
+# parse_* and find_nvswitches cases: tests/fixtures/fabric_manager/**/*.json, run by tests/test_fixtures.py
+
+
+def test_systemctl_fixtures_ran_the_command_the_probe_runs():
+    for path in sorted(glob.glob(os.path.join(FIX, "systemctl_show_*.json"))):
+        with open(path) as fh:
+            case = json.load(fh)
         assert case["command"].startswith("systemctl show nvidia-fabricmanager --property=")
         assert case["command"].endswith(",".join(fm.PROPERTIES))
-        assert fm.parse_systemctl_show(read(path)) == case["expected"]
-
-
-@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(FIX, "nv_fabricmanager_version_*.txt"))), ids=os.path.basename)
-def test_parse_fm_version(path):
-    case = meta(path)
-    if "error" in case:
-        with pytest.raises(ParseError, match=case["error"]):
-            fm.parse_fm_version(read(path))
-    else:
-        assert fm.parse_fm_version(read(path)) == case["expected"]
 
 
 def test_systemctl_show_without_states_is_a_parse_error():
     with pytest.raises(ParseError, match="no LoadState"):
         fm.parse_systemctl_show("Result=success\n")
-
-
-@pytest.mark.parametrize("tree", sorted(glob.glob(os.path.join(FIX, "sysfs", "*.json"))), ids=os.path.basename)
-def test_find_nvswitches_in_recorded_sysfs(tree):
-    root = os.path.splitext(tree)[0]
-    want = meta(tree)["expected"]
-    assert fm.find_nvswitches(NodeContext(sysfs_root=root)) == want["nvswitches"]
 
 
 # ------------------------------------------------------------------------------------------------ probe
@@ -91,9 +75,8 @@ def test_probe_on_nvswitch_node(tmp_path, monkeypatch, tree, show, version, want
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % tmp_path)
     root = os.path.join(FIX, "sysfs", tree)
     facts = fm.probe(NodeContext(sysfs_root=root))
-    recorded = meta(root + ".json")["expected"]
-    assert facts["nvswitches"] == recorded["nvswitches"]
-    assert facts["driver_version"] == recorded["driver_version"]
+    assert facts["nvswitches"] == meta(root + ".json")["expected"]
+    assert facts["driver_version"] == TREE_DRIVER[tree]
     assert facts["service"] == meta(os.path.join(FIX, show + ".txt"))["expected"]
     assert facts["service"]["ActiveState"] == want_state
     assert facts["fm_version"] == want_version and facts["service_error"] is None
@@ -208,7 +191,7 @@ def test_check_declaration():
 def test_sim_fabric_manager_failed_and_driver_outlier(tmp_path, monkeypatch):
     from preflight.checks import gpu
     from tests.sim import gpu_hw
-    from tests.test_check_gpu import StubNode
+    from tests.builders import StubNode
 
     import pynvml
 

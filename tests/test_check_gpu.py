@@ -13,7 +13,8 @@ import pytest
 from preflight.checks import gpu
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
-from tests.recorded import fixture_dir, meta, read
+from tests.builders import StubNode
+from tests.fixture_cases import fixture_dir, meta, read
 
 FIX = fixture_dir("gpu")
 GiB = 1 << 30
@@ -38,26 +39,14 @@ XML_CASES = sorted(glob.glob(os.path.join(FIX, "*.xml")))
 NVLINK_CASES = sorted(glob.glob(os.path.join(FIX, "*.nvlink.txt")))
 
 
-@pytest.mark.parametrize("path", XML_CASES, ids=os.path.basename)
-def test_parse_nvidia_smi_xml(path):
-    case = meta(path)
-    assert case["command"] == "nvidia-smi -q -x"
-    if "error" in case:
-        with pytest.raises(ParseError, match=case["error"]):
-            gpu.parse_nvidia_smi_xml(read(path))
-    else:
-        assert gpu.parse_nvidia_smi_xml(read(path)) == case["expected"]
+# parse_* cases: tests/fixtures/gpu/*.json, run by tests/test_fixtures.py
 
 
-@pytest.mark.parametrize("path", NVLINK_CASES, ids=os.path.basename)
-def test_parse_nvlink_status(path):
-    case = meta(path)
-    assert case["command"] == "nvidia-smi nvlink --status"
-    if "error" in case:
-        with pytest.raises(ParseError, match=case["error"]):
-            gpu.parse_nvlink_status(read(path))
-    else:
-        assert gpu.parse_nvlink_status(read(path)) == case["expected"]
+def test_recorded_commands_are_the_probes():
+    for path in XML_CASES:
+        assert meta(path)["command"] == "nvidia-smi -q -x"
+    for path in NVLINK_CASES:
+        assert meta(path)["command"] == "nvidia-smi nvlink --status"
 
 
 def test_fixture_set_covers_both_generations_and_the_bad_cases():
@@ -386,30 +375,6 @@ def test_check_declaration():
 
 
 # ------------------------------------------------------------------------------------ simulated hardware
-
-
-class StubNode:
-    """The SimNode hooks gpu_hw uses, on a temporary directory (no namespaces, no sshd)."""
-
-    def __init__(self, root):
-        self.bin_dir = str(root / "bin")
-        self.sys_dir = str(root / "sys")
-        os.makedirs(self.bin_dir)
-        os.makedirs(self.sys_dir)
-
-    def install_executable(self, name, text):
-        path = os.path.join(self.bin_dir, name)
-        with open(path, "w") as fh:
-            fh.write(text)
-        os.chmod(path, 0o755)
-        return path
-
-    def write_sys(self, relpath, text):
-        path = os.path.join(self.sys_dir, relpath)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as fh:
-            fh.write(text)
-        return path
 
 
 def test_sim_install_gpus_healthy_matches_the_recording(tmp_path, monkeypatch, no_nvml):

@@ -9,6 +9,9 @@ import pytest
 from preflight.checks import ib_hca
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
+from tests import fixture_cases as fc
+from tests.builders import ib_port as port
+from tests.builders import view
 
 sys.path.insert(0, str(Path(__file__).parent))  # `sim` importable however pytest was started
 from sim import ib_hw  # noqa: E402
@@ -21,15 +24,8 @@ GIB = 1 << 30
 # --------------------------------------------------------------------------------------------- parsers
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_probe_on_fixture_tree(case):
-    expected = json.loads((FIXTURES / case / "expected.json").read_text())
-    ctx = NodeContext(sysfs_root=str(FIXTURES / case))
-    if "parse_error" in expected:
-        with pytest.raises(ParseError, match=expected["parse_error"]):
-            ib_hca.probe(ctx)
-    else:
-        assert ib_hca.probe(ctx) == expected
+# probe cases on the fixture trees and parse_* cases: tests/fixtures/ib_hca/*.json, run by
+# tests/test_fixtures.py
 
 
 def test_fixture_trees_match_the_writer():
@@ -158,33 +154,17 @@ def test_rate_text_matches_kernel_format():
 # ----------------------------------------------------------------------------------------------- rules
 
 
-def port(hca, state="ACTIVE", phys="LinkUp", rate=400, layer="ib", gid=None, n=1):
-    return {
-        "hca": hca,
-        "port": n,
-        "state": state,
-        "phys_state": phys,
-        "rate_gbps": rate,
-        "width": "4X NDR" if rate == 400 else None,
-        "link_layer": layer,
-        "netdev": None,
-        "roce_v2_gid_index": gid,
-        "roce_v2_ip": None,
-    }
-
-
 def healthy(count=4, **kw):
     return {"hcas": {}, "ports": [port("mlx5_%d" % i, **kw) for i in range(count)]}
 
 
 def view_of(ib_facts, memlock=None, expect=None, ssh=True):
-    nodes = [NodeInfo(n, n, 8, is_head=(i == 0)) for i, n in enumerate(ib_facts)]
     facts = {}
     for n, f in ib_facts.items():
         facts[n] = {"ib_hca": f}
         if ssh:
             facts[n]["ssh"] = {"memlock_soft": (memlock or {}).get(n)}
-    return ClusterView(nodes, facts, expect=expect)
+    return view(facts, expect=expect)
 
 
 def by_status(findings, status):
@@ -297,9 +277,67 @@ def test_usable_hcas_leaves_out_failed_probes():
 
 def test_rule_on_fixture_facts():
     """ndr_active_and_down across two nodes: the DOWN port is named, the healthy node passes."""
-    down = json.loads((FIXTURES / "ndr_active_and_down" / "expected.json").read_text())
-    polling = json.loads((FIXTURES / "ndr_polling" / "expected.json").read_text())
+    down = fc.expected("ib_hca", "ndr_active_and_down")
+    polling = fc.expected("ib_hca", "ndr_polling")
     findings = ib_hca.rule(view_of({"n001": down, "n002": polling}))
     messages = [f.message for f in by_status(findings, Status.FAIL)]
     assert "n001 mlx5_1 port 1: state DOWN, Disabled (expected ACTIVE at 400 Gb/s)" in messages
     assert "n002 mlx5_2 port 1: state DOWN, Polling (expected ACTIVE at 400 Gb/s)" in messages
+
+
+def h100_bf3(ib_rate=400):
+    """An H100 node as the real capture has it: mlx5_0,1,4-9 InfiniBand NDR rails and a BlueField-3
+    Ethernet port mlx5_bond_0 at 200 Gb/s (the front-end network)."""
+    rails = [port("mlx5_%d" % i, rate=ib_rate) for i in (0, 1, 4, 5, 6, 7, 8, 9)]
+    return {"hcas": {}, "ports": rails + [port("mlx5_bond_0", rate=200, layer="roce")]}
+
+
+RAILS = ["mlx5_%d:1" % i for i in (0, 1, 4, 5, 6, 7, 8, 9)]
+
+
+def test_usable_hcas_mixed_layers_picks_the_majority_layer_and_says_what_it_left_out():
+    usable = ib_hca.usable_hcas(view_of({"n001": h100_bf3(), "n002": h100_bf3()}))
+    assert usable["nodes"] == {"n001": RAILS, "n002": RAILS}
+    assert usable["uniform"] is True and usable["link_layer"] == "ib"
+    assert usable["left_out"] == {
+        "n001": [("mlx5_bond_0:1", "RoCE at 200 Gb/s; the rails are InfiniBand at 400 Gb/s")],
+        "n002": [("mlx5_bond_0:1", "RoCE at 200 Gb/s; the rails are InfiniBand at 400 Gb/s")],
+    }
+
+
+def test_usable_hcas_tied_layers_pick_nothing():
+    """Two InfiniBand and two RoCE ports per node: no majority (the one tie rule), no rails chosen."""
+    facts = {"hcas": {}, "ports": [port("mlx5_0"), port("mlx5_1"), port("mlx5_2", rate=200, layer="roce"),
+                                   port("mlx5_3", rate=200, layer="roce")]}
+    usable = ib_hca.usable_hcas(view_of({"n001": facts, "n002": facts}))
+    assert usable["link_layer"] is None
+
+
+def test_mixed_layers_pass_and_name_the_port_left_out_of_nccl():
+    findings = ib_hca.rule(view_of({"n001": h100_bf3(), "n002": h100_bf3()}))
+    assert [f.status for f in findings] == [Status.PASS, Status.PASS]
+    assert findings[0].message.startswith("8 ports ACTIVE at 400 Gb/s (ib): mlx5_0:1, mlx5_1:1, mlx5_4:1")
+    assert findings[0].message.endswith(
+        "; not for NCCL: mlx5_bond_0:1 (RoCE at 200 Gb/s; the rails are InfiniBand at 400 Gb/s)"
+    )
+
+
+def test_rate_tie_has_no_majority_and_fails_every_port_naming_the_split():
+    # n001 at 400, n002 at 200: equally common, so neither is the reference (the old rule took 400).
+    findings = ib_hca.rule(view_of({"n001": healthy(count=2), "n002": healthy(count=2, rate=200)}))
+    fail = by_status(findings, Status.FAIL)
+    assert {f.node for f in fail} == {"n001", "n002"} and len(fail) == 4
+    assert fail[0].message == (
+        "n001 mlx5_0 port 1: rate 400 Gb/s (no majority: 400 Gb/s on 2 ports · 200 Gb/s on 2 ports; "
+        "set expect.ib_rate_gbps)"
+    )
+    assert ib_hca.expected_rates(view_of({"n001": healthy(count=2), "n002": healthy(count=2, rate=200)})) == {"ib": None}
+
+
+def test_port_count_tie_has_no_majority_and_fails_every_node():
+    findings = ib_hca.rule(view_of({"n001": healthy(count=4), "n002": healthy(count=3)}))
+    fail = by_status(findings, Status.FAIL)
+    assert [f.message for f in fail] == [
+        "n001: 4 usable HCA ports (no majority: 4 on n001 · 3 on n002; set expect.ib_hcas)",
+        "n002: 3 usable HCA ports (no majority: 4 on n001 · 3 on n002; set expect.ib_hcas)",
+    ]

@@ -9,6 +9,7 @@ import pytest
 from preflight.checks import mtu
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
+from tests.builders import data_node, names, view
 
 FIXTURES = Path(__file__).parent / "fixtures" / "mtu"
 CASES = sorted(p.stem for p in FIXTURES.glob("*.json"))
@@ -17,15 +18,16 @@ CASES = sorted(p.stem for p in FIXTURES.glob("*.json"))
 # ---------------------------------------------------------------------------------------------- parser
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_parse_recorded_ping(case):
-    doc = json.loads((FIXTURES / (case + ".json")).read_text())
-    assert doc["argv"][:3] == ["ping", "-M", "do"]
-    assert mtu.parse_ping(doc["stdout"], doc["stderr"], doc["rc"]) == doc["expected"]
+# parse_ping cases: tests/fixtures/mtu/*.json, run by tests/test_fixtures.py
+
+
+def test_recorded_pings_are_df_pings():
+    for case in CASES:
+        assert json.loads((FIXTURES / (case + ".json")).read_text())["argv"][:3] == ["ping", "-M", "do"]
 
 
 def test_recorded_cases_cover_the_failure_kinds():
-    docs = {c: json.loads((FIXTURES / (c + ".json")).read_text())["expected"] for c in CASES}
+    docs = {c: json.loads((FIXTURES / (c + ".json")).read_text()).get("expected") for c in CASES}
     assert docs["success"]["received"] == 3 and docs["success"]["rtt_ms"] == pytest.approx(0.271)
     assert docs["total_loss"]["loss_pct"] == 100.0 and not docs["total_loss"]["too_long"]
     assert docs["local_error_mtu"]["path_mtu"] == 1500 and docs["local_error_mtu"]["too_long"]
@@ -94,40 +96,13 @@ def test_ping_argv_keeps_hostile_interface_name_as_one_argument():
 # ------------------------------------------------------------------------------------------------ plan
 
 
-def nic_facts(i, data_mtu=9000, data_up=True, name="eth1"):
-    def iface(n, ip, plen, m, up=True):
-        return {
-            "name": n,
-            "state": "UP" if up else "DOWN",
-            "up": up,
-            "mtu": m,
-            "speed_mbps": 10000,
-            "kind": "veth",
-            "link_type": "ether",
-            "master": None,
-            "arp_type": 1,
-            "physical": False,
-            "addresses": [{"ip": ip, "prefixlen": plen}],
-        }
-
-    return {
-        "interfaces": [
-            iface("eth0", "192.0.2.%d" % i, 24, 1500),
-            iface(name, "198.19.0.%d" % i, 16, data_mtu, data_up),
-        ],
-        "ssh_ip": "192.0.2.%d" % i,
-    }
-
-
 def cluster(n=4, mtus=None, down=(), mtu_facts=None, **kw):
-    names = ["n%03d" % i for i in range(1, n + 1)]
-    nodes = [NodeInfo(name, name, 8, is_head=(i == 0)) for i, name in enumerate(names)]
     facts = {}
-    for i, name in enumerate(names, 1):
-        facts[name] = {"nic": nic_facts(i, (mtus or {}).get(name, 9000), name not in down)}
+    for i, name in enumerate(names(n), 1):
+        facts[name] = {"nic": data_node(i, (mtus or {}).get(name, 9000), name not in down)}
         if mtu_facts is not None and name in mtu_facts:
             facts[name]["mtu"] = mtu_facts[name]
-    return ClusterView(nodes, facts, **kw)
+    return view(facts, **kw)
 
 
 def test_plan_ring_over_chosen_interfaces():
@@ -292,3 +267,28 @@ def test_common_end():
     assert mtu.common_end([("a", "b")]) is None
     assert mtu.common_end([("a", "b"), ("b", "a")]) is None
     assert mtu.common_end([("a", "b"), ("c", "d")]) is None
+
+
+@pytest.mark.parametrize(
+    "line, path_mtu",
+    [
+        ("ping: local error: Message too long, mtu=1500", 1500),  # iputils <= s20180629
+        ("ping: local error: message too long, mtu=1500", 1500),  # iputils >= s20190324, IPv4
+        ("ping: local error: message too long, mtu: 1280", 1280),  # iputils >= s20190324, IPv6
+        ("ping: sendmsg: Message too long", None),  # strerror(EMSGSIZE), no MTU given
+    ],
+)
+def test_message_too_long_in_every_iputils_spelling(line, path_mtu):
+    out = "--- x ping statistics ---\n3 packets transmitted, 0 received, +3 errors, 100% packet loss, time 4ms\n"
+    parsed = mtu.parse_ping(out, line + "\n", 1)
+    assert parsed["too_long"] is True and parsed["path_mtu"] == path_mtu
+
+
+def test_mtu_tie_has_no_majority_and_fails_every_node_naming_the_split():
+    # Two nodes at 9000, two at 1500: no reference value (preflight.common.majority), so no side is
+    # silently taken (the old rule picked the larger MTU and failed only the 1500 nodes).
+    view = cluster(4, mtus={"n003": 1500, "n004": 1500}, mtu_facts=ring_facts(4))
+    fail = [f for f in mtu.rule(view) if f.status == Status.FAIL and "no majority" in f.message]
+    assert [f.node for f in fail] == ["n001", "n002", "n003", "n004"]
+    assert fail[2].message == "n003 eth1: mtu 1500 (no majority: 9000 on n[001-002] · 1500 on n[003-004]; set expect.mtu)"
+    assert fail[0].expected == "one MTU on every node"

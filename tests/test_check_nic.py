@@ -7,56 +7,23 @@ from pathlib import Path
 
 import pytest
 
+from preflight import datanet
 from preflight.checks import nic
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
+from tests import fixture_cases as fc
+from tests.builders import iface, view
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nic"
-CASES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
-SSH_IP = {"gpu_node": "10.10.0.11", "veth_node": "192.0.2.13"}
-
-FAKE_IP = """#!{python}
-import os, sys
-d = os.environ["FAKE_IP_DIR"]
-files = {{("-j", "addr", "show"): "ip-addr.json", ("-j", "-d", "link", "show"): "ip-link.json"}}
-name = files.get(tuple(sys.argv[1:]))
-if name is None:
-    sys.stderr.write("ip: unexpected arguments %r\\n" % (sys.argv[1:],))
-    sys.exit(255)
-sys.stdout.write(open(os.path.join(d, name)).read())
-"""
-
-
-@pytest.fixture
-def fake_ip(tmp_path, monkeypatch):
-    """An `ip` executable on PATH that prints a fixture case's recorded output."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    script = bindir / "ip"
-    script.write_text(FAKE_IP.format(python=sys.executable))
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", "%s%s%s" % (bindir, os.pathsep, os.environ.get("PATH", "")))
-
-    def use(case_dir):
-        monkeypatch.setenv("FAKE_IP_DIR", str(case_dir))
-
-    return use
 
 
 # --------------------------------------------------------------------------------------------- parsers
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_probe_on_recorded_case(case, fake_ip, monkeypatch):
-    fake_ip(FIXTURES / case)
-    monkeypatch.setenv("SSH_CONNECTION", "10.10.0.1 51234 %s 22" % SSH_IP[case])
-    facts = nic.probe(NodeContext(sysfs_root=str(FIXTURES / case / "sys")))
-    assert facts == json.loads((FIXTURES / case / "expected.json").read_text())
-    json.dumps(facts)  # JSON-serialisable
+# parse_* and probe cases (node snapshots with recorded `ip` output): tests/fixtures/nic/*.json, run by
+# tests/test_fixtures.py
 
 
 def test_gpu_node_kinds_and_speeds():
-    facts = json.loads((FIXTURES / "gpu_node" / "expected.json").read_text())
+    facts = fc.expected("nic", "gpu_node")
     by = {i["name"]: i for i in facts["interfaces"]}
     assert by["lo"]["kind"] == "loopback" and by["lo"]["speed_mbps"] is None
     assert by["docker0"]["kind"] == "bridge"
@@ -109,23 +76,6 @@ def test_probe_fails_clearly_without_ip(monkeypatch, tmp_path):
 # ---------------------------------------------------------------------------------------------- choose
 
 
-def iface(name, ip=None, prefixlen=24, mtu=1500, speed=10000, kind=None, up=True, physical=True):
-    addresses = [] if ip is None else [{"ip": ip, "prefixlen": prefixlen}]
-    return {
-        "name": name,
-        "state": "UP" if up else "DOWN",
-        "up": up,
-        "mtu": mtu,
-        "speed_mbps": speed,
-        "kind": kind,
-        "link_type": "ether",
-        "master": None,
-        "arp_type": 1,
-        "physical": physical,
-        "addresses": addresses,
-    }
-
-
 def lo():
     return iface("lo", "127.0.0.1", 8, 65536, None, "loopback", physical=False)
 
@@ -145,11 +95,7 @@ def sim_node(i, data_up=True, data_mtu=9000):
 
 
 def view_of(facts_by_node, settings=None, hosts=None, **kw):
-    nodes = [
-        NodeInfo(name, (hosts or {}).get(name, name), 8, is_head=(i == 0), settings=(settings or {}).get(name, {}))
-        for i, name in enumerate(facts_by_node)
-    ]
-    return ClusterView(nodes, {n: {"nic": f} for n, f in facts_by_node.items()}, **kw)
+    return view({n: {"nic": f} for n, f in facts_by_node.items()}, settings=settings, hosts=hosts, **kw)
 
 
 def three_sim(**over):
@@ -159,7 +105,7 @@ def three_sim(**over):
 
 
 def test_choose_picks_data_veth_over_management_and_docker():
-    choice = nic.choose(view_of(three_sim()))
+    choice = datanet.choose(view_of(three_sim()))
     assert choice.missing == {}
     assert {n: e["iface"] for n, e in choice.nodes.items()} == {"n001": "eth1", "n002": "eth1", "n003": "eth1"}
     assert choice.nodes["n002"]["ip"] == "198.19.0.12" and choice.nodes["n002"]["prefixlen"] == 16
@@ -184,7 +130,7 @@ def test_rule_pass_message_names_interface_speed_mtu_and_skips():
 def test_management_wins_nothing_when_equal():
     # Same speed and MTU on both: the management interface must not be chosen.
     facts = {"n%03d" % i: sim_node(i, data_mtu=1500) for i in (1, 2)}
-    choice = nic.choose(view_of(facts))
+    choice = datanet.choose(view_of(facts))
     assert {e["iface"] for e in choice.nodes.values()} == {"eth1"}
 
 
@@ -193,7 +139,7 @@ def test_management_known_without_ssh_ip_from_inventory_host():
     for f in facts.values():
         f["ssh_ip"] = None
     hosts = {"n001": "192.0.2.11", "n002": "192.0.2.12"}
-    choice = nic.choose(view_of(facts, hosts=hosts))
+    choice = datanet.choose(view_of(facts, hosts=hosts))
     assert {e["iface"] for e in choice.nodes.values()} == {"eth1"}
     assert ("eth0", "management") in choice.skipped["n001"]
 
@@ -209,12 +155,12 @@ def test_slow_management_port_loses_to_unknown_speed_data_interface():
             "ssh_ip": "10.10.0.%d" % i,
         }
 
-    choice = nic.choose(view_of({"a": node(1), "b": node(2)}))
+    choice = datanet.choose(view_of({"a": node(1), "b": node(2)}))
     assert {e["iface"] for e in choice.nodes.values()} == {"bond0"}
 
 
 def gpu_node(i, ib_up=True):
-    facts = json.loads((FIXTURES / "gpu_node" / "expected.json").read_text())
+    facts = fc.expected("nic", "gpu_node")
     for entry in facts["interfaces"]:
         for addr in entry["addresses"]:
             if addr["ip"].count(".") == 3 and not addr["ip"].startswith(("127.", "172.17.")):
@@ -227,7 +173,7 @@ def gpu_node(i, ib_up=True):
 
 def test_gpu_nodes_choose_fastest_shared_interface():
     view = view_of({"gpu-%03d" % i: gpu_node(i) for i in (1, 2, 3, 4)})
-    choice = nic.choose(view)
+    choice = datanet.choose(view)
     assert {e["iface"] for e in choice.nodes.values()} == {"ib0"}  # 400 Gb/s IPoIB beats 200 GbE and the bond
     assert choice.nodes["gpu-003"]["speed_mbps"] == 400000
     skipped = dict(choice.skipped["gpu-001"])
@@ -239,11 +185,11 @@ def test_gpu_nodes_choose_fastest_shared_interface():
 
 def test_one_node_with_data_nic_down_fails_alone():
     view = view_of({"gpu-%03d" % i: gpu_node(i, ib_up=(i != 3)) for i in (1, 2, 3, 4)})
-    choice = nic.choose(view)
+    choice = datanet.choose(view)
     assert set(choice.nodes) == {"gpu-001", "gpu-002", "gpu-004"}
     assert {e["iface"] for e in choice.nodes.values()} == {"ib0"}
     why = choice.missing["gpu-003"]
-    assert "10.30.0.0/16" in why and "ib0 holds 10.30.0.0/16 but is down" in why
+    assert "10.30.0.0/16" in why and "data NIC down: ib0 10.30.0.13/16 is down (operstate DOWN)" in why
     findings = {f.node: f for f in nic.rule(view) if f.node}
     assert findings["gpu-003"].status == Status.FAIL
     assert findings["gpu-001"].status == Status.PASS
@@ -254,7 +200,7 @@ def test_identical_address_on_every_node_is_not_a_network():
     facts = three_sim()
     for f in facts.values():
         f["interfaces"].append(iface("br0", "10.88.0.1", 16, 9000, 100000, "bridge", physical=False))
-    choice = nic.choose(view_of(facts))
+    choice = datanet.choose(view_of(facts))
     assert {e["iface"] for e in choice.nodes.values()} == {"eth1"}
     assert ("br0", "same address 10.88.0.1 on every node") in choice.skipped["n001"]
 
@@ -278,7 +224,7 @@ def test_container_named_veth_excluded_but_plain_veth_kept():
             "ssh_ip": None,
         },
     }
-    choice = nic.choose(view_of(facts))
+    choice = datanet.choose(view_of(facts))
     assert {e["iface"] for e in choice.nodes.values()} == {"eth0"}
     assert ("veth1234abc", "container veth") in choice.skipped["a"]
 
@@ -286,7 +232,7 @@ def test_container_named_veth_excluded_but_plain_veth_kept():
 def test_pinned_interface_is_honoured_even_if_slower():
     facts = three_sim()
     settings = {n: {"data_interface": "eth0"} for n in facts}
-    choice = nic.choose(view_of(facts, settings=settings))
+    choice = datanet.choose(view_of(facts, settings=settings))
     assert {e["iface"] for e in choice.nodes.values()} == {"eth0"}
     assert all(e["pinned"] for e in choice.nodes.values())
     findings = nic.rule(view_of(facts, settings=settings))
@@ -303,7 +249,7 @@ def test_pinned_interface_absent_down_or_addressless_fails(pin, expect):
     facts["n002"]["interfaces"][2]["state"] = "DOWN"
     facts["n002"]["interfaces"].append(iface("eth2", None))
     view = view_of(facts, settings={"n002": {"data_interface": pin}})
-    choice = nic.choose(view)
+    choice = datanet.choose(view)
     assert "n002" not in choice.nodes
     assert expect in choice.missing["n002"] and pin in choice.missing["n002"]
     failing = [f for f in nic.rule(view) if f.status == Status.FAIL]
@@ -316,7 +262,7 @@ def test_names_differ_warns_with_socket_ifname_list():
         if entry["name"] == "eth1":
             entry["name"] = "ens1f0"
     view = view_of(facts)
-    choice = nic.choose(view)
+    choice = datanet.choose(view)
     assert not choice.uniform and choice.socket_ifname() == "=ens1f0,eth1"
     warns = [f for f in nic.rule(view) if f.status == Status.WARN]
     assert len(warns) == 1 and warns[0].node is None
@@ -347,13 +293,13 @@ def test_unshared_subnets_fail_with_reason():
         "a": {"interfaces": [lo(), iface("eth1", "10.1.0.1", 24)], "ssh_ip": None},
         "b": {"interfaces": [lo(), iface("eth1", "10.2.0.1", 24)], "ssh_ip": None},
     }
-    choice = nic.choose(view_of(facts))
+    choice = datanet.choose(view_of(facts))
     assert choice.nodes == {} and choice.subnet is None
     assert "only on 1 of 2 nodes" in choice.missing["a"]
 
 
 def test_single_node_picks_best_interface():
-    choice = nic.choose(view_of({"solo": gpu_node(1)}))
+    choice = datanet.choose(view_of({"solo": gpu_node(1)}))
     assert choice.nodes["solo"]["iface"] == "ib0"
 
 
@@ -364,7 +310,7 @@ def test_probe_error_is_error_never_pass():
     findings = {f.node: f for f in nic.rule(view)}
     assert findings["n002"].status == Status.ERROR
     assert findings["n001"].status == Status.PASS  # quorum of the rest still picks eth1
-    assert "n002" in nic.choose(view).missing
+    assert "n002" in datanet.choose(view).missing
 
 
 def test_missing_facts_are_error():
@@ -374,11 +320,82 @@ def test_missing_facts_are_error():
 
 
 def test_choice_is_json_serialisable():
-    json.dumps(nic.choose(view_of(three_sim())).to_json())
+    json.dumps(datanet.choose(view_of(three_sim())).to_json())
 
 
 def test_speed_text():
-    assert nic.speed_text(100000) == "100 Gb/s"
-    assert nic.speed_text(2500) == "2.5 Gb/s"
-    assert nic.speed_text(100) == "100 Mb/s"
-    assert nic.speed_text(None) == "speed unknown"
+    assert datanet.speed_text(100000) == "100 Gb/s"
+    assert datanet.speed_text(2500) == "2.5 Gb/s"
+    assert datanet.speed_text(100) == "100 Mb/s"
+    assert datanet.speed_text(None) == "speed unknown"
+
+
+def test_speed_tie_has_no_majority_and_warns_once_naming_the_split():
+    facts = {"n%03d" % i: sim_node(i) for i in (1, 2, 3, 4)}
+    for name in ("n003", "n004"):
+        facts[name]["interfaces"][2]["speed_mbps"] = 1000
+    warns = [f for f in nic.rule(view_of(facts)) if f.status == Status.WARN]
+    assert [f.node for f in warns] == [None]
+    assert warns[0].message == (
+        "data interface speeds split evenly with no majority: 10 Gb/s on n[001-002] · 1 Gb/s on n[003-004]; "
+        "the slowest link paces every collective"
+    )
+
+
+# ------------------------------------------------- issue 14: wrong verdicts about the data network
+
+
+def _statuses(findings):
+    return {f.node: f.status for f in findings if f.node}
+
+
+@pytest.mark.parametrize("n, down", [(2, (1, 2)), (4, (2, 3))])
+def test_data_nic_down_on_half_the_nodes_fails_them_instead_of_moving_to_management(n, down):
+    """Two nodes (or 2 of 4) with their data NIC down: the data network stays the data network, and the
+    nodes whose data NIC is down fail by name; the management network is never taken for it."""
+    facts = {"n%03d" % i: sim_node(i, data_up=(i not in down)) for i in range(1, n + 1)}
+    view = view_of(facts)
+    choice = datanet.choose(view)
+    assert choice.subnet == "198.19.0.0/16"
+    assert all(not e["management"] for e in choice.nodes.values())
+    assert set(choice.missing) == {"n%03d" % i for i in down}
+    for i in down:
+        why = choice.missing["n%03d" % i]
+        assert "eth1 198.19.0.%d/16 is down" % (10 + i) in why and "198.19.0.0/16" in why
+    findings = nic.rule(view)
+    statuses = _statuses(findings)
+    assert [name for name, s in sorted(statuses.items()) if s == Status.FAIL] == ["n%03d" % i for i in down]
+    assert all(s == Status.PASS for name, s in statuses.items() if int(name[1:]) not in down)
+
+
+def test_data_nic_down_everywhere_with_a_fast_management_network_still_fails():
+    """Even when the management port is as fast as the data port, a down data NIC is a failure."""
+    facts = {"n%03d" % i: sim_node(i, data_up=False) for i in (1, 2)}
+    for f in facts.values():
+        for entry in f["interfaces"]:
+            if entry["name"] == "eth1":
+                entry["speed_mbps"] = None  # an administratively down link reports no speed
+    findings = nic.rule(view_of(facts))
+    assert _statuses(findings) == {"n001": Status.FAIL, "n002": Status.FAIL}
+
+
+def test_data_address_conflict_between_two_nodes_is_a_named_failure():
+    """The same data address on two of three nodes is a conflict, not a host-local bridge."""
+    facts = three_sim()
+    facts["n003"]["interfaces"][2]["addresses"] = [{"ip": "198.19.0.12", "prefixlen": 16}]  # n002's
+    view = view_of(facts)
+    choice = datanet.choose(view)
+    assert choice.subnet == "198.19.0.0/16"
+    assert set(choice.nodes) == {"n001"}
+    for node, other in (("n002", "n003"), ("n003", "n002")):
+        assert "address conflict: 198.19.0.12 on eth1 is also on %s" % other in choice.missing[node]
+    statuses = _statuses(nic.rule(view))
+    assert statuses == {"n001": Status.PASS, "n002": Status.FAIL, "n003": Status.FAIL}
+
+
+def test_same_address_on_every_node_is_still_host_local():
+    facts = three_sim()
+    for f in facts.values():
+        f["interfaces"].append(iface("br9", "10.99.0.1", 16, 9000, 100000, "bridge", physical=False))
+    choice = datanet.choose(view_of(facts))
+    assert choice.subnet == "198.19.0.0/16" and not choice.missing

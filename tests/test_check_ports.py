@@ -11,19 +11,13 @@ import pytest
 from preflight.checks import ports
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
+from tests.builders import data_node, names, view
+from tests.fixture_cases import fixture_dir, read
 
 # Recorded on Linux 6.x with a listener on 0.0.0.0:29500, one accepted connection to it, and a
-# listener on [::1]:29501.
-PROC_NET_TCP = """\
-  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode                                                     
-   0: 00000000:733C 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 259424 1 00000000643ea1e8 100 0 0 10 0                    
-   2: 0100007F:733C 0100007F:DAD0 01 00000000:00000000 00:00000000 00000000     0        0 259427 1 00000000d25a2366 20 0 0 10 -1                    
-   3: 0100007F:DAD0 0100007F:733C 01 00000000:00000000 00:00000000 00000000  1001        0 259426 2 00000000c526e1a7 20 0 0 10 -1                    
-"""
-PROC_NET_TCP6 = """\
-  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 00000000000000000000000001000000:733D 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 259425 1 0000000056b8190c 100 0 0 10 0
-"""
+# listener on [::1]:29501 (the cases tests/fixtures/ports/proc_net_tcp*_listener.json).
+PROC_NET_TCP = read(os.path.join(fixture_dir("ports"), "proc_net_tcp_listener.txt"))
+PROC_NET_TCP6 = read(os.path.join(fixture_dir("ports"), "proc_net_tcp6_listener.txt"))
 
 
 def free_port():
@@ -155,36 +149,13 @@ def test_probe_dispatch():
 # ------------------------------------------------------------------------------------------ plan, rule
 
 
-def nic_facts(i):
-    return {
-        "interfaces": [
-            {
-                "name": "eth1",
-                "state": "UP",
-                "up": True,
-                "mtu": 9000,
-                "speed_mbps": 10000,
-                "kind": "veth",
-                "link_type": "ether",
-                "master": None,
-                "arp_type": 1,
-                "physical": False,
-                "addresses": [{"ip": "198.19.0.%d" % i, "prefixlen": 16}],
-            },
-        ],
-        "ssh_ip": None,
-    }
-
-
 def cluster(n=3, port_facts=None, **kw):
-    names = ["n%03d" % i for i in range(1, n + 1)]
-    nodes = [NodeInfo(name, name, 8, is_head=(i == 0)) for i, name in enumerate(names)]
     facts = {}
-    for i, name in enumerate(names, 1):
-        facts[name] = {"nic": nic_facts(i)}
+    for i, name in enumerate(names(n), 1):
+        facts[name] = {"nic": data_node(i)}
         if port_facts and name in port_facts:
             facts[name]["ports"] = port_facts[name]
-    return ClusterView(nodes, facts, **kw)
+    return view(facts, **kw)
 
 
 def test_plan():

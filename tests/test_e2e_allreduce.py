@@ -20,6 +20,7 @@ import time
 import pytest
 import yaml
 
+from preflight import benchplan, common
 from preflight.checks import allreduce as ar
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,7 +64,7 @@ def assert_healthy(doc, n):
     assert main["message"].startswith("all-reduce busbw ") and "across %d ranks on %d nodes" % (n, n) in main["message"]
     assert section["verdict"] == "pass" and section["backend"] == "gloo"
     assert section["world_size"] == n and section["nodes"] == ["n%03d" % i for i in range(1, n + 1)]
-    assert [p["bytes"] for p in section["curve"]] == ar.CPU_SIZES
+    assert [p["bytes"] for p in section["curve"]] == benchplan.CPU_SIZES
     for point in section["curve"]:
         assert CURVE_KEYS <= set(point), point
         assert point["time_s"] > 0 and point["busbw_gbps"] == pytest.approx(
@@ -118,7 +119,7 @@ def test_mtu_black_hole_hangs_at_a_size_and_the_pairs_name_the_node(sim_cluster)
     assert hung, main["message"]
     assert "MTU mismatch" in main["message"], main["message"]
     assert hung.group(1) != "1 KiB"  # the small sizes passed: they are on the curve
-    assert section["curve"] and section["curve"][-1]["bytes"] < ar.CPU_SIZES[-1]
+    assert section["curve"] and section["curve"][-1]["bytes"] < benchplan.CPU_SIZES[-1]
 
     loc = section["localization"]
     assert loc["exclude"] == ["n003"], loc
@@ -193,7 +194,7 @@ def _doc(node_rank, rank, sizes, *, world=4, status=None, init_s=3.0, time_s=1e-
              "error": None, "import_s": init_s - 1, "init_s": init_s,
              "sizes": [{"bytes": b, "time_s": time_s, "max_s": 2 * time_s, "ok": True} for b in sizes]}
     entry.update(status or {})
-    return {"node_rank": node_rank, "backend": "gloo", "world_size": world, "sizes": list(ar.CPU_SIZES),
+    return {"node_rank": node_rank, "backend": "gloo", "world_size": world, "sizes": list(benchplan.CPU_SIZES),
             "deadline": None, "error": None, "ranks": [entry]}
 
 
@@ -201,14 +202,14 @@ def _meta(n=4):
     return {"backend": "gloo", "world_size": n, "nodes": ["n%03d" % i for i in range(1, n + 1)], "unanswered": {}}
 
 
-def _docs(statuses, done=ar.CPU_SIZES[:4]):
+def _docs(statuses, done=benchplan.CPU_SIZES[:4]):
     return {"n%03d" % (i + 1): _doc(i, i, done, status=statuses.get(i)) for i in range(4)}
 
 
 def test_plan_after_everyone_hung_runs_only_the_size_it_stopped_at():
-    hung = {"status": "timeout", "stage": "size", "bytes": 16 * ar.KiB}
-    plan = ar.localization_plan(_docs({i: hung for i in range(4)}), _meta())
-    assert plan == {"mode": "fail", "sizes": [16 * ar.KiB], "at_init": False,
+    hung = {"status": "timeout", "stage": "size", "bytes": 16 * common.KiB}
+    plan = benchplan.localization_plan(_docs({i: hung for i in range(4)}), _meta())
+    assert plan == {"mode": "fail", "sizes": [16 * common.KiB], "at_init": False,
                     "why": "the whole-cluster run stopped at 16 KiB"}
 
 
@@ -216,35 +217,35 @@ def test_plan_is_none_when_the_run_already_names_the_node():
     no_torch = {"status": "error", "stage": "init", "step": "import", "error": "ModuleNotFoundError: torch",
                 "init_s": None, "sizes": []}
     waiting = {"status": "timeout", "stage": "init", "step": "group", "init_s": None, "sizes": []}
-    assert ar.localization_plan(_docs({0: waiting, 1: waiting, 2: no_torch, 3: waiting}), _meta()) is None
-    died = {"status": "error", "stage": "size", "bytes": 8 * ar.KiB, "error": "rank process killed by signal 9"}
-    peer = {"status": "error", "stage": "size", "bytes": 8 * ar.KiB, "error": "RuntimeError: Connection closed"}
-    assert ar.localization_plan(_docs({0: peer, 1: died, 2: peer, 3: peer}), _meta()) is None
+    assert benchplan.localization_plan(_docs({0: waiting, 1: waiting, 2: no_torch, 3: waiting}), _meta()) is None
+    died = {"status": "error", "stage": "size", "bytes": 8 * common.KiB, "error": "rank process killed by signal 9"}
+    peer = {"status": "error", "stage": "size", "bytes": 8 * common.KiB, "error": "RuntimeError: Connection closed"}
+    assert benchplan.localization_plan(_docs({0: peer, 1: died, 2: peer, 3: peer}), _meta()) is None
     importing = {"status": "timeout", "stage": "init", "step": "import", "import_s": None, "init_s": None}
-    assert ar.localization_plan(_docs({i: importing for i in range(4)}), _meta()) is None
-    assert ar.localization_plan(_docs({}), dict(_meta(), unanswered={"n002": "timed out"})) is None
-    assert ar.localization_plan(_docs({}, done=ar.CPU_SIZES), _meta()) is None  # passed
+    assert benchplan.localization_plan(_docs({i: importing for i in range(4)}), _meta()) is None
+    assert benchplan.localization_plan(_docs({}), dict(_meta(), unanswered={"n002": "timed out"})) is None
+    assert benchplan.localization_plan(_docs({}, done=benchplan.CPU_SIZES), _meta()) is None  # passed
 
 
 def test_plan_for_a_slow_run_compares_bandwidth_at_the_verdict_size():
-    docs = _docs({}, done=ar.CPU_SIZES)
-    plan = ar.localization_plan(docs, _meta(), threshold=1e6)
-    assert plan["mode"] == "slow" and plan["sizes"] == [ar.CPU_SIZES[-1]]
-    assert ar.localization_plan(docs, _meta(), threshold=1e-9) is None
+    docs = _docs({}, done=benchplan.CPU_SIZES)
+    plan = benchplan.localization_plan(docs, _meta(), threshold=1e6)
+    assert plan["mode"] == "slow" and plan["sizes"] == [benchplan.CPU_SIZES[-1]]
+    assert benchplan.localization_plan(docs, _meta(), threshold=1e-9) is None
 
 
 def test_round_deadlines_follow_what_the_first_run_measured():
-    docs = _docs({}, done=ar.CPU_SIZES)
+    docs = _docs({}, done=benchplan.CPU_SIZES)
     given = {"init_s": 120, "op_s": 30, "total_s": 300}
-    dl = ar.round_deadlines(given, docs, warmup=2, iters=5)
-    assert dl["init_s"] == 120 and dl["op_s"] == ar.LOCALIZE_OP_MIN_S  # a hang at a size: init stays
+    dl = benchplan.round_deadlines(given, docs, warmup=2, iters=5)
+    assert dl["init_s"] == 120 and dl["op_s"] == benchplan.LOCALIZE_OP_MIN_S  # a hang at a size: init stays
     assert dl["total_s"] == dl["init_s"] + 3 * dl["op_s"]
-    assert ar.round_deadlines(given, docs, 2, 5, at_init=True)["init_s"] == ar.LOCALIZE_INIT_MIN_S
-    slow = {"n%03d" % (i + 1): _doc(i, i, ar.CPU_SIZES, init_s=25.0, time_s=0.5) for i in range(4)}
-    dl = ar.round_deadlines(given, slow, warmup=2, iters=5, at_init=True)
+    assert benchplan.round_deadlines(given, docs, 2, 5, at_init=True)["init_s"] == benchplan.LOCALIZE_INIT_MIN_S
+    slow = {"n%03d" % (i + 1): _doc(i, i, benchplan.CPU_SIZES, init_s=25.0, time_s=0.5) for i in range(4)}
+    dl = benchplan.round_deadlines(given, slow, warmup=2, iters=5, at_init=True)
     assert dl["init_s"] == 100.0 and dl["op_s"] == 30.0  # 4 x 25 s; 10 x 8 x 1 s capped by op_s
     never = _docs({2: {"status": "timeout", "stage": "init", "step": "import", "import_s": None, "init_s": None}})
-    assert ar.round_deadlines({"init_s": 90}, never, 2, 5, at_init=True)["init_s"] == 90
+    assert benchplan.round_deadlines({"init_s": 90}, never, 2, 5, at_init=True)["init_s"] == 90
 
 
 def test_a_hang_is_localized_by_completion_not_by_bandwidth():
@@ -252,14 +253,14 @@ def test_a_hang_is_localized_by_completion_not_by_bandwidth():
               {"nodes": ["n002", "n004"], "busbw_gbps": 0.001, "failure": None},
               {"nodes": ["n001", "n002"], "busbw_gbps": 0.3, "failure": None},
               {"nodes": ["n003", "n004"], "busbw_gbps": None, "failure": "hung at 16 KiB"}]
-    verdict = ar.verdict_localization(groups, threshold=0.1, by_bandwidth=False)
+    verdict = benchplan.verdict_localization(groups, threshold=0.1, by_bandwidth=False)
     assert list(verdict["bad"]) == ["n003"] and verdict["undecided"] == {}
-    assert sorted(ar.verdict_localization(groups, threshold=0.1)["bad"]) != ["n003"]  # by bandwidth: wrong
+    assert sorted(benchplan.verdict_localization(groups, threshold=0.1)["bad"]) != ["n003"]  # by bandwidth: wrong
 
 
 def test_cpu_default_deadlines_are_shorter_than_gpu_ones():
     from preflight.model import NodeInfo
 
-    cpu = ar.make_configs([NodeInfo("a", "a", 0), NodeInfo("b", "b", 0)], "a")["a"]["deadlines"]
-    gpu = ar.make_configs([NodeInfo("a", "a", 8), NodeInfo("b", "b", 8)], "a")["a"]["deadlines"]
-    assert cpu["op_s"] == ar.CPU_DEFAULT_DEADLINES["op_s"] < gpu["op_s"] == ar.DEFAULT_DEADLINES["op_s"]
+    cpu = benchplan.make_configs([NodeInfo("a", "a", 0), NodeInfo("b", "b", 0)], "a")["a"]["deadlines"]
+    gpu = benchplan.make_configs([NodeInfo("a", "a", 8), NodeInfo("b", "b", 8)], "a")["a"]["deadlines"]
+    assert cpu["op_s"] == benchplan.CPU_DEFAULT_DEADLINES["op_s"] < gpu["op_s"] == benchplan.DEFAULT_DEADLINES["op_s"]

@@ -15,31 +15,13 @@ import pytest
 from preflight import __version__, envfile
 from preflight.engine import RunReport
 from preflight.model import ClusterView, Finding, NodeInfo, Status
-from tests.test_check_ib_hca import port  # one builder of ib_hca port facts
+from tests.builders import iface
+from tests.builders import ib_port as port
 
 HOSTILE = ["x$(id)", "e;reboot", "a\nb", "a'b", "a,b", "=eth7", "^eth7", "`id`", "e$(id>p)", "qq zz", "a\"b", "x\\y"]
 
 
 # ------------------------------------------------------------------------------------------------ facts
-
-
-def iface(name, ip, prefix=16, mtu=9000, speed=100000, up=True, kind=None, physical=True):
-    """One entry of the nic probe's interface list."""
-    return {
-        "name": name,
-        "state": "UP" if up else "DOWN",
-        "up": up,
-        "mtu": mtu,
-        "link_type": "ether",
-        "master": None,
-        "addresses": [{"ip": ip, "prefixlen": prefix}],
-        "speed_mbps": speed,
-        "arp_type": 1,
-        "physical": physical,
-        "kind": kind,
-    }
-
-
 
 
 def mgmt_ip(i):
@@ -74,7 +56,7 @@ def cluster(n=3, data=None, torch="2.4.0+cu121", ib=None, ports=None, drop=(), m
                 "interfaces": [
                     dict(iface("lo", "127.0.0.1", 8, 65536, None, physical=False), kind="loopback", link_type="loopback"),
                     iface("eno1", mgmt_ip(i), 24, 1500, 1000),
-                    iface(data.get(name, "eth1"), data_ip(i)),
+                    iface(data.get(name, "eth1"), data_ip(i), 16, 9000, 100000),
                     iface("docker0", "172.17.0.1", 16, 1500, None, kind="bridge", physical=False),
                 ],
                 "ssh_ip": mgmt_ip(i),
@@ -412,3 +394,39 @@ def test_render_leaves_out_a_refused_node_even_when_the_caller_did_not_list_the_
     assert "# nodes: n[001-002] (2 of 3)" in text and "# left out: n003 (failed: nic)" in text
     assert "x$(id)" not in text
     assert check_sources_cleanly(text, tmp_path)["NCCL_SOCKET_IFNAME"] == "=eth1"
+
+
+def test_h100_rails_plus_bluefield_ethernet_port_write_the_rails():
+    """Issue 12.3: 8 InfiniBand rails plus a BlueField-3 Ethernet port: NCCL_IB_HCA names the rails and
+    the file says which port was left out and why."""
+    from tests.test_check_ib_hca import RAILS, h100_bf3
+
+    view = cluster(2, ib={"n001": h100_bf3()["ports"], "n002": h100_bf3()["ports"]})
+    derived = envfile.derive(view)
+    assert derived.as_dict()["NCCL_IB_HCA"] == "=" + ",".join(RAILS)
+    hca = next(v for v in derived.variables if v.key == "NCCL_IB_HCA")
+    assert "the 8 ACTIVE InfiniBand port(s) at 400 Gb/s, identical on n[001-002]" in hca.why[0]
+    assert any(
+        "left out mlx5_bond_0:1 on n[001-002]: RoCE at 200 Gb/s; the rails are InfiniBand at 400 Gb/s" in w
+        for w in hca.why
+    )
+    assert not any("mix InfiniBand and RoCE" in n for n in derived.notes)
+
+
+def test_tied_link_layers_write_no_hca_list_and_say_why():
+    ports = [port("mlx5_0"), port("mlx5_1", rate=200, layer="roce")]
+    derived = envfile.derive(cluster(2, ib={"n001": ports, "n002": ports}))
+    assert "NCCL_IB_HCA" not in derived.as_dict()
+    assert any("NCCL_IB_HCA not written" in n and "as many InfiniBand as RoCE" in n and "no majority link layer" in n for n in derived.notes)
+
+
+def test_management_network_chosen_is_called_the_management_network():
+    """A cluster whose only shared subnet is the management network: the comment must not say otherwise."""
+    view = cluster(2)
+    for f in view.facts.values():
+        f["nic"]["interfaces"] = [i for i in f["nic"]["interfaces"] if i["name"] != "eth1"]
+    derived = envfile.derive(view, ["n001", "n002"])
+    sock = next(v for v in derived.variables if v.key == "NCCL_SOCKET_IFNAME")
+    assert sock.value == "=eno1"
+    assert "not loopback, a container bridge or the management network" not in sock.why[0]
+    assert "the management network" in sock.why[0] and "no other subnet" in sock.why[0]

@@ -87,7 +87,7 @@ def test_every_fold_in_preflight_is_group_free(trap):
     code = (
         "from preflight import report, diff, envfile, hostfile\n"
         "names = ['n1', 'x@pwn', '@pwn', 'y,@pwn']\n"
-        "for f in (report.fold, diff._fold, envfile._fold):\n"
+        "for f in (report.fold, envfile._fold, diff.fold):\n"
         "    f(names)\n"
         "try:\n"
         "    hostfile.render_hostfile([(n, 1) for n in names], 'slurm')\n"

@@ -18,6 +18,8 @@ from typing import Any, Dict, List, Optional, Sequence
 from preflight.model import CommandResult
 
 SYSFS_ENV = "PREFLIGHT_SYSFS_ROOT"
+#: How much of one raw output a failed probe sends back with its error (bytes of text, per item).
+RAW_CAP = 4096
 
 
 class NodeContext:
@@ -75,3 +77,63 @@ class NodeContext:
             return sorted(os.listdir(path))
         except OSError:
             return []
+
+    @staticmethod
+    def exists(path: str) -> bool:
+        """Whether a path exists (a sysfs link such as class/net/IF/device)."""
+        return os.path.exists(path)
+
+
+def _cap(text: Optional[str], cap: int) -> Optional[str]:
+    if text is None or len(text) <= cap:
+        return text
+    return text[:cap] + "\n[... %d more characters]" % (len(text) - cap)
+
+
+class RecordingContext(NodeContext):
+    """A NodeContext that keeps what the probe ran and read, in order.
+
+    Every probe runs in one: when it fails, its error carries the raw outputs it was given (raw(), capped),
+    and `preflight check --capture` sends all of them back (events), to be written as test fixtures.
+    """
+
+    def __init__(self, config: Optional[Dict[str, Any]] = None, sysfs_root: Optional[str] = None) -> None:
+        super().__init__(config, sysfs_root)
+        self.events: List[Dict[str, Any]] = []
+
+    def run(self, argv: Sequence[str], timeout: float = 15.0, input: Optional[str] = None) -> CommandResult:
+        res = NodeContext.run(self, argv, timeout, input)
+        self.events.append({"kind": "run", "argv": list(res.argv), "rc": res.rc, "stdout": res.stdout,
+                            "stderr": res.stderr, "timed_out": res.timed_out})
+        return res
+
+    def read(self, path: str) -> Optional[str]:  # type: ignore[override]
+        text = NodeContext.read(path)
+        self.events.append({"kind": "read", "path": path, "text": text})
+        return text
+
+    def listdir(self, path: str) -> List[str]:  # type: ignore[override]
+        entries = NodeContext.listdir(path)
+        self.events.append({"kind": "listdir", "path": path, "entries": entries})
+        return entries
+
+    def exists(self, path: str) -> bool:  # type: ignore[override]
+        found = NodeContext.exists(path)
+        self.events.append({"kind": "exists", "path": path, "found": found})
+        return found
+
+    def raw(self, cap: int = RAW_CAP, last: int = 4) -> List[Dict[str, Any]]:
+        """The last commands run and files read (listings left out), each output capped at cap characters."""
+        out = []
+        for event in [e for e in list(self.events) if e["kind"] in ("run", "read")][-last:]:
+            item = dict(event)
+            for key in ("stdout", "stderr", "text"):
+                if key in item:
+                    item[key] = _cap(item[key], cap)
+            out.append(item)
+        return out
+
+    def record(self) -> Dict[str, Any]:
+        """Everything recorded, for --capture."""
+        env = {k: os.environ[k] for k in ("SSH_CONNECTION",) if k in os.environ}
+        return {"events": list(self.events), "sysfs_root": self.sysfs_root, "config": self.config, "env": env}

@@ -2,7 +2,7 @@
 
 Standard library only, Python 3.8 compatible. Called by the bundle's bootstrap as main(config, bundle).
 
-config = {"mode": "probe", "checks": {name: probe_config, ...}, "probe_timeout_s": 30}
+config = {"mode": "probe", "checks": {name: probe_config, ...}, "probe_timeout_s": 30, "capture": bool}
        | {"mode": "bench", "bench": {...}}   (see preflight.probe.bench_agent)
 """
 
@@ -12,26 +12,29 @@ import concurrent.futures
 import importlib
 import time
 import traceback
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
-from preflight.probe.context import NodeContext
+from preflight.probe.context import RecordingContext
 
 
-def _run_probe(name: str, probe_config: Dict[str, Any]) -> Dict[str, Any]:
+def _run_probe(name: str, ctx: RecordingContext) -> Dict[str, Any]:
     check = importlib.import_module("preflight.checks." + name).CHECK
     if check.probe is None:
         return {"probe_error": "check %s has no node probe" % name}
-    facts = check.probe(NodeContext(probe_config))
+    facts = check.probe(ctx)
     if not isinstance(facts, dict):
         return {"probe_error": "probe returned %s, not a mapping" % type(facts).__name__}
     return facts
 
 
-def run_probes(checks: Dict[str, Dict[str, Any]], timeout_s: float) -> Dict[str, Any]:
-    """{check name: facts}; a probe that raised or overran its time maps to {"probe_error": ...}."""
+def run_probes(checks: Dict[str, Dict[str, Any]], timeout_s: float, records: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """{check name: facts}; a probe that raised or overran its time maps to {"probe_error": ...} with the
+    raw outputs it had been given ("raw": the last commands and reads, capped). records, when given,
+    receives every probe's full recording (for --capture)."""
     facts: Dict[str, Any] = {}
+    contexts = {name: RecordingContext(cfg or {}) for name, cfg in checks.items()}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(checks)))
-    futures = {pool.submit(_run_probe, name, cfg or {}): name for name, cfg in checks.items()}
+    futures = {pool.submit(_run_probe, name, ctx): name for name, ctx in contexts.items()}
     done, pending = concurrent.futures.wait(futures, timeout=timeout_s)
     for future in done:
         name = futures[future]
@@ -40,10 +43,14 @@ def run_probes(checks: Dict[str, Dict[str, Any]], timeout_s: float) -> Dict[str,
         except Exception as exc:  # a probe bug or an unexpected node state: reported, never hidden
             tb = traceback.extract_tb(exc.__traceback__)
             where = "%s:%d" % (tb[-1].filename, tb[-1].lineno) if tb else "?"
-            facts[name] = {"probe_error": "%s: %s (at %s)" % (type(exc).__name__, exc, where)}
+            facts[name] = {"probe_error": "%s: %s (at %s)" % (type(exc).__name__, exc, where),
+                           "message": str(exc), "raw": contexts[name].raw()}
     for future in pending:
-        facts[futures[future]] = {"probe_error": "did not finish within %g s" % timeout_s}
+        name = futures[future]
+        facts[name] = {"probe_error": "did not finish within %g s" % timeout_s, "raw": contexts[name].raw()}
     pool.shutdown(wait=False)
+    if records is not None:
+        records.update({name: ctx.record() for name, ctx in contexts.items()})
     return facts
 
 
@@ -51,8 +58,13 @@ def main(config: Dict[str, Any], bundle: bytes) -> Dict[str, Any]:
     mode = config.get("mode", "probe")
     started = time.time()
     if mode == "probe":
-        facts = run_probes(config.get("checks", {}), float(config.get("probe_timeout_s", 30)))
-        return {"facts": facts, "elapsed_s": time.time() - started}
+        records: Optional[Dict[str, Any]] = {} if config.get("capture") else None
+        facts = run_probes(config.get("checks", {}), float(config.get("probe_timeout_s", 30)), records)
+        # bytecode: this module ran from the controller's compiled code (same Python version), not its source
+        out = {"facts": facts, "elapsed_s": time.time() - started, "bytecode": bool(globals().get("__cached__"))}
+        if records is not None:
+            out["capture"] = records
+        return out
     if mode == "bench":
         from preflight.probe import bench_agent
 

@@ -202,7 +202,8 @@ class SimCluster:
     """
 
     def __init__(self, n: int, *, prefix: Optional[str] = None, docker0: Union[bool, Iterable] = False,
-                 root: Optional[str] = None, keep_root: bool = False, start_timeout: float = 60.0) -> None:
+                 root: Optional[str] = None, keep_root: bool = False, start_timeout: float = 60.0,
+                 slurm: bool = False) -> None:
         if not 1 <= n < MAX_NODES:
             raise ValueError("n must be between 1 and %d" % (MAX_NODES - 1))
         self.prefix = prefix or "%s%s" % (PREFIX_BASE, secrets.token_hex(3))
@@ -234,6 +235,10 @@ class SimCluster:
         self.started = False
         self.stopped = False
         self.timings: Dict[str, float] = {}
+        # slurm=True: every node also runs slurmd (tests/sim/slurm.py) and, like slurmd, its sshd gets a
+        # UTS namespace whose hostname is the node name, so both transports see the same node.
+        self.want_slurm = slurm
+        self.slurm = None
 
     # ---------------------------------------------------------------- lookup
 
@@ -283,10 +288,15 @@ class SimCluster:
             self._wait_listening(self.nodes)
             self._wait_links_up(self.nodes)
             t3 = time.monotonic()
+            if self.want_slurm:
+                from .slurm import SimSlurm
+
+                self.slurm = SimSlurm(self).start()
+            t4 = time.monotonic()
         except BaseException:
             self.stop()
             raise
-        self.timings.update(files=t1 - t0, network=t2 - t1, sshd=t3 - t2, start=t3 - t0)
+        self.timings.update(files=t1 - t0, network=t2 - t1, sshd=t3 - t2, slurm=t4 - t3, start=t4 - t0)
         return self
 
     def _register_owner(self) -> None:
@@ -442,7 +452,10 @@ class SimCluster:
     def _spawn_sshd(self, node: SimNode) -> None:
         log = open(node.sshd_log, "ab")
         try:
-            node.sshd = self._spawn(["ip", "netns", "exec", node.ns, SSHD, "-D", "-e", "-f", node.sshd_config],
+            argv = [SSHD, "-D", "-e", "-f", node.sshd_config]
+            if self.want_slurm:
+                argv = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', node.name] + argv
+            node.sshd = self._spawn(["ip", "netns", "exec", node.ns] + argv,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         finally:
             log.close()
@@ -615,13 +628,15 @@ class SimCluster:
     def processes(self, node: NodeRef) -> List[Tuple[int, str]]:
         """(pid, cmdline) of every process in the node's network namespace except its sshd listener.
 
-        Listeners started by hold_port() are test setup and are left out too; sshd session processes
+        Listeners started by hold_port() and the node's slurmd are left out too; sshd session processes
         of a connection that just closed may still show for a few milliseconds (see leftover_processes).
         """
         node = self.node(node)
         key = netns_id(node.ns)
         listener = node.sshd.pid if node.sshd is not None and node.sshd.poll() is None else None
         held = {pid for pid, p in self._held.items() if p.poll() is None}
+        if self.slurm is not None:  # the node's slurmd daemon is infrastructure, like its sshd listener
+            held |= {p.pid for name, p in self.slurm.slurmd.items() if name == node.name and p.poll() is None}
         return [(pid, cmdline(pid)) for pid in sorted(pids_by_netns([key])[key])
                 if pid != listener and pid not in held]
 
@@ -772,6 +787,22 @@ class SimCluster:
                 _ip_batch(["neigh del %s dev eth0" % node.mgmt_ip], ns=self.ctl_ns, force=True)
 
         self._push_undo(node, undo)
+
+    def data_link_down(self, node: NodeRef) -> None:
+        """Pull the node's data cable: its switch-side data port goes down, so eth1 keeps its address
+        and MTU but loses carrier (NO-CARRIER, operstate DOWN), as a dead cable or switch port does."""
+        node = self.node(node)
+        _ip_batch(["link set %s down" % node.data_veth], ns=self.switch_ns)
+        self._push_undo(node, lambda: _ip_batch(["link set %s up" % node.data_veth], ns=self.switch_ns))
+
+    def set_data_address(self, node: NodeRef, ip: str) -> None:
+        """Give the node's eth1 another address in the data subnet (e.g. another node's: a conflict).
+        Duplicate-address detection is IPv6-only, so the kernel accepts it, as on a real mis-set host."""
+        node = self.node(node)
+        old = node.data_ip
+        _ip_batch(["addr del %s/16 dev eth1" % old, "addr add %s/16 dev eth1" % ip], ns=node.ns)
+        self._push_undo(node, lambda: _ip_batch(["addr del %s/16 dev eth1" % ip, "addr add %s/16 dev eth1" % old],
+                                                ns=node.ns))
 
     def change_host_key(self, node: NodeRef) -> None:
         """New host key and sshd restart, known_hosts left alone: clients must see a key mismatch."""

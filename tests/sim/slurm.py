@@ -1,0 +1,271 @@
+"""A real Slurm on the simulated cluster: slurmctld in the controller namespace, one slurmd per node.
+
+Debian's packages (slurmctld, slurmd, slurm-client, munge), configured entirely under the cluster's
+root directory, never /etc/slurm or /etc/munge:
+
+    root/slurm/slurm.conf     read by every daemon and client through SLURM_CONF (see env())
+    root/slurm/cgroup.conf    cgroup/v1 at /sys/fs/cgroup (unused: proctrack/linuxproc, task/none)
+    root/slurm/munge/         private key, pid, seed, log (mode 0700)
+    root/slurm/sock/          munged's socket; slurm.conf's AuthInfo=socket= points every party at it
+    root/slurm/spool/NODE/    SlurmdSpoolDir (%n), state/ is StateSaveLocation, log/ the daemon logs
+    root/slurm/task_prolog    TaskProlog: puts the node's bin/ first on PATH and sets PREFLIGHT_SYSFS_ROOT,
+                              like the SetEnv line of the node's sshd (a site's TaskProlog is the real
+                              mechanism for per-node task environment)
+
+Each daemon runs inside its node's network namespace (`ip netns exec`, which also mounts that
+namespace's own sysfs) and its own UTS namespace whose hostname is the node name (ctl for the
+controller). NodeAddr is the node's management address (198.18.x.y), so Slurm's RPCs travel on the
+management bridge; the data network (MTU 9000) and docker0 are the SSH simulator's. The ports are the
+Slurm defaults (6817/6818): every namespace is private, so nothing else can hold them.
+
+munged runs in the controller namespace; its socket is a path, reachable from every namespace.
+All daemons are children of the SimCluster and live in its namespaces, so its stop() (atexit,
+signals, cleanup_stale()) kills them and removes everything, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from typing import Dict, List, Optional, Sequence
+
+from .cluster import SimError, SimNode, _write
+
+SLURMCTLD = "/usr/sbin/slurmctld"
+SLURMD = "/usr/sbin/slurmd"
+MUNGED = "/usr/sbin/munged"
+CTLD_PORT = 6817
+SLURMD_PORT = 6818
+PARTITION = "sim"
+CTL_HOSTNAME = "ctl"
+
+
+def available() -> Optional[str]:
+    """None when Slurm and munge are installed here, else why not."""
+    missing = [p for p in (SLURMCTLD, SLURMD, MUNGED, "/usr/bin/srun", "/usr/bin/salloc", "/usr/bin/scontrol")
+               if not os.access(p, os.X_OK)]
+    if missing:
+        return "Slurm/munge not installed (missing %s): apt-get install slurmctld slurmd slurm-client munge" % ", ".join(missing)
+    return None
+
+
+def _in_uts(hostname: str, argv: Sequence[str]) -> List[str]:
+    """argv run in a new UTS namespace whose hostname is `hostname` (no shell interpolation of either)."""
+    return ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', hostname, *argv]
+
+
+class SimSlurm:
+    """The Slurm daemons of one SimCluster. Built by SimCluster(slurm=True); see the module docstring."""
+
+    def __init__(self, cluster, message_timeout: int = 5) -> None:
+        self.cluster = cluster
+        self.dir = os.path.join(cluster.root, "slurm")
+        self.conf = os.path.join(self.dir, "slurm.conf")
+        self.munge_dir = os.path.join(self.dir, "munge")
+        self.socket = os.path.join(self.dir, "sock", "munge.sock")
+        self.log_dir = os.path.join(self.dir, "log")
+        self.message_timeout = message_timeout
+        self.munged: Optional[subprocess.Popen] = None
+        self.ctld: Optional[subprocess.Popen] = None
+        self.slurmd: Dict[str, subprocess.Popen] = {}
+
+    # ------------------------------------------------------------------ files
+
+    def env(self, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+        """An environment for Slurm clients (srun, salloc, scontrol, sinfo) talking to this cluster."""
+        env = dict(os.environ if base is None else base)
+        env["SLURM_CONF"] = self.conf
+        for key in [k for k in env if k.startswith("SLURM_") and k != "SLURM_CONF"]:
+            del env[key]  # an outer allocation's variables must not leak into this cluster's clients
+        return env
+
+    def _write_files(self) -> None:
+        for d in ("sock", "state", "log", "spool"):
+            os.makedirs(os.path.join(self.dir, d), exist_ok=True)
+        os.chmod(os.path.join(self.dir, "sock"), 0o755)  # munged wants its socket directory searchable by all
+        os.chmod(self.dir, 0o755)
+        os.makedirs(self.munge_dir, mode=0o700, exist_ok=True)
+        _write(os.path.join(self.munge_dir, "munge.key"), os.urandom(1024), 0o400)
+        for node in self.cluster.nodes:
+            os.makedirs(os.path.join(self.dir, "spool", node.name), exist_ok=True)
+        prolog = os.path.join(self.dir, "task_prolog")
+        # TaskProlog's stdout lines `export NAME=value` set the task's environment (slurm.conf(5)).
+        _write(prolog, "#!/bin/sh\n"
+                       'echo "export PATH=%s/$SLURMD_NODENAME/bin:%s"\n'
+                       'echo "export PREFLIGHT_SYSFS_ROOT=%s/$SLURMD_NODENAME/sys"\n'
+                       % (self.cluster.root, "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                          self.cluster.root), 0o755)
+        _write(os.path.join(self.dir, "cgroup.conf"), "CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n")
+        nodes = "".join("NodeName=%s NodeAddr=%s CPUs=1 RealMemory=64 State=UNKNOWN\n" % (n.name, n.mgmt_ip)
+                        for n in self.cluster.nodes)
+        _write(self.conf, (
+            "ClusterName=pfsim\n"
+            "SlurmctldHost=%(ctl)s(%(ctl_ip)s)\n"
+            "SlurmUser=root\n"
+            "SlurmdUser=root\n"
+            "SlurmctldPort=%(ctld_port)d\n"
+            "SlurmdPort=%(slurmd_port)d\n"
+            "AuthType=auth/munge\n"
+            "CredType=cred/munge\n"
+            "AuthInfo=socket=%(sock)s\n"
+            "StateSaveLocation=%(dir)s/state\n"
+            "SlurmdSpoolDir=%(dir)s/spool/%%n\n"
+            "SlurmctldPidFile=%(dir)s/slurmctld.pid\n"
+            "SlurmdPidFile=%(dir)s/spool/%%n/slurmd.pid\n"
+            "SlurmctldLogFile=%(dir)s/log/slurmctld.log\n"
+            "SlurmdLogFile=%(dir)s/log/slurmd-%%n.log\n"
+            "ProctrackType=proctrack/linuxproc\n"
+            "TaskPlugin=task/none\n"
+            "TaskProlog=%(dir)s/task_prolog\n"
+            "SelectType=select/cons_tres\n"
+            "SchedulerType=sched/builtin\n"
+            "ReturnToService=2\n"
+            "MpiDefault=none\n"
+            "MessageTimeout=%(msg_timeout)d\n"
+            "SlurmdTimeout=120\n"
+            "KillWait=2\n"
+            "SlurmctldDebug=info\n"
+            "SlurmdDebug=info\n"
+            "JobAcctGatherType=jobacct_gather/none\n"
+            "AccountingStorageType=accounting_storage/none\n"
+            "%(nodes)s"
+            "PartitionName=%(part)s Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
+        ) % {"ctl": CTL_HOSTNAME, "ctl_ip": self.cluster.ctl_mgmt_ip, "ctld_port": CTLD_PORT,
+             "slurmd_port": SLURMD_PORT, "sock": self.socket, "dir": self.dir, "nodes": nodes,
+             "part": PARTITION, "msg_timeout": self.message_timeout})
+
+    # ------------------------------------------------------------------ daemons
+
+    def start(self, timeout: float = 60.0) -> "SimSlurm":
+        why = available()
+        if why:
+            raise SimError(why)
+        self._write_files()
+        c = self.cluster
+        env = self.env()
+        self.munged = c._spawn(["ip", "netns", "exec", c.ctl_ns, MUNGED, "-F", "--socket=" + self.socket,
+                                "--key-file=" + os.path.join(self.munge_dir, "munge.key"),
+                                "--pid-file=" + os.path.join(self.munge_dir, "munged.pid"),
+                                "--seed-file=" + os.path.join(self.munge_dir, "munged.seed"),
+                                "--log-file=" + os.path.join(self.munge_dir, "munged.log")],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log("munged.out"))
+        self._wait(lambda: os.path.exists(self.socket), timeout, "munged socket",
+                   lambda: self._tail(os.path.join(self.munge_dir, "munged.log")))
+        self.ctld = c._spawn(["ip", "netns", "exec", c.ctl_ns] + _in_uts(CTL_HOSTNAME, [SLURMCTLD, "-D", "-i"]),
+                             env=env, stdin=subprocess.DEVNULL, stdout=self._log("slurmctld.out"),
+                             stderr=subprocess.STDOUT)
+        for node in c.nodes:
+            self._spawn_slurmd(node)
+        self.wait_idle([n.name for n in c.nodes], timeout)
+        return self
+
+    def _log(self, name: str):
+        return open(os.path.join(self.log_dir, name), "ab")
+
+    def _spawn_slurmd(self, node: SimNode) -> None:
+        out = self._log("slurmd-%s.out" % node.name)
+        try:
+            self.slurmd[node.name] = self.cluster._spawn(
+                ["ip", "netns", "exec", node.ns] + _in_uts(node.name, [SLURMD, "-D", "-N", node.name]),
+                env=self.env(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        finally:
+            out.close()
+
+    def _wait(self, ok, timeout: float, what: str, detail=lambda: "") -> None:
+        deadline = time.monotonic() + timeout
+        while not ok():
+            for proc, name in [(self.munged, "munged"), (self.ctld, "slurmctld")]:
+                if proc is not None and proc.poll() is not None:
+                    raise SimError("%s exited (rc %s): %s" % (name, proc.returncode, self.logs(name)))
+            if time.monotonic() > deadline:
+                raise SimError("no %s after %.0f s: %s" % (what, timeout, detail()))
+            time.sleep(0.1)
+
+    def run(self, argv: Sequence[str], **kw) -> subprocess.CompletedProcess:
+        """A Slurm client command (scontrol, sinfo, ...) from the controller namespace."""
+        kw.setdefault("timeout", 30)
+        return self.cluster.ctl(list(argv), env=self.env(), **kw)
+
+    def states(self) -> Dict[str, str]:
+        """{node: Slurm state as sinfo's %T writes it (idle, down*, drained, allocated ...)}."""
+        out = self.run(["sinfo", "-h", "-N", "-o", "%N %T"])
+        if out.returncode != 0:
+            return {}
+        return dict(line.split(None, 1) for line in out.stdout.splitlines() if line.strip())
+
+    def wait_idle(self, names: Sequence[str], timeout: float = 60.0) -> None:
+        """Wait until every named node is idle (registered with slurmctld and free)."""
+        want = set(names)
+        self._wait(lambda: want <= {n for n, s in self.states().items() if s == "idle"}, timeout,
+                   "idle nodes", lambda: "states %s; slurmctld log: %s" % (self.states(), self.logs("slurmctld")))
+
+    def logs(self, daemon: str) -> str:
+        """The tail of a daemon's log: 'slurmctld', 'munged' or a node name (its slurmd)."""
+        if daemon == "munged":
+            return self._tail(os.path.join(self.munge_dir, "munged.log"))
+        if daemon == "slurmctld":
+            return self._tail(os.path.join(self.log_dir, "slurmctld.log")) or self._tail(os.path.join(self.log_dir, "slurmctld.out"))
+        return self._tail(os.path.join(self.log_dir, "slurmd-%s.log" % daemon)) or self._tail(os.path.join(self.log_dir, "slurmd-%s.out" % daemon))
+
+    @staticmethod
+    def _tail(path: str, n: int = 1500) -> str:
+        try:
+            with open(path, "rb") as fh:
+                return fh.read()[-n:].decode(errors="replace").strip()
+        except OSError:
+            return ""
+
+    # ------------------------------------------------------------------ faults
+
+    def stop_slurmd(self, node) -> None:
+        """Kill the node's slurmd (slurmctld does not notice for SlurmdTimeout); undone by heal()."""
+        node = self.cluster.node(node)
+        proc = self.slurmd.get(node.name)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self.cluster._push_undo(node, lambda: self.start_slurmd(node))
+
+    def start_slurmd(self, node, timeout: float = 30.0) -> None:
+        """(Re)start the node's slurmd and wait until it wrote its pid file (it then serves RPCs)."""
+        node = self.cluster.node(node)
+        proc = self.slurmd.get(node.name)
+        if proc is not None and proc.poll() is None:
+            return
+        pid_file = os.path.join(self.dir, "spool", node.name, "slurmd.pid")
+        if os.path.exists(pid_file):
+            os.unlink(pid_file)
+        self._spawn_slurmd(node)
+        self._wait(lambda: self._alive(node) and os.path.exists(pid_file), timeout, "slurmd on %s" % node.name,
+                   lambda: self.logs(node.name))
+
+    def _alive(self, node: SimNode) -> bool:
+        proc = self.slurmd[node.name]
+        if proc.poll() is not None:
+            raise SimError("slurmd on %s exited (rc %s): %s" % (node.name, proc.returncode, self.logs(node.name)))
+        return True
+
+    def drain(self, node, reason: str) -> None:
+        """Drain a node by hand, as an admin would."""
+        out = self.run(["scontrol", "update", "nodename=%s" % self.cluster.node(node).name, "state=drain",
+                        "reason=%s" % reason])
+        if out.returncode != 0:
+            raise SimError("scontrol drain failed: %s" % out.stderr.strip())
+
+    def reasons(self) -> Dict[str, str]:
+        """{node: reason} as `sinfo -R` shows them (drained/down nodes only)."""
+        out = self.run(["sinfo", "-h", "-R", "-N", "-o", "%N|%E"])
+        found = {}
+        for line in out.stdout.splitlines():
+            if "|" in line:
+                name, reason = line.split("|", 1)
+                found[name.strip()] = reason.strip()
+        return found
+
+    def leftover_steps(self) -> List[str]:
+        """Job steps still known to slurmctld (squeue -s), e.g. '5.0 preflight'."""
+        out = self.run(["squeue", "-h", "-s", "-o", "%i %j"])
+        return [line.strip() for line in out.stdout.splitlines() if line.strip() and not re.search(r"\.(extern|batch)\b", line)]
+

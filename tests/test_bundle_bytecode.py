@@ -1,0 +1,70 @@
+"""The bundle's precompiled bytecode: used when the node's Python has the controller's magic number,
+the source otherwise (a node with another Python version still runs every probe)."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import marshal
+import subprocess
+import sys
+import zipfile
+
+from preflight import bundle
+
+
+def rewrite(blob: bytes, magic: bytes) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(blob)) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, magic if info.filename == "bytecode/MAGIC" else src.read(info))
+    return out.getvalue()
+
+
+def run_bootstrap(blob: bytes) -> dict:
+    """`python -c BOOTSTRAP` fed one probe run (the ssh check), as the transport feeds a node."""
+    config = {"mode": "probe", "checks": {"ssh": {}}, "probe_timeout_s": 20, "deadline_s": 60}
+    payload = json.dumps(config).encode() + b"\n" + str(len(blob)).encode() + b"\n" + blob
+    # its own session: the bootstrap's watchdog kills its whole process group when stdin closes
+    # and stdin stays open until the result is read (its EOF means "the controller is gone")
+    proc = subprocess.Popen([sys.executable, "-c", bundle.BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        proc.stdin.write(payload)
+        proc.stdin.flush()
+        out = b""
+        for line in proc.stdout:
+            out += line
+            if line.startswith(b"preflight-result "):
+                break
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    found = bundle.parse_output(out)
+    assert "result" in found, out[-2000:]
+    return found["result"]
+
+
+def test_bundle_carries_bytecode_for_this_python():
+    zf = zipfile.ZipFile(io.BytesIO(bundle.base_zip()))
+    names = set(zf.namelist())
+    assert zf.read("bytecode/MAGIC") == importlib.util.MAGIC_NUMBER
+    for module in ("preflight/probe/runner.py", "preflight/model.py", "preflight/checks/nic.py", "pynvml.py"):
+        if module in names:
+            code = marshal.loads(zf.read("bytecode/" + module + "c"))
+            assert code.co_filename == "bundle/" + module
+    assert "bytecode/preflight/checks/allreduce.pyc" not in names  # no node probe: never imported by a probe run
+    assert all(n[len("bytecode/"):-1] in names for n in names if n.endswith(".pyc"))  # the source is always there
+
+
+def test_node_with_the_same_python_runs_the_bytecode():
+    result = run_bootstrap(bundle.base_zip())
+    assert result["bytecode"] is True
+    assert result["facts"]["ssh"].get("python")
+
+
+def test_node_with_another_python_compiles_the_source():
+    result = run_bootstrap(rewrite(bundle.base_zip(), b"\x00\x00\r\n"))
+    assert result["bytecode"] is False
+    assert result["facts"]["ssh"].get("python")

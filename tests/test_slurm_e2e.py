@@ -1,0 +1,125 @@
+"""preflight on a real Slurm (tests/sim/slurm.py): srun transport, faults named, drain and resume.
+
+One 8-node cluster for the module (a Slurm start costs seconds); every test heals what it broke.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+PREFLIGHT = os.path.join(os.path.dirname(sys.executable), "preflight")
+N = 8
+
+
+@pytest.fixture(scope="module")
+def cluster(slurm_cluster):
+    return slurm_cluster(N, docker0=True)
+
+
+@pytest.fixture(autouse=True)
+def healed(cluster):
+    yield
+    cluster.heal()
+    for node, reason in cluster.slurm.reasons().items():  # drained by the test: back to service
+        cluster.slurm.run(["scontrol", "update", "nodename=%s" % node, "state=resume"])
+    cluster.slurm.wait_idle([n.name for n in cluster.nodes], 60)
+
+
+def _run(cluster, argv, prefix=(), timeout=120):
+    out = cluster.ctl(list(prefix) + [PREFLIGHT] + argv + ["--no-progress"], env=cluster.slurm.env(), timeout=timeout)
+    return out
+
+
+def _json(cluster, argv, prefix=()):
+    out = _run(cluster, argv + ["--json", "-"], prefix)
+    assert out.stdout.strip(), out.stderr[-3000:]
+    return json.loads(out.stdout), out
+
+
+def _verdicts(doc):
+    return sorted((r["check"], r["node"] or "", r["status"]) for r in doc["results"])
+
+
+def _problems(doc):
+    return {(r["check"], r["node"]): r["message"] for r in doc["results"] if r["status"] in ("fail", "error")}
+
+
+def test_slurm_inside_salloc_and_from_outside_match_ssh(cluster):
+    cluster.mtu_blackhole("n003")
+    skip = ["--skip", "allreduce"]
+    ssh, _ = _json(cluster, ["check", cluster.inventory()] + skip)
+    inside, out = _json(cluster, ["check", "--slurm"] + skip, prefix=["salloc", "-N%d" % N])
+    outside, _ = _json(cluster, ["check", "--slurm", "--nodelist", "n[001-%03d]" % N] + skip)
+    assert _verdicts(inside) == _verdicts(ssh)
+    assert _verdicts(outside) == _verdicts(ssh)
+    assert ("mtu", "n003") in _problems(inside)
+    assert {n for _, n in _problems(inside)} == {"n003"}, _problems(inside)
+    assert inside["inventory"].startswith("slurm job ")
+    assert cluster.slurm.leftover_steps() == []
+    assert not cluster.slurm.run(["squeue", "-h"]).stdout.strip()  # the --nodelist allocation was released
+
+
+def test_stopped_slurmd_and_hand_drained_node_named_drain_and_resume(cluster):
+    s = cluster.slurm
+    s.drain("n008", "disk replaced by hand")
+    cluster.mtu_blackhole("n003")
+    s.stop_slurmd("n005")
+    argv = ["check", "--slurm", "--nodelist", "n[001-%03d]" % N, "--skip", "allreduce", "--drain"]
+
+    t0 = time.monotonic()
+    doc, out = _json(cluster, argv + ["--max-drain-fraction", "0.3"])
+    print("drain run %.1f s" % (time.monotonic() - t0))
+    problems = _problems(doc)
+    assert "did not take the task launch" in problems[("ssh", "n005")]
+    assert "disk replaced by hand" in problems[("ssh", "n008")]  # a drained node is named with Slurm's reason
+    assert ("mtu", "n003") in problems
+    reasons = s.reasons()
+    assert set(reasons) == {"n003", "n005", "n008"}, (reasons, out.stderr[-2000:])
+    assert reasons["n003"].startswith("preflight: mtu: ") and reasons["n005"].startswith("preflight: ssh: ")
+    assert "did not take the task launch" in reasons["n005"]
+    assert reasons["n008"] == "disk replaced by hand"
+
+    t0 = time.monotonic()
+    cluster.heal()  # MTU fixed, slurmd back
+    _wait_not_completing(cluster)
+    print("heal %.1f s" % (time.monotonic() - t0))
+    t0 = time.monotonic()
+    doc, out = _json(cluster, ["check", "--slurm", "--nodelist", "n[001-%03d]" % N, "--skip", "allreduce", "--resume"])
+    print("resume run %.1f s" % (time.monotonic() - t0))
+    assert s.reasons() == {"n008": "disk replaced by hand"}, out.stderr[-2000:]
+    assert {n for _, n in _problems(doc)} == {"n008"}
+    assert not s.run(["scontrol", "show", "reservation"]).stdout.strip().startswith("ReservationName")
+
+
+def _wait_not_completing(cluster, timeout=30):
+    deadline = time.monotonic() + timeout
+    while any("comp" in st for st in cluster.slurm.states().values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def test_hung_node_is_named_step_cancelled_nothing_left(cluster):
+    cluster.hang_commands("n002")
+    out = _run(cluster, ["check", "--slurm", "--nodelist", "n[001-004]", "--only", "driver", "--timeout", "4"])
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "n002" in out.stdout and "timed out" in out.stdout
+    assert cluster.leftover_processes(["n001", "n002", "n003", "n004"]) == {}
+    assert cluster.slurm.leftover_steps() == []
+
+
+def test_dry_run_prints_scontrol_and_refuses_a_cluster_wide_failure(cluster):
+    cluster.mtu_blackhole("n004")
+    cluster.mtu_blackhole("n006")
+    argv = ["check", "--slurm", "--nodelist", "n[001-%03d]" % N, "--only", "mtu", "--drain", "--dry-run"]
+    out = _run(cluster, argv)
+    assert out.returncode == 1
+    assert "refused" in out.stdout and "drained nothing" in out.stdout  # 2 faulty ports fail 4 of 8 nodes
+    assert "would run" not in out.stdout
+    out = _run(cluster, argv + ["--max-drain-fraction", "0.6"])
+    assert "would run: scontrol update nodename=n004 state=drain 'reason=preflight: mtu: " in out.stdout
+    assert "nodename=n006" in out.stdout and "nodename=n00" in out.stdout
+    assert cluster.slurm.reasons() == {}

@@ -1,0 +1,97 @@
+"""Slurm output parsers (real Slurm 22.05 output recorded from tests/sim/slurm.py) and the drain plan."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from preflight import drain
+from preflight.model import Finding, Status
+from preflight.slurm import _gres_gpus, bad_state, parse_show_node, parse_srun_stderr
+
+HERE = os.path.join(os.path.dirname(__file__), "fixtures", "slurm")
+
+
+def _read(name):
+    with open(os.path.join(HERE, name)) as fh:
+        return fh.read()
+
+
+def test_show_node_states_reasons_without_stamp():
+    nodes = parse_show_node(_read("show_node_drained.txt"))  # `scontrol -o show node`, Slurm 22.05.8
+    assert nodes["n002"] == {"state": ["IDLE", "DRAIN"], "reason": "disk replaced by hand", "gpus": 0}
+    assert nodes["n001"]["reason"] is None and nodes["n001"]["state"] == ["IDLE"]
+    assert bad_state(nodes["n002"]["state"]) and not bad_state(nodes["n001"]["state"])
+    assert bad_state(["IDLE*"]) and bad_state(["DOWN", "NOT_RESPONDING"])
+
+
+def test_show_node_refuses_other_output():
+    with pytest.raises(ValueError, match="not a `scontrol -o show node` line"):
+        parse_show_node("PARTITION AVAIL  TIMELIMIT  NODES  STATE NODELIST\n")
+
+
+@pytest.mark.parametrize("gres,gpus", [("(null)", 0), ("gpu:8", 8), ("gpu:h100:8(S:0-1)", 8), ("gpu:a100:4,gpu:v100:2", 6)])
+def test_gres_gpus(gres, gpus):
+    assert _gres_gpus(gres) == gpus
+
+
+def test_srun_launch_failure_names_the_node():
+    launch, exits = parse_srun_stderr(_read("srun_launch_failed.stderr"))
+    assert launch == {"n002": "Communication connection failure"}
+    assert exits == {}
+    _, exits = parse_srun_stderr("srun: error: n003: task 2: Exited with exit code 1\n")
+    assert exits == {"n003": "Exited with exit code 1"}
+
+
+def _f(check, node, status, msg="x"):
+    return Finding(check, node, status, msg)
+
+
+def _state(**kw):
+    base = {n: {"state": ["IDLE"], "reason": None} for n in ("a1", "a2", "a3", "a4", "a5", "a6", "a7", "a8", "a9", "a10")}
+    base.update(kw)
+    return base
+
+
+NODES = ["a%d" % i for i in range(1, 11)]
+
+
+def test_plan_drains_failing_node_with_short_reason_and_leaves_others_drain_alone():
+    findings = [_f("ssh", n, Status.PASS) for n in NODES] + [_f("mtu", "a3", Status.FAIL, "jumbo " * 60),
+                                                             _f("gpu", "a3", Status.ERROR, "not checked: x")]
+    state = _state(a5={"state": ["IDLE", "DRAIN"], "reason": "by hand"})
+    p = drain.plan(findings, NODES, state, drain=True, resume=True)
+    assert list(p.drain) == ["a3"] and p.drain["a3"].startswith("preflight: mtu: jumbo")
+    assert len(p.drain["a3"]) <= drain.REASON_MAX
+    assert p.left_alone == {"a5": "by hand"} and p.resume == [] and p.refused is None
+    assert p.commands()[0] == ["scontrol", "update", "nodename=a3", "state=drain", "reason=" + p.drain["a3"]]
+
+
+def test_plan_resumes_only_our_drained_nodes_that_pass():
+    findings = [_f("ssh", n, Status.PASS) for n in NODES] + [_f("mtu", "a2", Status.FAIL)]
+    state = _state(a1={"state": ["IDLE", "DRAIN"], "reason": "preflight: mtu: old"},
+                   a2={"state": ["IDLE", "DRAIN"], "reason": "preflight: mtu: old"},
+                   a4={"state": ["IDLE", "DRAIN"], "reason": "maintenance"})
+    p = drain.plan(findings, NODES, state, drain=True, resume=True)
+    assert p.resume == ["a1"] and p.drain == {} and "a4" in p.left_alone
+    assert drain.plan(findings, NODES, state, drain=True, resume=False).resume == []
+
+
+def test_plan_refuses_when_too_many_fail():
+    findings = [_f("mtu", n, Status.FAIL) for n in NODES[:3]] + [_f("ssh", n, Status.PASS) for n in NODES]
+    p = drain.plan(findings, NODES, _state(), drain=True, resume=False)
+    assert p.drain == {} and "3 nodes of 10 failed" in p.refused and "drained nothing" in p.refused
+    assert set(drain.plan(findings, NODES, _state(), drain=True, resume=False, max_fraction=0.3).drain) == {"a1", "a2", "a3"}
+
+
+def test_cli_usage_errors_are_one_line(capsys, monkeypatch):
+    from preflight import cli
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+    assert cli.main(["check", "--drain"]) == 2
+    assert "--drain/--resume act on Slurm nodes; add --slurm" in capsys.readouterr().err
+    assert cli.main(["check", "--slurm", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "needs an allocation (SLURM_JOB_ID is not set)" in err and "Traceback" not in err
