@@ -55,8 +55,9 @@ def _signals() -> Iterator[None]:
     try:
         yield
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+        if not _stopping:  # after a signal ours stay: a second one exits at once, never a traceback
+            for s, handler in old.items():
+                signal.signal(s, handler)
 
 
 class _Parser(argparse.ArgumentParser):

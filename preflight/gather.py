@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
@@ -49,6 +50,7 @@ class Fleet:
         self.dead: Dict[str, NodeFailure] = {}
         self._lock = threading.Lock()
         self._cancelled = threading.Event()
+        self._running = 0  # runs inside run_bundle now (not those still connecting)
 
     def _session(self, name: str) -> Session:
         with self._lock:
@@ -72,9 +74,15 @@ class Fleet:
         self.progress("start", name)
         try:
             session = self._session(name)
-            if self._cancelled.is_set():  # interrupted while this connection was being opened
-                raise NodeFailure("cancelled", "interrupted before the probe started")
-            run = session.run_bundle(config, deadline_s)
+            with self._lock:
+                if self._cancelled.is_set():  # interrupted while this connection was being opened
+                    raise NodeFailure("cancelled", "interrupted before the probe started")
+                self._running += 1
+            try:
+                run = session.run_bundle(config, deadline_s)
+            finally:
+                with self._lock:
+                    self._running -= 1
         except NodeFailure as failure:
             self.progress("failed", name)
             return Outcome(name, failure=failure)
@@ -125,8 +133,8 @@ class Fleet:
 
     def cancel(self) -> None:
         """Kill every run in flight (remote process groups included), all nodes at once; start no more."""
-        self._cancelled.set()
         with self._lock:
+            self._cancelled.set()
             sessions = list(self.sessions.values())
         for session in sessions:
             session.cancelled = True
@@ -134,6 +142,15 @@ class Fleet:
             return
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(self.parallel, len(sessions))) as pool:
             list(pool.map(lambda session: session.cancel(), sessions))
+        # Runs whose pid line had not arrived yet kill their group themselves as soon as it does: wait
+        # for them (bounded), since the daemon threads die with the process. Connects are not waited for.
+        bound = max(s.spec.connect_timeout for s in sessions) + 8.0
+        until = time.monotonic() + bound
+        while time.monotonic() < until:
+            with self._lock:
+                if self._running == 0:
+                    return
+            time.sleep(0.05)
 
     def close(self) -> None:
         with self._lock:

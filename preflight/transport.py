@@ -326,12 +326,16 @@ class SSHSession(Session):
     #: how long output may keep coming after the exit status (a background job of the node's shell rc
     #: that holds stdout open would otherwise keep the run waiting forever)
     DRAIN_S = 2.0
+    #: after Ctrl-C, how long a run just started may take to send its pid line (then it is killed)
+    PID_WAIT_S = 3.0
 
     def __init__(self, spec: NodeSpec, accept_new_host_keys: bool = False) -> None:
         self.spec = spec
         self.accept_new = accept_new_host_keys or spec.host_key_checking == "accept-new"
         self.kill_hung = False
         self.cancelled = False
+        self._kill_lock = threading.Lock()
+        self._killed: set = set()
         self.conn: Any = None
         self._pid: Optional[int] = None
         self._lock = threading.Lock()
@@ -455,6 +459,7 @@ class SSHSession(Session):
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise NodeFailure("unreachable", "connection lost while starting the probe: %s" % (exc or type(exc).__name__)) from None
         end = started + deadline_s
+        cancel_at: Optional[float] = None
         try:
             while True:
                 if run.pid is not None and self._pid is None:
@@ -462,8 +467,12 @@ class SSHSession(Session):
                         self._pid = run.pid
                 remaining = end - time.monotonic()
                 if self.cancelled:
-                    self._kill(run.pid)
-                    raise NodeFailure("cancelled", "interrupted; killed the remote process group")
+                    cancel_at = cancel_at or time.monotonic()
+                    if run.pid is None and time.monotonic() - cancel_at < self.PID_WAIT_S and not chan.closed:
+                        pass  # the pid line is on its way: wait for it, so the group can be killed
+                    else:
+                        self._kill_once(run.pid)
+                        raise NodeFailure("cancelled", "interrupted; killed the remote process group")
                 if remaining <= 0:
                     self._kill(run.pid)
                     if self.kill_hung:
@@ -542,10 +551,19 @@ class SSHSession(Session):
             # kill channel still ends the remote run once close() drops the connection.
             log.warning("%s: could not send the kill for process group %d: %s", self.spec.name, pid, exc)
 
+    def _kill_once(self, pid: Optional[int]) -> None:
+        """One kill per process group, whichever thread asks first; a second caller waits for it to end
+        (Ctrl-C's cancel() must not return while the run's own thread is still sending the kill)."""
+        with self._kill_lock:
+            if pid is None or pid in self._killed:
+                return
+            self._killed.add(pid)
+            self._kill(pid)
+
     def cancel(self) -> None:
         with self._lock:
             pid = self._pid
-        self._kill(pid)
+        self._kill_once(pid)
 
     def close(self) -> None:
         if self.conn is not None:
