@@ -207,7 +207,7 @@ class _Located:
         self._count += 1
         if self._count > self.MAX_VALUES:
             raise InventoryError(
-                self.path, None,
+                self.path, line,
                 "the inventory expands to more than %d values (aliases reused many times: an alias bomb?)" % self.MAX_VALUES,
                 "write the values out, or use fewer nested aliases",
             )
