@@ -23,6 +23,7 @@ overflows the kernel's input backlog and random nodes fail with "no route to hos
     sudo python3 benchmarks/fanout.py                      # 8 and 32 nodes, 3 repeats
     sudo python3 benchmarks/fanout.py --nodes 128,256 --json results.json
     sudo python3 benchmarks/fanout.py --nodes 128 --sweep-size 128 --sweep-parallel 16,32,64,128
+    sudo python3 benchmarks/fanout.py --nodes 32 --hardware hgx --tools preflight,base --variant "base=..."   # HGX nodes
     sudo python3 benchmarks/fanout.py --nodes 256 --tools pdsh,base,patched \
         --variant "base=python3 /tmp/pf-base/run_preflight.py" --variant "patched=python3 /tmp/pf-exp/run_preflight.py"
 
@@ -193,14 +194,14 @@ class Runner:
     """
 
     def __init__(self, cluster: Any, work: str, parallel: int, ansible: Optional[str], selection: List[str],
-                 variants: Optional[Dict[str, List[str]]] = None) -> None:
+                 variants: Optional[Dict[str, List[str]]] = None, gpus_per_node: int = 0) -> None:
         self.c = cluster
         self.variants = variants or {}
         self.work = work
         self.parallel = parallel
         self.ansible = ansible
         self.selection = selection
-        self.inv = cluster.inventory(path=os.path.join(work, "hosts.yaml"))
+        self.inv = cluster.inventory(path=os.path.join(work, "hosts.yaml"), gpus_per_node=gpus_per_node)
         self.ansible_inv = ansible_inventory(cluster, os.path.join(work, "ansible.ini"))
         self.n = len(cluster.nodes)
         self.time_bin = "/usr/bin/time" if os.access("/usr/bin/time", os.X_OK) else None
@@ -343,7 +344,10 @@ def bench_size(n: int, args: argparse.Namespace, tools: List[str], selection: Li
             result["cluster_start_s"] = round(time.monotonic() - t0, 2)
             pin_neighbours(cluster)
             log("%d nodes: cluster up in %.1f s" % (n, result["cluster_start_s"]))
-            runner = Runner(cluster, work, args.parallel, ansible, selection, variants)
+            if args.hardware == "hgx":
+                present_hgx(cluster)
+            runner = Runner(cluster, work, args.parallel, ansible, selection, variants,
+                            gpus_per_node=8 if args.hardware == "hgx" else 0)
             for _ in range(args.warmup):
                 for tool in tools:
                     runner.measure(tool)
@@ -364,6 +368,20 @@ def bench_size(n: int, args: argparse.Namespace, tools: List[str], selection: Li
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def present_hgx(cluster: Any) -> None:
+    """Every node an HGX H100 through the simulator's real interfaces: nvidia-smi, NVSwitches, fabric manager,
+    NCCL, two NDR HCAs under the GPUs' PCIe switches, nvidia_peermem, lspci, a kernel log."""
+    from tests.sim import gpu_hw, ib_hw, pci_hw
+
+    for node in cluster.nodes:
+        gpu_hw.install_gpus(node, "h100", count=8)
+        gpu_hw.install_nvswitches(node)
+        gpu_hw.install_fabric_manager(node, active=True)
+        gpu_hw.install_nccl(node)
+        ib_hw.install_hcas(node, [{}, {}])
+        pci_hw.install_pcie(node)
 
 
 def summarise(runs: List[Dict[str, Any]], key: str = "tool") -> List[Dict[str, Any]]:
@@ -473,6 +491,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--sweep-parallel", type=_ints, default=[16, 32, 64, 128])
     p.add_argument("--start-timeout", type=float, help="SimCluster start timeout (default max(60, 0.5 s × nodes))")
     p.add_argument("--ansible", help="path of the ansible executable")
+    p.add_argument("--hardware", choices=("cpu", "hgx"), default="cpu",
+                   help="cpu: CPU-only nodes (default); hgx: every node a simulated HGX H100 (8 GPUs, 2 HCAs)")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=COMMAND",
                    help="also time another preflight build, e.g. patched='python3 /tmp/pf-exp/run_preflight.py' "
                         "(tools NAME and NAME-ssh; repeatable)")

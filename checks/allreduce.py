@@ -506,6 +506,7 @@ CHECK = Check(
     # the launcher runs on the data interface the nic check chose, at the port the ports check verified,
     # with the env derived from the ib_hca and driver facts
     needs=("nic", "ib_hca", "ports", "driver"),
+    action="isolate",
     order=90,
     crossnode=CrossNode(run=_run_bench, summary=_summary),
 )

@@ -527,5 +527,6 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     needs=("ssh",),
+    action="isolate",
     order=60,
 )

@@ -378,5 +378,6 @@ CHECK = Check(
     phase=2,
     plan=plan,
     needs=("nic",),
+    action="fix_config",
     order=70,
 )

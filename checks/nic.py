@@ -282,5 +282,6 @@ CHECK = Check(
     "it with data_interface: in the inventory; export NCCL_SOCKET_IFNAME as printed in the env file.",
     probe=probe,
     rule=rule,
+    action="fix_config",
     order=50,
 )

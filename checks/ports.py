@@ -515,5 +515,6 @@ CHECK = Check(
     phase=2,
     plan=plan,
     needs=("nic",),
+    action="fix_config",
     order=80,
 )

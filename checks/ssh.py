@@ -66,7 +66,7 @@ def clock_offset(facts: Dict[str, Any]) -> Any:
 def rule(view: ClusterView) -> List[Finding]:
     out: List[Finding] = []
     for name, why in view.unreachable.items():
-        out.append(Finding("ssh", name, Status.FAIL, why, data={"unreachable": True}))
+        out.append(Finding("ssh", name, Status.FAIL, why, data={"unreachable": True}, action="isolate"))
     for name, facts in view.of("ssh").items():
         err = probe_error("ssh", name, facts)
         if err:
@@ -111,5 +111,6 @@ CHECK = Check(
     "path in the inventory, and time sync (chronyc tracking).",
     probe=probe,
     rule=rule,
+    action="fix_config",
     order=10,
 )

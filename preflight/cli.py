@@ -294,6 +294,7 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
         timeout=args.timeout,
         accept_new_host_keys=args.accept_new_host_keys,
         capture=bool(getattr(args, "capture", None)),
+        previous=_previous_run(getattr(args, "history", None), inv),
     )
     engine.select_checks(opts.only, opts.skip)  # usage errors before any connection
     if getattr(args, "capture", None):
@@ -447,6 +448,16 @@ def _check_dir(path: str, directory: str) -> None:
         _unwritable(path, errno.ENOTDIR)
     if not os.access(directory, os.W_OK | os.X_OK):
         _unwritable(path, errno.EACCES)
+
+
+def _previous_run(history_dir: Optional[str], inv: Any) -> Optional[dict]:
+    """The last report of this inventory kept in --history DIR (rules compare against it), else None."""
+    if not history_dir:
+        return None
+    from preflight import history
+
+    path = history.previous(history_dir, inv.sha256)
+    return history.load(path) if path is not None else None
 
 
 def _hostfile_name(node: dict) -> str:

@@ -14,8 +14,9 @@ Selection policy (see `choose`):
    container/VM bridges (docker*, virbr*, br-*, cni*, ...), container-side veths (veth*, cali*, ...),
    VPNs or tunnels. Kind alone never excludes a veth: a simulated node's real links are veths named eth0.
 3. Candidate addresses are grouped by subnet. A subnet where some address is held by EVERY node
-   (docker0's 172.17.0.1 on every host) is host-local, not a network between the nodes: excluded. The
-   same address on only some of the nodes is an address conflict: those nodes fail, named together.
+   (docker0's 172.17.0.1 on every host) on a virtual link is host-local, not a network between the
+   nodes: excluded. The same address on only some of the nodes, or on every node's physical NIC (a
+   two-node cluster), is an address conflict: those nodes fail, named together.
 4. The data subnet is the best subnet held by every live node (or, failing that, by a strict majority, so
    that one node whose data NIC is down fails on its own instead of silently moving the whole cluster to
    the management network). A down interface still holds its configured address: a subnet configured on
@@ -245,8 +246,9 @@ def choose(view: ClusterView) -> Choice:
             for addr in addrs:
                 cands[name].append(_Cand(name, iface, addr, is_mgmt))
 
-    # Host-local subnets: some address in them is held by EVERY node (docker0's 172.17.0.1). The same
-    # address on some of the nodes is an address conflict between them, named on each of them.
+    # Host-local subnets: some address in them is held by EVERY node (docker0's 172.17.0.1) on a virtual
+    # link. The same address on only some of the nodes, or on every node's physical NIC (two hosts), is
+    # an address conflict between them, named on each of them.
     holders_of_ip: Dict[str, set] = {}
     for name in nodes:
         for c in cands[name]:
@@ -256,9 +258,9 @@ def choose(view: ClusterView) -> Choice:
     for ip, holders in holders_of_ip.items():
         if len(holders) < 2:
             continue
-        if len(holders) == total:
-            net = next(str(c.addr.network) for c in cands[sorted(holders)[0]] if str(c.addr.ip) == ip)
-            host_local.setdefault(net, "same address %s on every node" % ip)
+        holding = [c for name in holders for c in cands[name] if str(c.addr.ip) == ip]
+        if len(holders) == total and not all(c.iface.get("physical") for c in holding):
+            host_local.setdefault(str(holding[0].addr.network), "same address %s on every node" % ip)
             continue
         for name in holders:
             iface_name = next(c.name for c in cands[name] if str(c.addr.ip) == ip)

@@ -11,7 +11,10 @@ A *regression* (``has_regressions``, the CLI exits 1) is any of:
 
 Reported but not regressions: recoveries, nodes added or removed (an inventory edit is deliberate),
 driver version changes (an upgrade is not a fault; a driver that now mismatches fails its own check
-and so shows up as a new failure), bandwidth gains.
+and so shows up as a new failure), bandwidth gains, GPUs replaced (same node and PCI slot, another
+serial number) and "lemons": a GPU serial that failed the gpu check in the old run and is now in
+another slot or on another node (a part pulled for repair and put back into the fleet). Both come from
+the reports' `hardware` section (serials and UUIDs from the gpu facts).
 """
 
 from __future__ import annotations
@@ -70,6 +73,18 @@ class BandwidthChange:
         return self.relative > self.threshold
 
 
+@dataclass(frozen=True)
+class GpuChange:
+    """A GPU slot whose serial changed, or a serial that failed before and now sits elsewhere."""
+
+    serial: str
+    node: str
+    slot: str  # PCI bus id, else "GPU <index>"
+    old_node: Optional[str] = None
+    old_slot: Optional[str] = None
+    old_serial: Optional[str] = None
+
+
 @dataclass
 class DiffResult:
     """Everything `diff` found; `has_regressions` decides the exit code."""
@@ -85,6 +100,8 @@ class DiffResult:
     version_drift: List[VersionChange] = field(default_factory=list)
     busbw: Optional[BandwidthChange] = None
     busbw_note: Optional[str] = None  # why bandwidth could not be compared, when one side has it
+    gpus_replaced: List[GpuChange] = field(default_factory=list)
+    lemons: List[GpuChange] = field(default_factory=list)
 
     @property
     def busbw_dropped(self) -> bool:
@@ -102,6 +119,8 @@ class DiffResult:
             or self.nodes_added
             or self.nodes_removed
             or self.version_drift
+            or self.gpus_replaced
+            or self.lemons
             or (self.busbw is not None and self.busbw.improved)
             or self.inventory_changed
         )
@@ -180,6 +199,31 @@ def _busbw(report: Mapping[str, Any]) -> Optional[float]:
     return None if value is None else float(value)
 
 
+def _gpu_slots(report: Mapping[str, Any]) -> Dict[Tuple[str, str], Mapping[str, Any]]:
+    """{(node, slot): gpu record} from a report's hardware section (absent in reports before it existed)."""
+    out = {}
+    for node, hw in (report.get("hardware") or {}).items():
+        for g in (hw or {}).get("gpus") or []:
+            slot = g.get("pci_bus_id") or "GPU %s" % g.get("index")
+            out[(node, slot)] = g
+    return out
+
+
+def _gpu_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> Tuple[List[GpuChange], List[GpuChange]]:
+    before, after = _gpu_slots(old), _gpu_slots(new)
+    replaced, lemons = [], []
+    for (node, slot), g in sorted(after.items()):
+        was = before.get((node, slot))
+        if was and was.get("serial") and g.get("serial") and was["serial"] != g["serial"]:
+            replaced.append(GpuChange(g["serial"], node, slot, old_serial=was["serial"]))
+    failed = {g["serial"]: key for key, g in before.items() if g.get("serial") and g.get("failed")}
+    for key, g in sorted(after.items()):
+        where = failed.get(g.get("serial"))
+        if where is not None and where != key:
+            lemons.append(GpuChange(g["serial"], key[0], key[1], old_node=where[0], old_slot=where[1]))
+    return replaced, lemons
+
+
 def _sort_key(change: StatusChange) -> Tuple[str, str]:
     return (change.check, change.node or "")
 
@@ -231,6 +275,8 @@ def diff(old: Mapping[str, Any], new: Mapping[str, Any], bw_threshold: float = 0
         if node in old_drivers and node in new_drivers and old_drivers[node] != new_drivers[node]:
             result.version_drift.append(VersionChange(node, old_drivers[node], new_drivers[node]))
 
+    result.gpus_replaced, result.lemons = _gpu_changes(old, new)
+
     old_bw, new_bw = _busbw(old), _busbw(new)
     if old_bw is not None and new_bw is not None:
         result.busbw = BandwidthChange(old_bw, new_bw, bw_threshold)
@@ -278,6 +324,14 @@ def render_diff(result: DiffResult) -> List[str]:
     if result.version_drift:
         lines.append("driver changed (%d):" % len(result.version_drift))
         lines.extend("  %s: %s -> %s" % (v.node, v.old, v.new) for v in result.version_drift)
+    if result.lemons:
+        lines.append("GPUs that failed before, back in the fleet (%d):" % len(result.lemons))
+        lines.extend(
+            "  serial %s: now %s %s; failed on %s %s" % (c.serial, c.node, c.slot, c.old_node, c.old_slot) for c in result.lemons
+        )
+    if result.gpus_replaced:
+        lines.append("GPUs replaced (%d):" % len(result.gpus_replaced))
+        lines.extend("  %s %s: serial %s -> %s" % (c.node, c.slot, c.old_serial, c.serial) for c in result.gpus_replaced)
     if result.busbw_note:
         lines.append(result.busbw_note)
 

@@ -20,7 +20,7 @@ from preflight import checks as catalogue
 from preflight.errors import UsageError
 from preflight.gather import Fleet, Outcome, Progress
 from preflight.inventory import Inventory, NodeSpec
-from preflight.model import ClusterView, Finding, NodeInfo, Status
+from preflight.model import ClusterView, Finding, NodeInfo, Status, with_action
 
 
 @dataclass
@@ -33,6 +33,7 @@ class Options:
     progress: Optional[Progress] = None
     gather_also: Sequence[str] = ()  # checks whose facts are gathered but not judged (e.g. for the env file)
     capture: bool = False  # nodes send back every command output and file read (preflight.capture)
+    previous: Optional[Dict[str, Any]] = None  # the last run's report (--history): rules compare against it
 
 
 @dataclass
@@ -129,7 +130,8 @@ def run(inv: Inventory, opts: Options) -> RunReport:
     selected = select_checks(opts.only, opts.skip)
     gathered = catalogue.closure(list(selected) + list(opts.gather_also))
     checks = {name: catalogue.get(name) for name in gathered}
-    phase1 = [n for n in gathered if checks[n].phase == 1 and checks[n].probe is not None]
+    prepared = [n for n in gathered if checks[n].phase == 2 and checks[n].prepare is not None]
+    phase1 = [n for n in gathered if (checks[n].phase == 1 and checks[n].probe is not None) or n in prepared]
     phase2 = [n for n in gathered if checks[n].phase == 2]
     crossnode = [n for n in selected if checks[n].crossnode is not None]
     infos = node_infos(inv)
@@ -143,10 +145,18 @@ def run(inv: Inventory, opts: Options) -> RunReport:
     captures: Optional[Dict[str, Dict[str, Any]]] = {} if opts.capture else None
     env: Any = None
     cluster = dict(inv.cluster)
+    if opts.previous:
+        cluster["previous"] = opts.previous
 
     with open_fleet(inv, opts) as fleet:
         t0 = time.monotonic()
-        configs = {s.name: _probe_config(phase1, s, deadline(s), capture=opts.capture) for s in inv.nodes}
+        configs = {
+            s.name: _probe_config(
+                phase1, s, deadline(s), {n: checks[n].prepare(cluster, s.name, s.name == inv.head_name) for n in prepared},
+                capture=opts.capture,
+            )
+            for s in inv.nodes
+        }
         unreachable.update(_absorb(facts, fleet.run(configs, deadline), phase1, captures))
         times["phase1_s"] = time.monotonic() - t0
 
@@ -188,7 +198,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
 
     view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
     if env is not None:
-        findings.extend(env.refused)
+        findings.extend(with_action(f, "fix_config") for f in env.refused)
     for check in crossnode:
         findings.extend(judge(view, [check]))
         summarise = checks[check].crossnode.summary
@@ -215,12 +225,12 @@ def judge(view: ClusterView, selected: Sequence[str]) -> List[Finding]:
     for name in selected:
         check = catalogue.get(name)
         try:
-            findings.extend(check.rule(view))
+            findings.extend(with_action(f, check.action) for f in check.rule(view))
         except Exception as exc:  # a rule bug must not hide the other checks' verdicts
-            findings.append(Finding(name, None, Status.ERROR, "rule failed: %s: %s" % (type(exc).__name__, exc)))
+            findings.append(Finding(name, None, Status.ERROR, "rule failed: %s: %s" % (type(exc).__name__, exc), action="check_app"))
         if name != "ssh":
             for node in view.unreachable:
-                findings.append(Finding(name, node, Status.ERROR, NOT_RUN_MESSAGE, data={NOT_RUN: "unreachable"}))
+                findings.append(Finding(name, node, Status.ERROR, NOT_RUN_MESSAGE, action="retest", data={NOT_RUN: "unreachable"}))
     return findings
 
 

@@ -37,7 +37,7 @@ NODE_KEYS = (
     "data_interface",
     "host_key_checking",
 )
-CLUSTER_KEYS = ("master_port", "head", "expect", "mtu_full_mesh", "allreduce", "transport", "max_nodes")
+CLUSTER_KEYS = ("master_port", "head", "expect", "mtu_full_mesh", "allreduce", "transport", "shared_paths", "xid_window_s", "max_nodes")
 TRANSPORTS = ("ssh", "slurm")
 EXPECT_KEYS = (
     "driver_version",
@@ -48,6 +48,7 @@ EXPECT_KEYS = (
     "ib_hcas",
     "ib_rate_gbps",
     "busbw_gbps",
+    "shared_free_gib",
 )
 ALLREDUCE_KEYS = ("sizes", "warmup", "iters", "init_timeout", "op_timeout", "total_timeout", "enabled")
 TOP_KEYS = ("defaults", "cluster", "nodes")
@@ -427,11 +428,15 @@ def load(path: str, max_nodes: Optional[int] = None) -> Inventory:
     mesh = cluster_raw.get("mtu_full_mesh", False)
     if not isinstance(mesh, bool):
         raise v.fail(("cluster", "mtu_full_mesh"), "mtu_full_mesh must be true or false", "write true or false")
+    xid_window = None
+    if cluster_raw.get("xid_window_s") is not None:
+        xid_window = v.number(cluster_raw["xid_window_s"], ("cluster", "xid_window_s"), "xid_window_s", 1, 10 * 365 * 86400)
 
     transport = cluster_raw.get("transport", "ssh")
     if transport not in TRANSPORTS:
         raise v.fail(("cluster", "transport"), "transport %r is not one of %s" % (transport, ", ".join(TRANSPORTS)),
                      "write `transport: ssh` or `transport: slurm`")
+    shared_paths = _shared_paths(v, cluster_raw.get("shared_paths"))
 
     nodes_raw = top.get("nodes")
     if nodes_raw is None or nodes_raw == []:
@@ -503,7 +508,7 @@ def load(path: str, max_nodes: Optional[int] = None) -> Inventory:
         raise v.fail(("cluster", "head"), "head must be a node name, not %s" % _kind(head), "write `head: NODE-NAME`")
     if head is not None and head not in names:
         raise v.fail(("cluster", "head"), "head %r is not one of the nodes" % (head,), "use a node's name as listed under nodes:")
-    cluster = {"master_port": master_port, "mtu_full_mesh": mesh, "allreduce": allreduce}
+    cluster = {"master_port": master_port, "mtu_full_mesh": mesh, "allreduce": allreduce, "shared_paths": shared_paths, "xid_window_s": xid_window}
     return Inventory(
         path=path,
         nodes=nodes,
@@ -516,6 +521,25 @@ def load(path: str, max_nodes: Optional[int] = None) -> Inventory:
     )
 
 
+def _shared_paths(v: _Validator, raw: Any) -> List[str]:
+    """cluster.shared_paths: absolute directory paths every node must see as one filesystem (storage check)."""
+    if raw is None:
+        return []
+    at = ("cluster", "shared_paths")
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list):
+        raise v.fail(at, "shared_paths must be a list of paths, not %s" % _kind(raw), "write e.g. `shared_paths: [/shared/checkpoints]`")
+    out: List[str] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, str) or not item.startswith("/") or any(c in item for c in "\x00\n\r"):
+            raise v.fail(at + (i,), "shared path %r is not an absolute path" % (item,), "write an absolute directory path such as /shared/checkpoints")
+        path = "/" + "/".join(p for p in item.split("/") if p)
+        if path not in out:
+            out.append(path)
+    return out
+
+
 def _check_expect(v: _Validator, expect: Dict[str, Any]) -> None:
     for key, value in expect.items():
         at = ("cluster", "expect", key)
@@ -523,6 +547,8 @@ def _check_expect(v: _Validator, expect: Dict[str, Any]) -> None:
             expect[key] = v.integer(value, at, key, 0 if key == "ib_hcas" else 576, 65536)
         elif key in ("ib_rate_gbps", "busbw_gbps"):
             expect[key] = v.number(value, at, key, 0.001, 100000, "Gb/s" if key == "ib_rate_gbps" else "GB/s")
+        elif key == "shared_free_gib":
+            expect[key] = v.number(value, at, key, 0, 10 ** 9, "GiB")
         elif isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise v.fail(at, "%s must be a version string" % key, 'quote it, e.g. "550.54.15"')
         else:

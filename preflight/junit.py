@@ -10,8 +10,9 @@ Shape (the common Ant/Jenkins/GitLab dialect)::
 
 All findings of one (check, node) make one case; the worst status (`Status.rank`) decides it:
 
-    fail  -> <failure message= type="fail">  every finding of the case in the body
-    error -> <error message= type="error">   likewise
+    fail  -> <failure message= type="fail:isolate">  every finding of the case in the body; the type
+                                                    names the action(s) asked for after the status
+    error -> <error message= type="error:retest">    likewise
     skip  -> <skipped message=>
     warn  -> passes; the messages go to <system-out>
     pass  -> passes; the messages go to <system-out>
@@ -43,6 +44,8 @@ def _xml_safe(text: Any) -> str:
 def _finding_line(result: Mapping[str, Any]) -> str:
     line = "[%s] %s" % (result.get("status", "?"), result.get("message", ""))
     extra = []
+    if result.get("action") is not None:
+        extra.append("action %s" % result["action"])
     if result.get("expected") is not None:
         extra.append("expected %s" % result["expected"])
     if result.get("actual") is not None:
@@ -50,6 +53,15 @@ def _finding_line(result: Mapping[str, Any]) -> str:
     if extra:
         line += " (%s)" % ", ".join(extra)
     return line
+
+
+def _action_type(findings: List[Mapping[str, Any]], worst: Status, plain: str) -> str:
+    """The failure's type attribute: "fail" / "error", then the actions asked for ("fail:isolate")."""
+    actions: List[str] = []
+    for f in findings:
+        if f["status"] == worst.value and f.get("action") and f["action"] not in actions:
+            actions.append(f["action"])
+    return ":".join([plain] + actions)
 
 
 def _group(results: List[Mapping[str, Any]]) -> Dict[Tuple[str, Optional[str]], List[Mapping[str, Any]]]:
@@ -95,12 +107,12 @@ def to_junit(report: Mapping[str, Any]) -> str:
         if worst is Status.FAIL:
             counts["failures"] += 1
             failure = ET.SubElement(case, "failure")
-            _set(failure, message=headline, type="fail")
+            _set(failure, message=headline, type=_action_type(findings, worst, "fail"))
             failure.text = _xml_safe(lines)
         elif worst is Status.ERROR:
             counts["errors"] += 1
             error = ET.SubElement(case, "error")
-            _set(error, message=headline, type="error")
+            _set(error, message=headline, type=_action_type(findings, worst, "error"))
             error.text = _xml_safe(lines)
         else:
             if worst is Status.SKIP:

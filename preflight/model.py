@@ -32,6 +32,16 @@ class Status(str, enum.Enum):
 
 _RANK = {Status.PASS: 0, Status.SKIP: 1, Status.WARN: 2, Status.FAIL: 3, Status.ERROR: 4}
 
+#: What an operator does about a failing finding (the vocabulary of NVIDIA's Xid catalogue's
+#: "immediate action" column and of the fleet tools that act on it), most drastic first:
+#:   isolate     drain the node / take it out of the scheduler (hardware to replace or repair)
+#:   reboot      reboot the node (driver or kernel state only a reboot clears)
+#:   reset_gpu   reset the GPU (nvidia-smi -r) with the node drained
+#:   fix_config  change software or configuration (services, limits, files, versions, inventory)
+#:   check_app   the application (or its launch) is at fault, not the node
+#:   retest      nothing known to be broken: the test could not decide; run it again
+ACTIONS = ("isolate", "reboot", "reset_gpu", "fix_config", "check_app", "retest")
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -44,6 +54,11 @@ class Finding:
     expected: Optional[str] = None
     actual: Optional[str] = None
     data: Optional[Dict[str, Any]] = None
+    action: Optional[str] = None  # one of ACTIONS; set on fail/error findings (engine fills the check's default)
+
+    def __post_init__(self) -> None:
+        if self.action is not None and self.action not in ACTIONS:
+            raise ValueError("action %r: use one of %s" % (self.action, ", ".join(ACTIONS)))
 
     def to_json(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {
@@ -58,6 +73,8 @@ class Finding:
             out["actual"] = self.actual
         if self.data:
             out["data"] = self.data
+        if self.action is not None:
+            out["action"] = self.action
         return out
 
     @classmethod
@@ -70,6 +87,7 @@ class Finding:
             expected=doc.get("expected"),
             actual=doc.get("actual"),
             data=doc.get("data"),
+            action=doc.get("action"),
         )
 
 
@@ -177,6 +195,11 @@ class Check:
     phase   1 = local facts; 2 = network facts that need a plan built from phase-1 facts
     plan    phase-2 only: plan(view) -> {node name: probe config}, built on the controller
     needs   other checks whose facts this rule reads (they are gathered even when not selected)
+    prepare phase-2 only, optional: prepare(cluster settings, node name, is head) -> that node's probe config
+            for a first run of the probe in phase 1 (storage: the head writes the token the others
+            read in phase 2); the plan reads those phase-1 facts, the phase-2 facts replace them
+    action  what to do about a FAIL finding that names no action of its own (one of ACTIONS); an
+            ERROR finding without one gets "retest" (the check could not decide)
     order   where it runs and is reported among the checks (lower first); the catalogue is every
             module in preflight.checks, sorted by order, so adding a check edits no list
     crossnode  a test run across the nodes that passed the node checks (CrossNode), e.g. the all-reduce;
@@ -192,8 +215,19 @@ class Check:
     phase: int = 1
     plan: Optional[PlanFn] = None
     needs: Sequence[str] = ()
+    action: str = "fix_config"
+    prepare: Optional[Callable[[Mapping[str, Any], str, bool], Dict[str, Any]]] = None
     order: int = 500
     crossnode: Optional[CrossNode] = None
+
+
+def with_action(finding: Finding, default: str) -> Finding:
+    """The finding with its action filled in: its own, else `default` for FAIL and "retest" for ERROR."""
+    if finding.action is not None or not finding.status.is_problem:
+        return finding
+    import dataclasses
+
+    return dataclasses.replace(finding, action=default if finding.status is Status.FAIL else "retest")
 
 
 def skip_all(check: str, nodes: Sequence[NodeInfo], reason: str) -> List[Finding]:

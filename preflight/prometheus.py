@@ -14,6 +14,8 @@ Metrics::
                                                 node="" for a cluster-wide finding
     preflight_check_ok{check,node}              1 unless that status is fail or error (what the exit code uses)
     preflight_node_status{node}                 worst status of any finding on the node
+    preflight_check_action{check,node,action}   1 for each action a failing finding asks for (isolate,
+                                                reboot, reset_gpu, fix_config, check_app, retest)
     preflight_findings{status}                  number of findings per status (all five always present)
     preflight_last_run_timestamp_seconds        start of the run, Unix time (alert on its age)
     preflight_run_duration_seconds              wall time of the run
@@ -132,6 +134,7 @@ def to_prometheus(report: Mapping[str, Any]) -> str:
              "Worst status of a check on a node (%s); node=\"\" is cluster-wide." % numbering),
             ("preflight_check_ok", "1 unless the check's worst status on the node is fail or error."),
             ("preflight_node_status", "Worst status of any finding on the node (%s)." % numbering),
+            ("preflight_check_action", "1 for each action a failing finding of the check on the node asks for."),
             ("preflight_findings", "Number of findings of each status in the last run."),
             ("preflight_last_run_timestamp_seconds", "Start time of the last preflight run, Unix seconds."),
             ("preflight_run_duration_seconds", "Wall time of the last preflight run in seconds."),
@@ -153,6 +156,9 @@ def to_prometheus(report: Mapping[str, Any]) -> str:
         fam["preflight_check_ok"].add(0 if status.is_problem else 1, check=check, node=node)
     for node, status in _node_statuses(report, checks).items():
         fam["preflight_node_status"].add(STATUS_VALUE[status], node=node)
+    for result in report.get("results") or []:
+        if result.get("action") and Status(result["status"]).is_problem:
+            fam["preflight_check_action"].add(1, check=result["check"], node=result.get("node") or "", action=result["action"])
 
     summary = report.get("summary") or {}
     for status in sorted(Status, key=lambda s: s.rank):

@@ -16,7 +16,7 @@ from preflight import checks as catalogue
 from preflight import common
 from preflight.common import plural
 from preflight.engine import RunReport, not_run
-from preflight.model import Finding, Status
+from preflight.model import ACTIONS, Finding, Status
 
 STYLE = {
     Status.PASS: "green",
@@ -83,10 +83,41 @@ def to_json(report: RunReport) -> Dict[str, Any]:
             for s in inv.nodes
         ],
         "results": [f.to_json() for f in sort_findings(report.findings)],
+        "hardware": hardware(report.view),
         "summary": summary(report.findings),
         "allreduce": report.allreduce,
         "exit_code": report.exit_code,
     }
+
+
+def hardware(view: Any) -> Dict[str, Any]:
+    """{node: {"gpus": [{index, pci_bus_id, uuid, serial, failed}]}} from the gpu facts, for `preflight diff`.
+
+    failed: the gpu check's per-GPU judgement (gpu.gpu_problems) found a FAIL on that GPU, so a later run
+    can recognise the same serial coming back (a "lemon"). Nodes without GPU facts are left out.
+    """
+    from preflight.checks import gpu
+
+    out: Dict[str, Any] = {}
+    for node in view.live:
+        facts = view.facts[node.name].get("gpu")
+        gpus = facts.get("gpus") if isinstance(facts, dict) else None
+        if not gpus:
+            continue
+        links = max([g["nvlink"]["active"] for g in gpus if g.get("nvlink")] or [0])
+        out[node.name] = {
+            "gpus": [
+                {
+                    "index": g.get("index"),
+                    "pci_bus_id": g.get("pci_bus_id"),
+                    "uuid": g.get("uuid"),
+                    "serial": g.get("serial"),
+                    "failed": any(p[0] is Status.FAIL for p in gpu.gpu_problems(g, links)),
+                }
+                for g in gpus
+            ]
+        }
+    return out
 
 
 def dumps(doc: Dict[str, Any]) -> str:
@@ -155,6 +186,13 @@ def render(report: RunReport, console: Any, verbose: bool = False) -> None:
     if curve:
         console.print(_curve_table(curve))
 
+    todo = actions(shown, [n.name for n in report.view.nodes])
+    if todo:
+        console.print()
+        console.print(Text("what to do", style="bold"))
+        for line in todo:
+            console.print(Text("  " + line))
+
     failed = [c for c in report.selected if any(f.check == c and f.status.is_problem for f in shown)]
     if failed:
         console.print()
@@ -171,6 +209,52 @@ def render(report: RunReport, console: Any, verbose: bool = False) -> None:
         parts.append(Text("%d not run" % sum(skipped.values()), style="bold magenta"))
     console.print()
     console.print(Text(" · ").join(parts) + Text("  → exit %d" % report.exit_code, style="bold"))
+
+
+#: How the console words each action for an operator.
+ACTION_WORDS = {
+    "isolate": "drain (isolate)",
+    "reboot": "reboot",
+    "reset_gpu": "reset the GPU on",
+    "fix_config": "fix the config on",
+    "check_app": "check the application on",
+    "retest": "retest",
+}
+
+
+def actions(findings: Iterable[Finding], all_nodes: List[str]) -> List[str]:
+    """One line per action the failing findings ask for, most drastic first, with its nodes and checks.
+
+    'drain (isolate) 2 nodes: n[002-003] (ib_errors, gpu)'; a fix asked of every node says 'all N nodes'.
+    A node is listed under its most drastic action only (a node to drain needs no config fix first);
+    cluster-wide findings are listed as 'cluster'.
+    """
+    by_action: Dict[str, List[Finding]] = {}
+    for f in findings:
+        if f.status.is_problem:
+            by_action.setdefault(f.action or "retest", []).append(f)
+    placed: set = set()
+    lines = []
+    for action in ACTIONS:
+        group = by_action.get(action)
+        if not group:
+            continue
+        nodes = sorted({f.node for f in group if f.node is not None and f.node not in placed})
+        cluster_wide = any(f.node is None for f in group)
+        checks = list(OrderedDict((f.check, None) for f in group if f.node is None or f.node in nodes))
+        if not nodes and not cluster_wide:
+            continue
+        if nodes and len(nodes) == len(all_nodes) and len(all_nodes) > 1:
+            where = "all %d nodes" % len(nodes)
+        elif nodes:
+            where = "%s: %s" % (common.plural(len(nodes), "node"), common.fold(nodes))
+        else:
+            where = ""
+        if cluster_wide:
+            where = "cluster" + (", " + where if where else "")
+        placed.update(nodes)
+        lines.append("%s %s (%s)" % (ACTION_WORDS[action], where, ", ".join(checks)))
+    return lines
 
 
 def _curve(report: RunReport) -> List[Dict[str, Any]]:

@@ -11,7 +11,7 @@ from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
 from tests import fixture_cases as fc
 from tests.builders import ib_port as port
-from tests.builders import view
+from tests.builders import H100_RAILS, h100_bf3_ports, view
 
 sys.path.insert(0, str(Path(__file__).parent))  # `sim` importable however pytest was started
 from sim import ib_hw  # noqa: E402
@@ -285,19 +285,13 @@ def test_rule_on_fixture_facts():
     assert "n002 mlx5_2 port 1: state DOWN, Polling (expected ACTIVE at 400 Gb/s)" in messages
 
 
-def h100_bf3(ib_rate=400):
-    """An H100 node as the real capture has it: mlx5_0,1,4-9 InfiniBand NDR rails and a BlueField-3
-    Ethernet port mlx5_bond_0 at 200 Gb/s (the front-end network)."""
-    rails = [port("mlx5_%d" % i, rate=ib_rate) for i in (0, 1, 4, 5, 6, 7, 8, 9)]
-    return {"hcas": {}, "ports": rails + [port("mlx5_bond_0", rate=200, layer="roce")]}
-
-
-RAILS = ["mlx5_%d:1" % i for i in (0, 1, 4, 5, 6, 7, 8, 9)]
+def h100_bf3():
+    return {"hcas": {}, "ports": h100_bf3_ports()}
 
 
 def test_usable_hcas_mixed_layers_picks_the_majority_layer_and_says_what_it_left_out():
     usable = ib_hca.usable_hcas(view_of({"n001": h100_bf3(), "n002": h100_bf3()}))
-    assert usable["nodes"] == {"n001": RAILS, "n002": RAILS}
+    assert usable["nodes"] == {"n001": H100_RAILS, "n002": H100_RAILS}
     assert usable["uniform"] is True and usable["link_layer"] == "ib"
     assert usable["left_out"] == {
         "n001": [("mlx5_bond_0:1", "RoCE at 200 Gb/s; the rails are InfiniBand at 400 Gb/s")],

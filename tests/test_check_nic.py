@@ -399,3 +399,17 @@ def test_same_address_on_every_node_is_still_host_local():
         f["interfaces"].append(iface("br9", "10.99.0.1", 16, 9000, 100000, "bridge", physical=False))
     choice = datanet.choose(view_of(facts))
     assert choice.subnet == "198.19.0.0/16" and not choice.missing
+
+
+def test_two_node_cluster_with_one_data_address_on_both_physical_nics_is_a_conflict():
+    """Two nodes whose physical data NICs hold the same address: 'every node' here is two hosts in
+    conflict, not a host-local bridge (bridges and container links are virtual)."""
+    facts = {"n%03d" % i: sim_node(i) for i in (1, 2)}
+    for f in facts.values():
+        eth1 = f["interfaces"][2]
+        eth1["physical"], eth1["kind"] = True, None
+        eth1["addresses"] = [{"ip": "198.19.0.11", "prefixlen": 16}]
+    choice = datanet.choose(view_of(facts))
+    assert choice.subnet == "198.19.0.0/16" and choice.nodes == {}
+    assert "address conflict: 198.19.0.11 on eth1 is also on n002" in choice.missing["n001"]
+    assert _statuses(nic.rule(view_of(facts))) == {"n001": Status.FAIL, "n002": Status.FAIL}

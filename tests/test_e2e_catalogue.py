@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.sim import gpu_hw, ib_hw
+from tests.sim import gpu_hw, ib_hw, pci_hw
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,23 +30,28 @@ MEMLOCK = "locked-memory limit"
 
 
 def hgx(cluster, **faults):
-    """Present every node as an HGX H100: 8 GPUs, 4 NVSwitches, fabric manager, NCCL, one NDR HCA port."""
+    """Present every node as an HGX H100: 8 GPUs, 4 NVSwitches, fabric manager, NCCL, two NDR HCA ports under
+    the PCIe switches of GPU 0 and 1, nvidia_peermem, a clean kernel log."""
     for node in cluster.nodes:
         gpu_hw.install_gpus(node, "h100", count=8)
         gpu_hw.install_nvswitches(node)
         gpu_hw.install_fabric_manager(node, active=True)
         gpu_hw.install_nccl(node)
         ib_hw.install_hcas(node, [{}, {}])
+        pci_hw.install_pcie(node)  # PCIe switches, nvidia_peermem, lspci
 
 
 def test_healthy_cpu_cluster_passes_with_gpu_checks_skipped(sim_cluster):
     cluster = sim_cluster(4, docker0=True)
     rc, doc, err = run_preflight(cluster, cluster.inventory(), "--skip", "allreduce")
     assert rc == 0, err
-    for check in ("gpu", "fabric_manager"):
+    for check in ("gpu", "fabric_manager", "xid", "gpudirect", "topology"):
         assert {r["status"] for r in results(doc, check)} == {"skip"}
         assert all("gpus_per_node: 0" in r["message"] for r in results(doc, check))
     assert {r["status"] for r in results(doc, "ib_hca")} == {"skip"}
+    assert {r["status"] for r in results(doc, "ib_errors")} == {"skip"}
+    assert {r["status"] for r in results(doc, "storage")} == {"skip"}  # no cluster.shared_paths
+    assert {r["status"] for r in results(doc, "nccl_env")} == {"pass"}
     for check in ("ssh", "nic", "mtu", "ports"):
         assert {r["status"] for r in results(doc, check)} == {"pass"}, results(doc, check)
     assert doc["summary"]["fail"] == doc["summary"]["error"] == 0

@@ -399,11 +399,11 @@ def test_render_leaves_out_a_refused_node_even_when_the_caller_did_not_list_the_
 def test_h100_rails_plus_bluefield_ethernet_port_write_the_rails():
     """Issue 12.3: 8 InfiniBand rails plus a BlueField-3 Ethernet port: NCCL_IB_HCA names the rails and
     the file says which port was left out and why."""
-    from tests.test_check_ib_hca import RAILS, h100_bf3
+    from tests.builders import H100_RAILS, h100_bf3_ports
 
-    view = cluster(2, ib={"n001": h100_bf3()["ports"], "n002": h100_bf3()["ports"]})
+    view = cluster(2, ib={"n001": h100_bf3_ports(), "n002": h100_bf3_ports()})
     derived = envfile.derive(view)
-    assert derived.as_dict()["NCCL_IB_HCA"] == "=" + ",".join(RAILS)
+    assert derived.as_dict()["NCCL_IB_HCA"] == "=" + ",".join(H100_RAILS)
     hca = next(v for v in derived.variables if v.key == "NCCL_IB_HCA")
     assert "the 8 ACTIVE InfiniBand port(s) at 400 Gb/s, identical on n[001-002]" in hca.why[0]
     assert any(

@@ -5,7 +5,8 @@ Standard library only, Python 3.8 compatible: runs on the node inside the probe 
 Hardware is read through the interfaces real hardware uses: executables on PATH (nvidia-smi,
 systemctl, ip), files under the sysfs root, and NVML. The sysfs root is /sys unless the environment
 sets PREFLIGHT_SYSFS_ROOT (for a probe run inside a container that mounts the host's /sys elsewhere,
-e.g. /host/sys).
+e.g. /host/sys). Likewise configuration files the jobs read (/etc/nccl.conf, ~/.nccl.conf) are read
+under PREFLIGHT_HOST_ROOT when it is set (a container that mounts the host's / at /host), else from /.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from preflight.model import CommandResult
 SYSFS_ENV = "PREFLIGHT_SYSFS_ROOT"
 #: How much of one raw output a failed probe sends back with its error (bytes of text, per item).
 RAW_CAP = 4096
+HOST_ENV = "PREFLIGHT_HOST_ROOT"
 
 
 class NodeContext:
@@ -28,6 +30,11 @@ class NodeContext:
     def __init__(self, config: Optional[Dict[str, Any]] = None, sysfs_root: Optional[str] = None) -> None:
         self.config: Dict[str, Any] = dict(config or {})
         self.sysfs_root = sysfs_root or os.environ.get(SYSFS_ENV) or "/sys"
+        self.host_root = os.environ.get(HOST_ENV) or "/"
+
+    def host_path(self, path: str) -> str:
+        """A node's absolute path (/etc/nccl.conf) as this probe reaches it: under the host root."""
+        return os.path.join(self.host_root, path.lstrip("/"))
 
     def sys_path(self, *parts: str) -> str:
         """An absolute path under the sysfs root: ctx.sys_path("class", "infiniband")."""

@@ -138,6 +138,7 @@ class SimNode:
         self.dir = os.path.join(cluster.root, self.name)
         self.bin_dir = os.path.join(self.dir, "bin")
         self.sys_dir = os.path.join(self.dir, "sys")
+        self.root_dir = os.path.join(self.dir, "root")  # the node's "/" for configuration files (PREFLIGHT_HOST_ROOT)
         self.host_key = os.path.join(self.dir, "ssh_host_ed25519_key")
         self.sshd_config = os.path.join(self.dir, "sshd_config")
         self.sshd_log = os.path.join(self.dir, "sshd.log")
@@ -158,6 +159,13 @@ class SimNode:
             os.unlink(path)
         _write(path, text, 0o755)
         return path
+
+    def write_host_file(self, path: str, text: Union[str, bytes]) -> str:
+        """Write a file the node's jobs read at absolute `path` (e.g. /etc/nccl.conf) under its root_dir."""
+        real = os.path.join(self.root_dir, path.lstrip("/"))
+        os.makedirs(os.path.dirname(real), exist_ok=True)
+        _write(real, text)
+        return real
 
     def write_sys(self, relpath: str, text: Union[str, bytes]) -> str:
         """Write a file under the node's sysfs root (sys/), creating directories; returns its path."""
@@ -314,7 +322,8 @@ class SimCluster:
         extra = "PerSourcePenalties no\n" if _sshd_version() >= (9, 8) else ""
         known = []
         for node in self.nodes:
-            for d in (node.bin_dir, os.path.join(node.sys_dir, "class"), os.path.join(node.sys_dir, "bus/pci/devices")):
+            for d in (node.bin_dir, os.path.join(node.sys_dir, "class"), os.path.join(node.sys_dir, "bus/pci/devices"),
+                      os.path.join(node.root_dir, "etc")):
                 os.makedirs(d, exist_ok=True)
             net = os.path.join(node.sys_dir, "class", "net")
             if not os.path.lexists(net):
@@ -363,10 +372,11 @@ class SimCluster:
             "LogLevel INFO\n"
             # SHLVL=1: bash started by sshd sources ~/.bashrc only at shell level 1; the host's root
             # .bashrc (shared by every node) would otherwise rewrite PATH (pyenv shims) and cost time.
-            "SetEnv PATH=%(bin)s:%(tail)s PREFLIGHT_SYSFS_ROOT=%(sys)s SHLVL=1 BASH_ENV=%(rc)s\n"
+            # PREFLIGHT_HOST_ROOT: the node's own "/" for the files jobs read (/etc/nccl.conf, ~/.nccl.conf).
+            "SetEnv PATH=%(bin)s:%(tail)s PREFLIGHT_SYSFS_ROOT=%(sys)s PREFLIGHT_HOST_ROOT=%(root)s SHLVL=1 BASH_ENV=%(rc)s\n"
             "%(extra)s"
         ) % {"ip": node.mgmt_ip, "key": node.host_key, "auth": self.authorized_keys, "bin": node.bin_dir,
-             "tail": SESSION_PATH_TAIL, "sys": node.sys_dir, "extra": extra,
+             "tail": SESSION_PATH_TAIL, "sys": node.sys_dir, "root": node.root_dir, "extra": extra,
              "rc": node.shell_rc}
 
     def _build_network(self) -> None:
@@ -598,7 +608,7 @@ class SimCluster:
                   node_overrides: Optional[Dict[str, dict]] = None, **extra) -> str:
         """Write a hosts.yaml for this cluster and return its path.
 
-        extra: master_port/head/expect go to `cluster:`, anything else to `defaults:`.
+        extra: master_port/head/expect/shared_paths go to `cluster:`, anything else to `defaults:`.
         node_overrides: {"n003": {"port": 2222}} merged into that node's entry.
         nodes: a subset (default all).
         """
@@ -608,7 +618,7 @@ class SimCluster:
                     "python": "python3", "gpus_per_node": 0, "connect_timeout": 5, "command_timeout": 30}
         cluster = {"master_port": 29500}
         for key, value in extra.items():
-            (cluster if key in ("master_port", "head", "expect") else defaults)[key] = value
+            (cluster if key in ("master_port", "head", "expect", "shared_paths", "xid_window_s") else defaults)[key] = value
         overrides = dict(node_overrides or {})
         entries = []
         for node in (self.node(r) for r in (nodes if nodes is not None else self.nodes)):
@@ -764,6 +774,61 @@ class SimCluster:
 
         self._push_undo(node, release)
         return proc.pid
+
+    def count_up(self, node: NodeRef, relpaths: Sequence[str], step: int = 7, every: float = 0.05) -> int:
+        """A process in the node that adds `step` to each sysfs counter file every `every` seconds (an HCA
+        port counting errors while the probe watches it), until heal/stop; returns its pid."""
+        node = self.node(node)
+        paths = [os.path.join(node.sys_dir, r.lstrip("/")) for r in relpaths]
+        # each new value replaces the file whole (a reader never sees it half-written, as with sysfs)
+        code = ("import os,sys,time\n"
+                "paths, step, every = sys.argv[3:], int(sys.argv[1]), float(sys.argv[2])\n"
+                "sys.stdout.write('ready\\n'); sys.stdout.flush()\n"
+                "while True:\n"
+                "    for p in paths:\n"
+                "        v = int(open(p).read().strip()) + step\n"
+                "        open(p + '.new', 'w').write('%d\\n' % v)\n"
+                "        os.replace(p + '.new', p)\n"
+                "    time.sleep(every)\n")
+        proc = self._spawn(["ip", "netns", "exec", node.ns, sys.executable, "-c", code, str(step), str(every)] + paths,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if proc.stdout.readline().strip() != b"ready":
+            proc.kill()
+            err = proc.stderr.read().decode(errors="replace").strip()
+            proc.wait()
+            raise SimError("count_up on %s failed: %s" % (node.name, err))
+        self._held[proc.pid] = proc
+
+        def release() -> None:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            self._held.pop(proc.pid, None)
+
+        self._push_undo(node, release)
+        return proc.pid
+
+    def mount_local(self, node: NodeRef, path: str) -> None:
+        """Mount an empty tmpfs over `path` in the node's mount namespace (its sshd's): the node sees a
+        local directory where the others see the shared one, as when a network mount failed at boot."""
+        node = self.node(node)
+        if node.sshd is None or node.sshd.poll() is not None:
+            raise SimError("sshd on %s is not running" % node.name)
+        pid = self._sshd_pid(node)
+        argv = ["nsenter", "-t", str(pid), "-m", "mount", "-t", "tmpfs", "-o", "size=16m", "pfsim-local", path]
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+        if proc.returncode != 0:
+            raise SimError("mount_local %s %s failed: %s" % (node.name, path, proc.stdout.strip()))
+
+        def undo() -> None:
+            subprocess.run(["nsenter", "-t", str(pid), "-m", "umount", path],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        self._push_undo(node, undo)
+
+    def _sshd_pid(self, node: SimNode) -> int:
+        """The pid of the node's sshd itself (`ip netns exec` execs it, so the Popen pid is sshd's)."""
+        return node.sshd.pid
 
     def link_down(self, node: NodeRef, unreachable: bool = False) -> None:
         """Take the node's management link down.

@@ -25,6 +25,12 @@ PHYS_NUM = {
     "LinkUp": 5,
     "LinkErrorRecovery": 6,
 }
+#: The error counters an mlx5 port publishes under ports/N/counters/ (see tests/fixtures/ib_errors).
+ERROR_COUNTERS = (
+    "symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors", "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors", "port_xmit_discards", "port_xmit_constraint_errors",
+    "port_rcv_constraint_errors", "local_link_integrity_errors", "excessive_buffer_overrun_errors", "VL15_dropped",
+)
 #: Gb/s per lane for each IB speed name (what the kernel's rate_show multiplies by the width).
 LANE_GBPS = {"SDR": 2.5, "DDR": 5, "QDR": 10, "FDR": 14, "EDR": 25, "HDR": 50, "NDR": 100, "XDR": 200}
 
@@ -40,6 +46,7 @@ class PortSpec:
     link_layer: str = "ib"  # "ib" | "roce"
     netdev: Optional[str] = None  # default: ibN for IB (IPoIB), none for RoCE
     ipv4: Optional[str] = None  # RoCE: the netdev's address, published as an IPv4-mapped RoCE v2 GID
+    counters: Optional[Dict[str, int]] = None  # error counters to set (the others read 0)
 
     @classmethod
     def of(cls, spec: Union["PortSpec", Mapping[str, Any], None]) -> "PortSpec":
@@ -97,6 +104,13 @@ def hca_files(hca: str, port: Union[PortSpec, Mapping[str, Any], None] = None, s
         pdir + "/link_layer": "InfiniBand" if p.link_layer == "ib" else "Ethernet",
         pdir + "/cap_mask": "0xa751e84a" if p.link_layer == "ib" else "0x04010000",
     }
+    # counters/: the error counters at 0 (or as given), traffic counters with some traffic, as mlx5 shows them
+    values = dict.fromkeys(ERROR_COUNTERS, 0)
+    values.update({"port_rcv_data": 230539874932 + seed, "port_xmit_data": 230442669431 + seed,
+                   "port_rcv_packets": 317548853 + seed, "port_xmit_packets": 315487941 + seed})
+    values.update(p.counters or {})
+    for name, value in values.items():
+        files[pdir + "/counters/" + name] = str(value)
     netdev = p.netdev or ("ib%d" % seed if p.link_layer == "ib" else None)
     if netdev:
         files[base + "/device/net/%s/dev_port" % netdev] = "0"

@@ -1,0 +1,241 @@
+"""gpudirect: on nodes with GPUs and RDMA HCAs, GPUDirect RDMA can work: the peer-memory module is loaded and
+no PCIe switch port between a GPU and a NIC redirects peer traffic (ACS) on bare metal.
+
+Without these NCCL silently falls back to staging through host memory: the job runs, at a fraction of the
+speed. The probe reads, through the sysfs root:
+
+- ``module/nvidia_peermem`` (driver 470+) or ``module/nv_peer_mem`` (Mellanox's older module): loaded;
+- ``class/dmi/id/{sys_vendor,product_name}`` and ``hypervisor/type``: a virtual machine (ACS is then the
+  hypervisor's business and is not judged);
+- the PCI bridges above each GPU and HCA (``topology.bridges``), and for them ``lspci -D -vvv``'s port type
+  and ``ACSCtl`` line (real format, pciutils ls-ecaps.c)::
+
+      Capabilities: [68] Express (v2) Downstream Port (Slot+), MSI 00
+      Capabilities: [f24 v1] Access Control Services
+              ACSCap: SrcValid+ TransBlk+ ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl+ DirectTrans+
+              ACSCtl: SrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-
+
+- the IOMMU: ``class/iommu`` entries and the GPU's ``iommu_group/type`` (identity = passthrough); noted only.
+
+Facts schema::
+
+    gpus [bdf], hcas [{name, bdf|None}], peermem "nvidia_peermem"|"nv_peer_mem"|None,
+    virtual str|None (why the node looks like a VM), iommu "off"|"passthrough"|"translated"|"on"|None,
+    dmabuf_possible bool (open NVIDIA kernel module, module/nvidia/taint without P, on Linux >= 5.12:
+                       NCCL 2.19+ can use DMA-BUF instead),
+    paths [{gpu, hca, bridges [bdf]}]   the switch ports between a GPU and an HCA under one switch
+    acs {bdf: {"type": str|None, "acs_ctl": {flag: bool}|None, "access_denied": bool}} | None
+    lspci_error str|None
+
+Rule (per GPU node; CPU-only nodes SKIP): no HCA: SKIP (GPUDirect RDMA needs one). No peer-memory module:
+FAIL (action fix_config), or WARN where DMA-BUF is possible. On bare metal, a switch port between a GPU and
+an HCA with ACSCtl ReqRedir+ or CmpltRedir+: FAIL (fix_config); ACS unreadable (lspci missing or not root)
+while such ports exist: ERROR. PASS names the module, the ports checked and the IOMMU mode.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from typing import Any, Dict, List, Optional
+
+from preflight.checks.topology import bridges, nvidia_gpus, rdma_hcas
+from preflight.common import plural
+from preflight.model import Check, ClusterView, Finding, ParseError, Status, per_gpu_node
+
+NAME = "gpudirect"
+MODULES = ("nvidia_peermem", "nv_peer_mem")
+#: ACS controls that send peer-to-peer requests or completions up to the root complex.
+REDIRECTS = ("ReqRedir", "CmpltRedir")
+#: DMI vendor/product words of hypervisors.
+VM_WORDS = ("kvm", "qemu", "vmware", "virtualbox", "xen", "microsoft corporation virtual", "amazon ec2",
+            "google compute engine", "openstack", "bochs", "hyper-v", "oraclecloud")
+
+_DEVICE = re.compile(r"^((?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]) (.+)$")
+_PORT = re.compile(r"^Capabilities: \[[0-9a-f]+\] Express \(v\d\) ([A-Za-z ]+?)(?: \(Slot[+-]\))?(?:, .*)?$")
+_FLAG = re.compile(r"([A-Za-z]+)([+-])")
+
+
+# --------------------------------------------------------------------------------------------- probe
+
+
+def _virtual(ctx: Any) -> Optional[str]:
+    hyper = ctx.read(ctx.sys_path("hypervisor", "type"))
+    if hyper and hyper.strip():
+        return "hypervisor/type %s" % hyper.strip()
+    for attr in ("sys_vendor", "product_name"):
+        value = (ctx.read(ctx.sys_path("class", "dmi", "id", attr)) or "").strip()
+        if any(word in value.lower() for word in VM_WORDS):
+            return "DMI %s %r" % (attr, value)
+    return None
+
+
+def _iommu(ctx: Any, gpus: List[str]) -> Optional[str]:
+    if not ctx.listdir(ctx.sys_path("class", "iommu")):
+        return "off"
+    for bdf in gpus:
+        kind = ctx.read(ctx.sys_path("bus", "pci", "devices", bdf, "iommu_group", "type"))
+        if kind:
+            return "passthrough" if kind.strip() == "identity" else "translated"
+    return "on"
+
+
+def _dmabuf_possible(ctx: Any) -> bool:
+    """The open NVIDIA kernel module (module/nvidia/taint without P: not proprietary) on Linux >= 5.12."""
+    taint = ctx.read(ctx.sys_path("module", "nvidia", "taint"))
+    release = platform.release().split("-")[0].split(".")
+    try:
+        kernel = (int(release[0]), int(release[1]))
+    except (IndexError, ValueError):
+        return False
+    return taint is not None and "P" not in taint and kernel >= (5, 12)
+
+
+def switch_paths(ctx: Any, gpus: List[str], hcas: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """GPU/HCA pairs under one PCIe switch, with the bridges below their common one (where ACS acts)."""
+    chains = {bdf: bridges(ctx, bdf) for bdf in gpus + [h["bdf"] for h in hcas if h["bdf"]]}
+    out = []
+    for gpu in gpus:
+        for hca in hcas:
+            if not hca["bdf"]:
+                continue
+            a, b = chains[gpu], chains[hca["bdf"]]
+            common = 0
+            while common < min(len(a), len(b)) and a[common] == b[common]:
+                common += 1
+            if common < 2:  # only the root port (or nothing) in common: peer traffic crosses the root complex anyway
+                continue
+            ports = sorted(set(a[common:] + b[common:]))
+            out.append({"gpu": gpu, "hca": hca["name"], "bridges": ports})
+    return out
+
+
+def probe(ctx: Any) -> Dict[str, Any]:
+    gpus = nvidia_gpus(ctx)
+    hcas = [{"name": name, "bdf": bdf} for name, bdf in rdma_hcas(ctx)]
+    facts: Dict[str, Any] = {
+        "gpus": gpus,
+        "hcas": hcas,
+        "peermem": next((m for m in MODULES if os.path.isdir(ctx.sys_path("module", m))), None),
+        "virtual": _virtual(ctx),
+        "iommu": _iommu(ctx, gpus),
+        "dmabuf_possible": _dmabuf_possible(ctx),
+        "paths": [],
+        "acs": None,
+        "lspci_error": None,
+    }
+    if not gpus or not hcas or facts["virtual"]:
+        return facts
+    facts["paths"] = switch_paths(ctx, gpus, hcas)
+    if not facts["paths"]:
+        return facts
+    res = ctx.run(["lspci", "-D", "-vvv"], timeout=30.0)
+    if not res.ok:
+        facts["lspci_error"] = "lspci -D -vvv: %s" % ("not found (install pciutils)" if res.rc == 127 else "rc %d" % res.rc)
+        return facts
+    wanted = {bdf for path in facts["paths"] for bdf in path["bridges"]}
+    facts["acs"] = {bdf: info for bdf, info in parse_lspci_acs(res.stdout).items() if bdf in wanted}
+    return facts
+
+
+# --------------------------------------------------------------------------------------------- parse
+
+
+def parse_lspci_acs(text: str) -> Dict[str, Dict[str, Any]]:
+    """{bdf: {"type": "Downstream Port"|"Root Port"|"Endpoint"|...|None, "acs_ctl": {flag: bool}|None,
+    "access_denied": bool}} from `lspci -vvv` (with or without -D; addresses get the 0000 domain)."""
+    out: Dict[str, Dict[str, Any]] = {}
+    current: Optional[Dict[str, Any]] = None
+    for number, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip():
+            continue
+        if not raw[0].isspace():
+            m = _DEVICE.match(raw)
+            if not m:
+                raise ParseError("lspci -vvv line %d: expected 'BUS:DEV.FN description', got %.80r" % (number, raw))
+            bdf = m.group(1).lower()
+            bdf = bdf if bdf.count(":") == 2 else "0000:" + bdf
+            current = out[bdf] = {"type": None, "acs_ctl": None, "access_denied": False}
+            continue
+        if current is None:
+            raise ParseError("lspci -vvv line %d: indented line before any device: %.80r" % (number, raw))
+        line = raw.strip()
+        if line == "Capabilities: <access denied>":
+            current["access_denied"] = True
+            continue
+        port = _PORT.match(line)
+        if port:
+            current["type"] = port.group(1).strip()
+            continue
+        if line.startswith("ACSCtl:"):
+            flags = dict((name, sign == "+") for name, sign in _FLAG.findall(line[len("ACSCtl:"):]))
+            if not all(f in flags for f in REDIRECTS):
+                raise ParseError("lspci -vvv line %d: ACSCtl without ReqRedir/CmpltRedir: %.80r" % (number, raw))
+            current["acs_ctl"] = flags
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- rule
+
+
+def _judge(node: Any, facts: Dict[str, Any]) -> List[Finding]:
+    name = node.name
+    if not facts.get("gpus"):
+        return [Finding(NAME, name, Status.ERROR, "%s: no NVIDIA GPU found in sysfs: GPUDirect RDMA not checked (see the gpu check)" % name)]
+    if not facts.get("hcas"):
+        return [Finding(NAME, name, Status.SKIP, "no RDMA HCA: GPUDirect RDMA does not apply")]
+    out: List[Finding] = []
+    if facts.get("peermem") is None:
+        dmabuf = facts.get("dmabuf_possible")
+        out.append(Finding(
+            NAME, name, Status.WARN if dmabuf else Status.FAIL,
+            "%s: GPUDirect RDMA module not loaded (expected nvidia_peermem or nv_peer_mem)%s" % (
+                name, ": NCCL 2.19+ can use DMA-BUF on this open kernel module instead" if dmabuf
+                else ": NCCL stages every RDMA transfer through host memory"),
+            expected="nvidia_peermem loaded", actual="not loaded", action="fix_config"))
+    ports = sorted({b for p in facts.get("paths") or [] for b in p["bridges"]})
+    if facts.get("virtual"):
+        acs_note = "ACS not judged in a VM (%s)" % facts["virtual"]
+    elif not ports:
+        acs_note = "no GPU shares a PCIe switch with an HCA"
+    elif facts.get("acs") is None or any((facts["acs"].get(b) or {}).get("access_denied") for b in ports):
+        why = facts.get("lspci_error") or "lspci could not read the bridges' capabilities (run as root)"
+        out.append(Finding(NAME, name, Status.ERROR, "%s: ACS on %s between GPUs and HCAs unknown: %s" % (name, plural(len(ports), "switch port"), why)))
+        acs_note = ""
+    else:
+        redirecting = []
+        for bdf in ports:
+            ctl = (facts["acs"].get(bdf) or {}).get("acs_ctl")
+            if ctl and any(ctl.get(flag) for flag in REDIRECTS):
+                redirecting.append((bdf, "+".join(f for f in REDIRECTS if ctl.get(f))))
+        for bdf, flags in redirecting:
+            index = {gpu: i for i, gpu in enumerate(sorted(facts["gpus"]))}
+            pairs = ", ".join("GPU %s (%s)↔%s" % (index.get(p["gpu"], "?"), p["gpu"], p["hca"]) for p in facts["paths"] if bdf in p["bridges"])
+            out.append(Finding(
+                NAME, name, Status.FAIL,
+                "%s PCIe switch port %s: ACS %s on (expected off on bare metal): peer traffic of %s is redirected to the root complex" % (name, bdf, flags, pairs),
+                expected="ReqRedir- CmpltRedir-", actual=flags, data={"bridge": bdf}, action="fix_config"))
+        acs_note = "no ACS redirect on the %s between GPUs and HCAs" % plural(len(ports), "switch port")
+    if not out:
+        out.append(Finding(NAME, name, Status.PASS, "%s loaded; %s; IOMMU %s" % (facts["peermem"], acs_note, facts.get("iommu") or "unknown")))
+    return out
+
+
+def rule(view: ClusterView) -> List[Finding]:
+    return per_gpu_node(NAME, view, _judge)
+
+
+CHECK = Check(
+    name=NAME,
+    claim="On nodes with GPUs and RDMA HCAs the GPUDirect RDMA module (nvidia_peermem) is loaded and no PCIe "
+    "switch port between a GPU and an HCA redirects peer traffic (ACS) on bare metal",
+    why="Without GPUDirect RDMA NCCL silently copies every transfer through host memory: the job runs at a fraction "
+    "of the speed and nothing fails.",
+    fix="modprobe nvidia_peermem (and add it to /etc/modules-load.d); disable ACS redirect on the switch ports: "
+    "BIOS 'ACS' off, or the kernel parameter pci=disable_acs_redir=<bdf>, or setpci at boot as NVIDIA's NCCL "
+    "troubleshooting guide shows; in VMs leave ACS to the hypervisor.",
+    probe=probe,
+    rule=rule,
+    order=67,
+)

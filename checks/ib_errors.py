@@ -1,0 +1,301 @@
+"""ib_errors: no InfiniBand/RoCE port is counting link errors at a rate that breaks or slows a job.
+
+The probe reads every port's error counters from the sysfs tree the RDMA core publishes
+(`class/infiniband/<hca>/ports/<n>/counters/`, under the sysfs root the probes honour), twice,
+INTERVAL_S apart, and the rule judges the increase as a rate. With `--history`, the counters of the
+previous run (kept in its report, in this check's finding data) give a second, longer interval.
+
+Absolute values are never judged: the counters count since the last reboot or `perfquery -R`, and a
+healthy node that has run for months carries old errors. A counter stuck at its maximum (the IBTA
+PortCounters fields are 4, 8 or 16 bits wide and saturate instead of wrapping) can show no increase
+at all: that is a WARN ("clear it"), never a silent pass.
+
+Thresholds: the defaults of NVIDIA NVSentinel's NIC Health Monitor, "Default Counter Configuration" in
+docs/configuration/nic-health-monitor.md (github.com/NVIDIA/NVSentinel, commit
+07b82dc233ce70a4f9a9019c96aa79a12aa05ef3):
+
+    link_downed, excessive_buffer_overrun_errors, local_link_integrity_errors   any increase: fatal
+    symbol_error                                     > 120 / hour: fatal (the IBTA BER bound, 10^-12)
+    symbol_error                                     > 10 / second: degradation
+    link_error_recovery                              > 5 / minute: degradation
+    port_rcv_errors                                  > 10 / second: degradation
+    port_xmit_discards                               > 100 / second: degradation
+
+Rule decisions (fatal → FAIL with action `isolate`, degradation → WARN):
+- during the probe's interval: any fatal increase, or a degradation rate above its threshold. A
+  link_downed increase is a link flap and is named as one.
+- since the previous run (`--history`): symbol_error above 120/hour FAILs; increases of the fatal
+  counters WARN (an event in the past, e.g. a switch reboot, is evidence, not proof); a counter lower
+  than before means it was cleared (reboot, perfquery -R) and is not compared.
+- saturated counters WARN; no HCA: SKIP; a probe that could not read the counters: ERROR.
+
+Facts: {"interval_s": float, "at": unix time of the second read,
+        "ports": [{"hca", "port", "link_layer", "state", "before": {counter: int|None}, "after": {...}}]}
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
+
+CHECK_NAME = "ib_errors"
+INTERVAL_S = 1.0
+SOURCE = "NVIDIA NVSentinel nic-health-monitor defaults"
+
+#: Width in bits of each IBTA PortCounters field (IBA spec vol. 1, PortCounters attribute): the value
+#: a saturated counter stops at is 2**bits - 1.
+WIDTH_BITS = {
+    "symbol_error": 16,
+    "link_error_recovery": 8,
+    "link_downed": 8,
+    "port_rcv_errors": 16,
+    "port_rcv_remote_physical_errors": 16,
+    "port_rcv_switch_relay_errors": 16,
+    "port_xmit_discards": 16,
+    "port_xmit_constraint_errors": 8,
+    "port_rcv_constraint_errors": 8,
+    "local_link_integrity_errors": 4,
+    "excessive_buffer_overrun_errors": 4,
+    "VL15_dropped": 16,
+}
+COUNTERS = tuple(WIDTH_BITS)
+#: Any increase fails (NVSentinel: thresholdType delta, threshold 0, fatal).
+FATAL = ("link_downed", "excessive_buffer_overrun_errors", "local_link_integrity_errors")
+#: Increase per second above which a port is degraded (NVSentinel velocity thresholds, non-fatal).
+DEGRADED_PER_S = {
+    "symbol_error": 10.0,
+    "link_error_recovery": 5.0 / 60.0,
+    "port_rcv_errors": 10.0,
+    "port_xmit_discards": 100.0,
+}
+#: symbol_error above this rate over a long interval violates the IBTA bit-error-rate bound: fatal.
+SYMBOL_FATAL_PER_H = 120.0
+_INT = re.compile(r"^\d+$")
+NO_PMA = "N/A (no PMA)"
+
+
+# ----------------------------------------------------------------------------------------------- parse
+
+
+def parse_counter(text: Optional[str], name: str) -> Optional[int]:
+    """One counters/<name> file's text → its value, or None when unavailable.
+
+    "N/A (no PMA)" (what the kernel's show_pma_counter in drivers/infiniband/core/sysfs.c prints for a
+    device without a performance-management agent) and an absent file read as None: unavailable, never a
+    fabricated 0. Any other value that is not a non-negative integer raises ParseError naming the counter.
+    """
+    value = None if text is None else text.strip()
+    if value is None or value == NO_PMA:
+        return None
+    if not _INT.match(value):
+        raise ParseError("counters/%s: expected a non-negative integer or %r, got %.40r" % (name, NO_PMA, text))
+    return int(value)
+
+
+def counters_from(files: Mapping[str, Optional[str]]) -> Dict[str, Optional[int]]:
+    """{counter file name: its text (None = absent)} → {error counter: value or None}, for COUNTERS."""
+    return {name: parse_counter(files.get(name), name) for name in COUNTERS}
+
+
+def saturated(name: str, value: Optional[int]) -> bool:
+    bits = WIDTH_BITS.get(name)
+    return bits is not None and value is not None and value >= (1 << bits) - 1
+
+
+# ----------------------------------------------------------------------------------------------- probe
+
+
+def _read_counters(ctx: Any, port_dir: str) -> Dict[str, Optional[int]]:
+    cdir = os.path.join(port_dir, "counters")
+    return counters_from({name: ctx.read(os.path.join(cdir, name)) for name in COUNTERS})
+
+
+def probe(ctx: Any) -> Dict[str, Any]:
+    """Every port's error counters, read twice interval_s apart (no sleep on a node without HCAs)."""
+    root = ctx.sys_path("class", "infiniband")
+    interval = float(ctx.config.get("interval_s", INTERVAL_S))
+    ports: List[Dict[str, Any]] = []
+    for hca in ctx.listdir(root):
+        for entry in ctx.listdir(os.path.join(root, hca, "ports")):
+            if not entry.isdigit():
+                raise ParseError("%s: unexpected port entry %r" % (hca, entry))
+            port_dir = os.path.join(root, hca, "ports", entry)
+            layer = (ctx.read(os.path.join(port_dir, "link_layer")) or "").strip()
+            state = (ctx.read(os.path.join(port_dir, "state")) or "").strip()
+            ports.append(
+                {
+                    "hca": hca,
+                    "port": int(entry),
+                    "link_layer": {"InfiniBand": "ib", "Ethernet": "roce"}.get(layer, layer or None),
+                    "state": state.split(": ", 1)[-1] or None,
+                    "dir": port_dir,
+                }
+            )
+    if not ports:
+        return {"interval_s": 0.0, "at": time.time(), "ports": []}
+    started = time.monotonic()
+    for p in ports:
+        p["before"] = _read_counters(ctx, p["dir"])
+    time.sleep(interval)
+    for p in ports:
+        p["after"] = _read_counters(ctx, p.pop("dir"))
+    return {"interval_s": round(time.monotonic() - started, 3), "at": time.time(), "ports": ports}
+
+
+# ------------------------------------------------------------------------------------------------ rule
+
+
+def label(p: Mapping[str, Any]) -> str:
+    return "%s:%d" % (p["hca"], p["port"])
+
+
+def _delta(before: Mapping[str, Any], after: Mapping[str, Any], name: str) -> Optional[int]:
+    a, b = before.get(name), after.get(name)
+    if a is None or b is None or b < a:
+        return None
+    return b - a
+
+
+def _rate_text(per_s: float) -> str:
+    if per_s >= 1:
+        return "%.3g/s" % per_s
+    if per_s * 60 >= 1:
+        return "%.3g/min" % (per_s * 60)
+    return "%.3g/h" % (per_s * 3600)
+
+
+def judge_interval(before: Mapping[str, Any], after: Mapping[str, Any], seconds: float) -> List[Tuple[Status, str]]:
+    """(status, what) for the increases over one probe interval. Pure."""
+    out: List[Tuple[Status, str]] = []
+    for name in FATAL:
+        d = _delta(before, after, name)
+        if d:
+            what = "link went down %d time%s (link flap)" % (d, "" if d == 1 else "s") if name == "link_downed" else (
+                "%s +%d" % (name, d)
+            )
+            out.append((Status.FAIL, "%s in %gs (any increase is fatal)" % (what, seconds)))
+    for name, limit in DEGRADED_PER_S.items():
+        d = _delta(before, after, name)
+        if d and seconds > 0 and d / seconds > limit:
+            out.append((Status.WARN, "%s +%d in %gs = %s (threshold %s)" % (name, d, seconds, _rate_text(d / seconds), _rate_text(limit))))
+    return out
+
+
+def judge_since(previous: Mapping[str, Any], now: Mapping[str, Any], seconds: float, since: str) -> List[Tuple[Status, str]]:
+    """(status, what) for the increases since the previous run, `seconds` ago. Pure."""
+    out: List[Tuple[Status, str]] = []
+    if seconds <= 0:
+        return out
+    cleared = [n for n in COUNTERS if previous.get(n) is not None and now.get(n) is not None and now[n] < previous[n]]
+    if cleared:
+        return out  # cleared since (reboot or perfquery -R): nothing to compare
+    d = _delta(previous, now, "symbol_error")
+    if d and d * 3600.0 / seconds > SYMBOL_FATAL_PER_H:
+        out.append(
+            (
+                Status.FAIL,
+                "symbol_error +%d since %s = %.3g/h (above %g/h, the IBTA bit-error-rate bound)"
+                % (d, since, d * 3600.0 / seconds, SYMBOL_FATAL_PER_H),
+            )
+        )
+    for name in FATAL:
+        d = _delta(previous, now, name)
+        if d:
+            what = "link went down %d time%s" % (d, "" if d == 1 else "s") if name == "link_downed" else "%s +%d" % (name, d)
+            out.append((Status.WARN, "%s since %s" % (what, since)))
+    return out
+
+
+def _previous_counters(view: ClusterView, node: str) -> Tuple[Optional[Dict[str, Any]], Optional[float], Optional[str]]:
+    """({port: counters}, unix time, started_at) this check recorded for the node in the previous run."""
+    prev = view.cluster.get("previous") or {}
+    for result in prev.get("results") or []:
+        data = result.get("data") or {}
+        if result.get("check") == CHECK_NAME and result.get("node") == node and isinstance(data.get("counters"), dict):
+            return data["counters"], data.get("at"), prev.get("started_at")
+    return None, None, None
+
+
+def _node(view: ClusterView, name: str, facts: Dict[str, Any]) -> Finding:
+    ports = facts["ports"]
+    seconds = float(facts.get("interval_s") or 0.0)
+    prev, prev_at, prev_started = _previous_counters(view, name)
+    problems: List[Tuple[Status, str]] = []
+    for p in ports:
+        where = "%s %s port %d" % (name, p["hca"], p["port"])
+        found = judge_interval(p["before"], p["after"], seconds)
+        old = (prev or {}).get(label(p))
+        if old and prev_at is not None and facts.get("at") is not None:
+            found += judge_since(old, p["after"], float(facts["at"]) - float(prev_at), "the last run (%s)" % (prev_started or "?"))
+        missing = [n for n in ("symbol_error", "link_downed", "port_rcv_errors") if p["after"].get(n) is None]
+        if missing:
+            found.append((Status.WARN, "error counters unavailable (%s): the link cannot be judged" % ", ".join(missing)))
+        full = [n for n in COUNTERS if saturated(n, p["after"].get(n))]
+        if full:
+            found.append(
+                (
+                    Status.WARN,
+                    "%s saturated at %s: increases can no longer be seen (clear with perfquery -R)"
+                    % (", ".join(full), ", ".join(str(p["after"][n]) for n in full)),
+                )
+            )
+        problems.extend((status, "%s: %s" % (where, what)) for status, what in found)
+    data = {"counters": {label(p): p["after"] for p in ports}, "at": facts.get("at"), "interval_s": seconds}
+    if not problems:
+        basis = "over %gs" % seconds + (" and since the last run" if prev else "")
+        return Finding(
+            CHECK_NAME,
+            name,
+            Status.PASS,
+            "%d port%s, no error counter rising %s" % (len(ports), "" if len(ports) == 1 else "s", basis),
+            data=data,
+        )
+    worst = max((s for s, _ in problems), key=lambda s: s.rank)
+    return Finding(
+        CHECK_NAME,
+        name,
+        worst,
+        "; ".join(m for _, m in sorted(problems, key=lambda sm: -sm[0].rank)),
+        expected="no error counter rising (%s)" % SOURCE,
+        data=data,
+        action="isolate" if worst is Status.FAIL else None,
+    )
+
+
+def rule(view: ClusterView) -> List[Finding]:
+    out: List[Finding] = []
+    valid: Dict[str, Dict[str, Any]] = {}
+    for name, facts in view.of(CHECK_NAME).items():
+        err = probe_error(CHECK_NAME, name, facts)
+        if err is None and not isinstance(facts.get("ports"), list):
+            err = Finding(CHECK_NAME, name, Status.ERROR, "probe returned no port list")
+        if err:
+            out.append(err)
+        else:
+            valid[name] = facts
+    for name, facts in valid.items():
+        if not facts["ports"]:
+            out.append(Finding(CHECK_NAME, name, Status.SKIP, "no InfiniBand/RoCE HCA"))
+        else:
+            out.append(_node(view, name, facts))
+    return out
+
+
+CHECK = Check(
+    name=CHECK_NAME,
+    claim="No InfiniBand/RoCE port's error counters rise during the probe (or since the last run) above "
+    "NVSentinel's thresholds; no link flaps",
+    why="A port that flaps or counts symbol/receive errors drops or retransmits packets: RDMA transfers "
+    "stall, NCCL times out, and one bad cable slows or kills every job that spans the node.",
+    fix="Reseat or replace the cable/transceiver on the named port and check the switch side (mlxlink -d DEV "
+    "-m -c for BER and FEC, ibdiagnet for the fabric); drain the node until the counters stay flat; clear "
+    "saturated counters with perfquery -R.",
+    probe=probe,
+    rule=rule,
+    action="isolate",
+    order=65,
+)

@@ -1,0 +1,360 @@
+"""xid: no GPU or NVSwitch on a node logged a hardware Xid/SXid event inside the window (default: since boot).
+
+The NVIDIA driver reports GPU faults to the kernel log as Xid events and the NVSwitch driver reports switch
+faults as SXid events. Real lines (driver versions differ in the fields after the code)::
+
+    [ 1843.308145] node07 kernel: NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus.      (journalctl -o short-monotonic)
+    [ 7351.123456] NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked ...        (dmesg, 470+: pid=)
+    [ 9012.000001] NVRM: Xid (PCI:0000:9b:00): 119, pid=4071838, name=python, Timeout after 45s ... (535+: name=)
+    [  269.517039] NVRM: Xid (0000:01:00): 3, C 00000005 SC 00000007 M 00001ffc Data ffffffff      (very old drivers: no "PCI:")
+    [  123.456789] nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 30 sourcetrack timeout error
+
+The probe reads the kernel log of the current boot with ``journalctl -k -o short-monotonic`` (timestamps are
+seconds since boot, so the window needs no wall clock), else ``dmesg``; when neither can be read it says why
+(a missing log is an ERROR, never a pass). It only reads the log where an NVIDIA driver is loaded or an
+NVIDIA PCI device is present.
+
+Facts schema::
+
+    nvidia      bool: NVIDIA driver loaded (module/nvidia in sysfs) or NVIDIA PCI device present
+    source      "journalctl" | "dmesg" | None (not read)
+    log_error   why no log could be read (None when one was)
+    uptime_s    float | None  (/proc/uptime; ages are uptime - timestamp)
+    log         {"lines": int, "first_ts": float|None, "events": [event], "unparsed": [str]} | None
+    event = {"kind": "xid"|"sxid", "pci": "0000:44:00"|"0000:c3:00.0", "code": int, "ts": float|None,
+             "detail": str, "device": "nvidia-nvswitch0"|None, "severity": "Fatal"|"Non-fatal"|None}
+
+Rule (per GPU node; CPU-only nodes SKIP):
+
+- no NVIDIA driver or device: ERROR (the log was not searched; the gpu check says why).
+- log not readable: ERROR naming both attempts.
+- events older than ``cluster.xid_window_s`` seconds are ignored (default: every event since boot).
+- events are folded per (GPU, code): count, first and last age; the GPU is named from the gpu check's facts
+  (index and bus id), else by the PCI address in the line.
+- Xid classes follow NVIDIA's Xid catalogue (XID_SOURCE): codes whose resolution is a GPU reset, a node reboot
+  or service (hardware: HARDWARE_XIDS) FAIL with that action; codes an application usually causes
+  (APPLICATION_XIDS) WARN with action check_app; codes not in either table WARN (look them up).
+- Xid 154 (recovery action changed) FAILs with the action it names.
+- SXid: "Fatal" FAILs (action reboot: the NVSwitch fabric must be reset with its GPUs), "Non-fatal" WARNs.
+- Xid lines whose code cannot be read WARN (the line is shown; no code is invented).
+- otherwise PASS: "no Xid/SXid since boot in N kernel log lines (journalctl)", adding "the log only covers the
+  last 5.2 h" when the oldest line left (dmesg ring buffer wrapped, journal rotated) is younger than the window.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Dict, List, Optional, Tuple
+
+from preflight.common import plural
+from preflight.model import Check, ClusterView, Finding, ParseError, Status, per_gpu_node
+
+NAME = "xid"
+
+#: Where the classification comes from.
+XID_SOURCE = (
+    "NVIDIA, 'Xid Errors' (https://docs.nvidia.com/deploy/xid-errors/index.html) and its 'Xid Catalog' "
+    "(https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, resolution buckets RESET_GPU, "
+    "RESTART_BM, WORKFLOW_XID_48, WORKFLOW_NVLINK_ERR, RESTART_APP); NVSwitch SXids: 'Fabric Manager User "
+    "Guide', SXid errors (Fatal / Non-fatal)"
+)
+
+#: Hardware Xids: code -> (what it means, action). Resolution bucket RESET_GPU / RESTART_BM / workflows.
+HARDWARE_XIDS: Dict[int, Tuple[str, str]] = {
+    46: ("GPU stopped processing", "reset_gpu"),
+    48: ("double-bit ECC error (DBE)", "reset_gpu"),
+    61: ("internal micro-controller breakpoint/warning", "reset_gpu"),
+    62: ("internal micro-controller halt", "reset_gpu"),
+    63: ("ECC page retirement or row remapping recorded", "reset_gpu"),
+    64: ("ECC page retirement or row remapping failure", "isolate"),
+    74: ("NVLink error", "reset_gpu"),
+    79: ("GPU has fallen off the bus", "reboot"),
+    92: ("high single-bit ECC error rate", "reset_gpu"),
+    94: ("contained ECC error", "reset_gpu"),
+    95: ("uncontained ECC error", "reset_gpu"),
+    110: ("security fault error", "reset_gpu"),
+    119: ("GSP RPC timeout", "reset_gpu"),
+    120: ("GSP error", "reset_gpu"),
+    121: ("C2C link error", "reset_gpu"),
+    136: ("link training failed", "reboot"),
+    140: ("unrecovered ECC error", "reset_gpu"),
+    143: ("GPU initialization failure", "reset_gpu"),
+    144: ("NVLink SAW error", "reset_gpu"),
+    145: ("NVLink RLW error", "reset_gpu"),
+    146: ("NVLink TLW error", "reset_gpu"),
+    147: ("NVLink TREX error", "reset_gpu"),
+    148: ("NVLink NVLPW control error", "reset_gpu"),
+    149: ("NVLink NETIR error", "reset_gpu"),
+    150: ("NVLink MSE error", "reset_gpu"),
+}
+#: Xids an application usually causes (resolution bucket RESTART_APP): the GPU itself is fine.
+APPLICATION_XIDS: Dict[int, str] = {
+    8: "GPU stopped processing (channel idle timeout)",
+    13: "graphics engine exception (illegal address or instruction in a kernel)",
+    31: "GPU memory page fault (illegal address)",
+    32: "invalid or corrupted push buffer stream",
+    43: "GPU stopped processing (reset channel verification)",
+    45: "preemptive cleanup after a previous error",
+    68: "NVDEC0 exception",
+    69: "graphics engine class error",
+    109: "context switch timeout",
+}
+#: Xid 154 names the recovery the driver now requires: text -> action.
+XID154_ACTIONS = (("node reboot", "reboot"), ("drain and reset", "isolate"), ("gpu reset", "reset_gpu"), ("drain p2p", "reset_gpu"))
+
+_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?)(?:,\s*(.*))?$")
+_SXID = re.compile(r"(nvidia-nvswitch\d+): SXid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?)(?:,\s*(.*))?$")
+_STAMP = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
+#: How many Xid-looking lines the facts keep verbatim when their code cannot be read.
+MAX_UNPARSED = 5
+
+
+# --------------------------------------------------------------------------------------------- probe
+
+
+def _nvidia_present(ctx: Any) -> bool:
+    if os.path.isdir(ctx.sys_path("module", "nvidia")):
+        return True
+    devices = ctx.sys_path("bus", "pci", "devices")
+    for bdf in ctx.listdir(devices):
+        if (ctx.read(os.path.join(devices, bdf, "vendor")) or "").strip().lower() == "0x10de":
+            return True
+    return False
+
+
+def _uptime(ctx: Any) -> Optional[float]:
+    text = ctx.read("/proc/uptime")
+    try:
+        return float(text.split()[0]) if text else None
+    except ValueError:
+        return None
+
+
+def _why(res: Any) -> str:
+    if res.timed_out:
+        return "timed out"
+    first = next((l.strip() for l in (res.stderr + "\n" + res.stdout).splitlines() if l.strip()), "")
+    return "rc %d%s" % (res.rc, ": " + first if first else "")
+
+
+def probe(ctx: Any) -> Dict[str, Any]:
+    """The current boot's Xid/SXid events from journalctl -k, else dmesg."""
+    facts: Dict[str, Any] = {"nvidia": _nvidia_present(ctx), "source": None, "log_error": None, "uptime_s": None, "log": None}
+    if not facts["nvidia"]:
+        return facts
+    facts["uptime_s"] = _uptime(ctx)
+    tried = []
+    res = ctx.run(["journalctl", "-k", "-b", "0", "-o", "short-monotonic", "--no-pager", "-q"], timeout=30.0)
+    if res.ok:
+        log = parse_kernel_log(res.stdout, "journalctl")
+        if log["lines"]:
+            facts.update(source="journalctl", log=log)
+            return facts
+        tried.append("journalctl -k: no kernel messages (journal not kept or no permission)")
+    else:
+        tried.append("journalctl -k: %s" % ("not found" if res.rc == 127 else _why(res)))
+    res = ctx.run(["dmesg"], timeout=30.0)
+    if res.ok:
+        log = parse_kernel_log(res.stdout, "dmesg")
+        if log["lines"]:
+            facts.update(source="dmesg", log=log)
+            return facts
+        tried.append("dmesg: empty (ring buffer cleared)")
+    else:
+        tried.append("dmesg: %s" % ("not found" if res.rc == 127 else _why(res)))
+    facts["log_error"] = "; ".join(tried)
+    return facts
+
+
+# --------------------------------------------------------------------------------------------- parse
+
+
+def parse_kernel_log(text: str, source: str = "dmesg") -> Dict[str, Any]:
+    """Xid and SXid events from `journalctl -k -o short-monotonic` or `dmesg` output.
+
+    journalctl lines must carry the monotonic stamp ("[ 1843.308145] host kernel: ..."); journalctl's own
+    markers ("-- Boot ... --", "-- No entries --") and indented continuation lines are skipped. dmesg lines
+    carry the stamp unless printk.time is off (then ts is None: inside any window).
+    """
+    if source not in ("journalctl", "dmesg"):
+        raise ParseError("kernel log: unknown source %r" % source)
+    lines = 0
+    first_ts: Optional[float] = None
+    events: List[Dict[str, Any]] = []
+    unparsed: List[str] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip() or raw.startswith("-- ") or raw[:1] in (" ", "\t"):
+            continue
+        stamp = _STAMP.match(raw)
+        if stamp:
+            ts: Optional[float] = float(stamp.group(1))
+            body = stamp.group(2)
+            if source == "journalctl":
+                host_ident = body.split(" ", 2)
+                if len(host_ident) < 3 or not host_ident[1].endswith(":"):
+                    raise ParseError("journalctl -o short-monotonic line %d: expected '[ SECONDS] HOST IDENT: MESSAGE', got %.80r" % (number, raw))
+                body = host_ident[2]
+        elif source == "journalctl":
+            raise ParseError("journalctl -o short-monotonic line %d: expected a '[ SECONDS.MICROS]' stamp, got %.80r" % (number, raw))
+        else:
+            ts, body = None, raw
+        lines += 1
+        if first_ts is None and ts is not None:
+            first_ts = ts
+        event = _event(body, ts)
+        if event is None:
+            if ("NVRM: Xid" in body or "SXid (" in body) and len(unparsed) < MAX_UNPARSED:
+                unparsed.append(body.strip()[:200])
+            continue
+        events.append(event)
+    return {"lines": lines, "first_ts": first_ts, "events": events, "unparsed": unparsed}
+
+
+def _event(body: str, ts: Optional[float]) -> Optional[Dict[str, Any]]:
+    m = _XID.search(body)
+    if m:
+        if not m.group(2).isdigit():
+            return None
+        return {"kind": "xid", "pci": m.group(1).lower(), "code": int(m.group(2)), "ts": ts,
+                "detail": (m.group(3) or "").strip()[:200], "device": None, "severity": None}
+    m = _SXID.search(body)
+    if m:
+        if not m.group(3).isdigit():
+            return None
+        rest = (m.group(4) or "").strip()
+        severity, _, detail = rest.partition(",")
+        severity = severity.strip()
+        return {"kind": "sxid", "pci": m.group(2).lower(), "code": int(m.group(3)), "ts": ts,
+                "detail": detail.strip()[:200], "device": m.group(1),
+                "severity": severity if severity in ("Fatal", "Non-fatal") else None}
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- rule
+
+
+def classify(event: Dict[str, Any]) -> Tuple[Status, Optional[str], str]:
+    """(status, action, meaning) of one event, from the tables above."""
+    code = event["code"]
+    if event["kind"] == "sxid":
+        if event.get("severity") == "Fatal":
+            return Status.FAIL, "reboot", "fatal NVSwitch error"
+        if event.get("severity") == "Non-fatal":
+            return Status.WARN, None, "non-fatal NVSwitch error"
+        return Status.WARN, None, "NVSwitch error of unknown severity"
+    if code in HARDWARE_XIDS:
+        meaning, action = HARDWARE_XIDS[code]
+        return Status.FAIL, action, meaning
+    if code in APPLICATION_XIDS:
+        return Status.WARN, "check_app", APPLICATION_XIDS[code]
+    if code == 154:
+        detail = event.get("detail", "").lower()
+        for words, action in XID154_ACTIONS:
+            if words in detail:
+                return Status.FAIL, action, "GPU recovery action required"
+        return Status.WARN, None, "GPU recovery action changed"
+    return Status.WARN, None, "not in preflight's Xid table (see NVIDIA's Xid catalogue)"
+
+
+def _bus_key(address: Optional[str]) -> str:
+    """00000000:4E:00.0 / 0000:4e:00 / 0000:4e:00.0 -> 0000:4e:00 (Xid lines carry no function)."""
+    if not address:
+        return "?"
+    parts = address.lower().split(":")
+    if len(parts) != 3:
+        return address.lower()
+    return "%s:%s:%s" % (parts[0][-4:].rjust(4, "0"), parts[1], parts[2].split(".")[0])
+
+
+def _ago(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "at an unknown time"
+    if seconds < 120:
+        return "%d s ago" % seconds
+    if seconds < 7200:
+        return "%d min ago" % (seconds // 60)
+    if seconds < 172800:
+        return "%.1f h ago" % (seconds / 3600.0)
+    return "%.1f days ago" % (seconds / 86400.0)
+
+
+def _window_text(window: Optional[float]) -> str:
+    return "since boot" if window is None else "in the last %s" % _ago(window).replace(" ago", "")
+
+
+def _judge(node: Any, facts: Dict[str, Any], gpu_facts: Any, window: Optional[float]) -> List[Finding]:
+    name = node.name
+    if not facts.get("nvidia"):
+        return [Finding(NAME, name, Status.ERROR, "%s: no NVIDIA driver or device found: kernel log not searched for Xid (see the gpu check)" % name)]
+    if facts.get("log") is None:
+        return [Finding(NAME, name, Status.ERROR, "%s: kernel log not readable, Xid events unknown: %s" % (name, facts.get("log_error") or "no log"),
+                        expected="readable kernel log", actual="unreadable")]
+    log = facts["log"]
+    uptime = facts.get("uptime_s")
+    gpus = {}
+    if isinstance(gpu_facts, dict):
+        for gpu in gpu_facts.get("gpus") or []:
+            gpus[_bus_key(gpu.get("pci_bus_id"))] = gpu
+    groups: Dict[Tuple[str, str, int], List[Dict[str, Any]]] = {}
+    for event in log.get("events") or []:
+        age = None if uptime is None or event.get("ts") is None else max(0.0, uptime - event["ts"])
+        if window is not None and age is not None and age > window:
+            continue
+        groups.setdefault((event["kind"], _bus_key(event["pci"]), event["code"]), []).append(dict(event, age=age))
+    out: List[Finding] = []
+    for (kind, bus, code), events in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        status, action, meaning = classify(events[-1])
+        last = events[-1]
+        if kind == "sxid":
+            where = "%s (%s)" % (last.get("device") or "NVSwitch", last["pci"])
+            label = "SXid %d" % code
+        else:
+            gpu = gpus.get(bus)
+            where = "GPU %d (%s)" % (gpu["index"], bus + ".0") if gpu else "GPU at %s (not listed by the driver now)" % bus
+            label = "Xid %d" % code
+        count = "" if len(events) == 1 else " ×%d" % len(events)
+        ages = [e["age"] for e in events if e["age"] is not None]
+        when = "last %s" % _ago(min(ages)) if ages else "time unknown"
+        expected = "no hardware Xid/SXid" if status is Status.FAIL else "no Xid/SXid"
+        msg = "%s %s: %s%s %s (%s): %s%s" % (
+            name, where, label, count, _window_text(window), when, meaning,
+            ("; " + last["detail"][:120]) if last.get("detail") and meaning.lower() not in last["detail"].lower() else "",
+        )
+        data: Dict[str, Any] = {"kind": kind, "code": code, "pci": bus, "count": len(events)}
+        if action:
+            msg += " (action: %s)" % action
+        out.append(Finding(NAME, name, status, msg, expected=expected, actual="%s%s" % (label, count), data=data,
+                           action=action))
+    for line in log.get("unparsed") or []:
+        out.append(Finding(NAME, name, Status.WARN, "%s: kernel log line with an unreadable Xid code: %.160s" % (name, line),
+                           expected="NVRM: Xid (PCI:...): CODE, ...", actual=line[:160]))
+    if not out:
+        covered = ""
+        first = log.get("first_ts")
+        if first is not None and first > 60 and uptime and (window is None or uptime - first < window):
+            # dmesg's ring buffer wrapped, or the journal was rotated: earlier events are not in the log
+            covered = "; the log only covers the last %s" % _ago(uptime - first).replace(" ago", "")
+        out.append(Finding(NAME, name, Status.PASS, "no Xid/SXid %s in %s (%s)%s" % (
+            _window_text(window), plural(log.get("lines", 0), "kernel log line"), facts.get("source"), covered)))
+    return out
+
+
+def rule(view: ClusterView) -> List[Finding]:
+    window = view.cluster.get("xid_window_s")
+    return per_gpu_node(NAME, view, lambda node, facts: _judge(node, facts, view.facts[node.name].get("gpu"), window))
+
+
+CHECK = Check(
+    name=NAME,
+    claim="No GPU or NVSwitch logged a hardware Xid/SXid in the kernel log since boot (or within cluster.xid_window_s)",
+    why="A GPU that logged Xid 79, 48, 74, 94/95 or 119 is off the bus, corrupting memory or wedged: the next job "
+    "on it crashes or hangs every rank. Application Xids (13, 31, 43, 45) usually point at the last job's code.",
+    fix="Act on each finding's action: reset_gpu (drain, then nvidia-smi -r -i N), reboot, or isolate (drain and "
+    "open a hardware ticket with nvidia-bug-report.sh); check_app: inspect the job that ran. Make the kernel "
+    "log readable (root, or the systemd-journal/adm group) for the check to run.",
+    probe=probe,
+    rule=rule,
+    order=45,
+    needs=("gpu",),
+)

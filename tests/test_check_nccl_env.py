@@ -1,0 +1,152 @@
+"""nccl_env: the conf-file parser on real-format files, NCCL's precedence, the list matching, the rule."""
+
+import os
+
+import pytest
+
+from preflight.checks import nccl_env
+from preflight.model import Status
+from preflight.probe.context import NodeContext
+from tests.test_check_ib_hca import port
+from tests.test_envfile import cluster
+
+
+def conf(path, role, *entries, malformed=()):
+    return {"path": path, "role": role, "exists": True, "error": None,
+            "entries": [{"key": k, "value": v, "line": i} for i, (k, v) in enumerate(entries, 1)],
+            "malformed": list(malformed)}
+
+
+def facts(environ=None, system=(), user=()):
+    return {"environ": dict(environ or {}), "user": "root", "home": "/root",
+            "files": [conf("/root/.nccl.conf", "user", *user), conf("/etc/nccl.conf", "system", *system)]}
+
+
+def test_precedence_is_ncclS_environment_then_user_then_system():
+    f = facts({"NCCL_DEBUG": "INFO"}, system=[("NCCL_DEBUG", "WARN"), ("NCCL_IB_TIMEOUT", "22")],
+              user=[("NCCL_IB_TIMEOUT", "20"), ("NCCL_IB_TIMEOUT", "21")])
+    assert nccl_env.effective(f) == {
+        "NCCL_DEBUG": ("INFO", "environment"),
+        "NCCL_IB_TIMEOUT": ("20", "/root/.nccl.conf:1"),
+    }
+
+
+@pytest.mark.parametrize(
+    "spec, name, port_, hit",
+    [
+        ("=eth1", "eth1", None, True),
+        ("=eth1", "eth10", None, False),
+        ("eth", "eth1", None, True),
+        ("eth0", "eth1", None, False),
+        ("^docker,lo", "eth1", None, True),
+        ("^eth", "eth1", None, False),
+        ("=mlx5_0:1,mlx5_1:1", "mlx5_1", 1, True),
+        ("mlx5_0:1", "mlx5_1", 1, False),
+        ("mlx5", "mlx5_3", 1, True),
+    ],
+)
+def test_nccl_list_matching(spec, name, port_, hit):
+    assert nccl_env.selects(spec, name, port_) is hit
+
+
+def view_with(node_facts, ib=None):
+    view = cluster(3, ib=ib)
+    for name, f in node_facts.items():
+        view.facts[name]["nccl_env"] = f
+    return view
+
+
+def by_node(findings):
+    out = {}
+    for f in findings:
+        out.setdefault(f.node, []).append(f)
+    return out
+
+
+def test_same_settings_everywhere_pass():
+    same = facts({"NCCL_DEBUG": "WARN"})
+    out = by_node(nccl_env.rule(view_with({n: same for n in ("n001", "n002", "n003")})))
+    for name in ("n001", "n002", "n003"):
+        assert [f.status for f in out[name]] == [Status.PASS]
+        assert "NCCL_DEBUG=WARN (environment)" in out[name][0].message
+
+
+def test_stale_socket_ifname_in_one_nodes_etc_nccl_conf_fails_naming_file_and_line():
+    stale = facts(system=[("NCCL_DEBUG", "WARN"), ("NCCL_SOCKET_IFNAME", "eth0")])
+    good = facts(system=[("NCCL_DEBUG", "WARN")])
+    out = by_node(nccl_env.rule(view_with({"n001": good, "n002": stale, "n003": good})))
+    fails = [f for f in out["n002"] if f.status is Status.FAIL]
+    assert len(fails) == 1, out["n002"]
+    assert fails[0].message == (
+        "n002: NCCL_SOCKET_IFNAME=eth0 (/etc/nccl.conf:2) does not select the data interface eth1 (recommended =eth1)"
+    )
+    assert fails[0].data == {"key": "NCCL_SOCKET_IFNAME", "value": "eth0", "source": "/etc/nccl.conf:2"}
+    assert [f.status for f in out["n001"]] == [Status.PASS] and [f.status for f in out["n003"]] == [Status.PASS]
+
+
+def test_a_prefix_that_selects_the_data_interface_is_no_contradiction():
+    ok = facts(system=[("NCCL_SOCKET_IFNAME", "eth")])
+    out = nccl_env.rule(view_with({n: ok for n in ("n001", "n002", "n003")}))
+    assert {f.status for f in out} == {Status.PASS}
+
+
+def test_ib_disable_and_missing_hca_contradict_usable_ports():
+    ports = [port("mlx5_0"), port("mlx5_1")]
+    ib = {n: ports for n in ("n001", "n002", "n003")}
+    bad = facts({"NCCL_IB_DISABLE": "1"}, system=[("NCCL_IB_HCA", "mlx5_0")])
+    good = facts()
+    out = by_node(nccl_env.rule(view_with({"n001": good, "n002": bad, "n003": good}, ib=ib)))
+    text = " | ".join(f.message for f in out["n002"] if f.status is Status.FAIL)
+    assert "NCCL_IB_DISABLE=1 (environment) turns InfiniBand/RoCE off although mlx5_0:1,mlx5_1:1 are usable" in text
+    assert "NCCL_IB_HCA=mlx5_0 (/etc/nccl.conf:1) leaves out the usable HCA port mlx5_1:1" in text
+
+
+def test_drift_of_a_must_match_variable_fails_and_of_debug_warns():
+    a = facts({"NCCL_PROTO": "Simple", "NCCL_DEBUG": "WARN"})
+    b = facts({"NCCL_PROTO": "LL128", "NCCL_DEBUG": "INFO"})
+    out = by_node(nccl_env.rule(view_with({"n001": a, "n002": b, "n003": a})))
+    statuses = sorted((f.status.value, f.data["key"]) for f in out["n002"])
+    assert statuses == [("fail", "NCCL_PROTO"), ("warn", "NCCL_DEBUG")]
+    proto = next(f for f in out["n002"] if f.data["key"] == "NCCL_PROTO")
+    assert proto.message == "n002: NCCL_PROTO=LL128 (environment) differs from the other nodes (n[001,003]: NCCL_PROTO=Simple)"
+    assert [f.status for f in out["n001"]] == [Status.PASS]
+
+
+def test_a_tie_has_no_reference_and_names_every_differing_node():
+    view = cluster(2)
+    view.facts["n001"]["nccl_env"] = facts({"NCCL_ALGO": "Ring"})
+    view.facts["n002"]["nccl_env"] = facts()
+    out = nccl_env.rule(view)
+    assert {f.node for f in out if f.status is Status.FAIL} == {"n001", "n002"}
+    assert all("no majority" in f.message for f in out if f.status is Status.FAIL)
+
+
+def test_malformed_line_warns_and_missing_facts_error():
+    view = view_with({"n001": facts(), "n003": facts()})
+    view.facts["n001"]["nccl_env"]["files"][1]["malformed"] = [{"line": 3, "text": "export NCCL_DEBUG=INFO"}]
+    out = by_node(nccl_env.rule(view))
+    assert out["n001"][0].status is Status.WARN and "/etc/nccl.conf:3 'export NCCL_DEBUG=INFO'" in out["n001"][0].message
+    assert out["n002"][0].status is Status.ERROR
+
+
+def test_probe_reads_conf_files_under_the_host_root(tmp_path, monkeypatch):
+    import pwd
+
+    home = pwd.getpwuid(os.getuid()).pw_dir
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "nccl.conf").write_text("NCCL_SOCKET_IFNAME=eth0\n")
+    user = tmp_path / home.lstrip("/")
+    user.mkdir(parents=True)
+    (user / ".nccl.conf").write_text("NCCL_DEBUG=INFO\n")
+    monkeypatch.setenv("PREFLIGHT_HOST_ROOT", str(tmp_path))
+    monkeypatch.setenv("NCCL_IB_TIMEOUT", "22")
+    monkeypatch.delenv("NCCL_CONF_FILE", raising=False)
+    f = nccl_env.probe(NodeContext())
+    assert f["environ"]["NCCL_IB_TIMEOUT"] == "22" and "PREFLIGHT_HOST_ROOT" not in f["environ"]
+    assert nccl_env.effective(f)["NCCL_SOCKET_IFNAME"] == ("eth0", "/etc/nccl.conf:1")
+    assert nccl_env.effective(f)["NCCL_DEBUG"] == ("INFO", "%s/.nccl.conf:1" % home)
+    # NCCL_CONF_FILE replaces ~/.nccl.conf (NCCL 2.19+), /etc/nccl.conf is still read
+    (tmp_path / "site.conf").write_text("NCCL_ALGO=Ring\n")
+    monkeypatch.setenv("NCCL_CONF_FILE", "/site.conf")
+    eff = nccl_env.effective(nccl_env.probe(NodeContext()))
+    assert eff["NCCL_ALGO"] == ("Ring", "/site.conf:1") and "NCCL_DEBUG" not in eff

@@ -1,0 +1,100 @@
+"""topology check (parser cases: tests/fixtures/topology): the probe over a simulated PCIe tree, the rule."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from preflight.checks import topology
+from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.probe.context import NodeContext
+from tests.builders import StubNode
+from tests.sim import gpu_hw, ib_hw, pci_hw
+
+
+def test_numa_node_parser():
+    assert topology.parse_numa_node("1") == 1
+    assert topology.parse_numa_node("-1") is None
+    with pytest.raises(ParseError):
+        topology.parse_numa_node("one")
+
+
+def hgx_node(tmp_path, name="n001", hcas=8, **faults):
+    node = StubNode(tmp_path / name)
+    gpu_hw.install_gpus(node, "h100", count=8)
+    ib_hw.install_hcas(node, [{}] * hcas)
+    pci_hw.install_pcie(node, faults=faults)
+    return node
+
+
+def probe(node):
+    return topology.probe(NodeContext(sysfs_root=node.sys_dir))
+
+
+def test_probe_reads_the_tree(tmp_path):
+    facts = probe(hgx_node(tmp_path))
+    gpus = [d for d in facts["devices"] if d["kind"] == "gpu"]
+    hcas = [d for d in facts["devices"] if d["kind"] == "hca"]
+    assert len(gpus) == 8 and len(hcas) == 8
+    assert gpus[0]["bdf"] == "0000:18:00.0" and gpus[0]["bridges"] == ["0000:15:01.0", "0000:16:00.0", "0000:17:00.0"]
+    assert gpus[0]["link"] == {"cur_width": 16, "max_width": 16, "cur_speed": 32.0, "max_speed": 32.0}
+    assert gpus[0]["slot"] == {"max_width": 16, "max_speed": 32.0} and gpus[7]["numa_node"] == 1
+    assert hcas[0]["name"] == "mlx5_0" and hcas[0]["bdf"] == "0000:19:00.0"
+
+
+def _view(facts_by_node):
+    nodes = [NodeInfo(n, n, 8) for n in facts_by_node]
+    return ClusterView(nodes, {n: {"topology": f} for n, f in facts_by_node.items()})
+
+
+def test_rule_passes_identical_nodes(tmp_path):
+    facts = probe(hgx_node(tmp_path))
+    out = topology.rule(_view({"n1": facts, "n2": copy.deepcopy(facts)}))
+    assert [f.status for f in out] == [Status.PASS, Status.PASS]
+    assert "8 GPUs and 8 HCAs at full PCIe width; each GPU has an HCA on its NUMA node" in out[0].message
+
+
+def test_rule_fails_a_narrow_nic_link_on_one_node(tmp_path):
+    good = probe(hgx_node(tmp_path))
+    bad = probe(hgx_node(tmp_path, "n2", hca_width=1))
+    out = topology.rule(_view({"n1": good, "n2": bad, "n3": copy.deepcopy(good)}))
+    failed = [f for f in out if f.status is Status.FAIL]
+    assert [f.node for f in failed] == ["n2"]
+    assert "n2 mlx5_1 (0000:2b:00.0): PCIe link x8 at 32 GT/s (expected x16 at 32 GT/s, like the other nodes)" == failed[0].message
+
+
+def test_rule_narrow_slot_or_fleet_is_not_a_fault(tmp_path):
+    facts = probe(hgx_node(tmp_path, gpu_width=2))
+    # every node links GPU 2 at x8: the platform is built that way
+    out = topology.rule(_view({"n1": facts, "n2": copy.deepcopy(facts), "n3": copy.deepcopy(facts)}))
+    assert {f.status for f in out} == {Status.PASS}
+    # the slot above is x8: not a fault even on one node
+    alone = copy.deepcopy(facts)
+    alone["devices"][2]["slot"]["max_width"] = 8
+    assert topology.rule(_view({"n1": alone}))[0].status is Status.PASS
+
+
+def test_rule_affinity_drift_and_numa(tmp_path):
+    good = probe(hgx_node(tmp_path))
+    moved = probe(hgx_node(tmp_path, "n3", hca_numa={0: 1}))
+    out = topology.rule(_view({"n1": good, "n2": copy.deepcopy(good), "n3": moved}))
+    failed = [f for f in out if f.status is Status.FAIL]
+    assert {f.node for f in failed} == {"n3"}
+    text = " | ".join(f.message for f in failed)
+    assert "n3: GPU↔NIC affinity differs from 2 of 3 nodes: mlx5_0: NUMA 1 (expected mlx5_0: NUMA 0)" in text, text
+    assert "n3 GPU 0 (0000:18:00.0) on NUMA 0" not in text  # other HCAs on NUMA 0 remain
+    assert all(f.action == "fix_config" for f in failed)
+
+
+def test_rule_gpu_without_hca_on_its_numa_node(tmp_path):
+    facts = probe(hgx_node(tmp_path, hca_numa={i: 0 for i in range(8)}))
+    out = topology.rule(_view({"n1": facts}))
+    failed = [f for f in out if f.status is Status.FAIL]
+    assert len(failed) == 4 and "GPU 4 (0000:9a:00.0) on NUMA 1 has no HCA on its NUMA node" in failed[0].message
+
+
+def test_rule_without_gpus_is_an_error_and_cpu_nodes_skip():
+    view = ClusterView([NodeInfo("n1", "n1", 8), NodeInfo("c1", "c1", 0)],
+                       {"n1": {"topology": {"devices": []}}, "c1": {"topology": {"devices": []}}})
+    assert [f.status for f in topology.rule(view)] == [Status.ERROR, Status.SKIP]
