@@ -44,6 +44,8 @@ from preflight.model import Check, ClusterView, CrossNode, Finding, Status
 
 NAME = "allreduce"
 
+#: What the cluster finding says when no absolute figure applies (the fleet rounds may then judge).
+NO_THRESHOLD = "no threshold applies (set expect.busbw_gbps)"
 #: Smallest size a GPU verdict may be taken at: below it latency, not bandwidth, dominates.
 GPU_VERDICT_MIN = GiB
 
@@ -64,6 +66,32 @@ NVLINK_PROFILES = (
     (re.compile(r"\bB200\b", re.I), "B200 8-GPU NVLink5", 900.0),
 )
 
+#: Published all-reduce busbw (GB/s, nccl-tests all_reduce_perf at >= 1 GiB) of healthy systems: a run below
+#: SKU_WARN_FRACTION of the figure is a WARN (the FAIL floor stays the line-rate profile above). Each entry:
+#: (GPU name pattern, nodes it was measured on, per-node NIC aggregate it needs in Gb/s or None, label,
+#: busbw, source). "2" means two or more nodes: a ring's busbw is bounded by per-node injection, whatever
+#: the node count.
+SKU_WARN_FRACTION = 0.8
+SKU_PROFILES = (
+    (re.compile(r"H100(?!.*(PCIe|NVL\b)).*(HBM3|SXM)", re.I), 1, None, "8x H100 SXM, one node", 460.0,
+     "docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests: 460-480 GB/s, 'more than 20% below "
+     "this, something is off'"),
+    (re.compile(r"A100[- ]SXM", re.I), 1, None, "8x A100 SXM4, one node", 230.0,
+     "docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests: 230-250 GB/s"),
+    (re.compile(r"H200(?!.*NVL)", re.I), 1, None, "8x H200 SXM, one node", 460.0,
+     "same NVLink4/NVSwitch baseboard as H100 SXM (NVIDIA H200 datasheet: 900 GB/s NVLink); H100 figure"),
+    (re.compile(r"H100(?!.*(PCIe|NVL\b)).*(HBM3|SXM)", re.I), 2, 3200.0, "H100 SXM, 8x 400G per node", 400.0,
+     "saturncloud.io/blog/crusoe-nccl-cluster-validation: H100 SXM NVLink + IB NDR 400-450 GB/s"),
+    (re.compile(r"H200(?!.*NVL)", re.I), 2, 3200.0, "H200 SXM, 8x 400G per node", 400.0,
+     "saturncloud.io/blog/crusoe-nccl-cluster-validation: H200 SXM NVLink + IB NDR 400-450 GB/s"),
+    (re.compile(r"\bB200\b", re.I), 2, 3200.0, "B200, 8x 400G per node", 400.0,
+     "no published multi-node run found: DGX B200 has the same 8x 400 Gb/s ConnectX-7 as DGX H100, so the "
+     "H100 NDR figure (saturncloud.io, above) is the network-bound floor"),
+    (re.compile(r"A100[- ]SXM", re.I), 2, 1600.0, "A100 SXM4, 8x 200G HDR per node", 192.0,
+     "NVIDIA/nccl#778 (NVIDIA, AddyLaddy): 'DGX-A100 systems with 8x IB HDR NICs ... peak NCCL AllReduce "
+     "BusBW of ~192GB/s'"),
+)
+
 
 # ----------------------------------------------------------------------------------------------- formatting
 
@@ -76,7 +104,189 @@ def _ranks_phrase(ranks: Sequence[int], node_of: Mapping[int, str]) -> str:
     return "%s %s%s" % (word, fold_ints(ranks), where)
 
 
+# ---------------------------------------------------------------------------------------------- NCCL log
+#
+# NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET makes every rank say what it chose at init. The lines this
+# parser reads, with the NCCL source that prints them (format strings as of NCCL 2.18-2.27; older ones
+# differ only where noted):
+#   NCCL version 2.27.6+cuda13.0                                  init.cc (rank 0 only before 2.19,
+#                                                                 without the "host:pid:tid [dev] NCCL INFO" prefix)
+#   NET/Plugin : No plugin found ... / Plugin Path : <lib>         net.cc (which network plugin was loaded)
+#   NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE [RO]; OOB ib0:10.0.0.1<0>   transport/net_ib.cc
+#   NET/IB : No device found.                                     transport/net_ib.cc
+#   NET/Socket : Using [0]eth1:198.19.0.3<0>                      transport/net_socket.cc
+#   Using network IB                                              init.cc (2.7+: the network actually used)
+#   NET/IB : GPU Direct RDMA Enabled for HCA 0 'mlx5_0'           graph/topo.cc ("NET/%s : GPU Direct RDMA %s
+#                                                                 for HCA %d '%s'": the HCA can do GDR)
+#   Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0/GDRDMA        transport/net.cc ("/GDRDMA" only when
+#                                                                 this connection really uses GDR)
+#   Channel 00/0 : 0[0] -> 1[1] via P2P/IPC | P2P/CUMEM/read | SHM/direct/direct   transport/p2p.cc, shm.cc
+#   Ring 00 : 155[3d000] -> 157[b2000] via P2P/IPC                the same before NCCL 2.6
+#   Connected all rings, use ring PXN 0 GDR 1                     init.cc
+#   NVLS multicast support is available on dev 0                  transport/nvls.cc
+#   NCCL_SOCKET_IFNAME set by environment to eth1                 misc/param.cc
+# Real logs in these formats are quoted in the NVIDIA/nccl issue tracker; tests/fixtures/allreduce/ holds
+# fixtures modelled on them, each naming its source.
+
+_NCCL_LINE = re.compile(r"(?P<host>\S*?):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:\S+:\d+ )?NCCL (?P<level>INFO|WARN|TRACE) ?(?P<msg>.*)$")
+_NCCL_VERSION = re.compile(r"NCCL version (?P<version>\d+\.\d+\.\d+)(?:\+cuda(?P<cuda>[\w.]+))?")
+_NET_USING = re.compile(r"^NET/(?P<net>\w+) ?: Using (?P<devs>.*?)(?:\s*; OOB (?P<oob>\S*))?\s*$")
+_NET_DEV = re.compile(r"\[(?P<index>\d+)\](?P<dev>\S+)")
+_IB_DEV = re.compile(r"^(?P<name>[^:\s]+):(?P<port>\d+)/(?P<link>[A-Za-z]+)")
+_SOCK_DEV = re.compile(r"^(?P<name>[^:\s]+):(?P<addr>.*)<\d+>$")
+_GDR_HCA = re.compile(r"^NET/(?P<net>\w+) ?: GPU Direct RDMA (?P<state>Enabled|Disabled) for HCA (?P<index>\d+) '(?P<name>[^']*)'")
+_GDR_OLD = re.compile(r"GPU Direct RDMA (?P<state>Enabled|Disabled) for GPU \S+ / HCA (?P<index>\d+)")
+_CONNECT = re.compile(r"^(?:Channel|Ring) \d+(?:/\d+)? : \d+(?:\[\w+\])? -> \d+(?:\[\w+\])?(?: \[(?:send|receive)\])? via (?P<via>.+?)\s*$")
+_RING_GDR = re.compile(r"Connected all rings.*\bGDR (?P<gdr>\d)")
+_ENV_SET = re.compile(r"^(?P<var>NCCL_\w+) set by environment to (?P<value>.*)$")
+
+
+def _nccl_iface(text: str) -> Dict[str, Any]:
+    m = _SOCK_DEV.match(text)
+    return {"name": m.group("name"), "addr": m.group("addr") or None} if m else {"name": text, "addr": None}
+
+
+def _intra_transport(via: str) -> Optional[str]:
+    """'P2P/CUMEM/read' -> 'P2P/CUMEM', 'SHM/direct/direct' -> 'SHM', 'direct shared memory' -> 'SHM'."""
+    if via.startswith("P2P/"):
+        kind = via.split("/")[1]
+        return "P2P/" + ("direct" if kind.startswith("direct") else kind)
+    if via.startswith("SHM") or "shared memory" in via:
+        return "SHM"
+    if via.startswith("NVLS") or via.startswith("CollNet"):
+        return via.split("/")[0]
+    return None
+
+
+def parse_nccl_log(text: str) -> Dict[str, Any]:
+    """What NCCL chose, from one rank's NCCL_DEBUG=INFO output (lines of other programs are ignored).
+
+    Returns {"version", "cuda", "plugin", "network", "transport", "devices", "oob", "ib_no_device",
+    "gdr", "gdr_used", "net_paths", "intra", "bootstrap", "env", "warnings", "hosts"}:
+      network     "IB" | "Socket" | a plugin's name ("IBext_v8", "AWS Libfabric"): "Using network X", else
+                  the network that listed devices (IB before Socket, as NCCL tries them)
+      transport   "NET/" + network
+      devices     the network's devices: IB "mlx5_0:1/IB" strings, Socket {"name", "addr"} dicts
+      gdr         {HCA name: True/False} from "GPU Direct RDMA Enabled/Disabled for HCA"
+      gdr_used    True when a NET connection ran with /GDRDMA (or "GDR 1"), False when NET connections
+                  were made without it, None when the log shows no NET connection (one node)
+      intra       sorted intra-node transports seen: "P2P/IPC", "P2P/CUMEM", "SHM", "NVLS", ...
+    Raises ParseError when the text holds no NCCL INFO line (NCCL_DEBUG=INFO not set, or not NCCL's
+    output), or a "NET/... : Using" line names no device.
+    """
+    from preflight.model import ParseError
+
+    out: Dict[str, Any] = {
+        "version": None, "cuda": None, "plugin": None, "network": None, "transport": None, "devices": [],
+        "oob": None, "ib_no_device": False, "gdr": {}, "gdr_used": None, "net_paths": [], "intra": [],
+        "bootstrap": [], "env": {}, "warnings": [], "hosts": [],
+    }
+    listed: Dict[str, List[Any]] = {}
+    chosen = None
+    infos = 0
+    net_gdr: List[bool] = []
+    hosts: List[str] = []
+    for number, raw in enumerate(str(text).splitlines(), 1):
+        line = raw.rstrip()
+        version = _NCCL_VERSION.search(line)
+        if version and out["version"] is None:
+            out["version"], out["cuda"] = version.group("version"), version.group("cuda")
+        m = _NCCL_LINE.search(line)
+        if not m:
+            continue
+        host = m.group("host").rsplit(">:", 1)[-1].rsplit("]", 1)[-1]
+        if host and host not in hosts:
+            hosts.append(host)
+        msg = m.group("msg").strip()
+        if m.group("level") == "WARN":
+            if len(out["warnings"]) < 10:
+                out["warnings"].append(msg[:300])
+            continue
+        infos += 1
+        using = _NET_USING.match(msg)
+        if using:
+            net = using.group("net")
+            devs = [d.group("dev") for d in _NET_DEV.finditer(using.group("devs"))]
+            if not devs:
+                raise ParseError("NCCL log line %d: NET/%s 'Using' line names no device: %r" % (number, net, msg[:200]))
+            if net == "Socket":
+                listed[net] = [_nccl_iface(d) for d in devs]
+            else:
+                listed[net] = devs
+            if using.group("oob"):
+                out["oob"] = _nccl_iface(using.group("oob"))
+            continue
+        if msg.startswith("Bootstrap") and ": Using" in msg:
+            devs = [d.group("dev") for d in _NET_DEV.finditer(msg)] or [msg.split("Using", 1)[1].strip()]
+            out["bootstrap"] = [_nccl_iface(d) for d in devs]
+            continue
+        if msg.startswith("Using network "):
+            chosen = msg[len("Using network "):].strip()
+            continue
+        if re.match(r"^NET/IB ?: No device found", msg):
+            out["ib_no_device"] = True
+            continue
+        if msg.startswith("Plugin Path :"):
+            out["plugin"] = msg.split(":", 1)[1].strip()
+            continue
+        if msg.startswith("NET/Plugin") and out["plugin"] is None and (
+                "No plugin found" in msg or "Could not find" in msg or "internal" in msg):
+            out["plugin"] = "internal"
+            continue
+        gdr = _GDR_HCA.match(msg)
+        if gdr:
+            out["gdr"][gdr.group("name")] = gdr.group("state") == "Enabled"
+            continue
+        old = _GDR_OLD.search(msg)
+        if old:
+            out["gdr"]["HCA %s" % old.group("index")] = old.group("state") == "Enabled"
+            continue
+        connect = _CONNECT.match(msg)
+        if connect:
+            via = connect.group("via")
+            if via.startswith("NET/"):
+                if via not in out["net_paths"]:
+                    out["net_paths"].append(via)
+                net_gdr.append("/GDRDMA" in via)
+            else:
+                kind = _intra_transport(via)
+                if kind and kind not in out["intra"]:
+                    out["intra"].append(kind)
+            continue
+        ring = _RING_GDR.search(msg)
+        if ring:
+            net_gdr.append(ring.group("gdr") == "1")
+            continue
+        if "NVLS multicast support is available" in msg or msg.startswith("Connected NVLS"):
+            if "NVLS" not in out["intra"]:
+                out["intra"].append("NVLS")
+            continue
+        env = _ENV_SET.match(msg)
+        if env:
+            value = env.group("value").strip()
+            out["env"][env.group("var")] = value[:-1] if value.endswith(".") else value  # "... to 1."
+    if not infos:
+        raise ParseError("NCCL log: no 'NCCL INFO' line (run with NCCL_DEBUG=INFO; NCCL prints to stdout "
+                         "unless NCCL_DEBUG_FILE is set)")
+    if chosen is None:  # before NCCL 2.7: the first network that found devices (IB before Socket)
+        chosen = next((n for n in listed if n != "Socket"), "Socket" if "Socket" in listed else None)
+    out["network"] = chosen
+    out["transport"] = "NET/%s" % chosen if chosen else None
+    if chosen is not None:
+        out["devices"] = listed.get(chosen) or next((v for k, v in listed.items() if k.startswith(chosen[:2])), [])
+    out["gdr_used"] = any(net_gdr) if net_gdr else None
+    out["intra"] = sorted(out["intra"])
+    out["net_paths"] = sorted(out["net_paths"])
+    out["hosts"] = hosts
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ the maths
+
+
+def gbps(value: float) -> str:
+    """'1.23 GB/s', '0.0042 GB/s' (CPU figures are small: keep 2 significant digits)."""
+    return ("%.2f GB/s" % value) if value >= 0.1 else ("%.2g GB/s" % value)
 
 
 def busbw_factor(n: int) -> float:
@@ -184,6 +394,24 @@ def profile_threshold(
     if nvlink is not None and nvlink[0] < found[0]:
         return nvlink
     return found
+
+
+def sku_warn_level(
+    backend: str, nnodes: int, gpus_per_node: int, gpu_model: Optional[str], nic_gbps: Optional[float]
+) -> Optional[Tuple[float, str]]:
+    """(WARN level in GB/s, source) from SKU_PROFILES for 8-GPU nodes of a known model, or None. Multi-node
+    figures apply only where each node has at least the NIC aggregate they were measured with."""
+    if backend != "nccl" or gpus_per_node != 8 or not gpu_model:
+        return None
+    scope = 1 if nnodes <= 1 else 2
+    for pattern, nodes, nic_needed, label, gbps, source in SKU_PROFILES:
+        if nodes != scope or not pattern.search(gpu_model):
+            continue
+        if nic_needed and (not nic_gbps or float(nic_gbps) < nic_needed):
+            return None
+        return (round(SKU_WARN_FRACTION * gbps, 1), "%s: %d%% of the published %g GB/s (%s)" % (
+            label, SKU_WARN_FRACTION * 100, gbps, source))
+    return None
 
 
 def threshold_for(view: ClusterView, meta: Mapping[str, Any], nodes: Sequence[str], backend: str):
@@ -298,24 +526,51 @@ def rule(view: ClusterView) -> List[Finding]:
         out.append(Finding(NAME, None, Status.WARN, "a single rank: no all-reduce traffic to measure", data=data))
         return out
     point = verdict_point(points, backend)
+    cut = sweep_cut(table)
+    if cut:
+        data["cut"] = cut
+    if point is None and cut and points:
+        out.append(Finding(NAME, None, Status.FAIL, "all-reduce too slow to reach %s across %s: %s" % (
+            human_bytes(GPU_VERDICT_MIN), where, _cut_phrase(cut, points)), data=data))
+        return out
     if point is None:
         largest = human_bytes(points[-1]["bytes"]) if points else "none"
         out.append(Finding(NAME, None, Status.WARN, "all-reduce completed across %s, but the largest size (%s) is "
                            "below %s: bus bandwidth not judged" % (where, largest, human_bytes(GPU_VERDICT_MIN)),
                            data=data))
         return out
-    figures = "busbw %.2f GB/s (algbw %.2f GB/s) at %s across %s" % (
-        point["busbw_gbps"], point["algbw_gbps"], human_bytes(point["bytes"]), where)
+    figures = "busbw %s (algbw %s) at %s across %s" % (
+        gbps(point["busbw_gbps"]), gbps(point["algbw_gbps"]), human_bytes(point["bytes"]), where)
+    straggler = stragglers(points, node_of, float(meta.get("slow_fraction") or 0.2))
+    data["slowest_per_size"] = [{"bytes": p["bytes"], "rank": p["slowest_rank"], "node": node_of.get(p["slowest_rank"])}
+                                for p in points]
+    if straggler:
+        data["straggler"] = straggler
+        figures += "; straggler: %s slowest at %d of %d sizes, %.1fx the median rank" % (
+            _ranks_phrase([straggler["rank"]], node_of), straggler["sizes"], len(points), straggler["ratio"])
+    if cut:
+        figures += "; " + _cut_phrase(cut, points)
     data["verdict_bytes"] = point["bytes"]
     threshold = threshold_for(view, meta, nodes, backend)
     if threshold is None:
-        out.append(Finding(NAME, None, Status.WARN, "all-reduce %s; no threshold applies (set expect.busbw_gbps)"
-                           % figures, actual="%.2f GB/s" % point["busbw_gbps"], data=data))
+        out.append(Finding(NAME, None, Status.WARN, "all-reduce %s; %s" % (figures, NO_THRESHOLD),
+                           actual="%.2f GB/s" % point["busbw_gbps"], data=data))
         return out
     limit, source = threshold
     data.update(threshold_gbps=limit, threshold_source=source)
     expected = "busbw >= %g GB/s (%s)" % (limit, source)
     actual = "%.2f GB/s" % point["busbw_gbps"]
+    warn = None
+    if source != "expect.busbw_gbps":
+        known = {n.name: n for n in view.nodes}
+        gpus = [known[n].gpus_per_node for n in nodes if n in known]
+        warn = sku_warn_level(backend, len(nodes), min(gpus) if gpus else 0, meta.get("gpu_model"),
+                              meta.get("nic_gbps") or view.expect.get("nic_gbps"))
+    if point["busbw_gbps"] >= limit and warn and warn[0] > limit and point["busbw_gbps"] < warn[0]:
+        data.update(warn_gbps=warn[0], warn_source=warn[1])
+        out.append(Finding(NAME, None, Status.WARN, "all-reduce %s, below %g GB/s (%s)" % (figures, warn[0], warn[1]),
+                           expected="busbw >= %g GB/s" % warn[0], actual=actual, data=data))
+        return out
     if point["busbw_gbps"] >= limit:
         out.append(Finding(NAME, None, Status.PASS, "all-reduce " + figures, expected=expected, actual=actual,
                            data=data))
@@ -329,6 +584,39 @@ def rule(view: ClusterView) -> List[Finding]:
         msg += "; slowest %s" % _ranks_phrase([slow], node_of)
     out.append(Finding(NAME, None, Status.FAIL, msg, expected=expected, actual=actual, data=data))
     return out
+
+
+def stragglers(points: Sequence[Mapping[str, Any]], node_of: Mapping[int, str], fraction: float) -> Optional[Dict[str, Any]]:
+    """The rank that was slowest at most sizes, when that is more than half of them and its time there
+    was more than `fraction` above the median rank's (in a ring every rank waits for the slowest, so
+    only a clear, repeated lead means something), else None."""
+    if len(points) < 2:
+        return None
+    counts: Dict[int, List[Mapping[str, Any]]] = {}
+    for p in points:
+        counts.setdefault(int(p["slowest_rank"]), []).append(p)
+    rank, where = max(counts.items(), key=lambda kv: (len(kv[1]), -kv[0]))
+    if len(where) * 2 <= len(points):
+        return None
+    ratios = [p["time_s"] / p["median_time_s"] for p in where if p.get("median_time_s")]
+    ratio = statistics.median(ratios) if ratios else 1.0
+    if ratio <= 1.0 + fraction:
+        return None
+    return {"rank": rank, "node": node_of.get(rank), "sizes": len(where), "ratio": round(ratio, 2)}
+
+
+def sweep_cut(table: Mapping[int, Tuple[str, Mapping[str, Any]]]) -> Optional[Dict[str, Any]]:
+    """The "cut" the ranks agreed on (the sweep ended before a size projected over its budget), or None."""
+    cuts = [e["cut"] for _n, e in table.values() if e.get("cut")]
+    return min(cuts, key=lambda c: c.get("bytes") or 0) if cuts else None
+
+
+def _cut_phrase(cut: Mapping[str, Any], points: Sequence[Mapping[str, Any]]) -> str:
+    last = human_bytes(points[-1]["bytes"]) if points else "the first size"
+    return "sweep stopped before %s: %s took %.2f s on the slowest rank, so %s would take about %.1f s " \
+        "(over its %g s budget)" % (human_bytes(int(cut["bytes"])), last, float(cut.get("took_s") or 0),
+                                   human_bytes(int(cut["bytes"])), float(cut.get("projected_s") or 0),
+                                   float(cut.get("budget_s") or 0))
 
 
 def _wrong_values(table) -> List[Tuple[int, List[int], Dict[str, Any]]]:
@@ -359,7 +647,12 @@ def _failure(view, meta, docs, missing, table, bad, node_of, points, data, world
         stage = _stage_name(first)
         data["stopped_at"] = {"stage": first.get("stage"), "bytes": first.get("bytes")}
         errors = {r: ne for r, ne in bad.items() if ne[1].get("status") == "error"}
-        if errors:
+        stopped_ranks = {r: ne for r, ne in bad.items() if ne[1].get("status") == "timeout"}
+        if errors and stopped_ranks and all(_peer_error(e) for _n, e in errors.values()):
+            # a rank stopped at its deadline and its peers lost their connection to it: a stall, which the
+            # ranks that report the reset did not cause
+            parts.append(_stall_message(stopped_ranks, errors, sizes, node_of, docs, meta))
+        elif errors:
             parts.append(_error_message(errors, bad, sizes, node_of, implicated))
         elif stopped == -1:
             limit = _deadline_of(first, docs.get(first_node) or {}, meta)
@@ -396,6 +689,28 @@ def _failure(view, meta, docs, missing, table, bad, node_of, points, data, world
     data["implicated"] = sorted(set(implicated) | set(missing))
     out.insert(0, Finding(NAME, None, Status.FAIL, "; ".join(parts), data=data))
     return out
+
+
+_PEER_ERROR = re.compile(r"Connection (?:closed|reset) by peer|Broken pipe|Connection refused|"
+                         r"Socket Timeout|recv.*timed out|NCCL communicator was aborted", re.I)
+
+
+def _peer_error(entry: Mapping[str, Any]) -> bool:
+    """True when a rank's error says only that a peer went away (the cause is elsewhere)."""
+    return bool(_PEER_ERROR.search(str(entry.get("error") or "")))
+
+
+def _stall_message(stopped, errors, sizes, node_of, docs, meta) -> str:
+    at = min(_position(e, sizes) for _n, e in stopped.values())
+    lead = sorted(r for r, (_n, e) in stopped.items() if _position(e, sizes) == at)
+    node, first = stopped[lead[0]]
+    limit = _deadline_of(first, docs.get(node) or {}, meta)
+    sample = errors[sorted(errors)[0]][1].get("error") or ""
+    return ("all-reduce stalled at %s: %s made no progress within the %s deadline and %s stopped; %s then lost "
+            "the connection (%s). Every rank was still in the collective, so no node stands out: a slow or "
+            "lossy link stalls the whole ring; the rounds below name it" % (
+                _stage_name(first), _ranks_phrase(lead, node_of), "%g s op" % limit if limit else "op",
+                "was" if len(lead) == 1 else "were", _ranks_phrase(sorted(errors), node_of), sample[:160]))
 
 
 def _error_message(errors, bad, sizes, node_of, implicated) -> str:
@@ -457,21 +772,225 @@ def _master(docs) -> Optional[str]:
     return None
 
 
-def _localization_findings(view: ClusterView, meta: Mapping[str, Any]) -> List[Finding]:
-    loc = meta.get("localization") or {}
-    results = loc.get("results") or []
-    if not results:
-        return []
-    from preflight.benchplan import verdict_localization  # controller only
+def _fleet_findings(view: ClusterView, meta: Mapping[str, Any]) -> Tuple[List[Finding], List[str], Status, Dict[str, Any]]:
+    """What the rounds after the whole-cluster run found: (node findings, notes for the cluster finding,
+    the status they imply, data). Node rounds name a node on its own; pair rounds beside a known-good node
+    (preflight.benchplan); both judge against the fleet median (meta["slow_fraction"])."""
+    from preflight.benchplan import SLOW_FRACTION, judge_nodes, judged_gbps, verdict_localization
 
-    threshold = loc.get("threshold_gbps")
-    verdict = verdict_localization(results, threshold, bool(loc.get("by_bandwidth", True)))
-    out = [Finding(NAME, n, Status.FAIL, "pair test: %s" % why) for n, why in verdict["bad"].items()]
-    status = Status.FAIL if (verdict["bad"] or verdict["shared_fault"]) else (
-        Status.WARN if verdict["undecided"] else Status.PASS)
-    out.insert(0, Finding(NAME, None, status, "localization: " + verdict["message"],
-                          data={"localization": {k: verdict[k] for k in ("bad", "good", "undecided")},
-                                "groups": list(results)}))
+    frac = float(meta.get("slow_fraction") or SLOW_FRACTION)
+    named: Dict[str, List[str]] = {}
+    notes: List[str] = []
+    status = Status.PASS
+    data: Dict[str, Any] = {"slow_fraction": frac}
+    for rnd in meta.get("node_rounds") or []:
+        results = rnd.get("results") or []
+        if not results:
+            continue
+        rfrac = frac
+        bad = judge_nodes(results, None, rfrac, bool(rnd.get("by_bandwidth", True)))
+        measured = [judged_gbps(g) for g in results if not g.get("failure") and judged_gbps(g) is not None]
+        median = statistics.median(measured) if measured else None
+        for n, why in bad.items():
+            named.setdefault(n, []).append("alone (%s): %s" % (rnd.get("what") or rnd.get("name"), why))
+        where = " at %s" % human_bytes(int(rnd["sizes"][0])) if rnd.get("sizes") else ""
+        if bad:
+            notes.append("node round %s%s: %s" % (rnd.get("name"), where, fold(list(bad))))
+        elif not rnd.get("by_bandwidth", True):
+            notes.append("node round %s%s: every node completed alone" % (rnd.get("name"), where))
+        else:
+            notes.append("node round %s%s: every node within %d%% of the fleet median %s" % (
+                rnd.get("name"), where, round(100 * rfrac), gbps(median) if median is not None else "(none measured)"))
+        data.setdefault("node_rounds", []).append({"name": rnd.get("name"), "what": rnd.get("what"),
+                                                   "median_gbps": median, "named": bad, "results": results})
+    loc = meta.get("localization") or {}
+    if loc.get("results"):
+        results = loc["results"]
+        verdict = verdict_localization(results, loc.get("threshold_gbps"), bool(loc.get("by_bandwidth", True)),
+                                       meta.get("nodes"), frac)
+        for n, why in verdict["bad"].items():
+            named.setdefault(n, []).append("pair test: %s" % why)
+        notes.append("pair test: " + verdict["message"])
+        if verdict["shared_fault"]:
+            status = Status.FAIL
+        elif verdict["undecided"]:
+            status = Status.WARN
+        data["localization"] = {k: verdict[k] for k in ("bad", "good", "undecided")}
+        data["groups"] = list(results)
+    findings = [Finding(NAME, n, Status.FAIL, "; ".join(whys), data={"fleet": whys}) for n, whys in named.items()]
+    if named:
+        status = Status.FAIL
+    return findings, notes, status, data
+
+
+def _with_fleet(out: List[Finding], view: ClusterView, meta: Mapping[str, Any]) -> List[Finding]:
+    """The rule's findings with the rounds' verdict folded into the one cluster finding: one check, one
+    cluster verdict (a failed run is never followed by a cluster-wide PASS of its localization)."""
+    import dataclasses
+
+    extra, notes, status, data = _fleet_findings(view, meta)
+    if not notes:
+        return out
+    idx = next((i for i, f in enumerate(out) if f.node is None), None)
+    if idx is None:
+        return out + extra
+    main = out[idx]
+    message = main.message
+    new_status = max((main.status, status), key=lambda s: s.rank)
+    judged = bool(data.get("node_rounds")) or (meta.get("localization") or {}).get("by_bandwidth")
+    if main.status is Status.WARN and NO_THRESHOLD in message and judged:
+        message = message.replace(NO_THRESHOLD, "no absolute threshold set: judged against the fleet")
+        new_status = status
+    merged = dict(main.data or {})
+    merged.update(data)
+    out = list(out)
+    out[idx] = dataclasses.replace(main, status=new_status, message=message + "; " + "; ".join(notes), data=merged)
+    by_node = {f.node: i for i, f in enumerate(out) if f.node is not None}
+    for f in extra:
+        if f.node in by_node:
+            old = out[by_node[f.node]]
+            out[by_node[f.node]] = dataclasses.replace(old, message=old.message + "; " + f.message)
+        else:
+            out.append(f)
+    return out
+
+
+def ifname_allows(spec: Optional[str], name: str) -> bool:
+    """Whether NCCL_SOCKET_IFNAME `spec` admits interface `name` (NCCL's syntax: comma list, "^" excludes,
+    "=" exact match, else prefix match). No spec admits everything but lo and docker*, as NCCL does."""
+    if not spec:
+        return not (name == "lo" or name.startswith("docker"))
+    text = spec.strip()
+    exclude = text.startswith("^")
+    if exclude:
+        text = text[1:]
+    exact = text.startswith("=")
+    if exact:
+        text = text[1:]
+    hit = any((name == item) if exact else name.startswith(item) for item in (i.strip() for i in text.split(",")) if item)
+    return not hit if exclude else hit
+
+
+def _gdr_expected(facts: Any) -> Tuple[Optional[bool], str]:
+    """(should GPUDirect RDMA work on this node, why) from the gpudirect check's facts; None when unknown."""
+    if not isinstance(facts, dict) or "probe_error" in facts:
+        return None, "no gpudirect facts (run the gpudirect check with the bench)"
+    if not facts.get("hcas"):
+        return False, "no RDMA HCA"
+    if not (facts.get("peermem") or facts.get("dmabuf_possible")):
+        return False, "no peer-memory module and no DMA-BUF"
+    if not facts.get("virtual"):
+        on_paths = {b for p in facts.get("paths") or [] for b in p.get("bridges") or []}
+        for bdf, port in (facts.get("acs") or {}).items():
+            ctl = (port or {}).get("acs_ctl") or {}
+            if bdf in on_paths and (ctl.get("ReqRedir") or ctl.get("CmpltRedir")):
+                return False, "ACS redirects peer traffic at %s" % bdf
+    return True, "gpudirect: %s loaded" % (facts.get("peermem") or "DMA-BUF")
+
+
+def _devices_text(nccl: Mapping[str, Any]) -> str:
+    devs = []
+    for d in nccl.get("devices") or []:
+        devs.append(d["name"] if isinstance(d, dict) else str(d))
+    return ",".join(devs) or "no device"
+
+
+def nccl_summary(logs: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """One node's NCCL facts from its ranks' parsed logs: every value seen, in order."""
+    def seen(key):
+        out = []
+        for log in logs:
+            value = log.get(key)
+            if value is not None and value not in out:
+                out.append(value)
+        return out
+
+    devices: List[str] = []
+    for log in logs:
+        for d in log.get("devices") or []:
+            text = d["name"] if isinstance(d, dict) else str(d)
+            if text not in devices:
+                devices.append(text)
+    gdr: Dict[str, bool] = {}
+    for log in logs:
+        gdr.update(log.get("gdr") or {})
+    return {
+        "version": seen("version"), "transport": seen("transport"), "devices": devices,
+        "socket_ifaces": sorted({d["name"] for log in logs if log.get("network") == "Socket"
+                                 for d in log.get("devices") or [] if isinstance(d, dict)}),
+        "oob": sorted({(log.get("oob") or {}).get("name") for log in logs if log.get("oob")}),
+        "gdr": gdr, "gdr_used": seen("gdr_used"),
+        "intra": sorted({t for log in logs for t in log.get("intra") or []}),
+        "net_used": any(log.get("net_paths") for log in logs),
+        "ranks": len(logs),
+    }
+
+
+def nccl_findings(view: ClusterView, meta: Mapping[str, Any], docs: Mapping[str, Mapping[str, Any]]) -> List[Finding]:
+    """Per node: what NCCL chose (version, transport, devices, GDR, intra-node transports), and a FAIL when
+    it fell back to sockets although ACTIVE HCAs were found, bound an interface the env file does not
+    name, or ran without GPUDirect RDMA where the gpudirect facts say it should work."""
+    from preflight.model import ParseError
+
+    env = dict(meta.get("env") or {})
+    ifspec = env.get("NCCL_SOCKET_IFNAME")
+    from preflight.checks import ib_hca
+
+    hcas: Dict[str, List[str]] = ib_hca.usable_hcas(view)["nodes"]  # nodes without ib_hca facts: absent
+    out: List[Finding] = []
+    for node, doc in docs.items():
+        if (doc or {}).get("backend") != "nccl":
+            continue
+        logs, problems = [], []
+        for entry in doc.get("ranks") or []:
+            text = entry.get("nccl_log")
+            if not text:
+                if entry.get("init_s") is not None:
+                    problems.append("rank %s: no NCCL_DEBUG=INFO lines" % entry.get("rank"))
+                continue
+            try:
+                logs.append(parse_nccl_log(text))
+            except ParseError as exc:
+                problems.append("rank %s: %s" % (entry.get("rank"), exc))
+        if not logs:
+            if problems:
+                out.append(Finding(NAME, node, Status.ERROR, "NCCL's choices unknown: %s" % "; ".join(problems[:2])))
+            continue
+        facts = nccl_summary(logs)
+        what = "NCCL %s, %s on %s" % ("/".join(facts["version"]) or "?", "/".join(facts["transport"]) or
+                                      "no network (single node)", ",".join(facts["devices"]) or "no device")
+        gdr_on = sorted(h for h, ok in facts["gdr"].items() if ok)
+        if facts["gdr"] and "NET/Socket" not in facts["transport"]:
+            what += ", GPUDirect RDMA %s" % ("enabled" if gdr_on else "disabled")
+        what += ", intra-node %s" % (",".join(facts["intra"]) or "none")
+        bad: List[str] = []
+        active = hcas.get(node) or []
+        if "NET/Socket" in facts["transport"] and active and facts["net_used"]:
+            bad.append("fell back to sockets although %s %s ACTIVE" % (
+                ",".join(active), "is" if len(active) == 1 else "are"))
+        if ifspec:
+            wrong = [i for i in facts["socket_ifaces"] + facts["oob"] if i and not ifname_allows(ifspec, i)]
+            if wrong:
+                bad.append("bound %s, not the interface the env file names (NCCL_SOCKET_IFNAME=%s)" % (
+                    ",".join(sorted(set(wrong))), ifspec))
+        gdr_note = None
+        if facts["net_used"] and "NET/Socket" not in facts["transport"]:
+            should, why = _gdr_expected((view.facts.get(node) or {}).get("gpudirect"))
+            used = True in facts["gdr_used"] or bool(gdr_on)
+            if should is None:
+                gdr_note = "GPUDirect RDMA not judged: %s" % why
+            elif should and not used:
+                bad.append("GPUDirect RDMA disabled (%s) although %s" % (
+                    ",".join(sorted(facts["gdr"])) or "every connection", why))
+        data = {"nccl": facts}
+        if gdr_note:
+            data["gdr_note"] = gdr_note
+        if bad:
+            out.append(Finding(NAME, node, Status.FAIL, "%s: %s" % (what, "; ".join(bad)),
+                               expected="NCCL on the data path preflight chose", actual=what, data=data))
+        else:
+            out.append(Finding(NAME, node, Status.PASS, what + ("" if not gdr_note else " (%s)" % gdr_note),
+                               data=data))
     return out
 
 
@@ -489,7 +1008,10 @@ def _summary(findings: Sequence[Finding], meta: Dict[str, Any], elapsed_s: Optio
 
 
 def _rule_with_localization(view: ClusterView) -> List[Finding]:
-    return rule(view) + _localization_findings(view, dict(view.cluster.get(NAME) or {}))
+    meta = dict(view.cluster.get(NAME) or {})
+    docs = {n: (view.facts.get(n) or {}).get(NAME) for n in meta.get("nodes") or []}
+    docs = {n: d for n, d in docs.items() if isinstance(d, dict) and not _doc_problem(d)}
+    return _with_fleet(rule(view), view, meta) + nccl_findings(view, meta, docs)
 
 
 CHECK = Check(

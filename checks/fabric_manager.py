@@ -9,8 +9,10 @@ Facts schema::
     service          {"LoadState": "loaded", "ActiveState": "failed", "SubState": "failed",
                       "Result": "exit-code", "ExecMainCode": "1", "ExecMainStatus": "1",
                       "UnitFileState": "enabled", "NRestarts": "0"} | None  (only on NVSwitch nodes)
-    service_error    why the service state could not be read (systemctl missing or failing) | None
+    service_error    why the service state could not be read (systemctl missing or failing) | None,
+                     on one line (systemctl's output lines joined with " / ")
     fm_version       "550.54.15" | None                 from `nv-fabricmanager --version`
+    imex, imex_error the same for nvidia-imex, read only on GPU nodes without an NVSwitch
     driver_version   "550.54.15" | None                 from <sysfs>/module/nvidia/version
 
 The fabric manager version is read from the binary systemd starts (``nv-fabricmanager --version``
@@ -22,7 +24,12 @@ it the rule falls back to the gpu check's driver_version.
 
 Rule (reads the gpu check's facts for per-GPU fabric state, Hopper+):
 
-- CPU-only node, or no NVSwitch: SKIP with the reason.
+- CPU-only node, or no NVSwitch and no GPU reporting fabric state: SKIP with the reason.
+- no NVSwitch PCI function but GPUs reporting fabric state: a GB200/GB300 compute tray (its NVSwitches
+  sit in separate switch trays) or a VM whose NVSwitches are not passed through. Every GPU must be
+  Completed/Success and the tray's GPUs in one clique and cluster (FAIL otherwise); where a GPU reports a
+  non-zero cluster UUID (multi-node NVLink), nvidia-imex must be installed and active (FAIL; WARN when
+  its state cannot be read).
 - service not installed, or not active: FAIL ("nvidia-fabricmanager is failed (Result=exit-code); NCCL
   init will hang on this node").
 - service state unreadable (no systemctl, e.g. in a container): judged by GPU fabric state alone where
@@ -34,12 +41,14 @@ Rule (reads the gpu check's facts for per-GPU fabric state, Hopper+):
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, per_gpu_node
 
 NAME = "fabric_manager"
 UNIT = "nvidia-fabricmanager"
+#: The IMEX daemon: multi-node NVLink (GB200/GB300 NVL racks) shares GPU memory across trays through it.
+IMEX_UNIT = "nvidia-imex"
 PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "UnitFileState", "NRestarts")
 NVIDIA_VENDOR = "0x10de"
 NVSWITCH_CLASS = "0x068000"
@@ -50,7 +59,8 @@ HANG = "NCCL init will hang on this node"
 
 
 def probe(ctx: Any) -> Dict[str, Any]:
-    """NVSwitches from sysfs; on NVSwitch nodes, the service state and both versions."""
+    """NVSwitches from sysfs; on NVSwitch nodes, the service state and both versions; on GPU nodes
+    without an NVSwitch PCI function (GB200/GB300 trays), the nvidia-imex service state."""
     switches = find_nvswitches(ctx)
     facts: Dict[str, Any] = {
         "nvswitches": switches,
@@ -58,22 +68,37 @@ def probe(ctx: Any) -> Dict[str, Any]:
         "service_error": None,
         "fm_version": None,
         "driver_version": None,
+        "imex": None,
+        "imex_error": None,
     }
     module = ctx.read(ctx.sys_path("module", "nvidia", "version"))
     facts["driver_version"] = module.strip() if module and module.strip() else None
     if not switches:
+        if facts["driver_version"]:
+            facts["imex"], facts["imex_error"] = _unit(ctx, IMEX_UNIT)
         return facts
-    res = ctx.run(["systemctl", "show", UNIT, "--property=" + ",".join(PROPERTIES)], timeout=15.0)
-    if res.rc == 127:
-        facts["service_error"] = "systemctl not found"
-    elif not res.ok:
-        facts["service_error"] = "systemctl show failed (rc %d): %s" % (res.rc, (res.stderr or res.stdout).strip())
-    else:
-        facts["service"] = parse_systemctl_show(res.stdout)
+    facts["service"], facts["service_error"] = _unit(ctx, UNIT)
     ver = ctx.run(["nv-fabricmanager", "--version"], timeout=15.0)
     if ver.ok:
         facts["fm_version"] = parse_fm_version(ver.stdout + ver.stderr)
     return facts
+
+
+def _unit(ctx: Any, unit: str) -> Tuple[Optional[Dict[str, str]], Optional[str]]:
+    """(properties, None) or (None, why they could not be read) for one systemd unit."""
+    res = ctx.run(["systemctl", "show", unit, "--property=" + ",".join(PROPERTIES)], timeout=15.0)
+    if res.rc == 127:
+        return None, "systemctl not found"
+    if not res.ok:
+        return None, service_error(res.stdout, res.stderr, res.rc)
+    return parse_systemctl_show(res.stdout), None
+
+
+def service_error(stdout: str, stderr: str, rc: int) -> str:
+    """One line saying why `systemctl show` failed: its output's lines joined with ' / ' (a finding
+    message must not carry a raw line break, and systemctl prints two lines in a container)."""
+    lines = [line.strip() for line in (stderr or stdout or "").splitlines() if line.strip()]
+    return "systemctl show failed (rc %d): %s" % (rc, " / ".join(lines) if lines else "no output")
 
 
 def find_nvswitches(ctx: Any) -> List[str]:
@@ -144,6 +169,8 @@ def _node(node: Any, facts: Dict[str, Any], gpu_facts: Any) -> List[Finding]:
     name = node.name
     switches = facts.get("nvswitches") or []
     if not switches:
+        if _fabric_reported(gpu_facts):
+            return _tray(node, facts, gpu_facts)
         return [Finding(NAME, name, Status.SKIP, "no NVSwitch on this node (PCIe/NVLink-bridge system): fabric manager not needed")]
     out: List[Finding] = []
     fabric_problems, fabric_good = _gpu_fabric(gpu_facts)
@@ -218,17 +245,101 @@ def _node(node: Any, facts: Dict[str, Any], gpu_facts: Any) -> List[Finding]:
     return out
 
 
+def _fabric_reported(gpu_facts: Any) -> bool:
+    """Whether any GPU reports NVLink fabric state (Hopper and later on a fabric; GB200/GB300 trays)."""
+    if not isinstance(gpu_facts, dict):
+        return False
+    return any(g.get("fabric") for g in gpu_facts.get("gpus") or [])
+
+
+def _tray(node: Any, facts: Dict[str, Any], gpu_facts: Dict[str, Any]) -> List[Finding]:
+    """A GPU node without an NVSwitch PCI function whose GPUs report NVLink fabric state: a GB200/GB300
+    compute tray (the NVSwitches sit in separate switch trays, programmed by their own fabric manager).
+    Judged here: every GPU registered (Completed/Success), one clique and cluster per tray, and the
+    nvidia-imex service that multi-node NVLink memory sharing needs (NVIDIA IMEX guide)."""
+    name = node.name
+    out: List[Finding] = []
+    problems, good = _gpu_fabric(gpu_facts)
+    gpus = [g for g in gpu_facts.get("gpus") or [] if g.get("fabric")]
+    for what, key in (("cliques", "clique_id"), ("clusters", "cluster_uuid")):
+        groups: Dict[Any, List[str]] = {}
+        for g in gpus:
+            if g["fabric"].get(key) is not None:
+                groups.setdefault(g["fabric"][key], []).append(str(g.get("index")))
+        if len(groups) > 1:
+            parts = ", ".join("%s (GPU %s)" % (value, ", ".join(idx)) for value, idx in groups.items())
+            out.append(
+                Finding(
+                    NAME,
+                    name,
+                    Status.FAIL,
+                    "GPUs of this tray report different NVLink %s: %s (expected one)" % (what, parts),
+                    expected="one",
+                    actual=parts,
+                )
+            )
+    multi_node = any(
+        (g["fabric"].get("cluster_uuid") or "").strip("0-") for g in gpus
+    )  # H100 HGX reports an all-zero cluster UUID: NVLink within the node only, no IMEX
+    service = facts.get("imex")
+    if not multi_node:
+        pass
+    elif service is None:
+        why = facts.get("imex_error") or "service state not gathered"
+        out.append(Finding(NAME, name, Status.WARN, "cannot verify nvidia-imex: %s" % why, expected="active", actual="unknown"))
+    elif service.get("LoadState") != "loaded":
+        out.append(
+            Finding(
+                NAME,
+                name,
+                Status.FAIL,
+                "nvidia-imex is not installed (LoadState=%s); multi-node NVLink needs it (expected loaded, active)"
+                % service.get("LoadState"),
+                expected="loaded, active",
+                actual="LoadState=%s" % service.get("LoadState"),
+            )
+        )
+    elif service.get("ActiveState") != "active":
+        out.append(
+            Finding(
+                NAME,
+                name,
+                Status.FAIL,
+                "nvidia-imex is %s (Result=%s); multi-node NVLink needs it (expected active)"
+                % (service.get("ActiveState"), service.get("Result", "?")),
+                expected="active",
+                actual="%s/%s" % (service.get("ActiveState"), service.get("SubState")),
+            )
+        )
+    for problem in problems:
+        out.append(Finding(NAME, name, Status.FAIL, problem, expected="Completed/Success"))
+    if not out:
+        first = gpus[0]["fabric"] if gpus else {}
+        if not multi_node:
+            msg = "no NVSwitch PCI function visible (fabric managed outside this OS): fabric Completed on %d GPUs" % good
+        else:
+            msg = "no NVSwitch PCI function (multi-node NVLink tray): fabric Completed on %d GPUs" % good
+            if first.get("clique_id") is not None:
+                msg += ", clique %s" % first["clique_id"]
+            msg += " of cluster %s" % first["cluster_uuid"]
+            msg += ", nvidia-imex %s (%s)" % (service.get("ActiveState"), service.get("SubState"))
+        out.append(Finding(NAME, name, Status.PASS, msg))
+    return out
+
+
 def rule(view: ClusterView) -> List[Finding]:
     return per_gpu_node(NAME, view, lambda node, facts: _node(node, facts, view.facts[node.name].get("gpu")))
 
 
 CHECK = Check(
     name=NAME,
-    claim="On NVSwitch nodes nvidia-fabricmanager is active, matches the driver version, and every GPU joined the fabric",
+    claim="On NVSwitch nodes nvidia-fabricmanager is active, matches the driver version, and every GPU joined the fabric; on GB200/GB300 trays every GPU joined one NVLink clique and nvidia-imex is active",
     why="Without a running, version-matched fabric manager the NVSwitch fabric is never programmed: CUDA init "
     "fails with cudaErrorSystemNotReady or NCCL hangs at init on that node.",
     fix="Install nvidia-fabricmanager of exactly the driver's version, then systemctl enable --now "
-    "nvidia-fabricmanager; read journalctl -u nvidia-fabricmanager for the cause of a failure.",
+    "nvidia-fabricmanager; read journalctl -u nvidia-fabricmanager for the cause of a failure. GB200/GB300 trays: "
+    "systemctl enable --now nvidia-imex (with the rack's nodes_config.cfg); a GPU stuck registering points at "
+    "the NVLink switch trays' fabric manager.",
     probe=probe,
     rule=rule,
     needs=("gpu",),

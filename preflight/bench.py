@@ -23,6 +23,12 @@ from preflight.gather import Fleet
 from preflight.inventory import Inventory
 from preflight.model import ClusterView, NodeInfo
 
+#: Groups run side by side start timing together, at least this long after their launch (bench_worker).
+ROUND_START_MIN_S = 3.0
+ROUND_START_FACTOR = 1.25
+#: Timed iterations per size in the gloo rounds (at least).
+ROUND_MIN_ITERS = 20
+
 #: Variables the agent sets itself for each rank; the env file's values are identical.
 _AGENT_SET = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -52,7 +58,9 @@ def _settings(inv: Inventory) -> Dict[str, Any]:
     for key, name in (("init_timeout", "init_s"), ("op_timeout", "op_s"), ("total_timeout", "total_s")):
         if key in raw:
             deadlines[name] = float(raw[key])
-    return {"sizes": raw.get("sizes"), "warmup": raw.get("warmup", 2), "iters": raw.get("iters", 5), "deadlines": deadlines}
+    return {"sizes": raw.get("sizes"), "warmup": raw.get("warmup", 2), "iters": raw.get("iters", 5), "deadlines": deadlines,
+            "slow_fraction": float(raw.get("slow_fraction", benchplan.SLOW_FRACTION)),
+            "node_round": raw.get("node_round")}
 
 
 def _hardware(view: ClusterView, nodes: Sequence[str], choice: Any) -> Dict[str, Any]:
@@ -106,7 +114,11 @@ def _run_groups(
             warmup=settings["warmup"],
             iters=settings["iters"],
             deadlines=settings["deadlines"],
+            local_ranks=settings.get("local_ranks"),
         )
+        if settings.get("start_at"):
+            for cfg in cfgs.values():
+                cfg["start_at"] = settings["start_at"]
         metas.append(benchplan.cluster_meta(cfgs))
         configs.update(cfgs)
     bundles = {name: {"mode": "bench", "bench": cfg} for name, cfg in configs.items()}
@@ -162,31 +174,56 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
 
     threshold = allreduce.threshold_for(view, meta, [n.name for n in nodes], meta["backend"])
     limit = threshold[0] if threshold else None
-    plan = benchplan.localization_plan(first["docs"], meta, limit) if len(nodes) >= 3 else None
+    meta["slow_fraction"] = settings["slow_fraction"]
+    plan = benchplan.localization_plan(first["docs"], meta, limit) if len(nodes) >= 2 else None
     if plan is not None:
         by_name = {n.name: n for n in nodes}
-        by_bandwidth = plan["mode"] == "slow"
-        # each group's first node hosts its store; only the size that decides, under deadlines taken from
-        # what the whole-cluster run measured
-        short = dict(settings, sizes=plan["sizes"], deadlines=benchplan.round_deadlines(
-            meta["deadlines"], first["docs"], settings["warmup"], settings["iters"], len(plan["sizes"]),
+        by_bandwidth = plan["mode"] in ("slow", "check")
+        # only the size that decides, under deadlines taken from what the whole-cluster run measured
+        # gloo rounds time more iterations: groups side by side share CPUs, and their best iteration is
+        # what they are compared on (one size of a few ms: 20 iterations cost well under a second)
+        iters = max(settings["iters"], ROUND_MIN_ITERS) if meta["backend"] == "gloo" else settings["iters"]
+        short = dict(settings, sizes=plan["sizes"], iters=iters, deadlines=benchplan.round_deadlines(
+            meta["deadlines"], first["docs"], settings["warmup"], iters, len(plan["sizes"]),
             at_init=bool(plan.get("at_init"))))
         timings["rounds_s"] = []
 
-        def run_round(groups: List[List[str]]) -> List[Dict[str, Any]]:
+        def run_groups(groups: List[List[str]], extra_env=None, local_ranks=None, sync=True) -> List[Dict[str, Any]]:
             started = time.monotonic()
-            infos = [[by_name[n] for n in g] for g in groups]
-            done = _run_groups(fleet, infos, addr_of, port, env_vars, short)
+            infos = [[by_name[n] for n in g] for g in groups]  # each group's first node hosts its store
+            # every group starts timing at once, once the slowest of them should have started: the slowest
+            # start of the whole-cluster run, scaled by how many more ranks each node starts now
+            ratio = float(local_ranks or 1) if meta["backend"] == "gloo" else 1.0
+            delay = ROUND_START_FACTOR * ratio * float(timings.get("slowest_init_s") or 0) + 1.0
+            # never so late that the agents' init deadline fires first
+            start_at = time.time() + min(max(ROUND_START_MIN_S, delay), 0.5 * short["deadlines"]["init_s"])
+            if not sync:  # judged on completion: no need to wait for the others
+                start_at = None
+            done = _run_groups(fleet, infos, addr_of, port, dict(env_vars, **(extra_env or {})),
+                               dict(short, local_ranks=local_ranks, start_at=start_at))
             docs = dict(done["docs"])
             timings["rounds_s"].append(round(time.monotonic() - started, 3))
             return [benchplan.group_result(g, {n: docs.get(n) for n in g}, meta["backend"]) for g in groups]
 
-        verdict = benchplan.localize([n.name for n in nodes], run_round, threshold=limit if by_bandwidth else None,
-                                     by_bandwidth=by_bandwidth)
-        meta["localization"] = {
-            "results": verdict["results"], "rounds": verdict["rounds"], "threshold_gbps": limit if by_bandwidth else None,
-            "by_bandwidth": by_bandwidth, "why": plan["why"], "sizes": plan["sizes"], "deadlines": short["deadlines"],
-        }
+        # partner-free: every node alone, all at once; a slow node is named in this one round
+        # default: on for nccl (NVLink and NIC paths); off for gloo, whose loopback round is judged on
+        # completion only and costs a whole round of torch imports (cluster.allreduce.node_round: true)
+        node_round = settings["node_round"] if settings["node_round"] is not None else meta["backend"] == "nccl"
+        if node_round:
+            meta["node_rounds"] = []
+            for spec in benchplan.node_rounds(nodes, meta["backend"]):
+                judged = by_bandwidth and spec.get("by_bandwidth", True)
+                results = run_groups([[n.name] for n in nodes], spec["env"], spec["local_ranks"], sync=judged)
+                meta["node_rounds"].append(dict(spec, results=results, sizes=plan["sizes"], by_bandwidth=judged))
+        # pairs: the path between nodes, which only a partner can test
+        if len(nodes) >= 3:
+            verdict = benchplan.localize([n.name for n in nodes], run_groups, threshold=limit if by_bandwidth else None,
+                                         by_bandwidth=by_bandwidth, slow_fraction=settings["slow_fraction"])
+            meta["localization"] = {
+                "results": verdict["results"], "rounds": verdict["rounds"],
+                "threshold_gbps": limit if by_bandwidth else None, "by_bandwidth": by_bandwidth, "mode": plan["mode"],
+                "why": plan["why"], "sizes": plan["sizes"], "deadlines": short["deadlines"],
+            }
     timings["total_s"] = round(time.monotonic() - t0, 3)
     result.meta = meta
     return result
@@ -232,6 +269,12 @@ def summary(findings: Sequence[Any], meta: Dict[str, Any], elapsed_s: Optional[f
         "deadlines": meta.get("deadlines"),
         "timings_s": meta.get("timings_s"),
         "localization": _localization_summary(loc),
+        "node_rounds": [{"name": r.get("name"), "what": r.get("what"), "median_gbps": r.get("median_gbps"),
+                         "named": sorted(r.get("named") or {}),
+                         "nodes": {g["nodes"][0]: g.get("best_gbps", g.get("busbw_gbps")) for g in r.get("results") or []}}
+                        for r in data.get("node_rounds") or []] or None,
+        "nccl": {f.node: f.data["nccl"] for f in findings
+                 if f.check == "allreduce" and f.node and f.data and "nccl" in f.data} or None,
     }
 
 

@@ -50,7 +50,8 @@ EXPECT_KEYS = (
     "busbw_gbps",
     "shared_free_gib",
 )
-ALLREDUCE_KEYS = ("sizes", "warmup", "iters", "init_timeout", "op_timeout", "total_timeout", "enabled")
+ALLREDUCE_KEYS = ("sizes", "warmup", "iters", "init_timeout", "op_timeout", "total_timeout", "enabled", "slow_fraction",
+                  "node_round")
 TOP_KEYS = ("defaults", "cluster", "nodes")
 
 DEFAULTS: Dict[str, Any] = {
@@ -452,9 +453,14 @@ def _check_allreduce(v: _Validator, allreduce: Dict[str, Any]) -> None:
                 raise v.fail(at, "sizes must be a list of byte counts", "e.g. [1048576, 16777216] (4 B to 64 GiB)")
         elif key in ("warmup", "iters"):
             allreduce[key] = v.integer(value, at, key, 0 if key == "warmup" else 1, 1000)
-        elif key == "enabled":
+        elif key in ("enabled", "node_round"):
             if not isinstance(value, bool):
-                raise v.fail(at, "enabled must be true or false", "write true or false")
+                raise v.fail(at, "%s must be true or false" % key, "write true or false")
+        elif key == "slow_fraction":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.01 <= value <= 0.95:
+                raise v.fail(at, "slow_fraction must be a number from 0.01 to 0.95, not %r" % (value,),
+                             "write the share of the fleet median a node may fall below, e.g. 0.2")
+            allreduce[key] = float(value)
         else:
             allreduce[key] = v.number(value, at, key, 1, 3600)
 

@@ -307,11 +307,14 @@ class SSHSession(Session):
 
         started = time.monotonic()
         run = _Run()
+        # The payload is built before the remote command starts: until its pid arrives a Ctrl-C cannot
+        # kill it, so nothing slow (the first bundle build) may sit between the two.
+        payload = bundle.stdin_payload(dict(config, deadline_s=deadline_s + 5))
         try:
             chan = self.conn.transport.open_session(timeout=self.spec.connect_timeout)
             sent_at = time.time()
             chan.exec_command(bundle.remote_command(self.spec.python))
-            chan.sendall(bundle.stdin_payload(dict(config, deadline_s=deadline_s + 5)))
+            chan.sendall(payload)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise NodeFailure("unreachable", "connection lost while starting the probe: %s" % (exc or type(exc).__name__)) from None
         end = started + deadline_s
@@ -396,8 +399,9 @@ class LocalSession(Session):
 
     def run_bundle(self, config: Dict[str, Any], deadline_s: float) -> RunResult:
         started = time.monotonic()
-        sent_at = time.time()
         python = self.spec.python or sys.executable
+        payload = bundle.stdin_payload(dict(config, deadline_s=deadline_s + 5))  # before the process starts
+        sent_at = time.time()
         try:
             proc = subprocess.Popen(
                 [python, "-c", bundle.BOOTSTRAP],
@@ -411,7 +415,7 @@ class LocalSession(Session):
         self._proc = proc
         run = _Run()
         assert proc.stdin and proc.stdout and proc.stderr
-        proc.stdin.write(bundle.stdin_payload(dict(config, deadline_s=deadline_s + 5)))
+        proc.stdin.write(payload)
         proc.stdin.flush()
         streams = {proc.stdout.fileno(): run.feed, proc.stderr.fileno(): run.err.extend}
         end = started + deadline_s

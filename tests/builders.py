@@ -116,3 +116,66 @@ class StubNode:
         with open(path, "w") as fh:
             fh.write(text)
         return path
+
+
+# ------------------------------------------------------------------------------------------------ gpu
+
+
+def gpu_expected(case: str) -> Dict[str, Any]:
+    """The gpu facts of tests/fixtures/gpu/<case>.json (a deep copy: tests edit them)."""
+    import copy
+
+    from tests.fixture_cases import expected
+
+    return copy.deepcopy(expected("gpu", case))
+
+
+def gpu_with_links(facts: Dict[str, Any], case: str) -> Dict[str, Any]:
+    """facts with each GPU's NVLink counts from tests/fixtures/gpu/<case>.nvlink.json."""
+    from tests.fixture_cases import expected
+
+    links = expected("gpu", case + ".nvlink")
+    for g in facts["gpus"]:
+        g["nvlink"] = links[g["uuid"]]
+    return facts
+
+
+def nvml_answers(case: str = "nvml_h100_hgx_550") -> Dict[str, Any]:
+    """A recorded NVML session (tests/fixtures/gpu/nvml_*.json), for tests.sim.gpu_hw.FakeNVML."""
+    import json
+
+    from tests.fixture_cases import fixture_dir
+
+    with open(os.path.join(fixture_dir("gpu"), case + ".json")) as fh:
+        return json.load(fh)["answers"]
+
+
+def gpu_rule(facts: Dict[str, Any], gpus_per_node: int = 8, shm: int = 16 << 30) -> list:
+    """The gpu rule on one node holding facts (and a roomy /dev/shm)."""
+    from preflight.checks import gpu
+
+    node = NodeInfo("gpu-001", "198.18.0.1", gpus_per_node)
+    return gpu.rule(ClusterView([node], {"gpu-001": {"gpu": facts, "ssh": {"shm_bytes": shm}}}))
+
+
+def by_status(findings: list) -> Dict[Any, list]:
+    out: Dict[Any, list] = {}
+    for f in findings:
+        out.setdefault(f.status, []).append(f.message)
+    return out
+
+
+def fake_nvidia_smi(bindir: str, xml_path: Optional[str] = None, nvlink_path: Optional[str] = None, rc: int = 0) -> None:
+    """An nvidia-smi on PATH answering -q -x and nvlink --status from files."""
+    os.makedirs(bindir, exist_ok=True)
+    path = os.path.join(bindir, "nvidia-smi")
+    with open(path, "w") as fh:
+        fh.write(
+            "#!/bin/sh\n"
+            'case "$*" in\n'
+            '  "-q -x") cat "%s"; exit %d ;;\n'
+            '  "nvlink --status") %s ;;\n'
+            '  *) echo "unexpected arguments: $*" >&2; exit 2 ;;\n'
+            "esac\n" % (xml_path, rc, 'cat "%s"' % nvlink_path if nvlink_path else "exit 3")
+        )
+    os.chmod(path, 0o755)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 
 from preflight import benchplan, common
 from preflight.checks import allreduce as ar
-from preflight.model import ClusterView, NodeInfo, Status
+from preflight.model import ClusterView, NodeInfo, ParseError, Status
 
 GiB, MiB, KiB = common.GiB, common.MiB, common.KiB
 
@@ -253,7 +257,7 @@ def test_default_sweeps():
 # ------------------------------------------------------------------------------------------- localization
 
 
-def fake_round(bad, slow=()):
+def fake_round(bad, slow=(), slow_gbps=10.0):
     """run_round for localize(): a group fails when it holds a bad node, is slow with a slow one."""
     calls = []
 
@@ -264,7 +268,7 @@ def fake_round(bad, slow=()):
             if any(n in bad for n in g):
                 out.append({"nodes": g, "busbw_gbps": None, "failure": "hung at init"})
             else:
-                out.append({"nodes": g, "busbw_gbps": 10.0 if any(n in slow for n in g) else 40.0, "failure": None})
+                out.append({"nodes": g, "busbw_gbps": slow_gbps if any(n in slow for n in g) else 40.0, "failure": None})
         return out
 
     return run_round, calls
@@ -275,9 +279,9 @@ def test_plan_pairs_covers_every_node_once():
     pairs = benchplan.plan_pairs(nodes)
     assert pairs == [["n001", "n005"], ["n002", "n006"], ["n003", "n007"], ["n004", "n008"]]
     odd = benchplan.plan_pairs(nodes[:5])
-    assert odd == [["n001", "n003"], ["n002", "n004", "n005"]]
-    assert sorted(n for g in odd for n in g) == nodes[:5]
-    assert benchplan.plan_pairs(["n001"]) == [["n001"]] and benchplan.plan_pairs([]) == []
+    assert odd == [["n001", "n003"], ["n002", "n004"]]  # n005 waits for a known-good partner in round 2
+    assert benchplan.plan_pairs(nodes[:3]) == [["n001", "n002"]]  # never the whole cluster as a "pair"
+    assert benchplan.plan_pairs(["n001"]) == [] and benchplan.plan_pairs([]) == []
 
 
 def test_eight_nodes_one_bad_is_found_in_two_rounds():
@@ -297,13 +301,28 @@ def test_plan_suspects_pairs_each_suspect_with_a_distinct_good_node():
     assert benchplan.plan_suspects(results, suspects=["b"], good=["d"]) == [["b", "d"]]
 
 
-def test_odd_count_with_the_bad_node_in_the_triple():
+def test_odd_count_the_odd_one_out_is_tested_beside_a_good_node():
     nodes = ["n%03d" % i for i in range(1, 6)]
     run_round, calls = fake_round({"n005"})
     verdict = benchplan.localize(nodes, run_round)
-    assert calls[0][-1] == ["n002", "n004", "n005"]
+    assert calls[0] == [["n001", "n003"], ["n002", "n004"]] and calls[1] == [["n005", "n001"]]
     assert list(verdict["bad"]) == ["n005"] and sorted(verdict["good"]) == ["n001", "n002", "n003", "n004"]
-    assert verdict["rounds"] <= benchplan.MAX_ROUNDS
+    assert verdict["rounds"] == 2
+
+
+@pytest.mark.parametrize("bad,rounds", [("n003", 2), ("n002", 2), ("n001", 3)])
+def test_three_nodes_localize_any_one_bad_node(bad, rounds):
+    nodes = ["n001", "n002", "n003"]
+    run_round, calls = fake_round({bad})
+    verdict = benchplan.localize(nodes, run_round)
+    assert list(verdict["bad"]) == [bad] and not verdict["shared_fault"] and verdict["undecided"] == {}, verdict
+    assert verdict["rounds"] == rounds and all(len(g) == 2 for c in calls for g in c)
+
+
+def test_three_nodes_all_failing_is_shared_after_every_pair_was_tried():
+    run_round, calls = fake_round({"n001", "n002", "n003"})
+    verdict = benchplan.localize(["n001", "n002", "n003"], run_round)
+    assert verdict["shared_fault"] and verdict["bad"] == {} and len(calls) == 3
 
 
 def test_more_suspects_than_good_nodes_takes_a_third_round_and_stops():
@@ -327,7 +346,12 @@ def test_a_slow_node_is_localized_without_a_threshold():
     nodes = ["n%03d" % i for i in range(1, 9)]
     run_round, _calls = fake_round(set(), slow={"n007"})
     verdict = benchplan.localize(nodes, run_round)
-    assert list(verdict["bad"]) == ["n007"] and "under 50% of the median group" in verdict["bad"]["n007"]
+    assert list(verdict["bad"]) == ["n007"] and "75% below the fleet median 40.00 GB/s (limit 20%)" in verdict["bad"]["n007"]
+    # 25% below the median: named at the default 20%, not when the inventory allows 30%
+    run_round, _calls = fake_round(set(), slow={"n007"}, slow_gbps=30.0)
+    assert list(benchplan.localize(nodes, run_round)["bad"]) == ["n007"]
+    run_round, _calls = fake_round(set(), slow={"n007"}, slow_gbps=30.0)
+    assert benchplan.localize(nodes, run_round, slow_fraction=0.3)["bad"] == {}
 
 
 def test_rule_reports_the_localization_from_cluster_metadata():
@@ -337,8 +361,8 @@ def test_rule_reports_the_localization_from_cluster_metadata():
     docs = eight_ranks_on(4, 1, [KiB], backend="gloo")
     view = cluster(docs, gpus=0, localization={"results": verdict["results"]})
     findings = ar.CHECK.rule(view)
-    loc = [f for f in findings if f.message.startswith("localization")]
-    assert loc and loc[0].status is Status.FAIL and "exclude n002" in loc[0].message
+    (main,) = [f for f in findings if f.node is None]  # one cluster verdict, the pair test folded in
+    assert main.status is Status.FAIL and "pair test: exclude n002" in main.message, main.message
     assert the([f for f in findings if f.message.startswith("pair test")], "n002").status is Status.FAIL
 
 
@@ -352,3 +376,185 @@ def test_group_result_from_agent_documents():
     assert g["failure"].startswith("hung at 2 KiB (rank 1")
     g = benchplan.group_result(["n001", "n002"], {"n001": docs[0]})
     assert g["failure"] == "n002: no result"
+
+
+# ------------------------------------------------------------------------------------------ NCCL log parser
+# Every case under tests/fixtures/allreduce runs in tests/test_fixtures.py; here, what they must cover.
+
+_NCCL_FIXTURES = Path(__file__).parent / "fixtures" / "allreduce"
+_NCCL_CASES = sorted(p.stem for p in _NCCL_FIXTURES.glob("*.json"))
+
+
+def test_nccl_fixtures_cover_the_four_paths():
+    got = {c: json.loads((_NCCL_FIXTURES / (c + ".json")).read_text()).get("expected") for c in _NCCL_CASES}
+    assert got["ib_gdr"]["transport"] == "NET/IB" and got["ib_gdr"]["gdr_used"] is True
+    assert got["ib_no_gdr"]["gdr"] == {"mlx5_0": False, "mlx5_1": False} and got["ib_no_gdr"]["gdr_used"] is False
+    assert got["socket_fallback"]["transport"] == "NET/Socket" and got["socket_fallback"]["ib_no_device"]
+    assert got["wrong_interface"]["devices"] == [{"name": "lo", "addr": "127.0.0.1"}]
+    assert got["old_2_4_socket"]["intra"] == ["SHM"] and got["old_2_4_socket"]["version"] == "2.4.7"
+    assert "NVLS" in got["plugin_ibext_nvls"]["intra"]
+
+
+# ------------------------------------------------------------------------------------ what NCCL chose (rule)
+
+
+def _nccl_view(logs, env=None, ib_ports=None, gpudirect=None):
+    """Two nccl nodes that passed the sweep; node n00k's rank logs are logs[k-1] (fixture file names)."""
+    docs = eight_ranks_on(2, 1, [GiB], time_s=0.01)
+    for d, name in zip(docs, logs):
+        d["ranks"][0]["nccl_log"] = (_NCCL_FIXTURES / name).read_text()
+        d["ranks"][0]["init_s"] = 5.0
+    view = cluster(docs, gpus=1, env=env or {"NCCL_SOCKET_IFNAME": "=eth1"})
+    for i, n in enumerate(["n001", "n002"]):
+        port = {"hca": "mlx5_0", "port": 1, "state": "ACTIVE", "phys_state": "LinkUp", "link_layer": "ib",
+                "rate_gbps": 400}
+        view.facts[n]["ib_hca"] = {"hcas": {}, "ports": [port] if (ib_ports or {}).get(n) else []}
+        if gpudirect is not None:
+            view.facts[n]["gpudirect"] = gpudirect
+    return view
+
+
+def _node_findings(view, node):
+    return [f for f in ar.CHECK.rule(view) if f.node == node and f.data and "nccl" in f.data]
+
+
+def test_nccl_socket_fallback_with_an_active_hca_fails_the_node():
+    view = _nccl_view(["socket_fallback.log", "socket_fallback.log"], ib_ports={"n001": True})
+    (f,) = _node_findings(view, "n001")
+    assert f.status is Status.FAIL and "fell back to sockets although mlx5_0:1 is ACTIVE" in f.message, f.message
+    assert f.message.startswith("NCCL 2.18.5, NET/Socket on eth1"), f.message
+    (g,) = _node_findings(view, "n002")  # no ACTIVE HCA there: sockets are what it has
+    assert g.status is Status.PASS and "intra-node P2P/IPC" in g.message
+
+
+def test_nccl_bound_to_an_interface_the_env_file_does_not_name_fails():
+    view = _nccl_view(["wrong_interface.log", "socket_fallback.log"])
+    (f,) = _node_findings(view, "n001")
+    assert f.status is Status.FAIL and "bound lo, not the interface the env file names (NCCL_SOCKET_IFNAME==eth1)" \
+        in f.message, f.message
+    assert _node_findings(view, "n002")[0].status is Status.PASS
+
+
+def test_nccl_gdr_disabled_where_gpudirect_should_work_fails_and_is_skipped_without_facts():
+    good = {"hcas": [{"name": "mlx5_0", "bdf": "0000:18:00.0"}], "peermem": "nvidia_peermem", "virtual": None,
+            "paths": [], "acs": {}}
+    view = _nccl_view(["ib_no_gdr.log", "ib_gdr.log"], env={"NCCL_SOCKET_IFNAME": "=eth1,ib0"}, gpudirect=good)
+    (f,) = _node_findings(view, "n001")
+    assert f.status is Status.FAIL and "GPUDirect RDMA disabled (mlx5_0,mlx5_1) although gpudirect: " \
+        "nvidia_peermem loaded" in f.message, f.message
+    (g,) = _node_findings(view, "n002")
+    assert g.status is Status.PASS and "GPUDirect RDMA enabled" in g.message and "P2P/CUMEM" in g.message
+    view = _nccl_view(["ib_no_gdr.log", "ib_gdr.log"], env={"NCCL_SOCKET_IFNAME": "=eth1,ib0"})
+    (f,) = _node_findings(view, "n001")
+    assert f.status is Status.PASS and "GPUDirect RDMA not judged: no gpudirect facts" in f.message
+    assert f.data["gdr_note"]
+
+
+def test_an_unreadable_nccl_log_is_an_error_not_a_pass():
+    view = _nccl_view(["warn_only.log", "ib_gdr.log"], env={"NCCL_SOCKET_IFNAME": "ib"})
+    (f,) = [x for x in ar.CHECK.rule(view) if x.node == "n001"]
+    assert f.status is Status.ERROR and "no 'NCCL INFO' line" in f.message
+
+
+@pytest.mark.parametrize("spec,name,ok", [
+    ("=eth1", "eth1", True), ("=eth1", "eth10", False), ("eth", "eth10", True), ("^docker,lo", "eth0", True),
+    ("^docker,lo", "docker0", False), (None, "lo", False), (None, "ens3", True), ("=eth1,ib0", "ib0", True)])
+def test_ifname_syntax(spec, name, ok):
+    assert ar.ifname_allows(spec, name) is ok
+
+
+def test_sku_profiles_warn_below_the_published_figure_above_the_fail_floor():
+    h100 = ar.sku_warn_level("nccl", 1, 8, "NVIDIA H100 80GB HBM3", None)
+    assert h100[0] == 368.0 and "460" in h100[1] and "alayanew" in h100[1]
+    assert ar.sku_warn_level("nccl", 2, 8, "NVIDIA H200", 3200)[0] == 320.0
+    assert ar.sku_warn_level("nccl", 2, 8, "NVIDIA H200", 1600) is None  # fewer NICs than it was measured with
+    assert ar.sku_warn_level("nccl", 4, 8, "NVIDIA B200", 3200)[0] == 320.0
+    assert "NVIDIA/nccl#778" in ar.sku_warn_level("nccl", 2, 8, "NVIDIA A100-SXM4-80GB", 1600)[1]
+    assert ar.sku_warn_level("gloo", 2, 0, None, None) is None
+    # 8x H100, one node at 340 GB/s busbw: above the 315 GB/s FAIL floor, below 80% of the published 460
+    t = GiB / (340e9 / ar.busbw_factor(8))
+    docs = eight_ranks_on(1, 8, [GiB], time_s=t)
+    f = the(ar.rule(cluster(docs, gpu_model="NVIDIA H100 80GB HBM3")))
+    assert f.status is Status.WARN and "below 368 GB/s" in f.message and f.data["warn_gbps"] == 368.0, f.message
+    docs = eight_ranks_on(1, 8, [GiB], time_s=GiB / (470e9 / ar.busbw_factor(8)))
+    assert the(ar.rule(cluster(docs, gpu_model="NVIDIA H100 80GB HBM3"))).status is Status.PASS
+
+
+# ------------------------------------------------------------------------- fleet judgement (rounds -> rule)
+
+
+def _node_round(figures, name="loopback", fraction=None):
+    rnd = {"name": name, "what": "two local ranks", "sizes": [4 * MiB],
+           "results": [{"nodes": [n], "busbw_gbps": bw, "best_gbps": bw, "failure": None} for n, bw in figures.items()]}
+    if fraction is not None:
+        rnd["slow_fraction"] = fraction
+    return rnd
+
+
+def test_no_threshold_a_healthy_fleet_passes_and_a_slow_node_is_named():
+    docs = eight_ranks_on(4, 1, ar_cpu_sizes(), backend="gloo")
+    even = {"n%03d" % i: 1.0 + 0.05 * i for i in range(1, 5)}
+    view = cluster(docs, gpus=0, node_rounds=[_node_round(even, "nvlink")])
+    (main,) = ar.CHECK.rule(view)
+    assert main.status is Status.PASS, main.message
+    assert "no absolute threshold set: judged against the fleet" in main.message
+    assert "node round nvlink at 4 MiB: every node within 20% of the fleet median" in main.message
+    slow = dict(even, n003=0.7)  # 33% below the median of the others: named at the default 20%
+    findings = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[_node_round(slow, "nvlink")]))
+    main = the(findings)
+    assert main.status is Status.FAIL and "node round nvlink at 4 MiB: n003" in main.message
+    n3 = the(findings, "n003")
+    assert n3.status is Status.FAIL and "alone (two local ranks): slow: busbw 0.70 GB/s" in n3.message
+    assert [f.node for f in findings if f.status is Status.FAIL] == [None, "n003"]
+    # the gloo loopback round is judged on completion only: a slow figure names nobody, a failure does
+    loose = dict(_node_round(slow), by_bandwidth=False)
+    assert [f.status for f in ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[loose]))] == [Status.PASS]
+    broken = dict(loose, results=loose["results"][:2] + [{"nodes": ["n003"], "busbw_gbps": None,
+                                                          "failure": "failed at 4 MiB (rank 0: boom)"}])
+    named = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[broken]))
+    assert [f.node for f in named if f.status is Status.FAIL] == [None, "n003"]
+
+
+def test_a_rank_slowest_at_most_sizes_is_named_a_straggler():
+    sizes = [KiB << i for i in range(6)]
+    docs = eight_ranks_on(4, 1, sizes, backend="gloo", slow={2: 1.6})
+    main = the(ar.rule(cluster(docs, gpus=0)))
+    assert "straggler: rank 2 (n003) slowest at 6 of 6 sizes, 1.6x the median rank" in main.message, main.message
+    assert main.data["straggler"]["node"] == "n003" and len(main.data["slowest_per_size"]) == 6
+    even = eight_ranks_on(4, 1, sizes, backend="gloo", slow={2: 1.1})
+    assert "straggler" not in the(ar.rule(cluster(even, gpus=0))).message  # within 20% of the median rank
+
+
+def test_half_the_fleet_slow_in_a_node_round_is_still_named_by_the_healthy_majority():
+    docs = eight_ranks_on(5, 1, ar_cpu_sizes(), backend="gloo")
+    figures = {"n001": 10.0, "n002": 10.2, "n003": 9.9, "n004": 4.0, "n005": 4.1}  # 2 of 5 slow
+    findings = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[_node_round(figures, "nic")]))
+    assert sorted(f.node for f in findings if f.node and f.status is Status.FAIL) == ["n004", "n005"]
+
+
+def test_a_failed_run_and_its_localization_print_one_cluster_verdict():
+    hung = {"status": "timeout", "stage": "size", "bytes": 2 * KiB, "error": "no progress"}
+    docs = eight_ranks_on(4, 1, [KiB], backend="gloo", status={r: hung for r in range(4)})
+    groups = [{"nodes": ["n001", "n003"], "busbw_gbps": 0.1, "failure": None},
+              {"nodes": ["n002", "n004"], "busbw_gbps": 0.1, "failure": None}]
+    view = cluster(docs, gpus=0, localization={"results": groups, "by_bandwidth": False})
+    cluster_findings = [f for f in ar.CHECK.rule(view) if f.node is None]
+    assert len(cluster_findings) == 1 and cluster_findings[0].status is Status.FAIL
+    assert "pair test: every group passed: no node stands out" in cluster_findings[0].message
+
+
+def test_a_stall_blames_no_rank_that_only_reported_the_reset():
+    reset = {"status": "error", "stage": "size", "bytes": 2 * MiB,
+             "error": "RuntimeError: Connection closed by peer [198.19.0.6]:57505. This is typically caused by a remote"}
+    stopped = {"status": "timeout", "stage": "size", "bytes": 2 * MiB, "error": "no progress within the op deadline (20 s)"}
+    status = {0: reset, 1: reset, 2: reset, 3: stopped}
+    docs = eight_ranks_on(4, 1, [MiB], backend="gloo", status=status)
+    findings = ar.rule(cluster(docs, gpus=0))
+    (main,) = findings  # no node finding: the ranks that saw the reset did not cause it
+    assert main.status is Status.FAIL and main.message.startswith(
+        "all-reduce stalled at 2 MiB: rank 3 (n004) made no progress within the 20 s op deadline"), main.message
+    assert "ranks 0-2 (n[001-003]) then lost the connection" in main.message
+
+
+def ar_cpu_sizes():
+    return [KiB, 4 * MiB]

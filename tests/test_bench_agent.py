@@ -247,3 +247,35 @@ def test_bad_config_and_missing_interpreter_still_return_a_document():
     doc = bench_agent.run(dict(config(free_port(), 1), python="/nonexistent/python3"))
     (r,) = doc["ranks"]
     assert r["status"] == "error" and r["stage"] == "init" and "cannot start /nonexistent/python3" in r["error"]
+
+
+def test_a_size_over_the_budget_ends_the_sweep_cleanly_on_every_rank():
+    port = free_port()
+    cfg = dict(config(port, 2, local=2), size_budget_s=1e-9)  # every next size is "too slow"
+    (doc,) = run_all((cfg,))
+    assert doc["error"] is None and doc["deadline"] is None, doc
+    for r in doc["ranks"]:
+        assert r["status"] == "ok" and r["exit"] == 0, r
+        assert [s["bytes"] for s in r["sizes"]] == SMALL[:1]
+        assert r["cut"]["bytes"] == SMALL[1] and r["cut"]["projected_s"] > r["cut"]["budget_s"] == 1e-9
+    assert_no_leftovers(doc)
+    (f,) = rule_over([doc], ["n001"])
+    assert "sweep stopped before 2 KiB" in f.message, f.message
+
+
+def test_nccl_debug_lines_are_kept_apart_from_the_error_tail():
+    log = ("n001:11:12 [0] NCCL INFO Bootstrap : Using eth1:198.19.0.3<0>\n"
+           "NCCL version 2.21.5+cuda12.4\n"
+           "n001:11:40 [0] NCCL INFO NET/Socket : Using [0]eth1:198.19.0.3<0>\n"
+           "n001:11:40 [0] NCCL INFO Using network Socket\n")
+    noise = "Traceback (most recent call last):\nRuntimeError: boom\n"
+    rank2 = bench_agent._Rank(1, 1)
+    rank2.add_stderr((log + noise).encode()[:33])
+    rank2.add_stderr((log + noise).encode()[33:])
+    rank2.add_stderr(b"", final=True)
+    assert rank2.nccl_log == log.rstrip("\n").split("\n")
+    assert rank2.last_stderr_line() == "RuntimeError: boom" and "NCCL" not in rank2.stderr_tail()
+    assert allreduce.parse_nccl_log("\n".join(rank2.nccl_log))["transport"] == "NET/Socket"
+    small = bench_agent._Rank(2, 2)
+    small.add_stderr((log * 2000).encode(), final=True)
+    assert 0 < small.nccl_bytes <= bench_agent.NCCL_LOG_MAX and small.nccl_log[0] == log.split("\n")[0]

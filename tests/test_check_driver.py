@@ -249,3 +249,12 @@ def test_rule_uses_system_nccl_without_wheel():
     f["nccl_system"] = [{"soname": "libnccl.so.2", "path": "/usr/lib/libnccl.so.2.19.3", "version": "2.19.3"}]
     found = driver.rule(view({"a": f}))
     assert "NCCL 2.19.3" in found[0].message
+
+
+def test_nccl_wheel_found_by_its_dist_info_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "missing"), str(tmp_path)])
+    assert driver._nccl_python() is None
+    (tmp_path / "nvidia_nccl_cu11-2.14.3.dist-info").mkdir()
+    assert driver._nccl_python() == {"distribution": "nvidia-nccl-cu11", "version": "2.14.3"}
+    (tmp_path / "nvidia_nccl_cu12-2.21.5.dist-info").mkdir()  # cu12 is looked for first
+    assert driver._nccl_python() == {"distribution": "nvidia-nccl-cu12", "version": "2.21.5"}

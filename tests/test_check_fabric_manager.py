@@ -83,10 +83,18 @@ def test_probe_on_nvswitch_node(tmp_path, monkeypatch, tree, show, version, want
     json.dumps(facts)
 
 
-def test_probe_without_nvswitch_does_not_ask_systemd(tmp_path, monkeypatch):
+def test_probe_without_nvswitch_asks_only_for_imex(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # neither systemctl nor nv-fabricmanager exists
     facts = fm.probe(NodeContext(sysfs_root=os.path.join(FIX, "sysfs", "pcie_h100")))
-    assert facts == {"nvswitches": [], "service": None, "service_error": None, "fm_version": None, "driver_version": "550.54.15"}
+    assert facts == {
+        "nvswitches": [],
+        "service": None,
+        "service_error": None,
+        "fm_version": None,
+        "driver_version": "550.54.15",
+        "imex": None,  # read for GB200/GB300 trays; judged only where the GPUs report fabric state
+        "imex_error": "systemctl not found",
+    }
 
 
 def test_probe_without_systemctl(tmp_path, monkeypatch):

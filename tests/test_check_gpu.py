@@ -15,6 +15,7 @@ from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
 from tests.builders import StubNode
 from tests.fixture_cases import fixture_dir, meta, read
+from tests.sim.gpu_hw import FakeNVML
 
 FIX = fixture_dir("gpu")
 GiB = 1 << 30
@@ -72,87 +73,11 @@ def test_wrong_root_is_a_parse_error():
 
 def test_unknown_link_state_is_a_parse_error():
     text = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-65a98dec-49a9-1ada-b55d-8ca4a509be39)\n\t Link 0: Degraded\n"
-    with pytest.raises(ParseError, match="unknown link state 'Degraded'"):
+    with pytest.raises(ParseError, match="line 2: 'Link 0: Degraded'"):
         gpu.parse_nvlink_status(text)
 
 
 # ------------------------------------------------------------------------------------------------- NVML
-
-
-class FakeNVMLError(Exception):
-    pass
-
-
-class FakeNVML:
-    """The pynvml calls facts_from_nvml makes, answered from a recorded JSON (tests/fixtures/gpu/nvml_*.json)."""
-
-    NVMLError = FakeNVMLError
-    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
-    NVML_VOLATILE_ECC = 0
-    NVML_AGGREGATE_ECC = 1
-    NVML_NVLINK_MAX_LINKS = 36
-
-    def __init__(self, answers: dict) -> None:
-        self.a = answers
-
-    @staticmethod
-    def c_nvmlGpuFabricInfo_t():
-        import pynvml
-
-        return pynvml.c_nvmlGpuFabricInfo_t()
-
-    def _get(self, handle, key):
-        value = self.a["devices"][handle][key]
-        if isinstance(value, dict) and "error" in value:
-            raise FakeNVMLError(value["error"])
-        return value
-
-    def nvmlSystemGetDriverVersion(self):
-        return self.a["nvmlSystemGetDriverVersion"]
-
-    def nvmlSystemGetCudaDriverVersion(self):
-        return self.a["nvmlSystemGetCudaDriverVersion"]
-
-    def nvmlDeviceGetCount(self):
-        return len(self.a["devices"])
-
-    def nvmlDeviceGetHandleByIndex(self, index):
-        dev = self.a["devices"][index]
-        if "nvmlDeviceGetHandleByIndex" in dev:
-            raise FakeNVMLError(dev["nvmlDeviceGetHandleByIndex"]["error"])
-        return index
-
-    def nvmlDeviceGetName(self, h):
-        return self._get(h, "nvmlDeviceGetName").encode()  # older pynvml returns bytes
-
-    def nvmlDeviceGetPciInfo(self, h):
-        class Pci:
-            busId = self._get(h, "nvmlDeviceGetPciInfo.busId").encode()
-
-        return Pci()
-
-    def nvmlDeviceGetTotalEccErrors(self, h, kind, counter):
-        assert kind == 1
-        return self._get(h, "nvmlDeviceGetTotalEccErrors(UNCORRECTED,%s)" % ("VOLATILE", "AGGREGATE")[counter])
-
-    def nvmlDeviceGetNvLinkState(self, h, link):
-        states = self._get(h, "nvmlDeviceGetNvLinkState")
-        if link >= len(states):
-            raise FakeNVMLError("NVML_ERROR_INVALID_ARGUMENT")
-        return states[link]
-
-    def nvmlDeviceGetGpuFabricInfo(self, h, ref):
-        answer = self._get(h, "nvmlDeviceGetGpuFabricInfo")
-        ref._obj.state = answer["state"]
-        ref._obj.status = answer["status"]
-
-    def nvmlErrorString(self, code):
-        return "error %d" % code
-
-    def __getattr__(self, name):
-        if name.startswith("nvmlDevice"):
-            return lambda h: self._get(h, name)
-        raise AttributeError(name)
 
 
 def nvml_answers() -> dict:
@@ -169,13 +94,13 @@ def test_nvml_and_nvidia_smi_produce_the_same_facts():
 
 def test_nvml_lost_gpu_and_fabric_error_and_hw_slowdown():
     answers = nvml_answers()
-    answers["devices"][2]["nvmlDeviceGetHandleByIndex"] = {"error": "GPU is lost"}
+    answers["devices"][2]["nvmlDeviceGetHandleByIndex"] = {"error": "NVML_ERROR_GPU_IS_LOST"}
     answers["devices"][5]["nvmlDeviceGetGpuFabricInfo"] = {"state": 3, "status": 9}
     answers["devices"][6]["nvmlDeviceGetCurrentClocksEventReasons"] = 0x8 | 0x40
     answers["devices"][7]["nvmlDeviceGetRemappedRows"] = [1, 2, 0, 1]
     facts = gpu.facts_from_nvml(FakeNVML(answers))
     assert facts["gpus"][2]["error"] == "GPU is lost" and facts["gpus"][2]["index"] == 2
-    assert facts["gpus"][5]["fabric"] == {"state": "Completed", "status": "error 9"}
+    assert facts["gpus"][5]["fabric"]["status"] == "Driver Not Loaded"
     assert facts["gpus"][6]["clock_events"] == ["hw_slowdown", "hw_thermal_slowdown"]
     assert facts["gpus"][7]["remapped_rows_failure"] is True
     messages = [f.message for f in run_rule(facts) if f.status is Status.FAIL]
@@ -222,6 +147,7 @@ def test_probe_reads_nvidia_smi_when_nvml_is_unavailable(tmp_path, monkeypatch, 
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % (tmp_path / "bin"))
     facts = gpu.probe(NodeContext(sysfs_root=str(tmp_path)))
     assert facts.pop("nvml_error") == "NVML Shared Library Not Found"
+    assert facts.pop("nvlink_unreadable") == []
     assert facts == with_links(expected("h100_hgx_550"), "h100_hgx_550")
     json.dumps(facts)  # facts travel as JSON
 
@@ -337,7 +263,7 @@ def test_rule_fails_gpu_that_lost_nvlinks():
     for g in facts["gpus"]:
         g["nvlink"] = links[g["uuid"]]
     found = by_status(run_rule(facts))
-    assert found == {Status.FAIL: ["GPU 2 (0000:3A:00.0): 16/18 NVLinks active (expected 18 like the other GPUs)"]}
+    assert found == {Status.FAIL: ["GPU 2 (0000:3A:00.0): 16/18 NVLinks active (expected 18 on NVIDIA H100 80GB HBM3)"]}
 
 
 def test_rule_fails_node_without_driver():
@@ -385,6 +311,7 @@ def test_sim_install_gpus_healthy_matches_the_recording(tmp_path, monkeypatch, n
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % node.bin_dir)
     facts = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
     facts.pop("nvml_error")
+    assert facts.pop("nvlink_unreadable") == []
     assert facts == with_links(expected("h100_hgx_550"), "h100_hgx_550")
     ctx = NodeContext(sysfs_root=node.sys_dir)
     assert ctx.run(["nvidia-smi", "--bogus"]).rc == 2
@@ -406,7 +333,7 @@ def test_sim_install_gpus_with_faults(tmp_path, monkeypatch, no_nvml):
         "7 GPUs visible (expected 8)",
         # positions shift after the missing GPU: recorded GPU 3 is now index 2
         "GPU 2 (0000:4E:00.0): 2 uncorrectable ECC errors since boot (expected 0)",
-        "GPU 4 (0000:90:00.0): 10/12 NVLinks active (expected 12 like the other GPUs)",
+        "GPU 4 (0000:90:00.0): 10/12 NVLinks active (expected 12 on NVIDIA A100-SXM4-80GB)",
         "GPU 5 (0000:B7:00.0): clocks throttled by hw_slowdown, hw_thermal_slowdown (expected none active)",
     ]
     assert found[Status.WARN] == ["GPU 2 (0000:4E:00.0): PCIe link Gen4 x8 (expected Gen4 x16)"]

@@ -44,6 +44,8 @@ BAD = [
     ("node-is-number-list", "nodes:\n  - [a, b]\n", 2, "host string or a mapping"),
     ("name-for-range", "nodes:\n  - host: gpu-[1-2]\n    name: one\n", 3, "name given for a range"),
     ("bad-proxy", 'defaults:\n  proxy_jump: "bastion;id"\nnodes: [a]\n', 2, "proxy_jump"),
+    ("slow-fraction-range", "cluster:\n  allreduce:\n    slow_fraction: 20\nnodes: [a]\n", 3, "slow_fraction must be"),
+    ("node-round-type", "cluster:\n  allreduce:\n    node_round: sometimes\nnodes: [a]\n", 3, "node_round must be"),
     ("xid-window-text", "cluster:\n  xid_window_s: one day\nnodes: [a]\n", 2, "xid_window_s must be a number"),
     ("xid-window-zero", "cluster:\n  xid_window_s: 0\nnodes: [a]\n", 2, "xid_window_s 0 is out of range"),
 ]

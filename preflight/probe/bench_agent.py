@@ -23,7 +23,9 @@ Config (built by the controller)::
       "sizes": [1024, 2048, ...],      # bytes per all-reduce, in sweep order (rounded down to float32)
       "warmup": 2, "iters": 5,
       "deadlines": {"init_s": 30, "op_s": 20, "total_s": 120, "kill_grace_s": 3, "fail_grace_s": 5},
-      "python": "/path/to/python"      # interpreter for the ranks; default sys.executable
+      "python": "/path/to/python",     # interpreter for the ranks; default sys.executable
+      "size_budget_s": 15,             # optional; default op_s * SIZE_BUDGET_FRACTION (see bench_worker)
+      "start_at": 1700000000.0         # optional: wall-clock time the ranks start timing (bench_worker)
     }
 
 Deadlines, layered (all measured on this node's monotonic clock):
@@ -61,7 +63,9 @@ Result document::
          "stderr_tail": "...",                           # last lines of the rank's stderr
          "import_s": 4.1, "init_s": 5.3,                 # seconds from the rank's start to "imported" and
                                                          # to "init_done" (null if it never got there)
-         "sizes": [{"bytes": 1024, "time_s": 1.2e-05, "ok": true, "min_s": ..., "max_s": ...}]}
+         "sizes": [{"bytes": 1024, "time_s": 1.2e-05, "ok": true, "min_s": ..., "max_s": ...}],
+         "cut": null | {"bytes": N, "took_s": .., "projected_s": .., "budget_s": ..},  # sweep ended early
+         "nccl_log": null | "..."}   # nccl: the rank's NCCL_DEBUG=INFO lines (first NCCL_LOG_MAX bytes)
       ]
     }
 
@@ -78,6 +82,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import signal
 import socket
@@ -91,6 +96,16 @@ WORKER_PATH = "preflight/probe/bench_worker.py"  # inside the probe bundle's zip
 
 DEFAULT_DEADLINES = {"init_s": 60.0, "op_s": 30.0, "total_s": 300.0, "kill_grace_s": 3.0, "fail_grace_s": 5.0}
 STDERR_TAIL = 4000
+#: A size may take at most this share of the op deadline (warm-up, timed iterations and check included):
+#: the ranks end the sweep before a size projected to take longer (the "cut" event).
+SIZE_BUDGET_FRACTION = 0.5
+#: NCCL_DEBUG=INFO output kept per rank (bytes, whole lines, from the start): enough for init and the
+#: connections of an 8-GPU node, bounded so 8 ranks cannot blow up the result document.
+NCCL_LOG_MAX = 48 * 1024
+#: With nccl the ranks always run under these (over the config's env): the lines
+#: checks.allreduce.parse_nccl_log reads are in the INIT, NET and ENV subsystems.
+NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV"}
+_NCCL_DEBUG_LINE = re.compile(rb"(?: NCCL INFO |^NCCL version )")
 
 EventHook = Callable[[Dict[str, Any], Dict[str, Any]], None]
 
@@ -112,6 +127,9 @@ class _Rank:
         self.last_progress = 0.0
         self.out = b""
         self.err = b""
+        self.err_line = b""  # an unfinished stderr line
+        self.nccl_log = []  # type: List[str]
+        self.nccl_bytes = 0
         self.open_fds = 0
         self.step = "import"
         self.init_done = False
@@ -125,6 +143,7 @@ class _Rank:
         self.arrived = None  # type: Optional[List[int]]
         self.import_s = None  # type: Optional[float]
         self.init_s = None  # type: Optional[float]
+        self.cut = None  # type: Optional[Dict[str, Any]]
 
     @property
     def settled(self) -> bool:
@@ -138,6 +157,23 @@ class _Rank:
             self.stage, self.bytes = "size", sizes[len(self.sizes)]
         else:
             self.stage, self.bytes = "finish", None
+
+    def add_stderr(self, chunk: bytes, final: bool = False) -> None:
+        """Split stderr into NCCL's debug lines (kept from the start, up to NCCL_LOG_MAX bytes: init and
+        network selection come first) and everything else (the tail is kept: the error comes last)."""
+        data = self.err_line + chunk
+        lines = data.split(b"\n")
+        self.err_line = b"" if final else lines.pop()
+        other = []
+        for line in lines:
+            if _NCCL_DEBUG_LINE.search(line):
+                if self.nccl_bytes + len(line) + 1 <= NCCL_LOG_MAX:
+                    self.nccl_log.append(line.decode("utf-8", "replace"))
+                    self.nccl_bytes += len(line) + 1
+            elif line or other:
+                other.append(line)
+        if other:
+            self.err = (self.err + b"\n".join(other) + b"\n")[-4 * STDERR_TAIL:]
 
     def stderr_tail(self) -> str:
         return self.err[-STDERR_TAIL:].decode("utf-8", "replace")
@@ -163,6 +199,8 @@ class _Rank:
             "import_s": self.import_s,
             "init_s": self.init_s,
             "sizes": self.sizes,
+            "cut": self.cut,
+            "nccl_log": "\n".join(self.nccl_log) if self.nccl_log else None,
         }
 
 
@@ -196,6 +234,8 @@ def _normalise(config: Dict[str, Any]) -> Dict[str, Any]:
     deadlines = dict(DEFAULT_DEADLINES)
     deadlines.update({k: float(v) for k, v in (cfg.get("deadlines") or {}).items()})
     cfg["deadlines"] = deadlines
+    budget = cfg.get("size_budget_s")
+    cfg["size_budget_s"] = float(deadlines["op_s"] * SIZE_BUDGET_FRACTION if budget is None else budget)
     cfg["env"] = {str(k): str(v) for k, v in (cfg.get("env") or {}).items()}
     cfg["python"] = cfg.get("python") or sys.executable
     return cfg
@@ -313,6 +353,9 @@ def _trap_signals() -> Callable[[], None]:
 def _rank_env(cfg: Dict[str, Any], rank: _Rank) -> Dict[str, str]:
     env = dict(os.environ)
     env.update(cfg["env"])
+    if cfg["backend"] == "nccl":
+        env.update(NCCL_DEBUG_ENV)  # what NCCL chose is part of the verdict (checks.allreduce)
+        env.pop("NCCL_DEBUG_FILE", None)  # the lines must come to us
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(
         {
@@ -340,6 +383,9 @@ def _spawn(cfg: Dict[str, Any], rank: _Rank, sel: selectors.BaseSelector) -> Non
         "iters": cfg["iters"],
         # torch's own timeout is only a backstop behind the agent's deadlines.
         "timeout_s": cfg["deadlines"]["total_s"] + 30,
+        # stop the sweep before a size that would run into the op deadline (see bench_worker)
+        "size_budget_s": cfg["size_budget_s"],
+        "start_at": cfg.get("start_at"),
     }
     rank.started = rank.last_progress = time.monotonic()
     try:
@@ -424,9 +470,11 @@ def _read(key, sel, sizes, on_event) -> None:
     if not chunk:
         sel.unregister(key.fileobj)
         rank.open_fds -= 1
+        if name == "err":
+            rank.add_stderr(b"", final=True)
         return
     if name == "err":
-        rank.err = (rank.err + chunk)[-4 * STDERR_TAIL:]
+        rank.add_stderr(chunk)
         return
     rank.out += chunk
     while b"\n" in rank.out:
@@ -457,6 +505,9 @@ def _on_event(rank: _Rank, event: Dict[str, Any], sizes: List[int]) -> None:
     elif kind == "size":
         entry = {k: v for k, v in event.items() if k not in ("event", "t")}
         rank.sizes.append(entry)
+        rank.last_progress = now
+    elif kind == "cut":
+        rank.cut = {k: v for k, v in event.items() if k not in ("event", "t")}
         rank.last_progress = now
     elif kind == "done":
         rank.done, rank.last_progress = True, now
@@ -545,8 +596,8 @@ def _drain_into(rank: _Rank, stream) -> None:
         data = os.read(stream.fileno(), 65536) if not stream.closed else b""
     except OSError:
         return
-    if stream is rank.proc.stderr and data:
-        rank.err = (rank.err + data)[-4 * STDERR_TAIL:]
+    if stream is rank.proc.stderr:
+        rank.add_stderr(data, final=True)
 
 
 def _signal(rank: _Rank, sig: int) -> None:

@@ -7,8 +7,8 @@ Started by bench_agent (one process per GPU, or one per CPU node) as
 (the probe bundle lives in memory on the node, so there is no file to point at; running it as a file
 works the same)
 with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and the configured NCCL_*/GLOO_* variables in
-its environment. The JSON config carries what the environment does not: backend, sizes, warmup, iters and
-the torch-side timeout (a backstop only: the agent's deadlines fire first and kill this process).
+its environment. The JSON config carries what the environment does not: backend, sizes, warmup, iters,
+start_at (optional: wall-clock time to start timing, see _wait_for_start) and the torch-side timeout (a backstop only: the agent's deadlines fire first and kill this process).
 
 Protocol: one JSON object per line on the *original* stdout (file descriptor 1 is re-pointed at stderr
 before torch is imported, so a library that prints cannot corrupt the stream):
@@ -19,6 +19,10 @@ before torch is imported, so a library that prints cannot corrupt the stream):
     {"event": "init_done", "t": ..., "pid": ...}       process group up and a first 1-element all-reduce done
     {"event": "size", "bytes": N, "time_s": median, "ok": true, "min_s": .., "max_s": .., "cpu_s": ..}
     {"event": "size", "bytes": N, ..., "ok": false, "expected": 3.0, "got": 2.0, "mismatches": 12}
+    {"event": "cut", "bytes": N, "took_s": .., "projected_s": .., "budget_s": ..}
+                                                       the sweep stops before size N: the size before it took
+                                                       took_s on the slowest rank, so N would take about
+                                                       projected_s, over size_budget_s (all ranks agree)
     {"event": "done", "t": ...}                        process group destroyed
     {"event": "error", "stage": "init"|"size"|"finish", "bytes": N|null, "error": "Type: message"}
 
@@ -28,6 +32,11 @@ much of time_s the rank spent copying and summing rather than waiting). No barri
 every rank times its own view, and the controller takes the slowest rank's median as the collective's
 time. The buffer is refilled with (rank + 1) before every iteration (outside the timed region) so values
 never grow toward overflow.
+
+Budget: with size_budget_s in the config, after each size the ranks agree (a MAX all-reduce of the
+seconds each spent on it) on how long the next, larger size would take, scaled by its byte count; when
+that is over the budget the sweep ends there ("cut") instead of running into the agent's op deadline.
+A slow link then ends as a slow, complete measurement, not as a killed rank and a connection reset.
 
 Correctness: after the timed iterations a freshly filled buffer is reduced once more and every element
 must equal world_size * (world_size + 1) / 2 (exact in float32 for any realistic world size).
@@ -181,12 +190,24 @@ def main(argv):
             watch.stop.set()
             watch.join(2.0)
             emit("arrived", ranks=list(range(world_size)))  # the group formed: everyone arrived
+        _wait_for_start(cfg.get("start_at"))
         emit("init_done", pid=os.getpid())
 
         expected = world_size * (world_size + 1) / 2.0
-        for nbytes in cfg["sizes"]:
+        sizes = list(cfg["sizes"])
+        budget = cfg.get("size_budget_s")
+        for i, nbytes in enumerate(sizes):
             state.update(stage="size", bytes=nbytes)
+            started = time.monotonic()
             emit("size", **_one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected))
+            if budget and i + 1 < len(sizes):
+                state.update(bytes=sizes[i + 1])
+                took = _slowest(torch, dist, device, gpu, time.monotonic() - started)
+                projected = took * sizes[i + 1] / float(nbytes)
+                if projected > float(budget):
+                    emit("cut", bytes=sizes[i + 1], took_s=round(took, 4), projected_s=round(projected, 3),
+                         budget_s=float(budget))
+                    break
 
         state.update(stage="finish", bytes=None)
         dist.destroy_process_group()
@@ -195,6 +216,32 @@ def main(argv):
     except BaseException as exc:  # noqa: B902 - report everything, including KeyboardInterrupt
         emit("error", stage=state["stage"], bytes=state["bytes"], error=_describe(exc))
         return 1
+
+
+#: The longest a rank waits for start_at (its agent's init deadline still bounds it).
+MAX_START_WAIT_S = 120.0
+
+
+def _wait_for_start(start_at):
+    """Groups measured side by side (the node and pair rounds) start timing together at the wall-clock
+    time start_at, once every group has imported torch and formed: a group still importing must not
+    steal the CPU from one being timed. Nodes' clocks agree to well under a second (the ssh check judges
+    skew); a rank already late starts at once."""
+    if not start_at:
+        return
+    wait = float(start_at) - time.time()
+    if wait > 0:
+        time.sleep(min(wait, MAX_START_WAIT_S))
+
+
+def _slowest(torch, dist, device, gpu, seconds):
+    """The largest of every rank's `seconds` (a 1-element MAX all-reduce): all ranks get the same value,
+    so all of them take the same decision about the next size."""
+    t = torch.tensor([float(seconds)], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if gpu:
+        torch.cuda.synchronize()
+    return float(t.item())
 
 
 def _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected):

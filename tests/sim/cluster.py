@@ -713,6 +713,15 @@ class SimCluster:
         self._push_undo(node, lambda: _ip_batch(["link set %s mtu %d" % (node.data_veth, DATA_MTU)],
                                                 ns=self.switch_ns))
 
+    def throttle(self, node: NodeRef, rate: str = "8mbit", burst: str = "32kb", latency: str = "400ms") -> None:
+        """The node's data link slows to `rate` (a token-bucket filter on its eth1, egress): the link
+        stays up and every packet arrives, only late, like a NIC that trained down or a congested port."""
+        node = self.node(node)
+        subprocess.run(["ip", "netns", "exec", node.ns, "tc", "qdisc", "replace", "dev", "eth1", "root", "tbf",
+                        "rate", rate, "burst", burst, "latency", latency], check=True, capture_output=True)
+        self._push_undo(node, lambda: subprocess.run(
+            ["ip", "netns", "exec", node.ns, "tc", "qdisc", "del", "dev", "eth1", "root"], capture_output=True))
+
     def hold_port(self, node: NodeRef, port: int, addr: str = "0.0.0.0") -> int:
         """A real TCP listener on addr:port inside the node (until stop/heal); returns its pid."""
         node = self.node(node)

@@ -8,6 +8,7 @@ node's sessions must set ``PREFLIGHT_NVML=off`` for the probes to read the simul
     install_gpus(node, "h100", count=8, faults={3: "ecc", 5: ["pcie_width", "persistence_off"], 6: "missing"})
     install_nvswitches(node)                       # 4 NVSwitch PCI functions (6 for profile="a100")
     install_fabric_manager(node, active=False)     # failed service; H100 GPUs then report fabric In Progress
+    install_gpus(node, "gb200", count=4); install_imex(node, "not_found")   # a GB200 tray without IMEX
     set_driver_version(node, "535.129.03")         # a driver outlier (fabric manager keeps its version)
     inject_kernel_log(node, "NVRM: Xid (PCI:0000:3a:00): 79, GPU has fallen off the bus.")   # journalctl -k line
     install_nccl(node, "2.21.5")                   # ldconfig -p listing libnccl.so.2 -> libnccl.so.2.21.5
@@ -33,6 +34,14 @@ PROFILES: Dict[str, Dict[str, Any]] = {
         "gpu_device": "0x2330",
         "nvswitch_device": "0x22a3",
         "nvswitches": 4,
+    },
+    "gb200": {  # a GB200 compute tray: no NVSwitch PCI function, GPUs on the rack's NVLink fabric
+        "xml": "gpu/gb200_tray_570.xml",
+        "nvlink": "gpu/gb200_tray_570.nvlink.txt",
+        "driver": "570.133.20",
+        "gpu_device": "0x2941",
+        "nvswitch_device": None,
+        "nvswitches": 0,
     },
     "a100": {
         "xml": "gpu/a100_hgx_535.xml",
@@ -90,8 +99,9 @@ def install_gpus(node: Any, profile: str = "h100", count: int = 8, faults: Fault
     """A fake nvidia-smi printing the recorded HGX output with `count` GPUs, plus the GPUs' sysfs entries."""
     if profile not in PROFILES:
         raise ValueError("profile %r: expected one of %s" % (profile, ", ".join(sorted(PROFILES))))
-    if not 0 < count <= 8:
-        raise ValueError("count %d: the recorded HGX outputs hold 1 to 8 GPUs" % count)
+    recorded = len(_GPU_BLOCK.findall(_read(PROFILES[profile]["xml"])))
+    if not 0 < count <= recorded:
+        raise ValueError("count %d: the recorded %s output holds 1 to %d GPUs" % (count, profile, recorded))
     normalised: Dict[int, List[str]] = {}
     for index, spec in (faults or {}).items():
         names = [spec] if isinstance(spec, str) else list(spec)
@@ -199,6 +209,27 @@ def install_fabric_manager(node: Any, active: bool = True, version: Optional[str
     if state is not None:
         state["fabric_stuck"] = not active
         _render(node)
+
+
+def install_imex(node: Any, state: str = "active") -> None:
+    """A systemctl answering `show nvidia-imex` (state "active" or "not_found": package missing), as on a
+    GB200/GB300 tray; other units get systemctl's error."""
+    show = _read("fabric_manager/imex_systemctl_show_%s.txt" % state)
+    node.install_executable(
+        "systemctl",
+        "#!/bin/sh\n"
+        "# systemctl (preflight simulator): answers for nvidia-imex only, from tests/fixtures\n"
+        'case "$1 $2" in\n'
+        '  "show nvidia-imex"|"show nvidia-imex.service")\n'
+        "    cat <<'PREFLIGHT_EOF'\n%s"
+        "PREFLIGHT_EOF\n"
+        "    ;;\n"
+        "  *)\n"
+        '    echo "systemctl (preflight simulator): no recorded answer for: $*" >&2\n'
+        "    exit 1\n"
+        "    ;;\n"
+        "esac\n" % show,
+    )
 
 
 def install_nccl(node: Any, version: str = "2.21.5") -> str:
@@ -313,3 +344,188 @@ def _sysfs_bdf(bus_id: str) -> str:
     """00000000:4E:00.0 (nvidia-smi) -> 0000:4e:00.0 (sysfs)."""
     domain, rest = bus_id.split(":", 1)
     return ("%s:%s" % (domain[-4:], rest)).lower()
+
+
+# ------------------------------------------------------------------------------------------ fake NVML
+#
+# The pynvml calls checks/gpu.py makes, answered from a recorded JSON (tests/fixtures/gpu/nvml_*.json).
+# It behaves as pynvml over libnvidia-ml does where it matters to the probe:
+#   - errors are NVMLError with .value = the nvmlReturn_t code (nvml.h), str() = nvmlErrorString's text;
+#     a function the driver lacks raises NVML_ERROR_FUNCTION_NOT_FOUND (pynvml's _nvmlGetFunctionPointer);
+#   - nvmlDeviceGetGpuFabricInfo writes raw bytes into the caller's buffer at nvml.h's offsets, as the C
+#     library does, so a ctypes structure with another layout reads other values;
+#   - an answer {"block": true} never returns (a call wedged in the kernel), until release().
+
+import ctypes
+import struct
+import threading
+
+#: nvmlReturn_t (nvml.h) -> nvmlErrorString text
+NVML_ERRORS = {
+    2: "Invalid Argument",
+    3: "Not Supported",
+    6: "Not Found",
+    9: "Driver Not Loaded",
+    13: "Function Not Found",
+    14: "Corrupted infoROM",
+    15: "GPU is lost",
+    999: "Unknown Error",
+}
+_NAMES = {
+    "NVML_ERROR_INVALID_ARGUMENT": 2,
+    "NVML_ERROR_NOT_SUPPORTED": 3,
+    "NVML_ERROR_NOT_FOUND": 6,
+    "NVML_ERROR_DRIVER_NOT_LOADED": 9,
+    "NVML_ERROR_FUNCTION_NOT_FOUND": 13,
+    "NVML_ERROR_CORRUPTED_INFOROM": 14,
+    "NVML_ERROR_GPU_IS_LOST": 15,
+    "NVML_ERROR_UNKNOWN": 999,
+}
+
+
+class FakeNVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return NVML_ERRORS.get(self.value, "Unknown Error")
+
+
+class Pre13615FabricInfo(ctypes.Structure):
+    """pynvml.c_nvmlGpuFabricInfo_t as nvidia-ml-py declared it before 13.615: clusterUuid 80 bytes (wrong)."""
+
+    _fields_ = [
+        ("clusterUuid", ctypes.c_char * 80),
+        ("status", ctypes.c_uint),
+        ("cliqueId", ctypes.c_uint),
+        ("state", ctypes.c_uint),
+    ]
+
+
+def fabric_bytes(answer: Dict[str, Any]) -> bytes:
+    """nvmlGpuFabricInfo_t as the C library fills it (nvml.h, R535-R580):
+
+        unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN /* 16 */];  offset 0
+        nvmlReturn_t  status;                                          offset 16
+        unsigned int  cliqueId;                                        offset 20
+        nvmlGpuFabricState_t state;  /* unsigned char */               offset 24, then 3 bytes padding: 28
+    """
+    uuid = bytes.fromhex(answer.get("clusterUuid", "0" * 32).replace("-", ""))
+    return struct.pack("<16sIIB3x", uuid, answer["status"], answer.get("cliqueId", 0), answer["state"])
+
+
+class FakeNVML:
+    NVMLError = FakeNVMLError
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    NVML_VOLATILE_ECC = 0
+    NVML_AGGREGATE_ECC = 1
+    NVML_NVLINK_MAX_LINKS = 18
+    c_nvmlGpuFabricInfo_t = Pre13615FabricInfo
+
+    def __init__(self, answers: Dict[str, Any]) -> None:
+        self.a = answers
+        self.calls: List[str] = []
+        self._released = threading.Event()
+
+    def release(self) -> None:
+        """Let every blocked call return (NVML_ERROR_UNKNOWN), so a test leaves no thread behind."""
+        self._released.set()
+
+    def _answer(self, value: Any) -> Any:
+        if isinstance(value, dict) and value.get("block"):
+            self._released.wait()
+            raise FakeNVMLError(999)
+        if isinstance(value, dict) and "error" in value:
+            raise FakeNVMLError(_NAMES[value["error"]])
+        return value
+
+    def _top(self, key: str) -> Any:
+        self.calls.append(key)
+        return self._answer(self.a[key])
+
+    def _get(self, handle: int, key: str) -> Any:
+        self.calls.append(key)
+        dev = self.a["devices"][handle]
+        if key not in dev:  # not recorded: this driver has no such function
+            raise FakeNVMLError(13)
+        return self._answer(dev[key])
+
+    def nvmlInit(self) -> None:
+        if "nvmlInit" in self.a:
+            self._top("nvmlInit")
+
+    def nvmlShutdown(self) -> None:
+        return None
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self._top("nvmlSystemGetDriverVersion")
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return self._top("nvmlSystemGetCudaDriverVersion")
+
+    def nvmlDeviceGetCount(self) -> int:
+        if "nvmlDeviceGetCount" in self.a:
+            return self._top("nvmlDeviceGetCount")
+        return len(self.a["devices"])
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        dev = self.a["devices"][index]
+        if "nvmlDeviceGetHandleByIndex" in dev:
+            self._get(index, "nvmlDeviceGetHandleByIndex")
+        return index
+
+    def nvmlDeviceGetName(self, h: int) -> bytes:
+        return self._get(h, "nvmlDeviceGetName").encode()  # older pynvml returns bytes
+
+    def nvmlDeviceGetPciInfo(self, h: int) -> Any:
+        bus = self._get(h, "nvmlDeviceGetPciInfo.busId").encode()
+
+        class Pci:
+            busId = bus
+
+        return Pci()
+
+    def nvmlDeviceGetTotalEccErrors(self, h: int, kind: int, counter: int) -> int:
+        assert kind == 1
+        return self._get(h, "nvmlDeviceGetTotalEccErrors(UNCORRECTED,%s)" % ("VOLATILE", "AGGREGATE")[counter])
+
+    def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:
+        states = self._get(h, "nvmlDeviceGetNvLinkState")
+        if isinstance(states, list) and link >= len(states):
+            raise FakeNVMLError(2)  # past this GPU's last link
+        return states[link]
+
+    def _nvmlGetFunctionPointer(self, name: str) -> Any:
+        """The C entry point: returns an nvmlReturn_t instead of raising, writes into the caller's memory."""
+        if name != "nvmlDeviceGetGpuFabricInfo":
+            raise AssertionError("the fake library has no raw entry point %s" % name)
+
+        def c_function(h: int, pointer: Any) -> int:
+            try:
+                data = fabric_bytes(self._get(h, name))
+            except FakeNVMLError as exc:
+                return exc.value
+            ctypes.memmove(pointer, data, len(data))  # exactly what libnvidia-ml writes: 28 bytes
+            return 0
+
+        return c_function
+
+    def nvmlDeviceGetGpuFabricInfo(self, h: int, pointer: Any) -> int:
+        """pynvml's wrapper: the C function, raising on an error code."""
+        ret = self._nvmlGetFunctionPointer("nvmlDeviceGetGpuFabricInfo")(h, pointer)
+        if ret:
+            raise FakeNVMLError(ret)
+        return 0
+
+    def nvmlErrorString(self, code: int) -> str:
+        return NVML_ERRORS.get(code, "Unknown Error")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("nvmlDevice"):
+            return lambda h: self._get(h, name)
+        raise AttributeError(name)
+
+
+for _name, _code in _NAMES.items():
+    setattr(FakeNVML, _name, _code)

@@ -1,0 +1,70 @@
+"""Time to verdict of the all-reduce check on N simulated CPU nodes: two builds side by side, one cluster.
+
+    sudo .venv/bin/python benchmarks/allreduce_rounds.py --before /tmp/before   # 8 nodes, 2 repeats
+    sudo .venv/bin/python benchmarks/allreduce_rounds.py --before /tmp/before --throttle 3
+
+--before names a directory holding another build's `preflight` package with its checks at
+preflight/checks (e.g. `git archive main preflight checks | tar -x -C DIR && mv DIR/checks
+DIR/preflight/checks`); it runs as the controller through PYTHONPATH, and ships its own bench worker to
+the nodes in its bundle. "after" is this checkout. Both run `preflight check --only allreduce` on the
+same nodes, alternating, and the script prints each wall time, the verdict line and the ratio.
+--throttle N slows node N's data link (tc tbf, 8 Mbit/s) first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from tests.sim.cluster import SimCluster  # noqa: E402
+
+
+def run(cluster, inv, pythonpath, cwd):
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    out = "/tmp/allreduce_rounds_%d.json" % os.getpid()
+    t0 = time.monotonic()
+    proc = cluster.ctl([sys.executable, "-m", "preflight", "check", inv, "--only", "allreduce", "--no-progress",
+                        "--json", out], cwd=cwd, env=env, timeout=900)
+    wall = time.monotonic() - t0
+    with open(out) as fh:
+        doc = json.load(fh)
+    os.unlink(out)
+    verdicts = [(r["status"], r["node"], r["message"][:160]) for r in doc["results"] if r["check"] == "allreduce"]
+    return wall, proc.returncode, verdicts, (doc.get("allreduce") or {}).get("timings_s")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--before", required=True)
+    ap.add_argument("--nodes", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--throttle", type=int)
+    args = ap.parse_args()
+    with SimCluster(args.nodes, prefix="arrounds") as cluster:
+        if args.throttle:
+            cluster.throttle(args.throttle)
+        inv = cluster.inventory()
+        times = {"before": [], "after": []}
+        for i in range(args.repeats):
+            for label, path, cwd in (("before", args.before, "/tmp"), ("after", None, REPO)):
+                wall, rc, verdicts, timings = run(cluster, inv, path, cwd)
+                times[label].append(wall)
+                print("%-6s #%d  %.1f s  exit %d  %s" % (label, i + 1, wall, rc, json.dumps(timings)))
+                for v in verdicts:
+                    print("         %s %s %s" % v)
+        b, a = statistics.median(times["before"]), statistics.median(times["after"])
+        print("median time to verdict on %d nodes: before %.1f s, after %.1f s (after/before %.2f)" % (
+            args.nodes, b, a, a / b))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Record, on a real NVIDIA GPU machine, the outputs preflight's GPU-side parsers and rules have only seen
+# written by us (issue 12, issue 15), and check the NVML path against nvidia-smi there.
+#
+#   benchmarks/record_gpu_fixtures.sh [OUTDIR]        (default: ./gpu-capture-<hostname>-<date>)
+#
+# Run from the repository root with the project's interpreter (PYTHON=.venv/bin/python by default) on
+# an H100/H200/B200 (or any NVIDIA) node. It writes, and prints a summary of:
+#   nvidia_smi_q_x.xml           nvidia-smi -q -x (the gpu parser's input), with its wall time
+#   nvidia_smi_q_i0.txt          nvidia-smi -q -i 0 (its "Fabric" section is compared with our struct)
+#   fabric_struct_gpu0.txt       GPU 0's nvmlGpuFabricInfo_t read through checks/gpu.py's own structure
+#   nvidia_smi_nvlink_status.txt nvidia-smi nvlink --status; nvlink_counts.txt: per-GPU counts through
+#                                NVML and through the nvidia-smi parser, against the model's count
+#   probe_nvml.json, probe_smi.json, probe.diff   gpu probe facts through NVML and with PREFLIGHT_NVML=off
+#   driver_probe.json            driver probe facts (driver, CUDA, NCCL, torch versions)
+#   systemctl_show_nvidia-fabricmanager.{stdout,stderr,rc}, systemctl_show_nvidia-imex.{...}
+#   nv_fabricmanager_version.txt, proc_driver_version.txt, ldconfig_p.txt, lspci_nn.txt
+#   timing.txt                   nvidia-smi -q -x and each probe against the probe budget
+# The files are ours to commit as fixtures (tests/fixtures/<check>/, with a .json beside each naming the
+# command, the machine and the expected facts); see tests/fixtures/README.md.
+set -u
+PYTHON=${PYTHON:-.venv/bin/python}
+OUT=${1:-gpu-capture-$(hostname -s)-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT"
+PROPS=LoadState,ActiveState,SubState,Result,ExecMainCode,ExecMainStatus,UnitFileState,NRestarts
+
+now() { date +%s.%N; }
+took() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
+
+echo "# recording into $OUT" >&2
+uname -a > "$OUT/uname.txt"
+
+t0=$(now); nvidia-smi -q -x > "$OUT/nvidia_smi_q_x.xml" 2> "$OUT/nvidia_smi_q_x.stderr"; rc=$?; t1=$(now)
+echo "nvidia-smi -q -x rc=$rc wall_s=$(took "$t0" "$t1")" | tee "$OUT/timing.txt"
+nvidia-smi -q -i 0 > "$OUT/nvidia_smi_q_i0.txt" 2>&1
+nvidia-smi nvlink --status > "$OUT/nvidia_smi_nvlink_status.txt" 2>&1; echo $? > "$OUT/nvidia_smi_nvlink_status.rc"
+nvidia-smi topo -m > "$OUT/nvidia_smi_topo_m.txt" 2>&1
+for unit in nvidia-fabricmanager nvidia-imex; do
+  systemctl show "$unit" --property=$PROPS > "$OUT/systemctl_show_$unit.stdout" 2> "$OUT/systemctl_show_$unit.stderr"
+  echo $? > "$OUT/systemctl_show_$unit.rc"
+done
+nv-fabricmanager --version > "$OUT/nv_fabricmanager_version.txt" 2>&1
+cat /proc/driver/nvidia/version > "$OUT/proc_driver_version.txt" 2>&1
+ldconfig -p > "$OUT/ldconfig_p.txt" 2>&1
+lspci -nn > "$OUT/lspci_nn.txt" 2>&1
+
+# The Fabric section nvidia-smi prints for GPU 0, then the same structure read through our ctypes layout.
+sed -n '/^ *Fabric$/,/^ *[A-Z][A-Za-z ]*$/p' "$OUT/nvidia_smi_q_i0.txt" > "$OUT/nvidia_smi_fabric_gpu0.txt"
+"$PYTHON" - "$OUT" <<'EOF'
+import ctypes, json, os, sys, time
+out = sys.argv[1]
+from preflight.checks import gpu
+nvml, why = gpu.load_nvml()
+lines = []
+if nvml is None:
+    lines.append("NVML unavailable: %s" % why)
+else:
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    info = gpu.NvmlGpuFabricInfo()
+    try:
+        nvml.nvmlDeviceGetGpuFabricInfo(h, ctypes.pointer(info))
+        raw = bytes(bytearray(info.clusterUuid)).hex()
+        lines += ["state %d (%s)" % (info.state, gpu.FABRIC_STATES.get(info.state, "not supported")),
+                  "status %d (%s)" % (info.status, nvml.nvmlErrorString(info.status) if info.status else "Success"),
+                  "cliqueId %d" % info.cliqueId, "clusterUuid %s" % raw, "sizeof %d" % ctypes.sizeof(info)]
+    except nvml.NVMLError as exc:
+        lines.append("nvmlDeviceGetGpuFabricInfo: %s" % exc)
+    # NVLink counts: NVML per GPU against the model's count
+    counts = []
+    for i in range(nvml.nvmlDeviceGetCount()):
+        d = nvml.nvmlDeviceGetHandleByIndex(i)
+        g = gpu._empty_gpu(i)
+        name = gpu._text(nvml.nvmlDeviceGetName(d))
+        links = gpu._nvml_links(nvml, g, d)
+        counts.append("GPU %d %s: NVML %s, model %s, errors %s" % (i, name, links, gpu.model_nvlinks(name), g["query_errors"]))
+    with open(os.path.join(out, "nvlink_counts.txt"), "w") as fh:
+        fh.write("\n".join(counts) + "\n")
+        text = open(os.path.join(out, "nvidia_smi_nvlink_status.txt")).read()
+        fh.write("nvidia-smi parser: %r\n" % (gpu.read_nvlink_status(text),))
+with open(os.path.join(out, "fabric_struct_gpu0.txt"), "w") as fh:
+    fh.write("\n".join(lines) + "\n")
+EOF
+
+# The gpu probe through NVML and through nvidia-smi (PREFLIGHT_NVML=off), each timed, then diffed.
+probe() {  # $1: output file; environment decides the source
+  "$PYTHON" - "$1" <<'EOF'
+import json, sys, time
+from preflight.checks import gpu, driver
+from preflight.probe.context import NodeContext
+t = time.time(); facts = gpu.probe(NodeContext()); took = time.time() - t
+json.dump(facts, open(sys.argv[1], "w"), indent=1, sort_keys=True)
+print("gpu probe source=%s gpus=%d wall_s=%.3f" % (facts.get("source"), len(facts.get("gpus") or []), took))
+EOF
+}
+probe "$OUT/probe_nvml.json" | tee -a "$OUT/timing.txt"
+PREFLIGHT_NVML=off probe "$OUT/probe_smi.json" | tee -a "$OUT/timing.txt"
+"$PYTHON" - "$OUT" <<'EOF' > "$OUT/probe.diff"
+import json, os, sys
+out = sys.argv[1]
+a = json.load(open(os.path.join(out, "probe_nvml.json")))
+b = json.load(open(os.path.join(out, "probe_smi.json")))
+def walk(x, y, path):
+    if isinstance(x, dict) and isinstance(y, dict):
+        for k in sorted(set(x) | set(y)):
+            walk(x.get(k, "<absent>"), y.get(k, "<absent>"), path + "." + k)
+    elif isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+        for i, (p, q) in enumerate(zip(x, y)):
+            walk(p, q, "%s[%d]" % (path, i))
+    elif x != y:
+        print("%s: nvml=%r smi=%r" % (path, x, y))
+walk(a, b, "facts")
+EOF
+echo "probe facts differing between NVML and nvidia-smi: $(wc -l < "$OUT/probe.diff") (see probe.diff)"
+"$PYTHON" - "$OUT/driver_probe.json" <<'EOF' | tee -a "$OUT/timing.txt"
+import json, sys, time
+from preflight.checks import driver
+from preflight.probe.context import NodeContext
+t = time.time(); facts = driver.probe(NodeContext()); took = time.time() - t
+json.dump(facts, open(sys.argv[1], "w"), indent=1, sort_keys=True)
+print("driver probe source=%s wall_s=%.3f" % (facts.get("driver_source"), took))
+EOF
+"$PYTHON" -c "from preflight.checks import gpu; print('probe budget: probe_timeout_s 30 (runner default), NVML_BUDGET_S %g, nvidia-smi -q -x timeout 60' % gpu.NVML_BUDGET_S)" | tee -a "$OUT/timing.txt"
+echo "--- fabric: nvidia-smi -q -i 0 vs our struct"; cat "$OUT/nvidia_smi_fabric_gpu0.txt" "$OUT/fabric_struct_gpu0.txt"
+echo "--- NVLink"; cat "$OUT/nvlink_counts.txt" 2>/dev/null
+echo "# done: $OUT" >&2
