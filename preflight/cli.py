@@ -59,6 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     _common(env)
     env.add_argument("--with-allreduce", action="store_true", help="also prove the env with the all-reduce test")
 
+    node = sub.add_parser("node", help="this machine alone, fast, log lines and exit code (Slurm HealthCheckProgram / Prolog)")
+    node.add_argument("--only", type=_names, metavar="NAMES", help="run only these checks (comma-separated)")
+    node.add_argument("--skip", type=_names, default=[], metavar="NAMES", help="skip these checks (comma-separated)")
+    node.add_argument("--gpus-per-node", type=int, metavar="N", help="GPUs this machine should have (default: what the driver registered)")
+    node.add_argument("--json", metavar="PATH", help="write the JSON report to PATH ('-' = stdout; the lines then go to stderr)")
+    node.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline for the probes (default 60; a hung probe is then an error)")
+    node.add_argument("--debug", action="store_true", help="log details to stderr")
+
     checks = sub.add_parser("checks", help="list every check with its claim")
     checks.add_argument("--markdown", action="store_true", help="print README.md's check table (claim, why, fix)")
 
@@ -95,6 +103,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _cmd_checks(args.markdown)
         if args.command == "diff":
             return _cmd_diff(args)
+        if args.command == "node":
+            from preflight import nodecheck
+
+            return nodecheck.run(args)
         if args.command in ("check", "env"):
             return _cmd_check(args)
         parser.print_help(sys.stderr)
@@ -206,11 +218,22 @@ def _cmd_check(args: argparse.Namespace) -> int:
         raise UsageError("--parallel must be at least 1", "e.g. -j 64")
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError("--timeout must be positive", "give seconds, e.g. --timeout 30")
-    if (getattr(args, "drain", False) or getattr(args, "resume", False)) and not getattr(args, "slurm", False):
+    acting = getattr(args, "drain", False) or getattr(args, "resume", False)
+    if acting and not getattr(args, "slurm", False) and not args.inventory:
         raise UsageError("--drain/--resume act on Slurm nodes", "add --slurm")
     if not 0 <= getattr(args, "max_drain_fraction", 0.2) <= 1:
         raise UsageError("--max-drain-fraction must be between 0 and 1", "e.g. --max-drain-fraction 0.2")
     inv = _load_inventory(args)
+    if acting and inv.transport != "slurm":
+        raise UsageError("--drain/--resume act on Slurm nodes; %s uses transport %s" % (inv.path, inv.transport),
+                         "add `transport: slurm` under `cluster:` in it (Slurm node names), or use --slurm")
+    if acting and inv.allocation is None:
+        from preflight import common, slurm
+
+        # the inventory's nodes, allocated now (as the transport would), with --resume's recheck of the
+        # nodes preflight drained: a drained node cannot be allocated otherwise
+        recheck = getattr(args, "resume", False) and not getattr(args, "dry_run", False)
+        inv.allocation = slurm.allocate(nodelist=common.fold([s.name for s in inv.nodes]), recheck_ours=recheck)
     try:
         return _check_inventory(args, inv)
     finally:
@@ -278,6 +301,9 @@ def _drain(args: argparse.Namespace, inv: Any, result: Any, console: Any) -> Non
     for node, old in held.items():  # resumed only to be checked: back to drain unless it passed and --resume
         if node not in plan.resume:
             plan.drain[node] = drain.reason_for(worst[node]) if node in worst else old
+    # the ones that passed were resumed inside the recheck reservation already: a second resume is an
+    # invalid transition (IDLE to RESUME) that scontrol rejects
+    plan.resumed_already = [n for n in plan.resume if n in held]
     for line in plan.lines():
         console.print(line, markup=False, highlight=False)
     if args.dry_run:
