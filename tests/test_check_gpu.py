@@ -6,14 +6,13 @@ import copy
 import glob
 import json
 import os
-import stat
 
 import pytest
 
 from preflight.checks import gpu
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
-from tests.builders import StubNode
+from tests.builders import StubNode, fake_nvidia_smi
 from tests.fixture_cases import fixture_dir, meta, read
 from tests.sim.gpu_hw import FakeNVML
 
@@ -111,19 +110,6 @@ def test_nvml_lost_gpu_and_fabric_error_and_hw_slowdown():
 # ------------------------------------------------------------------------------------------------ probe
 
 
-def fake_nvidia_smi(bindir, xml_path=None, nvlink_path=None, rc=0):
-    os.makedirs(bindir, exist_ok=True)
-    path = os.path.join(bindir, "nvidia-smi")
-    with open(path, "w") as fh:
-        fh.write(
-            "#!/bin/sh\n"
-            'case "$*" in\n'
-            '  "-q -x") cat "%s"; exit %d ;;\n'
-            '  "nvlink --status") %s ;;\n'
-            '  *) echo "unexpected arguments: $*" >&2; exit 2 ;;\n'
-            "esac\n" % (xml_path, rc, 'cat "%s"' % nvlink_path if nvlink_path else "exit 3")
-        )
-    os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
 
 
 @pytest.fixture
