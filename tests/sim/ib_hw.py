@@ -167,7 +167,8 @@ def install_hcas(
     specs = list(ports) if ports is not None else [PortSpec()]
     for rel, text in sorted(cluster_files(specs, first).items()):
         node.write_sys(rel, text)
-    if not os.path.exists(os.path.join(node.bin_dir, "journalctl")):
+    bin_dir = getattr(node, "bin_dir", None)  # a sysfs-only stand-in has no PATH to present
+    if bin_dir and not os.path.exists(os.path.join(bin_dir, "journalctl")):
         # ib_errors reads the kernel log for link flaps: a simulated node never shows it the host's own log
         node.install_executable(
             "journalctl",
