@@ -6,7 +6,10 @@ one per node with gloo on CPU nodes), rendezvousing at the head's data-plane add
 Deadlines are layered: the agents enforce init / per-operation / total deadlines and always answer;
 the controller's outer deadline kills the remote process group of an agent that does not.
 
-When the whole-cluster run hangs, fails or is slow and no node stands out, the nodes are tested in disjoint
+On CPU nodes (gloo) the whole-cluster run also times rotations of disjoint node pairs once its sweep is done,
+in the same rank processes (benchplan.pair_rotations, bench_worker._pair_phase): the fleet judgement of a
+healthy cluster costs no second launch and no second torch import; rounds run only for what they leave
+undecided. When the whole-cluster run hangs, fails or is slow and no node stands out, the nodes are tested in disjoint
 pairs, then suspects beside known-good nodes (preflight.benchplan.localize), so the report names the node to
 exclude. The rounds re-run only the size the first run stopped at (or its verdict size), under deadlines
 derived from what the first run measured (preflight.benchplan.localization_plan, round_deadlines): a hang is
@@ -254,6 +257,9 @@ def _slowest_start(docs: Dict[str, Dict[str, Any]]) -> Dict[str, Optional[float]
     for key in ("import_s", "init_s"):
         values = [e.get(key) for e in entries]
         out["slowest_" + key] = max(values) if values and None not in values else None
+    pairs = [e["pairs_s"] for e in entries if e.get("pairs_s") is not None]
+    if pairs:  # the in-process pair rotations (part of run_s)
+        out["slowest_pairs_s"] = max(pairs)
     return out
 
 

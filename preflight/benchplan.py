@@ -10,7 +10,8 @@ outer_deadline() how long the controller waits for one agent.
 Localization (pure planning; the controller runs the rounds): plan_pairs() puts every node in one
 disjoint pair (a triple when the count is odd) for round 1; plan_suspects() pairs each node of a failing
 group with a node that passed; verdict_localization() names the nodes to exclude. localize() drives it,
-at most MAX_ROUNDS rounds. localization_plan() says whether the rounds can add anything after the whole-
+at most MAX_ROUNDS rounds, starting from the in-process pair rotations when the whole-cluster run timed them
+(pair_rotations(), pair_spec(), pair_results(): gloo). localization_plan() says whether the rounds can add anything after the whole-
 cluster run and which single size they run; round_deadlines() keeps their deadlines to what it measured.
 """
 

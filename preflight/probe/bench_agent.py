@@ -70,7 +70,8 @@ Result document::
          "cut": null | {"bytes": N, "took_s": .., "projected_s": .., "budget_s": ..},  # sweep ended early
          "nccl_log": null | "...",   # nccl: the rank's NCCL_DEBUG=INFO lines (first NCCL_LOG_MAX bytes)
          "pairs": null | [{"rotation": 0, "ranks": [0, 4], "bytes": N, "time_s": .., "min_s": .., "ok": true}],
-         "pairs_error": null | "..."}  # the pair phase failed or hung; the sweep's results (status) stand
+         "pairs_error": null | "...",  # the pair phase failed or hung; the sweep's results (status) stand
+         "pairs_s": null | 1.9}        # seconds from the pair phase's start to its end
       ]
     }
 
@@ -152,6 +153,8 @@ class _Rank:
         self.pairs = []  # type: List[Dict[str, Any]]
         self.pairs_state = None  # type: Optional[str]  # "running" after pairs_start, "done" after pairs_done
         self.pairs_error = None  # type: Optional[str]
+        self.pairs_t0 = None  # type: Optional[float]
+        self.pairs_s = None  # type: Optional[float]
 
     @property
     def settled(self) -> bool:
@@ -211,6 +214,7 @@ class _Rank:
             "nccl_log": "\n".join(self.nccl_log) if self.nccl_log else None,
             "pairs": self.pairs if self.pairs_state else None,
             "pairs_error": self.pairs_error,
+            "pairs_s": self.pairs_s,
         }
 
     def settle_in_pairs(self, why: str) -> bool:
@@ -530,12 +534,13 @@ def _on_event(rank: _Rank, event: Dict[str, Any], sizes: List[int]) -> None:
         rank.cut = {k: v for k, v in event.items() if k not in ("event", "t")}
         rank.last_progress = now
     elif kind == "pairs_start":
-        rank.pairs_state, rank.last_progress = "running", now
+        rank.pairs_state, rank.last_progress, rank.pairs_t0 = "running", now, now
     elif kind == "pair":
         rank.pairs.append({k: v for k, v in event.items() if k not in ("event", "t")})
         rank.last_progress = now
     elif kind in ("pairs_done", "pairs_error"):
         rank.pairs_state, rank.last_progress = "done", now
+        rank.pairs_s = round(now - rank.pairs_t0, 3) if rank.pairs_t0 is not None else None
         if kind == "pairs_error":
             rank.pairs_error = str(event.get("error") or "unknown error")
     elif kind == "done":
