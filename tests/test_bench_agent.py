@@ -299,3 +299,21 @@ def test_pair_rotations_run_in_the_same_processes_after_the_sweep():
     groups = benchplan.pair_results(per_node, configs, rotations)
     assert [g["nodes"] for g in groups] == [["n001", "n003"], ["n002", "n004"], ["n001", "n004"], ["n002", "n003"]]
     assert all(g["failure"] is None and g["busbw_gbps"] > 0 and g["best_gbps"] >= g["busbw_gbps"] for g in groups), groups
+
+
+def test_a_failing_pair_phase_leaves_the_sweep_standing_and_says_why():
+    # a group naming a rank outside the world: torch refuses it on every rank, in the pair phase
+    port = free_port()
+    (doc,) = run_all((dict(config(port, 2, local=2), pairs={"rotations": [[[0, 7]]], "iters": 3}),))
+    for r in doc["ranks"]:
+        assert r["status"] == "ok" and [s["bytes"] for s in r["sizes"]] == SMALL, r
+        assert r["pairs"] == [] and r["pairs_error"] and r["pairs_error"].startswith("ValueError"), r
+    assert doc["deadline"] is None
+    assert_no_leftovers(doc)
+    per_node = {"n001": dict(doc, ranks=[doc["ranks"][0]]), "n002": dict(doc, ranks=[doc["ranks"][1]])}
+    configs = {"n001": {"rank_offset": 0, "local_world_size": 1}, "n002": {"rank_offset": 1, "local_world_size": 1}}
+    (group,) = benchplan.pair_results(per_node, configs, [[["n001", "n002"]]])
+    assert "pair test did not complete (ValueError" in group["failure"], group
+    # the rule judges the sweep as if there had been no pair phase
+    (f,) = rule_over([per_node["n001"], per_node["n002"]], ["n001", "n002"])
+    assert f.status is Status.WARN and "no threshold applies" in f.message

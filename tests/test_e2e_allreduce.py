@@ -88,6 +88,9 @@ def assert_healthy(doc, n, node_round=False):
     else:  # every node judged against the fleet: pairs (and the node round below) name nobody
         assert loc["exclude"] == [] and loc["by_bandwidth"] and loc["groups"], loc
         assert "pair test: every group passed: no node stands out" in main["message"], main["message"]
+        # the pairs rode on the whole-cluster run: every node beside min(3, n - n/2) partners, no second launch
+        assert loc["in_process_rotations"] == min(benchplan.PAIR_ROTATIONS, n - n // 2) and loc["rounds"] == 0, loc
+        assert len(loc["groups"]) == (n // 2) * loc["in_process_rotations"], loc
     if node_round:  # every node alone, two local ranks: each completes and gets its own figure
         (rnd,) = section["node_rounds"]
         assert rnd["name"] == "loopback" and rnd["named"] == [] and sorted(rnd["nodes"]) == section["nodes"], rnd
@@ -170,6 +173,8 @@ def test_a_throttled_data_link_is_named_slow_by_the_fleet_with_no_threshold(sim_
     assert main["message"].startswith("all-reduce busbw ") and "sweep stopped before" in main["message"], main
     assert "Connection" not in main["message"] and "no absolute threshold set: judged against the fleet" in main["message"]
     assert section["localization"]["exclude"] == ["n003"], section["localization"]
+    # named from the in-process rotations alone: slow beside both its partners, who passed beside others
+    assert section["localization"]["in_process_rotations"] == 2 and section["localization"]["rounds"] == 0
     (named,) = [r for r in allreduce_results(doc, "fail") if r["node"] is not None]
     assert named["node"] == "n003" and "slow: busbw" in named["message"] and "below the fleet median" in named["message"]
     report_time("4 nodes, n003's data link throttled, no threshold", wall, section)
