@@ -21,6 +21,7 @@ import io
 import json
 import marshal
 import os
+import re
 import shlex
 import threading
 import zipfile
@@ -176,22 +177,44 @@ def remote_command(python: str) -> str:
     return "echo preflight-pid $$; exec %s -c %s" % (shlex.quote(python), shlex.quote(BOOTSTRAP))
 
 
+_PID_RE = re.compile(rb"preflight-pid (\d+)$")
+_CLOCK_RE = re.compile(rb"preflight-clock (\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)$")
+_RESULT_MARK = b"preflight-result "
+_PART_MARK = b"preflight-part "
+
+
 def parse_output(stdout: bytes) -> Dict[str, Any]:
-    """The protocol lines found in a run's stdout: pid, clock, result (each may be missing)."""
+    """The protocol lines found in a run's stdout: pid, clock, result (each may be missing).
+
+    A protocol line is found anywhere in a line, not only at its start: a node's shell start-up file
+    that prints without a trailing newline ("Welcome" + "preflight-pid 123") must not hide the pid
+    (the hung process would outlive the run) or the clock (the clock-skew check would go blind). Only
+    complete lines count (a result cut off mid-line is no result), and a result line that is not JSON
+    is ignored, so a connection dropped mid-line is "no result", never a crash.
+    """
     found: Dict[str, Any] = {}
-    parts: List[str] = []
-    for raw in stdout.split(b"\n"):
-        line = raw.decode("utf-8", "replace")
-        if line.startswith("preflight-pid ") and line[14:].strip().isdigit():
-            found["pid"] = int(line[14:])
-        elif line.startswith("preflight-clock "):
+    parts: List[bytes] = []
+    for raw in stdout.split(b"\n")[:-1] if not stdout.endswith(b"\n") else stdout.split(b"\n"):
+        raw = raw.rstrip(b"\r")
+        at = raw.rfind(_PART_MARK)
+        if at >= 0:  # a result cut into lines for a transport with a line limit (srun)
+            parts.append(raw[at + len(_PART_MARK):])
+            continue
+        at = raw.rfind(_RESULT_MARK)
+        if at >= 0:
+            text, parts = b"".join(parts) + raw[at + len(_RESULT_MARK):], []
             try:
-                found["clock"] = float(line[16:])
+                result = json.loads(text.decode("utf-8", "replace"))
             except ValueError:
-                pass
-        elif line.startswith("preflight-part "):
-            parts.append(line[15:])
-        elif line.startswith("preflight-result "):
-            found["result"] = json.loads("".join(parts) + line[17:])
-            parts = []
+                continue
+            if isinstance(result, dict):
+                found["result"] = result
+            continue
+        match = _PID_RE.search(raw)
+        if match:
+            found["pid"] = int(match.group(1))
+            continue
+        match = _CLOCK_RE.search(raw)
+        if match:
+            found["clock"] = float(match.group(1))
     return found

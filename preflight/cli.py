@@ -1,15 +1,20 @@
 """The `preflight` command line. The only place errors become messages and exit codes.
 
 Exit codes: 0 nothing failed or errored, 1 a check failed or errored (or `diff` found regressions),
-2 a usage or inventory error (one line, never a traceback), 130 interrupted.
+2 a usage or inventory error (one line, never a traceback), 128+N stopped by signal N: 130 Ctrl-C
+(SIGINT), 143 SIGTERM, 129 SIGHUP. On any of these the remote runs are killed first; a second signal
+exits at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
+import math
 import os
+import signal
 import sys
 import threading
 from typing import Any, Iterator, List, Optional
@@ -18,6 +23,41 @@ from preflight import __version__
 from preflight.errors import PreflightError, UsageError
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP: unwinds like Ctrl-C (remote runs killed, cursor restored)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_stopping: List[int] = []
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    if _stopping:  # a second signal while the first one is being cleaned up: leave now, quietly
+        os.write(2, b"preflight: interrupted again; exiting without waiting for cleanup\n")
+        os._exit(128 + _stopping[0])
+    _stopping.append(signum)
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def _signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP all raise Interrupted in the main thread (systemd stop, `timeout`, CI)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    del _stopping[:]
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        if not _stopping:  # after a signal ours stay: a second one exits at once, never a traceback
+            for s, handler in old.items():
+                signal.signal(s, handler)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,6 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
     _common(env)
     env.add_argument("--with-allreduce", action="store_true", help="also prove the env with the all-reduce test")
 
+    node = sub.add_parser("node", help="this machine alone, fast, log lines and exit code (Slurm HealthCheckProgram / Prolog)")
+    node.add_argument("--only", type=_names, metavar="NAMES", help="run only these checks (comma-separated)")
+    node.add_argument("--skip", type=_names, default=[], metavar="NAMES", help="skip these checks (comma-separated)")
+    node.add_argument("--gpus-per-node", type=int, metavar="N", help="GPUs this machine should have (default: what the driver registered)")
+    node.add_argument("--json", metavar="PATH", help="write the JSON report to PATH ('-' = stdout; the lines then go to stderr)")
+    node.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline for the probes (default 60; a hung probe is then an error)")
+    node.add_argument("--debug", action="store_true", help="log details to stderr")
+
     checks = sub.add_parser("checks", help="list every check with its claim")
     checks.add_argument("--markdown", action="store_true", help="print README.md's check table (claim, why, fix)")
 
@@ -70,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-nodes", type=int, metavar="N", help="refuse inventories of more nodes (default 10000, or cluster.max_nodes)")
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="per-node command deadline (overrides command_timeout)")
     p.add_argument("-j", "--parallel", type=int, default=64, metavar="N", help="nodes worked on at once (default 64)")
     p.add_argument("--accept-new-host-keys", action="store_true", help="record unknown host keys (changed keys still fail)")
@@ -91,19 +140,30 @@ def main(argv: Optional[List[str]] = None) -> int:
     if getattr(args, "debug", False) is False:
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     try:
-        if args.command == "checks":
-            return _cmd_checks(args.markdown)
-        if args.command == "diff":
-            return _cmd_diff(args)
-        if args.command in ("check", "env"):
-            return _cmd_check(args)
-        parser.print_help(sys.stderr)
-        return EXIT_USAGE
-    except PreflightError as exc:
-        sys.stderr.write("preflight: error: %s\n" % exc)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        sys.stderr.write("preflight: interrupted; remote runs were killed\n")
+        with _signals():
+            try:
+                if args.command == "checks":
+                    return _cmd_checks(args.markdown)
+                if args.command == "diff":
+                    return _cmd_diff(args)
+                if args.command == "node":
+                    from preflight import nodecheck
+
+                    return nodecheck.run(args)
+                if args.command in ("check", "env"):
+                    return _cmd_check(args)
+                parser.print_help(sys.stderr)
+                return EXIT_USAGE
+            except PreflightError as exc:
+                sys.stderr.write("preflight: error: %s\n" % exc)
+                return exc.exit_code
+            except KeyboardInterrupt as exc:
+                signum = getattr(exc, "signum", signal.SIGINT)
+                sys.stderr.write("preflight: %s (%s); remote runs were killed\n"
+                                 % ("interrupted" if signum == signal.SIGINT else "terminated", signal.Signals(signum).name))
+                sys.stderr.flush()
+                return 128 + signum
+    except KeyboardInterrupt:  # a signal between the handler's install and its removal
         return EXIT_INTERRUPTED
 
 
@@ -141,6 +201,12 @@ def _cmd_diff(args: argparse.Namespace) -> int:
             raise UsageError("cannot read %s: %s" % (path, exc.strerror), "give the path of a JSON report") from None
         except ValueError as exc:
             raise UsageError("%s is not a JSON report: %s" % (path, exc), "give a file written by --json or --history") from None
+        try:
+            differ.validate(docs[-1])
+        except ValueError as exc:
+            raise UsageError("%s is not a preflight report (%s)" % (path, exc), "give a file written by --json or --history") from None
+    if not (math.isfinite(args.bw_threshold) and args.bw_threshold >= 0):
+        raise UsageError("--bw-threshold %s is not usable" % args.bw_threshold, "give a fraction such as 0.10")
     result = differ.diff(docs[0], docs[1], bw_threshold=args.bw_threshold)
     for line in differ.render_diff(result):
         sys.stdout.write(line + "\n")
@@ -157,7 +223,9 @@ def _load_inventory(args: argparse.Namespace) -> Any:
     if args.inventory:
         if args.gpus_per_node is not None:
             raise UsageError("--gpus-per-node applies only without an inventory", "set gpus_per_node in the inventory")
-        inv = inventory.load(args.inventory)
+        if args.max_nodes is not None and args.max_nodes < 1:
+            raise UsageError("--max-nodes must be at least 1", "e.g. --max-nodes 20000")
+        inv = inventory.load(args.inventory, max_nodes=args.max_nodes)
     else:
         inv = inventory.local_inventory(args.gpus_per_node)
     if args.master_port is not None:
@@ -204,13 +272,24 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     if args.parallel < 1:
         raise UsageError("--parallel must be at least 1", "e.g. -j 64")
-    if args.timeout is not None and args.timeout <= 0:
-        raise UsageError("--timeout must be positive", "give seconds, e.g. --timeout 30")
-    if (getattr(args, "drain", False) or getattr(args, "resume", False)) and not getattr(args, "slurm", False):
+    if args.timeout is not None and not (math.isfinite(args.timeout) and 0 < args.timeout <= 86400):
+        raise UsageError("--timeout %s is not a usable deadline" % args.timeout, "give seconds from 0.1 to 86400, e.g. --timeout 30")
+    acting = getattr(args, "drain", False) or getattr(args, "resume", False)
+    if acting and not getattr(args, "slurm", False) and not args.inventory:
         raise UsageError("--drain/--resume act on Slurm nodes", "add --slurm")
     if not 0 <= getattr(args, "max_drain_fraction", 0.2) <= 1:
         raise UsageError("--max-drain-fraction must be between 0 and 1", "e.g. --max-drain-fraction 0.2")
     inv = _load_inventory(args)
+    if acting and inv.transport != "slurm":
+        raise UsageError("--drain/--resume act on Slurm nodes; %s uses transport %s" % (inv.path, inv.transport),
+                         "add `transport: slurm` under `cluster:` in it (Slurm node names), or use --slurm")
+    if acting and inv.allocation is None:
+        from preflight import common, slurm
+
+        # the inventory's nodes, allocated now (as the transport would), with --resume's recheck of the
+        # nodes preflight drained: a drained node cannot be allocated otherwise
+        recheck = getattr(args, "resume", False) and not getattr(args, "dry_run", False)
+        inv.allocation = slurm.allocate(nodelist=common.fold([s.name for s in inv.nodes]), recheck_ours=recheck)
     try:
         return _check_inventory(args, inv)
     finally:
@@ -243,6 +322,14 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
     engine.select_checks(opts.only, opts.skip)  # usage errors before any connection
     if getattr(args, "capture", None):
         _check_capture_dir(args.capture)
+    _check_output_paths(args)
+    if not getattr(args, "slurm", False) and any(not s.local for s in inv.nodes):
+        from preflight import transport
+
+        try:
+            transport.load_ssh_configs(s.ssh_config for s in inv.nodes if not s.local)
+        except transport.SSHConfigError as exc:
+            raise UsageError(str(exc), "fix the ssh_config (preflight reads it as OpenSSH does, Include included)") from None
     if getattr(args, "hostfile", None):
         _check_hostfile_names(inv, args.hostfile_format)
     progress = None if args.no_progress or not console.is_terminal else _Progress(console, len(inv.nodes))
@@ -278,6 +365,9 @@ def _drain(args: argparse.Namespace, inv: Any, result: Any, console: Any) -> Non
     for node, old in held.items():  # resumed only to be checked: back to drain unless it passed and --resume
         if node not in plan.resume:
             plan.drain[node] = drain.reason_for(worst[node]) if node in worst else old
+    # the ones that passed were resumed inside the recheck reservation already: a second resume is an
+    # invalid transition (IDLE to RESUME) that scontrol rejects
+    plan.resumed_already = [n for n in plan.resume if n in held]
     for line in plan.lines():
         console.print(line, markup=False, highlight=False)
     if args.dry_run:
@@ -347,6 +437,43 @@ def _check_capture_dir(path: str) -> None:
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
             raise UsageError("cannot create --capture directory %s" % path, "give a path in a writable directory")
+
+
+def _check_output_paths(args: argparse.Namespace) -> None:
+    """Every output path must be writable before any node is touched (not found after a long run)."""
+    files = [(opt, getattr(args, dest, None)) for opt, dest in (
+        ("--json", "json"), ("--env-file", "env_file"), ("--hostfile", "hostfile"),
+        ("--junit", "junit"), ("--prometheus", "prometheus"))]
+    for opt, path in files:
+        if not path or (opt == "--json" and path == "-"):
+            continue
+        if os.path.isdir(path):
+            raise UsageError("cannot write %s: Is a directory" % path, "give %s a file path" % opt)
+        if os.path.exists(path) and not os.access(path, os.W_OK):
+            _unwritable(path, errno.EACCES)
+        _check_dir(path, os.path.dirname(os.path.abspath(path)))
+    history = getattr(args, "history", None)
+    if history:
+        target = os.path.abspath(history)
+        if os.path.exists(target) and not os.path.isdir(target):
+            raise UsageError("--history %s is not a directory" % history, "give a directory for the run history")
+        while not os.path.exists(target):  # record() creates the missing directories
+            target = os.path.dirname(target)
+        _check_dir(history, target)
+
+
+def _unwritable(path: str, code: int) -> None:
+    raise UsageError("cannot write %s: %s" % (path, os.strerror(code)), "check the directory exists and is writable")
+
+
+def _check_dir(path: str, directory: str) -> None:
+    """`path` is to be written in `directory`: it must be an existing, writable directory."""
+    if not os.path.exists(directory):
+        _unwritable(path, errno.ENOENT)
+    if not os.path.isdir(directory):
+        _unwritable(path, errno.ENOTDIR)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        _unwritable(path, errno.EACCES)
 
 
 def _previous_run(history_dir: Optional[str], inv: Any) -> Optional[dict]:

@@ -126,6 +126,39 @@ class DiffResult:
         )
 
 
+_STATUSES = {s.value for s in Status}
+
+
+def validate(report: Any) -> None:
+    """Raise ValueError naming what is wrong unless `report` has the shape `preflight check --json` writes.
+
+    Checked: a mapping with preflight_version, a results list of {check: str, node: str|null, status,
+    message: str}, an optional nodes list of {name: str}, an optional allreduce mapping with a numeric
+    busbw_gbps. Anything else (another tool's JSON, `{"a": 1}`) is not a report.
+    """
+    if not isinstance(report, dict):
+        raise ValueError("the top level is %s, not an object" % type(report).__name__)
+    if "preflight_version" not in report or not isinstance(report.get("results"), list):
+        raise ValueError("no preflight_version and results list")
+    for i, result in enumerate(report["results"]):
+        if not (
+            isinstance(result, dict)
+            and isinstance(result.get("check"), str)
+            and (result.get("node") is None or isinstance(result.get("node"), str))
+            and result.get("status") in _STATUSES
+            and isinstance(result.get("message", ""), str)
+        ):
+            raise ValueError("results[%d] is not a finding (check, node, status, message)" % i)
+    nodes = report.get("nodes") or []
+    if not isinstance(nodes, list) or not all(isinstance(n, dict) and isinstance(n.get("name"), str) for n in nodes):
+        raise ValueError("nodes is not a list of {name: ...}")
+    allreduce = report.get("allreduce")
+    if allreduce is not None:
+        bw = allreduce.get("busbw_gbps") if isinstance(allreduce, dict) else "x"
+        if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float))):
+            raise ValueError("allreduce.busbw_gbps is not a number")
+
+
 def _worst_by_key(report: Mapping[str, Any]) -> Dict[Key, Tuple[Status, str]]:
     """(check, node) -> (worst status, the messages at that status joined by '; ')."""
     grouped: Dict[Key, List[Mapping[str, Any]]] = {}

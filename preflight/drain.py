@@ -57,10 +57,12 @@ class Plan:
     resume: List[str] = field(default_factory=list)
     left_alone: Dict[str, str] = field(default_factory=dict)  # node -> someone else's reason
     refused: Optional[str] = None
+    resumed_already: List[str] = field(default_factory=list)  # in service since the recheck reservation
 
     def commands(self) -> List[List[str]]:
         cmds = [["scontrol", "update", "nodename=%s" % n, "state=drain", "reason=%s" % r] for n, r in sorted(self.drain.items())]
-        cmds += [["scontrol", "update", "nodename=%s" % n, "state=resume"] for n in sorted(self.resume)]
+        cmds += [["scontrol", "update", "nodename=%s" % n, "state=resume"] for n in sorted(self.resume)
+                 if n not in self.resumed_already]
         return cmds
 
     def lines(self) -> List[str]:

@@ -230,5 +230,16 @@ def judge(view: ClusterView, selected: Sequence[str]) -> List[Finding]:
             findings.append(Finding(name, None, Status.ERROR, "rule failed: %s: %s" % (type(exc).__name__, exc), action="check_app"))
         if name != "ssh":
             for node in view.unreachable:
-                findings.append(Finding(name, node, Status.ERROR, "not checked: node unreachable (see ssh)", action="retest"))
+                findings.append(Finding(name, node, Status.ERROR, NOT_RUN_MESSAGE, action="retest", data={NOT_RUN: "unreachable"}))
     return findings
+
+
+#: data key of a finding that only says its check could not run on an unreachable node: it stays in
+#: the JSON (per check, as data) but the terminal folds it into the node's ssh line ("7 checks not run")
+NOT_RUN = "not_run"
+NOT_RUN_MESSAGE = "not checked: node unreachable (see ssh)"
+
+
+def not_run(finding: Finding) -> bool:
+    """A finding that says only that its check could not run on an unreachable node."""
+    return bool(finding.data) and NOT_RUN in finding.data

@@ -9,7 +9,9 @@ killed) before the interrupt propagates.
 from __future__ import annotations
 
 import concurrent.futures
+import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
@@ -47,6 +49,8 @@ class Fleet:
         self.sessions: Dict[str, Session] = {}
         self.dead: Dict[str, NodeFailure] = {}
         self._lock = threading.Lock()
+        self._cancelled = threading.Event()
+        self._running = 0  # runs inside run_bundle now (not those still connecting)
 
     def _session(self, name: str) -> Session:
         with self._lock:
@@ -70,7 +74,15 @@ class Fleet:
         self.progress("start", name)
         try:
             session = self._session(name)
-            run = session.run_bundle(config, deadline_s)
+            with self._lock:
+                if self._cancelled.is_set():  # interrupted while this connection was being opened
+                    raise NodeFailure("cancelled", "interrupted before the probe started")
+                self._running += 1
+            try:
+                run = session.run_bundle(config, deadline_s)
+            finally:
+                with self._lock:
+                    self._running -= 1
         except NodeFailure as failure:
             self.progress("failed", name)
             return Outcome(name, failure=failure)
@@ -85,31 +97,60 @@ class Fleet:
     def run(self, configs: Dict[str, Dict[str, Any]], deadline_of: Callable[[NodeSpec], float]) -> Dict[str, Outcome]:
         """Run the bundle once on each node named in configs, concurrently; {node: Outcome} in input order."""
         outcomes: Dict[str, Outcome] = {}
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(self.parallel, max(1, len(configs))))
+        todo: "queue.Queue[Any]" = queue.Queue()
+        for item in configs.items():
+            todo.put(item)
+        done: "queue.Queue[Any]" = queue.Queue()
+
+        def worker() -> None:
+            while not self._cancelled.is_set():
+                try:
+                    name, cfg = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    done.put((name, self._one(name, cfg, deadline_of(self.specs[name]))))
+                except BaseException as exc:  # handed to the main thread, which raises it
+                    done.put((name, exc))
+
+        # Daemon threads, not a ThreadPoolExecutor: after Ctrl-C/SIGTERM a thread still inside a
+        # connect (up to connect_timeout) must not hold the interpreter's exit.
+        for i in range(min(self.parallel, max(1, len(configs)))):
+            threading.Thread(target=worker, name="preflight-fanout-%d" % i, daemon=True).start()
         try:
-            futures = {
-                pool.submit(self._one, name, cfg, deadline_of(self.specs[name])): name for name, cfg in configs.items()
-            }
-            pending = set(futures)
-            while pending:  # wake up regularly so Ctrl-C reaches the main thread
-                done, pending = concurrent.futures.wait(pending, timeout=0.5)
-                for future in done:
-                    outcomes[futures[future]] = future.result()
-        except KeyboardInterrupt:
+            while len(outcomes) < len(configs):  # wake up regularly so signals reach the main thread
+                try:
+                    name, outcome = done.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                outcomes[name] = outcome
+        except BaseException:
             self.cancel()
-            pool.shutdown(wait=False, cancel_futures=True)
             raise
-        pool.shutdown(wait=True)
         return {name: outcomes[name] for name in configs}
 
     def cancel(self) -> None:
-        """Kill every run in flight (remote process groups included), all nodes at once."""
+        """Kill every run in flight (remote process groups included), all nodes at once; start no more."""
         with self._lock:
+            self._cancelled.set()
             sessions = list(self.sessions.values())
+        for session in sessions:
+            session.cancelled = True
         if not sessions:
             return
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(self.parallel, len(sessions))) as pool:
             list(pool.map(lambda session: session.cancel(), sessions))
+        # Runs whose pid line had not arrived yet kill their group themselves as soon as it does: wait
+        # for them (bounded), since the daemon threads die with the process. Connects are not waited for.
+        bound = max(s.spec.connect_timeout for s in sessions) + 8.0
+        until = time.monotonic() + bound
+        while time.monotonic() < until:
+            with self._lock:
+                if self._running == 0:
+                    return
+            time.sleep(0.05)
 
     def close(self) -> None:
         with self._lock:

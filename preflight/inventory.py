@@ -37,7 +37,7 @@ NODE_KEYS = (
     "data_interface",
     "host_key_checking",
 )
-CLUSTER_KEYS = ("master_port", "head", "expect", "mtu_full_mesh", "allreduce", "transport", "shared_paths", "xid_window_s")
+CLUSTER_KEYS = ("master_port", "head", "expect", "mtu_full_mesh", "allreduce", "transport", "shared_paths", "xid_window_s", "max_nodes")
 TRANSPORTS = ("ssh", "slurm")
 EXPECT_KEYS = (
     "driver_version",
@@ -76,15 +76,50 @@ PYTHON_RE = re.compile(r"^[A-Za-z0-9_./+-]+$")
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 PATH_RE = re.compile(r"^[^\x00-\x1f]+$")
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+SCOPE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: what a host range may hold before expansion: names, digits, brackets, commas (no groups, no operators)
+RANGE_RE = re.compile(r"^[A-Za-z0-9_.,\[\]/-]+$")
+#: the default bound on how many nodes an inventory may expand to (`max_nodes:` or --max-nodes raise it)
+MAX_NODES = 10000
 
 
 def valid_host(host: str) -> bool:
-    """A DNS name or an IPv4/IPv6 literal, nothing else."""
+    """A DNS name or an IPv4/IPv6 literal (an IPv6 scope id only of [A-Za-z0-9_.-]), nothing else."""
+    address, percent, scope = host.partition("%")
+    if percent and not SCOPE_RE.match(scope):
+        return False
     try:
         ipaddress.ip_address(host)
         return True
     except ValueError:
-        return bool(HOSTNAME_RE.match(host)) and len(host) <= 253
+        return not percent and bool(HOSTNAME_RE.match(host)) and len(host) <= 253
+
+
+def range_size(pattern: str) -> int:
+    """How many names a host range names, counted without expanding it (gpu-[1-9999999] is 9999999).
+
+    Counts the product of every bracket's members, summed over comma-separated parts; an upper bound
+    (duplicates counted twice). Raises ValueError for a bracket it cannot read.
+    """
+    total = 0
+    for part in re.split(r",(?![^\[]*\])", pattern):
+        size = 1
+        for body in re.findall(r"\[([^\]]*)\]", part):
+            members = 0
+            for item in body.split(","):
+                match = re.match(r"^(\d+)(?:-(\d+))?(?:/(\d+))?$", item.strip())
+                if not match:
+                    raise ValueError("bad range %r" % item)
+                low = int(match.group(1))
+                high = int(match.group(2)) if match.group(2) else low
+                step = int(match.group(3) or 1) or 1
+                members += max(0, (high - low) // step + 1)
+            size *= members
+        total += size
+    return total
 
 
 @dataclass(frozen=True)
@@ -132,9 +167,21 @@ class Inventory:
 class _Located:
     """The YAML document plus the line of every mapping key and sequence item (1-based)."""
 
+    #: YAML values (aliases counted each time they are used) an inventory may hold: far beyond any real
+    #: cluster's file, far below an alias bomb's billions
+    MAX_VALUES = 200000
+
     def __init__(self, path: str, text: str) -> None:
         self.path = path
         self.lines: Dict[Tuple[Any, ...], int] = {}
+        self._count = 0
+        self._open: set = set()
+        bad = _CONTROL_RE.search(text)
+        if bad:
+            raise InventoryError(
+                path, text.count("\n", 0, bad.start()) + 1,
+                "control character %r in the file" % bad.group(), "delete it (a stray paste or binary file?)",
+            )
         try:
             loader = yaml.SafeLoader(text)
             try:
@@ -152,14 +199,41 @@ class _Located:
             raise InventoryError(
                 path, line, "YAML syntax error: %s" % (exc.problem or exc.context), "fix the YAML at that line"
             ) from None
+        except RecursionError:
+            raise InventoryError(path, None, "the YAML nests too deeply", "flatten the file") from None
         except yaml.YAMLError as exc:
             raise InventoryError(path, None, "YAML error: %s" % exc, "fix the YAML") from None
 
     def _walk(self, node: yaml.Node, where: Tuple[Any, ...]) -> None:
-        self.lines[where] = node.start_mark.line + 1
+        line = node.start_mark.line + 1
+        self._count += 1
+        if self._count > self.MAX_VALUES:
+            raise InventoryError(
+                self.path, line,
+                "the inventory expands to more than %d values (aliases reused many times: an alias bomb?)" % self.MAX_VALUES,
+                "write the values out, or use fewer nested aliases",
+            )
+        if id(node) in self._open:
+            raise InventoryError(self.path, line, "recursive alias: a value contains itself", "remove the alias that points into its own anchor")
+        self.lines[where] = line
+        if not isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+            return
+        self._open.add(id(node))
+        try:
+            self._walk_children(node, where)
+        finally:
+            self._open.discard(id(node))
+
+    def _walk_children(self, node: yaml.Node, where: Tuple[Any, ...]) -> None:
         if isinstance(node, yaml.MappingNode):
             seen: Dict[Any, int] = {}
             for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    raise InventoryError(
+                        self.path, key_node.start_mark.line + 1,
+                        "a key must be a plain name, not a %s" % ("list" if isinstance(key_node, yaml.SequenceNode) else "mapping"),
+                        "write `name: value`",
+                    )
                 key = key_node.value
                 line = key_node.start_mark.line + 1
                 if key in seen:
@@ -294,12 +368,31 @@ def _kind(value: Any) -> str:
     )
 
 
-def _expand(pattern: str) -> List[str]:
-    """gpu-[001-004] → gpu-001 … gpu-004, via ClusterShell's NodeSet with group resolution off."""
-    return common.expand(pattern)
+def _expand(pattern: str, limit: int) -> List[str]:
+    """gpu-[001-004] → gpu-001 … gpu-004, via ClusterShell's NodeSet with group resolution off.
+
+    Only names, brackets and commas are accepted: `@group`, the set operators (! & ^) and anything
+    else ClusterShell would resolve or interpret are refused before ClusterShell sees the pattern, and
+    the size is counted first so `gpu-[1-9999999]` is never expanded.
+    """
+    if not RANGE_RE.match(pattern):
+        raise ValueError("only names, digits, '[a-b]' ranges and commas are allowed (no '@' groups or ! & ^ operators)")
+    size = range_size(pattern)
+    if size > limit:
+        raise _TooMany(size)
+    names = common.expand(pattern)
+    if not names:
+        raise ValueError("the range names no host")
+    return names
 
 
-def load(path: str) -> Inventory:
+class _TooMany(ValueError):
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+def load(path: str, max_nodes: Optional[int] = None) -> Inventory:
     """Read, parse and validate an inventory file. Raises InventoryError."""
     try:
         with open(path, "rb") as handle:
@@ -352,6 +445,9 @@ def load(path: str) -> Inventory:
     if not isinstance(nodes_raw, list):
         raise v.fail(("nodes",), "nodes must be a list, not %s" % _kind(nodes_raw), "write one `- host` item per line")
 
+    limit = max_nodes if max_nodes is not None else MAX_NODES
+    if max_nodes is None and cluster_raw.get("max_nodes") is not None:
+        limit = v.integer(cluster_raw["max_nodes"], ("cluster", "max_nodes"), "max_nodes", 1, 10**7)
     nodes: List[NodeSpec] = []
     names: Dict[str, int] = {}
     hosts: Dict[Tuple[str, Any], int] = {}
@@ -375,7 +471,14 @@ def load(path: str) -> Inventory:
         else:
             raise v.fail(where, "a node must be a host string or a mapping, not %s" % _kind(item), "write `- host` or `- host: ...`")
         try:
-            expanded = _expand(pattern) if "[" in pattern else [pattern]
+            expanded = _expand(pattern, limit - len(nodes)) if "[" in pattern else [pattern]
+        except _TooMany as exc:
+            raise v.fail(
+                where,
+                "host range %r names %d hosts; with the %d before it that is more than the limit of %d nodes"
+                % (pattern, exc.size, len(nodes), limit),
+                "check the range; for a cluster this large set `cluster: max_nodes:` or pass --max-nodes",
+            ) from None
         except ValueError as exc:
             raise v.fail(where, "bad host range %r: %s" % (pattern, exc), "write ranges like gpu-[001-064,070]") from None
         if name is not None and len(expanded) > 1:
@@ -388,14 +491,22 @@ def load(path: str) -> Inventory:
             spec = NodeSpec(name=name or host, host=host, line=line, **merged)
             if spec.name in names:
                 raise v.fail(where, "duplicate node %r (first at line %d)" % (spec.name, names[spec.name]), "list each node once")
-            key = (host, spec.port)
+            key = (host, spec.port or 22)  # `host: X` and `host: X, port: 22` are the same sshd
             if key in hosts:
-                raise v.fail(where, "duplicate host %r (first at line %d)" % (host, hosts[key]), "list each host once")
+                raise v.fail(
+                    where,
+                    "duplicate host %r port %d (first at line %d)" % (host, key[1], hosts[key]),
+                    "list each host once (port 22 is the default)",
+                )
+            if len(nodes) >= limit:
+                raise v.fail(where, "more than %d nodes" % limit, "set `cluster: max_nodes:` or pass --max-nodes for a cluster this large")
             names[spec.name] = line
             hosts[key] = line
             nodes.append(spec)
 
     head = cluster_raw.get("head")
+    if head is not None and not isinstance(head, str):
+        raise v.fail(("cluster", "head"), "head must be a node name, not %s" % _kind(head), "write `head: NODE-NAME`")
     if head is not None and head not in names:
         raise v.fail(("cluster", "head"), "head %r is not one of the nodes" % (head,), "use a node's name as listed under nodes:")
     cluster = {"master_port": master_port, "mtu_full_mesh": mesh, "allreduce": allreduce, "shared_paths": shared_paths, "xid_window_s": xid_window}

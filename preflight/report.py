@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from preflight import __version__
 from preflight import checks as catalogue
 from preflight import common
-from preflight.engine import RunReport
+from preflight.common import plural
+from preflight.engine import RunReport, not_run
 from preflight.model import ACTIONS, Finding, Status
 
 STYLE = {
@@ -159,12 +161,23 @@ def render(report: RunReport, console: Any, verbose: bool = False) -> None:
             % (inv.path, len(inv.nodes), "" if len(inv.nodes) == 1 else "s", ", ".join(report.selected), report.duration_s),
         )
     )
+    # An unreachable node's "not checked" findings fold into its ssh line: one cause, one line.
+    skipped: Dict[str, int] = {}
+    for f in report.findings:
+        if not_run(f) and f.node is not None:
+            skipped[f.node] = skipped.get(f.node, 0) + 1
+    shown = [f for f in report.findings if not not_run(f)]
+    shown = [
+        replace(f, message="%s · %s not run" % (f.message, plural(skipped[f.node], "check")))
+        if f.check == "ssh" and f.node in skipped and f.status.is_problem else f
+        for f in shown
+    ]
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False, expand=False)
     table.add_column("status", no_wrap=True)
     table.add_column("check", no_wrap=True)
     table.add_column("nodes", overflow="fold")
     table.add_column("finding", overflow="fold")
-    for status, check, nodes, message in group(report.findings, verbose):
+    for status, check, nodes, message in group(shown, verbose):
         # facts from nodes are data, never rich markup ("[/usr/lib/...]" in an error must print as is)
         table.add_row(Text(status.value.upper(), style=STYLE[status]), Text(check), Text(fold(nodes)), Text(message))
     console.print(table)
@@ -173,25 +186,27 @@ def render(report: RunReport, console: Any, verbose: bool = False) -> None:
     if curve:
         console.print(_curve_table(curve))
 
-    todo = actions(report.findings, [n.name for n in report.view.nodes])
+    todo = actions(shown, [n.name for n in report.view.nodes])
     if todo:
         console.print()
         console.print(Text("what to do", style="bold"))
         for line in todo:
             console.print(Text("  " + line))
 
-    failed = [c for c in report.selected if any(f.check == c and f.status.is_problem for f in report.findings)]
+    failed = [c for c in report.selected if any(f.check == c and f.status.is_problem for f in shown)]
     if failed:
         console.print()
         for name in failed:
             check = catalogue.get(name)
             console.print(Text.assemble((name, "bold"), ": ", check.why))  # Text: no markup parsing
             console.print(Text.assemble("  fix: ", (check.fix, "cyan")))
-    counts = summary(report.findings)
+    counts = summary(shown)
     parts = [
         Text("%d %s" % (counts[s.value], s.value), style=STYLE[s] if counts[s.value] else "dim")
         for s in (Status.PASS, Status.WARN, Status.FAIL, Status.SKIP, Status.ERROR)
     ]
+    if skipped:
+        parts.append(Text("%d not run" % sum(skipped.values()), style="bold magenta"))
     console.print()
     console.print(Text(" · ").join(parts) + Text("  → exit %d" % report.exit_code, style="bold"))
 

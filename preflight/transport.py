@@ -74,7 +74,7 @@ class _Run:
         before = self.out.count(b"\n")
         self.out += data
         if self.out.count(b"\n") != before and (self.pid is None or self.clock_at is None):
-            seen = bundle.parse_output(bytes(self.out[: self.out.rfind(b"\n")]))
+            seen = bundle.parse_output(bytes(self.out[: self.out.rfind(b"\n") + 1]))
             if self.pid is None and "pid" in seen:
                 self.pid = seen["pid"]
             if self.clock_at is None and "clock" in seen:
@@ -97,6 +97,7 @@ class Session:
     """A connection to one node that runs bundles. Subclasses: SSHSession, LocalSession."""
 
     spec: NodeSpec
+    cancelled: bool = False  # set by Fleet.cancel(): a run in progress kills itself and stops
 
     def open(self) -> None:  # pragma: no cover - interface
         raise NotImplementedError
@@ -116,13 +117,32 @@ class Session:
 _known_hosts_lock = threading.Lock()
 
 
+class RevokedHostKey(Exception):
+    """The server presented a key that known_hosts marks @revoked."""
+
+    def __init__(self, hostname: str, key: Any, where: str) -> None:
+        super().__init__("host key of %s (%s %s) is revoked at %s" % (hostname, key.get_name(), fingerprint(key), where))
+
+
 def _host_key_policy(accept_new: bool, known_hosts: Optional[str]) -> Any:
     import paramiko
+
+    revoked: Dict[bytes, str] = {}
+    if known_hosts and os.path.isfile(known_hosts):
+        revoked = KnownHosts.of(known_hosts).revoked
+
+    class Reject(paramiko.RejectPolicy):
+        def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+            if key.asbytes() in revoked:
+                raise RevokedHostKey(hostname, key, revoked[key.asbytes()])
+            super().missing_host_key(client, hostname, key)
 
     class AcceptNew(paramiko.MissingHostKeyPolicy):
         """Like OpenSSH's StrictHostKeyChecking=accept-new: record unknown keys; changed keys still fail."""
 
         def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+            if key.asbytes() in revoked:  # OpenSSH refuses a revoked key even with accept-new
+                raise RevokedHostKey(hostname, key, revoked[key.asbytes()])
             client.get_host_keys().add(hostname, key.get_name(), key)
             if known_hosts:
                 with _known_hosts_lock:
@@ -130,7 +150,68 @@ def _host_key_policy(accept_new: bool, known_hosts: Optional[str]) -> Any:
                     with open(known_hosts, "a") as handle:
                         handle.write("%s %s %s\n" % (hostname, key.get_name(), key.get_base64()))
 
-    return AcceptNew() if accept_new else paramiko.RejectPolicy()
+    return AcceptNew() if accept_new else Reject()
+
+
+class SSHConfigError(Exception):
+    """An ssh_config file preflight cannot read the way OpenSSH would; the message names file:line."""
+
+
+_MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
+
+
+def read_ssh_config(path: str, system: bool = False, depth: int = 0) -> str:
+    """The text of an ssh_config file with its `Include` directives expanded, for paramiko's parser.
+
+    paramiko's SSHConfig ignores Include, so hosts defined in included files silently "cannot resolve"
+    where OpenSSH reaches them. Expanded as ssh_config(5) says: several paths per line, glob(7)
+    wildcards in lexical order, `~` expanded, relative paths under ~/.ssh (a user file) or /etc/ssh (the
+    system file), nesting up to 16 deep. An Include inside a Host or Match block is conditional in
+    OpenSSH: the included lines are inlined in that block, and when the included file opened blocks
+    of its own, the enclosing block's Host/Match line is repeated after it so the lines that follow
+    stay under the condition they were written under.
+    """
+    import glob
+    import shlex
+
+    if depth > _MAX_INCLUDE_DEPTH:
+        raise SSHConfigError("%s: Include nested more than %d deep" % (path, _MAX_INCLUDE_DEPTH))
+    with open(path, errors="replace") as handle:
+        lines = handle.read().splitlines()
+    out: List[str] = []
+    block = None  # the Host/Match line the lines are under (None: the top, before any block)
+    for lineno, line in enumerate(lines, 1):
+        words = line.strip().replace("=", " ", 1).split(None, 1) if line.strip() and not line.strip().startswith("#") else []
+        keyword = words[0].lower() if words else ""
+        if keyword in ("host", "match"):
+            block = line.strip()
+        if keyword != "include":
+            out.append(line)
+            continue
+        try:
+            patterns = shlex.split(words[1]) if len(words) > 1 else []
+        except ValueError as exc:
+            raise SSHConfigError("%s:%d: cannot read Include: %s" % (path, lineno, exc)) from None
+        if not patterns:
+            raise SSHConfigError("%s:%d: Include without a file name" % (path, lineno))
+        opened = False
+        for pattern in patterns:
+            pattern = os.path.expanduser(pattern)
+            if not os.path.isabs(pattern):
+                pattern = os.path.join("/etc/ssh" if system else os.path.expanduser("~/.ssh"), pattern)
+            for included in sorted(glob.glob(pattern)):
+                if os.path.isdir(included):
+                    continue
+                try:
+                    text = read_ssh_config(included, system, depth + 1)
+                except OSError as exc:
+                    raise SSHConfigError("%s:%d: cannot read included %s: %s" % (path, lineno, included, exc.strerror)) from None
+                out.append("# --- Include %s (from %s:%d)" % (included, path, lineno))
+                out.extend(text.splitlines())
+                opened = opened or any(l.strip().lower().split(None, 1)[:1] in (["host"], ["match"]) for l in text.splitlines())
+        if opened:
+            out.append(block or "Host *")
+    return "\n".join(out) + "\n"
 
 
 _fabric_configs: Dict[Optional[str], Any] = {}
@@ -149,14 +230,24 @@ def _fabric_config(ssh_config: Optional[str]) -> Any:
 
     with _fabric_lock:
         if ssh_config not in _fabric_configs:
+            import io
+
             parsed = paramiko.SSHConfig()
-            files = [ssh_config] if ssh_config else ["/etc/ssh/ssh_config", os.path.expanduser("~/.ssh/config")]
-            for path in files:
+            files = [(ssh_config, False)] if ssh_config else [(os.path.expanduser("~/.ssh/config"), False), ("/etc/ssh/ssh_config", True)]
+            for path, system in files:  # the user's file first: for each option the first value wins
                 if os.path.isfile(path):
-                    with open(path) as handle:
-                        parsed.parse(handle)
+                    parsed.parse(io.StringIO(read_ssh_config(path, system)))
             _fabric_configs[ssh_config] = fabric.Config(ssh_config=parsed)
         return _fabric_configs[ssh_config].clone()
+
+
+def load_ssh_configs(paths: Any) -> None:
+    """Parse every ssh_config the nodes use, before any connection. Raises SSHConfigError (file:line)."""
+    for path in sorted(set(paths), key=str):
+        try:
+            _fabric_config(path)
+        except OSError as exc:
+            raise SSHConfigError("cannot read ssh_config %s: %s" % (exc.filename or path, exc.strerror)) from None
 
 
 class KnownHosts:
@@ -174,17 +265,32 @@ class KnownHosts:
         import paramiko
 
         self.entries = []
-        with open(path) as handle:
+        self.revoked: Dict[bytes, str] = {}  # key blob -> "file:line" of its @revoked line
+        with open(path, errors="replace") as handle:
             for lineno, line in enumerate(handle, 1):
                 line = line.strip()
                 if not line or line.startswith("#"):
                     continue
+                marker = None
+                if line.startswith("@"):  # OpenSSH markers (sshd(8) SSH_KNOWN_HOSTS FILE FORMAT)
+                    marker, _, line = line.partition(" ")
+                    line = line.strip()
+                    if marker not in ("@revoked", "@cert-authority"):
+                        log.warning("%s:%d: unknown known_hosts marker %s; line ignored", path, lineno, marker)
+                        continue
+                    if marker == "@cert-authority":
+                        log.warning("%s:%d: @cert-authority (host certificates) is not supported; line ignored", path, lineno)
+                        continue
                 try:
                     entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
-                except paramiko.SSHException as exc:
-                    log.warning("%s:%d: unreadable known_hosts line ignored: %s", path, lineno, exc)
+                except Exception as exc:  # InvalidHostKey, SSHException, a truncated base64 blob, ...
+                    log.warning("%s:%d: unreadable known_hosts line ignored: %s", path, lineno, getattr(exc, "exc", exc))
                     continue
-                if entry is not None:
+                if entry is None:
+                    log.warning("%s:%d: unreadable known_hosts line ignored (incomplete or unknown key type)", path, lineno)
+                elif marker == "@revoked":
+                    self.revoked[entry.key.asbytes()] = "%s:%d" % (path, lineno)
+                else:
                     self.entries.append(entry)
 
     @classmethod
@@ -203,6 +309,8 @@ class KnownHosts:
 
         found = []
         for entry in self.entries:
+            if entry.key.asbytes() in self.revoked:
+                continue  # a revoked key is never trusted, whatever other line lists it
             for recorded in entry.hostnames:
                 if recorded == name or (recorded.startswith("|1|") and HostKeys.hash_host(name, recorded) == recorded):
                     found.append(entry.key)
@@ -213,9 +321,21 @@ class KnownHosts:
 class SSHSession(Session):
     """One SSH connection per node (through ProxyJump hops if configured), reused for every phase."""
 
+    #: how long the kill command (kill -TERM, 0.5 s, kill -KILL) may take beyond the connect timeout
+    KILL_WAIT_S = 3.0
+    #: how long output may keep coming after the exit status (a background job of the node's shell rc
+    #: that holds stdout open would otherwise keep the run waiting forever)
+    DRAIN_S = 2.0
+    #: after Ctrl-C, how long a run just started may take to send its pid line (then it is killed)
+    PID_WAIT_S = 3.0
+
     def __init__(self, spec: NodeSpec, accept_new_host_keys: bool = False) -> None:
         self.spec = spec
         self.accept_new = accept_new_host_keys or spec.host_key_checking == "accept-new"
+        self.kill_hung = False
+        self.cancelled = False
+        self._kill_lock = threading.Lock()
+        self._killed: set = set()
         self.conn: Any = None
         self._pid: Optional[int] = None
         self._lock = threading.Lock()
@@ -243,7 +363,7 @@ class SSHSession(Session):
         )
         # fabric defaults to AutoAddPolicy on every hop; preflight verifies host keys on every hop.
         hop = conn
-        while hop is not None and not isinstance(hop, str):
+        while hop and not isinstance(hop, str):
             hop.client.set_missing_host_key_policy(_host_key_policy(self.accept_new, spec.known_hosts))
             if spec.known_hosts and os.path.isfile(spec.known_hosts):
                 name = hop.host if hop.port == 22 else "[%s]:%d" % (hop.host, hop.port)
@@ -253,11 +373,33 @@ class SSHSession(Session):
         return conn
 
     def _gateway(self) -> Any:
-        if not self.spec.proxy_jump:
-            return None  # fabric then honours a ProxyJump from ssh_config
-        gateway = None
-        for hop in self.spec.proxy_jump.split(","):
-            gateway = self._connection(hop, None, None, gateway)
+        """The ProxyJump chain: the inventory's proxy_jump, else the ssh_config's ProxyJump for this host.
+
+        Both are built here, hop by hop, so every hop gets the node's connect timeout and host-key
+        policy (fabric's own ssh_config ProxyJump hops have no connect timeout: ~135 s for one dead node).
+        """
+        jump = self.spec.proxy_jump
+        if not jump:
+            probe = _fabric_config(self.spec.ssh_config)
+            import fabric
+
+            found = fabric.Connection(self.spec.host, config=probe).ssh_config.get("proxyjump")
+            if not found or found.strip().lower() == "none":
+                return None
+            jump = found.strip()
+        gateway: Any = False  # the first hop connects directly (not through fabric's own, untimed, chain)
+        for hop in jump.split(","):
+            user, _, hostport = hop.strip().rpartition("@")
+            host, port = hostport, None
+            if hostport.startswith("["):
+                host, _, rest = hostport[1:].partition("]")
+                port = int(rest[1:]) if rest[1:].isdigit() else None
+            elif hostport.count(":") == 1:
+                host, _, text = hostport.partition(":")
+                port = int(text) if text.isdigit() else None
+            if host == self.spec.host:  # a wildcard Host block naming the bastion itself
+                return None if gateway is False else gateway
+            gateway = self._connection(host, user or None, port, gateway)
         return gateway
 
     def open(self) -> None:
@@ -269,6 +411,8 @@ class SSHSession(Session):
             self.conn = self._connection(spec.host, spec.user, spec.port, self._gateway())
             self.conn.open()
             self.conn.transport.set_keepalive(max(1, int(spec.connect_timeout)))
+        except RevokedHostKey as exc:
+            raise NodeFailure("host_key", "%s; refusing it as OpenSSH does (verify the node's new key and replace the entry)" % exc) from None
         except paramiko.BadHostKeyException as exc:
             raise NodeFailure(
                 "host_key",
@@ -318,14 +462,24 @@ class SSHSession(Session):
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise NodeFailure("unreachable", "connection lost while starting the probe: %s" % (exc or type(exc).__name__)) from None
         end = started + deadline_s
+        cancel_at: Optional[float] = None
         try:
             while True:
                 if run.pid is not None and self._pid is None:
                     with self._lock:
                         self._pid = run.pid
                 remaining = end - time.monotonic()
+                if self.cancelled:
+                    cancel_at = cancel_at or time.monotonic()
+                    if run.pid is None and time.monotonic() - cancel_at < self.PID_WAIT_S and not chan.closed:
+                        pass  # the pid line is on its way: wait for it, so the group can be killed
+                    else:
+                        self._kill_once(run.pid)
+                        raise NodeFailure("cancelled", "interrupted; killed the remote process group")
                 if remaining <= 0:
                     self._kill(run.pid)
+                    if self.kill_hung:
+                        self.close()  # the node's stdin watchdog ends the run when the connection drops
                     raise NodeFailure(
                         "timeout",
                         "timed out: no answer within %g s%s" % (deadline_s, "; killed the remote process group" if run.pid else ""),
@@ -343,11 +497,28 @@ class SSHSession(Session):
                 if chan.closed and not got:
                     break
             rc = chan.recv_exit_status() if chan.exit_status_ready() else None
-            while True:  # drain what is left after the exit status
-                data = chan.recv(65536)
-                if not data:
+            # drain what is left after the exit status, within a bound: a background job started by the
+            # node's shell start-up file may hold stdout open for ever
+            drain_end = min(end, time.monotonic() + self.DRAIN_S)
+            held = False
+            while not chan.eof_received:
+                remaining = drain_end - time.monotonic()
+                if remaining <= 0:
+                    held = True
                     break
-                run.feed(data)
+                select.select([chan], [], [], min(remaining, 0.5))
+                while chan.recv_ready():
+                    run.feed(chan.recv(65536))
+                while chan.recv_stderr_ready():
+                    run.err += chan.recv_stderr(65536)
+                if chan.closed:
+                    break
+            if held and run.pid is not None:
+                # the process group lives on (that background job): it was started by our command, so
+                # it does not outlive the run
+                log.info("%s: output still open %g s after the exit status; killing process group %d",
+                         self.spec.name, self.DRAIN_S, run.pid)
+                self._kill(run.pid)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise NodeFailure("unreachable", "connection lost during the probe: %s" % (exc or type(exc).__name__)) from None
         finally:
@@ -362,19 +533,40 @@ class SSHSession(Session):
             return
         try:
             chan = self.conn.transport.open_session(timeout=self.spec.connect_timeout)
-            chan.settimeout(10)
-            chan.exec_command("kill -TERM -- -%d 2>/dev/null; sleep 0.5; kill -KILL -- -%d 2>/dev/null; exit 0" % (pid, pid))
-            chan.recv_exit_status()
-            chan.close()
+            try:
+                chan.settimeout(self.spec.connect_timeout)
+                # the last kill takes this shell's own group: a background job its start-up file began
+                # (the same rc that may have started one in the run) must not outlive the kill either
+                chan.exec_command(
+                    "kill -TERM -- -%d 2>/dev/null; sleep 0.5; kill -KILL -- -%d 2>/dev/null; "
+                    "trap '' TERM; kill -TERM -- -$$ 2>/dev/null; exit 0" % (pid, pid)
+                )
+                # The kill's own login shell may hang too (a lost NFS home): wait a bounded time, then
+                # drop the connection (close()), which ends the run through the bundle's stdin watchdog.
+                if not chan.status_event.wait(self.KILL_WAIT_S + self.spec.connect_timeout):
+                    log.warning("%s: the kill for process group %d did not answer within %g s; closing the connection",
+                                self.spec.name, pid, self.KILL_WAIT_S + self.spec.connect_timeout)
+                    self.kill_hung = True
+            finally:
+                chan.close()
         except Exception as exc:  # noqa: BLE001 - best effort, and said so
             # The bundle's watchdog kills its process group when our connection closes, so a lost
             # kill channel still ends the remote run once close() drops the connection.
             log.warning("%s: could not send the kill for process group %d: %s", self.spec.name, pid, exc)
 
+    def _kill_once(self, pid: Optional[int]) -> None:
+        """One kill per process group, whichever thread asks first; a second caller waits for it to end
+        (Ctrl-C's cancel() must not return while the run's own thread is still sending the kill)."""
+        with self._kill_lock:
+            if pid is None or pid in self._killed:
+                return
+            self._killed.add(pid)
+            self._kill(pid)
+
     def cancel(self) -> None:
         with self._lock:
             pid = self._pid
-        self._kill(pid)
+        self._kill_once(pid)
 
     def close(self) -> None:
         if self.conn is not None:

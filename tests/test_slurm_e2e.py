@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
 import time
 
@@ -52,9 +54,16 @@ def _problems(doc):
 def test_slurm_inside_salloc_and_from_outside_match_ssh(cluster):
     cluster.mtu_blackhole("n003")
     skip = ["--skip", "allreduce"]
-    ssh, _ = _json(cluster, ["check", cluster.inventory()] + skip)
+    # the SSH fan-out needs no Slurm node: it runs beside the Slurm runs (they take the nodes in turn),
+    # on its own rendezvous port (the ports check binds it on the head)
+    ssh_run = cluster.ctl_popen([PREFLIGHT, "check", cluster.inventory(), "--master-port", "29501"] + skip
+                                + ["--no-progress", "--json", "-"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     inside, out = _json(cluster, ["check", "--slurm"] + skip, prefix=["salloc", "-N%d" % N])
     outside, _ = _json(cluster, ["check", "--slurm", "--nodelist", "n[001-%03d]" % N] + skip)
+    stdout, stderr = ssh_run.communicate(timeout=120)
+    assert stdout.strip(), stderr[-3000:]
+    ssh = json.loads(stdout)
     assert _verdicts(inside) == _verdicts(ssh)
     assert _verdicts(outside) == _verdicts(ssh)
     assert ("mtu", "n003") in _problems(inside)
@@ -86,29 +95,52 @@ def test_stopped_slurmd_and_hand_drained_node_named_drain_and_resume(cluster):
 
     t0 = time.monotonic()
     cluster.heal()  # MTU fixed, slurmd back
-    _wait_not_completing(cluster)
+    _settle_restarted(cluster, "n005", reasons["n005"])
     print("heal %.1f s" % (time.monotonic() - t0))
     t0 = time.monotonic()
     doc, out = _json(cluster, ["check", "--slurm", "--nodelist", "n[001-%03d]" % N, "--skip", "allreduce", "--resume"])
     print("resume run %.1f s" % (time.monotonic() - t0))
     assert s.reasons() == {"n008": "disk replaced by hand"}, out.stderr[-2000:]
+    assert "resume: n[003,005]" in out.stderr and "drain: scontrol" not in out.stderr, out.stderr[-2000:]
     assert {n for _, n in _problems(doc)} == {"n008"}
     assert not s.run(["scontrol", "show", "reservation"]).stdout.strip().startswith("ReservationName")
 
 
-def _wait_not_completing(cluster, timeout=30):
-    deadline = time.monotonic() + timeout
-    while any("comp" in st for st in cluster.slurm.states().values()) and time.monotonic() < deadline:
-        time.sleep(0.2)
+def _settle_restarted(cluster, node, reason, timeout=30):
+    """The drain run's job stays COMPLETING for ~60 s after the run on the node whose slurmd was killed
+    and on the step's first node (its slurmstepd waits on the dead node until slurmctld resends
+    TERMINATE_JOB, RPC_RETRY_INTERVAL = 60 s). An operator's DOWN clears that at once: DOWN, RESUME, and
+    drain again with its own reason whatever was drained, so the nodes are what --resume must find."""
+    s = cluster.slurm
+    reasons = s.reasons()
+    stuck = [n for n, st in s.states().items() if "comp" in st or n == node]
+    for name in stuck:
+        s.run(["scontrol", "update", "nodename=%s" % name, "state=down", "reason=test: clear the completing job"])
+        s.run(["scontrol", "update", "nodename=%s" % name, "state=resume"])
+    s.wait_idle(stuck, timeout)
+    for name in stuck:
+        if name in reasons:
+            s.drain(name, reasons[name])
+    assert s.reasons().get(node) == reason
 
 
 def test_hung_node_is_named_step_cancelled_nothing_left(cluster):
-    cluster.hang_commands("n002")
-    out = _run(cluster, ["check", "--slurm", "--nodelist", "n[001-004]", "--only", "driver", "--timeout", "4"])
+    cluster.hang_commands("n003")
+    out = _run(cluster, ["check", "--slurm", "--nodelist", "n[002-005]", "--only", "driver", "--timeout", "4"])
     assert out.returncode == 1, out.stderr[-2000:]
-    assert "n002" in out.stdout and "timed out" in out.stdout
-    assert cluster.leftover_processes(["n001", "n002", "n003", "n004"]) == {}
-    assert cluster.slurm.leftover_steps() == []
+    assert "n003" in out.stdout and "timed out" in out.stdout
+    job = re.search(r"slurm job (\d+)", out.stdout).group(1)
+    # Only this run's processes count: an earlier test's step whose node had a dead slurmd keeps its
+    # slurmstepd on the step's first node for 60 s (it waits for the dead node's step-complete message).
+    left = {node: [p for p in procs if not _other_job_stepd(p[1], job)]
+            for node, procs in cluster.leftover_processes(["n002", "n003", "n004", "n005"]).items()}
+    assert {n: p for n, p in left.items() if p} == {}
+    assert [s for s in cluster.slurm.leftover_steps() if s.startswith(job + ".")] == []
+
+
+def _other_job_stepd(cmdline, job):
+    m = re.match(r"slurmstepd: \[(\d+)\.", cmdline)
+    return bool(m) and m.group(1) != job
 
 
 def test_dry_run_prints_scontrol_and_refuses_a_cluster_wide_failure(cluster):
@@ -119,7 +151,12 @@ def test_dry_run_prints_scontrol_and_refuses_a_cluster_wide_failure(cluster):
     assert out.returncode == 1
     assert "refused" in out.stdout and "drained nothing" in out.stdout  # 2 faulty ports fail 4 of 8 nodes
     assert "would run" not in out.stdout
-    out = _run(cluster, argv + ["--max-drain-fraction", "0.6"])
+    # the same through an inventory that names Slurm nodes (transport: slurm) instead of --slurm
+    inv = os.path.join(cluster.root, "slurm-hosts.yaml")
+    with open(inv, "w") as fh:
+        fh.write("cluster:\n  transport: slurm\nnodes:\n  - n[001-%03d]\n" % N)
+    out = _run(cluster, ["check", inv] + argv[4:] + ["--max-drain-fraction", "0.6"])
+    assert "slurm" in out.stdout.splitlines()[0] or "hosts.yaml" in out.stdout.splitlines()[0], out.stdout[:300]
     assert "would run: scontrol update nodename=n004 state=drain 'reason=preflight: mtu: " in out.stdout
     assert "nodename=n006" in out.stdout and "nodename=n00" in out.stdout
     assert cluster.slurm.reasons() == {}

@@ -76,6 +76,9 @@ def test_plan_resumes_only_our_drained_nodes_that_pass():
     p = drain.plan(findings, NODES, state, drain=True, resume=True)
     assert p.resume == ["a1"] and p.drain == {} and "a4" in p.left_alone
     assert drain.plan(findings, NODES, state, drain=True, resume=False).resume == []
+    assert ["scontrol", "update", "nodename=a1", "state=resume"] in p.commands()
+    p.resumed_already = ["a1"]  # resumed inside the recheck reservation: no second (invalid) resume
+    assert p.commands() == [] and "resume: a1" in p.lines()
 
 
 def test_plan_refuses_when_too_many_fail():
@@ -92,6 +95,18 @@ def test_cli_usage_errors_are_one_line(capsys, monkeypatch):
     monkeypatch.delenv("SLURM_JOBID", raising=False)
     assert cli.main(["check", "--drain"]) == 2
     assert "--drain/--resume act on Slurm nodes; add --slurm" in capsys.readouterr().err
+    assert cli.main(["check", "--slurm", "--no-progress"]) == 2
+    assert "needs an allocation" in capsys.readouterr().err
+
+
+def test_drain_with_an_ssh_inventory_is_a_usage_error(capsys, tmp_path):
+    from preflight import cli
+
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text("nodes:\n  - a[1-2]\n")
+    assert cli.main(["check", str(inv), "--drain", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "uses transport ssh" in err and "transport: slurm" in err and "Traceback" not in err
     assert cli.main(["check", "--slurm", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "needs an allocation (SLURM_JOB_ID is not set)" in err and "Traceback" not in err

@@ -30,6 +30,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -141,6 +142,9 @@ class SimNode:
         self.host_key = os.path.join(self.dir, "ssh_host_ed25519_key")
         self.sshd_config = os.path.join(self.dir, "sshd_config")
         self.sshd_log = os.path.join(self.dir, "sshd.log")
+        # the node's shell start-up file: bash sources $BASH_ENV before every command sshd runs, as it
+        # sources ~/.bashrc on a real node; empty unless a fault writes into it
+        self.shell_rc = os.path.join(self.dir, "shellrc")
         self.docker0 = False
         self.sshd: Optional[subprocess.Popen] = None
         self.host_pubkey = b""
@@ -330,6 +334,7 @@ class SimCluster:
             node.host_pubkey = public
             known.append(b"%s %s\n" % (node.mgmt_ip.encode(), b" ".join(public.split()[:2])))
             _write(node.sshd_config, self._sshd_config_text(node, extra))
+            _write(node.shell_rc, "")
         _write(self.known_hosts, b"".join(known))
 
     @staticmethod
@@ -368,10 +373,11 @@ class SimCluster:
             # SHLVL=1: bash started by sshd sources ~/.bashrc only at shell level 1; the host's root
             # .bashrc (shared by every node) would otherwise rewrite PATH (pyenv shims) and cost time.
             # PREFLIGHT_HOST_ROOT: the node's own "/" for the files jobs read (/etc/nccl.conf, ~/.nccl.conf).
-            "SetEnv PATH=%(bin)s:%(tail)s PREFLIGHT_SYSFS_ROOT=%(sys)s PREFLIGHT_HOST_ROOT=%(root)s SHLVL=1\n"
+            "SetEnv PATH=%(bin)s:%(tail)s PREFLIGHT_SYSFS_ROOT=%(sys)s PREFLIGHT_HOST_ROOT=%(root)s SHLVL=1 BASH_ENV=%(rc)s\n"
             "%(extra)s"
         ) % {"ip": node.mgmt_ip, "key": node.host_key, "auth": self.authorized_keys, "bin": node.bin_dir,
-             "tail": SESSION_PATH_TAIL, "sys": node.sys_dir, "root": node.root_dir, "extra": extra}
+             "tail": SESSION_PATH_TAIL, "sys": node.sys_dir, "root": node.root_dir, "extra": extra,
+             "rc": node.shell_rc}
 
     def _build_network(self) -> None:
         names = [self.switch_ns, self.ctl_ns] + [node.ns for node in self.nodes]
@@ -705,6 +711,35 @@ class SimCluster:
         node = self.node(node)
         node.install_executable("python3", "#!/bin/sh\nexec sleep 100000\n")
         self._push_undo(node, lambda: self._install_python(node))
+
+    def _shell_rc(self, node: SimNode, text: str) -> None:
+        _write(node.shell_rc, text)
+        self._push_undo(node, lambda: _write(node.shell_rc, ""))
+
+    def shell_rc_prints(self, node: NodeRef, text: str) -> None:
+        """The node's shell start-up prints `text` (printf: no newline unless text has one) before every command."""
+        node = self.node(node)
+        self._shell_rc(node, "printf '%%s' %s\n" % shlex.quote(text))
+
+    def shell_rc_background_job(self, node: NodeRef, seconds: int = 100000) -> None:
+        """The node's shell start-up leaves a background job holding the session's stdout open."""
+        node = self.node(node)
+        self._shell_rc(node, "sleep %d &\n" % seconds)
+
+    def hang_login_mid_run(self, node: NodeRef) -> None:
+        """Like a home directory on NFS that goes away mid-run: the first python3 hangs (until its stdin
+        closes, as the probe bundle's watchdog does) and from then on every new login shell hangs in its
+        start-up file until the connection closes, so a kill sent over a second channel never answers."""
+        node = self.node(node)
+        flag = os.path.join(node.dir, "nfs-lost")
+        self._shell_rc(node, "[ -e %s ] && exec cat >/dev/null\n" % shlex.quote(flag))
+        node.install_executable("python3", "#!/bin/sh\ntouch %s\nexec cat >/dev/null\n" % shlex.quote(flag))
+
+        def undo() -> None:
+            self._install_python(node)
+            if os.path.exists(flag):
+                os.unlink(flag)
+        self._push_undo(node, undo)
 
     def mtu_blackhole(self, node: NodeRef, mtu: int = 1500) -> None:
         """Switch-side data port of the node drops to `mtu` while its eth1 says 9000: jumbo frames vanish."""

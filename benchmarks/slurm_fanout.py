@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""preflight through Slurm against the SSH fan-out and against Slurm's own floor, on the same nodes.
+
+For each cluster size a SimCluster with a real Slurm (tests/sim/slurm.py: slurmctld in the controller
+namespace, one slurmd per node namespace, munge) is built, and three commands run from the controller
+namespace against the same nodes, interleaved, several times:
+
+    floor      srun -N<n> -w n[001-<n>] python3 -c pass          allocation + one step, nothing else
+    slurm      preflight check --slurm --nodelist n[001-<n>] --skip allreduce --no-progress --json OUT
+    ssh        preflight check INV --skip allreduce --no-progress --json OUT     (the SSH fan-out)
+
+Both preflight runs make the same checks (phase 1 and phase 2: mtu pings and the rendezvous port).
+`preflight --slurm --nodelist` makes its own allocation (salloc), runs one srun step per phase and
+releases it, as `srun -N<n>` makes one allocation and one step: the floor is what Slurm itself costs
+for a single no-op step across the nodes. Wall time of each command is measured around the process;
+between runs the nodes are waited idle (not counted), so no run pays for the previous one's job.
+Every run must reach every node (exit 0, no failed node), else the script exits 1.
+
+The simulated nodes, their slurmd/sshd and the controller share this machine's cores: the 1-minute
+load average before each run is recorded. Read ratios from the same run, not absolute times.
+
+    sudo .venv/bin/python benchmarks/slurm_fanout.py --nodes 8,32 --repeats 3
+    sudo .venv/bin/python benchmarks/slurm_fanout.py --nodes 64 --repeats 3 --json slurm.json
+
+Exit status: 0 when every run reached every node, 1 otherwise, 2 on bad usage.
+Needs root (network namespaces), iproute2, OpenSSH, slurmctld/slurmd/slurm-client/munge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+PREFLIGHT = os.path.join(os.path.dirname(sys.executable), "preflight")
+MODES = ("floor", "slurm", "ssh")
+
+
+def _load() -> float:
+    with open("/proc/loadavg") as fh:
+        return float(fh.read().split()[0])
+
+
+def _ok_report(path: str, n: int) -> str:
+    """'' when the JSON report has n nodes and none failed or errored, else why not."""
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError) as exc:
+        return "no report: %s" % exc
+    bad = [node["name"] for node in doc["nodes"] if node["status"] in ("fail", "error")]
+    if len(doc["nodes"]) != n or bad:
+        return "%d nodes in the report, failed: %s" % (len(doc["nodes"]), ",".join(bad) or "-")
+    return ""
+
+
+def run_one(cluster: Any, mode: str, n: int, inv: str, out_dir: str) -> Dict[str, Any]:
+    from preflight.common import fold
+
+    nodes = fold([node.name for node in cluster.nodes])
+    report = os.path.join(out_dir, "%s-%d.json" % (mode, n))
+    if mode == "floor":
+        argv = ["srun", "-N%d" % n, "-w", nodes, "python3", "-c", "pass"]
+    elif mode == "slurm":
+        argv = [PREFLIGHT, "check", "--slurm", "--nodelist", nodes, "--skip", "allreduce", "--no-progress", "--json", report]
+    else:
+        argv = [PREFLIGHT, "check", inv, "--skip", "allreduce", "--no-progress", "--json", report]
+    load = _load()
+    t0 = time.monotonic()
+    proc = cluster.ctl(argv, env=cluster.slurm.env(), timeout=600)
+    wall = time.monotonic() - t0
+    why = ""
+    if proc.returncode != 0:
+        why = "rc %d: %s" % (proc.returncode, (proc.stderr or proc.stdout).strip()[-300:])
+    phases: Dict[str, float] = {}
+    if mode != "floor" and not why:
+        why = _ok_report(report, n)
+        with open(report) as fh:
+            doc = json.load(fh)
+        phases = dict(doc.get("phase_times_s") or {}, engine_s=doc.get("duration_s"))
+    cluster.slurm.wait_idle([node.name for node in cluster.nodes], 120)  # not counted
+    return {"mode": mode, "nodes": n, "wall_s": round(wall, 3), "load1": load, "ok": not why, "why": why, "phases": phases}
+
+
+def bench(n: int, repeats: int) -> List[Dict[str, Any]]:
+    from tests.sim.cluster import SimCluster
+
+    rows: List[Dict[str, Any]] = []
+    t0 = time.monotonic()
+    with SimCluster(n, slurm=True) as cluster, tempfile.TemporaryDirectory() as out_dir:
+        try:
+            from benchmarks.fanout import pin_neighbours
+
+            pin_neighbours(cluster)
+        except ImportError:
+            pass
+        print("# %d nodes: cluster up in %.1f s (load %.1f)" % (n, time.monotonic() - t0, _load()), flush=True)
+        inv = cluster.inventory(command_timeout=120)
+        run_one(cluster, "floor", n, inv, out_dir)  # warm-up (page cache, munge, first job), not counted
+        for r in range(repeats):
+            for mode in MODES:
+                row = run_one(cluster, mode, n, inv, out_dir)
+                row["repeat"] = r
+                rows.append(row)
+                print("  %-6s run %d: %6.2f s  load %5.1f  %s  %s" % (
+                    mode, r + 1, row["wall_s"], row["load1"], "ok" if row["ok"] else "FAILED " + row["why"],
+                    " ".join("%s=%.2f" % kv for kv in sorted(row["phases"].items()) if kv[1] is not None)), flush=True)
+    return rows
+
+
+def summarise(rows: List[Dict[str, Any]]) -> List[str]:
+    lines = ["nodes  floor(srun) s  slurm s  ssh s   slurm/floor  ssh/floor  slurm/ssh  load1 (median)"]
+    for n in sorted({r["nodes"] for r in rows}):
+        med = {m: statistics.median([r["wall_s"] for r in rows if r["nodes"] == n and r["mode"] == m]) for m in MODES}
+        load = statistics.median([r["load1"] for r in rows if r["nodes"] == n])
+        lines.append("%5d  %13.2f  %7.2f  %5.2f   %10.2fx  %8.2fx  %8.2fx  %5.1f" % (
+            n, med["floor"], med["slurm"], med["ssh"], med["slurm"] / med["floor"], med["ssh"] / med["floor"],
+            med["slurm"] / med["ssh"], load))
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", default="8,32", help="comma-separated cluster sizes (default 8,32)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", metavar="PATH", help="write every run's row here")
+    args = parser.parse_args()
+    try:
+        sizes = [int(x) for x in args.nodes.split(",") if x.strip()]
+    except ValueError:
+        parser.error("--nodes: comma-separated integers, e.g. 8,32,64")
+    if not sizes or min(sizes) < 1 or args.repeats < 1:
+        parser.error("--nodes and --repeats must be positive")
+    from tests.sim import slurm
+
+    missing = slurm.available()
+    if missing:
+        print("slurm_fanout: %s" % missing, file=sys.stderr)
+        return 2
+    rows: List[Dict[str, Any]] = []
+    for n in sizes:
+        rows += bench(n, args.repeats)
+    print("\n".join(summarise(rows)))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"cpus": os.cpu_count(), "rows": rows}, fh, indent=2)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

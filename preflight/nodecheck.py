@@ -1,0 +1,98 @@
+"""`preflight node`: this machine alone, for Slurm's HealthCheckProgram and Prolog.
+
+Runs the checks that need no partner node (phase-1 checks without a cross-node test: ssh basics, gpu,
+driver, fabric manager, nic, ib_hca) locally through the same probe bundle and rules as `preflight
+check` without an inventory, and prints one plain line per problem, the form slurmd's and syslog's logs
+keep (no colours, no table, no progress display):
+
+    preflight: FAIL gpu: n001 GPU 3 (0000:...): 2 uncorrectable ECC errors (expected 0)
+
+then one summary line. Exit 0 when the node may run jobs (warnings included), 1 when a check failed or
+errored, 2 on a usage error.
+
+Cross-node rules on one node: drift against the majority has no majority to compare with on one node.
+The rules compare a node's values with the majority of the nodes they are given; here that is the node
+itself, so drift can neither fire nor be claimed: their findings name the node's own values, and every
+other claim (missing GPU, ECC, link state, expected values from --gpus-per-node) is judged on data.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from preflight import checks as catalogue
+from preflight.errors import UsageError
+from preflight.model import Finding, Status
+
+
+def node_checks() -> List[str]:
+    """The checks one node can answer alone: phase-1 probes, no cross-node test."""
+    out = []
+    for name, check in catalogue.catalogue().items():
+        if check.phase == 1 and check.probe is not None and check.crossnode is None:
+            out.append(name)
+    return out
+
+
+def select(only: Optional[Sequence[str]], skip: Sequence[str]) -> List[str]:
+    """--only/--skip over the node checks; naming a cross-node check is a usage error that says why."""
+    names = list(catalogue.CHECK_NAMES)
+    local = node_checks()
+    for given in list(only or []) + list(skip):
+        if given not in names:
+            raise UsageError("unknown check %r" % given, "choose from: %s" % ", ".join(local))
+        if given not in local and given in (only or []):  # skipping a cross-node check is a no-op, not an error
+            raise UsageError("check %r needs a partner node; `preflight node` checks this machine alone" % given,
+                             "choose from: %s, or run `preflight check` across nodes" % ", ".join(local))
+    if "ssh" in skip:
+        raise UsageError("the ssh check cannot be skipped", "it gathers the node basics every other check reads")
+    return [n for n in local if (not only or n in only or n == "ssh") and n not in skip]
+
+
+def line(finding: Finding) -> str:
+    """One log line: `preflight: FAIL gpu: <message>` (newlines folded: a log line is one line)."""
+    message = " ".join(finding.message.split())
+    if finding.expected is not None and finding.expected not in message:
+        message += " (expected %s)" % " ".join(str(finding.expected).split())
+    return "preflight: %s %s: %s" % (finding.status.value.upper(), finding.check, message)
+
+
+def run(args: Any) -> int:
+    from preflight import engine, inventory, report
+
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError("--timeout must be positive", "give seconds, e.g. --timeout 10")
+    if args.gpus_per_node is not None and args.gpus_per_node < 0:
+        raise UsageError("--gpus-per-node must be 0 or more", "e.g. --gpus-per-node 8")
+    selected = select(args.only, args.skip)
+    t0 = time.monotonic()
+    inv = inventory.local_inventory(args.gpus_per_node)
+    opts = engine.Options(only=selected, skip=[], parallel=1, timeout=args.timeout)
+    result = engine.run(inv, opts)
+    wall = time.monotonic() - t0
+    out = sys.stderr if args.json == "-" else sys.stdout
+    problems = [f for f in report.sort_findings(result.findings) if f.status in (Status.FAIL, Status.ERROR, Status.WARN)]
+    for finding in problems:
+        out.write(line(finding) + "\n")
+    counts: Dict[str, int] = report.summary(result.findings)
+    # Without --gpus-per-node the count is what the driver registered: a node whose driver lost every GPU
+    # then looks CPU-only, so the line says where the expectation came from.
+    gpus = "%d GPUs%s" % (inv.nodes[0].gpus_per_node, "" if args.gpus_per_node is not None else " as the driver registered them")
+    out.write("preflight: node %s %s: %d fail, %d error, %d warn, %d pass, %d skip (%s; %s; %.1f s)\n" % (
+        inv.nodes[0].name, "UNHEALTHY" if result.exit_code else "ok", counts["fail"], counts["error"],
+        counts["warn"], counts["pass"], counts["skip"], gpus, ",".join(result.selected), wall))
+    out.flush()
+    if args.json:
+        doc = report.to_json(result)
+        if args.json == "-":
+            sys.stdout.write(report.dumps(doc))
+        else:
+            from preflight.history import atomic_write_text
+
+            try:
+                atomic_write_text(args.json, report.dumps(doc), mode=0o644)
+            except OSError as exc:
+                raise UsageError("cannot write %s: %s" % (args.json, exc.strerror or exc), "check the directory exists and is writable") from None
+    return result.exit_code

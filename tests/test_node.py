@@ -1,0 +1,91 @@
+"""`preflight node` (Slurm HealthCheckProgram / Prolog): this machine alone, log lines, exit code.
+
+Run inside a simulated node's namespace, with the node's hardware presented the way real hardware is
+(its bin/ first on PATH: nvidia-smi, systemctl, ldconfig; its sysfs root through PREFLIGHT_SYSFS_ROOT),
+and its own hostname (a UTS namespace), as slurmd would run it there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from preflight import nodecheck
+from preflight.errors import UsageError
+from preflight.model import Finding, Status
+from tests.sim import gpu_hw
+
+PREFLIGHT = os.path.join(os.path.dirname(sys.executable), "preflight")
+
+
+def _node_run(cluster, node, *args):
+    node = cluster.node(node)
+    env = {"PATH": "%s:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" % node.bin_dir,
+           "PREFLIGHT_SYSFS_ROOT": node.sys_dir, "PREFLIGHT_NVML": "off", "HOME": "/root", "LANG": "C.UTF-8"}
+    argv = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', node.name,
+            PREFLIGHT, "node", "--gpus-per-node", "8"] + list(args)
+    t0 = time.monotonic()
+    out = cluster.node_exec(node, argv, env=env, timeout=120)
+    return out, time.monotonic() - t0
+
+
+def _hgx(node):
+    gpu_hw.install_gpus(node, "h100", count=8)
+    gpu_hw.install_nvswitches(node)
+    gpu_hw.install_fabric_manager(node, active=True)
+    gpu_hw.install_nccl(node)
+
+
+def test_healthy_node_exits_0_and_one_fault_exits_1_with_one_line(sim_cluster):
+    cluster = sim_cluster(1)
+    node = cluster.node("n001")
+    _hgx(node)
+    out, wall = _node_run(cluster, node)
+    print("healthy node: rc %d, %.2f s wall\n%s%s" % (out.returncode, wall, out.stdout, out.stderr))
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("preflight: node n001 ok: 0 fail, 0 error"), lines
+    assert "Traceback" not in out.stderr and "\x1b[" not in out.stdout  # plain text: no colours
+
+    gpu_hw.install_gpus(node, "h100", count=8, faults={3: "ecc"})
+    out, wall = _node_run(cluster, node, "--json", "-")
+    print("ECC fault: rc %d, %.2f s wall\n%s" % (out.returncode, wall, out.stderr))
+    assert out.returncode == 1, out.stderr
+    problems = [l for l in out.stderr.splitlines() if not l.startswith("preflight: node ")]
+    assert len(problems) == 1, out.stderr
+    assert problems[0].startswith("preflight: FAIL gpu: ") and "GPU 3" in problems[0] and "ECC" in problems[0], problems
+    doc = json.loads(out.stdout)
+    assert doc["exit_code"] == 1 and doc["nodes"][0]["name"] == "n001"
+    assert "mtu" not in doc["checks"] and "allreduce" not in doc["checks"] and "ports" not in doc["checks"]
+
+    out, _ = _node_run(cluster, node, "--skip", "gpu,fabric_manager")  # the operator's choice is honoured
+    assert out.returncode == 0, out.stdout
+
+
+def test_node_selection_refuses_cross_node_checks():
+    assert "mtu" not in nodecheck.node_checks() and "allreduce" not in nodecheck.node_checks()
+    assert {"ssh", "gpu", "driver"} <= set(nodecheck.node_checks())
+    with pytest.raises(UsageError, match="needs a partner node"):
+        nodecheck.select(["mtu"], [])
+    with pytest.raises(UsageError, match="unknown check"):
+        nodecheck.select(["gpus"], [])
+    assert "ports" not in nodecheck.select(None, ["ports", "allreduce"])
+    assert nodecheck.select(["gpu"], []) == ["ssh", "gpu"]
+
+
+def test_log_line_is_one_plain_line():
+    f = Finding("ib_hca", "n001", Status.FAIL, "mlx5_1 port 1: state DOWN\n(link)", expected="ACTIVE")
+    assert nodecheck.line(f) == "preflight: FAIL ib_hca: mlx5_1 port 1: state DOWN (link) (expected ACTIVE)"
+
+
+def test_usage_errors_exit_2():
+    from preflight.cli import main
+
+    assert main(["node", "--only", "allreduce"]) == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["node", "--bogus"])
+    assert exc.value.code == 2
