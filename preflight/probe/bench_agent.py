@@ -538,6 +538,8 @@ def _on_event(rank: _Rank, event: Dict[str, Any], sizes: List[int]) -> None:
     elif kind == "pair":
         rank.pairs.append({k: v for k, v in event.items() if k not in ("event", "t")})
         rank.last_progress = now
+    elif kind == "pairs_ready":  # a rotation's sub-groups are made
+        rank.last_progress = now
     elif kind in ("pairs_done", "pairs_error"):
         rank.pairs_state, rank.last_progress = "done", now
         rank.pairs_s = round(now - rank.pairs_t0, 3) if rank.pairs_t0 is not None else None

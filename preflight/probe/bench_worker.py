@@ -26,6 +26,7 @@ before torch is imported, so a library that prints cannot corrupt the stream):
     {"event": "pairs_start", "bytes": N, "iters": K}   the fleet rounds begin in this process (config "pairs",
                                                        see _pair_phase)
     {"event": "pair", "rotation": r, "ranks": [..], "bytes": N, "time_s": .., "min_s": .., "ok": true}
+    {"event": "pairs_ready", "rotation": r}             a rotation's sub-groups are made (progress)
     {"event": "pairs_done"} | {"event": "pairs_error", "error": "..."}
     {"event": "done", "t": ...}                        process group destroyed
     {"event": "error", "stage": "init"|"size"|"finish", "bytes": N|null, "error": "Type: message"}
@@ -276,14 +277,13 @@ def _pair_phase(torch, dist, device, gpu, rank, last, cfg):
     if budget and per_iter > 0:
         iters = max(int(cfg.get("iters", 5)), min(iters, int(budget / per_iter) - warmup - 1))
     emit("pairs_start", bytes=nbytes, iters=iters)
-    groups = []
-    for rotation in spec["rotations"]:
-        made = []
-        for ranks in rotation:
-            made.append((sorted(int(r) for r in ranks), dist.new_group(ranks=sorted(int(r) for r in ranks))))
-        groups.append(made)
     sub = dict(cfg, warmup=warmup, iters=iters)
-    for r, made in enumerate(groups):
+    for r, rotation in enumerate(spec["rotations"]):
+        # a rotation's groups are made just before it runs (every rank makes each one, member or not),
+        # and say so: on a large cluster making them is progress the agent's op deadline must see
+        made = [(sorted(int(x) for x in ranks), dist.new_group(ranks=sorted(int(x) for x in ranks)))
+                for ranks in rotation]
+        emit("pairs_ready", rotation=r)
         dist.barrier()
         for ranks, group in made:
             if rank in ranks:
