@@ -59,7 +59,9 @@ Rule (per node; gpus_per_node from the inventory; "the fleet" is every judged GP
   instances for a multi-node job), naming the nodes whose MIG mode differs.
 - per GPU, WARN: SW thermal slowdown active; ECC enabled but the volatile counters unreadable (N/A
   under MIG); PCIe width below both its max and the width the fleet's GPUs of the same model train at
-  (an x8 slot every A10G/T4 node shares is the platform, said in the PASS message, not a warning);
+  (an x8 slot every A10G/T4 node shares is the platform, said in the PASS message, not a warning),
+  only for GPUs the topology check did not read from sysfs in this run (topology owns the link width
+  and FAILs it against the slot and the fleet; see topology_links);
   persistence mode off / ECC disabled where the fleet's majority has it on / enabled (otherwise said
   in the PASS message: the cloud images' default is not a fault). A PCIe *generation* below max alone
   is not reported: idle GPUs downshift the link to save power.
@@ -79,7 +81,7 @@ import os
 import re
 import threading
 import xml.etree.ElementTree as ET
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from preflight.common import fold, human_bytes, majority, plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, per_gpu_node
@@ -836,10 +838,33 @@ def _alone(node: Any, facts: Dict[str, Any]) -> Fleet:
     return Fleet([(node, facts)])
 
 
+def topology_links(topology_facts: Any) -> Set[str]:
+    """Bus addresses (0000:18:00.0) of the GPUs whose PCIe link the topology check read from sysfs this run.
+
+    One fact, one owner: topology judges those links (against the device's slot and the fleet, FAIL); gpu
+    judges the width nvidia-smi/NVML reports only for GPUs topology did not see (topology not run, its probe
+    failed, or no sysfs link attributes), so a narrow link is reported once, not as a WARN here and a FAIL
+    there. Coordinated through topology's facts only."""
+    if not isinstance(topology_facts, dict) or topology_facts.get("probe_error"):
+        return set()
+    return {
+        _bus12(d.get("bdf"))
+        for d in topology_facts.get("devices") or []
+        if d.get("kind") == "gpu" and (d.get("link") or {}).get("cur_width") is not None
+    }
+
+
+def _bus12(address: Any) -> str:
+    """00000000:4E:00.0 / 0000:4e:00.0 -> 0000:4e:00.0."""
+    return str(address or "").lower()[-12:]
+
+
 def gpu_problems(
-    gpu: Dict[str, Any], node_max_links: int, fleet: Optional[Fleet] = None, node: str = ""
+    gpu: Dict[str, Any], node_max_links: int, fleet: Optional[Fleet] = None, node: str = "",
+    topology_seen: Optional[Set[str]] = None,
 ) -> List[Tuple[Status, str, str, str]]:
-    """(status, message, expected, actual) for everything wrong with one GPU."""
+    """(status, message, expected, actual) for everything wrong with one GPU. topology_seen: the GPUs whose
+    PCIe width the topology check judges (topology_links): their width is not judged here."""
     label = gpu_label(gpu)
     out: List[Tuple[Status, str, str, str]] = []
     if gpu.get("error"):
@@ -887,7 +912,8 @@ def gpu_problems(
     out.extend(_link_problems(gpu, label, node_max_links))
     pcie = gpu.get("pcie") or {}
     width, max_width = pcie.get("width"), pcie.get("max_width")
-    if width is not None and max_width is not None and width < max_width:
+    owned = _bus12(gpu.get("pci_bus_id")) in (topology_seen or set())
+    if width is not None and max_width is not None and width < max_width and not owned:
         # A width every GPU of this model in the fleet shares is the platform's (an x8 slot): not a fault
         # of this node. Below that, or below max with no shared width (a tie), the link trained narrow.
         shared = fleet.width.get(gpu.get("name")) if fleet is not None else None
@@ -944,7 +970,8 @@ def _notes(gpus: List[Dict[str, Any]], fleet: Fleet) -> List[str]:
     return notes
 
 
-def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any, fleet: Optional[Fleet] = None) -> List[Finding]:
+def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any, fleet: Optional[Fleet] = None,
+                   topology_facts: Any = None) -> List[Finding]:
     name, expected = node.name, node.gpus_per_node
     fleet = fleet or _alone(node, facts)
     if facts.get("source") is None:
@@ -995,8 +1022,9 @@ def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any, fleet: Optional[F
             )
         )
     node_max_links = max([g["nvlink"]["active"] for g in gpus if g.get("nvlink")] or [0])
+    seen = topology_links(topology_facts)
     for gpu in gpus:
-        for status, msg, exp, act in gpu_problems(gpu, node_max_links, fleet, name):
+        for status, msg, exp, act in gpu_problems(gpu, node_max_links, fleet, name, seen):
             out.append(Finding(NAME, name, status, msg, expected=exp, actual=act))
     shm = ssh.get("shm_bytes") if isinstance(ssh, dict) else None
     if shm is not None and shm < MIN_SHM_BYTES:
@@ -1033,14 +1061,15 @@ def rule(view: ClusterView) -> List[Finding]:
             judged.append((node, facts))
     fleet = Fleet(judged)
     return per_gpu_node(
-        NAME, view, lambda node, facts: _node_findings(node, facts, view.facts[node.name].get("ssh"), fleet)
+        NAME, view, lambda node, facts: _node_findings(node, facts, view.facts[node.name].get("ssh"), fleet,
+                                                       view.facts[node.name].get("topology"))
     )
 
 
 CHECK = Check(
     name=NAME,
     claim="Every GPU node shows its gpus_per_node GPUs, each without ECC/remap faults, NVML errors, HW throttling, "
-    "a PCIe link narrower than its peers', or fewer NVLinks than its model has (18 on H100/H200/B200 SXM, 12 on "
+    "a PCIe link narrower than its peers' (when the topology check did not read it from sysfs), or fewer NVLinks than its model has (18 on H100/H200/B200 SXM, 12 on "
     "A100 SXM); no MIG on a multi-node run; /dev/shm is at least 1 GiB",
     why="One missing, throttled or faulty GPU makes every collective wait for it or crash; NCCL needs a "
     "large /dev/shm for its shared-memory transport.",

@@ -21,6 +21,24 @@ docs/configuration/nic-health-monitor.md (github.com/NVIDIA/NVSentinel, commit
     port_rcv_errors                                  > 10 / second: degradation
     port_xmit_discards                               > 100 / second: degradation
 
+Link flaps in the kernel log: on a node with HCAs the probe also searches this boot's kernel log (the reader
+xid uses, preflight.probe.kernlog: read once per probe run) for the lines the drivers print when a port's link
+changes, so a flap since boot is seen even when it is over before the probe reads the counters:
+
+    mlx5_core 0000:08:00.0 mlx5_0: Port: 1 Link DOWN         ib_core cache.c, "IB/cache: Add log messages for IB
+    mlx5_core 0000:08:00.0 mlx5_0: Port: 1 Link ACTIVE         device state changes" (linux-rdma, Feb 2025, Linux 6.15)
+    mlx5_core 0000:19:00.0 ens1f0np0: Link down               mlx5e_update_carrier, en_main.c (RoCE/Ethernet netdev)
+    mlx5_core 0000:19:00.0: Port module event: module 0, Cable unplugged          mlx5 core events.c port_module
+    mlx5_core 0000:19:00.0: Port module event[error]: module 0, Error condition, High Temperature
+
+The PCI address names the HCA through sysfs (class/infiniband/<hca>/device links to the PCI function; each mlx5
+function is one port). A flap is a DOWN/down line for a port the log had shown up (ACTIVE/up) before it: ports
+that come up at boot print DOWN/INIT first, which is not a flap. "Cable unplugged" counts as a flap; a module
+error event FAILs. Only lines inside ``cluster.xid_window_s`` (the same kernel-log window as xid; default:
+since boot) are judged: a port that flapped FLAP_FAIL or more times FAILs (action isolate), fewer WARN (the
+flap may have been a switch reboot). A log that cannot be read is said in the finding (counters only); it is
+not an ERROR here, xid reports the unreadable log on GPU nodes.
+
 Rule decisions (fatal → FAIL with action `isolate`, degradation → WARN):
 - during the probe's interval: any fatal increase, or a degradation rate above its threshold. A
   link_downed increase is a link flap and is named as one.
@@ -30,7 +48,12 @@ Rule decisions (fatal → FAIL with action `isolate`, degradation → WARN):
 - saturated counters WARN; no HCA: SKIP; a probe that could not read the counters: ERROR.
 
 Facts: {"interval_s": float, "at": unix time of the second read,
-        "ports": [{"hca", "port", "link_layer", "state", "before": {counter: int|None}, "after": {...}}]}
+        "ports": [{"hca", "port", "link_layer", "state", "before": {counter: int|None}, "after": {...}}],
+        "hca_pci": {hca: "0000:19:00.0"|None}, "uptime_s": float|None,
+        "kernel_log": {"source": "journalctl"|"dmesg"|None, "error": str|None, "lines": int, "first_ts": float|None,
+                       "events": [{"kind": "ib_port"|"netdev"|"module", "pci", "hca": str|None, "netdev": str|None,
+                                   "port": int|None, "state": "DOWN"|"ACTIVE"|"down"|"up"|"Cable unplugged"|...,
+                                   "error": str|None, "ts": float|None, "line": str}]}}
 """
 
 from __future__ import annotations
@@ -40,7 +63,9 @@ import re
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from preflight.common import plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
+from preflight.probe import kernlog
 
 CHECK_NAME = "ib_errors"
 INTERVAL_S = 1.0
@@ -76,6 +101,17 @@ DEGRADED_PER_S = {
 SYMBOL_FATAL_PER_H = 120.0
 _INT = re.compile(r"^\d+$")
 NO_PMA = "N/A (no PMA)"
+#: A port that went down this many times inside the kernel-log window FAILs (fewer: WARN).
+FLAP_FAIL = 3
+_BDF = r"([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])"
+#: ib_core (drivers/infiniband/core/cache.c): "<driver> <pci> <ibdev>: Port: <n> Link <state>"
+_IB_PORT = re.compile(r"^(\S+) %s (\S+): Port: (\d+) Link ([A-Z_]+)\s*$" % _BDF)
+#: mlx5e_update_carrier: "mlx5_core <pci> <netdev>: Link up|down"
+_NETDEV = re.compile(r"^mlx5_core %s (\S+): Link (up|down)\s*$" % _BDF)
+#: mlx5 events.c port_module: "mlx5_core <pci>: Port module event[error]: module <n>, <status>[, <error>]"
+_MODULE = re.compile(r"^mlx5_core %s: Port module event(\[error\])?: module (\d+), ([^,]+?)(?:, (.+?))?\s*$" % _BDF)
+_UP = ("ACTIVE", "up", "Cable plugged")
+_DOWN = ("DOWN", "down", "Cable unplugged")
 
 
 # ----------------------------------------------------------------------------------------------- parse
@@ -104,6 +140,44 @@ def counters_from(files: Mapping[str, Optional[str]]) -> Dict[str, Optional[int]
 def saturated(name: str, value: Optional[int]) -> bool:
     bits = WIDTH_BITS.get(name)
     return bits is not None and value is not None and value >= (1 << bits) - 1
+
+
+def parse_link_events(text: str, source: str = "journalctl") -> Dict[str, Any]:
+    """The HCA link changes in `journalctl -k -b 0 -o short-monotonic` or `dmesg` output (formats: module doc).
+
+    {"lines": message lines read, "first_ts": the oldest stamp, "events": [event]} with events in log order;
+    a journalctl line without its stamp or "HOST IDENT:" raises ParseError naming the line.
+    """
+    lines = 0
+    first_ts: Optional[float] = None
+    events: List[Dict[str, Any]] = []
+    for _number, ts, body in kernlog.messages(text, source):
+        lines += 1
+        if first_ts is None and ts is not None:
+            first_ts = ts
+        event = _link_event(body.strip())
+        if event is not None:
+            event.update(ts=ts, line=body.strip()[:200])
+            events.append(event)
+    return {"lines": lines, "first_ts": first_ts, "events": events}
+
+
+def _link_event(body: str) -> Optional[Dict[str, Any]]:
+    if "Link" not in body and "Port module event" not in body:
+        return None
+    m = _IB_PORT.match(body)
+    if m:
+        return {"kind": "ib_port", "pci": m.group(2).lower(), "hca": m.group(3), "netdev": None,
+                "port": int(m.group(4)), "state": m.group(5), "error": None}
+    m = _NETDEV.match(body)
+    if m:
+        return {"kind": "netdev", "pci": m.group(1).lower(), "hca": None, "netdev": m.group(2), "port": None,
+                "state": m.group(3), "error": None}
+    m = _MODULE.match(body)
+    if m:
+        return {"kind": "module", "pci": m.group(1).lower(), "hca": None, "netdev": None, "port": None,
+                "state": m.group(4), "error": (m.group(5) or m.group(4)) if m.group(2) else None}
+    return None
 
 
 # ----------------------------------------------------------------------------------------------- probe
@@ -143,7 +217,21 @@ def probe(ctx: Any) -> Dict[str, Any]:
     time.sleep(interval)
     for p in ports:
         p["after"] = _read_counters(ctx, p.pop("dir"))
-    return {"interval_s": round(time.monotonic() - started, 3), "at": time.time(), "ports": ports}
+    facts = {"interval_s": round(time.monotonic() - started, 3), "at": time.time(), "ports": ports}
+    facts["hca_pci"] = {hca: _hca_pci(ctx, hca) for hca in sorted({p["hca"] for p in ports})}
+    facts["uptime_s"] = kernlog.uptime(ctx)
+    klog = kernlog.read(ctx)
+    log: Dict[str, Any] = {"source": klog["source"], "error": klog["error"], "lines": 0, "first_ts": None, "events": []}
+    if klog["text"] is not None:
+        log.update(parse_link_events(klog["text"], klog["source"]))
+    facts["kernel_log"] = log
+    return facts
+
+
+def _hca_pci(ctx: Any, hca: str) -> Optional[str]:
+    """The PCI function an HCA sits on: the name of the directory class/infiniband/<hca>/device links to."""
+    real = os.path.basename(os.path.realpath(ctx.sys_path("class", "infiniband", hca, "device"))).lower()
+    return real if re.match(_BDF + "$", real) else None
 
 
 # ------------------------------------------------------------------------------------------------ rule
@@ -220,6 +308,55 @@ def _previous_counters(view: ClusterView, node: str) -> Tuple[Optional[Dict[str,
     return None, None, None
 
 
+def judge_log(facts: Mapping[str, Any], window: Optional[float]) -> Tuple[List[Tuple[str, Status, str]], Dict[str, int], str]:
+    """([(where, status, what)], {port label: flaps}, note on what was searched) from the kernel log's link
+    events inside the window. Pure."""
+    log = facts.get("kernel_log")
+    if not isinstance(log, dict) or log.get("source") is None:
+        why = (log or {}).get("error") if isinstance(log, dict) else "not in the probe's facts"
+        return [], {}, "kernel log not read (%s): link flaps %s not checked" % (why or "no log", kernlog.window_text(window))
+    by_pci = {pci: hca for hca, pci in (facts.get("hca_pci") or {}).items() if pci}
+    uptime = facts.get("uptime_s")
+    up: Dict[Tuple[str, int], bool] = {}
+    flaps: Dict[Tuple[str, int], Dict[str, List[Dict[str, Any]]]] = {}
+    errors: Dict[Tuple[str, int], List[Dict[str, Any]]] = {}
+    for event in log.get("events") or []:
+        hca = event.get("hca") or by_pci.get(event.get("pci")) or "HCA at %s" % event.get("pci")
+        key = (hca, int(event.get("port") or 1))
+        inside = kernlog.in_window(kernlog.age(uptime, event.get("ts")), window)
+        state = event.get("state")
+        if event.get("kind") == "module" and event.get("error"):
+            if inside:
+                errors.setdefault(key, []).append(event)
+        elif state in _UP:
+            up[key] = True
+        elif state in _DOWN:
+            # a port coming up at boot logs DOWN first: only a port seen up before can flap (an unplug always counts)
+            if inside and (up.get(key) or state == "Cable unplugged"):
+                flaps.setdefault(key, {}).setdefault(event["kind"], []).append(event)
+            up[key] = False
+    out: List[Tuple[str, Status, str]] = []
+    counts: Dict[str, int] = {}
+    when = kernlog.window_text(window)
+    for key in sorted(set(flaps) | set(errors)):
+        where = "%s port %d" % key
+        kinds = flaps.get(key) or {}
+        if kinds:
+            # one flap prints a line per layer (ib_core, the netdev, the module): count the layer with most
+            count = max(len(events) for events in kinds.values())
+            last = max((e for events in kinds.values() for e in events), key=lambda e: e.get("ts") or 0.0)
+            counts["%s:%d" % key] = count
+            status = Status.FAIL if count >= FLAP_FAIL else Status.WARN
+            out.append((where, status, "link went down %s %s in the kernel log (last %s: %s)%s" % (
+                plural(count, "time"), when, kernlog.ago(kernlog.age(uptime, last.get("ts"))), last.get("line"),
+                "" if status is Status.FAIL else "; %d or more fail" % FLAP_FAIL)))
+        for event in errors.get(key) or []:
+            out.append((where, Status.FAIL, "transceiver module error %s in the kernel log (%s: %s)" % (
+                when, kernlog.ago(kernlog.age(uptime, event.get("ts"))), event.get("line"))))
+    note = "no link flap %s in %s (%s)" % (when, plural(log.get("lines") or 0, "kernel log line"), log["source"])
+    return out, counts, note
+
+
 def _node(view: ClusterView, name: str, facts: Dict[str, Any]) -> Finding:
     ports = facts["ports"]
     seconds = float(facts.get("interval_s") or 0.0)
@@ -244,14 +381,16 @@ def _node(view: ClusterView, name: str, facts: Dict[str, Any]) -> Finding:
                 )
             )
         problems.extend((status, "%s: %s" % (where, what)) for status, what in found)
-    data = {"counters": {label(p): p["after"] for p in ports}, "at": facts.get("at"), "interval_s": seconds}
+    flapped, flaps, note = judge_log(facts, view.cluster.get("xid_window_s"))
+    problems.extend((status, "%s %s: %s" % (name, where, what)) for where, status, what in flapped)
+    data = {"counters": {label(p): p["after"] for p in ports}, "at": facts.get("at"), "interval_s": seconds, "flaps": flaps}
     if not problems:
         basis = "over %gs" % seconds + (" and since the last run" if prev else "")
         return Finding(
             CHECK_NAME,
             name,
             Status.PASS,
-            "%d port%s, no error counter rising %s" % (len(ports), "" if len(ports) == 1 else "s", basis),
+            "%d port%s, no error counter rising %s; %s" % (len(ports), "" if len(ports) == 1 else "s", basis, note),
             data=data,
         )
     worst = max((s for s, _ in problems), key=lambda s: s.rank)
@@ -288,7 +427,7 @@ def rule(view: ClusterView) -> List[Finding]:
 CHECK = Check(
     name=CHECK_NAME,
     claim="No InfiniBand/RoCE port's error counters rise during the probe (or since the last run) above "
-    "NVSentinel's thresholds; no link flaps",
+    "NVSentinel's thresholds; no link flaps (counters, and the kernel log since boot or within cluster.xid_window_s)",
     why="A port that flaps or counts symbol/receive errors drops or retransmits packets: RDMA transfers "
     "stall, NCCL times out, and one bad cable slows or kills every job that spans the node.",
     fix="Reseat or replace the cable/transceiver on the named port and check the switch side (mlxlink -d DEV "

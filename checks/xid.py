@@ -9,7 +9,8 @@ faults as SXid events. Real lines (driver versions differ in the fields after th
     [  269.517039] NVRM: Xid (0000:01:00): 3, C 00000005 SC 00000007 M 00001ffc Data ffffffff      (very old drivers: no "PCI:")
     [  123.456789] nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 30 sourcetrack timeout error
 
-The probe reads the kernel log of the current boot with ``journalctl -k -o short-monotonic`` (timestamps are
+The probe reads the kernel log of the current boot (preflight.probe.kernlog, shared with ib_errors: read once
+per probe run) with ``journalctl -k -o short-monotonic`` (timestamps are
 seconds since boot, so the window needs no wall clock), else ``dmesg``; when neither can be read it says why
 (a missing log is an ERROR, never a pass). It only reads the log where an NVIDIA driver is loaded or an
 NVIDIA PCI device is present.
@@ -48,7 +49,8 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.common import plural
-from preflight.model import Check, ClusterView, Finding, ParseError, Status, per_gpu_node
+from preflight.model import Check, ClusterView, Finding, Status, per_gpu_node
+from preflight.probe import kernlog
 
 NAME = "xid"
 
@@ -105,7 +107,6 @@ XID154_ACTIONS = (("node reboot", "reboot"), ("drain and reset", "isolate"), ("g
 
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?)(?:,\s*(.*))?$")
 _SXID = re.compile(r"(nvidia-nvswitch\d+): SXid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?)(?:,\s*(.*))?$")
-_STAMP = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
 #: How many Xid-looking lines the facts keep verbatim when their code cannot be read.
 MAX_UNPARSED = 5
 
@@ -123,47 +124,17 @@ def _nvidia_present(ctx: Any) -> bool:
     return False
 
 
-def _uptime(ctx: Any) -> Optional[float]:
-    text = ctx.read("/proc/uptime")
-    try:
-        return float(text.split()[0]) if text else None
-    except ValueError:
-        return None
-
-
-def _why(res: Any) -> str:
-    if res.timed_out:
-        return "timed out"
-    first = next((l.strip() for l in (res.stderr + "\n" + res.stdout).splitlines() if l.strip()), "")
-    return "rc %d%s" % (res.rc, ": " + first if first else "")
-
-
 def probe(ctx: Any) -> Dict[str, Any]:
-    """The current boot's Xid/SXid events from journalctl -k, else dmesg."""
+    """The current boot's Xid/SXid events from the shared kernel log reader (journalctl -k, else dmesg)."""
     facts: Dict[str, Any] = {"nvidia": _nvidia_present(ctx), "source": None, "log_error": None, "uptime_s": None, "log": None}
     if not facts["nvidia"]:
         return facts
-    facts["uptime_s"] = _uptime(ctx)
-    tried = []
-    res = ctx.run(["journalctl", "-k", "-b", "0", "-o", "short-monotonic", "--no-pager", "-q"], timeout=30.0)
-    if res.ok:
-        log = parse_kernel_log(res.stdout, "journalctl")
-        if log["lines"]:
-            facts.update(source="journalctl", log=log)
-            return facts
-        tried.append("journalctl -k: no kernel messages (journal not kept or no permission)")
-    else:
-        tried.append("journalctl -k: %s" % ("not found" if res.rc == 127 else _why(res)))
-    res = ctx.run(["dmesg"], timeout=30.0)
-    if res.ok:
-        log = parse_kernel_log(res.stdout, "dmesg")
-        if log["lines"]:
-            facts.update(source="dmesg", log=log)
-            return facts
-        tried.append("dmesg: empty (ring buffer cleared)")
-    else:
-        tried.append("dmesg: %s" % ("not found" if res.rc == 127 else _why(res)))
-    facts["log_error"] = "; ".join(tried)
+    facts["uptime_s"] = kernlog.uptime(ctx)
+    klog = kernlog.read(ctx)
+    if klog["text"] is None:
+        facts["log_error"] = klog["error"]
+        return facts
+    facts.update(source=klog["source"], log=parse_kernel_log(klog["text"], klog["source"]))
     return facts
 
 
@@ -177,28 +148,11 @@ def parse_kernel_log(text: str, source: str = "dmesg") -> Dict[str, Any]:
     markers ("-- Boot ... --", "-- No entries --") and indented continuation lines are skipped. dmesg lines
     carry the stamp unless printk.time is off (then ts is None: inside any window).
     """
-    if source not in ("journalctl", "dmesg"):
-        raise ParseError("kernel log: unknown source %r" % source)
     lines = 0
     first_ts: Optional[float] = None
     events: List[Dict[str, Any]] = []
     unparsed: List[str] = []
-    for number, raw in enumerate(text.splitlines(), 1):
-        if not raw.strip() or raw.startswith("-- ") or raw[:1] in (" ", "\t"):
-            continue
-        stamp = _STAMP.match(raw)
-        if stamp:
-            ts: Optional[float] = float(stamp.group(1))
-            body = stamp.group(2)
-            if source == "journalctl":
-                host_ident = body.split(" ", 2)
-                if len(host_ident) < 3 or not host_ident[1].endswith(":"):
-                    raise ParseError("journalctl -o short-monotonic line %d: expected '[ SECONDS] HOST IDENT: MESSAGE', got %.80r" % (number, raw))
-                body = host_ident[2]
-        elif source == "journalctl":
-            raise ParseError("journalctl -o short-monotonic line %d: expected a '[ SECONDS.MICROS]' stamp, got %.80r" % (number, raw))
-        else:
-            ts, body = None, raw
+    for _number, ts, body in kernlog.messages(text, source):
         lines += 1
         if first_ts is None and ts is not None:
             first_ts = ts
@@ -267,20 +221,8 @@ def _bus_key(address: Optional[str]) -> str:
     return "%s:%s:%s" % (parts[0][-4:].rjust(4, "0"), parts[1], parts[2].split(".")[0])
 
 
-def _ago(seconds: Optional[float]) -> str:
-    if seconds is None:
-        return "at an unknown time"
-    if seconds < 120:
-        return "%d s ago" % seconds
-    if seconds < 7200:
-        return "%d min ago" % (seconds // 60)
-    if seconds < 172800:
-        return "%.1f h ago" % (seconds / 3600.0)
-    return "%.1f days ago" % (seconds / 86400.0)
-
-
-def _window_text(window: Optional[float]) -> str:
-    return "since boot" if window is None else "in the last %s" % _ago(window).replace(" ago", "")
+_ago = kernlog.ago
+_window_text = kernlog.window_text
 
 
 def _judge(node: Any, facts: Dict[str, Any], gpu_facts: Any, window: Optional[float]) -> List[Finding]:
@@ -298,8 +240,8 @@ def _judge(node: Any, facts: Dict[str, Any], gpu_facts: Any, window: Optional[fl
             gpus[_bus_key(gpu.get("pci_bus_id"))] = gpu
     groups: Dict[Tuple[str, str, int], List[Dict[str, Any]]] = {}
     for event in log.get("events") or []:
-        age = None if uptime is None or event.get("ts") is None else max(0.0, uptime - event["ts"])
-        if window is not None and age is not None and age > window:
+        age = kernlog.age(uptime, event.get("ts"))
+        if not kernlog.in_window(age, window):
             continue
         groups.setdefault((event["kind"], _bus_key(event["pci"]), event["code"]), []).append(dict(event, age=age))
     out: List[Finding] = []

@@ -6,14 +6,13 @@ import copy
 import glob
 import json
 import os
-import stat
 
 import pytest
 
 from preflight.checks import gpu
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
-from tests.builders import StubNode
+from tests.builders import StubNode, fake_nvidia_smi
 from tests.fixture_cases import fixture_dir, meta, read
 from tests.sim.gpu_hw import FakeNVML
 
@@ -111,19 +110,6 @@ def test_nvml_lost_gpu_and_fabric_error_and_hw_slowdown():
 # ------------------------------------------------------------------------------------------------ probe
 
 
-def fake_nvidia_smi(bindir, xml_path=None, nvlink_path=None, rc=0):
-    os.makedirs(bindir, exist_ok=True)
-    path = os.path.join(bindir, "nvidia-smi")
-    with open(path, "w") as fh:
-        fh.write(
-            "#!/bin/sh\n"
-            'case "$*" in\n'
-            '  "-q -x") cat "%s"; exit %d ;;\n'
-            '  "nvlink --status") %s ;;\n'
-            '  *) echo "unexpected arguments: $*" >&2; exit 2 ;;\n'
-            "esac\n" % (xml_path, rc, 'cat "%s"' % nvlink_path if nvlink_path else "exit 3")
-        )
-    os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
 
 
 @pytest.fixture
@@ -346,3 +332,34 @@ def test_sim_rejects_unknown_fault(tmp_path):
 
     with pytest.raises(ValueError, match="fault"):
         gpu_hw.install_gpus(StubNode(tmp_path), "h100", faults={0: "melted"})
+
+
+def _topology_facts(gpu_bdfs, width=16):
+    return {"devices": [{"kind": "gpu", "bdf": b, "name": None, "numa_node": 0, "bridges": [],
+                         "link": {"cur_width": width, "max_width": 16, "cur_speed": 32.0, "max_speed": 32.0},
+                         "slot": None} for b in gpu_bdfs]}
+
+
+def _rule_with_topology(facts, topology):
+    node = NodeInfo("gpu-001", "10.0.0.1", 8)
+    entry = {"gpu": facts, "ssh": {"shm_bytes": 16 * GiB}, "topology": topology}
+    return gpu.rule(ClusterView([node], {"gpu-001": entry}))
+
+
+def test_narrow_pcie_link_is_left_to_topology_when_it_read_the_gpu():
+    # One fact, one owner: topology read GPU 3's link from sysfs this run (and FAILs it there), so gpu
+    # does not WARN the same link a second time from nvidia-smi.
+    facts = expected("h100_pcie_width_degraded")
+    bdfs = [g["pci_bus_id"] for g in facts["gpus"]]
+    found = by_status(_rule_with_topology(facts, _topology_facts(bdfs)))
+    assert list(found) == [Status.PASS], found
+
+
+def test_narrow_pcie_link_is_still_warned_when_topology_did_not_see_the_gpu():
+    facts = expected("h100_pcie_width_degraded")
+    others = [g["pci_bus_id"] for g in facts["gpus"] if not g["pci_bus_id"].upper().endswith("5D:00.0")]
+    warned = ["GPU 3 (0000:5D:00.0): PCIe link Gen5 x8 (expected Gen5 x16)"]
+    assert by_status(_rule_with_topology(facts, _topology_facts(others))) == {Status.WARN: warned}
+    assert by_status(_rule_with_topology(facts, {"probe_error": "did not finish within 30 s"})) == {Status.WARN: warned}
+    no_link = _topology_facts([g["pci_bus_id"] for g in facts["gpus"]], width=None)  # sysfs without link attributes
+    assert by_status(_rule_with_topology(facts, no_link)) == {Status.WARN: warned}

@@ -112,3 +112,107 @@ def test_no_hca_skips_and_missing_facts_error():
                        {"n1": {"ib_errors": {"interval_s": 0, "at": 1, "ports": []}}, "n2": {}})
     out = by_node(ib_errors.rule(view))
     assert out["n1"].status is Status.SKIP and out["n2"].status is Status.ERROR
+
+
+# ------------------------------------------------------------------------------- link flaps in the kernel log
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "ib_errors")
+HCA_PCI = {"mlx5_0": "0000:1a:00.0", "mlx5_1": "0000:3c:00.0", "mlx5_2": "0000:5d:00.0"}
+
+
+def _log_facts(name="journalctl_hgx_link_flaps.txt", uptime=9200.0, text=None):
+    if text is None:
+        with open(os.path.join(FIXTURES, name)) as fh:
+            text = fh.read()
+    log = dict(ib_errors.parse_link_events(text, "journalctl"), source="journalctl", error=None)
+    ports = [dict(_port(hca=h)) for h in sorted(HCA_PCI)]
+    return {"interval_s": 1.0, "at": 1000.0, "ports": ports, "hca_pci": HCA_PCI, "uptime_s": uptime, "kernel_log": log}
+
+
+def _rule(facts, **cluster):
+    view = ClusterView([NodeInfo("n1", "n1", 8)], {"n1": {"ib_errors": facts}}, cluster=cluster)
+    return ib_errors.rule(view)[0]
+
+
+def test_flaps_since_boot_are_named_per_port_and_boot_bringup_is_not_a_flap():
+    f = _rule(_log_facts())
+    assert f.status is Status.FAIL and f.action == "isolate"  # the module's High Temperature error
+    assert "n1 mlx5_0 port 1: transceiver module error since boot" in f.message and "High Temperature" in f.message
+    assert "n1 mlx5_1 port 1: link went down 1 time since boot in the kernel log (last 30 min ago" in f.message
+    # unplug + netdev down of one event count once; the netdev's "Link down" at boot (16 s) is bring-up
+    assert "n1 mlx5_2 port 1: link went down 1 time since boot" in f.message
+    assert f.data["flaps"] == {"mlx5_1:1": 1, "mlx5_2:1": 1}
+
+
+def test_flaps_outside_the_window_are_ignored():
+    f = _rule(_log_facts(), xid_window_s=1000)
+    assert f.data["flaps"] == {"mlx5_2:1": 1}
+    assert "mlx5_1" not in f.message and "in the last 16 min" in f.message
+
+
+def test_repeated_flaps_fail_single_flap_warns():
+    boot = "[   15.6] h kernel: mlx5_core 0000:3c:00.0 mlx5_1: Port: 1 Link ACTIVE\n"
+    flap = "[ %d.5] h kernel: mlx5_core 0000:3c:00.0 mlx5_1: Port: 1 Link DOWN\n[ %d.9] h kernel: mlx5_core 0000:3c:00.0 mlx5_1: Port: 1 Link ACTIVE\n"
+    once = _rule(_log_facts(text=boot + flap % (100, 101)))
+    assert once.status is Status.WARN and "link went down 1 time" in once.message and once.action is None
+    thrice = _rule(_log_facts(text=boot + "".join(flap % (t, t + 1) for t in (100, 200, 300))))
+    assert thrice.status is Status.FAIL and "link went down 3 times" in thrice.message and thrice.action == "isolate"
+
+
+def test_quiet_log_passes_and_says_what_it_searched():
+    boot = ("[   15.1] h kernel: mlx5_core 0000:3c:00.0 mlx5_1: Port: 1 Link INIT\n"
+            "[   15.6] h kernel: mlx5_core 0000:3c:00.0 mlx5_1: Port: 1 Link ACTIVE\n")
+    f = _rule(_log_facts(text=boot))
+    assert f.status is Status.PASS
+    assert "no link flap since boot in 2 kernel log lines (journalctl)" in f.message
+
+
+def test_unreadable_log_is_said_not_passed_off_as_quiet():
+    facts = _log_facts()
+    facts["kernel_log"] = {"source": None, "error": "journalctl -k: rc 1; dmesg: rc 1: Operation not permitted",
+                           "lines": 0, "first_ts": None, "events": []}
+    f = _rule(facts)
+    assert f.status is Status.PASS  # the counters were read; the log's absence is stated, xid reports it on GPU nodes
+    assert "kernel log not read (journalctl -k: rc 1; dmesg: rc 1: Operation not permitted): link flaps since boot not checked" in f.message
+
+
+def _fake_journalctl(tmp_path, text):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "calls"
+    script = bindir / "journalctl"
+    script.write_text("#!/bin/sh\necho x >> %s\ncat <<'EOF'\n%sEOF\n" % (calls, text))
+    script.chmod(0o755)
+    return str(bindir), calls
+
+
+def test_probe_maps_pci_to_hca_and_reads_the_log_once_for_xid_too(tmp_path, monkeypatch):
+    from preflight.checks import xid
+    from preflight.probe.context import Shared
+
+    with open(os.path.join(FIXTURES, "journalctl_hgx_link_flaps.txt")) as fh:
+        text = fh.read()
+    bindir, calls = _fake_journalctl(tmp_path, text)
+    monkeypatch.setenv("PATH", bindir + os.pathsep + os.environ["PATH"])
+    sysfs = tmp_path / "sys"
+    ib_hw.write_tree(str(sysfs), ib_hw.cluster_files([{}, {}]))
+    # class/infiniband/<hca>/device links to the PCI function, as the kernel publishes it
+    for hca, bdf in (("mlx5_0", "0000:1a:00.0"), ("mlx5_1", "0000:3c:00.0")):
+        real = sysfs / "devices" / "pci0000:00" / bdf
+        real.mkdir(parents=True)
+        dev = sysfs / "class" / "infiniband" / hca / "device"
+        for child in dev.iterdir() if dev.is_dir() else []:
+            child.rename(real / child.name)
+        dev.rmdir()
+        dev.symlink_to(os.path.relpath(str(real), str(dev.parent)))
+    (sysfs / "module" / "nvidia").mkdir(parents=True)
+    shared = Shared()
+    facts = ib_errors.probe(NodeContext({"interval_s": 0.01}, sysfs_root=str(sysfs), shared=shared))
+    xfacts = xid.probe(NodeContext({}, sysfs_root=str(sysfs), shared=shared))
+    assert calls.read_text().count("x") == 1  # one journalctl for both checks
+    assert facts["hca_pci"] == {"mlx5_0": "0000:1a:00.0", "mlx5_1": "0000:3c:00.0"}
+    assert facts["kernel_log"]["source"] == "journalctl" and len(facts["kernel_log"]["events"]) == 13
+    assert xfacts["source"] == "journalctl" and xfacts["log"]["lines"] == 16
+    # a separate run (its own Shared) reads the log again
+    ib_errors.probe(NodeContext({"interval_s": 0.01}, sysfs_root=str(sysfs)))
+    assert calls.read_text().count("x") == 2

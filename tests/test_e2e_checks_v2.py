@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from tests.sim import ib_hw
+from tests.sim import gpu_hw, ib_hw
 from tests.test_e2e_catalogue import results, run_preflight
 
 
@@ -30,6 +30,40 @@ def test_ib_errors_names_the_flapping_port_while_it_flaps(sim_cluster):
     assert found["n001"]["status"] == found["n003"]["status"] == "pass"
     cluster.heal("n002")
     assert cluster.leftover_processes() == {}
+
+
+def test_ib_errors_names_a_port_that_flapped_before_the_run_from_the_kernel_log(sim_cluster):
+    """The counters are quiet during the probe; the kernel log (the simulator's journalctl -k, the reader xid
+    shares) shows n002's mlx5_1 going down three times an hour ago and its transceiver overheating."""
+    from tests.test_e2e_hw_checks import hgx_pcie
+
+    cluster = sim_cluster(3)
+    hgx_pcie(cluster, None, None)
+    with open("/proc/uptime") as fh:
+        uptime = float(fh.read().split()[0])
+    target = cluster.node("n002")
+    base = max(20.0, uptime - 3600)
+    gpu_hw.inject_kernel_log(target, "mlx5_core 0000:2b:00.0 mlx5_1: Port: 1 Link ACTIVE", 15.5)
+    for i in range(3):
+        gpu_hw.inject_kernel_log(target, "mlx5_core 0000:2b:00.0 mlx5_1: Port: 1 Link DOWN", base + i)
+        gpu_hw.inject_kernel_log(target, "mlx5_core 0000:2b:00.0 mlx5_1: Port: 1 Link ACTIVE", base + i + 0.5)
+    gpu_hw.inject_kernel_log(target, "mlx5_core 0000:2b:00.0: Port module event[error]: module 1, Error condition, "
+                             "High Temperature", base + 3)
+    rc, doc, err = run_preflight(cluster, cluster.inventory(gpus_per_node=8), "--only", "ib_errors,xid")
+    assert rc == 1, err
+    found = _by_node(doc, "ib_errors")
+    assert found["n002"]["status"] == "fail" and found["n002"]["action"] == "isolate", found["n002"]
+    message = found["n002"]["message"]
+    assert "n002 mlx5_1 port 1: link went down 3 times since boot in the kernel log" in message, message
+    assert "n002 mlx5_1 port 1: transceiver module error since boot" in message and "High Temperature" in message
+    assert "mlx5_0" not in message
+    assert found["n002"]["data"]["flaps"] == {"mlx5_1:1": 3}
+    for name in ("n001", "n003"):
+        assert found[name]["status"] == "pass", found[name]
+        assert "no link flap since boot in" in found[name]["message"] and "(journalctl)" in found[name]["message"]
+    # xid read the same log in the same probe run: every node passes it
+    assert {r["status"] for r in results(doc, "xid")} == {"pass"}, results(doc, "xid")
+    print(message)
 
 
 def test_ib_errors_against_the_previous_run(sim_cluster, tmp_path):

@@ -58,3 +58,25 @@ def test_healthy_hgx_nodes_pass_the_new_checks(sim_cluster):
     for check in ("xid", "gpudirect", "topology"):
         assert {r["status"] for r in results(doc, check)} == {"pass"}, results(doc, check)
     assert rc == 0, err
+
+
+def test_narrow_gpu_link_is_reported_once_by_topology(sim_cluster):
+    """nvidia-smi (gpu) and sysfs (topology) both show n002's GPU 3 trained at x8: the link has one owner,
+    topology, which FAILs it against the fleet; gpu does not add a WARN for the same fact."""
+    cluster = sim_cluster(3)
+    target = cluster.node("n002")
+    for node in cluster.nodes:
+        gpu_hw.install_gpus(node, "h100", count=8, faults={3: "pcie_width"} if node is target else None)
+        ib_hw.install_hcas(node, [{}, {}])
+        pci_hw.install_pcie(node, faults={"gpu_width": 3} if node is target else None)
+    rc, doc, err = run_preflight(cluster, cluster.inventory(gpus_per_node=8), "--only", "gpu,topology")
+    assert rc == 1, err
+    problems = [r for r in doc["results"] if r["status"] not in ("pass", "skip")]
+    assert [(r["check"], r["node"], r["status"]) for r in problems] == [("topology", "n002", "fail")], problems
+    assert "GPU 3" in problems[0]["message"] and "x8" in problems[0]["message"], problems[0]["message"]
+    assert {r["status"] for r in results(doc, "gpu")} == {"pass"}, results(doc, "gpu")
+    # without topology in the run, gpu still sees the narrow link (from nvidia-smi) and warns
+    rc, doc, err = run_preflight(cluster, cluster.inventory(gpus_per_node=8), "--only", "gpu")
+    warned = results(doc, "gpu", "warn")
+    assert [r["node"] for r in warned] == ["n002"] and "GPU 3 (0000:5D:00.0): PCIe link Gen5 x8" in warned[0]["message"], results(doc, "gpu")
+    print(problems[0]["message"])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks import ib_hca, mtu, nic
+from preflight.checks import gpudirect, ib_hca, mtu, nic
 from preflight.envfile import derive
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe.context import NodeContext
@@ -169,7 +169,7 @@ def _parse(kind, path, tmp_path, monkeypatch):
         return _nic_probe(path, tmp_path, monkeypatch)
     if kind == "ping":
         return mtu.parse_ping(path.read_text(), "", 1)
-    pytest.skip("no lspci parser in the project: fabric_manager reads NVSwitch PCI functions from sysfs")
+    return gpudirect.parse_lspci_acs(path.read_text())
 
 
 @pytest.mark.parametrize("kind, path", CAPTURES)
@@ -256,7 +256,51 @@ def _agree_ping(path, facts):
             assert "mtu=%d" % reported_mtu in found[1] or "mtu = %d" % reported_mtu in found[1]
 
 
+def _raw_lspci(text):
+    """{bdf with the 0000 domain: (ACSCtl line or None, access denied)} read straight from the capture."""
+    out, current = {}, None
+    for raw in text.splitlines():
+        if raw.strip() and not raw[0].isspace():
+            bdf = raw.split(" ", 1)[0].lower()
+            current = bdf if bdf.count(":") == 2 else "0000:" + bdf
+            out[current] = [None, False]
+        elif raw.strip().startswith("ACSCtl:"):
+            out[current][0] = raw.strip()
+        elif raw.strip() == "Capabilities: <access denied>":
+            out[current][1] = True
+    return out
+
+
+def _agree_lspci(path, facts):
+    raw = _raw_lspci(path.read_text())
+    assert sorted(facts) == sorted(raw)
+    for bdf, (acs_line, denied) in raw.items():
+        assert (facts[bdf]["acs_ctl"] is not None) == (acs_line is not None), bdf
+        assert facts[bdf]["access_denied"] is denied, bdf
+        for flag in gpudirect.REDIRECTS:
+            if acs_line is not None:
+                assert facts[bdf]["acs_ctl"][flag] is (flag + "+" in acs_line), (bdf, acs_line)
+    # As gpudirect judges a healthy node: every bridge in the capture taken as a GPU<->HCA switch port
+    lines = {}
+    for line in path.read_text().splitlines():
+        if line[:1].strip():
+            bdf, what = line.split(" ", 1)
+            lines[bdf if bdf.count(":") == 2 else "0000:" + bdf] = what
+    gpus = sorted(b for b, what in lines.items() if "NVIDIA" in what and ("3D controller" in what or "VGA" in what))
+    hcas = sorted(b for b, what in lines.items() if "Mellanox" in what and "controller" in what)
+    bridges = sorted(b for b, what in lines.items() if "bridge" in what)
+    if not gpus or not hcas:
+        return  # nothing gpudirect would judge (no GPU or no HCA in this capture)
+    node = {"gpus": gpus, "hcas": [{"name": "mlx5_%d" % i, "bdf": h} for i, h in enumerate(hcas)],
+            "paths": [{"gpu": gpus[0], "hca": "mlx5_0", "bridges": bridges}], "acs": facts,
+            "peermem": "nvidia_peermem", "virtual": None, "iommu": "off"}
+    view = ClusterView([NodeInfo("n1", "n1", len(gpus))], {"n1": {"gpudirect": node}})
+    findings = gpudirect.rule(view)
+    assert [f.message for f in findings if f.status in PROBLEMS] == []
+    assert [f.status for f in findings] == [Status.PASS]
+
+
 @pytest.mark.parametrize("kind, path", CAPTURES)
 def test_agrees(kind, path, tmp_path, monkeypatch):
     facts = _parse(kind, path, tmp_path, monkeypatch)
-    {"ib_sysfs": _agree_ib, "ip_addr_json": _agree_ip, "ping": _agree_ping}[kind](path, facts)
+    {"ib_sysfs": _agree_ib, "ip_addr_json": _agree_ip, "ping": _agree_ping, "lspci": _agree_lspci}[kind](path, facts)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 from typing import Any, Dict, List, Optional, Sequence
 
 from preflight.model import CommandResult
@@ -24,13 +25,34 @@ RAW_CAP = 4096
 HOST_ENV = "PREFLIGHT_HOST_ROOT"
 
 
-class NodeContext:
-    """The probe's window on the node. One per probe run; cheap to build."""
+class Shared:
+    """What the probes of one run share: a command's result computed once (the kernel log that xid and
+    ib_errors both search), whichever probe asks first; the others wait for it. Thread-safe."""
 
-    def __init__(self, config: Optional[Dict[str, Any]] = None, sysfs_root: Optional[str] = None) -> None:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._locks: Dict[Any, threading.Lock] = {}
+        self._values: Dict[Any, Any] = {}
+
+    def once(self, key: Any, compute: Any) -> Any:
+        with self._lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._values:
+                self._values[key] = compute()
+            return self._values[key]
+
+
+class NodeContext:
+    """The probe's window on the node. One per check per probe run; cheap to build. The contexts of one run
+    hold the same Shared (the runner passes it), so run_once() runs a command once for all of them."""
+
+    def __init__(self, config: Optional[Dict[str, Any]] = None, sysfs_root: Optional[str] = None,
+                 shared: Optional[Shared] = None) -> None:
         self.config: Dict[str, Any] = dict(config or {})
         self.sysfs_root = sysfs_root or os.environ.get(SYSFS_ENV) or "/sys"
         self.host_root = os.environ.get(HOST_ENV) or "/"
+        self.shared = shared if shared is not None else Shared()
 
     def host_path(self, path: str) -> str:
         """A node's absolute path (/etc/nccl.conf) as this probe reaches it: under the host root."""
@@ -64,6 +86,11 @@ class NodeContext:
             out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
             return CommandResult(argv, -1, out, "timed out after %gs" % timeout, timed_out=True)
         return CommandResult(argv, proc.returncode, proc.stdout, proc.stderr)
+
+    def run_once(self, argv: Sequence[str], timeout: float = 15.0) -> CommandResult:
+        """run(), but once per probe run: a probe that asks for the same argv later gets the same result."""
+        argv = [str(a) for a in argv]
+        return self.shared.once(("run",) + tuple(argv), lambda: NodeContext.run(self, argv, timeout))
 
     @staticmethod
     def read(path: str) -> Optional[str]:
@@ -104,9 +131,17 @@ class RecordingContext(NodeContext):
     and `preflight check --capture` sends all of them back (events), to be written as test fixtures.
     """
 
-    def __init__(self, config: Optional[Dict[str, Any]] = None, sysfs_root: Optional[str] = None) -> None:
-        super().__init__(config, sysfs_root)
+    def __init__(self, config: Optional[Dict[str, Any]] = None, sysfs_root: Optional[str] = None,
+                 shared: Optional[Shared] = None) -> None:
+        super().__init__(config, sysfs_root, shared)
         self.events: List[Dict[str, Any]] = []
+
+    def run_once(self, argv: Sequence[str], timeout: float = 15.0) -> CommandResult:
+        res = NodeContext.run_once(self, argv, timeout)
+        # recorded in every probe that used it, so each probe's capture replays on its own
+        self.events.append({"kind": "run", "argv": list(res.argv), "rc": res.rc, "stdout": res.stdout,
+                            "stderr": res.stderr, "timed_out": res.timed_out})
+        return res
 
     def run(self, argv: Sequence[str], timeout: float = 15.0, input: Optional[str] = None) -> CommandResult:
         res = NodeContext.run(self, argv, timeout, input)

@@ -14,7 +14,7 @@ import time
 import traceback
 from typing import Any, Dict, Optional
 
-from preflight.probe.context import RecordingContext
+from preflight.probe.context import RecordingContext, Shared
 
 
 def _run_probe(name: str, ctx: RecordingContext) -> Dict[str, Any]:
@@ -32,7 +32,8 @@ def run_probes(checks: Dict[str, Dict[str, Any]], timeout_s: float, records: Opt
     raw outputs it had been given ("raw": the last commands and reads, capped). records, when given,
     receives every probe's full recording (for --capture)."""
     facts: Dict[str, Any] = {}
-    contexts = {name: RecordingContext(cfg or {}) for name, cfg in checks.items()}
+    shared = Shared()  # one kernel log read for xid and ib_errors (NodeContext.run_once)
+    contexts = {name: RecordingContext(cfg or {}, shared=shared) for name, cfg in checks.items()}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(checks)))
     futures = {pool.submit(_run_probe, name, ctx): name for name, ctx in contexts.items()}
     done, pending = concurrent.futures.wait(futures, timeout=timeout_s)

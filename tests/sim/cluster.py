@@ -765,14 +765,17 @@ class SimCluster:
                 "s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(16)\n"
                 "sys.stdout.write('ready\\n'); sys.stdout.flush()\n"
                 "while True: time.sleep(3600)\n")
-        proc = self._spawn(["ip", "netns", "exec", node.ns, sys.executable, "-c", code, addr, str(port)],
+        return self._hold(node, "hold_port %s:%d" % (addr, port), [sys.executable, "-c", code, addr, str(port)])
+
+    def _hold(self, node: "SimNode", what: str, argv: List[str]) -> int:
+        """Start argv inside the node, wait for its 'ready' line, and keep it until heal/stop; its pid."""
+        proc = self._spawn(["ip", "netns", "exec", node.ns] + argv,
                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        line = proc.stdout.readline()
-        if line.strip() != b"ready":
+        if proc.stdout.readline().strip() != b"ready":
             proc.kill()
             err = proc.stderr.read().decode(errors="replace").strip()
             proc.wait()
-            raise SimError("hold_port %s %s:%d failed: %s" % (node.name, addr, port, err))
+            raise SimError("%s on %s failed: %s" % (what, node.name, err))
         self._held[proc.pid] = proc
 
         def release() -> None:
@@ -799,23 +802,7 @@ class SimCluster:
                 "        open(p + '.new', 'w').write('%d\\n' % v)\n"
                 "        os.replace(p + '.new', p)\n"
                 "    time.sleep(every)\n")
-        proc = self._spawn(["ip", "netns", "exec", node.ns, sys.executable, "-c", code, str(step), str(every)] + paths,
-                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        if proc.stdout.readline().strip() != b"ready":
-            proc.kill()
-            err = proc.stderr.read().decode(errors="replace").strip()
-            proc.wait()
-            raise SimError("count_up on %s failed: %s" % (node.name, err))
-        self._held[proc.pid] = proc
-
-        def release() -> None:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            self._held.pop(proc.pid, None)
-
-        self._push_undo(node, release)
-        return proc.pid
+        return self._hold(node, "count_up", [sys.executable, "-c", code, str(step), str(every)] + paths)
 
     def mount_local(self, node: NodeRef, path: str) -> None:
         """Mount an empty tmpfs over `path` in the node's mount namespace (its sshd's): the node sees a

@@ -167,6 +167,15 @@ def install_hcas(
     specs = list(ports) if ports is not None else [PortSpec()]
     for rel, text in sorted(cluster_files(specs, first).items()):
         node.write_sys(rel, text)
+    if not os.path.exists(os.path.join(node.bin_dir, "journalctl")):
+        # ib_errors reads the kernel log for link flaps: a simulated node never shows it the host's own log
+        node.install_executable(
+            "journalctl",
+            "#!/bin/sh\n"
+            "# journalctl (preflight simulator): a quiet kernel log of this boot, short-monotonic format\n"
+            "echo '[    0.000000] %s kernel: Linux version 5.15.0-105-generic (preflight simulator)'\n"
+            % getattr(node, "name", "ib-node"),
+        )
     return ["mlx5_%d" % (first + i) for i in range(len(specs))]
 
 
