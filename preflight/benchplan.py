@@ -188,14 +188,18 @@ PAIR_ROTATIONS = 3
 def pair_rotations(nodes: Sequence[str], count: int = PAIR_ROTATIONS) -> List[List[List[str]]]:
     """Rotations of disjoint cross-half pairs: rotation r pairs node i of the first half with node
     (i + r) mod m of the second half (m nodes; the second half has the odd one out, who sits out one
-    rotation in m). Rotation 0 is plan_pairs(); at most m rotations (then partners would repeat)."""
+    rotation in m). Rotation 0 is plan_pairs(); at most m rotations (then partners would repeat). Three
+    nodes get every pair (three rotations), so each is measured twice."""
     nodes = list(nodes)
     half = len(nodes) // 2
     first, second = nodes[:half], nodes[half:]
     if not first:
         return []
-    return [[[first[i], second[(i + r) % len(second)]] for i in range(half)]
-            for r in range(min(count, len(second)))]
+    out = [[[first[i], second[(i + r) % len(second)]] for i in range(half)]
+           for r in range(min(count, len(second)))]
+    if len(nodes) == 3 and count >= 3:  # else the second half's nodes are measured once each: no confirmation
+        out.append([[second[0], second[1]]])
+    return out
 
 
 def pair_spec(configs: Mapping[str, Mapping[str, Any]], rotations: Sequence[Sequence[Sequence[str]]],

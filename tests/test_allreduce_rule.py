@@ -569,8 +569,8 @@ def test_pair_rotations_give_every_node_distinct_cross_half_partners():
         assert sorted(flat) == nodes  # disjoint, every node once
     partners = {n: {m for rotation in rot for g in rotation if n in g for m in g if m != n} for n in nodes}
     assert all(len(p) == benchplan.PAIR_ROTATIONS for p in partners.values()), partners
-    # three nodes: the odd one out sits out one rotation, every node is measured
-    assert benchplan.pair_rotations(["a", "b", "c"]) == [[["a", "b"]], [["a", "c"]]]
+    # three nodes: every pair, so every node is measured beside two partners
+    assert benchplan.pair_rotations(["a", "b", "c"]) == [[["a", "b"]], [["a", "c"]], [["b", "c"]]]
     assert benchplan.pair_spec({"a": {"rank_offset": 0, "local_world_size": 2}, "b": {"rank_offset": 2,
                                 "local_world_size": 2}}, [[["a", "b"]]], 20) == {"rotations": [[[0, 1, 2, 3]]], "iters": 20}
 
@@ -615,9 +615,10 @@ def test_one_disturbed_pair_measurement_names_nobody_a_slow_link_is_named():
 
 def test_a_pair_the_phase_did_not_reach_is_a_failed_group_naming_why():
     rot = benchplan.pair_rotations(["a", "b", "c"])
-    docs, configs, _names = _pair_docs({(0, "a", "b"): 0.01, (1, "a", "c"): 0.01}, failed={(1, "c")})
+    docs, configs, _names = _pair_docs({(0, "a", "b"): 0.01, (1, "a", "c"): 0.01, (2, "b", "c"): 0.01},
+                                       failed={(1, "c")})
     docs["c"]["ranks"][0]["pairs_error"] = "no progress within the op deadline (10 s) in the pair phase"
-    first, second = benchplan.pair_results(docs, configs, rot)
+    first, second, _third = benchplan.pair_results(docs, configs, rot)
     assert first["failure"] is None and first["busbw_gbps"] > 0
     assert "c rank 2: pair test did not complete (no progress within the op deadline" in second["failure"]
     # no rank ran the phase (an older agent, or the sweep failed): None, the separate rounds run instead
