@@ -3,7 +3,7 @@
     sudo .venv/bin/python benchmarks/allreduce_rounds.py --before /tmp/before   # 8 nodes, 2 repeats
     sudo .venv/bin/python benchmarks/allreduce_rounds.py --before /tmp/before --throttle 3
 
---before names a directory holding another build's `preflight` package with its checks at
+--before names a directory (repeat it as LABEL=DIR to compare several builds) holding another build's `preflight` package with its checks at
 preflight/checks (e.g. `git archive main preflight checks | tar -x -C DIR && mv DIR/checks
 DIR/preflight/checks`); it runs as the controller through PYTHONPATH, and ships its own bench worker to
 the nodes in its bundle. "after" is this checkout. Both run `preflight check --only allreduce` on the
@@ -44,7 +44,8 @@ def run(cluster, inv, pythonpath, cwd):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--before", required=True)
+    ap.add_argument("--before", required=True, action="append",
+                    help="DIR or LABEL=DIR (repeatable): another build to run beside this checkout")
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--throttle", type=int)
@@ -53,17 +54,26 @@ def main():
         if args.throttle:
             cluster.throttle(args.throttle)
         inv = cluster.inventory()
-        times = {"before": [], "after": []}
+        builds = []
+        for spec in args.before:
+            label, _eq, path = spec.rpartition("=")
+            builds.append((label or ("before" if len(args.before) == 1 else path), path, "/tmp"))
+        builds.append(("after", None, REPO))
+        times = {label: [] for label, _p, _c in builds}
+        print("load average at start: %s" % open("/proc/loadavg").read().strip())
         for i in range(args.repeats):
-            for label, path, cwd in (("before", args.before, "/tmp"), ("after", None, REPO)):
+            for label, path, cwd in builds:
                 wall, rc, verdicts, timings = run(cluster, inv, path, cwd)
                 times[label].append(wall)
-                print("%-6s #%d  %.1f s  exit %d  %s" % (label, i + 1, wall, rc, json.dumps(timings)))
+                print("%-6s #%d  %.1f s  exit %d  load %s  %s" % (
+                    label, i + 1, wall, rc, open("/proc/loadavg").read().split()[0], json.dumps(timings)))
                 for v in verdicts:
                     print("         %s %s %s" % v)
-        b, a = statistics.median(times["before"]), statistics.median(times["after"])
-        print("median time to verdict on %d nodes: before %.1f s, after %.1f s (after/before %.2f)" % (
-            args.nodes, b, a, a / b))
+        a = statistics.median(times["after"])
+        for label, _p, _c in builds[:-1]:
+            b = statistics.median(times[label])
+            print("median time to verdict on %d nodes: %s %.1f s, after %.1f s (after/%s %.2f)" % (
+                args.nodes, label, b, a, label, a / b))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ one per node with gloo on CPU nodes), rendezvousing at the head's data-plane add
 Deadlines are layered: the agents enforce init / per-operation / total deadlines and always answer;
 the controller's outer deadline kills the remote process group of an agent that does not.
 
-When the whole-cluster run hangs, fails or is slow and no node stands out, the nodes are tested in disjoint
+On CPU nodes (gloo) the whole-cluster run also times rotations of disjoint node pairs once its sweep is done,
+in the same rank processes (benchplan.pair_rotations, bench_worker._pair_phase): the fleet judgement of a
+healthy cluster costs no second launch and no second torch import; rounds run only for what they leave
+undecided. When the whole-cluster run hangs, fails or is slow and no node stands out, the nodes are tested in disjoint
 pairs, then suspects beside known-good nodes (preflight.benchplan.localize), so the report names the node to
 exclude. The rounds re-run only the size the first run stopped at (or its verdict size), under deadlines
 derived from what the first run measured (preflight.benchplan.localization_plan, round_deadlines): a hang is
@@ -100,8 +103,11 @@ def _run_groups(
     port: int,
     env: Dict[str, str],
     settings: Dict[str, Any],
+    pairs: Optional[Sequence[Sequence[Sequence[str]]]] = None,
 ) -> Dict[str, Any]:
-    """Run one all-reduce per group, all groups at once. {"configs", "docs", "unanswered"}."""
+    """Run one all-reduce per group, all groups at once. {"configs", "docs", "unanswered"}.
+
+    pairs: node-pair rotations the (single) group's ranks time after their sweep (benchplan.pair_rotations)."""
     configs: Dict[str, Dict[str, Any]] = {}
     metas = []
     for group in groups:
@@ -119,6 +125,10 @@ def _run_groups(
         if settings.get("start_at"):
             for cfg in cfgs.values():
                 cfg["start_at"] = settings["start_at"]
+        if pairs:
+            spec = benchplan.pair_spec(cfgs, pairs, settings.get("pair_iters") or settings["iters"])
+            for cfg in cfgs.values():
+                cfg["pairs"] = spec
         metas.append(benchplan.cluster_meta(cfgs))
         configs.update(cfgs)
     bundles = {name: {"mode": "bench", "bench": cfg} for name, cfg in configs.items()}
@@ -162,7 +172,12 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
     env_vars = {k: v for k, v in (env.as_dict() if env is not None else {}).items() if k not in _AGENT_SET}
 
     t0 = time.monotonic()
-    first = _run_groups(fleet, [nodes], addr_of, port, env_vars, settings)
+    # gloo: the pair tests ride on the whole-cluster run (one launch, one torch import); see
+    # benchplan.PAIR_ROTATIONS. nccl keeps them as separate rounds, beside its node rounds.
+    gloo = not all(n.gpus_per_node > 0 for n in nodes)
+    rotations = benchplan.pair_rotations([n.name for n in nodes]) if gloo and len(nodes) >= 3 else None
+    first = _run_groups(fleet, [nodes], addr_of, port, env_vars, dict(settings, pair_iters=ROUND_MIN_ITERS),
+                        pairs=rotations)
     timings: Dict[str, Any] = {"run_s": round(time.monotonic() - t0, 3)}
     timings.update(_slowest_start(first["docs"]))
     result.docs = first["docs"]
@@ -217,10 +232,16 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
                 meta["node_rounds"].append(dict(spec, results=results, sizes=plan["sizes"], by_bandwidth=judged))
         # pairs: the path between nodes, which only a partner can test
         if len(nodes) >= 3:
+            # the in-process rotations stand for the first rounds when the sweep completed (they judge
+            # bandwidth); a hang or an error is localized by separate rounds at the size it stopped at
+            done = benchplan.pair_results(first["docs"], first["configs"], rotations) if (
+                rotations and by_bandwidth) else None
             verdict = benchplan.localize([n.name for n in nodes], run_groups, threshold=limit if by_bandwidth else None,
-                                         by_bandwidth=by_bandwidth, slow_fraction=settings["slow_fraction"])
+                                         by_bandwidth=by_bandwidth, slow_fraction=settings["slow_fraction"],
+                                         results=done)
             meta["localization"] = {
                 "results": verdict["results"], "rounds": verdict["rounds"],
+                "in_process_rotations": len(rotations) if done is not None else 0,
                 "threshold_gbps": limit if by_bandwidth else None, "by_bandwidth": by_bandwidth, "mode": plan["mode"],
                 "why": plan["why"], "sizes": plan["sizes"], "deadlines": short["deadlines"],
             }
@@ -236,6 +257,9 @@ def _slowest_start(docs: Dict[str, Dict[str, Any]]) -> Dict[str, Optional[float]
     for key in ("import_s", "init_s"):
         values = [e.get(key) for e in entries]
         out["slowest_" + key] = max(values) if values and None not in values else None
+    pairs = [e["pairs_s"] for e in entries if e.get("pairs_s") is not None]
+    if pairs:  # the in-process pair rotations (part of run_s)
+        out["slowest_pairs_s"] = max(pairs)
     return out
 
 
@@ -281,6 +305,6 @@ def summary(findings: Sequence[Any], meta: Dict[str, Any], elapsed_s: Optional[f
 def _localization_summary(loc: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     if not loc:
         return None
-    out = {k: loc.get(k) for k in ("rounds", "why", "sizes", "deadlines", "by_bandwidth", "exclude")}
+    out = {k: loc.get(k) for k in ("rounds", "in_process_rotations", "why", "sizes", "deadlines", "by_bandwidth", "exclude")}
     out["groups"] = loc.get("results")
     return out

@@ -10,7 +10,8 @@ outer_deadline() how long the controller waits for one agent.
 Localization (pure planning; the controller runs the rounds): plan_pairs() puts every node in one
 disjoint pair (a triple when the count is odd) for round 1; plan_suspects() pairs each node of a failing
 group with a node that passed; verdict_localization() names the nodes to exclude. localize() drives it,
-at most MAX_ROUNDS rounds. localization_plan() says whether the rounds can add anything after the whole-
+at most MAX_ROUNDS rounds, starting from the in-process pair rotations when the whole-cluster run timed them
+(pair_rotations(), pair_spec(), pair_results(): gloo). localization_plan() says whether the rounds can add anything after the whole-
 cluster run and which single size they run; round_deadlines() keeps their deadlines to what it measured.
 """
 
@@ -173,6 +174,79 @@ def plan_pairs(nodes: Sequence[str]) -> List[List[str]]:
     nodes = list(nodes)
     half = len(nodes) // 2
     return [[nodes[i], nodes[i + half]] for i in range(half)]
+
+
+#: In-process pair rotations: the whole-cluster run's ranks, once their sweep is done, time disjoint pairs of
+#: nodes as sub-groups of the world they already formed (bench_worker._pair_phase): no second launch, no
+#: second torch import. Each rotation pairs every node with a different partner, so a node is measured
+#: beside PAIR_ROTATIONS partners (fewer when the cluster has fewer): one slow measurement (a busy
+#: neighbour on a shared machine) is outvoted by the others, because a node that passes beside anyone is
+#: good; a slow link is slow beside every partner.
+PAIR_ROTATIONS = 3
+
+
+def pair_rotations(nodes: Sequence[str], count: int = PAIR_ROTATIONS) -> List[List[List[str]]]:
+    """Rotations of disjoint cross-half pairs: rotation r pairs node i of the first half with node
+    (i + r) mod m of the second half (m nodes; the second half has the odd one out, who sits out one
+    rotation in m). Rotation 0 is plan_pairs(); at most m rotations (then partners would repeat). Three
+    nodes get every pair (three rotations), so each is measured twice."""
+    nodes = list(nodes)
+    half = len(nodes) // 2
+    first, second = nodes[:half], nodes[half:]
+    if not first:
+        return []
+    out = [[[first[i], second[(i + r) % len(second)]] for i in range(half)]
+           for r in range(min(count, len(second)))]
+    if len(nodes) == 3 and count >= 3:  # else the second half's nodes are measured once each: no confirmation
+        out.append([[second[0], second[1]]])
+    return out
+
+
+def pair_spec(configs: Mapping[str, Mapping[str, Any]], rotations: Sequence[Sequence[Sequence[str]]],
+              iters: int) -> Dict[str, Any]:
+    """The whole-cluster run's "pairs" config (bench_worker._pair_phase): each node pair as its global ranks."""
+    def ranks(name):
+        c = configs[name]
+        first = int(c.get("rank_offset", 0))
+        return list(range(first, first + int(c.get("local_world_size", 1))))
+
+    return {"rotations": [[ranks(a) + ranks(b) for a, b in rotation] for rotation in rotations], "iters": int(iters)}
+
+
+def pair_results(docs: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]],
+                 rotations: Sequence[Sequence[Sequence[str]]]) -> Optional[List[GroupResult]]:
+    """Group results of the in-process pair rotations from the whole-cluster run's documents, or None when
+    no rank ran them (the sweep did not complete, or an agent without the pair phase answered)."""
+    table = rank_table({n: d for n, d in docs.items() if isinstance(d, dict) and not _doc_problem(d)})
+    if not any((e.get("pairs") is not None) for _n, e in table.values()):
+        return None
+    out: List[GroupResult] = []
+    for r, rotation in enumerate(rotations):
+        for group in rotation:
+            spec = pair_spec(configs, [[group]], 0)["rotations"][0][0]
+            found, failure = [], None
+            for rank in spec:
+                node, entry = table.get(rank, (None, {}))
+                hit = [p for p in entry.get("pairs") or [] if int(p.get("rotation", -1)) == r
+                       and sorted(int(x) for x in p.get("ranks") or []) == spec]
+                if not hit:
+                    why = entry.get("pairs_error") or "no result"
+                    failure = failure or "%s rank %d: pair test did not complete (%s)" % (node or "?", rank, why)
+                elif not hit[0].get("ok", False):
+                    failure = failure or "wrong sums at %s" % human_bytes(int(hit[0]["bytes"]))
+                else:
+                    found.append(hit[0])
+            result: GroupResult = {"nodes": list(group), "busbw_gbps": None, "failure": failure, "rotation": r}
+            if failure is None and found:
+                nbytes, world = int(found[0]["bytes"]), len(spec)
+                slowest = max(float(p["time_s"]) for p in found)
+                result["bytes"] = nbytes
+                result["busbw_gbps"] = round(nbytes / max(slowest, 1e-12) / 1e9 * busbw_factor(world), 4)
+                if all(p.get("min_s") is not None for p in found):
+                    best = max(float(p["min_s"]) for p in found)
+                    result["best_gbps"] = round(nbytes / max(best, 1e-12) / 1e9 * busbw_factor(world), 4)
+            out.append(result)
+    return out
 
 
 def group_result(nodes: Sequence[str], docs: Mapping[str, Any], backend: str = "nccl") -> GroupResult:
@@ -375,14 +449,22 @@ def localize(
     max_rounds: int = MAX_ROUNDS,
     by_bandwidth: bool = True,
     slow_fraction: float = SLOW_FRACTION,
+    results: Optional[Sequence[GroupResult]] = None,
 ) -> Dict[str, Any]:
     """Drive the rounds: run_round(groups) runs those groups concurrently and returns their results.
 
+    results: groups already measured (the in-process pair rotations): the rounds start from them, with
+    suspects beside known-good nodes, and run only when something is left to decide.
     Returns verdict_localization() plus "results" (every group result) and "rounds" (how many ran).
     """
-    results: List[GroupResult] = []
-    groups = plan_pairs(nodes)
     rounds = 0
+    if results is not None:
+        results = list(results)
+        groups = plan_suspects(results, threshold=threshold, by_bandwidth=by_bandwidth, nodes=nodes,
+                               slow_fraction=slow_fraction)
+    else:
+        results = []
+        groups = plan_pairs(nodes)
     while groups and rounds < max_rounds:
         results.extend(run_round(groups))
         rounds += 1

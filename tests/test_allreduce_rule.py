@@ -558,3 +558,70 @@ def test_a_stall_blames_no_rank_that_only_reported_the_reset():
 
 def ar_cpu_sizes():
     return [KiB, 4 * MiB]
+
+
+def test_pair_rotations_give_every_node_distinct_cross_half_partners():
+    nodes = ["n%03d" % i for i in range(1, 9)]
+    rot = benchplan.pair_rotations(nodes)
+    assert rot[0] == benchplan.plan_pairs(nodes) and len(rot) == benchplan.PAIR_ROTATIONS
+    for rotation in rot:
+        flat = [n for g in rotation for n in g]
+        assert sorted(flat) == nodes  # disjoint, every node once
+    partners = {n: {m for rotation in rot for g in rotation if n in g for m in g if m != n} for n in nodes}
+    assert all(len(p) == benchplan.PAIR_ROTATIONS for p in partners.values()), partners
+    # three nodes: every pair, so every node is measured beside two partners
+    assert benchplan.pair_rotations(["a", "b", "c"]) == [[["a", "b"]], [["a", "c"]], [["b", "c"]]]
+    assert benchplan.pair_spec({"a": {"rank_offset": 0, "local_world_size": 2}, "b": {"rank_offset": 2,
+                                "local_world_size": 2}}, [[["a", "b"]]], 20) == {"rotations": [[[0, 1, 2, 3]]], "iters": 20}
+
+
+def _pair_docs(figures, failed=()):
+    """Agent documents with in-process pair entries: figures {(rotation, node a, node b): seconds}."""
+    names = sorted({n for (_r, a, b) in figures for n in (a, b)})
+    docs = {n: {"backend": "gloo", "world_size": len(names), "ranks": [
+        {"rank": i, "status": "ok", "sizes": [], "pairs": [], "pairs_error": None}]} for i, n in enumerate(names)}
+    for (r, a, b), t in figures.items():
+        ranks = sorted([names.index(a), names.index(b)])
+        for n in (a, b):
+            if (r, n) not in failed:
+                docs[n]["ranks"][0]["pairs"].append({"rotation": r, "ranks": ranks, "bytes": 4 * MB, "time_s": t,
+                                                     "min_s": t, "ok": True})
+    configs = {n: {"rank_offset": i, "local_world_size": 1} for i, n in enumerate(names)}
+    return docs, configs, names
+
+
+MB = 1 << 20
+
+
+def test_one_disturbed_pair_measurement_names_nobody_a_slow_link_is_named():
+    nodes = ["n%03d" % i for i in range(1, 9)]
+    rot = benchplan.pair_rotations(nodes)
+    healthy = {(r, a, b): 0.04 for r, rotation in enumerate(rot) for a, b in rotation}
+    noisy = dict(healthy)
+    noisy[(1, "n002", "n007")] = 0.12  # a busy neighbour: 3x slower once
+    docs, configs, names = _pair_docs(noisy)
+    results = benchplan.pair_results(docs, configs, rot)
+    assert len(results) == 12 and all(g["failure"] is None for g in results)
+    calls = []
+    verdict = benchplan.localize(names, lambda groups: calls.append(groups) or [], results=results)
+    assert verdict["bad"] == {} and verdict["rounds"] == 0 and calls == [], verdict  # no follow-up round
+    slow = {k: (4.0 if "n007" in k[1:] else v) for k, v in healthy.items()}  # n007's link throttled
+    docs, configs, names = _pair_docs(slow)
+    verdict = benchplan.localize(names, lambda groups: calls.append(groups) or [],
+                                 results=benchplan.pair_results(docs, configs, rot))
+    assert list(verdict["bad"]) == ["n007"] and calls == [], verdict
+    assert "below the fleet median" in verdict["bad"]["n007"]
+
+
+def test_a_pair_the_phase_did_not_reach_is_a_failed_group_naming_why():
+    rot = benchplan.pair_rotations(["a", "b", "c"])
+    docs, configs, _names = _pair_docs({(0, "a", "b"): 0.01, (1, "a", "c"): 0.01, (2, "b", "c"): 0.01},
+                                       failed={(1, "c")})
+    docs["c"]["ranks"][0]["pairs_error"] = "no progress within the op deadline (10 s) in the pair phase"
+    first, second, _third = benchplan.pair_results(docs, configs, rot)
+    assert first["failure"] is None and first["busbw_gbps"] > 0
+    assert "c rank 2: pair test did not complete (no progress within the op deadline" in second["failure"]
+    # no rank ran the phase (an older agent, or the sweep failed): None, the separate rounds run instead
+    for d in docs.values():
+        d["ranks"][0]["pairs"] = None
+    assert benchplan.pair_results(docs, configs, rot) is None

@@ -279,3 +279,41 @@ def test_nccl_debug_lines_are_kept_apart_from_the_error_tail():
     small = bench_agent._Rank(2, 2)
     small.add_stderr((log * 2000).encode(), final=True)
     assert 0 < small.nccl_bytes <= bench_agent.NCCL_LOG_MAX and small.nccl_log[0] == log.split("\n")[0]
+
+
+def test_pair_rotations_run_in_the_same_processes_after_the_sweep():
+    # four "nodes" as four local ranks: the sweep, then two rotations of disjoint pairs as sub-groups
+    port = free_port()
+    names = ["n001", "n002", "n003", "n004"]
+    rotations = benchplan.pair_rotations(names)
+    configs = {n: {"rank_offset": i, "local_world_size": 1} for i, n in enumerate(names)}
+    cfg = dict(config(port, 4, local=4), pairs=benchplan.pair_spec(configs, rotations, 4))
+    (doc,) = run_all((cfg,))
+    assert doc["deadline"] is None and doc.get("pairs_deadline") is None, doc
+    for r in doc["ranks"]:
+        assert r["status"] == "ok" and r["pairs_error"] is None, r
+        assert [s["bytes"] for s in r["sizes"]] == SMALL
+        assert [(p["rotation"], p["bytes"], p["ok"]) for p in r["pairs"]] == [(0, SMALL[-1], True), (1, SMALL[-1], True)]
+    assert_no_leftovers(doc)
+    per_node = {n: dict(doc, ranks=[doc["ranks"][i]]) for i, n in enumerate(names)}
+    groups = benchplan.pair_results(per_node, configs, rotations)
+    assert [g["nodes"] for g in groups] == [["n001", "n003"], ["n002", "n004"], ["n001", "n004"], ["n002", "n003"]]
+    assert all(g["failure"] is None and g["busbw_gbps"] > 0 and g["best_gbps"] >= g["busbw_gbps"] for g in groups), groups
+
+
+def test_a_failing_pair_phase_leaves_the_sweep_standing_and_says_why():
+    # a group naming a rank outside the world: torch refuses it on every rank, in the pair phase
+    port = free_port()
+    (doc,) = run_all((dict(config(port, 2, local=2), pairs={"rotations": [[[0, 7]]], "iters": 3}),))
+    for r in doc["ranks"]:
+        assert r["status"] == "ok" and [s["bytes"] for s in r["sizes"]] == SMALL, r
+        assert r["pairs"] == [] and r["pairs_error"] and r["pairs_error"].startswith("ValueError"), r
+    assert doc["deadline"] is None
+    assert_no_leftovers(doc)
+    per_node = {"n001": dict(doc, ranks=[doc["ranks"][0]]), "n002": dict(doc, ranks=[doc["ranks"][1]])}
+    configs = {"n001": {"rank_offset": 0, "local_world_size": 1}, "n002": {"rank_offset": 1, "local_world_size": 1}}
+    (group,) = benchplan.pair_results(per_node, configs, [[["n001", "n002"]]])
+    assert "pair test did not complete (ValueError" in group["failure"], group
+    # the rule judges the sweep as if there had been no pair phase
+    (f,) = rule_over([per_node["n001"], per_node["n002"]], ["n001", "n002"])
+    assert f.status is Status.WARN and "no threshold applies" in f.message

@@ -25,7 +25,10 @@ Config (built by the controller)::
       "deadlines": {"init_s": 30, "op_s": 20, "total_s": 120, "kill_grace_s": 3, "fail_grace_s": 5},
       "python": "/path/to/python",     # interpreter for the ranks; default sys.executable
       "size_budget_s": 15,             # optional; default op_s * SIZE_BUDGET_FRACTION (see bench_worker)
-      "start_at": 1700000000.0         # optional: wall-clock time the ranks start timing (bench_worker)
+      "start_at": 1700000000.0,        # optional: wall-clock time the ranks start timing (bench_worker)
+      "pairs": {"rotations": [[[0, 4], [1, 5], ...], ...], "iters": 20}
+                                       # optional: after the sweep, the same ranks time these disjoint
+                                       # sub-groups at the sweep's last size (bench_worker._pair_phase)
     }
 
 Deadlines, layered (all measured on this node's monotonic clock):
@@ -65,7 +68,10 @@ Result document::
                                                          # to "init_done" (null if it never got there)
          "sizes": [{"bytes": 1024, "time_s": 1.2e-05, "ok": true, "min_s": ..., "max_s": ...}],
          "cut": null | {"bytes": N, "took_s": .., "projected_s": .., "budget_s": ..},  # sweep ended early
-         "nccl_log": null | "..."}   # nccl: the rank's NCCL_DEBUG=INFO lines (first NCCL_LOG_MAX bytes)
+         "nccl_log": null | "...",   # nccl: the rank's NCCL_DEBUG=INFO lines (first NCCL_LOG_MAX bytes)
+         "pairs": null | [{"rotation": 0, "ranks": [0, 4], "bytes": N, "time_s": .., "min_s": .., "ok": true}],
+         "pairs_error": null | "...",  # the pair phase failed or hung; the sweep's results (status) stand
+         "pairs_s": null | 1.9}        # seconds from the pair phase's start to its end
       ]
     }
 
@@ -144,6 +150,11 @@ class _Rank:
         self.import_s = None  # type: Optional[float]
         self.init_s = None  # type: Optional[float]
         self.cut = None  # type: Optional[Dict[str, Any]]
+        self.pairs = []  # type: List[Dict[str, Any]]
+        self.pairs_state = None  # type: Optional[str]  # "running" after pairs_start, "done" after pairs_done
+        self.pairs_error = None  # type: Optional[str]
+        self.pairs_t0 = None  # type: Optional[float]
+        self.pairs_s = None  # type: Optional[float]
 
     @property
     def settled(self) -> bool:
@@ -201,7 +212,19 @@ class _Rank:
             "sizes": self.sizes,
             "cut": self.cut,
             "nccl_log": "\n".join(self.nccl_log) if self.nccl_log else None,
+            "pairs": self.pairs if self.pairs_state else None,
+            "pairs_error": self.pairs_error,
+            "pairs_s": self.pairs_s,
         }
+
+    def settle_in_pairs(self, why: str) -> bool:
+        """A rank stopped in the pair phase (after its sweep): the sweep's results stand, the pair phase
+        failed. True when that applied."""
+        if self.pairs_state != "running":
+            return False
+        self.status = "ok"
+        self.pairs_error = self.pairs_error or why
+        return True
 
 
 def _normalise(config: Dict[str, Any]) -> Dict[str, Any]:
@@ -386,6 +409,7 @@ def _spawn(cfg: Dict[str, Any], rank: _Rank, sel: selectors.BaseSelector) -> Non
         # stop the sweep before a size that would run into the op deadline (see bench_worker)
         "size_budget_s": cfg["size_budget_s"],
         "start_at": cfg.get("start_at"),
+        "pairs": cfg.get("pairs"),
     }
     rank.started = rank.last_progress = time.monotonic()
     try:
@@ -509,6 +533,18 @@ def _on_event(rank: _Rank, event: Dict[str, Any], sizes: List[int]) -> None:
     elif kind == "cut":
         rank.cut = {k: v for k, v in event.items() if k not in ("event", "t")}
         rank.last_progress = now
+    elif kind == "pairs_start":
+        rank.pairs_state, rank.last_progress, rank.pairs_t0 = "running", now, now
+    elif kind == "pair":
+        rank.pairs.append({k: v for k, v in event.items() if k not in ("event", "t")})
+        rank.last_progress = now
+    elif kind == "pairs_ready":  # a rotation's sub-groups are made
+        rank.last_progress = now
+    elif kind in ("pairs_done", "pairs_error"):
+        rank.pairs_state, rank.last_progress = "done", now
+        rank.pairs_s = round(now - rank.pairs_t0, 3) if rank.pairs_t0 is not None else None
+        if kind == "pairs_error":
+            rank.pairs_error = str(event.get("error") or "unknown error")
     elif kind == "done":
         rank.done, rank.last_progress = True, now
     elif kind == "error":
@@ -533,10 +569,12 @@ def _reap(ranks: List[_Rank], sizes: List[int]) -> None:
         if r.done:
             r.status = "ok"
             continue
-        r.where(sizes)
-        r.status = "error"
         how = "killed by signal %d" % -rc if rc < 0 else "exited with code %d" % rc
         last = r.last_stderr_line()
+        if r.settle_in_pairs("rank process %s in the pair phase%s" % (how, (": " + last) if last else "")):
+            continue
+        r.where(sizes)
+        r.status = "error"
         r.error = "rank process %s%s" % (how, (": " + last) if last else "")
 
 
@@ -548,6 +586,12 @@ def _expire(ranks, sizes, kind, limit, doc, grace) -> None:
             if not r.settled and r.done:
                 r.status = "ok"
     failed = [r.local_rank for r in ranks if r.status == "error"]
+    live = [r for r in ranks if not r.settled]
+    in_pairs = [r for r in live if r.pairs_state == "running"]
+    for r in in_pairs:  # past the sweep: its results stand; the pair phase is what stopped
+        r.settle_in_pairs("no progress within the %s deadline (%g s) in the pair phase" % (kind, limit))
+    if in_pairs and kind in ("init", "op", "total"):
+        doc["pairs_deadline"] = {"kind": kind, "limit_s": limit}
     for r in ranks:
         if r.settled:
             continue
@@ -558,7 +602,7 @@ def _expire(ranks, sizes, kind, limit, doc, grace) -> None:
         else:
             r.status = "timeout"
             r.error = "no progress within the %s deadline (%g s)" % (kind, limit)
-    if kind in ("init", "op", "total"):
+    if kind in ("init", "op", "total") and len(in_pairs) < len(live):
         doc["deadline"] = {"kind": kind, "limit_s": limit}
     _stop(ranks, grace)
 

@@ -23,6 +23,11 @@ before torch is imported, so a library that prints cannot corrupt the stream):
                                                        the sweep stops before size N: the size before it took
                                                        took_s on the slowest rank, so N would take about
                                                        projected_s, over size_budget_s (all ranks agree)
+    {"event": "pairs_start", "bytes": N, "iters": K}   the fleet rounds begin in this process (config "pairs",
+                                                       see _pair_phase)
+    {"event": "pair", "rotation": r, "ranks": [..], "bytes": N, "time_s": .., "min_s": .., "ok": true}
+    {"event": "pairs_ready", "rotation": r}             a rotation's sub-groups are made (progress)
+    {"event": "pairs_done"} | {"event": "pairs_error", "error": "..."}
     {"event": "done", "t": ...}                        process group destroyed
     {"event": "error", "stage": "init"|"size"|"finish", "bytes": N|null, "error": "Type: message"}
 
@@ -196,10 +201,12 @@ def main(argv):
         expected = world_size * (world_size + 1) / 2.0
         sizes = list(cfg["sizes"])
         budget = cfg.get("size_budget_s")
+        done_sizes = []
         for i, nbytes in enumerate(sizes):
             state.update(stage="size", bytes=nbytes)
             started = time.monotonic()
             emit("size", **_one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected))
+            done_sizes.append((nbytes, time.monotonic() - started))
             if budget and i + 1 < len(sizes):
                 state.update(bytes=sizes[i + 1])
                 took = _slowest(torch, dist, device, gpu, time.monotonic() - started)
@@ -209,6 +216,12 @@ def main(argv):
                          budget_s=float(budget))
                     break
 
+        if cfg.get("pairs") and done_sizes:
+            state.update(stage="pairs", bytes=done_sizes[-1])
+            try:
+                _pair_phase(torch, dist, device, gpu, rank, done_sizes[-1], cfg)
+            except Exception as exc:  # the sweep's results stand; the agent reports this as pairs_error
+                emit("pairs_error", error=_describe(exc))
         state.update(stage="finish", bytes=None)
         dist.destroy_process_group()
         emit("done")
@@ -244,7 +257,44 @@ def _slowest(torch, dist, device, gpu, seconds):
     return float(t.item())
 
 
-def _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected):
+def _pair_phase(torch, dist, device, gpu, rank, last, cfg):
+    """The fleet rounds in this process, after the sweep: the controller's "pairs" rotations, each a list
+    of disjoint rank groups (a node's ranks with another node's), all groups of a rotation at once.
+
+    One torch import and one launch for every pair test: the groups are sub-groups of the world already
+    formed (every rank creates every group, in the same order, as torch.distributed requires). They run
+    at the sweep's last size, with as many iterations as fit the size budget (the ranks agree on it).
+    Emits {"event": "pair", "rotation": r, "ranks": [...], "bytes", "time_s", "min_s", "max_s", "ok"}
+    per rank and group, then {"event": "pairs_done"}. A failure here leaves the sweep's results standing:
+    the agent reports it as the rank's pairs_error.
+    """
+    spec = cfg["pairs"]
+    nbytes, took = last
+    budget = float(cfg.get("size_budget_s") or 0) or None
+    warmup = int(cfg.get("warmup", 2))
+    iters = int(spec.get("iters") or cfg.get("iters", 5))
+    per_iter = _slowest(torch, dist, device, gpu, took) / float(warmup + int(cfg.get("iters", 5)) + 1)
+    if budget and per_iter > 0:
+        iters = max(int(cfg.get("iters", 5)), min(iters, int(budget / per_iter) - warmup - 1))
+    emit("pairs_start", bytes=nbytes, iters=iters)
+    sub = dict(cfg, warmup=warmup, iters=iters)
+    for r, rotation in enumerate(spec["rotations"]):
+        # a rotation's groups are made just before it runs (every rank makes each one, member or not),
+        # and say so: on a large cluster making them is progress the agent's op deadline must see
+        made = [(sorted(int(x) for x in ranks), dist.new_group(ranks=sorted(int(x) for x in ranks)))
+                for ranks in rotation]
+        emit("pairs_ready", rotation=r)
+        dist.barrier()
+        for ranks, group in made:
+            if rank in ranks:
+                expected = sum(x + 1 for x in ranks)
+                out = _one_size(torch, dist, device, gpu, rank, nbytes, sub, expected, group=group)
+                emit("pair", rotation=r, ranks=ranks, **out)
+    dist.barrier()
+    emit("pairs_done")
+
+
+def _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected, group=None):
     """Warm up, time `iters` all-reduces of nbytes, then verify one more on a fresh buffer."""
     count = max(1, nbytes // 4)
     warmup, iters = int(cfg.get("warmup", 2)), max(1, int(cfg.get("iters", 5)))
@@ -257,13 +307,13 @@ def _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected):
         if gpu:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            dist.all_reduce(buf)
+            dist.all_reduce(buf, group=group)
             end.record()
             if i >= warmup:
                 marks.append((start, end))
         else:
             t0, c0 = time.perf_counter(), time.process_time()
-            dist.all_reduce(buf)
+            dist.all_reduce(buf, group=group)
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
                 cpu.append(time.process_time() - c0)
@@ -272,7 +322,7 @@ def _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected):
         times = [s.elapsed_time(e) / 1e3 for s, e in marks]
 
     buf.fill_(rank + 1)
-    dist.all_reduce(buf)
+    dist.all_reduce(buf, group=group)
     if gpu:
         torch.cuda.synchronize()
     wrong = buf.ne(expected)
