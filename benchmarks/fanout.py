@@ -371,17 +371,11 @@ def bench_size(n: int, args: argparse.Namespace, tools: List[str], selection: Li
 
 
 def present_hgx(cluster: Any) -> None:
-    """Every node an HGX H100 through the simulator's real interfaces: nvidia-smi, NVSwitches, fabric manager,
-    NCCL, two NDR HCAs under the GPUs' PCIe switches, nvidia_peermem, lspci, a kernel log."""
-    from tests.sim import gpu_hw, ib_hw, pci_hw
+    """Every node an HGX H100 through the simulator's real interfaces (tests.sim.pci_hw.install_hgx_h100)."""
+    from tests.sim import pci_hw
 
     for node in cluster.nodes:
-        gpu_hw.install_gpus(node, "h100", count=8)
-        gpu_hw.install_nvswitches(node)
-        gpu_hw.install_fabric_manager(node, active=True)
-        gpu_hw.install_nccl(node)
-        ib_hw.install_hcas(node, [{}, {}])
-        pci_hw.install_pcie(node)
+        pci_hw.install_hgx_h100(node)
 
 
 def summarise(runs: List[Dict[str, Any]], key: str = "tool") -> List[Dict[str, Any]]:

@@ -39,7 +39,7 @@ import re
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from preflight.common import GiB, MiB, fold, fold_ints, human_bytes, plural
+from preflight.common import GiB, MiB, fold, fold_ints, human_bytes, nccl_selects, plural
 from preflight.model import Check, ClusterView, CrossNode, Finding, Status
 
 NAME = "allreduce"
@@ -860,15 +860,7 @@ def ifname_allows(spec: Optional[str], name: str) -> bool:
     "=" exact match, else prefix match). No spec admits everything but lo and docker*, as NCCL does."""
     if not spec:
         return not (name == "lo" or name.startswith("docker"))
-    text = spec.strip()
-    exclude = text.startswith("^")
-    if exclude:
-        text = text[1:]
-    exact = text.startswith("=")
-    if exact:
-        text = text[1:]
-    hit = any((name == item) if exact else name.startswith(item) for item in (i.strip() for i in text.split(",")) if item)
-    return not hit if exclude else hit
+    return nccl_selects(spec.strip(), name)
 
 
 def _gdr_expected(facts: Any) -> Tuple[Optional[bool], str]:

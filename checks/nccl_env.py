@@ -39,6 +39,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from preflight.common import nccl_list, nccl_selects
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
 
 CHECK_NAME = "nccl_env"
@@ -165,32 +166,13 @@ def effective(facts: Dict[str, Any]) -> Dict[str, Tuple[str, str]]:
     return out
 
 
-def _list_spec(spec: str) -> Tuple[bool, bool, List[str]]:
-    """NCCL's list syntax (NCCL_SOCKET_IFNAME, NCCL_IB_HCA): (exclude '^', exact '=', entries)."""
-    exclude = spec.startswith("^")
-    if exclude:
-        spec = spec[1:]
-    exact = spec.startswith("=")
-    if exact:
-        spec = spec[1:]
-    return exclude, exact, [e for e in spec.split(",") if e]
-
-
 def selects(spec: str, name: str, port: Optional[int] = None) -> bool:
     """Whether an NCCL list spec selects the interface `name` (or HCA `name` port `port`)."""
-    exclude, exact, entries = _list_spec(spec)
-    hit = False
-    for entry in entries:
-        dev, _, want_port = entry.partition(":")
-        if (dev == name) if exact else name.startswith(dev):
-            if port is None or not want_port or (want_port.isdigit() and int(want_port) == port):
-                hit = True
-                break
-    return hit != exclude
+    return nccl_selects(spec, name, port)
 
 
 def _recommended_names(value: str) -> List[str]:
-    return _list_spec(value)[2]
+    return nccl_list(value)[2]
 
 
 def _contradiction(key: str, value: str, rec: Dict[str, str], node_iface: Optional[str]) -> Optional[str]:

@@ -106,3 +106,31 @@ def majority(values: Sequence[T]) -> Tuple[Optional[T], int, bool]:
     if len(counts) > 1 and counts[1][1] == count:
         return None, count, False
     return top, count, count * 2 > len(values)
+
+
+def nccl_list(spec: str) -> Tuple[bool, bool, List[str]]:
+    """NCCL's device-list syntax (NCCL_SOCKET_IFNAME, NCCL_IB_HCA): (exclude '^', exact '=', entries).
+
+    Entries are taken literally, as NCCL takes them (no white space is stripped).
+    """
+    exclude = spec.startswith("^")
+    if exclude:
+        spec = spec[1:]
+    exact = spec.startswith("=")
+    if exact:
+        spec = spec[1:]
+    return exclude, exact, [e for e in spec.split(",") if e]
+
+
+def nccl_selects(spec: str, name: str, port: Optional[int] = None) -> bool:
+    """Whether an NCCL list spec selects interface `name` (or HCA `name`, port `port`): prefix match unless
+    '=', inverted by '^'; an entry's ':port' must match when both name a port."""
+    exclude, exact, entries = nccl_list(spec)
+    hit = False
+    for entry in entries:
+        dev, _, want_port = entry.partition(":")
+        if (dev == name) if exact else name.startswith(dev):
+            if port is None or not want_port or (want_port.isdigit() and int(want_port) == port):
+                hit = True
+                break
+    return hit != exclude

@@ -29,16 +29,11 @@ def results(doc, check, status=None):
 MEMLOCK = "locked-memory limit"
 
 
-def hgx(cluster, **faults):
-    """Present every node as an HGX H100: 8 GPUs, 4 NVSwitches, fabric manager, NCCL, two NDR HCA ports under
-    the PCIe switches of GPU 0 and 1, nvidia_peermem, a clean kernel log."""
+def hgx(cluster):
+    """Present every node as an HGX H100 (tests.sim.pci_hw.install_hgx_h100): 8 GPUs, 4 NVSwitches, fabric
+    manager, NCCL, two NDR HCA ports under the PCIe switches of GPU 0 and 1, nvidia_peermem, a clean kernel log."""
     for node in cluster.nodes:
-        gpu_hw.install_gpus(node, "h100", count=8)
-        gpu_hw.install_nvswitches(node)
-        gpu_hw.install_fabric_manager(node, active=True)
-        gpu_hw.install_nccl(node)
-        ib_hw.install_hcas(node, [{}, {}])
-        pci_hw.install_pcie(node)  # PCIe switches, nvidia_peermem, lspci
+        pci_hw.install_hgx_h100(node)
 
 
 def test_healthy_cpu_cluster_passes_with_gpu_checks_skipped(sim_cluster):

@@ -39,20 +39,14 @@ def _has_messages(text: str) -> bool:
 def read(ctx: Any) -> Dict[str, Any]:
     """{"source": "journalctl"|"dmesg"|None, "text": str|None, "error": why no log (None when one was read)}."""
     tried = []
-    res = ctx.run_once(JOURNALCTL, timeout=TIMEOUT_S)
-    if res.ok and _has_messages(res.stdout):
-        return {"source": "journalctl", "text": res.stdout, "error": None}
-    if res.ok:
-        tried.append("journalctl -k: no kernel messages (journal not kept or no permission)")
-    else:
-        tried.append("journalctl -k: %s" % ("not found" if res.rc == 127 else _why(res)))
-    res = ctx.run_once(DMESG, timeout=TIMEOUT_S)
-    if res.ok and _has_messages(res.stdout):
-        return {"source": "dmesg", "text": res.stdout, "error": None}
-    if res.ok:
-        tried.append("dmesg: empty (ring buffer cleared)")
-    else:
-        tried.append("dmesg: %s" % ("not found" if res.rc == 127 else _why(res)))
+    for source, label, argv, empty in (
+        ("journalctl", "journalctl -k", JOURNALCTL, "no kernel messages (journal not kept or no permission)"),
+        ("dmesg", "dmesg", DMESG, "empty (ring buffer cleared)"),
+    ):
+        res = ctx.run_once(argv, timeout=TIMEOUT_S)
+        if res.ok and _has_messages(res.stdout):
+            return {"source": source, "text": res.stdout, "error": None}
+        tried.append("%s: %s" % (label, empty if res.ok else "not found" if res.rc == 127 else _why(res)))
     return {"source": None, "text": None, "error": "; ".join(tried)}
 
 

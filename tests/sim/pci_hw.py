@@ -23,7 +23,7 @@ import os
 import shutil
 from typing import Any, Dict, List, Optional
 
-from tests.sim import gpu_hw
+from tests.sim import gpu_hw, ib_hw
 
 GEN5 = "32.0 GT/s PCIe"
 GEN4 = "16.0 GT/s PCIe"
@@ -148,3 +148,15 @@ def install_pcie(node: Any, faults: Optional[Dict[str, Any]] = None, vm: bool = 
             "cat <<'PREFLIGHT_EOF'\n%sPREFLIGHT_EOF\n" % "".join(lspci),
         )
     return {"gpus": gpus, "hcas": hca_bdfs}
+
+
+def install_hgx_h100(node: Any) -> None:
+    """Present a node as an HGX H100 through the real interfaces: 8 GPUs (nvidia-smi, a kernel log), 4
+    NVSwitches, an active fabric manager, NCCL, two NDR HCA ports under the PCIe switches of GPU 0 and 1,
+    nvidia_peermem and lspci."""
+    gpu_hw.install_gpus(node, "h100", count=8)
+    gpu_hw.install_nvswitches(node)
+    gpu_hw.install_fabric_manager(node, active=True)
+    gpu_hw.install_nccl(node)
+    ib_hw.install_hcas(node, [{}, {}])
+    install_pcie(node)
