@@ -266,10 +266,6 @@ def _slurm_inventory(args: argparse.Namespace) -> Any:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from preflight import engine, report
-
     if args.parallel < 1:
         raise UsageError("--parallel must be at least 1", "e.g. -j 64")
     if args.timeout is not None and not (math.isfinite(args.timeout) and 0 < args.timeout <= 86400):

@@ -27,7 +27,6 @@ salloc(1) of Slurm 22.05): `scontrol -o show node` prints one `Key=Value ...` li
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -44,7 +43,7 @@ from preflight.common import expand, fold
 from preflight.errors import PreflightError, UsageError
 from preflight.gather import Outcome, Progress
 from preflight.inventory import NodeSpec
-from preflight.transport import NodeFailure, RunResult, _Run
+from preflight.transport import NodeFailure, _Run
 
 SRUN = "srun"
 SALLOC = "salloc"

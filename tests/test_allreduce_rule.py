@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 
 from preflight import benchplan, common
 from preflight.checks import allreduce as ar
-from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.model import ClusterView, NodeInfo, Status
 
 GiB, MiB, KiB = common.GiB, common.MiB, common.KiB
 

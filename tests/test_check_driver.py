@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import sys
@@ -10,9 +9,9 @@ import sys
 import pytest
 
 from preflight.checks import driver
-from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe.context import NodeContext
-from tests.fixture_cases import fixture_dir, meta, read
+from tests.fixture_cases import fixture_dir, read
 
 FIX = fixture_dir("driver")
 GPU_FIX = fixture_dir("gpu")

@@ -12,7 +12,7 @@ import pytest
 from preflight.checks import fabric_manager as fm
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
-from tests.fixture_cases import fixture_dir, meta, read
+from tests.fixture_cases import fixture_dir, meta
 
 FIX = fixture_dir("fabric_manager")
 GPU_FIX = fixture_dir("gpu")

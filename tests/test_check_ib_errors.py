@@ -2,7 +2,6 @@
 
 import os
 
-import pytest
 
 from preflight.checks import ib_errors
 from preflight.model import ClusterView, NodeInfo, Status

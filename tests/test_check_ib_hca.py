@@ -1,13 +1,12 @@
 """ib_hca: sysfs parsers on fixture trees, the rule's verdicts, usable_hcas, and the simulated-HCA writer."""
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 
 from preflight.checks import ib_hca
-from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.model import ParseError, Status
 from preflight.probe.context import NodeContext
 from tests import fixture_cases as fc
 from tests.builders import ib_port as port

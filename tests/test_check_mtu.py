@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from preflight.checks import mtu
-from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.model import ParseError, Status
 from preflight.probe.context import NodeContext
 from tests.builders import data_node, names, view
 

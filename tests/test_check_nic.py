@@ -1,8 +1,6 @@
 """nic: the ip -j parsers on recorded output, the probe on a sysfs tree, choose()'s policy, and the rule."""
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from preflight.checks import ports
-from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.model import ParseError, Status
 from preflight.probe.context import NodeContext
 from tests.builders import data_node, names, view
 from tests.fixture_cases import fixture_dir, read

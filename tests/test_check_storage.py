@@ -2,7 +2,6 @@
 
 import os
 
-import pytest
 
 from preflight.checks import storage
 from preflight.model import ClusterView, NodeInfo, Status
