@@ -14,7 +14,10 @@ Both preflight runs make the same checks (phase 1 and phase 2: mtu pings and the
 releases it, as `srun -N<n>` makes one allocation and one step: the floor is what Slurm itself costs
 for a single no-op step across the nodes. Wall time of each command is measured around the process;
 between runs the nodes are waited idle (not counted), so no run pays for the previous one's job.
-Every run must reach every node (exit 0, no failed node), else the script exits 1.
+Every run must reach every node (exit 0, no failed node), else the script exits 1. Besides wall time,
+each run's CPU seconds on the whole machine are taken from /proc/stat (controller, srun, slurmd and
+slurmstepd, sshd, every node's probe): on a real cluster each node spends its share on its own cores,
+so the CPU figure is what tells transport cost from the 2-core simulation's queueing.
 
 The simulated nodes, their slurmd/sshd and the controller share this machine's cores: the 1-minute
 load average before each run is recorded. Read ratios from the same run, not absolute times.
@@ -50,6 +53,14 @@ def _load() -> float:
         return float(fh.read().split()[0])
 
 
+def _cpu_s() -> float:
+    """CPU seconds this machine has spent so far (user, nice, system, irq, softirq: every core, every
+    process: the controller, srun, slurmd/slurmstepd, sshd and every node's probe)."""
+    with open("/proc/stat") as fh:
+        fields = fh.readline().split()
+    return sum(int(x) for x in fields[1:4] + fields[6:8]) / os.sysconf("SC_CLK_TCK")
+
+
 def _ok_report(path: str, n: int) -> str:
     """'' when the JSON report has n nodes and none failed or errored, else why not."""
     try:
@@ -75,9 +86,9 @@ def run_one(cluster: Any, mode: str, n: int, inv: str, out_dir: str) -> Dict[str
     else:
         argv = [PREFLIGHT, "check", inv, "--skip", "allreduce", "--no-progress", "--json", report]
     load = _load()
-    t0 = time.monotonic()
+    c0, t0 = _cpu_s(), time.monotonic()
     proc = cluster.ctl(argv, env=cluster.slurm.env(), timeout=600)
-    wall = time.monotonic() - t0
+    wall, cpu = time.monotonic() - t0, _cpu_s() - c0
     why = ""
     if proc.returncode != 0:
         why = "rc %d: %s" % (proc.returncode, (proc.stderr or proc.stdout).strip()[-300:])
@@ -87,8 +98,10 @@ def run_one(cluster: Any, mode: str, n: int, inv: str, out_dir: str) -> Dict[str
         with open(report) as fh:
             doc = json.load(fh)
         phases = dict(doc.get("phase_times_s") or {}, engine_s=doc.get("duration_s"))
+        if (doc.get("transport") or {}).get("steps") is not None:
+            phases["srun_steps"] = doc["transport"]["steps"]
     cluster.slurm.wait_idle([node.name for node in cluster.nodes], 120)  # not counted
-    return {"mode": mode, "nodes": n, "wall_s": round(wall, 3), "load1": load, "ok": not why, "why": why, "phases": phases}
+    return {"mode": mode, "nodes": n, "wall_s": round(wall, 3), "cpu_s": round(cpu, 2), "load1": load, "ok": not why, "why": why, "phases": phases}
 
 
 def bench(n: int, repeats: int) -> List[Dict[str, Any]]:
@@ -111,20 +124,21 @@ def bench(n: int, repeats: int) -> List[Dict[str, Any]]:
                 row = run_one(cluster, mode, n, inv, out_dir)
                 row["repeat"] = r
                 rows.append(row)
-                print("  %-6s run %d: %6.2f s  load %5.1f  %s  %s" % (
-                    mode, r + 1, row["wall_s"], row["load1"], "ok" if row["ok"] else "FAILED " + row["why"],
+                print("  %-6s run %d: %6.2f s  cpu %6.2f s  load %5.1f  %s  %s" % (
+                    mode, r + 1, row["wall_s"], row["cpu_s"], row["load1"], "ok" if row["ok"] else "FAILED " + row["why"],
                     " ".join("%s=%.2f" % kv for kv in sorted(row["phases"].items()) if kv[1] is not None)), flush=True)
     return rows
 
 
 def summarise(rows: List[Dict[str, Any]]) -> List[str]:
-    lines = ["nodes  floor(srun) s  slurm s  ssh s   slurm/floor  ssh/floor  slurm/ssh  load1 (median)"]
+    lines = ["nodes  floor(srun) s  slurm s  ssh s   slurm/floor  ssh/floor  slurm/ssh   cpu-s floor/slurm/ssh  load1 (median)"]
     for n in sorted({r["nodes"] for r in rows}):
         med = {m: statistics.median([r["wall_s"] for r in rows if r["nodes"] == n and r["mode"] == m]) for m in MODES}
+        cpu = {m: statistics.median([r["cpu_s"] for r in rows if r["nodes"] == n and r["mode"] == m]) for m in MODES}
         load = statistics.median([r["load1"] for r in rows if r["nodes"] == n])
-        lines.append("%5d  %13.2f  %7.2f  %5.2f   %10.2fx  %8.2fx  %8.2fx  %5.1f" % (
+        lines.append("%5d  %13.2f  %7.2f  %5.2f   %10.2fx  %8.2fx  %8.2fx   %6.1f/%5.1f/%5.1f    %5.1f" % (
             n, med["floor"], med["slurm"], med["ssh"], med["slurm"] / med["floor"], med["ssh"] / med["floor"],
-            med["slurm"] / med["ssh"], load))
+            med["slurm"] / med["ssh"], cpu["floor"], cpu["slurm"], cpu["ssh"], load))
     return lines
 
 

@@ -6,7 +6,13 @@ modules from memory, so there is no temp file to clean up even if the process is
 Wire protocol (stdin → node):   one line of JSON config, one line with the zip's length, the zip bytes;
                                 stdin then stays open: its EOF means the controller is gone. Under
                                 Slurm every task reads the same stdin: the config is then
-                                {"by_node": {node: config}}, picked by SLURMD_NODENAME.
+                                {"groups": [[[node, ...], config], ...]} (broadcast_config: nodes
+                                with equal configs share one entry, so the line grows with the
+                                distinct configs, not with nodes x config), picked by SLURMD_NODENAME (a node
+                                not named exits at once). A config with "more": true keeps the
+                                process after its result: the next line on stdin is the next
+                                phase's config (JSON, same groups form; no zip: the modules are
+                                loaded), so one srun step carries every phase.
 Wire protocol (node → stdout):  `preflight-pid N` (from the login shell, before python starts),
                                 `preflight-clock T` (the node's time.time() as soon as python runs),
                                 `preflight-result {json}` (the last line); with config `line_max` the
@@ -32,14 +38,14 @@ import preflight
 
 # Runs on the node as `python3 -c BOOTSTRAP`. Python 3.8+, standard library only. Kept small: it is
 # sent on every connection. It also arms the safety nets: the whole process group is killed when stdin
-# reaches EOF (the controller went away) or when the config's deadline passes.
+# reaches EOF (the controller went away), when the config's deadline passes, or when the controller
+# does not send the next phase's config within `wait_s` (default 60 s) of a result that asked for one.
 # A module runs from the bytecode the controller compiled (bytecode/<path>c, a marshalled code object)
 # when the node's Python has the controller's magic number (bytecode/MAGIC), else from its source.
 BOOTSTRAP = r"""
-import sys,os,io,json,time,signal,threading,zipfile,importlib.util,marshal
+import sys,os,io,json,time,signal,threading,queue,zipfile,importlib.util,marshal
 sys.stdout.write('preflight-clock %r\n'%time.time());sys.stdout.flush()
-_in=sys.stdin.buffer;_cfg=json.loads(_in.readline());_zb=_in.read(int(_in.readline()))
-if 'by_node' in _cfg:_cfg=_cfg['by_node'][os.environ['SLURMD_NODENAME']]
+_in=sys.stdin.buffer;_c=json.loads(_in.readline());_zb=_in.read(int(_in.readline()))
 _z=zipfile.ZipFile(io.BytesIO(_zb));_S={};_N=set(_z.namelist())
 _B='bytecode/MAGIC' in _N and _z.read('bytecode/MAGIC')==importlib.util.MAGIC_NUMBER
 for _n in _N:
@@ -60,20 +66,33 @@ class _L:
     @staticmethod
     def get_source(name):return _z.read(_S[name][0]).decode()
 sys.meta_path.insert(0,_L)
+def _pick(c):
+    if 'groups' not in c:return c
+    for _g,_x in c['groups']:
+        if os.environ.get('SLURMD_NODENAME') in _g:return _x
+_cfg=_pick(_c)
 def _die(*a):
     try:os.killpg(os.getpgrp(),signal.SIGKILL)
     finally:os._exit(137)
+_Q=queue.Queue()
 def _watch():
     try:
-        while _in.read(1):pass
+        for _l in iter(_in.readline,b''):_Q.put(_l)
     except Exception:pass
     _die()
 threading.Thread(target=_watch,daemon=True).start()
-threading.Timer(float(_cfg.get('deadline_s',600)),_die).start()
 from preflight.probe.runner import main
-_r=json.dumps(main(_cfg,_zb));_k=int(_cfg.get('line_max') or len(_r))
-for _i in range(0,len(_r),_k):sys.stdout.write(('preflight-result ' if _i+_k>=len(_r) else 'preflight-part ')+_r[_i:_i+_k]+'\n')
-sys.stdout.flush();os._exit(0)
+_t=None
+while _cfg:
+    if _t:_t.cancel()
+    _t=threading.Timer(float(_cfg.get('deadline_s',600)),_die);_t.start()
+    _r=json.dumps(main(_cfg,_zb));_k=int(_cfg.get('line_max') or len(_r))
+    for _i in range(0,len(_r),_k):sys.stdout.write(('preflight-result ' if _i+_k>=len(_r) else 'preflight-part ')+_r[_i:_i+_k]+'\n')
+    sys.stdout.flush()
+    if not _cfg.get('more'):break
+    _t.cancel();_t=threading.Timer(float(_cfg.get('wait_s',60)),_die);_t.start()
+    _cfg=_pick(json.loads(_Q.get()))
+os._exit(0)
 """
 
 _NODE_MODULES = ("__init__.py", "common.py", "model.py")
@@ -170,6 +189,15 @@ def stdin_payload(config: Dict[str, Any]) -> bytes:
     """What the bootstrap reads on stdin for one run."""
     blob = base_zip()
     return json.dumps(config, separators=(",", ":")).encode() + b"\n" + str(len(blob)).encode() + b"\n" + blob
+
+
+def broadcast_config(by_node: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+    """One config line for every node of a broadcast (srun --input=all): {"groups": [[[node, ...], config]]},
+    nodes with the same config sharing one entry; the bootstrap picks its own by SLURMD_NODENAME."""
+    groups: Dict[str, List[str]] = {}
+    for node, config in by_node.items():
+        groups.setdefault(json.dumps(config, sort_keys=True, separators=(",", ":")), []).append(node)
+    return {"groups": [[nodes, json.loads(text)] for text, nodes in groups.items()]}
 
 
 def remote_command(python: str) -> str:

@@ -51,6 +51,7 @@ class RunReport:
     phase_times: Dict[str, float] = field(default_factory=dict)
     captures: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # {node: {check: recording}} with capture
     env: Any = None  # preflight.envfile.Derived, when it was derived for the all-reduce or the env file
+    transport: Dict[str, Any] = field(default_factory=dict)  # what carried the run (fleet.describe())
 
     @property
     def exit_code(self) -> int:
@@ -157,7 +158,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
             )
             for s in inv.nodes
         }
-        unreachable.update(_absorb(facts, fleet.run(configs, deadline), phase1, captures))
+        unreachable.update(_absorb(facts, fleet.run(configs, deadline, then=bool(phase2)), phase1, captures))
         times["phase1_s"] = time.monotonic() - t0
 
         view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
@@ -195,6 +196,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
                 facts[name][check] = doc
             cluster[check] = ran.meta
             times[check + "_s"] = time.monotonic() - t0
+        transport = fleet.describe()
 
     view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
     if env is not None:
@@ -215,6 +217,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
         summaries=summaries,
         phase_times=times,
         env=env,
+        transport=transport,
         captures=captures or {},
     )
 

@@ -94,8 +94,13 @@ class Fleet:
         self.progress("done", name)
         return Outcome(name, result=run.result, run=run)
 
-    def run(self, configs: Dict[str, Dict[str, Any]], deadline_of: Callable[[NodeSpec], float]) -> Dict[str, Outcome]:
-        """Run the bundle once on each node named in configs, concurrently; {node: Outcome} in input order."""
+    def run(self, configs: Dict[str, Dict[str, Any]], deadline_of: Callable[[NodeSpec], float],
+            then: bool = False) -> Dict[str, Outcome]:
+        """Run the bundle once on each node named in configs, concurrently; {node: Outcome} in input order.
+
+        then: another phase follows (a transport may keep the node processes for it: slurm.SlurmFleet
+        does; over SSH the connection is what is kept, and each phase starts its own process).
+        """
         outcomes: Dict[str, Outcome] = {}
         todo: "queue.Queue[Any]" = queue.Queue()
         for item in configs.items():
@@ -151,6 +156,12 @@ class Fleet:
                 if self._running == 0:
                     return
             time.sleep(0.05)
+
+    def describe(self) -> Dict[str, Any]:
+        """What carried the run, for the report: {"kind": "ssh" (or "local"), "connections": N}."""
+        with self._lock:
+            local = all(s.local for s in self.specs.values())
+            return {"kind": "local" if local else "ssh", "connections": len(self.sessions)}
 
     def close(self) -> None:
         with self._lock:

@@ -69,6 +69,7 @@ def to_json(report: RunReport) -> Dict[str, Any]:
         "started_at": report.started_at,
         "duration_s": round(report.duration_s, 3),
         "phase_times_s": {k: round(v, 3) for k, v in report.phase_times.items()},
+        "transport": report.transport,
         "inventory": inv.path,
         "inventory_sha256": inv.sha256,
         "checks": list(report.selected),

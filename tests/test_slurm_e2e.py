@@ -69,6 +69,9 @@ def test_slurm_inside_salloc_and_from_outside_match_ssh(cluster):
     assert ("mtu", "n003") in _problems(inside)
     assert {n for _, n in _problems(inside)} == {"n003"}, _problems(inside)
     assert inside["inventory"].startswith("slurm job ")
+    # phase 1 and phase 2 (mtu pings, rendezvous port) ran in one srun step
+    assert inside["transport"]["steps"] == outside["transport"]["steps"] == 1
+    assert ssh["transport"] == {"kind": "ssh", "connections": N}
     assert cluster.slurm.leftover_steps() == []
     assert not cluster.slurm.run(["squeue", "-h"]).stdout.strip()  # the --nodelist allocation was released
 
@@ -124,11 +127,19 @@ def _settle_restarted(cluster, node, reason, timeout=30):
     assert s.reasons().get(node) == reason
 
 
-def test_hung_node_is_named_step_cancelled_nothing_left(cluster):
+def test_hung_node_is_named_step_cancelled_nothing_left(cluster, tmp_path):
     cluster.hang_commands("n003")
-    out = _run(cluster, ["check", "--slurm", "--nodelist", "n[002-005]", "--only", "driver", "--timeout", "4"])
+    report = str(tmp_path / "report.json")
+    out = _run(cluster, ["check", "--slurm", "--nodelist", "n[002-005]", "--only", "driver,mtu", "--timeout", "4",
+                         "--json", report])
     assert out.returncode == 1, out.stderr[-2000:]
     assert "n003" in out.stdout and "timed out" in out.stdout
+    with open(report) as fh:
+        doc = json.load(fh)
+    # phase 1's step was cancelled for n003; phase 2 (the jumbo pings) ran on the others in a step of its own
+    assert doc["transport"]["steps"] == 2
+    mtu = {r["node"]: r["status"] for r in doc["results"] if r["check"] == "mtu" and r["node"]}
+    assert mtu == {"n002": "pass", "n003": "error", "n004": "pass", "n005": "pass"}, doc["results"]
     job = re.search(r"slurm job (\d+)", out.stdout).group(1)
     # Only this run's processes count: an earlier test's step whose node had a dead slurmd keeps its
     # slurmstepd on the step's first node for 60 s (it waits for the dead node's step-complete message).

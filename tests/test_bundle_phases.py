@@ -1,0 +1,83 @@
+"""One node process for every phase (the Slurm transport's single step): the bootstrap runs a config
+that says `more`, then waits on stdin for the next phase's config, picks its own entry of a broadcast
+by SLURMD_NODENAME, and exits at once when it is not named (or when stdin closes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+
+from preflight import bundle
+
+PROBE = {"mode": "probe", "checks": {"ssh": {}}, "probe_timeout_s": 20, "deadline_s": 60}
+
+
+def start(node: str) -> subprocess.Popen:
+    # its own session: the bootstrap's watchdog kills its whole process group when stdin closes
+    return subprocess.Popen([sys.executable, "-c", bundle.BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True, env=dict(os.environ, SLURMD_NODENAME=node))
+
+
+def next_result(proc: subprocess.Popen, timeout: float = 60.0) -> dict:
+    end = time.monotonic() + timeout
+    buf = b""
+    while time.monotonic() < end:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if not ready:
+            continue
+        line = proc.stdout.readline()
+        assert line, "the bootstrap exited before its result: %s" % proc.stderr.read().decode()[-2000:]
+        buf += line
+        if line.startswith(b"preflight-result "):
+            return bundle.parse_output(buf)["result"]
+    raise AssertionError("no result within %g s" % timeout)
+
+
+def test_broadcast_config_shares_one_entry_per_distinct_config():
+    by_node = {"n001": dict(PROBE), "n002": dict(PROBE), "n003": dict(PROBE, probe_timeout_s=5)}
+    doc = bundle.broadcast_config(by_node)
+    assert sorted(map(tuple, (g[0] for g in doc["groups"]))) == [("n001", "n002"), ("n003",)]
+    assert {n: c for names, c in doc["groups"] for n in names} == by_node
+
+
+def test_two_phases_in_one_process_then_exit_when_not_named():
+    proc = start("n002")
+    try:
+        first = bundle.broadcast_config({"n001": PROBE, "n002": dict(PROBE, more=True)})
+        proc.stdin.write(bundle.stdin_payload(first))
+        proc.stdin.flush()
+        one = next_result(proc)
+        assert "ssh" in one["facts"] and "probe_error" not in one["facts"]["ssh"]
+        # phase 2: a config line only, no zip (the modules are loaded); n002 runs it and stops there
+        second = bundle.broadcast_config({"n002": dict(PROBE, checks={"ssh": {}, "gpu": {}})})
+        proc.stdin.write(json.dumps(second).encode() + b"\n")
+        proc.stdin.flush()
+        two = next_result(proc)
+        assert set(two["facts"]) == {"ssh", "gpu"}
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_waiting_process_exits_0_on_an_empty_broadcast_and_dies_on_eof():
+    waiting = start("n001")
+    dropped = start("n001")
+    try:
+        for proc in (waiting, dropped):
+            proc.stdin.write(bundle.stdin_payload(bundle.broadcast_config({"n001": dict(PROBE, more=True)})))
+            proc.stdin.flush()
+            next_result(proc)
+        waiting.stdin.write(b'{"groups":[]}\n')  # what SlurmFleet sends when no next phase comes
+        waiting.stdin.flush()
+        assert waiting.wait(timeout=10) == 0
+        dropped.stdin.close()  # the controller went away: the watchdog kills the process group
+        assert dropped.wait(timeout=10) in (-9, 137)  # SIGKILL of its own group, or _exit(137)
+    finally:
+        for proc in (waiting, dropped):
+            proc.kill()
+            proc.wait()
