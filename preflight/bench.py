@@ -131,7 +131,9 @@ def _run_groups(
                 cfg["pairs"] = spec
         metas.append(benchplan.cluster_meta(cfgs))
         configs.update(cfgs)
-    bundles = {name: {"mode": "bench", "bench": cfg} for name, cfg in configs.items()}
+    # "tasks": a transport that launches one task per rank (srun) splits the node's ranks across them
+    bundles = {name: {"mode": "bench", "bench": cfg, "tasks": cfg["local_world_size"],
+                      "gpus_per_task": 1 if cfg["backend"] == "nccl" else 0} for name, cfg in configs.items()}
     outcomes = fleet.run(bundles, lambda spec: benchplan.outer_deadline(configs[spec.name]))
     docs: Dict[str, Dict[str, Any]] = {}
     unanswered: Dict[str, str] = {}

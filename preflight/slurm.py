@@ -48,6 +48,7 @@ from preflight.common import expand, fold
 from preflight.errors import PreflightError, UsageError
 from preflight.gather import Outcome, Progress
 from preflight.inventory import NodeSpec
+from preflight.probe import runner
 from preflight.transport import NodeFailure, _Run
 
 SRUN = "srun"
@@ -111,6 +112,24 @@ def _gres_gpus(gres: str) -> int:
         if parts[0] == "gpu" and parts[-1].isdigit():
             total += int(parts[-1])
     return total
+
+
+def job_gpus(text: str) -> int:
+    """GPUs a job holds, from `scontrol -o show job J`: gres/gpu in TRES= (AllocTRES= on older Slurm);
+    `gres/gpu=16` and typed `gres/gpu:h100=16` (counted once: the untyped total when present)."""
+    m = re.search(r"(?:^| )(?:Alloc)?TRES=(\S+)", text)
+    if not m:
+        return 0
+    total, typed = None, 0
+    for item in m.group(1).split(","):
+        key, _, value = item.partition("=")
+        if not value.isdigit():
+            continue
+        if key == "gres/gpu":
+            total = int(value)
+        elif key.startswith("gres/gpu:"):
+            typed += int(value)
+    return total if total is not None else typed
 
 
 def bad_state(state: Sequence[str]) -> bool:
@@ -213,7 +232,9 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
     """Make an allocation for this run (salloc --no-shell); nodes Slurm reports unusable are left out.
 
     With a nodelist, down/drained nodes are named before allocating: asking for them would make the
-    job wait forever. With --partition/--nodes, Slurm picks N usable nodes itself.
+    job wait forever, and where the nodes have Gres=gpu:N the job asks for those GPUs (cgroup device
+    constraints hide GPUs a job does not hold). With --partition/--nodes, Slurm picks N usable nodes.
+    The nodes are taken whole (--exclusive): the checks bind the rendezvous port and time the fabric.
 
     recheck_ours (--resume): nodes drained by preflight (reason `preflight:`, slurmd responding) are
     checked too. A drained node cannot be allocated, so they go into a MAINT reservation with the
@@ -221,7 +242,8 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
     again every one that does not pass (Allocation.held keeps their old reasons).
     """
     from preflight import drain
-    argv = [SALLOC, "--no-shell", "-J", "preflight", "-t", time_limit, "--immediate=%d" % int(timeout)]
+    # whole nodes: the bandwidth test and the rendezvous port must not share them with a running job
+    argv = [SALLOC, "--no-shell", "-J", "preflight", "-t", time_limit, "--immediate=%d" % int(timeout), "--exclusive"]
     excluded: Dict[str, Dict[str, Any]] = {}
     if nodelist:
         try:
@@ -240,6 +262,9 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
             return Allocation("", [], False, excluded, info)
         resv = _hold(usable, held) if held else None
         argv += ["-N", str(len(usable)), "-w", fold(usable)] + (["--reservation=%s" % resv] if resv else [])
+        gres = min(int(info[n].get("gpus") or 0) for n in usable)
+        if gres:  # where Slurm manages the GPUs (Gres=gpu:N), a job that asks for none cannot see them
+            argv.append("--gres=gpu:%d" % gres)
     elif nodes:
         argv += ["-N", str(nodes)]
         info, held, resv = {}, {}, None
@@ -314,18 +339,30 @@ class _Task:
 class _Step:
     """One srun step in flight: its process, its tasks (by label) and srun's own stderr."""
 
-    def __init__(self, proc: subprocess.Popen, name: str, nodes: Sequence[str]) -> None:
+    def __init__(self, proc: subprocess.Popen, name: str, nodes: Sequence[str], per_node: int = 1) -> None:
         self.proc = proc
         self.name = name
         self.nodes = list(nodes)
+        self.per_node = per_node  # tasks on each node (one per rank for a split bench run)
         self.tasks: Dict[int, _Task] = {}
         self.srun_err = bytearray()
         self.partial = {proc.stdout.fileno(): b"", proc.stderr.fileno(): b""}
         self.streams = [proc.stdout.fileno(), proc.stderr.fileno()]
         self.rc: Optional[int] = None
 
-    def by_node(self) -> Dict[str, _Task]:
-        return {t.node: t for t in self.tasks.values() if t.node}
+    def by_node(self) -> Dict[str, List[_Task]]:
+        out: Dict[str, List[_Task]] = {}
+        for label in sorted(self.tasks):
+            task = self.tasks[label]
+            if task.node:
+                out.setdefault(task.node, []).append(task)
+        return out
+
+    def answered(self, names: Sequence[str]) -> List[str]:
+        """The nodes all of whose tasks have printed their result."""
+        by_node = self.by_node()
+        return [n for n in names if len([t for t in by_node.get(n, []) if t.run.out.find(b"preflight-result ") >= 0])
+                >= self.per_node]
 
     def read(self, timeout: float) -> None:
         """Read what srun printed within `timeout` s into the tasks (lines split by label)."""
@@ -376,7 +413,7 @@ class SlurmFleet:
         self.progress = progress or (lambda event, node: None)
         self.kill_grace_s = kill_grace_s
         self.dead: Dict[str, NodeFailure] = {n: failure_for(n, i) for n, i in alloc.excluded.items()}
-        self.steps = 0  # srun steps launched (the benchmark and the tests read it)
+        self.steps: List[int] = []  # tasks of every srun step launched (the report, the benchmark and the tests read it)
         self._step: Optional[_Step] = None  # the step in flight, or the one kept for the next phase
         self._lock = threading.Lock()
         pythons = {s.python for s in specs}
@@ -395,6 +432,8 @@ class SlurmFleet:
         """Run the bundle once on each node named in configs; {node: Outcome} in input order.
 
         then=True: another phase follows on these nodes; keep their processes (and the step) for it.
+        Configs that say "tasks": k (a bench run with k ranks on every node) get k tasks a node, one per
+        rank ("split": the runner runs the rank SLURM_LOCALID picks), and each node's k results merged.
         """
         outcomes: Dict[str, Outcome] = {}
         for name in configs:
@@ -404,18 +443,23 @@ class SlurmFleet:
             elif name not in self.alloc.nodes:
                 outcomes[name] = Outcome(name, failure=NodeFailure("unreachable", "%s is not in Slurm job %s" % (name, self.alloc.job_id)))
         todo = [n for n in configs if n not in outcomes]
+        counts = {int(configs[n].get("tasks") or 1) for n in todo}
+        per_node = counts.pop() if len(counts) == 1 else 1  # uneven ranks a node: each node's agent starts its own
+        split = {"split": True} if per_node > 1 else {}
+        gpus = per_node > 1 and all(configs[n].get("gpus_per_task") for n in todo) and self._job_gpus() > 0
         kept = self._step
-        if kept is not None and not (todo and set(todo) <= set(kept.nodes)):
+        if kept is not None and not (todo and set(todo) <= set(kept.nodes) and kept.per_node == per_node == 1):
             self._end(kept)
             kept = None
         while todo:
             deadlines = {n: deadline_of(self.specs[n]) for n in todo}
-            by_node = {n: dict(configs[n], deadline_s=deadlines[n] + 5, line_max=LINE_MAX, more=then) for n in todo}
+            by_node = {n: dict(configs[n], deadline_s=deadlines[n] + 5, line_max=LINE_MAX, more=then, **split)
+                       for n in todo}
             if kept is not None:
                 step, kept = kept, None
                 self._next_phase(step, by_node)
             else:
-                step = self._launch(todo, by_node)
+                step = self._launch(todo, by_node, per_node, gpus)
             got, launch_failed, whole = self._collect(step, todo, deadlines)
             if launch_failed or not then or not whole:
                 self._end(step)
@@ -443,7 +487,7 @@ class SlurmFleet:
 
     def describe(self) -> Dict[str, Any]:
         """What carried the run, for the report: {"kind": "slurm", "job": J, "steps": srun steps launched}."""
-        return {"kind": "slurm", "job": self.alloc.job_id, "steps": self.steps}
+        return {"kind": "slurm", "job": self.alloc.job_id, "steps": len(self.steps), "step_tasks": list(self.steps)}
 
     def close(self) -> None:
         with self._lock:
@@ -459,22 +503,32 @@ class SlurmFleet:
         self.close()
 
     # one step ------------------------------------------------------------------------------------
-    def _argv(self, names: Sequence[str], step_name: str) -> List[str]:
+    def _argv(self, names: Sequence[str], step_name: str, per_node: int = 1, gpus: bool = False) -> List[str]:
         shell = "echo preflight-node $SLURMD_NODENAME; " + bundle.remote_command(self.python)
-        return [SRUN, "--jobid=%s" % self.alloc.job_id, "-N", str(len(names)), "-n", str(len(names)),
-                "--ntasks-per-node=1", "-w", fold(names), "--kill-on-bad-exit=0", "--label", "--input=all",
-                "--overlap", "-J", step_name, "/bin/sh", "-c", shell]
+        return [SRUN, "--jobid=%s" % self.alloc.job_id, "-N", str(len(names)), "-n", str(len(names) * per_node),
+                "--ntasks-per-node=%d" % per_node, "-w", fold(names), "--kill-on-bad-exit=0", "--label", "--input=all",
+                "--overlap", "-J", step_name] + (["--overcommit"] if per_node > 1 else []) + (
+                ["--gpus-per-task=1"] if gpus else []) + ["/bin/sh", "-c", shell]
 
-    def _launch(self, names: Sequence[str], by_node: Dict[str, Dict[str, Any]]) -> _Step:
+    def _job_gpus(self) -> int:
+        """GPUs the job holds (gres/gpu in its TRES): 0 when Slurm does not manage the nodes' GPUs, and then
+        a step cannot ask for them (every task sees all of the node's GPUs; the rank picks its own)."""
+        if not hasattr(self, "_gpus"):
+            out = _run([SCONTROL, "-o", "show", "job", self.alloc.job_id])
+            self._gpus = job_gpus(out.stdout) if out.returncode == 0 else 0
+        return self._gpus
+
+    def _launch(self, names: Sequence[str], by_node: Dict[str, Dict[str, Any]], per_node: int = 1,
+                gpus: bool = False) -> _Step:
         step_name = "preflight-" + secrets.token_hex(4)
         env = {k: v for k, v in os.environ.items() if k not in ("SLURM_CPU_BIND", "SLURM_NTASKS_PER_NODE")}
         try:
-            proc = subprocess.Popen(self._argv(names, step_name), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            proc = subprocess.Popen(self._argv(names, step_name, per_node, gpus), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True, env=env)
         except FileNotFoundError:
             raise SlurmError("srun not found", "install the Slurm client (slurm-client) or put it on PATH") from None
-        step = _Step(proc, step_name, names)
-        self.steps += 1
+        step = _Step(proc, step_name, names, per_node)
+        self.steps.append(len(names) * per_node)
         with self._lock:
             self._step = step
         self._write(step, bundle.stdin_payload(bundle.broadcast_config(by_node)))
@@ -504,8 +558,7 @@ class SlurmFleet:
         timed_out: Dict[str, float] = {}
         while step.streams:
             now = time.monotonic()
-            by_node = step.by_node()
-            answered = [n for n in names if n in by_node and by_node[n].run.out.find(b"preflight-result ") >= 0]
+            answered = step.answered(names)
             if len(answered) == len(names):
                 break
             for name in names:  # a node past its own deadline without a result is a timeout
@@ -518,28 +571,34 @@ class SlurmFleet:
         if not step.streams:
             step.rc = step.proc.wait()
         launch, exits = parse_srun_stderr(step.srun_err.decode("utf-8", "replace"))
+        srun_said = [line for line in step.srun_err.decode("utf-8", "replace").splitlines() if "error:" in line]
         if launch:
             return {}, {n: why for n, why in launch.items() if n in names}, False
         by_node = step.by_node()
         outcomes: Dict[str, Outcome] = {}
         for name in names:
-            task = by_node.get(name)
+            tasks = by_node.get(name, [])
             if name in timed_out:
                 outcomes[name] = Outcome(name, failure=NodeFailure(
                     "timeout", "timed out: no answer within %g s; cancelled the Slurm step" % timed_out[name]))
                 continue
-            if task is None:
-                why = exits.get(name) or "no output from the task (srun rc %s)" % step.rc
+            if len(tasks) < step.per_node:
+                why = exits.get(name) or "no output from %s (srun rc %s%s)" % (
+                    "the task" if step.per_node == 1 else "%d of its %d tasks" % (step.per_node - len(tasks), step.per_node),
+                    step.rc, ": " + srun_said[-1][:300] if srun_said else "")
                 outcomes[name] = Outcome(name, failure=NodeFailure("protocol", "probe bundle gave no result: %s" % why))
                 continue
-            task.run.err += task.err
-            run = task.run.finish(None, sent_at, started)
-            if run.result is None:
-                tail = run.stderr.strip().splitlines()[-1:] or [exits.get(name) or "no output"]
-                outcomes[name] = Outcome(name, run=run, failure=NodeFailure(
+            runs = []
+            for task in tasks:
+                task.run.err += task.err
+                runs.append(task.run.finish(None, sent_at, started))
+            lost = [r for r in runs if r.result is None]
+            if lost:
+                tail = lost[0].stderr.strip().splitlines()[-1:] or [exits.get(name) or "no output"]
+                outcomes[name] = Outcome(name, run=lost[0], failure=NodeFailure(
                     "protocol", "probe bundle exited without a result: %s" % tail[0][:300]))
             else:
-                outcomes[name] = Outcome(name, result=run.result, run=run)
+                outcomes[name] = Outcome(name, result=runner.merge([r.result for r in runs]), run=runs[0])
         whole = step.rc is None and not timed_out and all(o.failure is None for o in outcomes.values())
         return outcomes, {}, whole
 

@@ -317,3 +317,23 @@ def test_a_failing_pair_phase_leaves_the_sweep_standing_and_says_why():
     # the rule judges the sweep as if there had been no pair phase
     (f,) = rule_over([per_node["n001"], per_node["n002"]], ["n001", "n002"])
     assert f.status is Status.WARN and "no threshold applies" in f.message
+
+
+def test_task_share_gives_each_srun_task_one_rank_and_merge_joins_them():
+    """srun launches one task per rank: task i of node_rank 1 (two ranks a node) runs global rank 2 + i
+    under LOCAL_RANK i; merge() gives back one document per node, ranks in order, rank 0's rendezvous."""
+    from preflight.probe import bench_agent
+
+    cfg = {"backend": "gloo", "master_addr": "127.0.0.1", "master_port": 1, "world_size": 4, "node_rank": 1,
+           "local_world_size": 2, "rank_offset": 2, "sizes": [1024]}
+    one = bench_agent.task_share(cfg, 1)
+    assert (one["local_world_size"], one["rank_offset"], one["local_rank_offset"]) == (1, 3, 1)
+    with pytest.raises(ValueError):
+        bench_agent.task_share(cfg, 2)
+    docs = [{"node_rank": 0, "ranks": [{"rank": 1}], "deadline": {"kind": "op", "limit_s": 4}, "error": None, "elapsed_s": 3.0},
+            {"node_rank": 0, "ranks": [{"rank": 0}], "deadline": None, "error": None, "elapsed_s": 2.0,
+             "rendezvous": {"addr": "127.0.0.1", "port": 1, "arrived": [0, 1]}}]
+    merged = bench_agent.merge(docs)
+    assert [r["rank"] for r in merged["ranks"]] == [0, 1]
+    assert merged["deadline"] == {"kind": "op", "limit_s": 4} and merged["elapsed_s"] == 3.0
+    assert merged["rendezvous"]["arrived"] == [0, 1]

@@ -72,3 +72,26 @@ def test_allreduce_hang_through_srun_is_named_and_nothing_is_left(slurm_cluster)
     assert cluster.leftover_processes() == {}
     assert cluster.slurm.leftover_steps() == []
     assert not cluster.slurm.run(["squeue", "-h"]).stdout.strip()
+
+
+def test_one_srun_task_per_rank_and_every_phase_in_one_step(slurm_cluster):
+    """The gloo node round puts two ranks on every node: srun launches them as two tasks a node (one per
+    rank, as training launches one per GPU) and their documents are merged per node; phases 1 and 2
+    share one step before the all-reduce's own steps."""
+    cluster = slurm_cluster(N)
+    settings = {"sizes": [1024, 4096], "warmup": 1, "iters": 2, "init_timeout": 60, "op_timeout": 20,
+                "total_timeout": 120, "node_round": True}
+    out = cluster.ctl([PREFLIGHT, "check", _inventory(cluster, settings), "--only", "allreduce,mtu", "--no-progress",
+                       "--json", "-"], env=cluster.slurm.env(), timeout=300)
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    doc = json.loads(out.stdout)
+    assert out.returncode == 0, [r for r in doc["results"] if r["status"] != "pass"]
+    tasks = doc["transport"]["step_tasks"]
+    # phase 1 + 2 in one step (one task a node); the whole-cluster sweep (one rank a node); the loopback
+    # node round: two ranks on every node, launched as two srun tasks a node
+    assert tasks[:2] == [N, N] and 2 * N in tasks[2:], tasks
+    (loopback,) = doc["allreduce"]["node_rounds"] if "node_rounds" in doc["allreduce"] else [None]
+    assert loopback is not None, doc["allreduce"]
+    assert cluster.leftover_processes() == {}
+    assert cluster.slurm.leftover_steps() == []
+    assert not cluster.slurm.run(["squeue", "-h"]).stdout.strip()

@@ -8,7 +8,7 @@ import pytest
 
 from preflight import drain
 from preflight.model import Finding, Status
-from preflight.slurm import _gres_gpus, bad_state, parse_show_node, parse_srun_stderr
+from preflight.slurm import _gres_gpus, bad_state, job_gpus, parse_show_node, parse_srun_stderr
 
 HERE = os.path.join(os.path.dirname(__file__), "fixtures", "slurm")
 
@@ -110,3 +110,16 @@ def test_drain_with_an_ssh_inventory_is_a_usage_error(capsys, tmp_path):
     assert cli.main(["check", "--slurm", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "needs an allocation (SLURM_JOB_ID is not set)" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("line, gpus", [
+    # Slurm 22.05 (recorded from tests/sim/slurm.py): no GRES on the nodes
+    ("JobId=1 JobName=preflight UserId=root(0) NumNodes=2 NumCPUs=2 NumTasks=2 TRES=cpu=2,mem=128M,node=2,billing=2 "
+     "Socks/Node=* NtasksPerN:B:S:C=0:0:*:*", 0),
+    ("JobId=7 ReqTRES=cpu=16,node=2,gres/gpu=16 AllocTRES=cpu=256,node=2,billing=256,gres/gpu=16", 16),
+    ("JobId=8 TRES=cpu=64,node=1,gres/gpu=8,gres/gpu:h100=8", 8),
+    ("JobId=9 TRES=cpu=64,node=1,gres/gpu:a100=4,gres/gpu:v100=2", 6),
+    ("JobId=10 NumNodes=1", 0),
+])
+def test_job_gpus_from_tres(line, gpus):
+    assert job_gpus(line) == gpus

@@ -19,6 +19,7 @@ Config (built by the controller)::
       "nnodes": 4,
       "local_world_size": 2,           # ranks on this node: one per GPU; 1 on a CPU node (gloo)
       "rank_offset": 0,                # global rank of local rank 0; default node_rank * local_world_size
+      "local_rank_offset": 0,          # LOCAL_RANK of this agent's first rank (task_share: one rank a task)
       "env": {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "=eth1"},   # set in the ranks
       "sizes": [1024, 2048, ...],      # bytes per all-reduce, in sweep order (rounded down to float32)
       "warmup": 2, "iters": 5,
@@ -241,8 +242,9 @@ def _normalise(config: Dict[str, Any]) -> Dict[str, Any]:
     cfg["local_world_size"] = int(cfg.get("local_world_size", 1))
     offset = cfg.get("rank_offset")
     cfg["rank_offset"] = int(cfg["node_rank"] * cfg["local_world_size"] if offset is None else offset)
-    if cfg["local_world_size"] < 1:
-        raise ValueError("local_world_size must be >= 1")
+    cfg["local_rank_offset"] = int(cfg.get("local_rank_offset", 0))
+    if cfg["local_world_size"] < 1 or cfg["local_rank_offset"] < 0:
+        raise ValueError("local_world_size must be >= 1 and local_rank_offset >= 0")
     if cfg["rank_offset"] < 0 or cfg["rank_offset"] + cfg["local_world_size"] > cfg["world_size"]:
         raise ValueError(
             "ranks %d..%d do not fit world_size %d"
@@ -262,6 +264,31 @@ def _normalise(config: Dict[str, Any]) -> Dict[str, Any]:
     cfg["env"] = {str(k): str(v) for k, v in (cfg.get("env") or {}).items()}
     cfg["python"] = cfg.get("python") or sys.executable
     return cfg
+
+
+def task_share(config: Dict[str, Any], local_id: int) -> Dict[str, Any]:
+    """The config for one of a node's local_world_size tasks (srun launches one task per rank): the
+    rank local_id of this node's ranks, alone under its own agent. merge() joins the tasks' documents."""
+    local = int(config.get("local_world_size", 1))
+    if not 0 <= local_id < local:
+        raise ValueError("task %d of a node with %d ranks" % (local_id, local))
+    offset = config.get("rank_offset")
+    first = int(config.get("node_rank", 0)) * local if offset is None else int(offset)
+    return dict(config, local_world_size=1, rank_offset=first + local_id, local_rank_offset=local_id)
+
+
+def merge(docs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One node's result document from its tasks' documents (task_share): every rank, in rank order; the
+    first deadline and error (which task said it is kept); the rendezvous from the task of rank 0."""
+    docs = sorted(docs, key=lambda d: min([r.get("rank", 0) for r in d.get("ranks") or []] or [0]))
+    out = dict(docs[0])
+    out["ranks"] = sorted((r for d in docs for r in d.get("ranks") or []), key=lambda r: r.get("rank", 0))
+    out["elapsed_s"] = max(float(d.get("elapsed_s") or 0) for d in docs)
+    for key in ("deadline", "error", "rendezvous"):
+        out[key] = next((d[key] for d in docs if d.get(key)), None)
+    if out["rendezvous"] is None:
+        del out["rendezvous"]
+    return out
 
 
 def worker_source(bundle: Optional[bytes] = None) -> str:
@@ -320,7 +347,7 @@ def run(
         doc["elapsed_s"] = round(time.monotonic() - t0, 3)
         return doc
     doc["sizes"] = cfg["sizes"]
-    ranks = [_Rank(cfg["rank_offset"] + i, i) for i in range(cfg["local_world_size"])]
+    ranks = [_Rank(cfg["rank_offset"] + i, cfg["local_rank_offset"] + i) for i in range(cfg["local_world_size"])]
     restore = _trap_signals()
     try:
         _supervise(cfg, ranks, doc, t0, on_event)

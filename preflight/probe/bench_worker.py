@@ -166,8 +166,10 @@ def main(argv):
         emit("imported")
         gpu = backend == "nccl"
         if gpu:
-            torch.cuda.set_device(local_rank)
-            device = torch.device("cuda", local_rank)
+            # one GPU visible (srun --gpus-per-task binds it): device 0; all visible: the LOCAL_RANK-th
+            index = local_rank % max(1, torch.cuda.device_count())
+            torch.cuda.set_device(index)
+            device = torch.device("cuda", index)
         else:
             device = torch.device("cpu")
 

@@ -4,15 +4,20 @@ Standard library only, Python 3.8 compatible. Called by the bundle's bootstrap a
 
 config = {"mode": "probe", "checks": {name: probe_config, ...}, "probe_timeout_s": 30, "capture": bool}
        | {"mode": "bench", "bench": {...}}   (see preflight.probe.bench_agent)
+
+A bench config may say "tasks": k (k ranks on the node). A transport that launches k tasks on the node,
+one per rank (srun), adds "split": true; each task then runs its own rank (SLURM_LOCALID picks which,
+bench_agent.task_share), and merge() joins the node's k result documents into one.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import importlib
+import os
 import time
 import traceback
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from preflight.probe.context import RecordingContext, Shared
 
@@ -69,5 +74,20 @@ def main(config: Dict[str, Any], bundle: bytes) -> Dict[str, Any]:
     if mode == "bench":
         from preflight.probe import bench_agent
 
-        return {"bench": bench_agent.run(config["bench"], bundle), "elapsed_s": time.time() - started}
+        bench = config["bench"]
+        if config.get("split"):
+            bench = bench_agent.task_share(bench, int(os.environ.get("SLURM_LOCALID", "0")))
+        return {"bench": bench_agent.run(bench, bundle), "elapsed_s": time.time() - started}
     return {"error": "unknown mode %r" % mode}
+
+
+def merge(results: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One node's result from the results of its tasks (a split bench run: one task per rank)."""
+    if len(results) == 1:
+        return results[0]
+    from preflight.probe import bench_agent
+
+    benches = [r.get("bench") for r in results]
+    if not all(isinstance(b, dict) for b in benches):
+        return next(r for r in results if not isinstance(r.get("bench"), dict))
+    return {"bench": bench_agent.merge(benches), "elapsed_s": max(float(r.get("elapsed_s") or 0) for r in results)}
