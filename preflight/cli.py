@@ -139,6 +139,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.DEBUG if getattr(args, "debug", False) else logging.WARNING, format="preflight: %(message)s")
     if getattr(args, "debug", False) is False:
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    logging.getLogger("invoke").setLevel(logging.WARNING)  # fabric's config merging, every connection: noise
     try:
         with _signals():
             try:

@@ -32,6 +32,7 @@ salloc(1) of Slurm 22.05): `scontrol -o show node` prints one `Key=Value ...` li
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import secrets
@@ -50,6 +51,8 @@ from preflight.gather import Outcome, Progress
 from preflight.inventory import NodeSpec
 from preflight.probe import runner
 from preflight.transport import NodeFailure, _Run
+
+log = logging.getLogger(__name__)
 
 SRUN = "srun"
 SALLOC = "salloc"
@@ -115,8 +118,18 @@ def _gres_gpus(gres: str) -> int:
 
 
 def job_gpus(text: str) -> int:
-    """GPUs a job holds, from `scontrol -o show job J`: gres/gpu in TRES= (AllocTRES= on older Slurm);
-    `gres/gpu=16` and typed `gres/gpu:h100=16` (counted once: the untyped total when present)."""
+    """GPUs a job holds, from `scontrol -d -o show job J`: JOB_GRES=gpu:4 (gpu:h100:4, comma-separated
+    items), else gres/gpu in TRES=/AllocTRES= (only where AccountingStorageTRES tracks gres/gpu:
+    `gres/gpu=16`, typed `gres/gpu:h100=16` counted once: the untyped total when present)."""
+    m = re.search(r"(?:^| )JOB_GRES=(\S+)", text)
+    if m and m.group(1) != "(null)":
+        total = 0
+        for item in m.group(1).split(","):
+            parts = re.sub(r"\(.*?\)", "", item).split(":")
+            if parts[0] == "gpu" and parts[-1].isdigit():
+                total += int(parts[-1])
+        if total:
+            return total
     m = re.search(r"(?:^| )(?:Alloc)?TRES=(\S+)", text)
     if not m:
         return 0
@@ -349,6 +362,7 @@ class _Step:
         self.partial = {proc.stdout.fileno(): b"", proc.stderr.fileno(): b""}
         self.streams = [proc.stdout.fileno(), proc.stderr.fileno()]
         self.rc: Optional[int] = None
+        self.stdin_lock = threading.Lock()  # writes in order: the payload, then each next phase's line
 
     def by_node(self) -> Dict[str, List[_Task]]:
         out: Dict[str, List[_Task]] = {}
@@ -455,12 +469,13 @@ class SlurmFleet:
             deadlines = {n: deadline_of(self.specs[n]) for n in todo}
             by_node = {n: dict(configs[n], deadline_s=deadlines[n] + 5, line_max=LINE_MAX, more=then, **split)
                        for n in todo}
+            started, sent_at = time.monotonic(), time.time()  # the deadlines count the launch too
             if kept is not None:
                 step, kept = kept, None
                 self._next_phase(step, by_node)
             else:
                 step = self._launch(todo, by_node, per_node, gpus)
-            got, launch_failed, whole = self._collect(step, todo, deadlines)
+            got, launch_failed, whole = self._collect(step, todo, deadlines, started, sent_at)
             if launch_failed or not then or not whole:
                 self._end(step)
             for name, why in launch_failed.items():
@@ -514,7 +529,7 @@ class SlurmFleet:
         """GPUs the job holds (gres/gpu in its TRES): 0 when Slurm does not manage the nodes' GPUs, and then
         a step cannot ask for them (every task sees all of the node's GPUs; the rank picks its own)."""
         if not hasattr(self, "_gpus"):
-            out = _run([SCONTROL, "-o", "show", "job", self.alloc.job_id])
+            out = _run([SCONTROL, "-d", "-o", "show", "job", self.alloc.job_id])
             self._gpus = job_gpus(out.stdout) if out.returncode == 0 else 0
         return self._gpus
 
@@ -522,8 +537,10 @@ class SlurmFleet:
                 gpus: bool = False) -> _Step:
         step_name = "preflight-" + secrets.token_hex(4)
         env = {k: v for k, v in os.environ.items() if k not in ("SLURM_CPU_BIND", "SLURM_NTASKS_PER_NODE")}
+        argv = self._argv(names, step_name, per_node, gpus)
+        log.debug("step %s: %s", step_name, " ".join(argv[:-1] + ["'...'"]))
         try:
-            proc = subprocess.Popen(self._argv(names, step_name, per_node, gpus), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True, env=env)
         except FileNotFoundError:
             raise SlurmError("srun not found", "install the Slurm client (slurm-client) or put it on PATH") from None
@@ -538,22 +555,33 @@ class SlurmFleet:
         """The kept step's processes get the next phase's config (nodes not named in it exit)."""
         for task in step.tasks.values():
             task.run, task.err = _Run(), bytearray()
+        log.debug("step %s: next phase on %d nodes, same processes", step.name, len(by_node))
         self._write(step, json.dumps(bundle.broadcast_config(by_node), separators=(",", ":")).encode() + b"\n")
 
     @staticmethod
-    def _write(step: _Step, data: bytes) -> None:
-        try:
-            step.proc.stdin.write(data)
-            step.proc.stdin.flush()
-        except BrokenPipeError:  # srun is gone: _collect names every node from what it printed
-            pass
+    def _write(step: _Step, data: bytes, close: bool = False) -> None:
+        """Hand srun the data (then close its stdin, with close) from a thread of its own: srun takes its
+        stdin only as fast as it forwards it to the tasks, and a stuck node must not stop the deadlines,
+        which _collect keeps. Writes keep their order (the payload, each next phase's line, the close)."""
+        def write() -> None:
+            with step.stdin_lock:
+                try:
+                    if data:
+                        step.proc.stdin.write(data)
+                        step.proc.stdin.flush()
+                except (BrokenPipeError, ValueError, OSError):  # srun is gone: _collect names every node
+                    pass
+                if close:
+                    try:
+                        step.proc.stdin.close()
+                    except (BrokenPipeError, ValueError, OSError):
+                        pass
+        threading.Thread(target=write, name="preflight-srun-stdin", daemon=True).start()
 
-    def _collect(self, step: _Step, names: Sequence[str],
-                 deadlines: Dict[str, float]) -> Tuple[Dict[str, Outcome], Dict[str, str], bool]:
+    def _collect(self, step: _Step, names: Sequence[str], deadlines: Dict[str, float], started: float,
+                 sent_at: float) -> Tuple[Dict[str, Outcome], Dict[str, str], bool]:
         """This phase's outcomes, {node: launch failure}, and whether the step is whole (every node
         answered; none timed out, the step was not cancelled and srun still runs)."""
-        started = time.monotonic()
-        sent_at = time.time()
         end = started + max(deadlines.values())
         timed_out: Dict[str, float] = {}
         while step.streams:
@@ -600,6 +628,9 @@ class SlurmFleet:
             else:
                 outcomes[name] = Outcome(name, result=runner.merge([r.result for r in runs]), run=runs[0])
         whole = step.rc is None and not timed_out and all(o.failure is None for o in outcomes.values())
+        log.debug("step %s: %d of %d nodes answered in %.2f s%s", step.name, len(names) - sum(
+            1 for o in outcomes.values() if o.failure), len(names), time.monotonic() - started,
+                  "; srun said: " + " / ".join(srun_said[-3:]) if srun_said else "")
         return outcomes, {}, whole
 
     def _end(self, step: _Step) -> None:
@@ -609,12 +640,8 @@ class SlurmFleet:
             if self._step is step:
                 self._step = None
         proc = step.proc
-        if proc.poll() is None:
-            self._write(step, b'{"groups":[]}\n')  # a task waiting for a next phase exits 0
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
+        # a task waiting for a next phase exits 0; then EOF (an unfinished task's watchdog kills it)
+        self._write(step, b'{"groups":[]}\n' if proc.poll() is None else b"", close=True)
         until = time.monotonic() + self.kill_grace_s
         while step.streams and time.monotonic() < until:
             step.read(0.2)

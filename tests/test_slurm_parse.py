@@ -120,6 +120,12 @@ def test_drain_with_an_ssh_inventory_is_a_usage_error(capsys, tmp_path):
     ("JobId=8 TRES=cpu=64,node=1,gres/gpu=8,gres/gpu:h100=8", 8),
     ("JobId=9 TRES=cpu=64,node=1,gres/gpu:a100=4,gres/gpu:v100=2", 6),
     ("JobId=10 NumNodes=1", 0),
+    # Slurm 22.05 `scontrol -d -o show job` (tests/sim/slurm.py with Gres=gpu:2): TRES leaves GRES out
+    # unless AccountingStorageTRES tracks gres/gpu; JOB_GRES has the job's total
+    ("JobId=1 NumNodes=2 TRES=cpu=2,mem=128M,node=2,billing=2 Socks/Node=* CoreSpec=* JOB_GRES=gpu:4   "
+     "Nodes=n[001-002] CPU_IDs=0 Mem=64 GRES=gpu:2(IDX:0-1) MinCPUsNode=1 TresPerNode=gres:gpu:2", 4),
+    ("JobId=3 TRES=cpu=2,mem=128M,node=2,billing=2 CoreSpec=* JOB_GRES=(null)   Nodes=n[001-002] GRES= ", 0),
+    ("JobId=4 JOB_GRES=gpu:h100:16,gpu:a100:8 Nodes=g[01-02] GRES=gpu:h100:8(IDX:0-7)", 24),
 ])
 def test_job_gpus_from_tres(line, gpus):
     assert job_gpus(line) == gpus

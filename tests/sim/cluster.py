@@ -211,7 +211,7 @@ class SimCluster:
 
     def __init__(self, n: int, *, prefix: Optional[str] = None, docker0: Union[bool, Iterable] = False,
                  root: Optional[str] = None, keep_root: bool = False, start_timeout: float = 60.0,
-                 slurm: bool = False) -> None:
+                 slurm: bool = False, slurm_gpus: int = 0) -> None:
         if not 1 <= n < MAX_NODES:
             raise ValueError("n must be between 1 and %d" % (MAX_NODES - 1))
         self.prefix = prefix or "%s%s" % (PREFIX_BASE, secrets.token_hex(3))
@@ -246,6 +246,7 @@ class SimCluster:
         # slurm=True: every node also runs slurmd (tests/sim/slurm.py) and, like slurmd, its sshd gets a
         # UTS namespace whose hostname is the node name, so both transports see the same node.
         self.want_slurm = slurm
+        self.slurm_gpus = slurm_gpus  # Gres=gpu:N on every Slurm node (tests/sim/slurm.py)
         self.slurm = None
 
     # ---------------------------------------------------------------- lookup
@@ -299,7 +300,7 @@ class SimCluster:
             if self.want_slurm:
                 from .slurm import SimSlurm
 
-                self.slurm = SimSlurm(self).start()
+                self.slurm = SimSlurm(self, gpus=self.slurm_gpus).start()
             t4 = time.monotonic()
         except BaseException:
             self.stop()

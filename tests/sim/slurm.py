@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import subprocess
 import time
 from typing import Dict, List, Optional, Sequence
@@ -59,8 +60,9 @@ def _in_uts(hostname: str, argv: Sequence[str]) -> List[str]:
 class SimSlurm:
     """The Slurm daemons of one SimCluster. Built by SimCluster(slurm=True); see the module docstring."""
 
-    def __init__(self, cluster, message_timeout: int = 5) -> None:
+    def __init__(self, cluster, message_timeout: int = 5, gpus: int = 0) -> None:
         self.cluster = cluster
+        self.gpus = gpus  # Gres=gpu:N per node, the devices being char-device stand-ins (see _gres)
         self.dir = os.path.join(cluster.root, "slurm")
         self.conf = os.path.join(self.dir, "slurm.conf")
         self.munge_dir = os.path.join(self.dir, "munge")
@@ -98,9 +100,12 @@ class SimSlurm:
                        % (self.cluster.root, "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                           self.cluster.root), 0o755)
         _write(os.path.join(self.dir, "cgroup.conf"), "CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n")
-        nodes = "".join("NodeName=%s NodeAddr=%s CPUs=1 RealMemory=64 State=UNKNOWN\n" % (n.name, n.mgmt_ip)
+        gres = " Gres=gpu:%d" % self.gpus if self.gpus else ""
+        nodes = "".join("NodeName=%s NodeAddr=%s CPUs=1 RealMemory=64%s State=UNKNOWN\n" % (n.name, n.mgmt_ip, gres)
                         for n in self.cluster.nodes)
-        _write(self.conf, (
+        if self.gpus:
+            self._gres()
+        _write(self.conf, ("GresTypes=gpu\n" if self.gpus else "") + (
             "ClusterName=pfsim\n"
             "SlurmctldHost=%(ctl)s(%(ctl_ip)s)\n"
             "SlurmUser=root\n"
@@ -135,6 +140,21 @@ class SimSlurm:
         ) % {"ctl": CTL_HOSTNAME, "ctl_ip": self.cluster.ctl_mgmt_ip, "ctld_port": CTLD_PORT,
              "slurmd_port": SLURMD_PORT, "sock": self.socket, "dir": self.dir, "nodes": nodes,
              "part": PARTITION, "msg_timeout": self.message_timeout})
+
+    def _gres(self) -> None:
+        """gres.conf (read from SLURM_CONF's folder) giving every node `gpus` GPU devices: character
+        devices made like /dev/null (1:3) under the Slurm dir. With task/none nothing is constrained;
+        Slurm allocates them and sets CUDA_VISIBLE_DEVICES per task from their index, as for real GPUs."""
+        lines = ["AutoDetect=off\n"]
+        for node in self.cluster.nodes:
+            dev = os.path.join(self.dir, "dev", node.name)
+            os.makedirs(dev, exist_ok=True)
+            for i in range(self.gpus):
+                path = os.path.join(dev, "nvidia%d" % i)
+                if not os.path.exists(path):
+                    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+            lines.append("NodeName=%s Name=gpu File=%s/nvidia[0-%d]\n" % (node.name, dev, self.gpus - 1))
+        _write(os.path.join(os.path.dirname(self.conf), "gres.conf"), "".join(lines))
 
     # ------------------------------------------------------------------ daemons
 
