@@ -59,6 +59,37 @@ def line(finding: Finding) -> str:
     return "preflight: %s %s: %s" % (finding.status.value.upper(), finding.check, message)
 
 
+#: the cluster settings a single node's rules read (the rest are about the fan-out or the all-reduce)
+NODE_CLUSTER_KEYS = ("shared_paths", "xid_window_s")
+
+
+def adopt(local: Any, source: Any, gpus_given: bool = False) -> Optional[str]:
+    """This machine judged by an inventory file: its cluster.expect and node-level cluster settings, and
+    the entry naming this host (by name or address): gpus_per_node (unless given) and data_interface.
+    Without such an entry, a gpus_per_node every entry agrees on. Returns where the GPU count came from
+    (None: not from the inventory)."""
+    import dataclasses
+    import socket
+
+    local.expect = dict(source.expect)
+    local.cluster.update({k: source.cluster[k] for k in NODE_CLUSTER_KEYS if k in source.cluster})
+    names = {local.nodes[0].name, socket.getfqdn(), socket.gethostname()}
+    mine = [s for s in source.nodes if s.name in names or s.host in names]
+    node = local.nodes[0]
+    changes: Dict[str, Any] = {}
+    came = None
+    if mine:
+        changes["data_interface"] = mine[0].data_interface
+        if not gpus_given:
+            changes["gpus_per_node"] = mine[0].gpus_per_node
+            came = "from %s (%s)" % (source.path, mine[0].name)
+    elif not gpus_given and len({s.gpus_per_node for s in source.nodes}) == 1:
+        changes["gpus_per_node"] = source.nodes[0].gpus_per_node
+        came = "from %s (every node)" % source.path
+    local.nodes[0] = dataclasses.replace(node, **changes)
+    return came
+
+
 def run(args: Any) -> int:
     from preflight import engine, inventory, report
 
@@ -69,6 +100,9 @@ def run(args: Any) -> int:
     selected = select(args.only, args.skip)
     t0 = time.monotonic()
     inv = inventory.local_inventory(args.gpus_per_node)
+    source = "given" if args.gpus_per_node is not None else "as the driver registered them"
+    if getattr(args, "inventory", None):
+        source = adopt(inv, inventory.load(args.inventory), gpus_given=args.gpus_per_node is not None) or source
     opts = engine.Options(only=selected, skip=[], parallel=1, timeout=args.timeout)
     result = engine.run(inv, opts)
     wall = time.monotonic() - t0
@@ -79,7 +113,7 @@ def run(args: Any) -> int:
     counts: Dict[str, int] = report.summary(result.findings)
     # Without --gpus-per-node the count is what the driver registered: a node whose driver lost every GPU
     # then looks CPU-only, so the line says where the expectation came from.
-    gpus = "%d GPUs%s" % (inv.nodes[0].gpus_per_node, "" if args.gpus_per_node is not None else " as the driver registered them")
+    gpus = "%d GPUs%s" % (inv.nodes[0].gpus_per_node, "" if source == "given" else " " + source)
     out.write("preflight: node %s %s: %d fail, %d error, %d warn, %d pass, %d skip (%s; %s; %.1f s)\n" % (
         inv.nodes[0].name, "UNHEALTHY" if result.exit_code else "ok", counts["fail"], counts["error"],
         counts["warn"], counts["pass"], counts["skip"], gpus, ",".join(result.selected), wall))

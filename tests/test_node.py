@@ -22,12 +22,12 @@ from tests.sim import gpu_hw
 PREFLIGHT = os.path.join(os.path.dirname(sys.executable), "preflight")
 
 
-def _node_run(cluster, node, *args):
+def _node_run(cluster, node, *args, gpus=8):
     node = cluster.node(node)
     env = {"PATH": "%s:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" % node.bin_dir,
            "PREFLIGHT_SYSFS_ROOT": node.sys_dir, "PREFLIGHT_NVML": "off", "HOME": "/root", "LANG": "C.UTF-8"}
     argv = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', node.name,
-            PREFLIGHT, "node", "--gpus-per-node", "8"] + list(args)
+            PREFLIGHT, "node"] + (["--gpus-per-node", str(gpus)] if gpus is not None else []) + list(args)
     t0 = time.monotonic()
     out = cluster.node_exec(node, argv, env=env, timeout=120)
     return out, time.monotonic() - t0
@@ -64,6 +64,35 @@ def test_healthy_node_exits_0_and_one_fault_exits_1_with_one_line(sim_cluster):
 
     out, _ = _node_run(cluster, node, "--skip", "gpu,fabric_manager")  # the operator's choice is honoured
     assert out.returncode == 0, out.stdout
+
+
+def test_inventory_expectations_judge_the_node_alone(sim_cluster, tmp_path):
+    """HealthCheckProgram with the fleet's inventory: a node alone has no majority to drift from, so the
+    inventory's cluster.expect is what names a driver the fleet moved away from; the GPU count comes
+    from the node's own entry."""
+    cluster = sim_cluster(1)
+    node = cluster.node("n001")
+    _hgx(node)  # driver 550.54.15
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text("defaults:\n  gpus_per_node: 4\ncluster:\n  expect:\n    driver_version: \"560.35.03\"\n"
+                   "nodes:\n  - host: n001\n    gpus_per_node: 8\n  - n002\n")
+    out, wall = _node_run(cluster, node, "--inventory", str(inv), gpus=None)
+    print("driver moved: rc %d, %.2f s wall\n%s" % (out.returncode, wall, out.stdout))
+    assert out.returncode == 1, out.stdout + out.stderr
+    problems = [l for l in out.stdout.splitlines() if not l.startswith("preflight: node ")]
+    assert len(problems) == 1 and problems[0].startswith("preflight: FAIL driver: "), out.stdout
+    assert "550.54.15" in problems[0] and "560.35.03" in problems[0], problems
+    assert "8 GPUs from %s (n001)" % inv in out.stdout, out.stdout  # its entry, not defaults' 4
+
+    inv.write_text(inv.read_text().replace("560.35.03", "550.54.15"))
+    out, _ = _node_run(cluster, node, "--inventory", str(inv), gpus=None)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+    inv.write_text("cluster:\n  expect:\n    driver_versoin: 1\nnodes: [n001]\n")
+    out, _ = _node_run(cluster, node, "--inventory", str(inv))
+    assert out.returncode == 2 and out.stdout == "", out.stdout
+    (err,) = out.stderr.strip().splitlines()
+    assert str(inv) in err and ":3" in err and "driver_versoin" in err, err
 
 
 def test_node_selection_refuses_cross_node_checks():
