@@ -130,6 +130,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodelist", metavar="NODES", help="with --slurm: allocate these Slurm nodes for the run (e.g. gpu-[001-064])")
     p.add_argument("--partition", metavar="P", help="with --slurm: allocate --nodes N nodes of partition P for the run")
     p.add_argument("--nodes", type=int, metavar="N", help="with --slurm --partition: how many nodes")
+    p.add_argument("--alloc-wait", type=float, metavar="SECONDS", help="when preflight allocates Slurm nodes: how long to wait for them (default 120; whole nodes: one running a job is waited for)")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.add_argument("--debug", action="store_true", help="log transport details to stderr")
 
@@ -238,6 +239,17 @@ def _load_inventory(args: argparse.Namespace) -> Any:
     return inv
 
 
+def _alloc_wait(args: argparse.Namespace) -> float:
+    from preflight import slurm
+
+    wait = getattr(args, "alloc_wait", None)
+    if wait is None:
+        return slurm.ALLOC_WAIT_S
+    if wait < 1:
+        raise UsageError("--alloc-wait must be at least 1 second", "e.g. --alloc-wait 300")
+    return wait
+
+
 def _slurm_inventory(args: argparse.Namespace) -> Any:
     """The allocation as the inventory: this job's nodes, or an allocation made now (released after the run)."""
     from preflight import slurm
@@ -251,7 +263,8 @@ def _slurm_inventory(args: argparse.Namespace) -> Any:
         raise UsageError("give --nodelist or --partition/--nodes, not both", "e.g. --nodelist gpu-[001-064]")
     if args.nodelist or args.partition or args.nodes:
         recheck = getattr(args, "resume", False) and not getattr(args, "dry_run", False)
-        alloc = slurm.allocate(nodelist=args.nodelist, partition=args.partition, nodes=args.nodes, recheck_ours=recheck)
+        alloc = slurm.allocate(nodelist=args.nodelist, partition=args.partition, nodes=args.nodes, recheck_ours=recheck,
+                               timeout=_alloc_wait(args))
     else:
         alloc = slurm.current_allocation()
     try:
@@ -278,6 +291,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if not 0 <= getattr(args, "max_drain_fraction", 0.2) <= 1:
         raise UsageError("--max-drain-fraction must be between 0 and 1", "e.g. --max-drain-fraction 0.2")
     inv = _load_inventory(args)
+    if inv.transport == "slurm" and getattr(args, "alloc_wait", None) is not None:
+        inv.cluster["alloc_wait_s"] = _alloc_wait(args)  # for the allocation the transport makes
     if acting and inv.transport != "slurm":
         raise UsageError("--drain/--resume act on Slurm nodes; %s uses transport %s" % (inv.path, inv.transport),
                          "add `transport: slurm` under `cluster:` in it (Slurm node names), or use --slurm")
@@ -287,7 +302,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         # the inventory's nodes, allocated now (as the transport would), with --resume's recheck of the
         # nodes preflight drained: a drained node cannot be allocated otherwise
         recheck = getattr(args, "resume", False) and not getattr(args, "dry_run", False)
-        inv.allocation = slurm.allocate(nodelist=common.fold([s.name for s in inv.nodes]), recheck_ours=recheck)
+        inv.allocation = slurm.allocate(nodelist=common.fold([s.name for s in inv.nodes]), recheck_ours=recheck,
+                                        timeout=_alloc_wait(args))
     try:
         return _check_inventory(args, inv)
     finally:

@@ -64,6 +64,9 @@ SQUEUE = "squeue"
 BAD_STATES = ("DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING", "POWERED_DOWN",
               "POWER_DOWN", "POWERING_DOWN", "FUTURE", "UNKNOWN", "MAINT", "REBOOT_REQUESTED", "REBOOT_ISSUED")
 
+#: Slurm node states of a node that runs a job: an allocation of whole nodes (--exclusive) waits for it.
+BUSY_STATES = ("ALLOCATED", "MIXED", "COMPLETING")
+
 #: srun cuts task output lines at 1024 bytes (slurmstepd's buffer); the result JSON travels in shorter parts.
 LINE_MAX = 900
 
@@ -240,8 +243,12 @@ def current_allocation(environ: Optional[Dict[str, str]] = None) -> Allocation:
     return Allocation(job, nodes)
 
 
+#: how long salloc waits for the nodes by default (--alloc-wait)
+ALLOC_WAIT_S = 120.0
+
+
 def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, nodes: Optional[int] = None,
-             time_limit: str = "30", timeout: float = 120.0, recheck_ours: bool = False) -> Allocation:
+             time_limit: str = "30", timeout: float = ALLOC_WAIT_S, recheck_ours: bool = False) -> Allocation:
     """Make an allocation for this run (salloc --no-shell); nodes Slurm reports unusable are left out.
 
     With a nodelist, down/drained nodes are named before allocating: asking for them would make the
@@ -281,6 +288,7 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
     elif nodes:
         argv += ["-N", str(nodes)]
         info, held, resv = {}, {}, None
+        excluded = {}
     else:
         raise UsageError("--partition needs --nodes N", "e.g. --partition gpu --nodes 16")
     if partition:
@@ -291,8 +299,18 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
         if resv:
             Allocation("", [], held=held, reservation=resv).release()
             _redrain(held)
-        raise SlurmError("salloc failed: %s" % (out.stderr.strip().splitlines() or ["rc %d" % out.returncode])[-1][:300],
-                         "check the partition and node names (sinfo)")
+        said = (out.stderr.strip().splitlines() or ["rc %d" % out.returncode])[-1][:300]
+        busy = {n: "+".join(i["state"]) for n, i in info.items() if n not in excluded and n not in held
+                and any(s.rstrip("*") in BUSY_STATES for s in i["state"])}
+        if busy:
+            raise SlurmError("salloc did not get the nodes within %g s (%s): %s busy (Slurm reports %s); preflight "
+                             "takes whole nodes" % (timeout, said, fold(busy), ", ".join(
+                                 "%s %s" % (n, busy[n]) for n in sorted(busy, key=_natural)[:5])),
+                             "run it when they are idle, inside the job's own allocation (salloc/sbatch, then "
+                             "preflight check --slurm), or check a busy node alone with `preflight node`; "
+                             "--alloc-wait SECONDS waits longer")
+        raise SlurmError("salloc failed: %s" % said, "check the partition and node names (sinfo); preflight takes "
+                         "whole idle nodes (--exclusive), --alloc-wait SECONDS waits longer for them")
     job = m.group(1)
     got = _run([SQUEUE, "-h", "-j", job, "-o", "%N"])
     try:
@@ -673,7 +691,7 @@ def fleet_for(inv: Any, progress: Optional[Progress] = None) -> SlurmFleet:
     """The Slurm transport for an inventory: its allocation, or one made now for its nodes (released at close)."""
     alloc = inv.allocation
     if alloc is None:
-        alloc = allocate(nodelist=fold(s.name for s in inv.nodes))
+        alloc = allocate(nodelist=fold(s.name for s in inv.nodes), timeout=inv.cluster.get("alloc_wait_s", ALLOC_WAIT_S))
         inv.allocation = alloc
     return SlurmFleet(inv.nodes, alloc, progress)
 

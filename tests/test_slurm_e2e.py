@@ -171,3 +171,33 @@ def test_dry_run_prints_scontrol_and_refuses_a_cluster_wide_failure(cluster):
     assert "would run: scontrol update nodename=n004 state=drain 'reason=preflight: mtu: " in out.stdout
     assert "nodename=n006" in out.stdout and "nodename=n00" in out.stdout
     assert cluster.slurm.reasons() == {}
+
+
+def test_partition_and_node_count_from_a_login_node(cluster):
+    """--partition P --nodes N: Slurm picks N usable nodes (a drained one is not among them), the run
+    checks exactly those, and the allocation is released."""
+    from tests.sim.slurm import PARTITION
+
+    cluster.slurm.drain("n001", "fan replaced")
+    doc, out = _json(cluster, ["check", "--slurm", "--partition", PARTITION, "--nodes", "3", "--only", "ssh"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    names = [n["name"] for n in doc["nodes"]]
+    assert len(names) == 3 and "n001" not in names, names
+    assert doc["transport"]["kind"] == "slurm" and doc["transport"]["steps"] == 1
+    assert not cluster.slurm.run(["squeue", "-h"]).stdout.strip()
+
+
+def test_busy_nodes_are_named_not_waited_for_forever(cluster):
+    """preflight takes whole nodes: a node running someone's job is waited for up to --alloc-wait, then
+    named with its Slurm state in a one-line error (exit 2), never a bare "Connection timed out"."""
+    s = cluster.slurm
+    held = s.run(["salloc", "--no-shell", "-N1", "-w", "n002", "-t", "5"])
+    job = re.search(r"Granted job allocation (\d+)", held.stderr + held.stdout).group(1)
+    try:
+        out = _run(cluster, ["check", "--slurm", "--nodelist", "n[001-002]", "--only", "ssh", "--alloc-wait", "2"])
+    finally:
+        s.run(["scancel", job])
+    assert out.returncode == 2, out.stdout + out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert "n002 busy" in line and "ALLOCATED" in line and "whole nodes" in line, line
+    assert "Traceback" not in out.stderr
