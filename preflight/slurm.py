@@ -6,7 +6,11 @@ engine, the rules, the report and the bench never know which engine carried the 
 One job step across all the nodes carries every phase of a run, one task per node:
 
     srun --jobid J -N n -n n --ntasks-per-node=1 -w NODES --kill-on-bad-exit=0 --label --input=all \
-         -J preflight-TOKEN /bin/sh -c 'echo preflight-node $SLURMD_NODENAME; echo preflight-pid $$; exec python3 -c BOOTSTRAP'
+         --overlap --cpu-bind=none -J preflight-TOKEN \
+         /bin/sh -c 'echo preflight-node $SLURMD_NODENAME; echo preflight-pid $$; exec python3 -c BOOTSTRAP'
+
+The all-reduce's steps have one task per rank instead (--ntasks-per-node=k --overcommit, and
+--gpus-per-task=1 where the job holds GPUs): see SlurmFleet.run.
 
 slurmd's own tree fan-out carries the launch. `--input=all` hands srun's stdin to every task: one
 payload holds every node's config (`bundle.broadcast_config`: nodes with equal configs share one entry;
@@ -540,7 +544,9 @@ class SlurmFleet:
         shell = "echo preflight-node $SLURMD_NODENAME; " + bundle.remote_command(self.python)
         return [SRUN, "--jobid=%s" % self.alloc.job_id, "-N", str(len(names)), "-n", str(len(names) * per_node),
                 "--ntasks-per-node=%d" % per_node, "-w", fold(names), "--kill-on-bad-exit=0", "--label", "--input=all",
-                "--overlap", "-J", step_name] + (["--overcommit"] if per_node > 1 else []) + (
+                # no CPU binding (task/affinity would pin each task, its probe threads or its rank and
+                # NCCL's proxy threads, to one core); several tasks a node may outnumber the job's CPUs
+                "--overlap", "--cpu-bind=none", "-J", step_name] + (["--overcommit"] if per_node > 1 else []) + (
                 ["--gpus-per-task=1"] if gpus else []) + ["/bin/sh", "-c", shell]
 
     def _job_gpus(self) -> int:
