@@ -713,12 +713,24 @@ def _stall_message(stopped, errors, sizes, node_of, docs, meta) -> str:
                 "was" if len(lead) == 1 else "were", _ranks_phrase(sorted(errors), node_of), sample[:160]))
 
 
+#: init's steps in order: a rank that failed importing torch failed before peers that then lost it at
+#: the store or while forming the group
+_INIT_STEPS = {"import": 0, "store": 1, "group": 2}
+
+
 def _error_message(errors, bad, sizes, node_of, implicated) -> str:
-    """The failure at the earliest point, led by ranks whose process died (peers report its death)."""
+    """The failure at the earliest point (init: the earliest step), led by ranks whose process died and
+    by errors that are not a peer's disappearance (peers report the cause's death, not the cause)."""
     died = {r: ne for r, ne in errors.items() if str(ne[1].get("error", "")).startswith("rank process")}
     first = died or errors
-    at = min(_position(e, sizes) for _n, e in first.values())
-    lead = sorted(r for r, (_n, e) in first.items() if _position(e, sizes) == at)
+    first = {r: ne for r, ne in first.items() if not _peer_error(ne[1])} or first
+
+    def depth(entry: Mapping[str, Any]) -> Tuple[int, int]:
+        at = _position(entry, sizes)
+        return at, _INIT_STEPS.get(entry.get("step"), len(_INIT_STEPS)) if at == -1 else 0
+
+    at = min(depth(e) for _n, e in first.values())
+    lead = sorted(r for r, (_n, e) in first.items() if depth(e) == at)
     sample = first[lead[0]][1]
     error = sample.get("error") or "error"
     text = "all-reduce failed at %s: %s: %s" % (_stage_name(sample), _ranks_phrase(lead, node_of), error)

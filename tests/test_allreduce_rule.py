@@ -214,6 +214,22 @@ def test_error_is_led_by_the_rank_that_died():
     assert [x.node for x in findings if x.node] == ["n002"]
 
 
+def test_init_error_is_led_by_the_earliest_step_not_the_peer_that_noticed():
+    """A rank that cannot import torch fails at init's first step; a peer may report its own error
+    first (the store connection it shared with that rank drops): the message names the import."""
+    no_torch = {"status": "error", "stage": "init", "step": "import", "error": "ModuleNotFoundError: No module named 'torch'"}
+    store = {"status": "error", "stage": "init", "step": "store",
+             "error": "DistNetworkError: failed to recv, got 0 bytes"}
+    waiting = {"status": "error", "stage": "init", "step": "group", "error": "DistNetworkError: Connection reset by peer"}
+    docs = [doc(0, [0], [KiB], world=3, backend="gloo", status={0: store}),
+            doc(1, [1], [KiB], world=3, backend="gloo", status={1: waiting}),
+            doc(2, [2], [KiB], world=3, backend="gloo", status={2: no_torch})]
+    findings = ar.rule(cluster(docs, gpus=0))
+    assert the(findings).message.startswith("all-reduce failed at init: rank 2 (n003): ModuleNotFoundError: "
+                                            "No module named 'torch'; ranks 0-1 (n[001-002]) stopped too")
+    assert [x.node for x in findings if x.node and x.status is Status.FAIL] == ["n003"]
+
+
 def test_no_results_at_all_is_an_error_and_skip_needs_a_reason():
     view = ClusterView([NodeInfo("n001", "n001", 8)], {"n001": {}})
     assert the(ar.rule(view)).status is Status.ERROR
