@@ -74,7 +74,8 @@ def _driver(ctx: Any) -> Dict[str, Any]:
     if nvml is not None:
         try:
             cuda, version = bounded_nvml(
-                lambda: (nvml.nvmlSystemGetCudaDriverVersion(), nvml.nvmlSystemGetDriverVersion()), "driver version"
+                lambda: (nvml.nvmlSystemGetCudaDriverVersion(), nvml.nvmlSystemGetDriverVersion()), "driver version",
+                call_name="nvmlSystemGetCudaDriverVersion/nvmlSystemGetDriverVersion",
             )
             return {
                 "driver_version": version.decode() if isinstance(version, bytes) else str(version),

@@ -201,13 +201,14 @@ def nvml_wedged() -> Optional[str]:
     return _WEDGED[0] if _WEDGED else None
 
 
-def bounded_nvml(fn: Callable[[], Any], what: str, budget: Optional[float] = None) -> Any:
+def bounded_nvml(fn: Callable[[], Any], what: str, budget: Optional[float] = None, call_name: Optional[str] = None) -> Any:
     """fn() on a daemon thread, waited for at most `budget` seconds.
 
     An NVML call stuck in the kernel cannot be interrupted from Python; on a daemon thread it no longer
     keeps the probe process from reporting and exiting (the bundle ends with os._exit), so the node's
     other facts still arrive. After a timeout every later bounded_nvml call in this process refuses at
-    once: the stuck call very likely holds the library's lock.
+    once: the stuck call very likely holds the library's lock. The message names the NVML function the
+    stuck thread last entered (call_name, or what fn marked with _entering).
     """
     if _WEDGED:
         raise NvmlWedged(_WEDGED[0])
@@ -215,6 +216,8 @@ def bounded_nvml(fn: Callable[[], Any], what: str, budget: Optional[float] = Non
     box: Dict[str, Any] = {}
 
     def work() -> None:
+        if call_name:
+            _entering(call_name)
         try:
             box["value"] = fn()
         except BaseException as exc:  # handed to the caller's thread below
@@ -224,7 +227,7 @@ def bounded_nvml(fn: Callable[[], Any], what: str, budget: Optional[float] = Non
     thread.start()
     thread.join(limit)
     if thread.is_alive():
-        call = _LAST_CALL.get("name") or "NVML"
+        call = _LAST_CALL.get(thread.ident or 0) or "NVML"
         why = "%s did not return within %g s (%s; driver wedged? check dmesg for Xid)" % (call, limit, what)
         _WEDGED.append(why)
         raise NvmlWedged(why)
@@ -233,8 +236,13 @@ def bounded_nvml(fn: Callable[[], Any], what: str, budget: Optional[float] = Non
     return box.get("value")
 
 
-#: The NVML function last entered (for the wedge message).
-_LAST_CALL: Dict[str, str] = {}
+#: The NVML function each thread last entered (for the wedge message): per thread, since the gpu and
+#: driver probes call NVML side by side.
+_LAST_CALL: Dict[int, str] = {}
+
+
+def _entering(name: str) -> None:
+    _LAST_CALL[threading.get_ident()] = name
 
 
 def load_nvml() -> Tuple[Any, Optional[str]]:
@@ -254,8 +262,7 @@ def load_nvml() -> Tuple[Any, Optional[str]]:
     except ImportError as exc:
         return None, "pynvml not importable: %s" % exc
     try:
-        _LAST_CALL["name"] = "nvmlInit"
-        bounded_nvml(pynvml.nvmlInit, "init")
+        bounded_nvml(pynvml.nvmlInit, "init", call_name="nvmlInit")
     except NvmlWedged as exc:
         return None, str(exc)
     except Exception as exc:
@@ -319,19 +326,19 @@ def facts_from_nvml(nvml: Any, partial: Optional[Dict[str, Any]] = None) -> Dict
     `partial` receives what was read so far (for a caller whose wait for this ran out).
     """
     seen: Dict[str, Any] = {"gpus": []} if partial is None else partial
-    _LAST_CALL["name"] = "nvmlSystemGetCudaDriverVersion"
+    _entering("nvmlSystemGetCudaDriverVersion")
     cuda = nvml.nvmlSystemGetCudaDriverVersion()
     seen["cuda_version"] = "%d.%d" % (cuda // 1000, (cuda % 1000) // 10)
-    _LAST_CALL["name"] = "nvmlSystemGetDriverVersion"
+    _entering("nvmlSystemGetDriverVersion")
     seen["driver_version"] = _text(nvml.nvmlSystemGetDriverVersion())
-    _LAST_CALL["name"] = "nvmlDeviceGetCount"
+    _entering("nvmlDeviceGetCount")
     count = nvml.nvmlDeviceGetCount()
     seen["attached_gpus"] = count
     for index in range(count):
         current = _empty_gpu(index)
         seen["current"] = current
         try:
-            _LAST_CALL["name"] = "nvmlDeviceGetHandleByIndex"
+            _entering("nvmlDeviceGetHandleByIndex")
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             _gpu_from_nvml(nvml, current, handle)
         except nvml.NVMLError as exc:
@@ -384,7 +391,7 @@ class _Ask:
         fn = getattr(self.nvml, name, None)
         if fn is None:  # this pynvml predates the function: as if the driver lacked it
             return None
-        _LAST_CALL["name"] = name
+        _entering(name)
         try:
             return fn(self.h, *args)
         except self.nvml.NVMLError as exc:
@@ -398,7 +405,7 @@ class _Ask:
             fn = getattr(self.nvml, name, None)
             if fn is None:
                 continue
-            _LAST_CALL["name"] = name
+            _entering(name)
             try:
                 return fn(self.h)
             except self.nvml.NVMLError as exc:
@@ -412,11 +419,11 @@ class _Ask:
 
 def _gpu_from_nvml(nvml: Any, gpu: Dict[str, Any], h: Any) -> Dict[str, Any]:
     ask = _Ask(nvml, gpu, h)
-    _LAST_CALL["name"] = "nvmlDeviceGetName"
+    _entering("nvmlDeviceGetName")
     gpu["name"] = _text(nvml.nvmlDeviceGetName(h))
-    _LAST_CALL["name"] = "nvmlDeviceGetPciInfo"
+    _entering("nvmlDeviceGetPciInfo")
     gpu["pci_bus_id"] = _text(nvml.nvmlDeviceGetPciInfo(h).busId)
-    _LAST_CALL["name"] = "nvmlDeviceGetUUID"
+    _entering("nvmlDeviceGetUUID")
     gpu["uuid"] = _text(nvml.nvmlDeviceGetUUID(h))
     serial = ask("nvmlDeviceGetSerial")
     gpu["serial"] = None if serial is None else _text(serial)
@@ -461,7 +468,7 @@ def nvml_shutdown(nvml: Any) -> None:
 
 def _nvml_links(nvml: Any, gpu: Dict[str, Any], h: Any) -> Optional[Dict[str, Any]]:
     active = inactive = 0
-    _LAST_CALL["name"] = "nvmlDeviceGetNvLinkState"
+    _entering("nvmlDeviceGetNvLinkState")
     for link in range(nvml.NVML_NVLINK_MAX_LINKS):
         try:
             state = nvml.nvmlDeviceGetNvLinkState(h, link)
@@ -499,7 +506,7 @@ def _call_c(nvml: Any, name: str, *args: Any) -> None:
 
 def _nvml_fabric(nvml: Any, gpu: Dict[str, Any], h: Any) -> Optional[Dict[str, Any]]:
     info = NvmlGpuFabricInfo()
-    _LAST_CALL["name"] = "nvmlDeviceGetGpuFabricInfo"
+    _entering("nvmlDeviceGetGpuFabricInfo")
     try:
         _call_c(nvml, "nvmlDeviceGetGpuFabricInfo", h, ctypes.pointer(info))
     except nvml.NVMLError as exc:

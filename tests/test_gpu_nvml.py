@@ -10,6 +10,7 @@ import ctypes
 import os
 import sys
 import threading
+import time
 
 import pytest
 
@@ -327,6 +328,31 @@ def test_wedged_nvml_in_the_node_runner_keeps_the_other_probes(tmp_path, monkeyp
     assert doc["driver"]["torch"]["version"] and doc["driver"]["driver_version"] == "550.54.15"
     failed = run_rule(doc["gpu"])
     assert [f.status for f in failed] == [Status.FAIL] and "did not return" in failed[0].message
+
+
+def test_wedge_message_names_the_stuck_threads_call_not_anothers(fake_pynvml):
+    """The gpu and driver probes call NVML side by side: a call the driver probe enters while the gpu
+    probe's nvmlDeviceGetCount is stuck must not be named as the stuck one (it was, under load)."""
+    answers = nvml_answers()
+    answers["nvmlDeviceGetCount"] = {"block": True}
+    nvml = fake_pynvml(answers)
+    stuck = threading.Thread(target=lambda: box.setdefault("error", _catch(
+        lambda: gpu.bounded_nvml(lambda: gpu.facts_from_nvml(nvml), "GPU queries"))), daemon=True)
+    box = {}
+    stuck.start()
+    while "nvmlDeviceGetCount" not in nvml.calls:
+        time.sleep(0.01)
+    assert gpu.load_nvml()[0] is nvml  # another thread enters nvmlInit (it answers) while GetCount hangs
+    stuck.join(10)
+    assert "nvmlDeviceGetCount did not return within 1 s" in str(box["error"]), box
+
+
+def _catch(fn):
+    try:
+        fn()
+    except Exception as exc:
+        return exc
+    return None
 
 
 def test_fabric_error_codes_from_the_c_entry_point():
