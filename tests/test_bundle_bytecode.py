@@ -68,3 +68,46 @@ def test_node_with_another_python_compiles_the_source():
     result = run_bootstrap(rewrite(bundle.base_zip(), b"\x00\x00\r\n"))
     assert result["bytecode"] is False
     assert result["facts"]["ssh"].get("python")
+
+
+def test_the_bundle_is_cached_beside_the_pycs_and_rebuilt_when_a_source_changes(tmp_path, monkeypatch):
+    """Building the zip costs about 0.1 s each run; the cache is keyed, like a .pyc, by every source's
+    size and mtime: an edited source gives a new bundle (the old one removed), an unwritable folder only
+    means building every run."""
+    import os
+    import shutil
+
+    import preflight
+
+    src = tmp_path / "src"
+    src.mkdir()
+    sources = []
+    for path, name in bundle._sources():
+        copy = src / name.replace("/", "_")
+        shutil.copy(path, copy)
+        sources.append((str(copy), name))
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    monkeypatch.setattr(preflight, "__file__", str(pkg / "__init__.py"))
+    monkeypatch.setattr(bundle, "_sources", lambda: sources)
+    built = []
+    real_build = bundle._build_zip
+    monkeypatch.setattr(bundle, "_build_zip", lambda s=None: built.append(1) or real_build(s))
+
+    first = bundle._cached_zip()
+    cached = sorted(os.listdir(pkg / "__pycache__"))
+    assert len(cached) == 1 and cached[0].startswith("bundle-") and built == [1]
+    assert bundle._cached_zip() == first and built == [1]  # read back, not rebuilt
+
+    edited = next(p for p, n in sources if n == "preflight/probe/runner.py")
+    with open(edited, "a") as fh:
+        fh.write("\n# edited\n")
+    second = bundle._cached_zip()
+    assert built == [1, 1] and second != first
+    assert b"# edited" in zipfile.ZipFile(io.BytesIO(second)).read("preflight/probe/runner.py")
+    now = sorted(os.listdir(pkg / "__pycache__"))
+    assert len(now) == 1 and now != cached  # the stale bundle is gone
+
+    shutil.rmtree(pkg / "__pycache__")
+    (pkg / "__pycache__").write_text("not a folder")  # cannot be written: built, still returned
+    assert bundle._cached_zip() == second and built == [1, 1, 1]
