@@ -26,6 +26,12 @@ CHECK_NAME = "mtu"
 IP_ICMP_HEADERS = 28
 SMALL_PAYLOAD = 1000
 COUNT = 3
+#: seconds between a target's pings: 50 ms keeps three pings to 0.1 s. iputils before 20210202 refuses
+#: intervals under 200 ms to users ("cannot flood; minimal interval allowed for user is 200ms"): the
+#: probe then pings again at SLOW_INTERVAL.
+INTERVAL = 0.05
+SLOW_INTERVAL = 0.2
+_MIN_INTERVAL = re.compile(r"minimal interval allowed for user is", re.I)
 MAX_PARALLEL = 32
 
 _STATS = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received(?P<rest>[^\n]*)")
@@ -146,7 +152,7 @@ def plan(view: ClusterView) -> Dict[str, Dict[str, Any]]:
 # ----------------------------------------------------------------------------------------------- probe
 
 
-def ping_argv(iface: str, size: int, target: str, count: int = COUNT) -> List[str]:
+def ping_argv(iface: str, size: int, target: str, count: int = COUNT, interval: float = INTERVAL) -> List[str]:
     """The ping command: DF set, fixed payload, bound to the interface. An argv list, never a shell line."""
     return [
         "ping",
@@ -157,7 +163,7 @@ def ping_argv(iface: str, size: int, target: str, count: int = COUNT) -> List[st
         "-c",
         str(int(count)),
         "-i",
-        "0.2",
+        "%g" % interval,
         "-W",
         "1",
         "-I",
@@ -168,15 +174,19 @@ def ping_argv(iface: str, size: int, target: str, count: int = COUNT) -> List[st
 
 def _ping(ctx: Any, cfg: Dict[str, Any], size: int, target: str) -> Dict[str, Any]:
     count = int(cfg.get("count", COUNT))
-    timeout = count * 0.2 + 6.0
-    res = ctx.run(ping_argv(cfg["iface"], size, target, count), timeout=timeout)
+    timeout = count * SLOW_INTERVAL + 6.0
+    interval = INTERVAL
+    res = ctx.run(ping_argv(cfg["iface"], size, target, count, interval), timeout=timeout)
     if res.rc == 127:
         raise RuntimeError("ping is not installed (install iputils-ping)")
+    if res.rc != 0 and _MIN_INTERVAL.search(res.stderr):  # an older iputils, run by a user
+        interval = SLOW_INTERVAL
+        res = ctx.run(ping_argv(cfg["iface"], size, target, count, interval), timeout=timeout)
     bound = cfg["iface"]
     if "SO_BINDTODEVICE" in res.stderr and "not permitted" in res.stderr and cfg.get("source_ip"):
         # Old kernels refuse SO_BINDTODEVICE to unprivileged users: bind the source address instead.
         bound = cfg["source_ip"]
-        res = ctx.run(ping_argv(bound, size, target, count), timeout=timeout)
+        res = ctx.run(ping_argv(bound, size, target, count, interval), timeout=timeout)
     if res.timed_out:
         return no_reply("ping timed out")
     out = parse_ping(res.stdout, res.stderr, res.rc)

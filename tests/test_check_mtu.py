@@ -1,6 +1,7 @@
 """mtu: the iputils ping parser on recorded output, the plan (ring / mesh), a real ping of 127.0.0.1, the rule."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -84,7 +85,7 @@ def test_ping_argv_keeps_hostile_interface_name_as_one_argument():
         "-c",
         "3",
         "-i",
-        "0.2",
+        "0.05",
         "-W",
         "1",
         "-I",
@@ -146,6 +147,30 @@ def test_probe_pings_localhost_for_real():
     t = facts["targets"][0]
     assert t["jumbo_ok"] and t["small_ok"] and t["loss_pct"] == 0.0 and t["size"] == 1472
     json.dumps(facts)
+
+
+def test_older_iputils_refusing_a_fast_interval_gets_the_slow_one(tmp_path, monkeypatch):
+    """iputils before 20210202 refuses -i under 0.2 to users: the probe pings again at 0.2 s (a `ping`
+    on PATH that answers as such an iputils does, then runs the real one)."""
+    real = shutil.which("ping")
+    if real is None:
+        pytest.skip("no ping here")
+    log = tmp_path / "argv.log"
+    fake = tmp_path / "ping"
+    fake.write_text('#!/bin/sh\necho "$*" >> %s\ncase " $* " in *" -i 0.05 "*)\n'
+                    '  echo "ping: cannot flood; minimal interval allowed for user is 200ms" >&2; exit 2;;\nesac\n'
+                    'exec %s "$@"\n' % (log, real))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ["PATH"]))
+    cfg = {"iface": "lo", "source_ip": "127.0.0.1", "mtu": 1500, "size": 1472, "small_size": 56, "count": 2,
+           "targets": [{"peer": "self", "ip": "127.0.0.1"}]}
+    facts = mtu.probe(NodeContext(cfg))
+    t = facts["targets"][0]
+    if t["error"] and "permitted" in t["error"]:
+        pytest.skip("ping is not permitted here: %s" % t["error"])
+    assert t["jumbo_ok"] and t["small_ok"] and t["loss_pct"] == 0.0, t
+    intervals = sorted(line.split(" -i ")[1].split()[0] for line in log.read_text().splitlines())
+    assert intervals == ["0.05", "0.05", "0.2", "0.2"]  # each ping refused fast, then run at 0.2 s
 
 
 def test_probe_skip_and_bad_config():
