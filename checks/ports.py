@@ -30,6 +30,9 @@ CHECK_NAME = "ports"
 DEFAULT_PORT = 29500
 WINDOW_S = 15.0
 RETRY_S = 10.0
+#: how often the head's accept loop looks whether every peer has said hello, and how soon a node whose
+#: connect was refused (the head not listening yet) tries again: phase 2 waits on both
+POLL_S = 0.05
 HELLO = b"preflight-hello "
 REPLY = b"preflight-ok "
 TCP_LISTEN = "0A"
@@ -233,7 +236,7 @@ def listen(cfg: Dict[str, Any]) -> Dict[str, Any]:
                 )
             if left <= 0 or done:
                 break
-            sock.settimeout(min(left, 0.5))
+            sock.settimeout(min(left, POLL_S))  # wakes to see the last peer's hello recorded
             try:
                 conn, peer = sock.accept()
             except socket.timeout:
@@ -268,9 +271,9 @@ def connect(cfg: Dict[str, Any]) -> Dict[str, Any]:
         except OSError as exc:
             last_error = "%s" % (exc.strerror or exc)
             last_errno = _errno_name(exc)
-            if time.time() - started + 0.25 >= retry:
+            if time.time() - started + POLL_S >= retry:
                 break
-            time.sleep(0.25)
+            time.sleep(POLL_S)  # the head's listener may start a moment after this node
             continue
         data = b""
         problem = None
