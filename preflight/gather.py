@@ -1,7 +1,8 @@
 """Fan the probe bundle out over the nodes in a bounded pool; results are data, {node: outcome}.
 
 One connection per node, opened once and reused by every phase (local facts, network facts, the
-all-reduce). A node that fails to connect or overruns its deadline becomes a NodeFailure in its outcome;
+all-reduce); a phase run with then=True also leaves each node's process waiting for the next phase's
+config on the same channel (transport.SSHSession.run_bundle). A node that fails to connect or overruns its deadline becomes a NodeFailure in its outcome;
 it never hides the other nodes' results. Ctrl-C cancels every in-flight run (remote process groups are
 killed) before the interrupt propagates.
 """
@@ -70,7 +71,7 @@ class Fleet:
                 self.sessions[name] = session
         return session
 
-    def _one(self, name: str, config: Dict[str, Any], deadline_s: float) -> Outcome:
+    def _one(self, name: str, config: Dict[str, Any], deadline_s: float, then: bool = False) -> Outcome:
         self.progress("start", name)
         try:
             session = self._session(name)
@@ -79,7 +80,7 @@ class Fleet:
                     raise NodeFailure("cancelled", "interrupted before the probe started")
                 self._running += 1
             try:
-                run = session.run_bundle(config, deadline_s)
+                run = session.run_bundle(config, deadline_s, then)
             finally:
                 with self._lock:
                     self._running -= 1
@@ -98,9 +99,14 @@ class Fleet:
             then: bool = False) -> Dict[str, Outcome]:
         """Run the bundle once on each node named in configs, concurrently; {node: Outcome} in input order.
 
-        then: another phase follows (a transport may keep the node processes for it: slurm.SlurmFleet
-        does; over SSH the connection is what is kept, and each phase starts its own process).
+        then: another phase follows: every node's process stays, waiting on its channel for the next
+        phase's config (SSHSession.run_bundle). A node without a config in the next run gets its kept
+        process ended first.
         """
+        with self._lock:
+            idle = [s for n, s in self.sessions.items() if n not in configs]
+        for session in idle:
+            session.end_kept()
         outcomes: Dict[str, Outcome] = {}
         todo: "queue.Queue[Any]" = queue.Queue()
         for item in configs.items():
@@ -114,7 +120,7 @@ class Fleet:
                 except queue.Empty:
                     return
                 try:
-                    done.put((name, self._one(name, cfg, deadline_of(self.specs[name]))))
+                    done.put((name, self._one(name, cfg, deadline_of(self.specs[name]), then)))
                 except BaseException as exc:  # handed to the main thread, which raises it
                     done.put((name, exc))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import logging
 import math
 import os
@@ -22,7 +23,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from preflight import bundle
 from preflight.inventory import NodeSpec
@@ -80,6 +81,11 @@ class _Run:
             if self.clock_at is None and "clock" in seen:
                 self.clock_at = time.time()
 
+    def has_result(self) -> bool:
+        """The result line (the run's last) has arrived whole."""
+        at = self.out.rfind(b"preflight-result ")
+        return at >= 0 and self.out.find(b"\n", at) >= 0
+
     def finish(self, rc: Optional[int], sent_at: float, started: float) -> RunResult:
         seen = bundle.parse_output(bytes(self.out))
         return RunResult(
@@ -102,8 +108,13 @@ class Session:
     def open(self) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def run_bundle(self, config: Dict[str, Any], deadline_s: float) -> RunResult:  # pragma: no cover
+    def run_bundle(self, config: Dict[str, Any], deadline_s: float, then: bool = False) -> RunResult:  # pragma: no cover
+        """Run the bundle once. then=True: another phase follows; a session may keep the node's process,
+        waiting for the next config on its stdin, instead of starting a new one (SSHSession does)."""
         raise NotImplementedError
+
+    def end_kept(self) -> None:
+        """Let a process kept for a next phase that will not come exit (nothing kept: nothing to do)."""
 
     def cancel(self) -> None:
         """Kill whatever this session is running now (Ctrl-C). Safe to call from another thread."""
@@ -339,6 +350,7 @@ class SSHSession(Session):
         self.conn: Any = None
         self._pid: Optional[int] = None
         self._lock = threading.Lock()
+        self._kept: Optional[Tuple[Any, Optional[int]]] = None  # (channel, pid) waiting for a next phase
 
     # connection ---------------------------------------------------------------------------------
     def _connection(self, host: str, user: Optional[str], port: Optional[int], gateway: Any) -> Any:
@@ -446,23 +458,36 @@ class SSHSession(Session):
             raise NodeFailure("unreachable", "SSH failed: %s (%s)" % (text, where)) from None
 
     # running ------------------------------------------------------------------------------------
-    def run_bundle(self, config: Dict[str, Any], deadline_s: float) -> RunResult:
+    def run_bundle(self, config: Dict[str, Any], deadline_s: float, then: bool = False) -> RunResult:
+        """Run the bundle on the node. then=True: after its result the process stays, waiting on the
+        same channel for the next phase's config (one line of JSON), so the next run_bundle costs no new
+        channel, login shell, Python start or bundle transfer."""
         import paramiko
 
         started = time.monotonic()
         run = _Run()
-        # The payload is built before the remote command starts: until its pid arrives a Ctrl-C cannot
-        # kill it, so nothing slow (the first bundle build) may sit between the two.
-        payload = bundle.stdin_payload(dict(config, deadline_s=deadline_s + 5))
+        config = dict(config, deadline_s=deadline_s + 5, more=then)
+        kept, self._kept = self._kept, None
+        if kept is not None and (kept[0].closed or kept[0].exit_status_ready()):
+            kept = None  # the kept process is gone (its wait for this phase ran out): start anew
         try:
-            chan = self.conn.transport.open_session(timeout=self.spec.connect_timeout)
-            sent_at = time.time()
-            chan.exec_command(bundle.remote_command(self.spec.python))
-            chan.sendall(payload)
+            if kept is not None:
+                chan, run.pid = kept
+                sent_at = time.time()
+                chan.sendall(json.dumps(config, separators=(",", ":")).encode() + b"\n")
+            else:
+                # The payload is built before the remote command starts: until its pid arrives a Ctrl-C
+                # cannot kill it, so nothing slow (the first bundle build) may sit between the two.
+                payload = bundle.stdin_payload(config)
+                chan = self.conn.transport.open_session(timeout=self.spec.connect_timeout)
+                sent_at = time.time()
+                chan.exec_command(bundle.remote_command(self.spec.python))
+                chan.sendall(payload)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise NodeFailure("unreachable", "connection lost while starting the probe: %s" % (exc or type(exc).__name__)) from None
         end = started + deadline_s
         cancel_at: Optional[float] = None
+        keep = False
         try:
             while True:
                 if run.pid is not None and self._pid is None:
@@ -492,10 +517,16 @@ class SSHSession(Session):
                 while chan.recv_stderr_ready():
                     run.err += chan.recv_stderr(65536)
                     got = True
+                if then and run.has_result() and not chan.exit_status_ready():
+                    keep = True  # the process waits for the next phase's config
+                    break
                 if chan.exit_status_ready() and not got and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
                 if chan.closed and not got:
                     break
+            if keep:
+                self._kept = (chan, run.pid)
+                return run.finish(None, sent_at, started)
             rc = chan.recv_exit_status() if chan.exit_status_ready() else None
             # drain what is left after the exit status, within a bound: a background job started by the
             # node's shell start-up file may hold stdout open for ever
@@ -523,9 +554,28 @@ class SSHSession(Session):
             raise NodeFailure("unreachable", "connection lost during the probe: %s" % (exc or type(exc).__name__)) from None
         finally:
             with self._lock:
-                self._pid = None
-            chan.close()
+                self._pid = run.pid if keep else None  # a kept process is still ours to kill on Ctrl-C
+            if not keep:
+                chan.close()
         return run.finish(rc, sent_at, started)
+
+    def end_kept(self) -> None:
+        """The kept process gets an empty config (it exits 0), then its channel is closed (were it not
+        to exit, the channel's EOF would make its watchdog kill its process group)."""
+        kept, self._kept = self._kept, None
+        if kept is None:
+            return
+        chan, _pid = kept
+        try:
+            if not chan.closed:
+                chan.sendall(b"{}\n")
+                chan.status_event.wait(self.DRAIN_S)
+        except Exception as exc:  # noqa: BLE001 - closing below ends it either way
+            log.debug("%s: ending the kept probe process: %s", self.spec.name, exc)
+        finally:
+            chan.close()
+            with self._lock:
+                self._pid = None
 
     def _kill(self, pid: Optional[int]) -> None:
         """Kill the remote process group over a fresh channel (the pid came from our own echo $$)."""
@@ -571,6 +621,7 @@ class SSHSession(Session):
     def close(self) -> None:
         if self.conn is not None:
             try:
+                self.end_kept()
                 self.conn.close()
             finally:
                 self.conn = None
@@ -589,7 +640,7 @@ class LocalSession(Session):
     def open(self) -> None:
         return None
 
-    def run_bundle(self, config: Dict[str, Any], deadline_s: float) -> RunResult:
+    def run_bundle(self, config: Dict[str, Any], deadline_s: float, then: bool = False) -> RunResult:
         started = time.monotonic()
         python = self.spec.python or sys.executable
         payload = bundle.stdin_payload(dict(config, deadline_s=deadline_s + 5))  # before the process starts

@@ -133,3 +133,64 @@ def test_in_process_session_deadline_kills_remote_group(sim_cluster, transport):
         finally:
             session.close()
     assert cluster.leftover_processes() == {}
+
+
+def _probe_processes(cluster, node, timeout=5.0):
+    """The node's python processes (the bundle), once they are gone or after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in cluster.processes(node) if "python" in p[1]]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+def test_phases_share_one_node_process_and_nothing_is_left(sim_cluster):
+    """then=True keeps each node's process for the next phase (no new channel, shell, Python or bundle:
+    a new process always prints its clock line first, a kept one does not); a node the next phase does
+    not name has its kept process ended; after the last phase nothing is left."""
+    from preflight import inventory
+    from preflight.gather import Fleet
+
+    cluster = sim_cluster(2)
+    specs = inventory.load(cluster.inventory()).nodes
+    cfg = {"mode": "probe", "checks": {"ssh": {}}, "probe_timeout_s": 20}
+    with cluster.in_ctl():
+        fleet = Fleet(specs)
+        try:
+            one = fleet.run({s.name: cfg for s in specs}, lambda s: 30, then=True)
+            assert all(o.failure is None and o.run.clock is not None for o in one.values()), one
+            assert all(_probe_processes(cluster, n, timeout=0) for n in ("n001", "n002"))  # waiting
+            two = fleet.run({"n001": dict(cfg, checks={"ssh": {}, "nic": {}})}, lambda s: 30)
+            assert two["n001"].failure is None and set(two["n001"].result["facts"]) == {"ssh", "nic"}
+            assert two["n001"].run.clock is None  # the same process ran the second phase
+            assert _probe_processes(cluster, "n001") == [] and _probe_processes(cluster, "n002") == []
+            three = fleet.run({s.name: cfg for s in specs}, lambda s: 30)  # nothing kept: new processes
+            assert all(o.failure is None and o.run.clock is not None for o in three.values()), three
+        finally:
+            fleet.close()
+    assert cluster.leftover_processes() == {}
+
+
+def test_a_kept_process_that_overruns_the_next_phase_is_killed(sim_cluster):
+    """The kept process's pid (from its first phase) is what the deadline kills: its process group,
+    pings included, does not outlive the run."""
+    from preflight import inventory
+    from preflight.gather import Fleet
+
+    cluster = sim_cluster(1)
+    specs = inventory.load(cluster.inventory()).nodes
+    first = {"mode": "probe", "checks": {"ssh": {}}, "probe_timeout_s": 20}
+    slow = {"mode": "probe", "probe_timeout_s": 100, "checks": {"mtu": {
+        "iface": "lo", "source_ip": "127.0.0.1", "mtu": 1500, "size": 1472, "small_size": 56, "count": 1000,
+        "targets": [{"peer": "self", "ip": "127.0.0.1"}]}}}  # 1,000 pings 50 ms apart: 50 s
+    with cluster.in_ctl():
+        fleet = Fleet(specs)
+        try:
+            assert fleet.run({"n001": first}, lambda s: 30, then=True)["n001"].failure is None
+            out = fleet.run({"n001": slow}, lambda s: 3)["n001"]
+        finally:
+            fleet.close()
+    assert out.failure is not None and out.failure.kind == "timeout", out
+    assert "killed the remote process group" in str(out.failure)  # at the 3 s deadline, not after 50 s
+    assert cluster.leftover_processes() == {}
