@@ -17,7 +17,9 @@ between runs the nodes are waited idle (not counted), so no run pays for the pre
 Every run must reach every node (exit 0, no failed node), else the script exits 1. Besides wall time,
 each run's CPU seconds on the whole machine are taken from /proc/stat (controller, srun, slurmd and
 slurmstepd, sshd, every node's probe): on a real cluster each node spends its share on its own cores,
-so the CPU figure is what tells transport cost from the 2-core simulation's queueing.
+so the CPU figure is what tells transport cost from the 2-core simulation's queueing. The controller's
+CPU (the command's own process tree from getrusage: preflight with its srun or its SSH connections, or
+srun alone) is what grows on the one machine that drives the run.
 
 The simulated nodes, their slurmd/sshd and the controller share this machine's cores: the 1-minute
 load average before each run is recorded. Read ratios from the same run, not absolute times.
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -86,9 +89,11 @@ def run_one(cluster: Any, mode: str, n: int, inv: str, out_dir: str) -> Dict[str
     else:
         argv = [PREFLIGHT, "check", inv, "--skip", "allreduce", "--no-progress", "--json", report]
     load = _load()
-    c0, t0 = _cpu_s(), time.monotonic()
+    c0, t0, r0 = _cpu_s(), time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = cluster.ctl(argv, env=cluster.slurm.env(), timeout=600)
-    wall, cpu = time.monotonic() - t0, _cpu_s() - c0
+    wall, cpu, r1 = time.monotonic() - t0, _cpu_s() - c0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    # the command's own process tree (preflight and its srun, or srun alone): the controller's CPU
+    ctl_cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     why = ""
     if proc.returncode != 0:
         why = "rc %d: %s" % (proc.returncode, (proc.stderr or proc.stdout).strip()[-300:])
@@ -101,7 +106,7 @@ def run_one(cluster: Any, mode: str, n: int, inv: str, out_dir: str) -> Dict[str
         if (doc.get("transport") or {}).get("steps") is not None:
             phases["srun_steps"] = doc["transport"]["steps"]
     cluster.slurm.wait_idle([node.name for node in cluster.nodes], 120)  # not counted
-    return {"mode": mode, "nodes": n, "wall_s": round(wall, 3), "cpu_s": round(cpu, 2), "load1": load, "ok": not why, "why": why, "phases": phases}
+    return {"mode": mode, "nodes": n, "wall_s": round(wall, 3), "cpu_s": round(cpu, 2), "ctl_cpu_s": round(ctl_cpu, 2), "load1": load, "ok": not why, "why": why, "phases": phases}
 
 
 def bench(n: int, repeats: int) -> List[Dict[str, Any]]:
@@ -124,21 +129,22 @@ def bench(n: int, repeats: int) -> List[Dict[str, Any]]:
                 row = run_one(cluster, mode, n, inv, out_dir)
                 row["repeat"] = r
                 rows.append(row)
-                print("  %-6s run %d: %6.2f s  cpu %6.2f s  load %5.1f  %s  %s" % (
-                    mode, r + 1, row["wall_s"], row["cpu_s"], row["load1"], "ok" if row["ok"] else "FAILED " + row["why"],
+                print("  %-6s run %d: %6.2f s  cpu %6.2f s  controller cpu %5.2f s  load %5.1f  %s  %s" % (
+                    mode, r + 1, row["wall_s"], row["cpu_s"], row["ctl_cpu_s"], row["load1"], "ok" if row["ok"] else "FAILED " + row["why"],
                     " ".join("%s=%.2f" % kv for kv in sorted(row["phases"].items()) if kv[1] is not None)), flush=True)
     return rows
 
 
 def summarise(rows: List[Dict[str, Any]]) -> List[str]:
-    lines = ["nodes  floor(srun) s  slurm s  ssh s   slurm/floor  ssh/floor  slurm/ssh   cpu-s floor/slurm/ssh  load1 (median)"]
+    lines = ["nodes  floor(srun) s  slurm s  ssh s   slurm/floor  ssh/floor  slurm/ssh   cpu-s floor/slurm/ssh  controller cpu-s  load1 (median)"]
     for n in sorted({r["nodes"] for r in rows}):
         med = {m: statistics.median([r["wall_s"] for r in rows if r["nodes"] == n and r["mode"] == m]) for m in MODES}
         cpu = {m: statistics.median([r["cpu_s"] for r in rows if r["nodes"] == n and r["mode"] == m]) for m in MODES}
+        ctl = {m: statistics.median([r["ctl_cpu_s"] for r in rows if r["nodes"] == n and r["mode"] == m]) for m in MODES}
         load = statistics.median([r["load1"] for r in rows if r["nodes"] == n])
-        lines.append("%5d  %13.2f  %7.2f  %5.2f   %10.2fx  %8.2fx  %8.2fx   %6.1f/%5.1f/%5.1f    %5.1f" % (
+        lines.append("%5d  %13.2f  %7.2f  %5.2f   %10.2fx  %8.2fx  %8.2fx   %6.1f/%5.1f/%5.1f    %4.2f/%4.2f/%4.2f   %5.1f" % (
             n, med["floor"], med["slurm"], med["ssh"], med["slurm"] / med["floor"], med["ssh"] / med["floor"],
-            med["slurm"] / med["ssh"], cpu["floor"], cpu["slurm"], cpu["ssh"], load))
+            med["slurm"] / med["ssh"], cpu["floor"], cpu["slurm"], cpu["ssh"], ctl["floor"], ctl["slurm"], ctl["ssh"], load))
     return lines
 
 
