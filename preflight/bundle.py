@@ -40,7 +40,8 @@ import preflight
 # Runs on the node as `python3 -c BOOTSTRAP`. Python 3.8+, standard library only. Kept small: it is
 # sent on every connection. It also arms the safety nets: the whole process group is killed when stdin
 # reaches EOF (the controller went away), when the config's deadline passes, or when the controller
-# does not send the next phase's config within `wait_s` (default 60 s) of a result that asked for one.
+# does not send the next phase's config within `wait_s` (default 60 s; the transports send the phase's
+# longest deadline + 30 s) of a result that asked for one.
 # A module runs from the bytecode the controller compiled (bytecode/<path>c, a marshalled code object)
 # when the node's Python has the controller's magic number (bytecode/MAGIC), else from its source.
 BOOTSTRAP = r"""
@@ -188,11 +189,18 @@ def _build_zip(sources: Optional[List[Tuple[str, str]]] = None) -> bytes:
         for path, name in sources if sources is not None else _sources():
             with open(path, "rb") as fh:
                 source = fh.read()
-            zf.writestr(name, source)
+            zf.writestr(_entry(name), source)
             if name not in skip:
-                zf.writestr("bytecode/" + name + "c", marshal.dumps(_code(path, name, source)))
-        zf.writestr("bytecode/MAGIC", importlib.util.MAGIC_NUMBER)
+                zf.writestr(_entry("bytecode/" + name + "c"), marshal.dumps(_code(path, name, source)))
+        zf.writestr(_entry("bytecode/MAGIC"), importlib.util.MAGIC_NUMBER)
     return buf.getvalue()
+
+
+def _entry(name: str) -> zipfile.ZipInfo:
+    """A zip entry with a fixed date: the same sources give the same bundle, byte for byte."""
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info
 
 
 def _code(path: str, name: str, source: bytes) -> CodeType:

@@ -489,8 +489,9 @@ class SlurmFleet:
             kept = None
         while todo:
             deadlines = {n: deadline_of(self.specs[n]) for n in todo}
-            by_node = {n: dict(configs[n], deadline_s=deadlines[n] + 5, line_max=LINE_MAX, more=then, **split)
-                       for n in todo}
+            longest = max(deadlines.values())  # a kept task waits for the next phase as long as this one may last
+            by_node = {n: dict(configs[n], deadline_s=deadlines[n] + 5, line_max=LINE_MAX, more=then,
+                               wait_s=longest + 30, **split) for n in todo}
             started, sent_at = time.monotonic(), time.time()  # the deadlines count the launch too
             if kept is not None:
                 step, kept = kept, None
