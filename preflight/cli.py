@@ -269,6 +269,9 @@ def _slurm_inventory(args: argparse.Namespace) -> Any:
         alloc = slurm.current_allocation()
     try:
         inv = slurm.inventory(alloc, gpus_per_node=args.gpus_per_node)
+        note = alloc.gpu_note()
+        if note:
+            sys.stderr.write("preflight: note: %s\n" % note)
         if args.master_port is not None:
             if not 0 < args.master_port < 65536:
                 raise UsageError("--master-port %d is out of range" % args.master_port, "use 1-65535")

@@ -220,6 +220,23 @@ class Allocation:
     held: Dict[str, str] = field(default_factory=dict)  # preflight-drained nodes resumed into our reservation
     reservation: Optional[str] = None
 
+    def gpus_held(self) -> int:
+        """GPUs the job holds (job_gpus of `scontrol -d -o show job`), asked once: 0 where Slurm does not
+        manage the nodes' GPUs, and then a step cannot ask for them."""
+        if "_gpus" not in self.__dict__:
+            out = _run([SCONTROL, "-d", "-o", "show", "job", self.job_id]) if self.job_id else None
+            self.__dict__["_gpus"] = job_gpus(out.stdout) if out is not None and out.returncode == 0 else 0
+        return self.__dict__["_gpus"]
+
+    def gpu_note(self) -> Optional[str]:
+        """Why the GPU checks may see no GPUs: the nodes have Gres GPUs and this job holds none of them
+        (with ConstrainDevices a job sees only the GPUs it holds). None when that is not the case."""
+        gres = sorted({int(i.get("gpus") or 0) for n, i in self.state.items() if n in self.nodes})
+        if not gres or gres[-1] == 0 or self.gpus_held() > 0:
+            return None
+        return ("job %s holds none of its nodes' GPUs (Gres gpu:%d): where Slurm constrains devices the GPU "
+                "checks see none; allocate them (salloc --gpus-per-node=%d --exclusive)" % (self.job_id, gres[-1], gres[-1]))
+
     def release(self) -> None:
         if self.owned:
             self.owned = False
@@ -482,7 +499,7 @@ class SlurmFleet:
         counts = {int(configs[n].get("tasks") or 1) for n in todo}
         per_node = counts.pop() if len(counts) == 1 else 1  # uneven ranks a node: each node's agent starts its own
         split = {"split": True} if per_node > 1 else {}
-        gpus = per_node > 1 and all(configs[n].get("gpus_per_task") for n in todo) and self._job_gpus() > 0
+        gpus = per_node > 1 and all(configs[n].get("gpus_per_task") for n in todo) and self.alloc.gpus_held() > 0
         kept = self._step
         if kept is not None and not (todo and set(todo) <= set(kept.nodes) and kept.per_node == per_node == 1):
             self._end(kept)
@@ -549,14 +566,6 @@ class SlurmFleet:
                 # NCCL's proxy threads, to one core); several tasks a node may outnumber the job's CPUs
                 "--overlap", "--cpu-bind=none", "-J", step_name] + (["--overcommit"] if per_node > 1 else []) + (
                 ["--gpus-per-task=1"] if gpus else []) + ["/bin/sh", "-c", shell]
-
-    def _job_gpus(self) -> int:
-        """GPUs the job holds (gres/gpu in its TRES): 0 when Slurm does not manage the nodes' GPUs, and then
-        a step cannot ask for them (every task sees all of the node's GPUs; the rank picks its own)."""
-        if not hasattr(self, "_gpus"):
-            out = _run([SCONTROL, "-d", "-o", "show", "job", self.alloc.job_id])
-            self._gpus = job_gpus(out.stdout) if out.returncode == 0 else 0
-        return self._gpus
 
     def _launch(self, names: Sequence[str], by_node: Dict[str, Dict[str, Any]], per_node: int = 1,
                 gpus: bool = False) -> _Step:

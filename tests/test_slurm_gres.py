@@ -28,7 +28,7 @@ try:
     shown = slurm._run(["scontrol", "-d", "-o", "show", "job", alloc.job_id]).stdout
     config = {"mode": "probe", "checks": {"ssh": {}}, "tasks": 2, "gpus_per_task": 1}
     out = fleet.run({"n001": config, "n002": config}, lambda spec: 60)
-    print(json.dumps({"job_gpus": slurm.job_gpus(shown), "fleet_saw": fleet._job_gpus(), "gpus": [s.gpus_per_node for s in fleet.specs.values()],
+    print(json.dumps({"job_gpus": slurm.job_gpus(shown), "fleet_saw": alloc.gpus_held(), "gpus": [s.gpus_per_node for s in fleet.specs.values()],
                       "argv": fleet._argv(["n001", "n002"], "x", 2, True), "transport": fleet.describe(),
                       "failures": {n: str(o.failure) for n, o in out.items() if o.failure}}))
 finally:
@@ -50,3 +50,16 @@ def test_allocation_holds_the_gpus_and_each_rank_task_gets_one(slurm_cluster, gp
     assert doc["transport"]["step_tasks"] == [4]
     assert cluster.slurm.leftover_steps() == []
     assert not cluster.slurm.run(["squeue", "-h"]).stdout.strip()
+
+
+def test_an_allocation_that_holds_none_of_its_gpus_gets_a_note(slurm_cluster):
+    """Inside `salloc -N2` without --gpus on Gres=gpu:2 nodes: the run says why the GPU checks may see
+    none (one stderr line), and still runs; with the GPUs held it says nothing."""
+    cluster = slurm_cluster(2, slurm_gpus=2)
+    argv = [PREFLIGHT, "check", "--slurm", "--only", "ssh", "--no-progress"]
+    bare = cluster.ctl(["salloc", "-N2"] + argv, env=cluster.slurm.env(), timeout=120)
+    assert bare.returncode == 0, bare.stderr[-2000:]
+    notes = [l for l in bare.stderr.splitlines() if l.startswith("preflight: note: ")]
+    assert len(notes) == 1 and "holds none of its nodes' GPUs (Gres gpu:2)" in notes[0], bare.stderr
+    held = cluster.ctl(["salloc", "-N2", "--gpus-per-node=2"] + argv, env=cluster.slurm.env(), timeout=120)
+    assert held.returncode == 0 and "preflight: note:" not in held.stderr, held.stderr[-2000:]
