@@ -8,7 +8,8 @@ Wire protocol (stdin → node):   one line of JSON config, one line with the zip
                                 Slurm every task reads the same stdin: the config is then
                                 {"groups": [[[node, ...], config], ...]} (broadcast_config: nodes
                                 with equal configs share one entry, so the line grows with the
-                                distinct configs, not with nodes x config), picked by SLURMD_NODENAME (a node
+                                distinct configs, not with nodes x config; a long one travels
+                                deflated as {"z": base64}), picked by SLURMD_NODENAME (a node
                                 not named exits at once). A config with "more": true keeps the
                                 process after its result: the next line on stdin is the next
                                 phase's config (JSON, same groups form; no zip: the modules are
@@ -22,6 +23,7 @@ Wire protocol (node → stdout):  `preflight-pid N` (from the login shell, befor
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib.util
 import io
@@ -32,6 +34,7 @@ import re
 import shlex
 import threading
 import zipfile
+import zlib
 from types import CodeType
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -45,7 +48,7 @@ import preflight
 # A module runs from the bytecode the controller compiled (bytecode/<path>c, a marshalled code object)
 # when the node's Python has the controller's magic number (bytecode/MAGIC), else from its source.
 BOOTSTRAP = r"""
-import sys,os,io,json,time,signal,threading,queue,zipfile,importlib.util,marshal
+import sys,os,io,json,time,signal,threading,queue,zipfile,importlib.util,marshal,zlib,base64
 sys.stdout.write('preflight-clock %r\n'%time.time());sys.stdout.flush()
 _in=sys.stdin.buffer;_c=json.loads(_in.readline());_zb=_in.read(int(_in.readline()))
 _z=zipfile.ZipFile(io.BytesIO(_zb));_S={};_N=set(_z.namelist())
@@ -69,6 +72,7 @@ class _L:
     def get_source(name):return _z.read(_S[name][0]).decode()
 sys.meta_path.insert(0,_L)
 def _pick(c):
+    if 'z' in c:c=json.loads(zlib.decompress(base64.b64decode(c['z'])))
     if 'groups' not in c:return c
     for _g,_x in c['groups']:
         if os.environ.get('SLURMD_NODENAME') in _g:return _x
@@ -239,13 +243,26 @@ def stdin_payload(config: Dict[str, Any]) -> bytes:
     return json.dumps(config, separators=(",", ":")).encode() + b"\n" + str(len(blob)).encode() + b"\n" + blob
 
 
+#: a broadcast config longer than this travels deflated (base64 in {"z": ...})
+BROADCAST_PLAIN_MAX = 4096
+
+
 def broadcast_config(by_node: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     """One config line for every node of a broadcast (srun --input=all): {"groups": [[[node, ...], config]]},
-    nodes with the same config sharing one entry; the bootstrap picks its own by SLURMD_NODENAME."""
+    nodes with the same config sharing one entry; the bootstrap picks its own by SLURMD_NODENAME.
+
+    Every node reads the whole line, so configs that differ per node (phase 2's ping targets and
+    rendezvous roles) make it grow with nodes x nodes: 33 KB to each of 64 nodes. Past
+    BROADCAST_PLAIN_MAX it is sent deflated ({"z": base64}); such configs differ in a few addresses.
+    """
     groups: Dict[str, List[str]] = {}
     for node, config in by_node.items():
         groups.setdefault(json.dumps(config, sort_keys=True, separators=(",", ":")), []).append(node)
-    return {"groups": [[nodes, json.loads(text)] for text, nodes in groups.items()]}
+    doc = {"groups": [[nodes, json.loads(text)] for text, nodes in groups.items()]}
+    text = json.dumps(doc, separators=(",", ":")).encode()
+    if len(text) <= BROADCAST_PLAIN_MAX:
+        return doc
+    return {"z": base64.b64encode(zlib.compress(text, 9)).decode("ascii")}
 
 
 def remote_command(python: str) -> str:

@@ -589,8 +589,9 @@ class SlurmFleet:
         """The kept step's processes get the next phase's config (nodes not named in it exit)."""
         for task in step.tasks.values():
             task.run, task.err = _Run(), bytearray()
-        log.debug("step %s: next phase on %d nodes, same processes", step.name, len(by_node))
-        self._write(step, json.dumps(bundle.broadcast_config(by_node), separators=(",", ":")).encode() + b"\n")
+        line = json.dumps(bundle.broadcast_config(by_node), separators=(",", ":")).encode() + b"\n"
+        log.debug("step %s: next phase on %d nodes, same processes (%d bytes to every node)", step.name, len(by_node), len(line))
+        self._write(step, line)
 
     @staticmethod
     def _write(step: _Step, data: bytes, close: bool = False) -> None:

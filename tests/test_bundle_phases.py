@@ -81,3 +81,23 @@ def test_a_waiting_process_exits_0_on_an_empty_broadcast_and_dies_on_eof():
         for proc in (waiting, dropped):
             proc.kill()
             proc.wait()
+
+
+def test_a_long_broadcast_travels_deflated_and_each_node_still_picks_its_own():
+    """Phase 2's configs differ per node (ping targets): 64 of them would be 33 KB to every node."""
+    by_node = {"n%03d" % i: dict(PROBE, checks={"ssh": {}}, peer="198.18.0.%d" % i, more=(i == 7))
+               for i in range(1, 65)}
+    doc = bundle.broadcast_config(by_node)
+    plain = len(json.dumps({"groups": [[[n], c] for n, c in by_node.items()]}))
+    assert set(doc) == {"z"} and len(doc["z"]) < plain / 4, (len(doc["z"]), plain)
+    proc = start("n007")
+    try:
+        proc.stdin.write(bundle.stdin_payload(doc))
+        proc.stdin.flush()
+        assert "ssh" in next_result(proc)["facts"]  # n007's config (it says more: it waits)
+        proc.stdin.write(json.dumps(bundle.broadcast_config({"n%03d" % i: PROBE for i in range(1, 200) if i != 7})).encode() + b"\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=10) == 0  # not named in the next broadcast: exits
+    finally:
+        proc.kill()
+        proc.wait()
