@@ -32,8 +32,12 @@ def test_diff_names_the_node_that_went_down(sim_cluster, tmp_path):
     second = audit()
     assert second.returncode == 1
 
-    runs = sorted(glob.glob(str(history / "*.json")))
-    assert len(runs) == 2
+    # oldest first as preflight orders them: two runs within one second are <stamp>-<hash>.json and
+    # <stamp>-<hash>-1.json, which a plain sort of the names puts the wrong way round
+    from preflight.history import list_runs
+
+    runs = [str(run.path) for run in list_runs(history)]
+    assert len(runs) == 2 and len(glob.glob(str(history / "*.json"))) == 2
     diff = cluster.ctl([sys.executable, "-m", "preflight", "diff", *runs], cwd=REPO, timeout=60)
     assert diff.returncode == 1, diff.stdout  # a regression
     assert "n002" in diff.stdout and "went down" in diff.stdout.lower(), diff.stdout
