@@ -409,9 +409,7 @@ def rule(view: ClusterView) -> List[Finding]:
     out: List[Finding] = []
     valid: Dict[str, Dict[str, Any]] = {}
     for name, facts in view.of(CHECK_NAME).items():
-        err = probe_error(CHECK_NAME, name, facts)
-        if err is None and not isinstance(facts.get("ports"), list):
-            err = Finding(CHECK_NAME, name, Status.ERROR, "probe returned no port list")
+        err = probe_error(CHECK_NAME, name, facts, listed=("ports", "port list"))
         if err:
             out.append(err)
         else:

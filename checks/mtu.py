@@ -319,12 +319,9 @@ def rule(view: ClusterView) -> List[Finding]:
     problems: List[Tuple[str, str, Status, str]] = []
     tested: Dict[str, List[str]] = {}
     for name, facts in view.of(CHECK_NAME).items():
-        err = probe_error(CHECK_NAME, name, facts)
+        err = probe_error(CHECK_NAME, name, facts, listed=("targets", "ping results"))
         if err:
             out.append(err)
-            continue
-        if not isinstance(facts.get("targets"), list):
-            out.append(Finding(CHECK_NAME, name, Status.ERROR, "probe returned no ping results"))
             continue
         tested[name] = []
         for t in facts["targets"]:

@@ -229,9 +229,7 @@ def rule(view: ClusterView) -> List[Finding]:
     settings: Dict[str, Dict[str, Tuple[str, str]]] = {}
     malformed: Dict[str, List[str]] = {}
     for name, facts in view.of(CHECK_NAME).items():
-        err = probe_error(CHECK_NAME, name, facts)
-        if err is None and not isinstance(facts.get("files"), list):
-            err = Finding(CHECK_NAME, name, Status.ERROR, "probe returned no conf-file list")
+        err = probe_error(CHECK_NAME, name, facts, listed=("files", "conf-file list"))
         if err:
             out.append(err)
             continue

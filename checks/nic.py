@@ -173,9 +173,7 @@ def rule(view: ClusterView) -> List[Finding]:
     out: List[Finding] = []
     errors = set()
     for name, facts in view.of(CHECK_NAME).items():
-        err = probe_error(CHECK_NAME, name, facts)
-        if err is None and not isinstance(facts.get("interfaces"), list):
-            err = Finding(CHECK_NAME, name, Status.ERROR, "probe returned no interface list")
+        err = probe_error(CHECK_NAME, name, facts, listed=("interfaces", "interface list"))
         if err:
             out.append(err)
             errors.add(name)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 
 class Status(str, enum.Enum):
@@ -235,12 +235,13 @@ def skip_all(check: str, nodes: Sequence[NodeInfo], reason: str) -> List[Finding
     return [Finding(check, n.name, Status.SKIP, reason) for n in nodes]
 
 
-def probe_error(check: str, node: str, facts: Any) -> Optional[Finding]:
+def probe_error(check: str, node: str, facts: Any, listed: Optional[Tuple[str, str]] = None) -> Optional[Finding]:
     """The ERROR finding for a node whose facts cannot be judged, else None.
 
     The probe runner records a probe that raised as {"probe_error": "..."}; a network probe whose plan
     had nothing to test on the node answers {"skipped": why}; a check missing from a node's facts
-    entirely means the probe never ran there. None of these may ever pass.
+    entirely means the probe never ran there. None of these may ever pass. listed=(key, what): the
+    facts must also hold a list under key, else "probe returned no <what>".
     """
     if facts is None:
         return Finding(check, node, Status.ERROR, "no facts gathered for this check")
@@ -249,6 +250,8 @@ def probe_error(check: str, node: str, facts: Any) -> Optional[Finding]:
         return Finding(check, node, Status.ERROR, "probe failed: %s" % facts["probe_error"], data=raw)
     if isinstance(facts, dict) and facts.get("skipped"):
         return Finding(check, node, Status.ERROR, "not tested: %s" % facts["skipped"])
+    if listed is not None and not (isinstance(facts, dict) and isinstance(facts.get(listed[0]), list)):
+        return Finding(check, node, Status.ERROR, "probe returned no %s" % listed[1])
     return None
 
 
