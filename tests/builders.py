@@ -179,3 +179,21 @@ def fake_nvidia_smi(bindir: str, xml_path: Optional[str] = None, nvlink_path: Op
             "esac\n" % (xml_path, rc, 'cat "%s"' % nvlink_path if nvlink_path else "exit 3")
         )
     os.chmod(path, 0o755)
+
+
+def assert_one_located_line(tmp_path: Any, capsys: Any, text: str, line: int, words: str) -> None:
+    """`preflight check` on an inventory holding `text`: exit 2 and one `preflight: error: FILE:LINE:`
+    line (FILE: alone when line is 0) that says `words`, never a traceback."""
+    from preflight import cli
+
+    path = tmp_path / "hosts.yaml"
+    path.write_text(text)
+    rc = cli.main(["check", str(path), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    where = "%s:%d:" % (path, line) if line else "%s:" % path
+    assert lines[0].startswith("preflight: error: " + where), lines[0]
+    assert words in lines[0], lines[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from preflight import cli, inventory
+from tests.builders import assert_one_located_line
 
 BOMB = "a: &a [x,x,x,x,x,x,x,x,x,x]\n" + "".join(
     "%s: &%s [%s]\n" % (c, c, ",".join(["*%s" % p] * 10)) for p, c in zip("abcdefgh", "bcdefghi")
@@ -28,17 +29,7 @@ BAD = [
 
 @pytest.mark.parametrize("case,text,line,words", BAD, ids=[c[0] for c in BAD])
 def test_bad_inventory_is_one_located_line(tmp_path, capsys, case, text, line, words):
-    path = tmp_path / "hosts.yaml"
-    path.write_text(text)
-    rc = cli.main(["check", str(path), "--no-progress"])
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    where = "%s:%d:" % (path, line) if line else "%s:" % path
-    assert lines[0].startswith("preflight: error: " + where), lines[0]
-    assert words in lines[0], lines[0]
+    assert_one_located_line(tmp_path, capsys, text, line, words)
 
 
 def test_max_nodes_can_be_raised(tmp_path, capsys):

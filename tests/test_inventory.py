@@ -11,6 +11,7 @@ import pytest
 
 from preflight import cli, inventory
 from preflight.errors import InventoryError
+from tests.builders import assert_one_located_line
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,17 +54,7 @@ BAD = [
 
 @pytest.mark.parametrize("case,text,line,words", BAD, ids=[c[0] for c in BAD])
 def test_malformed_inventory_is_one_line_exit_2(tmp_path, capsys, case, text, line, words):
-    path = tmp_path / "hosts.yaml"
-    path.write_text(text)
-    rc = cli.main(["check", str(path), "--no-progress"])
-    err = capsys.readouterr().err
-    assert rc == 2
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    where = "%s:%d:" % (path, line) if line else "%s:" % path
-    assert lines[0].startswith("preflight: error: " + where), lines[0]
-    assert words in lines[0]
+    assert_one_located_line(tmp_path, capsys, text, line, words)
 
 
 def test_missing_file_and_directory(tmp_path, capsys):

@@ -84,6 +84,15 @@ def _ed25519_keypair(comment: str) -> Tuple[bytes, bytes]:
     return private, public + b" " + comment.encode()
 
 
+def tail(path: str, n: int) -> str:
+    """The last n bytes of a (log) file as text; "" when it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()[-n:].decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
 def _write(path: str, data: Union[str, bytes], mode: int = 0o644) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "wb") as fh:
@@ -535,11 +544,7 @@ class SimCluster:
 
     @staticmethod
     def _tail(path: str, n: int = 2000) -> str:
-        try:
-            with open(path, "rb") as fh:
-                return fh.read()[-n:].decode(errors="replace").strip()
-        except OSError:
-            return ""
+        return tail(path, n)
 
     # ---------------------------------------------------------------- teardown
 

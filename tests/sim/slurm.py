@@ -32,7 +32,7 @@ import subprocess
 import time
 from typing import Dict, List, Optional, Sequence
 
-from .cluster import SimError, SimNode, _write
+from .cluster import SimError, SimNode, _write, tail
 
 SLURMCTLD = "/usr/sbin/slurmctld"
 SLURMD = "/usr/sbin/slurmd"
@@ -231,11 +231,7 @@ class SimSlurm:
 
     @staticmethod
     def _tail(path: str, n: int = 1500) -> str:
-        try:
-            with open(path, "rb") as fh:
-                return fh.read()[-n:].decode(errors="replace").strip()
-        except OSError:
-            return ""
+        return tail(path, n)
 
     # ------------------------------------------------------------------ faults
 
