@@ -101,6 +101,9 @@ while _cfg:
 os._exit(0)
 """
 
+#: a process kept for a next phase waits for its config this long past the phase's deadline (wait_s)
+NEXT_PHASE_SLACK_S = 30
+
 _NODE_MODULES = ("__init__.py", "common.py", "model.py")
 
 

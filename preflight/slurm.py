@@ -129,14 +129,9 @@ def job_gpus(text: str) -> int:
     items), else gres/gpu in TRES=/AllocTRES= (only where AccountingStorageTRES tracks gres/gpu:
     `gres/gpu=16`, typed `gres/gpu:h100=16` counted once: the untyped total when present)."""
     m = re.search(r"(?:^| )JOB_GRES=(\S+)", text)
-    if m and m.group(1) != "(null)":
-        total = 0
-        for item in m.group(1).split(","):
-            parts = re.sub(r"\(.*?\)", "", item).split(":")
-            if parts[0] == "gpu" and parts[-1].isdigit():
-                total += int(parts[-1])
-        if total:
-            return total
+    held = _gres_gpus(m.group(1)) if m else 0  # the same item syntax as a node's Gres= ("(null)": 0)
+    if held:
+        return held
     m = re.search(r"(?:^| )(?:Alloc)?TRES=(\S+)", text)
     if not m:
         return 0
@@ -219,14 +214,15 @@ class Allocation:
     state: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # Slurm's view of every node before the run
     held: Dict[str, str] = field(default_factory=dict)  # preflight-drained nodes resumed into our reservation
     reservation: Optional[str] = None
+    _gpus: Optional[int] = field(default=None, repr=False)  # gpus_held(), once asked
 
     def gpus_held(self) -> int:
         """GPUs the job holds (job_gpus of `scontrol -d -o show job`), asked once: 0 where Slurm does not
         manage the nodes' GPUs, and then a step cannot ask for them."""
-        if "_gpus" not in self.__dict__:
+        if self._gpus is None:
             out = _run([SCONTROL, "-d", "-o", "show", "job", self.job_id]) if self.job_id else None
-            self.__dict__["_gpus"] = job_gpus(out.stdout) if out is not None and out.returncode == 0 else 0
-        return self.__dict__["_gpus"]
+            self._gpus = job_gpus(out.stdout) if out is not None and out.returncode == 0 else 0
+        return self._gpus
 
     def gpu_note(self) -> Optional[str]:
         """Why the GPU checks may see no GPUs: the nodes have Gres GPUs and this job holds none of them
@@ -414,8 +410,7 @@ class _Step:
     def answered(self, names: Sequence[str]) -> List[str]:
         """The nodes all of whose tasks have printed their result."""
         by_node = self.by_node()
-        return [n for n in names if len([t for t in by_node.get(n, []) if t.run.out.find(b"preflight-result ") >= 0])
-                >= self.per_node]
+        return [n for n in names if sum(t.run.has_result() for t in by_node.get(n, [])) >= self.per_node]
 
     def read(self, timeout: float) -> None:
         """Read what srun printed within `timeout` s into the tasks (lines split by label)."""
@@ -508,7 +503,7 @@ class SlurmFleet:
             deadlines = {n: deadline_of(self.specs[n]) for n in todo}
             longest = max(deadlines.values())  # a kept task waits for the next phase as long as this one may last
             by_node = {n: dict(configs[n], deadline_s=deadlines[n] + 5, line_max=LINE_MAX, more=then,
-                               wait_s=longest + 30, **split) for n in todo}
+                               wait_s=longest + bundle.NEXT_PHASE_SLACK_S, **split) for n in todo}
             started, sent_at = time.monotonic(), time.time()  # the deadlines count the launch too
             if kept is not None:
                 step, kept = kept, None
@@ -633,8 +628,9 @@ class SlurmFleet:
             step.read(min(max(end - now, 0.01), 0.5))
         if not step.streams:
             step.rc = step.proc.wait()
-        launch, exits = parse_srun_stderr(step.srun_err.decode("utf-8", "replace"))
-        srun_said = [line for line in step.srun_err.decode("utf-8", "replace").splitlines() if "error:" in line]
+        said = step.srun_err.decode("utf-8", "replace")
+        launch, exits = parse_srun_stderr(said)
+        srun_said = [line for line in said.splitlines() if "error:" in line]
         if launch:
             return {}, {n: why for n, why in launch.items() if n in names}, False
         by_node = step.by_node()

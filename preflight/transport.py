@@ -467,7 +467,7 @@ class SSHSession(Session):
         started = time.monotonic()
         run = _Run()
         # a kept process waits for the next phase as long as this phase may last on the slowest node
-        config = dict(config, deadline_s=deadline_s + 5, more=then, wait_s=deadline_s + 30)
+        config = dict(config, deadline_s=deadline_s + 5, more=then, wait_s=deadline_s + bundle.NEXT_PHASE_SLACK_S)
         kept, self._kept = self._kept, None
         if kept is not None and (kept[0].closed or kept[0].exit_status_ready()):
             kept = None  # the kept process is gone (its wait for this phase ran out): start anew
