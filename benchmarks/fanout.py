@@ -95,7 +95,7 @@ def bundle_size() -> Dict[str, int]:
     import zipfile
     from io import BytesIO
 
-    from preflight import bundle
+    from preflight.transport import bundle
 
     blob = bundle.base_zip()
     infos = zipfile.ZipFile(BytesIO(blob)).infolist()

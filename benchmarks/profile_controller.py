@@ -105,15 +105,15 @@ sys.exit(rc)
 
 #: Functions whose call counts and inclusive CPU are worth watching at scale.
 WATCH = [
-    ("preflight/bundle.py", "base_zip"), ("preflight/bundle.py", "stdin_payload"),
+    ("preflight/transport/bundle.py", "base_zip"), ("preflight/transport/bundle.py", "stdin_payload"),
     ("paramiko/hostkeys.py", "load"), ("paramiko/hostkeys.py", "check"), ("paramiko/hostkeys.py", "lookup"),
-    ("preflight/transport.py", "_fabric_config"), ("invoke/config.py", "clone"),
-    ("preflight/transport.py", "_connection"), ("preflight/transport.py", "open"),
+    ("preflight/transport/ssh.py", "_fabric_config"), ("invoke/config.py", "clone"),
+    ("preflight/transport/ssh.py", "_connection"), ("preflight/transport/ssh.py", "open"),
     ("paramiko/transport.py", "_negotiate_keys"), ("paramiko/client.py", "connect"),
     ("paramiko/auth_handler.py", "_parse_userauth_info_request"), ("paramiko/pkey.py", "from_private_key_file"),
-    ("paramiko/client.py", "_auth"), ("preflight/transport.py", "run_bundle"), ("preflight/transport.py", "feed"),
-    ("preflight/bundle.py", "parse_output"), ("preflight/engine.py", "judge"), ("preflight/report.py", "render"),
-    ("preflight/report.py", "to_json"), ("preflight/inventory.py", "load"),
+    ("paramiko/client.py", "_auth"), ("preflight/transport/ssh.py", "run_bundle"), ("preflight/transport/ssh.py", "feed"),
+    ("preflight/transport/bundle.py", "parse_output"), ("preflight/engine.py", "judge"), ("preflight/output/report.py", "render"),
+    ("preflight/output/report.py", "to_json"), ("preflight/inventory.py", "load"),
 ]
 
 

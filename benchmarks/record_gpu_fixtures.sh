@@ -8,7 +8,7 @@
 # an H100/H200/B200 (or any NVIDIA) node. It writes, and prints a summary of:
 #   nvidia_smi_q_x.xml           nvidia-smi -q -x (the gpu parser's input), with its wall time
 #   nvidia_smi_q_i0.txt          nvidia-smi -q -i 0 (its "Fabric" section is compared with our struct)
-#   fabric_struct_gpu0.txt       GPU 0's nvmlGpuFabricInfo_t read through checks/gpu.py's own structure
+#   fabric_struct_gpu0.txt       GPU 0's nvmlGpuFabricInfo_t read through preflight/checks/gpu.py's own structure
 #   nvidia_smi_nvlink_status.txt nvidia-smi nvlink --status; nvlink_counts.txt: per-GPU counts through
 #                                NVML and through the nvidia-smi parser, against the model's count
 #   probe_nvml.json, probe_smi.json, probe.diff   gpu probe facts through NVML and with PREFLIGHT_NVML=off

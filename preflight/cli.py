@@ -172,7 +172,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _cmd_checks(markdown: bool = False) -> int:
     if markdown:
-        from preflight.report import checks_markdown
+        from preflight.output.report import checks_markdown
 
         sys.stdout.write(checks_markdown())
         return EXIT_OK
@@ -193,7 +193,7 @@ def _cmd_checks(markdown: bool = False) -> int:
 def _cmd_diff(args: argparse.Namespace) -> int:
     import json
 
-    from preflight import diff as differ
+    from preflight.output import diff as differ
 
     docs = []
     for path in (args.old, args.new):
@@ -240,7 +240,7 @@ def _load_inventory(args: argparse.Namespace) -> Any:
 
 
 def _alloc_wait(args: argparse.Namespace) -> float:
-    from preflight import slurm
+    from preflight.slurm import fleet as slurm
 
     wait = getattr(args, "alloc_wait", None)
     if wait is None:
@@ -252,7 +252,7 @@ def _alloc_wait(args: argparse.Namespace) -> float:
 
 def _slurm_inventory(args: argparse.Namespace) -> Any:
     """The allocation as the inventory: this job's nodes, or an allocation made now (released after the run)."""
-    from preflight import slurm
+    from preflight.slurm import fleet as slurm
 
     if args.inventory:
         raise UsageError("--slurm takes its nodes from Slurm, not from an inventory file",
@@ -300,7 +300,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         raise UsageError("--drain/--resume act on Slurm nodes; %s uses transport %s" % (inv.path, inv.transport),
                          "add `transport: slurm` under `cluster:` in it (Slurm node names), or use --slurm")
     if acting and inv.allocation is None:
-        from preflight import common, slurm
+        from preflight import common
+        from preflight.slurm import fleet as slurm
 
         # the inventory's nodes, allocated now (as the transport would), with --resume's recheck of the
         # nodes preflight drained: a drained node cannot be allocated otherwise
@@ -317,7 +318,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
     from rich.console import Console
 
-    from preflight import engine, report
+    from preflight import engine
+    from preflight.output import report
 
     json_to_stdout = getattr(args, "json", None) == "-"
     console = Console(stderr=json_to_stdout)
@@ -341,7 +343,7 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
         _check_capture_dir(args.capture)
     _check_output_paths(args)
     if not getattr(args, "slurm", False) and any(not s.local for s in inv.nodes):
-        from preflight import transport
+        from preflight.transport import ssh as transport
 
         try:
             transport.load_ssh_configs(s.ssh_config for s in inv.nodes if not s.local)
@@ -368,10 +370,11 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
 
 
 def _drain(args: argparse.Namespace, inv: Any, result: Any, console: Any) -> None:
-    """--drain / --resume: act on Slurm node states from this run's findings (see preflight.drain)."""
+    """--drain / --resume: act on Slurm node states from this run's findings (see preflight.slurm.drain)."""
     import shlex
 
-    from preflight import drain, slurm
+    from preflight.slurm import drain
+    from preflight.slurm import fleet as slurm
 
     held = inv.allocation.held if inv.allocation is not None else {}
     if not (getattr(args, "drain", False) or getattr(args, "resume", False) or held):
@@ -396,7 +399,7 @@ def _drain(args: argparse.Namespace, inv: Any, result: Any, console: Any) -> Non
 
 
 def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: Any) -> None:
-    from preflight import report
+    from preflight.output import report
 
     if getattr(args, "json", None):
         if args.json == "-":
@@ -404,12 +407,12 @@ def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: An
         else:
             _write(args.json, report.dumps(doc))
     if getattr(args, "env_file", None):
-        from preflight import envfile
+        from preflight.output import envfile
 
         _write(args.env_file, envfile.render(result), mode=0o644)
         console.print("env file: %s" % args.env_file, markup=False, highlight=False)
     if getattr(args, "hostfile", None):
-        from preflight import hostfile
+        from preflight.output import hostfile
 
         # the nodes that passed (worst finding pass/warn/skip); slots = GPUs per node, 1 on CPU-only nodes
         healthy = [(_hostfile_name(n), max(1, n["gpus"])) for n in doc["nodes"] if n["status"] in ("pass", "warn", "skip")]
@@ -419,22 +422,22 @@ def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: An
             raise UsageError("cannot write the hostfile: %s" % exc, "choose another --hostfile-format") from None
         _write(args.hostfile, text)
     if getattr(args, "junit", None):
-        from preflight import junit
+        from preflight.output import junit
 
         with _writing(args.junit):
             junit.write_junit(doc, args.junit)
     if getattr(args, "prometheus", None):
-        from preflight import prometheus
+        from preflight.output import prometheus
 
         with _writing(args.prometheus):
             prometheus.write_prometheus(doc, args.prometheus)
     if getattr(args, "history", None):
-        from preflight import history
+        from preflight.output import history
 
         with _writing(args.history):
             history.record(doc, args.history)
     if getattr(args, "capture", None):
-        from preflight import capture
+        from preflight.output import capture
 
         written = capture.write(args.capture, result.captures, result.view.facts, result.started_at)
         console.print("captured %d probe runs to %s (review before sending: it holds command outputs and "
@@ -497,7 +500,7 @@ def _previous_run(history_dir: Optional[str], inv: Any) -> Optional[dict]:
     """The last report of this inventory kept in --history DIR (rules compare against it), else None."""
     if not history_dir:
         return None
-    from preflight import history
+    from preflight.output import history
 
     path = history.previous(history_dir, inv.sha256)
     return history.load(path) if path is not None else None
@@ -510,7 +513,7 @@ def _hostfile_name(node: dict) -> str:
 
 def _check_hostfile_names(inv: Any, fmt: str) -> None:
     """Every inventory node must be writable in the hostfile format: a usage error before any connection."""
-    from preflight import hostfile
+    from preflight.output import hostfile
 
     for spec in inv.nodes:
         try:
@@ -530,7 +533,7 @@ def _writing(path: str) -> Iterator[None]:
 
 def _write(path: str, text: str, mode: int = 0o644) -> None:
     """Write a file atomically (temp file in the same directory, then rename)."""
-    from preflight.history import atomic_write_text
+    from preflight.output.history import atomic_write_text
 
     with _writing(path):
         atomic_write_text(path, text, mode=mode)

@@ -2,7 +2,7 @@
 
     phase 1   local facts on every node (ssh basics, gpu, driver, fabric manager, nic, ib)
     phase 2   network facts planned from phase 1 (jumbo pings to ring neighbours, rendezvous port)
-    crossnode the checks declaring Check.crossnode (the timed all-reduce, preflight.bench) on the nodes
+    crossnode the checks declaring Check.crossnode (the timed all-reduce, preflight.allreduce.run) on the nodes
               that passed
     rules     pure functions over the gathered facts → findings
 
@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from preflight import checks as catalogue
 from preflight.errors import UsageError
-from preflight.gather import Fleet, Outcome, Progress
+from preflight.transport.fleet import Fleet, Outcome, Progress
 from preflight.inventory import Inventory, NodeSpec
 from preflight.model import ClusterView, Finding, NodeInfo, Status, with_action
 
@@ -32,7 +32,7 @@ class Options:
     accept_new_host_keys: bool = False
     progress: Optional[Progress] = None
     gather_also: Sequence[str] = ()  # checks whose facts are gathered but not judged (e.g. for the env file)
-    capture: bool = False  # nodes send back every command output and file read (preflight.capture)
+    capture: bool = False  # nodes send back every command output and file read (preflight.output.capture)
     previous: Optional[Dict[str, Any]] = None  # the last run's report (--history): rules compare against it
 
 
@@ -50,7 +50,7 @@ class RunReport:
     summaries: Dict[str, Any] = field(default_factory=dict)  # {cross-node check: its report section}
     phase_times: Dict[str, float] = field(default_factory=dict)
     captures: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # {node: {check: recording}} with capture
-    env: Any = None  # preflight.envfile.Derived, when it was derived for the all-reduce or the env file
+    env: Any = None  # preflight.output.envfile.Derived, when it was derived for the all-reduce or the env file
     transport: Dict[str, Any] = field(default_factory=dict)  # what carried the run (fleet.describe())
 
     @property
@@ -121,7 +121,7 @@ def _absorb(view_facts: Dict[str, Dict[str, Any]], outcomes: Dict[str, Outcome],
 def open_fleet(inv: Inventory, opts: Options) -> Any:
     """The transport for this inventory: SSH fan-out (gather.Fleet) or srun steps (slurm.SlurmFleet)."""
     if inv.transport == "slurm":
-        from preflight import slurm
+        from preflight.slurm import fleet as slurm
 
         return slurm.fleet_for(inv, opts.progress)
     return Fleet(inv.nodes, opts.parallel, opts.accept_new_host_keys, opts.progress)
@@ -181,7 +181,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
         # The node checks' verdicts are final here (a cross-node test only adds its own facts): judge them once.
         findings = judge(view, [n for n in selected if n not in crossnode])
         if crossnode or opts.gather_also:
-            from preflight import envfile
+            from preflight.output import envfile
 
             sick = {f.node for f in findings if f.status.is_problem}
             healthy = [n.name for n in view.live if n.name not in sick]

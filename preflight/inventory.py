@@ -153,8 +153,8 @@ class Inventory:
     expect: Dict[str, Any] = field(default_factory=dict)
     cluster: Dict[str, Any] = field(default_factory=dict)
     sha256: str = ""
-    transport: str = "ssh"  # "slurm": nodes are Slurm node names, reached with srun (preflight.slurm)
-    allocation: Any = None  # preflight.slurm.Allocation the run uses (None: the transport makes one)
+    transport: str = "ssh"  # "slurm": nodes are Slurm node names, reached with srun (preflight.slurm.fleet)
+    allocation: Any = None  # preflight.slurm.fleet.Allocation the run uses (None: the transport makes one)
 
     @property
     def head_name(self) -> str:

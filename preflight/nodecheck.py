@@ -91,7 +91,8 @@ def adopt(local: Any, source: Any, gpus_given: bool = False) -> Optional[str]:
 
 
 def run(args: Any) -> int:
-    from preflight import engine, inventory, report
+    from preflight import engine, inventory
+    from preflight.output import report
 
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError("--timeout must be positive", "give seconds, e.g. --timeout 10")
@@ -123,7 +124,7 @@ def run(args: Any) -> int:
         if args.json == "-":
             sys.stdout.write(report.dumps(doc))
         else:
-            from preflight.history import atomic_write_text
+            from preflight.output.history import atomic_write_text
 
             try:
                 atomic_write_text(args.json, report.dumps(doc), mode=0o644)

@@ -3,7 +3,11 @@ GPU serial/UUID history (report hardware section, diff: replaced GPUs and lemons
 
 import pytest
 
-from preflight import diff, engine, junit, prometheus, report
+from preflight import engine
+from preflight.output import diff
+from preflight.output import junit
+from preflight.output import prometheus
+from preflight.output import report
 from preflight.model import ACTIONS, Finding, Status, with_action
 from tests.test_history_diff import _report as diff_report
 from tests.test_junit import _report as junit_report

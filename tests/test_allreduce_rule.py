@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from preflight import benchplan, common
+from preflight import common
+from preflight.allreduce import plan as benchplan
 from preflight.checks import allreduce as ar
 from preflight.model import ClusterView, NodeInfo, Status
 

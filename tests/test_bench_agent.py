@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from preflight import benchplan
+from preflight.allreduce import plan as benchplan
 from preflight.checks import allreduce
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe import bench_agent
@@ -110,7 +110,7 @@ def rule_over(docs, nodes, backend="gloo"):
 
 
 def test_two_agents_as_two_nodes_sweep_the_cpu_sizes():
-    from preflight.bundle import base_zip
+    from preflight.transport.bundle import base_zip
 
     port = free_port()
     sizes = benchplan.CPU_SIZES

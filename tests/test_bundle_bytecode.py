@@ -11,7 +11,7 @@ import subprocess
 import sys
 import zipfile
 
-from preflight import bundle
+from preflight.transport import bundle
 
 
 def rewrite(blob: bytes, magic: bytes) -> bytes:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from preflight import bundle
+from preflight.transport import bundle
 
 PROBE = {"mode": "probe", "checks": {"ssh": {}}, "probe_timeout_s": 20, "deadline_s": 60}
 

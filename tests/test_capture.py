@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from preflight import capture, cli
+from preflight import cli
+from preflight.output import capture
 from preflight.probe import runner
 from preflight.probe.context import RAW_CAP
 from tests import fixture_cases as fc

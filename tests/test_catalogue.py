@@ -9,9 +9,10 @@ import subprocess
 import sys
 import zipfile
 
-from preflight import bundle, checks
+from preflight import checks
+from preflight.transport import bundle
 from preflight.model import Check
-from preflight.report import checks_markdown
+from preflight.output.report import checks_markdown
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -107,5 +108,5 @@ def test_every_bundled_module_imports_with_the_standard_library_alone(tmp_path):
 
 def test_the_bundle_holds_no_controller_only_module():
     names = zipfile.ZipFile(__import__("io").BytesIO(bundle.base_zip())).namelist()
-    for controller in ("preflight/datanet.py", "preflight/benchplan.py", "preflight/bench.py", "preflight/cli.py"):
+    for controller in ("preflight/datanet.py", "preflight/allreduce/plan.py", "preflight/allreduce/run.py", "preflight/cli.py"):
         assert controller not in names

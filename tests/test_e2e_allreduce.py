@@ -20,7 +20,8 @@ import time
 import pytest
 import yaml
 
-from preflight import benchplan, common
+from preflight import common
+from preflight.allreduce import plan as benchplan
 from preflight.checks import allreduce as ar
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

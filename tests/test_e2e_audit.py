@@ -34,7 +34,7 @@ def test_diff_names_the_node_that_went_down(sim_cluster, tmp_path):
 
     # oldest first as preflight orders them: two runs within one second are <stamp>-<hash>.json and
     # <stamp>-<hash>-1.json, which a plain sort of the names puts the wrong way round
-    from preflight.history import list_runs
+    from preflight.output.history import list_runs
 
     runs = [str(run.path) for run in list_runs(history)]
     assert len(runs) == 2 and len(glob.glob(str(history / "*.json"))) == 2

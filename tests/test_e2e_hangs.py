@@ -49,7 +49,7 @@ def test_shell_rc_output_without_newline_keeps_pid_and_clock(sim_cluster):
 def test_shell_rc_output_without_newline_keeps_the_clock(sim_cluster):
     """The transport in-process: the clock line is read (the clock-skew check has its data)."""
     from preflight import inventory
-    from preflight.transport import SSHSession
+    from preflight.transport.ssh import SSHSession
 
     cluster = sim_cluster(1)
     cluster.shell_rc_prints(1, "Last login: somewhere")

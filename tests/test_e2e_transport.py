@@ -118,7 +118,7 @@ def test_unreachable_node_checks_are_errors_not_passes(sim_cluster):
 def test_in_process_session_deadline_kills_remote_group(sim_cluster, transport):
     """The transport API itself, driven in-process from the controller namespace."""
     from preflight import inventory
-    from preflight.transport import NodeFailure, SSHSession
+    from preflight.transport.ssh import NodeFailure, SSHSession
 
     cluster = sim_cluster(1)
     cluster.hang_commands(1)
@@ -150,7 +150,7 @@ def test_phases_share_one_node_process_and_nothing_is_left(sim_cluster):
     a new process always prints its clock line first, a kept one does not); a node the next phase does
     not name has its kept process ended; after the last phase nothing is left."""
     from preflight import inventory
-    from preflight.gather import Fleet
+    from preflight.transport.fleet import Fleet
 
     cluster = sim_cluster(2)
     specs = inventory.load(cluster.inventory()).nodes
@@ -176,7 +176,7 @@ def test_a_kept_process_that_overruns_the_next_phase_is_killed(sim_cluster):
     """The kept process's pid (from its first phase) is what the deadline kills: its process group,
     pings included, does not outlive the run."""
     from preflight import inventory
-    from preflight.gather import Fleet
+    from preflight.transport.fleet import Fleet
 
     cluster = sim_cluster(1)
     specs = inventory.load(cluster.inventory()).nodes

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from preflight import __version__, envfile
+from preflight import __version__
+from preflight.output import envfile
 from preflight.engine import RunReport
 from preflight.model import ClusterView, Finding, NodeInfo, Status
 from tests.builders import iface

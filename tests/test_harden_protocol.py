@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from preflight import bundle
+from preflight.transport import bundle
 
 
 def test_markers_found_anywhere_in_a_line():

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from preflight import engine, report
+from preflight import engine
+from preflight.output import report
 from preflight.model import ClusterView, Finding, NodeInfo, Status
 from tests.test_report import make_report, render
 

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from preflight.diff import diff, render_diff
-from preflight.history import atomic_write_text, list_runs, load, parse_timestamp, previous, prune, record
+from preflight.output.diff import diff, render_diff
+from preflight.output.history import atomic_write_text, list_runs, load, parse_timestamp, previous, prune, record
 
 SHA_A = "a1" * 32
 SHA_B = "b2" * 32

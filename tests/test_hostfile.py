@@ -6,7 +6,7 @@ import shlex
 import pytest
 from ClusterShell.NodeSet import NodeSet
 
-from preflight.hostfile import FORMATS, render_hostfile, validate_host, write_hostfile
+from preflight.output.hostfile import FORMATS, render_hostfile, validate_host, write_hostfile
 
 NODES = [("gpu-001", 8), ("gpu-002", 8), ("gpu-003", 4), ("gpu-005", 8)]
 

@@ -6,7 +6,7 @@ import pytest
 
 junitparser = pytest.importorskip("junitparser")
 
-from preflight.junit import to_junit, write_junit  # noqa: E402
+from preflight.output.junit import to_junit, write_junit  # noqa: E402
 
 
 def _report(results, **extra):

@@ -5,7 +5,7 @@ import pytest
 parser = pytest.importorskip("prometheus_client.parser")
 
 from preflight.model import Status  # noqa: E402
-from preflight.prometheus import STATUS_VALUE, escape_label_value, to_prometheus, write_prometheus  # noqa: E402
+from preflight.output.prometheus import STATUS_VALUE, escape_label_value, to_prometheus, write_prometheus  # noqa: E402
 
 
 def _r(check, node, status, message="m", **kw):

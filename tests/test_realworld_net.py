@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from preflight.checks import gpudirect, ib_hca, mtu, nic
-from preflight.envfile import derive
+from preflight.output.envfile import derive
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe.context import NodeContext
 

@@ -7,7 +7,7 @@ import json
 
 from rich.console import Console
 
-from preflight import report
+from preflight.output import report
 from preflight.engine import RunReport
 from preflight.inventory import Inventory, NodeSpec
 from preflight.model import ClusterView, Finding, NodeInfo, Status

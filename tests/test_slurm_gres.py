@@ -21,7 +21,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # tasks a node, one GPU a task, as a bench run with two GPUs a node asks for).
 SPLIT = r'''
 import json, sys
-from preflight import slurm
+from preflight.slurm import fleet as slurm
 alloc = slurm.allocate(nodelist="n[001-002]")
 fleet = slurm.SlurmFleet(slurm.specs_for(alloc), alloc)
 try:

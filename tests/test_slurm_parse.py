@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from preflight import drain
+from preflight.slurm import drain
 from preflight.model import Finding, Status
-from preflight.slurm import _gres_gpus, bad_state, job_gpus, parse_show_node, parse_srun_stderr
+from preflight.slurm.fleet import _gres_gpus, bad_state, job_gpus, parse_show_node, parse_srun_stderr
 
 HERE = os.path.join(os.path.dirname(__file__), "fixtures", "slurm")
 

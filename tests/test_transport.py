@@ -8,7 +8,7 @@ import paramiko
 from paramiko.hostkeys import HostKeys
 
 from preflight.inventory import NodeSpec
-from preflight.transport import KnownHosts, LocalSession, fingerprint
+from preflight.transport.ssh import KnownHosts, LocalSession, fingerprint
 
 
 def test_known_hosts_plain_hashed_and_port_entries(tmp_path):

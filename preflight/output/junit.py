@@ -27,7 +27,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from preflight.history import PathLike, atomic_write_text, parse_timestamp
+from preflight.output.history import PathLike, atomic_write_text, parse_timestamp
 from preflight.model import Status
 
 SUITE_NAME = "preflight"

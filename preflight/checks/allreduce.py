@@ -5,7 +5,7 @@ every participating node at once (see that module for the config and result docu
 
     view.facts[node]["allreduce"]   that node's agent result document (or {"probe_error": "..."})
     view.cluster["allreduce"]       cluster-level metadata, filled by the controller
-                                    (preflight.benchplan.cluster_meta() builds the skeleton from the
+                                    (preflight.allreduce.plan.cluster_meta() builds the skeleton from the
                                     configs it sent):
         backend      "nccl" | "gloo"
         world_size   total ranks
@@ -17,7 +17,7 @@ every participating node at once (see that module for the config and result docu
         gpu_model    NVML name, e.g. "NVIDIA H100 80GB HBM3" (for the built-in profile)
         nic_gbps     per-node aggregate line rate of the NICs the collective uses, Gb/s (multi-node profile)
         localization {"results": [group result, ...], "by_bandwidth": bool, "threshold_gbps": ...} from the
-                     pair rounds (see preflight.benchplan.localize(); by_bandwidth false when localizing a
+                     pair rounds (see preflight.allreduce.plan.localize(); by_bandwidth false when localizing a
                      hang or an error)
         skip         a reason: the test deliberately did not run (the rule then SKIPs)
 
@@ -30,7 +30,7 @@ the figures are reported as WARN "no threshold applies". A hang, a rank error or
 naming the stage, the ranks and the nodes.
 
 The launch (configs, size sweeps, deadlines) and the pair-test localization are planned on the controller
-by preflight.benchplan; the rule reports the localization's verdict (benchplan.verdict_localization).
+by preflight.allreduce.plan; the rule reports the localization's verdict (benchplan.verdict_localization).
 """
 
 from __future__ import annotations
@@ -787,8 +787,8 @@ def _master(docs) -> Optional[str]:
 def _fleet_findings(view: ClusterView, meta: Mapping[str, Any]) -> Tuple[List[Finding], List[str], Status, Dict[str, Any]]:
     """What the rounds after the whole-cluster run found: (node findings, notes for the cluster finding,
     the status they imply, data). Node rounds name a node on its own; pair rounds beside a known-good node
-    (preflight.benchplan); both judge against the fleet median (meta["slow_fraction"])."""
-    from preflight.benchplan import SLOW_FRACTION, judge_nodes, judged_gbps, verdict_localization
+    (preflight.allreduce.plan); both judge against the fleet median (meta["slow_fraction"])."""
+    from preflight.allreduce.plan import SLOW_FRACTION, judge_nodes, judged_gbps, verdict_localization
 
     frac = float(meta.get("slow_fraction") or SLOW_FRACTION)
     named: Dict[str, List[str]] = {}
@@ -999,14 +999,14 @@ def nccl_findings(view: ClusterView, meta: Mapping[str, Any], docs: Mapping[str,
 
 
 def _run_bench(fleet: Any, inv: Any, view: ClusterView, healthy: Sequence[str], env: Any, opts: Any) -> Any:
-    """The cross-node stage: preflight.bench launches the agents and localizes (controller only)."""
-    from preflight import bench
+    """The cross-node stage: preflight.allreduce.run launches the agents and localizes (controller only)."""
+    from preflight.allreduce import run as bench
 
     return bench.run(fleet, inv, view, healthy, env, opts)
 
 
 def _summary(findings: Sequence[Finding], meta: Dict[str, Any], elapsed_s: Optional[float]) -> Optional[Dict[str, Any]]:
-    from preflight import bench
+    from preflight.allreduce import run as bench
 
     return bench.summary(findings, meta, elapsed_s)
 

@@ -27,7 +27,7 @@ import re
 from typing import List, Sequence, Tuple
 
 from preflight.common import expand, fold
-from preflight.history import PathLike, atomic_write_text
+from preflight.output.history import PathLike, atomic_write_text
 
 FORMATS = ("plain", "deepspeed", "mpi", "mpich", "slurm")
 _SLOT_FORMATS = ("deepspeed", "mpi", "mpich")

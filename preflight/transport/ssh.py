@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight import bundle
+from preflight.transport import bundle
 from preflight.inventory import NodeSpec
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Slurm as a transport: the allocation is the inventory, one srun step per phase carries the bundle.
 
-The same contract as preflight.gather.Fleet — `run(configs, deadline_of) -> {node: Outcome}` — so the
+The same contract as preflight.transport.fleet.Fleet — `run(configs, deadline_of) -> {node: Outcome}` — so the
 engine, the rules, the report and the bench never know which engine carried the bundle.
 
 One job step across all the nodes carries every phase of a run, one task per node:
@@ -48,13 +48,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from preflight import bundle
+from preflight.transport import bundle
 from preflight.common import expand, fold
 from preflight.errors import PreflightError, UsageError
-from preflight.gather import Outcome, Progress
+from preflight.transport.fleet import Outcome, Progress
 from preflight.inventory import NodeSpec
 from preflight.probe import runner
-from preflight.transport import NodeFailure, _Run
+from preflight.transport.ssh import NodeFailure, _Run
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +278,7 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
     run's other nodes, are resumed inside it (no other job can start there), and the caller drains
     again every one that does not pass (Allocation.held keeps their old reasons).
     """
-    from preflight import drain
+    from preflight.slurm import drain
     # whole nodes: the bandwidth test and the rendezvous port must not share them with a running job
     argv = [SALLOC, "--no-shell", "-J", "preflight", "-t", time_limit, "--immediate=%d" % int(timeout), "--exclusive"]
     excluded: Dict[str, Dict[str, Any]] = {}

@@ -1,6 +1,6 @@
 """The check catalogue. One module per check; each exports CHECK (a preflight.model.Check).
 
-Installed as `preflight.checks`. Standard library only at import time: these modules travel to the
+Standard library only at import time: these modules travel to the
 nodes in the probe bundle (their probe halves run there), and the controller imports the same files
 for their rule halves.
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 from preflight.inventory import NodeSpec
-from preflight.transport import NodeFailure, RunResult, Session, session_for
+from preflight.transport.ssh import NodeFailure, RunResult, Session, session_for
 
 #: progress(event, node name) with event in {"start", "done", "failed"}
 Progress = Callable[[str, str], None]

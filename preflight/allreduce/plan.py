@@ -1,7 +1,7 @@
 """How the all-reduce bench is launched, given its deadlines, and localized to a node when it fails.
 
-Controller only (never shipped to the nodes): preflight.bench runs what this module plans; the
-allreduce check (checks/allreduce.py) judges what came back.
+Controller only (never shipped to the nodes): preflight.allreduce.run runs what this module plans; the
+allreduce check (preflight/checks/allreduce.py) judges what came back.
 
 Launch: make_configs() gives every node its preflight.probe.bench_agent config (backend, ranks, the size
 sweep, deadlines); cluster_meta() the skeleton of view.cluster["allreduce"] the rule reads;

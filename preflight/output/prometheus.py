@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from preflight.history import PathLike, atomic_write_text, parse_timestamp
+from preflight.output.history import PathLike, atomic_write_text, parse_timestamp
 from preflight.model import Status
 
 STATUS_VALUE = {s: s.rank for s in Status}  # pass 0, skip 1, warn 2, fail 3, error 4

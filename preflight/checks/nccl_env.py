@@ -21,7 +21,7 @@ Facts: {"environ": {key: value}, "user": str, "home": str|None,
                    "error": str|None, "entries": [{"key", "value", "line"}], "malformed": [{"line", "text"}]}]}
 
 Rule decisions:
-- a setting that contradicts what preflight recommends (preflight.envfile.derive over the same facts)
+- a setting that contradicts what preflight recommends (preflight.output.envfile.derive over the same facts)
   FAILs, naming the file and line: NCCL_SOCKET_IFNAME that does not select the data interface
   (NCCL's matching: '^' excludes, '=' exact names, else prefixes), GLOO_SOCKET_IFNAME other than the
   data interface, NCCL_IB_HCA that leaves out a usable HCA port, NCCL_IB_GID_INDEX other than the
@@ -215,7 +215,7 @@ def _node_ifaces(view: ClusterView) -> Dict[str, str]:
 
 
 def _recommended(view: ClusterView, nodes: List[str]) -> Dict[str, str]:
-    from preflight import envfile
+    from preflight.output import envfile
 
     if not nodes:
         return {}

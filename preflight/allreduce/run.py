@@ -10,9 +10,9 @@ On CPU nodes (gloo) the whole-cluster run also times rotations of disjoint node 
 in the same rank processes (benchplan.pair_rotations, bench_worker._pair_phase): the fleet judgement of a
 healthy cluster costs no second launch and no second torch import; rounds run only for what they leave
 undecided. When the whole-cluster run hangs, fails or is slow and no node stands out, the nodes are tested in disjoint
-pairs, then suspects beside known-good nodes (preflight.benchplan.localize), so the report names the node to
+pairs, then suspects beside known-good nodes (preflight.allreduce.plan.localize), so the report names the node to
 exclude. The rounds re-run only the size the first run stopped at (or its verdict size), under deadlines
-derived from what the first run measured (preflight.benchplan.localization_plan, round_deadlines): a hang is
+derived from what the first run measured (preflight.allreduce.plan.localization_plan, round_deadlines): a hang is
 already known, so each round costs one torch import and one short op deadline, not a whole sweep.
 """
 
@@ -21,8 +21,9 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from preflight import benchplan, datanet
-from preflight.gather import Fleet
+from preflight import datanet
+from preflight.allreduce import plan as benchplan
+from preflight.transport.fleet import Fleet
 from preflight.inventory import Inventory
 from preflight.model import ClusterView, NodeInfo
 

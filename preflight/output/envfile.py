@@ -4,7 +4,7 @@ Every value comes from a check's facts, is validated against the characters NCCL
 for that variable, and is written single-quoted. A fact that fails validation (an interface may legally
 be named `x$(id)`) is refused with a named finding and never written; a node whose own fact was refused
 is left out of the env (and, through that FAIL finding, out of the hostfile), so the file stays right for
-the nodes it names. The all-reduce test runs with exactly these variables (preflight.bench), so the file
+the nodes it names. The all-reduce test runs with exactly these variables (preflight.allreduce.run), so the file
 the user sources is the one that was proven.
 
     derive(view, healthy) -> Derived(variables, refused, notes, nodes, left_out)     pure

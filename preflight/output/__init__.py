@@ -1,0 +1,1 @@
+"""What a run writes: the terminal and JSON report, JUnit, Prometheus, the NCCL env file, hostfiles, history, diffs, captures."""
