@@ -1,0 +1,247 @@
+"""Guards for the package's shape (ARCHITECTURE.md, "Layout" and "Imports point one way").
+
+Read from the sources with `ast`, nothing is imported: every `import`/`from … import` in preflight/,
+module level or inside a function (a lazy import is still a dependency), becomes an edge between
+modules. Each test names the offending file and line, so a failure says what to move.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from typing import Dict, Iterator, List, Optional, Set, Tuple
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = os.path.join(ROOT, "preflight")
+
+# Modules allowed past MAX_LINES, each with the reason it reads better whole.
+MAX_LINES = 600
+LONG_OK = {
+    "preflight/probe/bench_agent.py": "one job (the rank supervisor) with its protocol written at the top",
+}
+
+# Third-party packages and the only places allowed to import them.
+CONFINED = {
+    "fabric": ("preflight/transport/",),
+    "paramiko": ("preflight/transport/",),
+    "invoke": ("preflight/transport/",),
+    "rich": ("preflight/cli.py", "preflight/output/report.py"),
+    "pynvml": ("preflight/probe/",),
+    "torch": ("preflight/probe/",),
+}
+
+# What travels to the nodes in the probe bundle: standard library (and preflight's node modules) only.
+NODE_SIDE = ("preflight/__init__.py", "preflight/common.py", "preflight/model.py", "preflight/probe/", "preflight/checks/")
+NODE_OPTIONAL = {"pynvml", "torch"}  # imported lazily on the node, where present
+
+
+def _modules() -> Dict[str, str]:
+    """{dotted module name: path relative to ROOT} for every .py file under preflight/."""
+    out = {}
+    for dirpath, _dirs, files in os.walk(PKG):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            rel = os.path.relpath(os.path.join(dirpath, name), ROOT)
+            dotted = rel[:-3].replace(os.sep, ".")
+            if dotted.endswith(".__init__"):
+                dotted = dotted[: -len(".__init__")]
+            out[dotted] = rel
+    return out
+
+
+MODULES = _modules()
+
+
+def _tree(rel: str) -> ast.Module:
+    with open(os.path.join(ROOT, rel), encoding="utf-8") as fh:
+        return ast.parse(fh.read(), rel)
+
+
+def _resolve(current: str, node: ast.ImportFrom) -> str:
+    """The absolute module a `from X import …` names (relative imports resolved)."""
+    if not node.level:
+        return node.module or ""
+    is_pkg = MODULES.get(current, "").endswith("__init__.py")
+    base = current.split(".")
+    base = base if is_pkg else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _top_level(tree: ast.Module) -> Iterator[ast.AST]:
+    """The statements that run when the module is imported: the body, into if/try, not into functions."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, (ast.If, ast.Try)):
+            todo.extend(node.body + node.orelse + getattr(node, "finalbody", []))
+            todo.extend(stmt for h in getattr(node, "handlers", []) for stmt in h.body)
+
+
+def imports(mod: str, import_time_only: bool = False) -> Iterator[Tuple[int, str, Optional[str]]]:
+    """(line, imported module, imported name or None) for every import in module `mod` (or only those
+    that run when it is imported: the rule halves of checks import controller code inside functions)."""
+    tree = _tree(MODULES[mod])
+    for node in (_top_level(tree) if import_time_only else ast.walk(tree)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, None
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(mod, node)
+            for alias in node.names:
+                sub = "%s.%s" % (target, alias.name)
+                if sub in MODULES:
+                    yield node.lineno, sub, None  # `from pkg import module`
+                else:
+                    yield node.lineno, target, alias.name
+
+
+def _edges() -> Dict[str, Set[str]]:
+    graph: Dict[str, Set[str]] = {m: set() for m in MODULES}
+    for mod in MODULES:
+        for _line, target, _name in imports(mod):
+            if target in MODULES and target != mod:
+                graph[mod].add(target)
+    return graph
+
+
+def _cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on: Set[str] = set()
+    found: List[List[str]] = []
+    sys.setrecursionlimit(max(10000, sys.getrecursionlimit()))
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _is_package_init(target: str, mod: str) -> bool:
+    """A package's __init__ imported by its own submodule (`from preflight import checks` inside checks/x)."""
+    return mod.startswith(target + ".")
+
+
+def test_no_import_circle():
+    graph = _edges()
+    # a submodule importing its own package's __init__ is how packages work, not a circle between jobs
+    for mod, targets in graph.items():
+        graph[mod] = {t for t in targets if not _is_package_init(t, mod)}
+    circles = _cycles(graph)
+    assert not circles, "import circles (make the dependency point one way): " + "; ".join(" <-> ".join(c) for c in circles)
+
+
+def test_no_check_imports_another_check():
+    wrong = []
+    for mod in MODULES:
+        if not mod.startswith("preflight.checks.") or mod == "preflight.checks":
+            continue
+        for line, target, _name in imports(mod):
+            if target.startswith("preflight.checks.") and target != mod:
+                wrong.append("%s:%d imports %s (shared node-side code belongs in preflight/probe/)" % (MODULES[mod], line, target))
+            elif target == "preflight.checks":
+                wrong.append("%s:%d imports the catalogue (a check must not reach its siblings)" % (MODULES[mod], line))
+    assert not wrong, "\n".join(sorted(set(wrong)))
+
+
+def test_no_private_name_crosses_a_module():
+    wrong = []
+    for mod in MODULES:
+        for line, target, name in imports(mod):
+            if target.startswith("preflight") and target != mod and name and name.startswith("_") and name != "__version__":
+                wrong.append("%s:%d imports private %s.%s" % (MODULES[mod], line, target, name))
+        # `import preflight.x as m` / `from preflight import m` then `m._private`
+        aliases = {}
+        for node in ast.walk(_tree(MODULES[mod])):
+            if isinstance(node, ast.ImportFrom):
+                target = _resolve(mod, node)
+                for alias in node.names:
+                    if "%s.%s" % (target, alias.name) in MODULES:
+                        aliases[alias.asname or alias.name] = "%s.%s" % (target, alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name in MODULES and alias.asname:
+                        aliases[alias.asname] = alias.name
+        for node in ast.walk(_tree(MODULES[mod])):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and node.attr.startswith("_") and not node.attr.startswith("__") and aliases[node.value.id] != mod):
+                wrong.append("%s:%d uses private %s.%s" % (MODULES[mod], node.lineno, aliases[node.value.id], node.attr))
+    assert not wrong, "\n".join(sorted(set(wrong)))
+
+
+def test_third_party_packages_stay_in_their_layer():
+    wrong = []
+    for mod, rel in MODULES.items():
+        for line, target, _name in imports(mod):
+            top = target.split(".")[0]
+            allowed = CONFINED.get(top)
+            if allowed is not None and not rel.startswith(allowed):
+                wrong.append("%s:%d imports %s (only %s may)" % (rel, line, top, ", ".join(allowed)))
+    assert not wrong, "\n".join(wrong)
+
+
+def test_node_side_code_needs_only_the_standard_library():
+    """What the bundle imports on a node (module level) is the standard library and node modules only."""
+    stdlib = set(sys.stdlib_module_names)
+    wrong = []
+    for mod, rel in MODULES.items():
+        if not rel.startswith(NODE_SIDE) and rel not in NODE_SIDE:
+            continue
+        for line, target, _name in imports(mod, import_time_only=True):
+            top = target.split(".")[0]
+            if top in stdlib or top in NODE_OPTIONAL or top == "__future__":
+                continue
+            if top == "preflight" and (MODULES.get(target, "").startswith(NODE_SIDE) or MODULES.get(target) in NODE_SIDE):
+                continue
+            wrong.append("%s:%d imports %s, which the nodes do not have" % (rel, line, target))
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("rel", sorted(MODULES.values()))
+def test_module_is_one_job(rel):
+    with open(os.path.join(ROOT, rel), encoding="utf-8") as fh:
+        lines = sum(1 for _ in fh)
+    if rel in LONG_OK:
+        return
+    assert lines <= MAX_LINES, "%s has %d lines (> %d): it is usually two jobs; split it by job, or add it to LONG_OK with the reason" % (
+        rel, lines, MAX_LINES)
+
+
+def test_disk_layout_is_the_import_layout():
+    """No package-dir mapping: every package under preflight/ is the folder of the same name."""
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as fh:
+        text = fh.read()
+    assert "package-dir" not in text
+    for dirpath, dirs, files in os.walk(PKG):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        if any(f.endswith(".py") for f in files):
+            assert "__init__.py" in files, "%s has modules but no __init__.py" % os.path.relpath(dirpath, ROOT)
