@@ -1,6 +1,9 @@
 """envfile: derive() on ClusterViews built here (facts in the shapes the nic, ib_hca, ports and driver
-probes produce), and render()'s file read back the way users read it: `bash -n`, then sourced by bash
-and by sh in an empty environment, which must set exactly the listed variables and print nothing."""
+probes produce, and the allreduce check's NCCL-log facts from parse_nccl_log), and render()'s file read
+back the way users read it: `bash -n`, then sourced by bash and by sh (twice, under `set -eu`) in an
+empty environment, which must set exactly the listed variables and print nothing, and over a hostile
+pre-set environment (leftover NCCL_IB_DISABLE=1, an interface list, async error handling 1, the user's own
+NCCL_DEBUG and MASTER_*, an odd IFS), where the authoritative values must win and the user's must stay."""
 
 from __future__ import annotations
 
@@ -33,10 +36,12 @@ def data_ip(i):
     return "10.1.0.%d" % (10 + i)
 
 
-def cluster(n=3, data=None, torch="2.4.0+cu121", ib=None, ports=None, drop=(), master_port=29500):
+def cluster(n=3, data=None, torch="2.4.0+cu121", ib=None, ports=None, drop=(), master_port=29500, nccl=None, extra=None):
     """A ClusterView of n nodes: lo, a 1 GbE management eno1, a 100 GbE data interface (eth1 unless
     `data` names another per node), docker0 with the same address everywhere; ports verified unless
-    `ports` overrides a node's facts; torch as given (a str, or {node: str|None}); ib {node: [ports]}."""
+    `ports` overrides a node's facts; torch as given (a str, or {node: str|None}); ib {node: [ports]};
+    nccl: the nvidia-nccl-cu12 wheel's version (a str, or {node: str|None}; None: no NCCL);
+    extra {node: [more interfaces]}."""
     names = ["n%03d" % i for i in range(1, n + 1)]
     data = data or {}
     ib = ib or {}
@@ -45,6 +50,7 @@ def cluster(n=3, data=None, torch="2.4.0+cu121", ib=None, ports=None, drop=(), m
     for i, name in enumerate(names, 1):
         infos.append(NodeInfo(name, mgmt_ip(i), 8, is_head=(i == 1)))
         version = torch.get(name) if isinstance(torch, dict) else torch
+        nccl_version = nccl.get(name) if isinstance(nccl, dict) else nccl
         if i == 1:
             port_facts = {"role": "listen", "port": master_port, "bind_ip": "0.0.0.0", "listening": True,
                           "peers": [{"ip": data_ip(j), "name": names[j - 1], "at_s": 0.1} for j in range(2, n + 1)]}
@@ -59,12 +65,14 @@ def cluster(n=3, data=None, torch="2.4.0+cu121", ib=None, ports=None, drop=(), m
                     iface("eno1", mgmt_ip(i), 24, 1500, 1000),
                     iface(data.get(name, "eth1"), data_ip(i), 16, 9000, 100000),
                     iface("docker0", "172.17.0.1", 16, 1500, None, kind="bridge", physical=False),
-                ],
+                ] + list((extra or {}).get(name, [])),
                 "ssh_ip": mgmt_ip(i),
             },
             "ib_hca": {"hcas": {}, "ports": ib.get(name, [])},
             "ports": ports.get(name, port_facts),
-            "driver": {"torch": {"version": version, "cuda": None, "path": "/opt/torch"} if version else None},
+            "driver": {"torch": {"version": version, "cuda": None, "path": "/opt/torch"} if version else None,
+                       "nccl_python": {"distribution": "nvidia-nccl-cu12", "version": nccl_version} if nccl_version else None,
+                       "nccl_system": []},
         }
     for name in drop:
         del facts[name]
@@ -84,12 +92,47 @@ def report(view, findings=(), env=None, allreduce=None, path="/etc/preflight/hos
 # ------------------------------------------------------------------------------------------- sourcing
 
 
-def sourced(shell, path, cwd):
-    """({name: value} the file sets, beyond an empty file), (what sourcing printed on stdout, stderr)."""
+#: A launch environment as users have them: leftovers the file must override, the user's own choices it must
+#: keep, and an IFS that would split unquoted expansions.
+HOSTILE_ENV = {
+    "NCCL_IB_DISABLE": "1",
+    "NCCL_SOCKET_IFNAME": "=eno1,eth1",
+    "GLOO_SOCKET_IFNAME": "docker0",
+    "NCCL_IB_HCA": "mlx5",
+    "NCCL_IB_GID_INDEX": "0",
+    "NCCL_NET_PLUGIN": "none",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "NCCL_DEBUG": "INFO",
+    "MASTER_ADDR": "10.9.9.9",
+    "MASTER_PORT": "1234",
+    "IFS": " ,=:'./-",
+}
+#: The file's two line shapes: authoritative, and the user's value wins.
+EXPORT_RE = re.compile(r"^export ([A-Z_]+)='([^'\n]*)'$")
+DEFAULT_RE = re.compile(r"^([A-Z_]+)=\$\{\1:-'([^'\n]*)'\}; export \1$")
+
+
+def lines_of(text):
+    """{key: (value, user's value wins)} for every assignment line; every non-comment line must be one."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = EXPORT_RE.match(line) or DEFAULT_RE.match(line)
+        assert m, "not an assignment the file may hold: %r" % line
+        out[m.group(1)] = (m.group(2), m.re is DEFAULT_RE)
+    return out
+
+
+def sourced(shell, path, cwd, preset=None):
+    """({name: value} the file leaves set that an empty file would not, (stdout, stderr) of sourcing), with
+    `preset` in the environment before, the file sourced twice under `set -eu`."""
+    preset = dict(preset or {})
 
     def run(target):
-        proc = subprocess.run(["env", "-i", shell, "-c", 'set -a; . "$0"; printf "\\0--\\0"; env -0', target],
-                              cwd=str(cwd), capture_output=True, timeout=30)
+        argv = ["env", "-i"] + ["%s=%s" % kv for kv in preset.items()]
+        script = 'set -eu; . "$0"; . "$0"; printf "\\0--\\0"; env -0'
+        proc = subprocess.run(argv + [shell, "-c", script, target], cwd=str(cwd), capture_output=True, timeout=30)
         assert proc.returncode == 0, proc
         before, _, env = proc.stdout.partition(b"\0--\0")
         pairs = dict(item.decode().split("=", 1) for item in env.split(b"\0") if item)
@@ -98,22 +141,29 @@ def sourced(shell, path, cwd):
     base, _ = run("/dev/null")
     after, output = run(str(path))
     assert set(base) - set(after) == set(), "sourcing unset variables"
-    return {k: v for k, v in after.items() if base.get(k) != v and k != "_"}, output
+    return {k: v for k, v in after.items() if (base.get(k) != v or k in preset) and k not in ("_", "IFS")}, output
 
 
 def check_sources_cleanly(text, tmp_path):
-    """bash -n passes; bash and sh set exactly the variables listed, print nothing, run nothing."""
+    """bash -n passes; bash and sh set exactly the variables listed, print nothing, run nothing; over
+    HOSTILE_ENV the authoritative values replace the leftovers and the user's own values stay."""
     path = tmp_path / "nccl.env"
     path.write_text(text)
     syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
     assert syntax.returncode == 0 and syntax.stderr == "", syntax.stderr
-    listed = dict(re.findall(r"^export ([A-Z_]+)='([^'\n]*)'$", text, re.M))
-    assert len(listed) == len([l for l in text.splitlines() if l and not l.startswith("#")]), text
+    parsed = lines_of(text)
+    listed = {k: v for k, (v, _) in parsed.items()}
     cwd = tmp_path / "cwd"
-    cwd.mkdir()
+    cwd.mkdir(exist_ok=True)
+    preset = {k: v for k, v in HOSTILE_ENV.items() if k != "IFS"}
     for shell in ("bash", "sh"):
         got, output = sourced(shell, path, cwd)
         assert got == listed, (shell, got, listed)
+        assert output == (b"", b""), (shell, output)
+        got, output = sourced(shell, path, cwd, HOSTILE_ENV)
+        want = dict(preset)
+        want.update({k: (preset[k] if default and k in preset else v) for k, (v, default) in parsed.items()})
+        assert got == want, (shell, got, want)
         assert output == (b"", b""), (shell, output)
     assert os.listdir(cwd) == [], "sourcing created files: %s" % os.listdir(cwd)
     return listed
@@ -130,9 +180,10 @@ def test_uniform_names_give_exact_match_and_head_data_address():
         "NCCL_IB_DISABLE": "1",
         "MASTER_ADDR": data_ip(1),
         "MASTER_PORT": "29500",
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
         "NCCL_DEBUG": "WARN",
     }
+    assert [v.key for v in derived.variables if v.default] == ["MASTER_ADDR", "MASTER_PORT", "NCCL_DEBUG"]
     assert derived.refused == [] and derived.left_out == {} and derived.nodes == ["n001", "n002", "n003"]
     why = " ".join(w for v in derived.variables for w in v.why)
     assert "nic check" in why and "ports check: n001 listened on 29500 and n[002-003] connected to it" in why
@@ -160,7 +211,7 @@ def test_ib_uniform_gives_exact_hca_list():
     derived = envfile.derive(cluster(3, ib={n: ports for n in ("n001", "n002", "n003")}))
     env = derived.as_dict()
     assert env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1"
-    assert "NCCL_IB_DISABLE" not in env and "NCCL_IB_GID_INDEX" not in env
+    assert env["NCCL_IB_DISABLE"] == "0" and "NCCL_IB_GID_INDEX" not in env
     hca = next(v for v in derived.variables if v.key == "NCCL_IB_HCA")
     assert "the 2 ACTIVE InfiniBand port(s) at 400 Gb/s, identical on n[001-003]" in hca.why[0]
 
@@ -201,22 +252,29 @@ def test_roce_gid_index():
 
 
 @pytest.mark.parametrize(
-    "torch,keys",
+    "torch,written,note",
     [
-        ("2.1.2+cu121", ["NCCL_ASYNC_ERROR_HANDLING"]),
-        ("2.4.0", ["TORCH_NCCL_ASYNC_ERROR_HANDLING"]),
-        ("2.2.0", ["TORCH_NCCL_ASYNC_ERROR_HANDLING"]),
-        ({"n001": "2.1.0", "n002": "2.4.1"}, ["TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"]),
-        (None, ["TORCH_NCCL_ASYNC_ERROR_HANDLING"]),
+        ("2.4.0", "3", None),
+        ("2.2.0", "3", None),
+        ("2.1.2+cu121", None, "NCCL_ASYNC_ERROR_HANDLING not written: torch 2.1 on n[001-002] reads that name"),
+        ({"n001": "2.1.0", "n002": "2.4.1"}, "3", "NCCL_ASYNC_ERROR_HANDLING not written: torch 2.1, 2.4 on n001"),
+        (None, None, "TORCH_NCCL_ASYNC_ERROR_HANDLING not written: torch's version was not found"),
     ],
 )
-def test_async_error_handling_name_follows_torch(torch, keys):
+def test_async_error_handling_is_torchs_safe_default_never_the_hang_prone_mode(torch, written, note):
+    """Issue 25.2: 1 (TearDown) calls ncclCommAbort, which can itself hang; torch 2.2+ defaults to 3. The file
+    writes 3 where torch reads TORCH_NCCL_ASYNC_ERROR_HANDLING (so a leftover 1 does not win), nothing else."""
     derived = envfile.derive(cluster(2, torch=torch))
-    got = [k for k in names(derived) if k.endswith("ASYNC_ERROR_HANDLING")]
-    assert got == keys
-    assert all(derived.as_dict()[k] == "1" for k in keys)
-    why = " ".join(v.why[0] for v in derived.variables if v.key in keys)
-    assert ("not found" in why) == (torch is None)
+    env = derived.as_dict()
+    assert env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING") == written
+    assert "NCCL_ASYNC_ERROR_HANDLING" not in env
+    assert all(v != "1" for k, v in env.items() if k.endswith("ASYNC_ERROR_HANDLING"))
+    assert (note is None) == (not any("ASYNC_ERROR_HANDLING not written" in n for n in derived.notes))
+    if note:
+        assert any(n.startswith(note) for n in derived.notes), derived.notes
+    if written:
+        why = " ".join(next(v for v in derived.variables if v.key == "TORCH_NCCL_ASYNC_ERROR_HANDLING").why)
+        assert "without calling ncclCommAbort" in why and "leftover 1" in why
 
 
 @pytest.mark.parametrize("hostile", HOSTILE)
@@ -321,7 +379,7 @@ def test_render_header_and_file_source_cleanly(tmp_path):
     assert listed["NCCL_IB_HCA"] == "=mlx5_0:1" and listed["NCCL_IB_GID_INDEX"] == "3"
     # every variable is preceded by its comment
     for key in listed:
-        before = text.split("export %s=" % key)[0].rstrip("\n").splitlines()[-1]
+        before = re.split(r"^(?:export )?%s=" % key, text, flags=re.M)[0].rstrip("\n").splitlines()[-1]
         assert before.startswith("# ") and len(before) > 10, (key, before)
 
 
@@ -351,7 +409,7 @@ def test_comments_stay_comments_whatever_the_facts_hold(tmp_path):
     derived = envfile.derive(view)
     derived.notes.append("evil\nexport EVIL=1\r\n$(touch p)\x00\x1b[2J\u2028export EVIL2=1")
     text = envfile.render(report(view, env=derived, path="/tmp/x\nexport EVIL3=1"))
-    assert all(line.startswith(("#", "export ")) for line in text.splitlines() if line)
+    lines_of(text)  # every line is a comment or one of the two assignment shapes
     assert "\x00" not in text and "\x1b" not in text
     listed = check_sources_cleanly(text, tmp_path)
     assert not any(k.startswith("EVIL") for k in listed)

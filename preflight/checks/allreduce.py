@@ -229,6 +229,10 @@ def parse_nccl_log(text: str) -> Dict[str, Any]:
         if msg.startswith("Plugin Path :"):
             out["plugin"] = msg.split(":", 1)[1].strip()
             continue
+        if msg.startswith("NET/Plugin") and "Loaded net plugin" in msg:  # 2.18: "Loaded net plugin NCCL RDMA Plugin (v5)"
+            if out["plugin"] in (None, "internal"):  # a "Plugin Path :" already read says more
+                out["plugin"] = msg.split("Loaded net plugin", 1)[1].strip() or out["plugin"]
+            continue
         if msg.startswith("NET/Plugin") and out["plugin"] is None and (
                 "No plugin found" in msg or "Could not find" in msg or "internal" in msg):
             out["plugin"] = "internal"
@@ -919,7 +923,7 @@ def nccl_summary(logs: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     for log in logs:
         gdr.update(log.get("gdr") or {})
     return {
-        "version": seen("version"), "transport": seen("transport"), "devices": devices,
+        "version": seen("version"), "transport": seen("transport"), "plugin": seen("plugin"), "devices": devices,
         "socket_ifaces": sorted({d["name"] for log in logs if log.get("network") == "Socket"
                                  for d in log.get("devices") or [] if isinstance(d, dict)}),
         "oob": sorted({(log.get("oob") or {}).get("name") for log in logs if log.get("oob")}),

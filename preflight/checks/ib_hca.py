@@ -120,14 +120,18 @@ def _port_netdev(ctx: Any, hca_dir: str, port: int) -> Optional[str]:
     return None
 
 
-def _roce_v2_gid(ctx: Any, port_dir: str) -> Tuple[Optional[int], Optional[str]]:
-    """(lowest GID index of type RoCE v2 holding an IPv4-mapped address, that IPv4), or (None, None)."""
+def _roce_v2_gids(ctx: Any, port_dir: str) -> List[Dict[str, Any]]:
+    """Every GID entry of type RoCE v2 holding an IPv4-mapped address, lowest index first:
+    [{"index", "ip", "ndev"}], ndev from gid_attrs/ndevs/<index> (a VLAN netdev such as ens1f0np0.100
+    where the address sits on a VLAN; None when unreadable)."""
     types_dir = os.path.join(port_dir, "gid_attrs", "types")
+    out = []
     for entry in sorted((e for e in ctx.listdir(types_dir) if e.isdigit()), key=int):
         ip = parse_roce_gid(ctx.read(os.path.join(types_dir, entry)), ctx.read(os.path.join(port_dir, "gids", entry)))
         if ip is not None:
-            return int(entry), ip
-    return None, None
+            ndev = ctx.read(os.path.join(port_dir, "gid_attrs", "ndevs", entry))
+            out.append({"index": int(entry), "ip": ip, "ndev": ndev.strip() if ndev and ndev.strip() else None})
+    return out
 
 
 def read_port(ctx: Any, hca: str, port: int) -> Dict[str, Any]:
@@ -137,7 +141,7 @@ def read_port(ctx: Any, hca: str, port: int) -> Dict[str, Any]:
     where = "%s port %d" % (hca, port)
     rate, width = parse_rate(ctx.read(os.path.join(port_dir, "rate")), where + " rate")
     link_layer = parse_link_layer(ctx.read(os.path.join(port_dir, "link_layer")), where + " link_layer")
-    gid_index, gid_ip = _roce_v2_gid(ctx, port_dir) if link_layer == "roce" else (None, None)
+    gids = _roce_v2_gids(ctx, port_dir) if link_layer == "roce" else []
     return {
         "hca": hca,
         "port": port,
@@ -149,8 +153,9 @@ def read_port(ctx: Any, hca: str, port: int) -> Dict[str, Any]:
         "width": width,
         "link_layer": link_layer,
         "netdev": _port_netdev(ctx, hca_dir, port),
-        "roce_v2_gid_index": gid_index,
-        "roce_v2_ip": gid_ip,
+        "roce_v2_gid_index": gids[0]["index"] if gids else None,
+        "roce_v2_ip": gids[0]["ip"] if gids else None,
+        "roce_v2_gids": gids,
     }
 
 

@@ -6,7 +6,9 @@ the format are NCCL's own (src/misc/param.cc, initEnvFunc/setEnvFile, NCCL 2.19 
 
 1. the environment wins: setEnvFile never overrides a variable that is already set;
 2. the file NCCL_CONF_FILE names, or, when it is unset or empty, ~/.nccl.conf of the user running the
-   job (getpwuid(getuid())->pw_dir, not $HOME);
+   job: found through the account's home directory (getpwuid(getuid())->pw_dir) before NCCL 2.30.3, and
+   through $HOME from 2.30.3 on. The probe reads both when they differ; the rule takes the one the node's
+   NCCL version reads (the driver check's facts; version unknown: the account's home directory);
 3. /etc/nccl.conf.
 
 A conf-file line is `KEY=VALUE`: a line starting with '#' is a comment, a line without '=' is
@@ -16,14 +18,17 @@ quotes removed, no spaces trimmed). So `export NCCL_DEBUG=INFO` sets a variable 
 
 Files are read under PREFLIGHT_HOST_ROOT when set (see preflight.probe.context).
 
-Facts: {"environ": {key: value}, "user": str, "home": str|None,
+Facts: {"environ": {key: value}, "user": str, "home": str|None (the account's), "home_env": str|None ($HOME),
         "files": [{"path": "/etc/nccl.conf", "role": "system"|"user", "exists": bool,
+                   "via": ["NCCL_CONF_FILE"] | ["passwd", "HOME"] (user files: the lookups that reach it),
                    "error": str|None, "entries": [{"key", "value", "line"}], "malformed": [{"line", "text"}]}]}
 
 Rule decisions:
 - a setting that contradicts what preflight recommends (preflight.output.envfile.derive over the same facts)
   FAILs, naming the file and line: NCCL_SOCKET_IFNAME that does not select the data interface
-  (NCCL's matching: '^' excludes, '=' exact names, else prefixes), GLOO_SOCKET_IFNAME other than the
+  (NCCL's matching: '^' excludes, '=' exact names, else prefixes) or also selects another interface with
+  an address (NCCL's bootstrap takes the first match in interface order and its socket transport spreads
+  over every match: '=eth0,eth1' on a node whose eth0 is the management port), GLOO_SOCKET_IFNAME other than the
   data interface, NCCL_IB_HCA that leaves out a usable HCA port, NCCL_IB_GID_INDEX other than the
   RoCE v2 index, NCCL_IB_DISABLE=1 where preflight found usable HCAs;
 - a variable whose value differs from the other nodes' (the majority; a tie has no reference, so every
@@ -60,6 +65,11 @@ MUST_MATCH = frozenset(
         "NCCL_IB_DISABLE",
         "NCCL_IB_HCA",
         "NCCL_IB_GID_INDEX",
+        # the traffic class / service level of NCCL's RDMA traffic: a node on another class puts its
+        # traffic in the lossy queue (no PFC), and the whole ring runs at its retransmission pace
+        "NCCL_IB_TC",
+        "NCCL_IB_SL",
+        "NCCL_IB_FIFO_TC",
         "NCCL_SOCKET_IFNAME",
         "NCCL_SOCKET_FAMILY",
         "NCCL_COLLNET_ENABLE",
@@ -71,6 +81,8 @@ MUST_MATCH = frozenset(
 )
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 UNSET = "(unset)"
+#: From this NCCL version ~/.nccl.conf is found through $HOME, before through the account's home directory.
+HOME_FROM_ENV = (2, 30, 3)
 
 
 # ----------------------------------------------------------------------------------------------- parse
@@ -134,32 +146,50 @@ def _home() -> Tuple[str, Optional[str]]:
 
 
 def probe(ctx: Any) -> Dict[str, Any]:
-    """The NCCL-related variables of this (non-interactive) session and the conf files NCCL would read."""
+    """The NCCL-related variables of this (non-interactive) session and the conf files NCCL would read:
+    the user file through the account's home directory and through $HOME (one file when they agree)."""
     environ = {k: v for k, v in os.environ.items() if relevant(k)}
     user, home = _home()
+    home_env = os.environ.get("HOME") or None
     files = []
     conf_file = os.environ.get(CONF_ENV)
     if conf_file:
-        files.append(_read_conf(ctx, conf_file, "user"))
-    elif home:
-        files.append(_read_conf(ctx, os.path.join(home, USER_CONF), "user"))
+        files.append(dict(_read_conf(ctx, conf_file, "user"), via=[CONF_ENV]))
+    else:
+        paths: Dict[str, List[str]] = {}
+        for via, base in (("passwd", home), ("HOME", home_env)):
+            if base:
+                paths.setdefault(os.path.join(base, USER_CONF), []).append(via)
+        for path, via in paths.items():
+            files.append(dict(_read_conf(ctx, path, "user"), via=via))
     files.append(_read_conf(ctx, SYSTEM_CONF, "system"))
-    return {"environ": environ, "user": user, "home": home, "files": files}
+    return {"environ": environ, "user": user, "home": home, "home_env": home_env, "files": files}
 
 
 # ------------------------------------------------------------------------------------------------ rule
 
 
-def effective(facts: Dict[str, Any]) -> Dict[str, Tuple[str, str]]:
+def read_by_nccl(f: Dict[str, Any], version: Optional[Tuple[int, ...]], home_env: Any = True) -> bool:
+    """Whether NCCL `version` reads this conf file: the system file and NCCL_CONF_FILE always; the user file
+    found through $HOME from NCCL 2.30.3 on (while HOME is set), through the account's home before."""
+    via = f.get("via")
+    if f.get("role") != "user" or via is None or CONF_ENV in via:
+        return True
+    lookup = "HOME" if version is not None and tuple(version) >= HOME_FROM_ENV and home_env else "passwd"
+    return lookup in via
+
+
+def effective(facts: Dict[str, Any], version: Optional[Tuple[int, ...]] = None) -> Dict[str, Tuple[str, str]]:
     """{key: (value, where it is set)} for the relevant variables a job on the node gets, NCCL's order.
 
     where: "environment" or "/etc/nccl.conf:3". The first setter wins (environment, user file, system file;
-    within a file, NCCL's setenv(..., 0) keeps the first line of a key).
+    within a file, NCCL's setenv(..., 0) keeps the first line of a key). version: the node's NCCL
+    ((2, 30, 3)), which decides which ~/.nccl.conf it reads (None: the account's home directory's).
     """
     out: Dict[str, Tuple[str, str]] = {}
     for key, value in sorted((facts.get("environ") or {}).items()):
         out[key] = (value, "environment")
-    for f in facts.get("files") or []:
+    for f in [f for f in facts.get("files") or [] if read_by_nccl(f, version, facts.get("home_env", True))]:
         for e in f.get("entries") or []:
             if relevant(e["key"]) and e["key"] not in out:
                 out[e["key"]] = (e["value"], "%s:%d" % (f["path"], e["line"]))
@@ -175,12 +205,23 @@ def _recommended_names(value: str) -> List[str]:
     return nccl_list(value)[2]
 
 
-def _contradiction(key: str, value: str, rec: Dict[str, str], node_iface: Optional[str]) -> Optional[str]:
-    """Why a node's setting contradicts the recommended env (None when it does not)."""
-    if key == "NCCL_SOCKET_IFNAME" and node_iface and "NCCL_SOCKET_IFNAME" in rec:
+def _contradiction(key: str, value: str, rec: Dict[str, str], node_iface: Optional[str], addressed: Dict[str, str]) -> Optional[str]:
+    """Why a node's setting contradicts the recommended env (None when it does not).
+
+    addressed: {interface: address} of the node's interfaces that hold an address (what NCCL's socket
+    code can match)."""
+    if key == "NCCL_SOCKET_IFNAME" and node_iface:
+        recommended = rec.get(key) or "=" + node_iface
         if not selects(value, node_iface):
-            return "does not select the data interface %s (recommended %s)" % (node_iface, rec[key])
-    elif key == "GLOO_SOCKET_IFNAME" and node_iface and "GLOO_SOCKET_IFNAME" in rec:
+            return "does not select the data interface %s (recommended %s)" % (node_iface, recommended)
+        others = sorted(name for name in addressed if name != node_iface and selects(value, name))
+        if others:
+            return (
+                "also selects %s, not the data interface %s: NCCL's bootstrap takes the first match in interface order and its "
+                "socket transport spreads over every match (recommended %s)"
+                % (", ".join("%s (%s)" % (name, addressed[name]) for name in others), node_iface, recommended)
+            )
+    elif key == "GLOO_SOCKET_IFNAME" and node_iface:
         if value != node_iface:
             return "is not the data interface %s" % node_iface
     elif key == "NCCL_IB_HCA" and "NCCL_IB_HCA" in rec:
@@ -202,6 +243,21 @@ def _contradiction(key: str, value: str, rec: Dict[str, str], node_iface: Option
     return None
 
 
+def _addressed(view: ClusterView, node: str) -> Dict[str, str]:
+    """{name: first address} of the node's interfaces holding an IPv4 or a global IPv6 address (nic facts):
+    the ones NCCL's interface matching can select (it skips link-local IPv6 and address-less interfaces)."""
+    nic = (view.facts.get(node) or {}).get("nic")
+    out: Dict[str, str] = {}
+    for iface in (nic.get("interfaces") if isinstance(nic, dict) else None) or []:
+        if not isinstance(iface, dict) or not isinstance(iface.get("name"), str):
+            continue
+        for addr in iface.get("addresses") or []:
+            ip = str((addr or {}).get("ip") or "")
+            if ip and not ip.lower().startswith("fe80") and iface["name"] not in out:
+                out[iface["name"]] = ip
+    return out
+
+
 def _node_ifaces(view: ClusterView) -> Dict[str, str]:
     from preflight.datanet import choose
 
@@ -212,6 +268,14 @@ def _node_ifaces(view: ClusterView) -> Dict[str, str]:
         if entry and entry.get("iface"):
             out[node.name] = entry["iface"]
     return out
+
+
+def _nccl_versions(view: ClusterView) -> Dict[str, Optional[Tuple[int, int, int]]]:
+    """{node: its NCCL version as a tuple}, from the driver check's facts (the env writer's reading)."""
+    from preflight.output import envfile
+
+    names = [n.name for n in view.live]
+    return {n: envfile.version_key(v) for n, v in envfile.nccl_versions(view, names).items()}
 
 
 def _recommended(view: ClusterView, nodes: List[str]) -> Dict[str, str]:
@@ -226,6 +290,7 @@ def rule(view: ClusterView) -> List[Finding]:
     from preflight.common import fold, majority
 
     out: List[Finding] = []
+    versions = _nccl_versions(view)
     settings: Dict[str, Dict[str, Tuple[str, str]]] = {}
     malformed: Dict[str, List[str]] = {}
     for name, facts in view.of(CHECK_NAME).items():
@@ -233,7 +298,7 @@ def rule(view: ClusterView) -> List[Finding]:
         if err:
             out.append(err)
             continue
-        settings[name] = effective(facts)
+        settings[name] = effective(facts, versions.get(name))
         malformed[name] = [
             "%s:%d %r (NCCL reads the key %r, not a variable name: write KEY=VALUE)"
             % (f["path"], m["line"], m["text"], m["text"].split("=", 1)[0])
@@ -250,7 +315,7 @@ def rule(view: ClusterView) -> List[Finding]:
     contradicted = set()
     for name in nodes:
         for key, (value, where) in sorted(settings[name].items()):
-            why = _contradiction(key, value, rec, ifaces.get(name))
+            why = _contradiction(key, value, rec, ifaces.get(name), _addressed(view, name))
             if why:
                 contradicted.add((name, key))
                 problems[name].append(
@@ -259,7 +324,8 @@ def rule(view: ClusterView) -> List[Finding]:
                         name,
                         Status.FAIL,
                         "%s: %s=%s (%s) %s" % (name, key, value, where, why),
-                        expected=rec.get(key) or ("unset or 0" if key == "NCCL_IB_DISABLE" else None),
+                        expected=rec.get(key) or ("unset or 0" if key == "NCCL_IB_DISABLE" else
+                                                  "=" + ifaces[name] if key == "NCCL_SOCKET_IFNAME" and name in ifaces else None),
                         actual=value,
                         data={"key": key, "value": value, "source": where},
                     )
