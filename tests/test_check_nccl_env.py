@@ -150,3 +150,87 @@ def test_probe_reads_conf_files_under_the_host_root(tmp_path, monkeypatch):
     monkeypatch.setenv("NCCL_CONF_FILE", "/site.conf")
     eff = nccl_env.effective(nccl_env.probe(NodeContext()))
     assert eff["NCCL_ALGO"] == ("Ring", "/site.conf:1") and "NCCL_DEBUG" not in eff
+
+
+# ------------------------------------------------------------------------------------------ issue 25.8
+
+
+@pytest.mark.parametrize("key, a, b", [("NCCL_IB_TC", "106", "0"), ("NCCL_IB_SL", "3", "0"), ("NCCL_IB_FIFO_TC", "106", "0")])
+def test_rdma_traffic_class_and_service_level_must_match(key, a, b):
+    """A node on another traffic class / service level puts its RDMA traffic in the lossy queue: FAIL, not WARN."""
+    same, other = facts(system=[(key, a)]), facts(system=[(key, b)])
+    out = by_node(nccl_env.rule(view_with({"n001": same, "n002": other, "n003": same})))
+    assert [(f.status, f.data["key"]) for f in out["n002"]] == [(Status.FAIL, key)]
+    assert "differs from the other nodes (n[001,003]: %s=%s)" % (key, a) in out["n002"][0].message
+    # the healthy twin: the same class everywhere
+    out = nccl_env.rule(view_with({n: same for n in ("n001", "n002", "n003")}))
+    assert {f.status for f in out} == {Status.PASS}
+
+
+def two_homes(passwd_entries, home_entries):
+    """Facts of a node whose account's home (/root) differs from $HOME (/scratch/job): two user files."""
+    f = facts()
+    f["home_env"] = "/scratch/job"
+    f["files"] = [
+        dict(conf("/root/.nccl.conf", "user", *passwd_entries), via=["passwd"]),
+        dict(conf("/scratch/job/.nccl.conf", "user", *home_entries), via=["HOME"]),
+        conf("/etc/nccl.conf", "system"),
+    ]
+    return f
+
+
+@pytest.mark.parametrize("version, where", [((2, 30, 3), "/scratch/job/.nccl.conf:1"), ((2, 30, 2), "/root/.nccl.conf:1"),
+                                            ((2, 21, 5), "/root/.nccl.conf:1"), (None, "/root/.nccl.conf:1")])
+def test_user_conf_file_is_the_one_the_nodes_nccl_version_reads(version, where):
+    """From NCCL 2.30.3 ~/.nccl.conf is found through $HOME, before through the account's home directory."""
+    f = two_homes([("NCCL_IB_TC", "106")], [("NCCL_IB_TC", "0")])
+    assert nccl_env.effective(f, version)["NCCL_IB_TC"][1] == where
+    f["home_env"] = None  # HOME unset: the account's home directory on every version
+    assert nccl_env.effective(f, (2, 30, 3))["NCCL_IB_TC"][1] == "/root/.nccl.conf:1"
+
+
+def test_rule_reads_the_user_file_of_each_nodes_nccl_version():
+    """The driver check's NCCL version decides: on 2.30.3 nodes the $HOME file (TC 0) is read, and it differs
+    from the other nodes' TC 106 (read from the account's home on 2.21.5 nodes)."""
+    view = cluster(3, nccl={"n001": "2.21.5", "n002": "2.30.3", "n003": "2.21.5"})
+    for name in ("n001", "n002", "n003"):
+        view.facts[name]["nccl_env"] = two_homes([("NCCL_IB_TC", "106")], [("NCCL_IB_TC", "0")])
+    out = by_node(nccl_env.rule(view))
+    assert [(f.status, f.data["source"]) for f in out["n002"]] == [(Status.FAIL, "/scratch/job/.nccl.conf:1")]
+    assert [f.status for f in out["n001"]] == [Status.PASS]
+
+
+def test_probe_lists_the_home_and_the_account_home_files(tmp_path, monkeypatch):
+    import pwd
+
+    home = pwd.getpwuid(os.getuid()).pw_dir
+    job = tmp_path / "scratch" / "job"
+    job.mkdir(parents=True)
+    (job / ".nccl.conf").write_text("NCCL_IB_SL=3\n")
+    monkeypatch.setenv("PREFLIGHT_HOST_ROOT", str(tmp_path))
+    monkeypatch.setenv("HOME", "/scratch/job")
+    monkeypatch.delenv("NCCL_CONF_FILE", raising=False)
+    f = nccl_env.probe(NodeContext())
+    assert [(x["path"], x.get("via"), x["exists"]) for x in f["files"]] == [
+        (os.path.join(home, ".nccl.conf"), ["passwd"], False),
+        ("/scratch/job/.nccl.conf", ["HOME"], True),
+        ("/etc/nccl.conf", None, False),
+    ]
+    assert f["home_env"] == "/scratch/job"
+    assert nccl_env.effective(f, (2, 30, 3))["NCCL_IB_SL"] == ("3", "/scratch/job/.nccl.conf:1")
+    assert "NCCL_IB_SL" not in nccl_env.effective(f, (2, 29, 7))
+
+
+def test_an_interface_list_that_also_selects_the_management_port_contradicts():
+    """25.1: '=eno1,eth1' selects the data NIC eth1 and the management port eno1 (which holds an address):
+    NCCL's bootstrap takes the first match, its socket transport every match. Its twin '=eth1,ens9' (ens9 not
+    there) selects only the data NIC."""
+    wide, exact = facts({"NCCL_SOCKET_IFNAME": "=eno1,eth1"}), facts({"NCCL_SOCKET_IFNAME": "=eth1,ens9"})
+    out = by_node(nccl_env.rule(view_with({n: wide for n in ("n001", "n002", "n003")})))
+    fail = [f for f in out["n002"] if f.status is Status.FAIL]
+    assert len(fail) == 1 and fail[0].message == (
+        "n002: NCCL_SOCKET_IFNAME==eno1,eth1 (environment) also selects eno1 (10.0.0.12), not the data interface eth1: "
+        "NCCL's bootstrap takes the first match in interface order and its socket transport spreads over every match "
+        "(recommended =eth1)")
+    out = nccl_env.rule(view_with({n: exact for n in ("n001", "n002", "n003")}))
+    assert {f.status for f in out} == {Status.PASS}

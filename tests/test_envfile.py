@@ -489,3 +489,232 @@ def test_management_network_chosen_is_called_the_management_network():
     assert sock.value == "=eno1"
     assert "not loopback, a container bridge or the management network" not in sock.why[0]
     assert "the management network" in sock.why[0] and "no other subnet" in sock.why[0]
+
+
+# ------------------------------------------------------------------------------- issue 25: env file v2
+
+
+def roce_port(hca, gids, netdev="ens1f0np0"):
+    """A RoCE port as the ib_hca probe reports it: every RoCE v2 IPv4 GID [(index, ip, ndev)], lowest first."""
+    p = dict(port(hca, rate=200, layer="roce", gid=gids[0][0] if gids else None), netdev=netdev)
+    p["roce_v2_ip"] = gids[0][1] if gids else None
+    p["roce_v2_gids"] = [{"index": i, "ip": ip, "ndev": ndev} for i, ip, ndev in gids]
+    return p
+
+
+def test_interface_list_that_would_select_the_management_port_is_not_written_globally(tmp_path):
+    """25.1: n003's data NIC is ens1f0, and on n001 an ens1f0 exists too (a 1 GbE port in another subnet):
+    '=ens1f0,eth1' would make n001's NCCL match both. No global value; per-node values, said so."""
+    extra = {"n001": [iface("ens1f0", "10.2.0.1", 24, 1500, 1000)]}
+    view = cluster(3, data={"n003": "ens1f0"}, extra=extra)
+    derived = envfile.derive(view)
+    env = derived.as_dict()
+    assert "NCCL_SOCKET_IFNAME" not in env and "GLOO_SOCKET_IFNAME" not in env
+    assert derived.per_node == {
+        "n001": {"NCCL_SOCKET_IFNAME": "=eth1", "GLOO_SOCKET_IFNAME": "eth1"},
+        "n002": {"NCCL_SOCKET_IFNAME": "=eth1", "GLOO_SOCKET_IFNAME": "eth1"},
+        "n003": {"NCCL_SOCKET_IFNAME": "=ens1f0", "GLOO_SOCKET_IFNAME": "ens1f0"},
+    }
+    note = next(n for n in derived.notes if n.startswith("NCCL_SOCKET_IFNAME not written"))
+    assert "'=ens1f0,eth1' would also select ens1f0 on n001" in note and "first match in interface order" in note
+    text = envfile.render(report(view, env=derived))
+    assert "# n[001-002]: GLOO_SOCKET_IFNAME='eth1' NCCL_SOCKET_IFNAME='=eth1'" in text
+    assert "# n003: GLOO_SOCKET_IFNAME='ens1f0' NCCL_SOCKET_IFNAME='=ens1f0'" in text
+    assert "takes the one of these exact names each node has" not in text
+    check_sources_cleanly(text, tmp_path)
+
+
+def test_interface_list_is_written_where_each_node_has_exactly_one_of_the_names(tmp_path):
+    """25.1, the healthy twin: names differ, but no node has the other name: the list selects the data NIC only."""
+    view = cluster(3, data={"n003": "ens1f0"})
+    derived = envfile.derive(view)
+    var = next(v for v in derived.variables if v.key == "NCCL_SOCKET_IFNAME")
+    assert var.value == "=ens1f0,eth1"
+    assert "on every node exactly one of them exists, and it is that node's data interface" in " ".join(var.why)
+    assert not any("takes the one of these exact names each node has" in w for w in var.why)
+    assert derived.per_node == {n: {"GLOO_SOCKET_IFNAME": i} for n, i in (("n001", "eth1"), ("n002", "eth1"), ("n003", "ens1f0"))}
+    assert check_sources_cleanly(envfile.render(report(view, env=derived)), tmp_path)["NCCL_SOCKET_IFNAME"] == "=ens1f0,eth1"
+
+
+def test_ib_rails_turn_ib_on_over_a_leftover_disable(tmp_path):
+    """25.3: NCCL_IB_DISABLE=0 beside NCCL_IB_HCA, so a leftover NCCL_IB_DISABLE=1 (environment, ~/.nccl.conf,
+    /etc/nccl.conf: the environment beats both) cannot keep IB off; sourcing over one leaves it 0."""
+    view = cluster(2, ib={n: [port("mlx5_0"), port("mlx5_1")] for n in ("n001", "n002")})
+    derived = envfile.derive(view)
+    assert derived.as_dict()["NCCL_IB_DISABLE"] == "0"
+    why = next(v for v in derived.variables if v.key == "NCCL_IB_DISABLE").why[0]
+    assert "environment beats both files" in why
+    path = tmp_path / "nccl.env"
+    path.write_text(envfile.render(report(view, env=derived)))
+    for shell in ("bash", "sh"):
+        got, _ = sourced(shell, path, tmp_path, {"NCCL_IB_DISABLE": "1"})
+        assert got["NCCL_IB_DISABLE"] == "0" and got["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1"
+
+
+@pytest.mark.parametrize(
+    "nccl,written,says",
+    [
+        ("2.19.3", {"NCCL_IB_GID_INDEX": "3"}, "NCCL 2.19.3: before 2.21 NCCL uses GID index 0 (RoCE v1) unless told"),
+        (None, {"NCCL_IB_GID_INDEX": "3"}, "NCCL's version was not found on n[001-002]; pinned, as NCCL before 2.21 needs"),
+        ("2.21.5", {}, "NCCL_IB_GID_INDEX not written: NCCL 2.21.5 (2.21 and later) picks the first RoCE v2 IPv4 GID per port itself, here GID 3"),
+        ({"n001": "2.21.5", "n002": "2.19.3"}, {"NCCL_IB_GID_INDEX": "3"}, "NCCL 2.19.3, 2.21.5: before 2.21"),
+    ],
+)
+def test_roce_gid_index_follows_the_nccl_version(nccl, written, says):
+    """25.4: before NCCL 2.21 the index must be pinned (NCCL uses GID 0 otherwise); from 2.21 NCCL picks it per
+    port, and a pinned index would freeze a table that can change."""
+    ports = [roce_port("mlx5_0", [(3, "10.1.0.%d" % i, "ens1f0np0")]) for i in (1, 2)]
+    derived = envfile.derive(cluster(2, nccl=nccl, ib={"n001": [ports[0]], "n002": [ports[1]]}))
+    env = derived.as_dict()
+    assert {k: env[k] for k in env if k in ("NCCL_IB_GID_INDEX", "NCCL_IB_ADDR_RANGE")} == written
+    said = " ".join(derived.notes + [w for v in derived.variables for w in v.why])
+    assert says in said, said
+
+
+def test_roce_gid_index_differing_across_nodes_before_2_21_gives_per_node_values(tmp_path):
+    """25.4: NCCL 2.19 and the RoCE v2 entry at GID 3 on n001, GID 5 on n002: no single index is right, and
+    NCCL's default (GID 0, RoCE v1) is wrong everywhere: per-node values, not only a note."""
+    a = roce_port("mlx5_0", [(3, "10.1.0.11", "ens1f0np0")])
+    b = roce_port("mlx5_0", [(5, "10.1.0.12", "ens1f0np0")])
+    view = cluster(2, nccl="2.19.3", ib={"n001": [a], "n002": [b]})
+    derived = envfile.derive(view)
+    assert "NCCL_IB_GID_INDEX" not in derived.as_dict()
+    assert derived.per_node == {"n001": {"NCCL_IB_GID_INDEX": "3"}, "n002": {"NCCL_IB_GID_INDEX": "5"}}
+    text = envfile.render(report(view, env=derived))
+    assert "# n001: NCCL_IB_GID_INDEX='3'" in text and "# n002: NCCL_IB_GID_INDEX='5'" in text
+    check_sources_cleanly(text, tmp_path)
+
+
+def vlan_ports(i):
+    """A RoCE port whose untagged netdev holds 10.3.0.x (GID 3) and whose VLAN 100 holds the data address (GID 5)."""
+    return [roce_port("mlx5_0", [(3, "10.3.0.%d" % i, "ens1f0np0"), (5, data_ip(i), "ens1f0np0.100")])]
+
+
+def test_roce_gid_is_the_entry_in_the_data_subnet_not_the_lowest():
+    """25.5: the lowest RoCE v2 IPv4 GID is the untagged (lossy) one; the data subnet 10.1.0.0/16 is on the VLAN."""
+    derived = envfile.derive(cluster(2, nccl="2.19.3", ib={"n001": vlan_ports(1), "n002": vlan_ports(2)}))
+    env = derived.as_dict()
+    assert env["NCCL_IB_GID_INDEX"] == "5"
+    assert "(the entry in the data subnet 10.1.0.0/16)" in next(v for v in derived.variables if v.key == "NCCL_IB_GID_INDEX").why[0]
+    # NCCL 2.21+ would pick GID 3 itself (the first RoCE v2 IPv4 entry): the subnet range keeps it on the VLAN
+    derived = envfile.derive(cluster(2, nccl="2.23.4", ib={"n001": vlan_ports(1), "n002": vlan_ports(2)}))
+    env = derived.as_dict()
+    assert env["NCCL_IB_ADDR_RANGE"] == "10.1.0.0/16" and "NCCL_IB_GID_INDEX" not in env
+    why = " ".join(next(v for v in derived.variables if v.key == "NCCL_IB_ADDR_RANGE").why)
+    assert "first RoCE v2 IPv4 GID is GID 3, outside the data subnet; GID 5 (10.1.0.11 on ens1f0np0.100) is in it" in why
+
+
+def test_roce_gids_outside_the_data_subnet():
+    """25.5, twins: one RoCE v2 IPv4 GID (outside the data subnet: rails have their own subnets) is the one;
+    two and none in the data subnet: not guessed, said so."""
+    one = {n: [roce_port("mlx5_0", [(3, "10.7.0.%d" % i, "ens1f0np0")])] for i, n in ((1, "n001"), (2, "n002"))}
+    assert envfile.derive(cluster(2, nccl="2.19.3", ib=one)).as_dict()["NCCL_IB_GID_INDEX"] == "3"
+    two = {n: [roce_port("mlx5_0", [(3, "10.7.0.%d" % i, "ens1f0np0"), (5, "10.8.0.%d" % i, "ens1f0np0.7")])]
+           for i, n in ((1, "n001"), (2, "n002"))}
+    derived = envfile.derive(cluster(2, nccl="2.19.3", ib=two))
+    assert "NCCL_IB_GID_INDEX" not in derived.as_dict() and "NCCL_IB_HCA" in derived.as_dict()
+    assert any("2 RoCE v2 IPv4 GIDs, none in the data subnet 10.1.0.0/16" in n for n in derived.notes), derived.notes
+
+
+def test_users_own_debug_and_rendezvous_win_and_the_file_says_which_values_are_authoritative(tmp_path):
+    """25.6: NCCL_DEBUG, MASTER_ADDR, MASTER_PORT keep a value the launch environment set; the rest replace it."""
+    view = cluster(2)
+    text = envfile.render(report(view, env=envfile.derive(view)))
+    assert "# authoritative (the file's value replaces one already set): NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, " \
+           "NCCL_IB_DISABLE, TORCH_NCCL_ASYNC_ERROR_HANDLING" in text
+    assert "# yours win (kept when already set, else the file's): MASTER_ADDR, MASTER_PORT, NCCL_DEBUG" in text
+    path = tmp_path / "nccl.env"
+    path.write_text(text)
+    for shell in ("bash", "sh"):
+        got, _ = sourced(shell, path, tmp_path, {"NCCL_DEBUG": "INFO", "MASTER_ADDR": "10.9.9.9", "NCCL_SOCKET_IFNAME": "=eno1,eth1"})
+        assert (got["NCCL_DEBUG"], got["MASTER_ADDR"], got["MASTER_PORT"]) == ("INFO", "10.9.9.9", "29500")
+        assert got["NCCL_SOCKET_IFNAME"] == "=eth1"
+        got, _ = sourced(shell, path, tmp_path, {"NCCL_DEBUG": "", "MASTER_PORT": ""})  # set but empty: the file's
+        assert (got["NCCL_DEBUG"], got["MASTER_PORT"]) == ("WARN", "29500")
+    check_sources_cleanly(text, tmp_path)
+
+
+# NCCL_DEBUG=INFO lines in the shapes of the real logs in /work/shared/realworld/nccl_info (SOURCES.md there):
+# nccl892 (NVIDIA/nccl#892, HPC-X RDMA plugin v5 on NCCL 2.18), mprg (DGX Spark, NCCL 2.28.9: "NET/Plugin:
+# Could not find: libnccl-net.so", "Initialized NET plugin IB"), awsefaeks (EFA, aws-ofi-nccl: "Using network
+# AWS Libfabric"), and tests/fixtures/allreduce/plugin_ibext_nvls.log (HPC-X SHARP "Plugin Path").
+LOG_HEAD = "gpu-001:4052:4052 [0] NCCL INFO "
+LOGS = {
+    "loaded_but_internal_ib": [
+        "NCCL version 2.18.5+cuda12.2",
+        "NET/Plugin: Failed to find ncclNetPlugin_v6 symbol.",
+        "NET/Plugin: Loaded net plugin NCCL RDMA Plugin (v5)",
+        "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB eth1:10.1.0.11<0>",
+        "Using network IB",
+        "Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0/GDRDMA",
+    ],
+    "internal_ib": [
+        "NCCL version 2.28.9+cuda13.0",
+        "NET/Plugin: Could not find: libnccl-net.so",
+        "Initialized NET plugin IB",
+        "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB eth1:10.1.0.11<0>",
+        "Using network IB",
+        "Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0/GDRDMA",
+    ],
+    "efa": [
+        "NCCL version 2.9.9+cuda11.0",
+        "NET/OFI Selected Provider is efa",
+        "NET/Plugin: Failed to find ncclCollNetPlugin_v4 symbol.",
+        "Using network AWS Libfabric",
+        "Channel 00/0 : 0[0] -> 1[0] [send] via NET/AWS Libfabric/0/GDRDMA",
+    ],
+    "efa_named": [
+        "NCCL version 2.21.5+cuda12.4",
+        "Plugin Path : /opt/amazon/aws-ofi-nccl/lib/libnccl-net-ofi.so",
+        "Using network AWS Libfabric",
+        "Channel 00/0 : 0[0] -> 1[0] [send] via NET/AWS Libfabric/0/GDRDMA",
+    ],
+}
+
+
+def proof(name, nodes=("n001", "n002")):
+    """The allreduce findings a proven NCCL run leaves (data["nccl"] as nccl_findings builds it from the log)."""
+    from preflight.checks.allreduce import nccl_summary, parse_nccl_log
+
+    facts = nccl_summary([parse_nccl_log("\n".join((LOG_HEAD + line) if not line.startswith("NCCL version") else line
+                                                  for line in LOGS[name]))])
+    findings = [Finding("allreduce", n, Status.PASS, "NCCL ...", data={"nccl": facts}) for n in nodes]
+    ok = Finding("allreduce", None, Status.PASS, "all-reduce busbw 180 GB/s across 16 ranks")
+    return findings + [ok], {"verdict": "pass", "summary": ok.message, "nodes": list(nodes)}
+
+
+@pytest.mark.parametrize(
+    "log,ib,plugin,says",
+    [
+        ("loaded_but_internal_ib", True, "none", "the net plugin NCCL RDMA Plugin (v5) was loaded, but the traffic went over NCCL's internal IB"),
+        ("internal_ib", True, None, "NCCL_NET_PLUGIN not written: the proven run on n[001-002] loaded no net plugin and used NCCL's internal IB"),
+        ("efa", False, None, "NCCL_NET_PLUGIN not written: the proven run's traffic on n[001-002] went over the net plugin AWS Libfabric"),
+        ("efa_named", False, "ofi", "pinned by name: NCCL loads libnccl-net-ofi.so"),
+    ],
+)
+def test_net_plugin_follows_the_proofs_nccl_log(log, ib, plugin, says, tmp_path):
+    """25.7: 'none' only where the proven run used NCCL's internal IB beside a loaded plugin; never on EFA; the
+    NCCL_IB_DISABLE=1 comment names the plugin that carries the traffic instead of 'NCCL uses sockets'."""
+    ports = {n: [port("mlx5_0"), port("mlx5_1")] for n in ("n001", "n002")} if ib else None
+    view = cluster(2, ib=ports, nccl="2.21.5")
+    derived = envfile.derive(view)
+    findings, meta = proof(log)
+    text = envfile.render(report(view, findings, env=derived, allreduce=meta))
+    listed = check_sources_cleanly(text, tmp_path)
+    assert listed.get("NCCL_NET_PLUGIN") == plugin
+    assert says in " ".join(text.split()), text
+    if not ib:
+        disable = text.split("export NCCL_IB_DISABLE=")[0].rstrip("\n").splitlines()[-1]
+        assert "AWS Libfabric" in disable and "which this does not turn off" in disable
+        assert "NCCL uses sockets" not in text
+    version = {"loaded_but_internal_ib": "2.18.5", "internal_ib": "2.28.9", "efa": "2.9.9", "efa_named": "2.21.5"}[log]
+    assert "# proven with NCCL %s (the all-reduce's NCCL log) and torch 2.4.0+cu121 (driver check)" % version in text
+
+
+def test_header_names_the_versions_found_when_not_proven():
+    """25.4: the header says which NCCL and torch the file was derived for (the driver check's facts)."""
+    view = cluster(2, nccl={"n001": "2.21.5", "n002": "2.21.5"})
+    text = envfile.render(report(view, env=envfile.derive(view)))
+    assert "# on the nodes: NCCL 2.21.5, torch 2.4.0+cu121 (driver check)" in text
+    text = envfile.render(report(cluster(2, torch=None), env=envfile.derive(cluster(2, torch=None))))
+    assert "# on the nodes: NCCL not found, torch not found (driver check)" in text
