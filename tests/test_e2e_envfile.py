@@ -1,7 +1,7 @@
 """The env file and the hostfile end to end on simulated nodes (docker0 everywhere, management and data
 networks, one node down): the file names the data interface and the head's data address, the all-reduce
-ran with exactly it, a launch script that sources it runs a gloo all-reduce across the nodes of the
-hostfile over real ssh, and a node whose data interface has a hostile name never leads to code running
+ran with exactly it, a launch script that sources it runs torchrun (static rendezvous at the file's
+MASTER_ADDR:MASTER_PORT) and a gloo all-reduce across the nodes of the hostfile over real ssh, and a node whose data interface has a hostile name never leads to code running
 when the file is sourced."""
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ dist.destroy_process_group()
 
 LAUNCH = '''\
 #!/bin/bash
-# launch.sh RANK WORLD_SIZE: one gloo rank on this node, with the env preflight verified
+# launch.sh NODE_RANK NNODES: torchrun starts one gloo rank on this node, with the env preflight verified
 set -euo pipefail
 source {env}
-export RANK="$1" WORLD_SIZE="$2"
-exec python3 {worker}
+exec python3 -m torch.distributed.run --nnodes="$2" --node_rank="$1" --nproc_per_node=1 \\
+    --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" {worker}
 '''
 
 
@@ -53,9 +53,18 @@ def preflight(cluster, *args, timeout=300):
 
 
 def exports(path):
+    """(the file's text, {key: value}) for both line shapes: `export K='v'` and `K=${K:-'v'}; export K`."""
     with open(path) as fh:
         text = fh.read()
-    return text, dict(re.findall(r"^export ([A-Z_]+)='([^'\n]*)'$", text, re.M))
+    plain = re.findall(r"^export ([A-Z_]+)='([^'\n]*)'$", text, re.M)
+    default = re.findall(r"^([A-Z_]+)=\$\{\1:-'([^'\n]*)'\}; export \1$", text, re.M)
+    return text, dict(plain + default)
+
+
+def torch_version():
+    import torch
+
+    return torch.__version__
 
 
 def small_allreduce(inv):
@@ -110,7 +119,9 @@ def test_env_file_hostfile_and_a_launch_that_sources_it(sim_cluster, tmp_path):
     assert env["NCCL_SOCKET_IFNAME"] == "=eth1" and env["GLOO_SOCKET_IFNAME"] == "eth1"
     assert env["MASTER_ADDR"] == n001.data_ip and env["MASTER_PORT"] == "29500"
     assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_DEBUG"] == "WARN"
-    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" in env  # torch >= 2.2 on the nodes
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"  # torch >= 2.2 on the nodes: its own safe default
+    assert "MASTER_ADDR=${MASTER_ADDR:-'%s'}; export MASTER_ADDR" % n001.data_ip in text  # a launcher's own value wins
+    assert "# on the nodes: NCCL not found, torch %s (driver check)" % torch_version() in text
     assert "docker0" not in text.split("\n\n", 1)[1] and "eth0" not in text
     assert "# nodes: n[001-003] (3 of 4)" in text and "# left out: n004 (unreachable: ssh)" in text
     assert "# checks that failed or errored: ssh (n004)" in text

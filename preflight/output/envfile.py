@@ -188,7 +188,7 @@ def derive(view: ClusterView, healthy: Optional[Sequence[str]] = None) -> Derive
             "NCCL_DEBUG",
             "WARN",
             ["NCCL prints warnings and errors (a hang then leaves a trace), not the INFO flood",
-             "a value already set wins: the proof ran with NCCL_DEBUG=INFO, so this one was never part of it"],
+             "a value already set wins: the all-reduce test runs NCCL with NCCL_DEBUG=INFO (to read what NCCL chose), so this value is not part of the proof"],
             default=True,
         )
     )
