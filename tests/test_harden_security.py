@@ -85,9 +85,9 @@ def test_every_fold_in_preflight_is_group_free(trap):
     """report, diff, envfile and hostfile folds with hostile names, in a process the trap is armed in."""
     env, marker = trap
     code = (
-        "from preflight import report, diff, envfile, hostfile\n"
+        "from preflight.output import report, diff, envvars, hostfile\n"
         "names = ['n1', 'x@pwn', '@pwn', 'y,@pwn']\n"
-        "for f in (report.fold, envfile._fold, diff.fold):\n"
+        "for f in (report.fold, envvars.fold_names, diff.fold):\n"
         "    f(names)\n"
         "try:\n"
         "    hostfile.render_hostfile([(n, 1) for n in names], 'slurm')\n"

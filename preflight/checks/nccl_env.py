@@ -272,10 +272,10 @@ def _node_ifaces(view: ClusterView) -> Dict[str, str]:
 
 def _nccl_versions(view: ClusterView) -> Dict[str, Optional[Tuple[int, int, int]]]:
     """{node: its NCCL version as a tuple}, from the driver check's facts (the env writer's reading)."""
-    from preflight.output import envfile
+    from preflight.output import envfabric, envvars
 
     names = [n.name for n in view.live]
-    return {n: envfile.version_key(v) for n, v in envfile.nccl_versions(view, names).items()}
+    return {n: envvars.version_key(v) for n, v in envfabric.nccl_versions(view, names).items()}
 
 
 def _recommended(view: ClusterView, nodes: List[str]) -> Dict[str, str]:
