@@ -234,3 +234,21 @@ def test_an_interface_list_that_also_selects_the_management_port_contradicts():
         "(recommended =eth1)")
     out = nccl_env.rule(view_with({n: exact for n in ("n001", "n002", "n003")}))
     assert {f.status for f in out} == {Status.PASS}
+
+
+def test_per_node_values_the_env_file_asks_for_are_no_drift_and_a_wrong_one_contradicts():
+    """NCCL 2.19 and the RoCE v2 GID at index 3 on n001, 5 on n002/n003: the env file gives per-node values;
+    nodes that set them are not drift (the healthy-but-unusual twin), a node that sets another index fails."""
+    from tests.test_envfile import roce_port
+
+    ib = {n: [roce_port("mlx5_0", [(i, "10.1.0.%d" % (10 + k), "ens1f0np0")])]
+          for k, (n, i) in enumerate((("n001", 3), ("n002", 5), ("n003", 5)), 1)}
+    view = cluster(3, nccl="2.19.3", ib=ib)
+    for name, index in (("n001", "3"), ("n002", "5"), ("n003", "5")):
+        view.facts[name]["nccl_env"] = facts(system=[("NCCL_IB_GID_INDEX", index)])
+    assert {f.status for f in nccl_env.rule(view)} == {Status.PASS}
+    view.facts["n003"]["nccl_env"] = facts(system=[("NCCL_IB_GID_INDEX", "3")])
+    out = by_node(nccl_env.rule(view))
+    assert [(f.status, f.message) for f in out["n003"]] == [
+        (Status.FAIL, "n003: NCCL_IB_GID_INDEX=3 (/etc/nccl.conf:1) is not the RoCE v2 GID index 5")]
+    assert {f.status for f in out["n001"] + out["n002"]} == {Status.PASS}

@@ -32,7 +32,8 @@ Rule decisions:
   data interface, NCCL_IB_HCA that leaves out a usable HCA port, NCCL_IB_GID_INDEX other than the
   RoCE v2 index, NCCL_IB_DISABLE=1 where preflight found usable HCAs;
 - a variable whose value differs from the other nodes' (the majority; a tie has no reference, so every
-  node that differs is named): FAIL for variables that must agree across ranks or the job hangs or
+  node that differs is named), unless it is the per-node value the env file gives that node (an interface
+  named differently, a RoCE GID index that differs): FAIL for variables that must agree across ranks or the job hangs or
   crawls (MUST_MATCH), WARN for the rest (NCCL_DEBUG differing is harmless);
 - a conf-file line NCCL misreads: WARN;
 - otherwise PASS, listing the variables and where each comes from.
@@ -278,12 +279,14 @@ def _nccl_versions(view: ClusterView) -> Dict[str, Optional[Tuple[int, int, int]
     return {n: envvars.version_key(v) for n, v in envfabric.nccl_versions(view, names).items()}
 
 
-def _recommended(view: ClusterView, nodes: List[str]) -> Dict[str, str]:
+def _recommended(view: ClusterView, nodes: List[str]) -> Tuple[Dict[str, str], Dict[str, Dict[str, str]]]:
+    """(the env file's variables, {node: its per-node values}) derived over the same facts."""
     from preflight.output import envfile
 
     if not nodes:
-        return {}
-    return envfile.derive(view, nodes).as_dict()
+        return {}, {}
+    derived = envfile.derive(view, nodes)
+    return derived.as_dict(), derived.per_node
 
 
 def rule(view: ClusterView) -> List[Finding]:
@@ -308,12 +311,13 @@ def rule(view: ClusterView) -> List[Finding]:
     if not settings:
         return out
     nodes = [n.name for n in view.live if n.name in settings]
-    rec = _recommended(view, nodes)
+    common, per_node = _recommended(view, nodes)
     ifaces = _node_ifaces(view)
     problems: Dict[str, List[Finding]] = {n: [] for n in nodes}
 
     contradicted = set()
     for name in nodes:
+        rec = dict(common, **per_node.get(name, {}))
         for key, (value, where) in sorted(settings[name].items()):
             why = _contradiction(key, value, rec, ifaces.get(name), _addressed(view, name))
             if why:
@@ -341,8 +345,8 @@ def rule(view: ClusterView) -> List[Finding]:
         for n, v in zip(nodes, values):
             holders.setdefault(v, []).append(n)
         for name, value in zip(nodes, values):
-            if value == ref or (name, key) in contradicted:
-                continue
+            if value == ref or (name, key) in contradicted or per_node.get(name, {}).get(key) == value:
+                continue  # (a per-node value the env file asks for is no drift)
             where = settings[name][key][1] if key in settings[name] else "not set"
             if ref is not None:
                 basis = "%s: %s" % (fold(holders[ref]), "unset" if ref == UNSET else "%s=%s" % (key, ref))
