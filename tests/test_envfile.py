@@ -718,3 +718,15 @@ def test_header_names_the_versions_found_when_not_proven():
     assert "# on the nodes: NCCL 2.21.5, torch 2.4.0+cu121 (driver check)" in text
     text = envfile.render(report(cluster(2, torch=None), env=envfile.derive(cluster(2, torch=None))))
     assert "# on the nodes: NCCL not found, torch not found (driver check)" in text
+
+
+def test_roce_range_is_not_written_where_a_rail_is_addressed_outside_the_data_subnet():
+    """25.5 with NCCL 2.21+: mlx5_0's data-subnet GID is its VLAN's (5), but mlx5_1 holds its only RoCE address
+    in another subnet: NCCL_IB_ADDR_RANGE would leave mlx5_1 without a GID, so the index (5 on both) is pinned."""
+    ib = {n: vlan_ports(i) + [roce_port("mlx5_1", [(5, "10.7.0.%d" % i, "ens2f0np0")], netdev="ens2f0np0")]
+          for i, n in ((1, "n001"), (2, "n002"))}
+    derived = envfile.derive(cluster(2, nccl="2.23.4", ib=ib))
+    env = derived.as_dict()
+    assert env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1" and env["NCCL_IB_GID_INDEX"] == "5" and "NCCL_IB_ADDR_RANGE" not in env
+    why = " ".join(next(v for v in derived.variables if v.key == "NCCL_IB_GID_INDEX").why)
+    assert "NCCL_IB_ADDR_RANGE cannot serve n001 mlx5_1:1, n002 mlx5_1:1, addressed outside it" in why, why

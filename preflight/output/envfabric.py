@@ -171,18 +171,24 @@ def gid(view: ClusterView, nodes: Sequence[str], rails: Sequence[str], choice: A
             )
             return
         n, label, g = moved[0]
-        derived.variables.append(
-            EnvVar(
-                "NCCL_IB_ADDR_RANGE",
-                str(ipaddress.ip_network(subnet, strict=False)),
-                ["ib_hca check: on %s the first RoCE v2 IPv4 GID is GID %d, outside the data subnet; GID %d (%s%s) is in it"
-                 % ("%s %s" % (n, label), lowest[n][label], g["index"], g.get("ip"), " on %s" % g["ndev"] if g.get("ndev") else ""),
-                 "NCCL %s (2.21 and later) picks the first RoCE v2 GID within NCCL_IB_ADDR_RANGE: RoCE stays on the interface/VLAN "
-                 "that carries the data subnet, whatever the GID table's order" % shown],
+        found = "on %s the first RoCE v2 IPv4 GID is GID %d, outside the data subnet; GID %d (%s%s) is in it" % (
+            "%s %s" % (n, label), lowest[n][label], g["index"], g.get("ip"), " on %s" % g["ndev"] if g.get("ndev") else "")
+        outside = ["%s %s" % (n, label) for n, label, g in entries if not in_subnet(g.get("ip"), subnet)]
+        if not outside:
+            derived.variables.append(
+                EnvVar(
+                    "NCCL_IB_ADDR_RANGE",
+                    str(ipaddress.ip_network(subnet, strict=False)),
+                    ["ib_hca check: %s" % found,
+                     "NCCL %s (2.21 and later) picks the first RoCE v2 GID within NCCL_IB_ADDR_RANGE: RoCE stays on the interface/VLAN "
+                     "that carries the data subnet, whatever the GID table's order" % shown],
+                )
             )
-        )
-        return
-    if any(v is None for v in versions.values()):
+            return
+        # a range would leave the ports addressed outside the data subnet without a GID: pin the index instead
+        gate = "NCCL %s would pick another GID itself (%s), and NCCL_IB_ADDR_RANGE cannot serve %s, addressed outside it" % (
+            shown, found, ", ".join(outside))
+    elif any(v is None for v in versions.values()):
         gate = "NCCL's version was not found on %s; pinned, as NCCL before 2.21 needs" % fold_names([n for n, v in versions.items() if v is None])
     else:
         gate = "NCCL %s: before 2.21 NCCL uses GID index 0 (RoCE v1) unless told" % shown
