@@ -634,10 +634,10 @@ def test_users_own_debug_and_rendezvous_win_and_the_file_says_which_values_are_a
     check_sources_cleanly(text, tmp_path)
 
 
-# NCCL_DEBUG=INFO lines in the shapes of the real logs in /work/shared/realworld/nccl_info (SOURCES.md there):
-# nccl892 (NVIDIA/nccl#892, HPC-X RDMA plugin v5 on NCCL 2.18), mprg (DGX Spark, NCCL 2.28.9: "NET/Plugin:
-# Could not find: libnccl-net.so", "Initialized NET plugin IB"), awsefaeks (EFA, aws-ofi-nccl: "Using network
-# AWS Libfabric"), and tests/fixtures/allreduce/plugin_ibext_nvls.log (HPC-X SHARP "Plugin Path").
+# NCCL_DEBUG=INFO lines in the shapes of real logs: NVIDIA/nccl#892 (the RDMA plugin v5 loaded on NCCL 2.18),
+# a DGX Spark NCCL 2.28.9 log ("NET/Plugin: Could not find: libnccl-net.so", "Initialized NET plugin IB"),
+# aws-samples/aws-efa-eks's README (EFA, aws-ofi-nccl: "Using network AWS Libfabric"), and
+# tests/fixtures/allreduce/plugin_ibext_nvls.log (HPC-X SHARP "Plugin Path", NVIDIA/nccl#1737).
 LOG_HEAD = "gpu-001:4052:4052 [0] NCCL INFO "
 LOGS = {
     "loaded_but_internal_ib": [

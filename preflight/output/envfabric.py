@@ -242,11 +242,11 @@ def with_proof(derived: Derived, logs: Dict[str, Dict[str, Any]]) -> Tuple[List[
     """The variables and extra notes once the proof's NCCL log is known: NCCL_NET_PLUGIN pinned to what the
     proven run used, and the NCCL_IB_DISABLE=1 comment saying which net plugin carries the traffic.
 
-    The log lines (NCCL src/plugin/net.cc; real lines in /work/shared/realworld/nccl_info): "NET/Plugin: Loaded
-    net plugin NCCL RDMA Plugin (v5)" or "Plugin Path : <lib>" (loaded), "NET/Plugin : No plugin found
-    (libnccl-net.so), using internal implementation" or "NET/Plugin: Could not find: libnccl-net.so"
-    (internal), and "Using network IB | Socket | AWS Libfabric | IBext_v8 | GPUDirectTCPX | FasTrak": the
-    network that carried the traffic. A plugin's network (EFA, TCPX/TCPXO, SHARP) is never turned off with
+    The log lines (NCCL src/plugin/net.cc; real logs: NVIDIA/nccl#892 "NET/Plugin: Loaded net plugin NCCL
+    RDMA Plugin (v5)" on 2.18, NVIDIA/nccl#1737 "Plugin Path : .../libnccl-net.so" (HPC-X SHARP), a DGX Spark
+    NCCL 2.28.9 log "NET/Plugin: Could not find: libnccl-net.so" (internal), aws-samples/aws-efa-eks's
+    README "Using network AWS Libfabric" (EFA)): "Using network IB | Socket | AWS Libfabric | IBext_v8 |
+    GPUDirectTCPX | FasTrak" names the network that carried the traffic. A plugin's network (EFA, TCPX/TCPXO, SHARP) is never turned off with
     'none'; an internal IB/Socket run beside a loaded plugin is pinned with 'none'.
     """
     variables = list(derived.variables)
