@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("-v", "--verbose", action="store_true", help="one line per finding, passes included")
     check.add_argument("--capture", metavar="DIR", help="write every node's raw command outputs and sysfs reads "
                        "to DIR as test fixtures (DIR/<node>/<check>.json), to send with a bug report")
+    check.add_argument("--dcgm-level", type=int, choices=(1, 2, 3), default=1, metavar="N",
+                       help="where dcgmi exists: run `dcgmi diag -r N` (1 quick, default; 2 medium, raises the deadline to fit; "
+                       "3 long, only with --timeout that fits it)")
     check.add_argument("--drain", action="store_true", help="with Slurm: drain failing nodes (reason 'preflight: <check>: <finding>')")
     check.add_argument("--resume", action="store_true", help="with Slurm: return to service nodes preflight drained that now pass")
     check.add_argument("--dry-run", action="store_true", help="with --drain/--resume: print the scontrol commands, change nothing")
@@ -106,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--inventory", metavar="FILE", help="judge this machine by the inventory preflight check uses: its cluster.expect (versions, MTU, HCAs, rates), shared_paths, xid_window_s, and this node's entry (gpus_per_node, data_interface)")
     node.add_argument("--json", metavar="PATH", help="write the JSON report to PATH ('-' = stdout; the lines then go to stderr)")
     node.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline for the probes (default 60; a hung probe is then an error)")
+    node.add_argument("--dcgm-level", type=int, choices=(1, 2, 3), default=1, metavar="N",
+                      help="where dcgmi exists: run `dcgmi diag -r N` (as for `preflight check`)")
     node.add_argument("--debug", action="store_true", help="log details to stderr")
 
     checks = sub.add_parser("checks", help="list every check with its claim")
@@ -294,6 +299,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if not 0 <= getattr(args, "max_drain_fraction", 0.2) <= 1:
         raise UsageError("--max-drain-fraction must be between 0 and 1", "e.g. --max-drain-fraction 0.2")
     inv = _load_inventory(args)
+    if getattr(args, "dcgm_level", None):
+        from preflight import engine
+
+        args.timeout = engine.dcgm_timeout(args.dcgm_level, args.timeout)
+        inv.cluster["dcgm_level"] = args.dcgm_level
     if inv.transport == "slurm" and getattr(args, "alloc_wait", None) is not None:
         inv.cluster["alloc_wait_s"] = _alloc_wait(args)  # for the allocation the transport makes
     if acting and inv.transport != "slurm":

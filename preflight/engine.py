@@ -70,6 +70,24 @@ def select_checks(only: Optional[Sequence[str]], skip: Sequence[str]) -> List[st
     return chosen
 
 
+def dcgm_timeout(level: int, timeout: Optional[float]) -> Optional[float]:
+    """The per-node deadline a `--dcgm-level` run needs. Level 1 fits any deadline (the probe kills dcgmi
+    before it); level 2 raises an unset deadline to fit DCGM's medium run; level 3 (DCGM's long stress run,
+    about 30 minutes) runs only with an explicit --timeout that fits it, never by accident."""
+    from preflight.checks import dcgm
+
+    if level <= 1:
+        return timeout
+    need = dcgm.LEVEL_BUDGET_S[level] + 2 * dcgm.DEADLINE_SLACK_S + 10.0  # + the bundle's start and answer
+    if timeout is None and level == 2:
+        return need
+    if timeout is None or timeout < need:
+        raise UsageError("--dcgm-level %d runs `dcgmi diag -r %d` for up to %.0f s; %s" % (
+            level, level, dcgm.LEVEL_BUDGET_S[level], "no --timeout given" if timeout is None else "--timeout %g is shorter" % timeout),
+            "give --timeout %.0f or more" % need)
+    return timeout
+
+
 def node_infos(inv: Inventory) -> List[NodeInfo]:
     head = inv.head_name
     return [
@@ -131,7 +149,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
     selected = select_checks(opts.only, opts.skip)
     gathered = catalogue.closure(list(selected) + list(opts.gather_also))
     checks = {name: catalogue.get(name) for name in gathered}
-    prepared = [n for n in gathered if checks[n].phase == 2 and checks[n].prepare is not None]
+    prepared = [n for n in gathered if checks[n].prepare is not None]  # their phase-1 probe config
     phase1 = [n for n in gathered if (checks[n].phase == 1 and checks[n].probe is not None) or n in prepared]
     phase2 = [n for n in gathered if checks[n].phase == 2]
     crossnode = [n for n in selected if checks[n].crossnode is not None]

@@ -195,8 +195,9 @@ class Check:
     phase   1 = local facts; 2 = network facts that need a plan built from phase-1 facts
     plan    phase-2 only: plan(view) -> {node name: probe config}, built on the controller
     needs   other checks whose facts this rule reads (they are gathered even when not selected)
-    prepare phase-2 only, optional: prepare(cluster settings, node name, is head) -> that node's probe config
-            for a first run of the probe in phase 1 (storage: the head writes the token the others
+    prepare optional: prepare(cluster settings, node name, is head) -> that node's probe config in phase 1.
+            A phase-1 check reads its run options there (dcgm: the diagnostic level); a phase-2 check
+            gets a first run of its probe in phase 1 (storage: the head writes the token the others
             read in phase 2); the plan reads those phase-1 facts, the phase-2 facts replace them
     action  what to do about a FAIL finding that names no action of its own (one of ACTIONS); an
             ERROR finding without one gets "retest" (the check could not decide)

@@ -104,6 +104,9 @@ def run(args: Any) -> int:
     source = "given" if args.gpus_per_node is not None else "as the driver registered them"
     if getattr(args, "inventory", None):
         source = adopt(inv, inventory.load(args.inventory), gpus_given=args.gpus_per_node is not None) or source
+    if getattr(args, "dcgm_level", None):
+        args.timeout = engine.dcgm_timeout(args.dcgm_level, args.timeout)
+        inv.cluster["dcgm_level"] = args.dcgm_level
     opts = engine.Options(only=selected, skip=[], parallel=1, timeout=args.timeout)
     result = engine.run(inv, opts)
     wall = time.monotonic() - t0

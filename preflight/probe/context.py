@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from preflight.model import CommandResult
@@ -48,11 +49,16 @@ class NodeContext:
     hold the same Shared (the runner passes it), so run_once() runs a command once for all of them."""
 
     def __init__(self, config: Optional[Dict[str, Any]] = None, sysfs_root: Optional[str] = None,
-                 shared: Optional[Shared] = None) -> None:
+                 shared: Optional[Shared] = None, deadline: Optional[float] = None) -> None:
         self.config: Dict[str, Any] = dict(config or {})
         self.sysfs_root = sysfs_root or os.environ.get(SYSFS_ENV) or "/sys"
         self.host_root = os.environ.get(HOST_ENV) or "/"
         self.shared = shared if shared is not None else Shared()
+        self.deadline = deadline  # time.monotonic() by which the probe must have answered (None: no limit)
+
+    def remaining(self) -> Optional[float]:
+        """Seconds left before the probe run's deadline (a long command must end before it); None: no limit."""
+        return None if self.deadline is None else self.deadline - time.monotonic()
 
     def host_path(self, path: str) -> str:
         """A node's absolute path (/etc/nccl.conf) as this probe reaches it: under the host root."""
@@ -132,8 +138,8 @@ class RecordingContext(NodeContext):
     """
 
     def __init__(self, config: Optional[Dict[str, Any]] = None, sysfs_root: Optional[str] = None,
-                 shared: Optional[Shared] = None) -> None:
-        super().__init__(config, sysfs_root, shared)
+                 shared: Optional[Shared] = None, deadline: Optional[float] = None) -> None:
+        super().__init__(config, sysfs_root, shared, deadline)
         self.events: List[Dict[str, Any]] = []
 
     def run_once(self, argv: Sequence[str], timeout: float = 15.0) -> CommandResult:

@@ -38,7 +38,8 @@ def run_probes(checks: Dict[str, Dict[str, Any]], timeout_s: float, records: Opt
     receives every probe's full recording (for --capture)."""
     facts: Dict[str, Any] = {}
     shared = Shared()  # one kernel log read for xid and ib_errors (NodeContext.run_once)
-    contexts = {name: RecordingContext(cfg or {}, shared=shared) for name, cfg in checks.items()}
+    deadline = time.monotonic() + timeout_s  # a probe running a long command (dcgm) ends it before this
+    contexts = {name: RecordingContext(cfg or {}, shared=shared, deadline=deadline) for name, cfg in checks.items()}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(checks)))
     futures = {pool.submit(_run_probe, name, ctx): name for name, ctx in contexts.items()}
     done, pending = concurrent.futures.wait(futures, timeout=timeout_s)

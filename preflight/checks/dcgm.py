@@ -1,0 +1,379 @@
+"""dcgm: where DCGM is installed, its diagnostic (`dcgmi diag`) passes on every GPU of the node.
+
+Runs ``dcgmi diag -r <level> -j`` (level 1 by default: DCGM's quick deployment/software validation;
+``--dcgm-level 2|3`` opts in to the medium and long hardware runs) under an outer deadline: the command is
+killed when it overruns, because level 2 is known to hang on B200/GB200 (and a hung diagnostic must cost
+its deadline, not the run). Nodes without ``dcgmi`` on PATH SKIP with that reason; CPU-only nodes SKIP
+without running it.
+
+Real formats, from NVIDIA/DCGM's sources (dcgmi/Diag.cpp, nvvs/include/NvvsJsonStrings.h,
+testing/python3/dcgm_diag_schema.json; tags 3.3.1 and 4.x), and the table outputs of DCGM 2.4.6/3.3.1/
+4.2.3 pasted in NVIDIA/DCGM#49, #253 and NVIDIA/go-dcgm#52 (../shared/realworld/dcgmi_diag):
+
+- DCGM 3.x: root ``{"DCGM GPU Diagnostic": {"test_categories": [{"category", "tests": [{"name",
+  "results": [...]}]}]}, "version", "Driver Version Detected", "GPU Device IDs", "GPU Device Serials"}``.
+  Deployment (level-one) results carry one status for the node and their errors on the result itself
+  (``"warnings": "<text>", "error_id", "error_category", "error_severity"``); plugin results carry
+  ``"gpu_id": "3"`` and ``"warnings": [{"warning", "error_id", "error_category", "error_severity"}]``.
+- DCGM 4.x: root ``{"DCGM Diagnostic": {"test_categories": [...]}, "entity_groups": [{"entity_group":
+  "GPU", "entities": [{"entity_id", "device_id", "serial_num"}]}], "metadata": {"version", "Driver Version
+  Detected"}}``; each test has ``results`` per entity (``entity_group``, ``entity_id``, ``status``,
+  ``warnings`` as above, ``info``) and a ``test_summary`` (``status`` and every error of the test).
+- Either shape may say ``"runtime_error"`` under its root key (the diagnostic could not run), and output
+  may start with a banner line before the JSON document.
+- Exit status: 0 all passed; 226 (DCGM_ST_NVVS_ERROR = -30) a test failed; 205 (DCGM_ST_NVVS_ISOLATE_ERROR
+  = -51) a failure of ISOLATE severity; 235 (DCGM_ST_CONNECTION_NOT_VALID = -21) no nv-hostengine.
+
+Facts schema::
+
+    dcgmi  "/usr/bin/dcgmi" | None          level 1|2|3
+    ran    bool (False: CPU-only node, or too little time left: "not_started" says why)
+    argv, rc int|None, timed_out bool, timeout_s float, elapsed_s float
+    result {format "3.x"|"4.x"|"text", version, driver, rc, runtime_error str|None, hostengine bool,
+            gpus [int], tests [{category, name, status "pass"|"fail"|"warn"|"skip", failed ["GPU 3", ...]}],
+            errors [{test, entity "GPU 3"|None, gpu int|None, code, category, severity, message}]} | None
+
+Rule (per GPU node). Error severities (dcgmlib/dcgm_errors.h dcgmErrorSeverity_t, each error code's
+severity in dcgmlib/src/dcgm_errors.c) become preflight actions:
+
+- ISOLATE ("cannot perform workload, GPU should be isolated"): FAIL, isolate.
+- RESET ("drain and reset GPU": pending/failed row remap, graphics processes): FAIL, reset_gpu.
+- TRIAGE, UNKNOWN, NONE on a failing test ("should be triaged": NVLink down, Xid, CUDA errors): FAIL, retest
+  (rerun and read the error; the diagnostic did not say the hardware is bad).
+- CONFIG: FAIL, fix_config (ECC disabled, a denylisted driver, fabric-manager training). Persistence mode
+  off (error 29) is a WARN, fix_config: jobs run, the driver re-initialises on every start; not bad hardware.
+- MONITOR ("can perform workload, but needs to be monitored"): WARN.
+- A failing test with no error listed: FAIL (isolate when dcgmi exited 205, else retest); exit 205 with no
+  ISOLATE error parsed still FAILs isolate; exit 226 with nothing failing in the JSON is an ERROR.
+- dcgmi overran its deadline: ERROR (retest; the level and the B200 hang named). Any other runtime error:
+  ERROR. No nv-hostengine: SKIP (DCGM installed but not running is a deployment choice), but WARN when
+  other GPU nodes of the run did run the diagnostic (the service died here).
+- all tests passed or skipped: PASS naming the DCGM version, level, tests and GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from preflight.common import plural
+from preflight.model import Check, ClusterView, Finding, ParseError, Status, per_gpu_node
+
+NAME = "dcgm"
+#: How long each level may run before dcgmi is killed (DCGM user guide, "Run levels": level 1 ~seconds,
+#: level 2 ~2 minutes, level 3 ~30 minutes on 8 GPUs), with headroom for slow starts.
+LEVEL_BUDGET_S = {1: 90.0, 2: 420.0, 3: 2700.0}
+#: The seconds kept free before the probe run's deadline (the probe must still answer after a kill).
+DEADLINE_SLACK_S = 3.0
+SEVERITIES = {0: "NONE", 1: "MONITOR", 2: "ISOLATE", 3: "UNKNOWN", 4: "TRIAGE", 5: "CONFIG", 6: "RESET"}
+EXIT_TEST_FAILED, EXIT_ISOLATE, EXIT_NO_HOSTENGINE = 226, 205, 235
+PERSISTENCE_MODE = 29  # DCGM_FR_PERSISTENCE_MODE
+ROOT_3X, ROOT_4X = "DCGM GPU Diagnostic", "DCGM Diagnostic"
+STATUSES = {"pass": "pass", "fail": "fail", "warn": "warn", "skip": "skip"}
+_HOSTENGINE = re.compile(r"host ?engine|unable to establish a connection", re.I)
+
+
+# --------------------------------------------------------------------------------------------- probe
+
+
+def prepare(cluster: Mapping[str, Any], node: str, is_head: bool) -> Dict[str, Any]:
+    """Phase-1 config: the diagnostic level the run asked for (`--dcgm-level`, default 1)."""
+    return {"level": int(cluster.get("dcgm_level") or 1)}
+
+
+def probe(ctx: Any) -> Dict[str, Any]:
+    """Run `dcgmi diag -r LEVEL -j` where dcgmi exists on a GPU node, killed at its deadline."""
+    level = int(ctx.config.get("level") or 1)
+    if level not in LEVEL_BUDGET_S:
+        raise ValueError("dcgm level %r: expected 1, 2 or 3" % level)
+    path = ctx.which("dcgmi")
+    facts: Dict[str, Any] = {"dcgmi": path, "level": level, "ran": False}
+    if path is None:
+        return facts
+    if (ctx.config.get("node") or {}).get("gpus_per_node") == 0:
+        facts["not_started"] = "CPU-only node"
+        return facts
+    timeout = LEVEL_BUDGET_S[level]
+    left = ctx.remaining()
+    if left is not None:
+        if left - DEADLINE_SLACK_S < 5.0:
+            facts["not_started"] = "only %.0f s left before the probe deadline" % max(left, 0.0)
+            return facts
+        timeout = min(timeout, left - DEADLINE_SLACK_S)
+    argv = ["dcgmi", "diag", "-r", str(level), "-j"]
+    t0 = time.monotonic()
+    res = ctx.run(argv, timeout=timeout)
+    facts.update(ran=True, argv=argv, rc=None if res.timed_out else res.rc, timed_out=res.timed_out,
+                 timeout_s=round(timeout, 1), elapsed_s=round(time.monotonic() - t0, 2))
+    facts["result"] = None if res.timed_out else parse_dcgmi_diag(res.stdout, res.stderr, res.rc)
+    return facts
+
+
+# --------------------------------------------------------------------------------------------- parse
+
+
+def _document(text: str) -> Optional[Dict[str, Any]]:
+    """The JSON object in dcgmi's output (after any banner lines); None when there is none."""
+    for match in re.finditer(r"(?m)^\s*\{", text):
+        try:
+            doc, _end = json.JSONDecoder().raw_decode(text[match.start():].lstrip())
+        except ValueError as exc:
+            raise ParseError("dcgmi diag -j: invalid JSON after line %d: %s" % (text[:match.start()].count("\n") + 1, exc))
+        if not isinstance(doc, dict):
+            raise ParseError("dcgmi diag -j: expected a JSON object, got %s" % type(doc).__name__)
+        return doc
+    return None
+
+
+def _int(value: Any, what: str) -> Optional[int]:
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ParseError("dcgmi diag -j: %s %.40r is not an integer" % (what, value))
+
+
+def _status(value: Any, where: str) -> str:
+    text = str(value or "").strip().lower()
+    if text not in STATUSES:
+        raise ParseError("dcgmi diag -j: %s status %.40r (expected Pass, Fail, Warn or Skip)" % (where, value))
+    return STATUSES[text]
+
+
+def _error(test: str, entity: Optional[str], gpu: Optional[int], message: Any, item: Mapping[str, Any]) -> Dict[str, Any]:
+    severity = _int(item.get("error_severity"), "error_severity")
+    return {"test": test, "entity": entity, "gpu": gpu, "code": _int(item.get("error_id"), "error_id"),
+            "category": _int(item.get("error_category"), "error_category"),
+            "severity": SEVERITIES.get(severity, "UNKNOWN") if severity is not None else "UNKNOWN",
+            "message": " ".join(str(message).split())}
+
+
+def _entity(result: Mapping[str, Any]) -> Tuple[Optional[str], Optional[int]]:
+    """("GPU 3", 3) from a 4.x result (entity_group/entity_id) or a 3.x one (gpu_id "3"); (None, None) for
+    a result about the node (3.x Deployment tests, 4.x test_summary)."""
+    if "entity_group" in result:
+        group, ident = str(result.get("entity_group")), _int(result.get("entity_id"), "entity_id")
+        return "%s %s" % (group, ident), ident if group == "GPU" else None
+    if result.get("gpu_id") not in (None, ""):
+        gpu = _int(result.get("gpu_id"), "gpu_id")
+        return "GPU %d" % gpu, gpu
+    return None, None
+
+
+def _test(category: str, test: Mapping[str, Any], errors: List[Dict[str, Any]]) -> Dict[str, Any]:
+    name = str(test.get("name") or "?")
+    results = test.get("results") or []
+    if not isinstance(results, list):
+        raise ParseError("dcgmi diag -j: test %r: results is not a list" % name)
+    statuses: List[str] = []
+    failed: List[str] = []
+    seen = set()
+    for result in results:
+        if not isinstance(result, dict):
+            raise ParseError("dcgmi diag -j: test %r: a result is not an object" % name)
+        entity, gpu = _entity(result)
+        if "status" in result:
+            status = _status(result["status"], "test %r" % name)
+            statuses.append(status)
+            if status in ("fail", "warn"):
+                failed.append(entity or "node")
+        warnings = result.get("warnings")
+        if isinstance(warnings, str):  # 3.x Deployment: one error per result entry, fields beside it
+            if warnings.strip():
+                errors.append(_error(name, entity, gpu, warnings, result))
+        elif isinstance(warnings, list):
+            for item in warnings:
+                if not isinstance(item, dict) or "warning" not in item:
+                    raise ParseError("dcgmi diag -j: test %r: a warning without its text" % name)
+                err = _error(name, entity, gpu, item["warning"], item)
+                seen.add((err["code"], err["message"]))
+                errors.append(err)
+        elif warnings is not None:
+            raise ParseError("dcgmi diag -j: test %r: warnings is %s" % (name, type(warnings).__name__))
+    summary = test.get("test_summary")
+    if isinstance(summary, dict):  # 4.x: the test's own status, and errors tied to no entity
+        status = _status(summary.get("status"), "test %r summary" % name)
+        for item in summary.get("warnings") or []:
+            if isinstance(item, dict) and "warning" in item:
+                err = _error(name, None, None, item["warning"], item)
+                if (err["code"], err["message"]) not in seen:
+                    errors.append(err)
+    elif statuses:
+        status = "fail" if "fail" in statuses else "warn" if "warn" in statuses else (
+            "pass" if "pass" in statuses else "skip")
+    else:
+        raise ParseError("dcgmi diag -j: test %r has neither results nor a test_summary" % name)
+    return {"category": category, "name": name, "status": status, "failed": failed}
+
+
+def parse_dcgmi_diag(stdout: str, stderr: str = "", rc: Optional[int] = 0) -> Dict[str, Any]:
+    """`dcgmi diag -r N -j` output (DCGM 3.x or 4.x JSON, after any banner) and exit status -> facts."""
+    doc = _document(stdout or "")
+    out: Dict[str, Any] = {"format": None, "version": None, "driver": None, "rc": rc, "runtime_error": None,
+                           "hostengine": True, "gpus": [], "tests": [], "errors": []}
+    if doc is None:
+        text = " ".join(((stdout or "") + " " + (stderr or "")).split())
+        if rc == 0 or not text:
+            raise ParseError("dcgmi diag -j: no JSON document in the output (exit %s): %.120r" % (rc, text))
+        out.update(format="text", runtime_error=text[:400], hostengine=not _HOSTENGINE.search(text))
+        return out
+    if ROOT_4X in doc:
+        out["format"], root = "4.x", doc[ROOT_4X]
+        meta = doc.get("metadata") or {}
+        out["version"], out["driver"] = meta.get("version"), meta.get("Driver Version Detected")
+        for group in doc.get("entity_groups") or []:
+            if isinstance(group, dict) and group.get("entity_group") == "GPU":
+                out["gpus"] = [_int(e.get("entity_id"), "entity_id") for e in group.get("entities") or []]
+    elif ROOT_3X in doc:
+        out["format"], root = "3.x", doc[ROOT_3X]
+        out["version"], out["driver"] = doc.get("version"), doc.get("Driver Version Detected")
+        out["gpus"] = list(range(len(doc.get("GPU Device IDs") or [])))
+    else:
+        raise ParseError("dcgmi diag -j: neither %r (DCGM 4.x) nor %r (3.x) at the root (keys: %s)" % (
+            ROOT_4X, ROOT_3X, ", ".join(sorted(doc)[:6])))
+    if not isinstance(root, dict):
+        raise ParseError("dcgmi diag -j: %r is not an object" % out["format"])
+    if root.get("runtime_error"):
+        out["version"] = out["version"] or root.get("version")
+        text = " ".join(str(root["runtime_error"]).split())
+        out.update(runtime_error=text[:400], hostengine=not _HOSTENGINE.search(text))
+        return out
+    categories = root.get("test_categories")
+    if not isinstance(categories, list) or not categories:
+        raise ParseError("dcgmi diag -j: no test_categories under %r" % (ROOT_4X if out["format"] == "4.x" else ROOT_3X))
+    for category in categories:
+        if not isinstance(category, dict) or not isinstance(category.get("tests"), list):
+            raise ParseError("dcgmi diag -j: a test category without its tests list")
+        for test in category["tests"]:
+            if isinstance(test, dict):
+                out["tests"].append(_test(str(category.get("category") or "?"), test, out["errors"]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- rule
+
+#: severity -> (status, action) of the finding it makes
+_VERDICT = {
+    "ISOLATE": (Status.FAIL, "isolate"),
+    "RESET": (Status.FAIL, "reset_gpu"),
+    "TRIAGE": (Status.FAIL, "retest"),
+    "UNKNOWN": (Status.FAIL, "retest"),
+    "NONE": (Status.FAIL, "retest"),
+    "CONFIG": (Status.FAIL, "fix_config"),
+    "MONITOR": (Status.WARN, None),
+}
+_WORDS = {
+    "isolate": "DCGM says isolate the GPU",
+    "reset_gpu": "DCGM says drain and reset the GPU",
+    "retest": "DCGM says triage: rerun and read the error",
+    "fix_config": "a configuration DCGM rejects",
+    None: "DCGM says monitor: the GPU can still run work",
+}
+
+
+def _describe(err: Mapping[str, Any]) -> str:
+    where = "%s %s" % (err["entity"], err["test"]) if err.get("entity") else err["test"]
+    return "%s: %s (error %s, %s)" % (where, err["message"], err.get("code"), err["severity"])
+
+
+def _verdict(err: Mapping[str, Any]) -> Tuple[Status, Optional[str]]:
+    if err.get("code") == PERSISTENCE_MODE:
+        return Status.WARN, "fix_config"
+    return _VERDICT.get(err["severity"], (Status.FAIL, "retest"))
+
+
+def _label(facts: Mapping[str, Any]) -> str:
+    result = facts.get("result") or {}
+    return "dcgmi diag -r %s (DCGM %s)" % (facts.get("level"), result.get("version") or "?")
+
+
+def _judge_result(name: str, facts: Mapping[str, Any]) -> List[Finding]:
+    result = facts["result"]
+    label = _label(facts)
+    rc = result.get("rc")
+    groups: Dict[Tuple[Status, Optional[str]], List[Dict[str, Any]]] = {}
+    for err in result["errors"]:
+        groups.setdefault(_verdict(err), []).append(err)
+    out: List[Finding] = []
+    for (status, action), errs in sorted(groups.items(), key=lambda kv: -kv[0][0].rank):
+        shown = "; ".join(_describe(e) for e in errs[:3]) + ("; and %d more" % (len(errs) - 3) if len(errs) > 3 else "")
+        out.append(Finding(NAME, name, status, "%s %s: %s — %s" % (name, label, shown, _WORDS[action]),
+                           expected="every DCGM test passes", actual=shown, data={"errors": errs, "rc": rc},
+                           action=action))
+    failing = [t for t in result["tests"] if t["status"] == "fail"]
+    explained = {e["test"] for e in result["errors"]}  # a test failed by its errors is judged by them
+    silent = [t for t in failing if t["name"] not in explained]
+    if silent:
+        what = ", ".join("%s (%s)" % (t["name"], ", ".join(t["failed"]) or "node") for t in silent)
+        out.append(Finding(NAME, name, Status.FAIL, "%s %s: failed %s without an error message%s" % (
+            name, label, what, "; dcgmi exited 205 (isolate)" if rc == EXIT_ISOLATE else ""),
+            expected="every DCGM test passes", actual=what, action="isolate" if rc == EXIT_ISOLATE else "retest"))
+    if rc == EXIT_ISOLATE and not any(f.action == "isolate" for f in out):
+        out.append(Finding(NAME, name, Status.FAIL, "%s %s: exited 205, an isolate-class failure, though its JSON names "
+                           "no ISOLATE error" % (name, label), expected="exit 0", actual="exit 205", action="isolate"))
+    if rc == EXIT_TEST_FAILED and not any(f.status.is_problem or f.status is Status.WARN for f in out):
+        out.append(Finding(NAME, name, Status.ERROR, "%s %s: exited 226 (a test failed) but its JSON names no failing "
+                           "test" % (name, label), expected="exit 0", actual="exit 226"))
+    if rc not in (0, EXIT_TEST_FAILED, EXIT_ISOLATE) and not out:
+        out.append(Finding(NAME, name, Status.ERROR, "%s %s: exited %s with every listed test passing" % (name, label, rc),
+                           expected="exit 0", actual="exit %s" % rc))
+    if not out:
+        ran = [t for t in result["tests"] if t["status"] == "pass"]
+        skipped = [t for t in result["tests"] if t["status"] == "skip"]
+        out.append(Finding(NAME, name, Status.PASS, "%s: %s on %s: %s passed%s (driver %s)" % (
+            name, label, plural(len(result["gpus"]), "GPU"), plural(len(ran), "test"),
+            ", %d skipped" % len(skipped) if skipped else "", result.get("driver") or "?")))
+    return out
+
+
+def _judge(node: Any, facts: Mapping[str, Any], diagnosed: int) -> List[Finding]:
+    name = node.name
+    if facts.get("dcgmi") is None:
+        return [Finding(NAME, name, Status.SKIP, "dcgmi not installed: DCGM diagnostics not run")]
+    if not facts.get("ran"):
+        return [Finding(NAME, name, Status.ERROR, "%s: dcgmi diag not started: %s" % (name, facts.get("not_started") or "?"))]
+    if facts.get("timed_out"):
+        hang = " (level 2 is known to hang on B200/GB200: run level 1, or raise --timeout)" if facts.get("level") == 2 else ""
+        return [Finding(NAME, name, Status.ERROR, "%s: dcgmi diag -r %s did not finish within %g s and was killed%s" % (
+            name, facts.get("level"), facts.get("timeout_s") or 0, hang), expected="a result within %g s" % (facts.get("timeout_s") or 0),
+            actual="no answer", action="retest")]
+    result = facts.get("result") or {}
+    if result.get("runtime_error"):
+        if not result.get("hostengine"):
+            text = "%s: dcgmi is installed but nv-hostengine does not answer (%s)" % (name, result["runtime_error"])
+            if diagnosed:
+                return [Finding(NAME, name, Status.WARN, text + "; %s ran the diagnostic: start nvidia-dcgm here" % plural(diagnosed, "other node"),
+                                action="fix_config")]
+            return [Finding(NAME, name, Status.SKIP, text + ": DCGM diagnostics not run")]
+        return [Finding(NAME, name, Status.ERROR, "%s: %s could not run: %s (exit %s)" % (
+            name, _label(facts), result["runtime_error"], result.get("rc")), action="retest")]
+    return _judge_result(name, facts)
+
+
+def _diagnosed(facts: Any) -> bool:
+    return isinstance(facts, dict) and isinstance(facts.get("result"), dict) and bool(facts["result"].get("tests"))
+
+
+def rule(view: ClusterView) -> List[Finding]:
+    ran = {n for n, f in view.of(NAME).items() if _diagnosed(f)}
+    return per_gpu_node(NAME, view, lambda node, facts: _judge(node, facts, len(ran - {node.name})))
+
+
+CHECK = Check(
+    name=NAME,
+    claim="Where DCGM is installed, `dcgmi diag` (level 1; --dcgm-level 2|3 for the hardware runs) passes on every GPU",
+    why="DCGM's diagnostic is NVIDIA's own verdict on a GPU: deployment problems (driver, libraries, persistence, "
+    "pending row remaps, InfoROM) at level 1, memory, PCIe, NVLink and stress faults at levels 2-3; a GPU it asks "
+    "to isolate or reset fails the job that lands on it.",
+    fix="Follow the error's severity: ISOLATE: drain the node and RMA the GPU; RESET: drain, `nvidia-smi -r -i N` "
+    "or reboot; CONFIG: fix the setting named (nvidia-smi -pm 1, ECC, fabric manager); TRIAGE: rerun "
+    "`dcgmi diag -r 2` and read the error; no nv-hostengine: `systemctl start nvidia-dcgm`.",
+    probe=probe,
+    rule=rule,
+    prepare=prepare,
+    action="retest",
+    order=47,
+)

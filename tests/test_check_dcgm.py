@@ -1,0 +1,196 @@
+"""dcgm: the probe through a `dcgmi` on PATH (documents, exit codes, banner, hang) and the rule's verdicts."""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+
+import pytest
+
+from preflight.checks import dcgm
+from preflight.model import NodeInfo, ClusterView, Status
+from preflight.probe.context import NodeContext
+from tests import fixture_cases as fc
+from tests.builders import StubNode, names, view
+from tests.sim.dcgm_hw import install_dcgmi
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    stub = StubNode(tmp_path)
+    monkeypatch.setenv("PATH", stub.bin_dir)
+    return stub
+
+
+def _ctx(level=1, gpus=8, deadline_s=None):
+    deadline = None if deadline_s is None else time.monotonic() + deadline_s
+    return NodeContext({"level": level, "node": {"gpus_per_node": gpus}}, deadline=deadline)
+
+
+# ----------------------------------------------------------------------------------------------- probe
+
+
+def test_probe_without_dcgmi_runs_nothing(node):
+    assert dcgm.probe(_ctx()) == {"dcgmi": None, "level": 1, "ran": False}
+
+
+def test_probe_reads_the_document_after_a_banner_with_its_exit_status(node):
+    install_dcgmi(node, "dcgm4_r1_persistence_off", banner="Warning: nv-hostengine 4.2.3 is newer than dcgmi\n")
+    facts = dcgm.probe(_ctx())
+    assert facts["ran"] and facts["rc"] == 226 and not facts["timed_out"]
+    assert facts["argv"] == ["dcgmi", "diag", "-r", "1", "-j"]
+    assert facts["result"] == fc.expected("dcgm", "dcgm4_r1_persistence_off")
+
+
+def test_probe_asks_for_the_level_given(node):
+    install_dcgmi(node, "dcgm4_r2_dbe_isolate", levels=(2,))
+    facts = dcgm.probe(_ctx(level=2))
+    assert facts["rc"] == 205 and facts["result"]["errors"][1]["severity"] == "ISOLATE"
+
+
+def test_probe_on_a_cpu_only_node_does_not_run_dcgmi(node):
+    install_dcgmi(node, hang=True)
+    facts = dcgm.probe(_ctx(gpus=0))
+    assert facts["ran"] is False and facts["not_started"] == "CPU-only node"
+
+
+def test_a_hung_diagnostic_is_killed_before_the_probe_deadline(node):
+    path = install_dcgmi(node, hang=True)
+    t0 = time.monotonic()
+    facts = dcgm.probe(_ctx(level=2, deadline_s=dcgm.DEADLINE_SLACK_S + 6))
+    took = time.monotonic() - t0
+    assert facts["timed_out"] and facts["rc"] is None and facts["result"] is None
+    assert took < dcgm.DEADLINE_SLACK_S + 6  # it answered before the run's deadline
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).endswith(path)], "dcgmi outlived its deadline"
+    out = dcgm.rule(_one(facts))
+    assert out[0].status is Status.ERROR and "did not finish within" in out[0].message
+    assert "known to hang on B200/GB200" in out[0].message
+
+
+def _cmdline(pid):
+    try:
+        with open("/proc/%s/cmdline" % pid, "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def test_too_little_time_left_starts_nothing(node):
+    install_dcgmi(node, hang=True)
+    facts = dcgm.probe(_ctx(deadline_s=4))
+    assert facts["ran"] is False and "left before the probe deadline" in facts["not_started"]
+    assert dcgm.rule(_one(facts))[0].status is Status.ERROR
+
+
+def test_no_hostengine_is_read_from_the_plain_text_error(node):
+    install_dcgmi(node, "no_hostengine")
+    facts = dcgm.probe(_ctx())
+    assert facts["result"]["hostengine"] is False and facts["rc"] == 235
+
+
+def test_prepare_passes_the_level_and_defaults_to_1():
+    assert dcgm.prepare({}, "n001", True) == {"level": 1}
+    assert dcgm.prepare({"dcgm_level": 3}, "n001", False) == {"level": 3}
+
+
+# ------------------------------------------------------------------------------------------------ rule
+
+
+def _facts(case, level=1):
+    result = copy.deepcopy(fc.expected("dcgm", case))
+    return {"dcgmi": "/usr/bin/dcgmi", "level": level, "ran": True, "rc": result["rc"], "timed_out": False,
+            "timeout_s": 90.0, "result": result}
+
+
+def _one(facts, gpus=8):
+    return view({"n001": {"dcgm": facts}}, gpus=gpus)
+
+
+def test_all_passed_is_a_pass_naming_version_level_and_gpus():
+    out = dcgm.rule(_one(_facts("dcgm4_r1_pass_4gpu")))
+    assert [f.status for f in out] == [Status.PASS]
+    assert out[0].message == "n001: dcgmi diag -r 1 (DCGM 4.2.3) on 4 GPUs: 1 test passed (driver 570.148.08)"
+    out = dcgm.rule(_one(_facts("dcgm3_r1_pass_banner")))
+    assert out[0].status is Status.PASS and "9 tests passed" in out[0].message and "DCGM 3.3.1" in out[0].message
+
+
+def test_persistence_off_is_a_config_warning_not_bad_hardware():
+    out = dcgm.rule(_one(_facts("dcgm4_r1_persistence_off")))
+    assert [(f.status, f.action) for f in out] == [(Status.WARN, "fix_config")]
+    assert "GPU 1 software: Persistence mode for GPU 1 is disabled" in out[0].message
+    assert "error 29, CONFIG" in out[0].message
+
+
+def test_isolate_severity_fails_with_isolate_and_monitor_stays_a_warning():
+    out = dcgm.rule(_one(_facts("dcgm4_r2_dbe_isolate", level=2)))
+    got = [(f.status, f.action) for f in out]
+    assert got == [(Status.FAIL, "isolate"), (Status.WARN, None)], out
+    assert "GPU 2 memory: Detected 2 volatile double-bit ECC error(s) in GPU 2" in out[0].message
+    assert "DCGM says isolate the GPU" in out[0].message and "dcgmi diag -r 2" in out[0].message
+
+
+def test_triage_fails_with_retest_and_the_3x_deployment_error_is_read():
+    out = dcgm.rule(_one(_facts("dcgm3_r2_nvlink_down_persistence", level=2)))
+    got = [(f.status, f.action) for f in out]
+    assert got == [(Status.FAIL, "retest"), (Status.WARN, "fix_config")], out
+    assert "GPU 0 PCIe: GPU 0's NvLink link 0 is currently down" in out[0].message and "and 2 more" in out[0].message
+    assert "Persistence Mode: Persistence mode for GPU 0 is disabled" in out[1].message
+
+
+def test_reset_severity_asks_for_a_gpu_reset():
+    facts = _facts("dcgm4_r1_persistence_off")
+    err = facts["result"]["errors"][0]
+    err.update(code=80, severity="RESET", message="GPU 1 had uncorrectable memory errors and row remapping failed.")
+    out = dcgm.rule(_one(facts))
+    assert [(f.status, f.action) for f in out] == [(Status.FAIL, "reset_gpu")]
+
+
+def test_exit_205_without_an_isolate_error_still_isolates():
+    facts = _facts("dcgm4_r1_persistence_off")
+    facts["result"]["rc"] = 205
+    out = dcgm.rule(_one(facts))
+    assert (Status.FAIL, "isolate") in [(f.status, f.action) for f in out]
+    assert any("exited 205" in f.message for f in out)
+
+
+def test_a_failed_test_without_an_error_is_not_passed():
+    facts = _facts("dcgm4_r1_persistence_off")
+    facts["result"]["errors"] = []
+    out = dcgm.rule(_one(facts))
+    assert [(f.status, f.action) for f in out] == [(Status.FAIL, "retest")]
+    assert "failed software (GPU 1) without an error message" in out[0].message
+
+
+def test_exit_226_with_nothing_failing_is_an_error():
+    facts = _facts("dcgm4_r1_pass_4gpu")
+    facts["result"]["rc"] = 226
+    assert [f.status for f in dcgm.rule(_one(facts))] == [Status.ERROR]
+
+
+def test_runtime_error_is_an_error():
+    out = dcgm.rule(_one(_facts("dcgm4_runtime_error_timeout", level=2)))
+    assert [f.status for f in out] == [Status.ERROR] and "Timeout occurred" in out[0].message
+
+
+def test_no_hostengine_skips_alone_and_warns_when_other_nodes_ran_it():
+    alone = dcgm.rule(_one(_facts("no_hostengine")))
+    assert [f.status for f in alone] == [Status.SKIP] and "nv-hostengine does not answer" in alone[0].message
+    n = names(3)
+    facts = {n[0]: {"dcgm": _facts("dcgm4_r1_pass_4gpu")}, n[1]: {"dcgm": _facts("dcgm4_r1_pass_4gpu")},
+             n[2]: {"dcgm": _facts("no_hostengine")}}
+    out = {f.node: f for f in dcgm.rule(view(facts))}
+    assert out[n[2]].status is Status.WARN and "2 other nodes ran the diagnostic" in out[n[2]].message
+    assert out[n[0]].status is Status.PASS
+
+
+def test_not_installed_skips_and_cpu_only_nodes_skip():
+    out = dcgm.rule(_one({"dcgmi": None, "level": 1, "ran": False}))
+    assert [f.status for f in out] == [Status.SKIP] and "dcgmi not installed" in out[0].message
+    cpu = ClusterView([NodeInfo("c1", "c1", 0)], {"c1": {"dcgm": {"dcgmi": "/usr/bin/dcgmi", "level": 1, "ran": False,
+                                                                 "not_started": "CPU-only node"}}})
+    assert [f.status for f in dcgm.rule(cpu)] == [Status.SKIP]
+
+
+def test_missing_facts_are_an_error_never_a_pass():
+    assert [f.status for f in dcgm.rule(view({"n001": {}}))] == [Status.ERROR]
