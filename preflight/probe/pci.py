@@ -1,0 +1,48 @@
+"""PCI functions as sysfs shows them, for node-side probes: which devices exist, what sits above each.
+
+Standard library only, Python 3.8 compatible: runs on the node inside the probe bundle. Reads through the
+probe context (ctx.sys_path / ctx.read / ctx.listdir), so a recorded sysfs tree replays it.
+
+    functions(ctx)      [{"bdf", "vendor", "class"}] of bus/pci/devices, vendor/class as the kernel
+                        prints them ("0x10de", "0x030200")
+    upstream(ctx, bdf)  the bridge (port) directly above a function, from the real path of its sysfs
+                        directory (devices/pci0000:00/0000:00:01.0/0000:01:00.0), or None at the root
+    link_rate(ctx, bdf) (GT/s, lanes) of the function's maximum link (max_link_speed, max_link_width),
+                        or None where the kernel does not say (a VM's emulated device, a root bus)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Dict, List, Optional, Tuple
+
+BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_SPEED = re.compile(r"^(\d+(?:\.\d+)?) GT/s")
+
+
+def functions(ctx: Any) -> List[Dict[str, str]]:
+    root = ctx.sys_path("bus", "pci", "devices")
+    out = []
+    for bdf in ctx.listdir(root):
+        if not BDF.match(bdf.lower()):
+            continue
+        vendor = (ctx.read(os.path.join(root, bdf, "vendor")) or "").strip().lower()
+        klass = (ctx.read(os.path.join(root, bdf, "class")) or "").strip().lower()
+        out.append({"bdf": bdf.lower(), "vendor": vendor, "class": klass})
+    return out
+
+
+def upstream(ctx: Any, bdf: str) -> Optional[str]:
+    real = os.path.realpath(ctx.sys_path("bus", "pci", "devices", bdf))
+    parent = os.path.basename(os.path.dirname(real)).lower()
+    return parent if BDF.match(parent) else None
+
+
+def link_rate(ctx: Any, bdf: str) -> Optional[Tuple[float, int]]:
+    base = ctx.sys_path("bus", "pci", "devices", bdf)
+    speed = _SPEED.match((ctx.read(os.path.join(base, "max_link_speed")) or "").strip())
+    width = (ctx.read(os.path.join(base, "max_link_width")) or "").strip()
+    if not speed or not width.isdigit() or int(width) == 0:
+        return None
+    return float(speed.group(1)), int(width)
