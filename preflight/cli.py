@@ -186,12 +186,20 @@ def _cmd_checks(markdown: bool = False) -> int:
 
     from preflight import checks as catalogue
 
+    from rich.text import Text
+
+    from preflight.model import ACTION_MEANINGS
+
     table = Table(box=None, header_style="bold")
-    table.add_column("check")
-    table.add_column("claim")
+    for column in ("check", "claim", "reads on each node", "takes", "on fail"):
+        table.add_column(column)
     for name, check in catalogue.catalogue().items():
-        table.add_row(name, check.claim)
-    Console().print(table)
+        table.add_row(*(Text(cell) for cell in (name, check.claim, check.reads or "(not declared)", check.takes or "?", check.action)))
+    console = Console()
+    console.print(table, markup=False)
+    console.print("\nactions (a failing finding names one; `on fail` is the check's default):", markup=False)
+    for action, meaning in ACTION_MEANINGS.items():
+        console.print("  %-10s %s" % (action, meaning), markup=False)
     return EXIT_OK
 
 

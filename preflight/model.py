@@ -41,6 +41,15 @@ _RANK = {Status.PASS: 0, Status.SKIP: 1, Status.WARN: 2, Status.FAIL: 3, Status.
 #:   check_app   the application (or its launch) is at fault, not the node
 #:   retest      nothing known to be broken: the test could not decide; run it again
 ACTIONS = ("isolate", "reboot", "reset_gpu", "fix_config", "check_app", "retest")
+#: What each action means, as `preflight checks` prints it.
+ACTION_MEANINGS = {
+    "isolate": "drain the node / take it out of the scheduler: hardware to replace or repair",
+    "reboot": "reboot the node: driver or kernel state only a reboot clears",
+    "reset_gpu": "drain the node and reset the GPU (nvidia-smi -r -i N)",
+    "fix_config": "change software or configuration: services, limits, files, versions, inventory",
+    "check_app": "the application or its launch is at fault, not the node",
+    "retest": "nothing known to be broken: the check could not decide; run it again",
+}
 
 
 @dataclass(frozen=True)
@@ -205,6 +214,8 @@ class Check:
             module in preflight.checks, sorted by order, so adding a check edits no list
     crossnode  a test run across the nodes that passed the node checks (CrossNode), e.g. the all-reduce;
             its rule is judged after it ran
+    reads   what the probe reads or runs on a node (files, commands, libraries), for `preflight checks`
+    takes   how long its probe takes on a node, typically ("< 0.1 s", "2 s window"), for `preflight checks`
     """
 
     name: str
@@ -220,6 +231,8 @@ class Check:
     prepare: Optional[Callable[[Mapping[str, Any], str, bool], Dict[str, Any]]] = None
     order: int = 500
     crossnode: Optional[CrossNode] = None
+    reads: str = ""
+    takes: str = ""
 
 
 def with_action(finding: Finding, default: str) -> Finding:

@@ -1037,6 +1037,8 @@ CHECK = Check(
     # with the env derived from the ib_hca and driver facts
     needs=("nic", "ib_hca", "ports", "driver"),
     action="isolate",
+    reads="torch.distributed: a timed all-reduce across the nodes (NCCL on GPUs, gloo on CPUs)",
+    takes="10-60 s (the sweep)",
     order=90,
     crossnode=CrossNode(run=_run_bench, summary=_summary),
 )

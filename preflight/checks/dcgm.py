@@ -375,5 +375,7 @@ CHECK = Check(
     rule=rule,
     prepare=prepare,
     action="retest",
+    reads="dcgmi diag -r LEVEL -j, where dcgmi is installed",
+    takes="level 1 ~10-90 s, 2 ~2-7 min, 3 ~30 min; 0 without dcgmi",
     order=47,
 )

@@ -434,5 +434,7 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     action="isolate",
+    reads="sysfs class/infiniband/*/ports/*/counters, read twice; the kernel log (journalctl -k or dmesg, shared with xid)",
+    takes="1 s window (none without HCAs)",
     order=65,
 )

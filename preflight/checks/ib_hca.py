@@ -533,5 +533,7 @@ CHECK = Check(
     rule=rule,
     needs=("ssh",),
     action="isolate",
+    reads="sysfs class/infiniband/*/ports/*/{state,phys_state,rate,link_layer}, device ids",
+    takes="< 0.1 s",
     order=60,
 )

@@ -191,5 +191,7 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     needs=("driver",),
+    reads="/proc/self/limits, statvfs(/dev/shm), /dev/nvidia-caps-imex-channels",
+    takes="< 0.1 s",
     order=86,
 )

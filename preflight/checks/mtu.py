@@ -386,5 +386,7 @@ CHECK = Check(
     plan=plan,
     needs=("nic",),
     action="fix_config",
+    reads="ping -M do at full frame size to ring neighbours over the data interface (phase 2)",
+    takes="1-3 s per neighbour",
     order=70,
 )

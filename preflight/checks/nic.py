@@ -281,5 +281,7 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     action="fix_config",
+    reads="ip -j addr show, ip -j -d link show; sysfs class/net/*/{speed,operstate,device}",
+    takes="< 0.1 s",
     order=50,
 )

@@ -256,5 +256,7 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     action="isolate",
+    reads="sysfs bus/pci/devices/*/{vendor,class,max_link_*,aer_dev_*} of GPUs, NICs and their ports, twice; /proc/uptime",
+    takes="2 s window (none without AER statistics)",
     order=69,
 )

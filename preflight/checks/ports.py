@@ -519,5 +519,7 @@ CHECK = Check(
     plan=plan,
     needs=("nic",),
     action="fix_config",
+    reads="binds the rendezvous port on the head; a TCP connect from every node (phase 2)",
+    takes="< 1 s",
     order=80,
 )
