@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.sim import gpu_hw, ib_hw, pci_hw
+from tests.sim import aer_hw, dcgm_hw, gpu_hw, ib_hw, pci_hw
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,6 +46,9 @@ def test_healthy_cpu_cluster_passes_with_gpu_checks_skipped(sim_cluster):
     assert {r["status"] for r in results(doc, "ib_hca")} == {"skip"}
     assert {r["status"] for r in results(doc, "ib_errors")} == {"skip"}
     assert {r["status"] for r in results(doc, "storage")} == {"skip"}  # no cluster.shared_paths
+    for check, why in (("dcgm", "gpus_per_node: 0"), ("limits", "gpus_per_node: 0"), ("pcie", "no GPU or network controller")):
+        assert {r["status"] for r in results(doc, check)} == {"skip"}, results(doc, check)
+        assert all(why in r["message"] for r in results(doc, check)), results(doc, check)
     assert {r["status"] for r in results(doc, "nccl_env")} == {"pass"}
     for check in ("ssh", "nic", "mtu", "ports"):
         assert {r["status"] for r in results(doc, check)} == {"pass"}, results(doc, check)
@@ -94,6 +97,8 @@ def test_master_port_held_on_head(sim_cluster):
         ("ib_port_down", "ib_hca", "n002", ["mlx5_1 port 1", "DOWN"]),
         ("gpu_missing", "gpu", "n003", ["7 GPUs", "expected 8"]),
         ("memlock_low", "ib_hca", "n001", [MEMLOCK, "is 8 MiB: RDMA memory registration will fail"]),
+        ("dcgm_isolate", "dcgm", "n002", ["GPU 2 memory: Detected 2 volatile double-bit ECC error(s)", "DCGM says isolate"]),
+        ("aer_fatal", "pcie", "n003", ["GPU 0000:", "1 fatal PCIe error since boot (SDES 1): the link was reset; reboot"]),
     ],
 )
 def test_hardware_fault_is_named(sim_cluster, fault, check, node, words):
@@ -110,6 +115,17 @@ def test_hardware_fault_is_named(sim_cluster, fault, check, node, words):
         gpu_hw.install_gpus(target, "h100", count=7)
     elif fault == "memlock_low":
         pass  # the real limit of every simulated node (see MEMLOCK)
+    elif fault == "dcgm_isolate":  # dcgmi everywhere, answering like DCGM 4.x; n002's GPU 2 has double-bit errors
+        for each in cluster.nodes:
+            dcgm_hw.install_dcgmi(each, "dcgm4_r2_dbe_isolate" if each is target else "dcgm4_r1_pass_4gpu", levels=(1,))
+    elif fault == "aer_fatal":  # AER statistics on every GPU and HCA; one surprise-down on n003's first GPU
+        for each in cluster.nodes:
+            devices = os.path.join(each.sys_dir, "bus", "pci", "devices")
+            classes = {bdf: open(os.path.join(devices, bdf, "class")).read() for bdf in sorted(os.listdir(devices))}
+            gpus = [bdf for bdf, klass in classes.items() if klass.startswith("0x0302")]
+            for bdf, klass in classes.items():
+                if klass.startswith(("0x0302", "0x0207")):
+                    aer_hw.install_aer(each, bdf, fatal={"SDES": 1} if each is target and bdf == gpus[0] else None)
     inv = cluster.inventory(gpus_per_node=8)
     rc, doc, _ = run_preflight(cluster, inv, "--skip", "allreduce")
     assert rc == 1
@@ -121,3 +137,20 @@ def test_hardware_fault_is_named(sim_cluster, fault, check, node, words):
     other = {r["node"] for r in results(doc, check, "fail") if r["node"] and MEMLOCK not in r["message"]} - {node}
     assert not other, "healthy nodes failed %s: %s" % (check, other)
     print("%s → %s" % (fault, text))
+
+
+def test_hung_dcgm_diagnostic_costs_its_deadline_and_the_others_report(sim_cluster):
+    """dcgmi hangs on one node (as level 2 does on some B200/GB200): it is killed before the probe's deadline (20 s),
+    that node's dcgm finding is an error naming the level, every other check and node still reports, and
+    nothing is left running."""
+    cluster = sim_cluster(2)
+    hgx(cluster)
+    dcgm_hw.install_dcgmi(cluster.node("n001"), "dcgm4_r1_pass_4gpu")
+    dcgm_hw.install_dcgmi(cluster.node("n002"), hang=True)
+    rc, doc, err = run_preflight(cluster, cluster.inventory(gpus_per_node=8), "--skip", "allreduce", "--timeout", "20")
+    assert rc == 1, err
+    by_node = {r["node"]: r for r in results(doc, "dcgm")}
+    assert by_node["n001"]["status"] == "pass", by_node
+    assert by_node["n002"]["status"] == "error" and "dcgmi diag -r 1 did not finish within" in by_node["n002"]["message"]
+    assert {r["status"] for r in results(doc, "gpu")} <= {"pass", "warn"}, results(doc, "gpu")
+    assert cluster.leftover_processes() == {}
