@@ -16,6 +16,9 @@
 #   systemctl_show_nvidia-fabricmanager.{stdout,stderr,rc}, systemctl_show_nvidia-imex.{...}
 #   nv_fabricmanager_version.txt, proc_driver_version.txt, ldconfig_p.txt, lspci_nn.txt
 #   timing.txt                   nvidia-smi -q -x and each probe against the probe budget
+#   dcgmi_diag_r1.{json,rc}      dcgmi diag -r 1 -j where DCGM is installed (the dcgm parser's input), its exit status
+#   aer/<bdf>.<file>             every GPU's and NIC's aer_dev_{correctable,nonfatal,fatal} (the pcie parser's input)
+#   proc_self_limits.txt, dev_shm_df.txt, imex_channels.txt   what the limits probe reads
 # The files are ours to commit as fixtures (tests/fixtures/<check>/, with a .json beside each naming the
 # command, the machine and the expected facts); see tests/fixtures/README.md.
 set -u
@@ -43,6 +46,19 @@ nv-fabricmanager --version > "$OUT/nv_fabricmanager_version.txt" 2>&1
 cat /proc/driver/nvidia/version > "$OUT/proc_driver_version.txt" 2>&1
 ldconfig -p > "$OUT/ldconfig_p.txt" 2>&1
 lspci -nn > "$OUT/lspci_nn.txt" 2>&1
+if command -v dcgmi > /dev/null; then
+  t0=$(now); timeout 300 dcgmi diag -r 1 -j > "$OUT/dcgmi_diag_r1.json" 2>&1; echo $? > "$OUT/dcgmi_diag_r1.rc"; t1=$(now)
+  echo "dcgmi diag -r 1 -j rc=$(cat "$OUT/dcgmi_diag_r1.rc") wall_s=$(took "$t0" "$t1")" | tee -a "$OUT/timing.txt"
+fi
+mkdir -p "$OUT/aer"
+for dev in /sys/bus/pci/devices/*; do
+  case "$(cat "$dev/class" 2>/dev/null)" in 0x0302*|0x0300*|0x02*) ;; *) continue ;; esac
+  for f in aer_dev_correctable aer_dev_nonfatal aer_dev_fatal max_link_speed max_link_width; do
+    [ -r "$dev/$f" ] && cat "$dev/$f" > "$OUT/aer/$(basename "$dev").$f"
+  done
+done
+cat /proc/self/limits > "$OUT/proc_self_limits.txt"; df -B1 /dev/shm > "$OUT/dev_shm_df.txt" 2>&1
+ls -l /dev/nvidia-caps-imex-channels > "$OUT/imex_channels.txt" 2>&1
 
 # The Fabric section nvidia-smi prints for GPU 0, then the same structure read through our ctypes layout.
 sed -n '/^ *Fabric$/,/^ *[A-Z][A-Za-z ]*$/p' "$OUT/nvidia_smi_q_i0.txt" > "$OUT/nvidia_smi_fabric_gpu0.txt"

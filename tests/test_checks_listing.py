@@ -34,6 +34,6 @@ def test_the_listing_shows_reads_time_action_and_the_action_legend(monkeypatch):
         row = next((line for line in text.splitlines() if line.strip().startswith(name + " ")), None)
         assert row is not None, "no row for %s" % name
         assert check.action in row and (check.takes or "?") in row, row
-    assert "dcgmi diag -r LEVEL -j, where dcgmi is installed" in text and "2 s window" in text
+    assert "dcgmi diag -r LEVEL -j, where dcgmi is installed" in text and "1 s window" in text
     for action, meaning in ACTION_MEANINGS.items():
         assert "%-10s %s" % (action, meaning) in text

@@ -4,7 +4,7 @@ The probe reads the kernel's AER statistics (``aer_dev_correctable``, ``aer_dev_
 under ``bus/pci/devices/<bdf>``, kernel 4.19+; Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats,
 Documentation/PCI/pcieaer-howto.rst) of every NVIDIA GPU (class 0x0300/0x0302) and network controller
 (class 0x02xxxx), and of the port directly above each (the other end of the same link: errors the port
-receives are counted there). It reads them twice, ``window_s`` apart (default 2 s, shortened to fit the
+receives are counted there). It reads them twice, ``window_s`` apart (default 1 s, shortened to fit the
 probe deadline), so errors happening now are told from old ones, and reads /proc/uptime for the rate
 since boot. Each file is one ``<name> <count>`` line per error bit then ``TOTAL_ERR_COR|NONFATAL|FATAL <n>``;
 kernels before 5.x print long names with spaces ("Receiver Error 2", "RELAY_NUM Rollover 0"), later
@@ -51,7 +51,7 @@ KINDS = ("correctable", "nonfatal", "fatal")
 FILES = {"correctable": "aer_dev_correctable", "nonfatal": "aer_dev_nonfatal", "fatal": "aer_dev_fatal"}
 TOTALS = {"correctable": "TOTAL_ERR_COR", "nonfatal": "TOTAL_ERR_NONFATAL", "fatal": "TOTAL_ERR_FATAL"}
 GPU_CLASSES = ("0x0300", "0x0302")
-WINDOW_S = 2.0
+WINDOW_S = 1.0  # as long as ib_errors' window: the two run concurrently, so no added wall time on IB nodes
 #: DCGM's per-lane replay budget: a 1e-12 bit error rate at the link rate, per minute (GT/s x 1e9 x 1e-12 x 60).
 BER_PER_GTS_LANE_MIN = 0.06
 #: Correctable errors inside the window below this count are one noisy sample, never a verdict.
@@ -257,6 +257,6 @@ CHECK = Check(
     rule=rule,
     action="isolate",
     reads="sysfs bus/pci/devices/*/{vendor,class,max_link_*,aer_dev_*} of GPUs, NICs and their ports, twice; /proc/uptime",
-    takes="2 s window (none without AER statistics)",
+    takes="1 s window (none without AER statistics)",
     order=69,
 )
