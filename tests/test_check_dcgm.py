@@ -39,7 +39,8 @@ def test_probe_reads_the_document_after_a_banner_with_its_exit_status(node):
     install_dcgmi(node, "dcgm4_r1_persistence_off", banner="Warning: nv-hostengine 4.2.3 is newer than dcgmi\n")
     facts = dcgm.probe(_ctx())
     assert facts["ran"] and facts["rc"] == 226 and not facts["timed_out"]
-    assert facts["argv"] == ["dcgmi", "diag", "-r", "1", "-j"]
+    assert facts["argv"][:6] == ["dcgmi", "diag", "-r", "1", "-j", "--timeout"]
+    assert int(facts["argv"][6]) == dcgm.LEVEL_BUDGET_S[1] - dcgm.INNER_MARGIN_S  # dcgmi stops it before the kill
     assert facts["result"] == fc.expected("dcgm", "dcgm4_r1_persistence_off")
 
 
@@ -65,7 +66,23 @@ def test_a_hung_diagnostic_is_killed_before_the_probe_deadline(node):
     assert not [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).endswith(path)], "dcgmi outlived its deadline"
     out = dcgm.rule(_one(facts))
     assert out[0].status is Status.ERROR and "did not finish within" in out[0].message
+    assert "known to hang on B200/GB200" in out[0].message and "(killed)" in out[0].message
+
+
+def test_a_diagnostic_dcgmi_stops_at_its_own_timeout_is_an_error_naming_it(node):
+    install_dcgmi(node, hang="stops")
+    facts = dcgm.probe(_ctx(level=2, deadline_s=dcgm.DEADLINE_SLACK_S + dcgm.INNER_MARGIN_S + 3))
+    assert not facts["timed_out"] and facts["rc"] == 245 and "Return: (-11)" in facts["result"]["runtime_error"]
+    out = dcgm.rule(_one(facts))
+    assert out[0].status is Status.ERROR and "(dcgmi stopped it at its --timeout)" in out[0].message
     assert "known to hang on B200/GB200" in out[0].message
+
+
+def test_a_dcgmi_before_3_3_8_is_run_again_without_timeout(node):
+    install_dcgmi(node, "dcgm3_r1_pass_banner", old=True)
+    facts = dcgm.probe(_ctx())
+    assert facts["argv"] == ["dcgmi", "diag", "-r", "1", "-j"] and facts["rc"] == 0
+    assert facts["result"]["version"] == "3.3.1"
 
 
 def _cmdline(pid):
@@ -168,9 +185,13 @@ def test_exit_226_with_nothing_failing_is_an_error():
     assert [f.status for f in dcgm.rule(_one(facts))] == [Status.ERROR]
 
 
-def test_runtime_error_is_an_error():
+def test_runtime_errors_are_errors():
     out = dcgm.rule(_one(_facts("dcgm4_runtime_error_timeout", level=2)))
-    assert [f.status for f in out] == [Status.ERROR] and "Timeout occurred" in out[0].message
+    assert [f.status for f in out] == [Status.ERROR] and "did not finish within 90 s (dcgmi stopped it" in out[0].message
+    facts = _facts("dcgm4_runtime_error_timeout")
+    facts["result"]["runtime_error"] = "Error: Unable to complete diagnostic for group 2147483647. Return: (-7) : DCGM initialization error"
+    out = dcgm.rule(_one(facts))
+    assert [f.status for f in out] == [Status.ERROR] and "could not run: Error: Unable to complete" in out[0].message
 
 
 def test_no_hostengine_skips_alone_and_warns_when_other_nodes_ran_it():

@@ -1,9 +1,11 @@
 """dcgm: where DCGM is installed, its diagnostic (`dcgmi diag`) passes on every GPU of the node.
 
-Runs ``dcgmi diag -r <level> -j`` (level 1 by default: DCGM's quick deployment/software validation;
-``--dcgm-level 2|3`` opts in to the medium and long hardware runs) under an outer deadline: the command is
-killed when it overruns, because level 2 is known to hang on B200/GB200 (and a hung diagnostic must cost
-its deadline, not the run). Nodes without ``dcgmi`` on PATH SKIP with that reason; CPU-only nodes SKIP
+Runs ``dcgmi diag -r <level> -j --timeout <s>`` (level 1 by default: DCGM's quick deployment/software
+validation; ``--dcgm-level 2|3`` opts in to the medium and long hardware runs) under two deadlines, because
+level 2 is known to hang on B200/GB200 and a hung diagnostic must cost its deadline, not the run: dcgmi's
+own ``--timeout`` (DCGM 3.3.8+; it stops the diagnostic inside nv-hostengine and answers a runtime_error
+"Timeout", exit 245), 10 s before an outer deadline at which the probe kills dcgmi. A dcgmi before 3.3.8
+refuses ``--timeout`` (TCLAP's "PARSE ERROR"): it is run again without it, the kill then the only deadline. Nodes without ``dcgmi`` on PATH SKIP with that reason; CPU-only nodes SKIP
 without running it.
 
 Real formats, from NVIDIA/DCGM's sources (dcgmi/Diag.cpp, nvvs/include/NvvsJsonStrings.h,
@@ -45,8 +47,8 @@ severity in dcgmlib/src/dcgm_errors.c) become preflight actions:
 - MONITOR ("can perform workload, but needs to be monitored"): WARN.
 - A failing test with no error listed: FAIL (isolate when dcgmi exited 205, else retest); exit 205 with no
   ISOLATE error parsed still FAILs isolate; exit 226 with nothing failing in the JSON is an ERROR.
-- dcgmi overran its deadline: ERROR (retest; the level and the B200 hang named). Any other runtime error:
-  ERROR. No nv-hostengine: SKIP (DCGM installed but not running is a deployment choice), but WARN when
+- dcgmi overran its deadline, or stopped the diagnostic at its --timeout (runtime_error "Return: (-11)"):
+  ERROR (retest; the level and, at level 2, the B200 hang named). Any other runtime error: ERROR. No nv-hostengine: SKIP (DCGM installed but not running is a deployment choice), but WARN when
   other GPU nodes of the run did run the diagnostic (the service died here).
 - all tests passed or skipped: PASS naming the DCGM version, level, tests and GPUs.
 """
@@ -67,6 +69,8 @@ NAME = "dcgm"
 LEVEL_BUDGET_S = {1: 90.0, 2: 420.0, 3: 2700.0}
 #: The seconds kept free before the probe run's deadline (the probe must still answer after a kill).
 DEADLINE_SLACK_S = 3.0
+#: dcgmi's own --timeout is this much shorter than the kill: time for it to stop the diagnostic and answer.
+INNER_MARGIN_S = 10.0
 SEVERITIES = {0: "NONE", 1: "MONITOR", 2: "ISOLATE", 3: "UNKNOWN", 4: "TRIAGE", 5: "CONFIG", 6: "RESET"}
 EXIT_TEST_FAILED, EXIT_ISOLATE, EXIT_NO_HOSTENGINE = 226, 205, 235
 PERSISTENCE_MODE = 29  # DCGM_FR_PERSISTENCE_MODE
@@ -102,9 +106,15 @@ def probe(ctx: Any) -> Dict[str, Any]:
             facts["not_started"] = "only %.0f s left before the probe deadline" % max(left, 0.0)
             return facts
         timeout = min(timeout, left - DEADLINE_SLACK_S)
-    argv = ["dcgmi", "diag", "-r", str(level), "-j"]
+    # dcgmi's own --timeout (DCGM 3.3.8+) stops the diagnostic inside nv-hostengine (dcgmStopDiagnostic): a kill
+    # of the client alone would leave it running there. The kill at `timeout` is the backstop.
+    argv = ["dcgmi", "diag", "-r", str(level), "-j", "--timeout", str(int(max(1.0, timeout - INNER_MARGIN_S)))]
     t0 = time.monotonic()
     res = ctx.run(argv, timeout=timeout)
+    if not res.timed_out and res.rc != 0 and "PARSE ERROR" in res.stderr and "--timeout" in res.stderr:
+        argv = argv[:5]  # a dcgmi before 3.3.8: no --timeout; the kill is then the only deadline
+        timeout = timeout - (time.monotonic() - t0)
+        res = ctx.run(argv, timeout=timeout)
     facts.update(ran=True, argv=argv, rc=None if res.timed_out else res.rc, timed_out=res.timed_out,
                  timeout_s=round(timeout, 1), elapsed_s=round(time.monotonic() - t0, 2))
     facts["result"] = None if res.timed_out else parse_dcgmi_diag(res.stdout, res.stderr, res.rc)
@@ -329,6 +339,14 @@ def _judge_result(name: str, facts: Mapping[str, Any]) -> List[Finding]:
     return out
 
 
+def _overran(name: str, facts: Mapping[str, Any], how: str) -> Finding:
+    hang = " (level 2 is known to hang on B200/GB200: run level 1, or raise --timeout)" if facts.get("level") == 2 else ""
+    limit = facts.get("timeout_s") or 0
+    return Finding(NAME, name, Status.ERROR, "%s: dcgmi diag -r %s did not finish within %g s (%s)%s" % (
+        name, facts.get("level"), limit, how, hang), expected="a result within %g s" % limit, actual="no answer",
+        action="retest")
+
+
 def _judge(node: Any, facts: Mapping[str, Any], diagnosed: int) -> List[Finding]:
     name = node.name
     if facts.get("dcgmi") is None:
@@ -336,12 +354,11 @@ def _judge(node: Any, facts: Mapping[str, Any], diagnosed: int) -> List[Finding]
     if not facts.get("ran"):
         return [Finding(NAME, name, Status.ERROR, "%s: dcgmi diag not started: %s" % (name, facts.get("not_started") or "?"))]
     if facts.get("timed_out"):
-        hang = " (level 2 is known to hang on B200/GB200: run level 1, or raise --timeout)" if facts.get("level") == 2 else ""
-        return [Finding(NAME, name, Status.ERROR, "%s: dcgmi diag -r %s did not finish within %g s and was killed%s" % (
-            name, facts.get("level"), facts.get("timeout_s") or 0, hang), expected="a result within %g s" % (facts.get("timeout_s") or 0),
-            actual="no answer", action="retest")]
+        return [_overran(name, facts, "killed")]
     result = facts.get("result") or {}
     if result.get("runtime_error"):
+        if "Return: (-11)" in result["runtime_error"]:
+            return [_overran(name, facts, "dcgmi stopped it at its --timeout")]
         if not result.get("hostengine"):
             text = "%s: dcgmi is installed but nv-hostengine does not answer (%s)" % (name, result["runtime_error"])
             if diagnosed:
