@@ -215,3 +215,10 @@ def test_not_installed_skips_and_cpu_only_nodes_skip():
 
 def test_missing_facts_are_an_error_never_a_pass():
     assert [f.status for f in dcgm.rule(view({"n001": {}}))] == [Status.ERROR]
+
+
+def test_node_read_text_reaches_the_report_as_one_printable_line():
+    doc = open(os.path.join(fc.fixture_dir("dcgm"), "dcgm4_r1_persistence_off.txt")).read()
+    doc = doc.replace("Persistence mode for GPU 1 is disabled.", "Persistence\\u001b[2J mode\\nfor GPU 1 is disabled.")
+    err = dcgm.parse_dcgmi_diag(doc, "", 226)["errors"][0]
+    assert err["message"].startswith("Persistence?[2J mode for GPU 1 is disabled.")

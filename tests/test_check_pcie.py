@@ -74,6 +74,23 @@ def test_probe_window_fits_the_deadline_and_a_tree_without_aer_is_skipped(tmp_pa
     assert [f.status for f in out] == [Status.SKIP] and "no AER statistics in sysfs for its 2 GPUs/NICs" in out[0].message
 
 
+def test_a_port_above_two_functions_counts_once(tmp_path):
+    node = _tree(tmp_path)
+    second = NIC[:-1] + "1"  # the dual-port NIC's second function, below the same switch port
+    real = os.path.join(os.path.dirname(os.path.realpath(os.path.join(node.sys_dir, "bus", "pci", "devices", NIC))), second)
+    os.makedirs(real)
+    for name, text in (("class", "0x020700"), ("vendor", "0x15b3")):
+        with open(os.path.join(real, name), "w") as fh:
+            fh.write(text + "\n")
+    os.symlink(os.path.relpath(real, os.path.join(node.sys_dir, "bus", "pci", "devices")),
+               os.path.join(node.sys_dir, "bus", "pci", "devices", second))
+    install_aer(node, second)
+    install_aer(node, NIC_PORT, correctable={"BadDLLP": 5})
+    devs = {d["bdf"]: d for d in pcie.probe(NodeContext({"window_s": 0}, sysfs_root=node.sys_dir))["devices"]}
+    assert devs[NIC]["port"] == NIC_PORT and devs[NIC]["total"]["correctable"] == 5
+    assert devs[second]["port"] is None and devs[second]["total"]["correctable"] == 0
+
+
 # ------------------------------------------------------------------------------------------------ rule
 
 

@@ -158,7 +158,12 @@ def _error(test: str, entity: Optional[str], gpu: Optional[int], message: Any, i
     return {"test": test, "entity": entity, "gpu": gpu, "code": _int(item.get("error_id"), "error_id"),
             "category": _int(item.get("error_category"), "error_category"),
             "severity": SEVERITIES.get(severity, "UNKNOWN") if severity is not None else "UNKNOWN",
-            "message": " ".join(str(message).split())}
+            "message": _text(message)}
+
+
+def _text(value: Any) -> str:
+    """Node-read text as one printable line (no terminal control characters reach the report)."""
+    return "".join(c if c.isprintable() else "?" for c in " ".join(str(value).split()))
 
 
 def _entity(result: Mapping[str, Any]) -> Tuple[Optional[str], Optional[int]]:
@@ -225,7 +230,7 @@ def parse_dcgmi_diag(stdout: str, stderr: str = "", rc: Optional[int] = 0) -> Di
     out: Dict[str, Any] = {"format": None, "version": None, "driver": None, "rc": rc, "runtime_error": None,
                            "hostengine": True, "gpus": [], "tests": [], "errors": []}
     if doc is None:
-        text = " ".join(((stdout or "") + " " + (stderr or "")).split())
+        text = _text((stdout or "") + " " + (stderr or "")).strip()
         if rc == 0 or not text:
             raise ParseError("dcgmi diag -j: no JSON document in the output (exit %s): %.120r" % (rc, text))
         out.update(format="text", runtime_error=text[:400], hostengine=not _HOSTENGINE.search(text))
@@ -248,7 +253,7 @@ def parse_dcgmi_diag(stdout: str, stderr: str = "", rc: Optional[int] = 0) -> Di
         raise ParseError("dcgmi diag -j: %r is not an object" % out["format"])
     if root.get("runtime_error"):
         out["version"] = out["version"] or root.get("version")
-        text = " ".join(str(root["runtime_error"]).split())
+        text = _text(root["runtime_error"])
         out.update(runtime_error=text[:400], hostengine=not _HOSTENGINE.search(text))
         return out
     categories = root.get("test_categories")

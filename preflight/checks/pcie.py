@@ -4,7 +4,7 @@ The probe reads the kernel's AER statistics (``aer_dev_correctable``, ``aer_dev_
 under ``bus/pci/devices/<bdf>``, kernel 4.19+; Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats,
 Documentation/PCI/pcieaer-howto.rst) of every NVIDIA GPU (class 0x0300/0x0302) and network controller
 (class 0x02xxxx), and of the port directly above each (the other end of the same link: errors the port
-receives are counted there). It reads them twice, ``window_s`` apart (default 1 s, shortened to fit the
+receives are counted there; a port above several functions, a dual-port NIC's, counts toward the first). It reads them twice, ``window_s`` apart (default 1 s, shortened to fit the
 probe deadline), so errors happening now are told from old ones, and reads /proc/uptime for the rate
 since boot. Each file is one ``<name> <count>`` line per error bit then ``TOTAL_ERR_COR|NONFATAL|FATAL <n>``;
 kernels before 5.x print long names with spaces ("Receiver Error 2", "RELAY_NUM Rollover 0"), later
@@ -92,7 +92,10 @@ def probe(ctx: Any) -> Dict[str, Any]:
             targets.append(("gpu", fn["bdf"]))
         elif fn["class"].startswith("0x02"):
             targets.append(("nic", fn["bdf"]))
-    ports = {bdf: pci.upstream(ctx, bdf) for _kind, bdf in targets}
+    ports: Dict[str, Optional[str]] = {}
+    for _kind, bdf in targets:  # a port counts toward the first function below it only (dual-port NICs share one)
+        port = pci.upstream(ctx, bdf)
+        ports[bdf] = port if port not in ports.values() else None
     first = {bdf: _sum(_read_aer(ctx, bdf), _read_aer(ctx, ports[bdf])) for _kind, bdf in targets}
     window = float(ctx.config.get("window_s", WINDOW_S))
     left = ctx.remaining()
