@@ -222,3 +222,17 @@ def test_node_read_text_reaches_the_report_as_one_printable_line():
     doc = doc.replace("Persistence mode for GPU 1 is disabled.", "Persistence\\u001b[2J mode\\nfor GPU 1 is disabled.")
     err = dcgm.parse_dcgmi_diag(doc, "", 226)["errors"][0]
     assert err["message"].startswith("Persistence?[2J mode for GPU 1 is disabled.")
+
+
+def test_level_3_needs_a_deadline_that_fits_and_level_2_raises_an_unset_one(capsys):
+    from preflight import cli, engine
+    from preflight.errors import UsageError
+
+    assert cli.main(["node", "--dcgm-level", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--dcgm-level 3 runs `dcgmi diag -r 3` for up to 2700 s" in err and "--timeout 2716" in err
+    assert engine.dcgm_timeout(1, None) is None and engine.dcgm_timeout(1, 30.0) == 30.0
+    assert engine.dcgm_timeout(2, None) == dcgm.LEVEL_BUDGET_S[2] + 2 * dcgm.DEADLINE_SLACK_S + 10.0
+    assert engine.dcgm_timeout(3, 3000.0) == 3000.0
+    with pytest.raises(UsageError, match="--timeout 100 is shorter"):
+        engine.dcgm_timeout(2, 100.0)
