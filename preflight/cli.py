@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--debug", action="store_true", help="log details to stderr")
 
     checks = sub.add_parser("checks", help="list every check with its claim")
-    checks.add_argument("--markdown", action="store_true", help="print README.md's check table (claim, why, fix)")
+    checks.add_argument("--markdown", action="store_true", help="print README.md's check table (claim, why, fix) and check settings table")
 
     diff = sub.add_parser("diff", help="compare two JSON reports (from --json or --history)")
     diff.add_argument("old")
@@ -177,9 +177,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _cmd_checks(markdown: bool = False) -> int:
     if markdown:
+        from preflight.checks import settings_markdown
         from preflight.output.report import checks_markdown
 
-        sys.stdout.write(checks_markdown())
+        sys.stdout.write(checks_markdown() + "\n" + settings_markdown())
         return EXIT_OK
     from rich.console import Console
     from rich.table import Table

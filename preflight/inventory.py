@@ -37,19 +37,10 @@ NODE_KEYS = (
     "data_interface",
     "host_key_checking",
 )
-CLUSTER_KEYS = ("master_port", "head", "expect", "mtu_full_mesh", "allreduce", "transport", "shared_paths", "xid_window_s", "max_nodes")
+#: the run's own `cluster:` keys; the checks' keys (and every `expect:` key) come from their CHECK's
+#: settings (preflight.checks.settings()), so a new check's key needs no edit here
+CLUSTER_KEYS = ("master_port", "head", "expect", "allreduce", "transport", "max_nodes")
 TRANSPORTS = ("ssh", "slurm")
-EXPECT_KEYS = (
-    "driver_version",
-    "cuda_version",
-    "nccl_version",
-    "torch_version",
-    "mtu",
-    "ib_hcas",
-    "ib_rate_gbps",
-    "busbw_gbps",
-    "shared_free_gib",
-)
 ALLREDUCE_KEYS = ("sizes", "warmup", "iters", "init_timeout", "op_timeout", "total_timeout", "enabled", "slow_fraction",
                   "node_round")
 TOP_KEYS = ("defaults", "cluster", "nodes")
@@ -418,26 +409,28 @@ def load(path: str, max_nodes: Optional[int] = None) -> Inventory:
     defaults = dict(DEFAULTS)
     defaults.update(v.node_settings(v.mapping(top.get("defaults"), ("defaults",), NODE_KEYS, "defaults"), ("defaults",)))
 
-    cluster_raw = v.mapping(top.get("cluster"), ("cluster",), CLUSTER_KEYS, "cluster")
+    declared = check_settings()
+    check_keys = tuple(k for k in declared if "." not in k)
+    expect_keys = tuple(k.split(".", 1)[1] for k in declared if k.startswith("expect."))
+    cluster_raw = v.mapping(top.get("cluster"), ("cluster",), CLUSTER_KEYS + check_keys, "cluster")
     master_port = 29500
     if cluster_raw.get("master_port") is not None:
         master_port = v.integer(cluster_raw["master_port"], ("cluster", "master_port"), "master_port", 1, 65535)
-    expect = dict(v.mapping(cluster_raw.get("expect"), ("cluster", "expect"), EXPECT_KEYS, "cluster.expect"))
-    _check_expect(v, expect)
+    expect = dict(v.mapping(cluster_raw.get("expect"), ("cluster", "expect"), expect_keys, "cluster.expect"))
+    for key in list(expect):
+        expect[key] = _setting_value(v, declared["expect." + key], expect[key], ("cluster", "expect", key))
     allreduce = dict(v.mapping(cluster_raw.get("allreduce"), ("cluster", "allreduce"), ALLREDUCE_KEYS, "cluster.allreduce"))
     _check_allreduce(v, allreduce)
-    mesh = cluster_raw.get("mtu_full_mesh", False)
-    if not isinstance(mesh, bool):
-        raise v.fail(("cluster", "mtu_full_mesh"), "mtu_full_mesh must be true or false", "write true or false")
-    xid_window = None
-    if cluster_raw.get("xid_window_s") is not None:
-        xid_window = v.number(cluster_raw["xid_window_s"], ("cluster", "xid_window_s"), "xid_window_s", 1, 10 * 365 * 86400)
+    check_values = {
+        key: _copy(declared[key].default) if cluster_raw.get(key) is None
+        else _setting_value(v, declared[key], cluster_raw[key], ("cluster", key))
+        for key in check_keys
+    }
 
     transport = cluster_raw.get("transport", "ssh")
     if transport not in TRANSPORTS:
         raise v.fail(("cluster", "transport"), "transport %r is not one of %s" % (transport, ", ".join(TRANSPORTS)),
                      "write `transport: ssh` or `transport: slurm`")
-    shared_paths = _shared_paths(v, cluster_raw.get("shared_paths"))
 
     nodes_raw = top.get("nodes")
     if nodes_raw is None or nodes_raw == []:
@@ -509,7 +502,7 @@ def load(path: str, max_nodes: Optional[int] = None) -> Inventory:
         raise v.fail(("cluster", "head"), "head must be a node name, not %s" % _kind(head), "write `head: NODE-NAME`")
     if head is not None and head not in names:
         raise v.fail(("cluster", "head"), "head %r is not one of the nodes" % (head,), "use a node's name as listed under nodes:")
-    cluster = {"master_port": master_port, "mtu_full_mesh": mesh, "allreduce": allreduce, "shared_paths": shared_paths, "xid_window_s": xid_window}
+    cluster = dict(check_values, master_port=master_port, allreduce=allreduce)
     return Inventory(
         path=path,
         nodes=nodes,
@@ -522,15 +515,44 @@ def load(path: str, max_nodes: Optional[int] = None) -> Inventory:
     )
 
 
-def _shared_paths(v: _Validator, raw: Any) -> List[str]:
-    """cluster.shared_paths: absolute directory paths every node must see as one filesystem (storage check)."""
-    if raw is None:
-        return []
-    at = ("cluster", "shared_paths")
+def check_settings() -> Dict[str, Any]:
+    """{key: preflight.model.Setting} every check declares (imported here, when an inventory is read)."""
+    from preflight import checks
+
+    return checks.settings()
+
+
+def _copy(default: Any) -> Any:
+    """A setting's default as a fresh value (a tuple default becomes the list an inventory would give)."""
+    return list(default) if isinstance(default, (list, tuple)) else default
+
+
+def _setting_value(v: _Validator, setting: Any, raw: Any, at: Tuple[Any, ...]) -> Any:
+    """A check setting's value validated by its declared kind (preflight.model.SETTING_KINDS)."""
+    key = setting.key.rsplit(".", 1)[-1]
+    if setting.kind == "bool":
+        if not isinstance(raw, bool):
+            raise v.fail(at, "%s must be true or false" % key, "write true or false")
+        return raw
+    if setting.kind == "int":
+        return v.integer(raw, at, key, int(setting.low), int(setting.high))
+    if setting.kind == "number":
+        return v.number(raw, at, key, setting.low, setting.high, setting.unit)
+    if setting.kind == "version":
+        if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+            raise v.fail(at, "%s must be a version string" % key, 'quote it, e.g. "550.54.15"')
+        return str(raw)
+    if setting.kind == "paths":
+        return _paths(v, key, raw, at)
+    raise ValueError("setting %s: unknown kind %r" % (setting.key, setting.kind))  # a catalogue bug, guarded by tests
+
+
+def _paths(v: _Validator, key: str, raw: Any, at: Tuple[Any, ...]) -> List[str]:
+    """Absolute directory paths (one path or a list), normalised, without duplicates."""
     if isinstance(raw, str):
         raw = [raw]
     if not isinstance(raw, list):
-        raise v.fail(at, "shared_paths must be a list of paths, not %s" % _kind(raw), "write e.g. `shared_paths: [/shared/checkpoints]`")
+        raise v.fail(at, "%s must be a list of paths, not %s" % (key, _kind(raw)), "write e.g. `%s: [/shared/checkpoints]`" % key)
     out: List[str] = []
     for i, item in enumerate(raw):
         if not isinstance(item, str) or not item.startswith("/") or any(c in item for c in "\x00\n\r"):
@@ -539,21 +561,6 @@ def _shared_paths(v: _Validator, raw: Any) -> List[str]:
         if path not in out:
             out.append(path)
     return out
-
-
-def _check_expect(v: _Validator, expect: Dict[str, Any]) -> None:
-    for key, value in expect.items():
-        at = ("cluster", "expect", key)
-        if key in ("mtu", "ib_hcas"):
-            expect[key] = v.integer(value, at, key, 0 if key == "ib_hcas" else 576, 65536)
-        elif key in ("ib_rate_gbps", "busbw_gbps"):
-            expect[key] = v.number(value, at, key, 0.001, 100000, "Gb/s" if key == "ib_rate_gbps" else "GB/s")
-        elif key == "shared_free_gib":
-            expect[key] = v.number(value, at, key, 0, 10 ** 9, "GiB")
-        elif isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise v.fail(at, "%s must be a version string" % key, 'quote it, e.g. "550.54.15"')
-        else:
-            expect[key] = str(value)
 
 
 def _check_allreduce(v: _Validator, allreduce: Dict[str, Any]) -> None:

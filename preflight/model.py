@@ -191,6 +191,30 @@ class CrossNode:
     summary: Optional[Callable[..., Optional[Dict[str, Any]]]] = None
 
 
+#: the kinds of value a Setting holds; preflight.inventory validates each (SETTING_KINDS is its contract)
+SETTING_KINDS = ("bool", "int", "number", "version", "paths")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One inventory key a check reads, declared on its Check: the inventory accepts and validates it from here.
+
+    key      its place under `cluster:`: "mtu_full_mesh", or "expect.mtu" for `cluster: expect: mtu:`
+    kind     one of SETTING_KINDS: bool, int (low..high), number (low..high, in unit), version (a string),
+             paths (absolute directory paths)
+    doc      one line: what it asks of the check (the README's settings table)
+    default  the value rules see when the inventory leaves it out (expect.* keys: absent, no expectation)
+    """
+
+    key: str
+    kind: str
+    doc: str
+    default: Any = None
+    low: float = 0
+    high: float = 0
+    unit: str = ""
+
+
 @dataclass(frozen=True)
 class Check:
     """A check's declaration: the catalogue entry every module in preflight.checks exports as CHECK.
@@ -216,6 +240,8 @@ class Check:
             its rule is judged after it ran
     reads   what the probe reads or runs on a node (files, commands, libraries), for `preflight checks`
     takes   how long its probe takes on a node, typically ("< 0.1 s", "2 s window"), for `preflight checks`
+    settings   the inventory keys its rules read (Setting); the inventory accepts no other check key, and
+            two checks reading one key declare it alike
     """
 
     name: str
@@ -233,6 +259,7 @@ class Check:
     crossnode: Optional[CrossNode] = None
     reads: str = ""
     takes: str = ""
+    settings: Sequence[Setting] = ()
 
 
 def with_action(finding: Finding, default: str) -> Finding:

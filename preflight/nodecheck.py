@@ -59,10 +59,6 @@ def line(finding: Finding) -> str:
     return "preflight: %s %s: %s" % (finding.status.value.upper(), finding.check, message)
 
 
-#: the cluster settings a single node's rules read (the rest are about the fan-out or the all-reduce)
-NODE_CLUSTER_KEYS = ("shared_paths", "xid_window_s")
-
-
 def adopt(local: Any, source: Any, gpus_given: bool = False) -> Optional[str]:
     """This machine judged by an inventory file: its cluster.expect and node-level cluster settings, and
     the entry naming this host (by name or address): gpus_per_node (unless given) and data_interface.
@@ -72,7 +68,7 @@ def adopt(local: Any, source: Any, gpus_given: bool = False) -> Optional[str]:
     import socket
 
     local.expect = dict(source.expect)
-    local.cluster.update({k: source.cluster[k] for k in NODE_CLUSTER_KEYS if k in source.cluster})
+    local.cluster.update({k: source.cluster[k] for k in catalogue.settings() if k in source.cluster})  # checks' keys
     names = {local.nodes[0].name, socket.getfqdn(), socket.gethostname()}
     mine = [s for s in source.nodes if s.name in names or s.host in names]
     node = local.nodes[0]

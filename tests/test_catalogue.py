@@ -110,3 +110,132 @@ def test_the_bundle_holds_no_controller_only_module():
     names = zipfile.ZipFile(__import__("io").BytesIO(bundle.base_zip())).namelist()
     for controller in ("preflight/datanet.py", "preflight/allreduce/plan.py", "preflight/allreduce/run.py", "preflight/cli.py"):
         assert controller not in names
+
+
+# --- check settings: declared on the Check, validated by the inventory from the catalogue ------------------
+
+
+def readme_block(start: str, end: str) -> str:
+    with open(os.path.join(REPO, "README.md")) as fh:
+        text = fh.read()
+    begin = text.index("\n", text.index(start)) + 1
+    return text[begin:text.index(end)]
+
+
+def test_readme_settings_table_matches_the_declarations():
+    have = readme_block("<!-- generated from the Setting declarations", "<!-- end of the settings table -->")
+    assert have == checks.settings_markdown(), (
+        "README.md's settings table drifted from the checks' Setting declarations; regenerate it with "
+        "`preflight checks --markdown` (the second table)")
+
+
+def test_settings_are_well_formed_and_clash_with_no_run_key():
+    from preflight import inventory
+    from preflight.model import SETTING_KINDS, Setting
+
+    wrong = []
+    for name, check in checks.catalogue().items():
+        for s in check.settings:
+            if not isinstance(s, Setting):
+                wrong.append("%s: settings holds %r, not a Setting" % (name, s))
+                continue
+            where = "%s: setting %s" % (name, s.key)
+            if s.kind not in SETTING_KINDS:
+                wrong.append("%s: kind %r is none of %s" % (where, s.kind, ", ".join(SETTING_KINDS)))
+            if s.kind in ("int", "number") and not s.low < s.high:
+                wrong.append("%s: give its range (low < high)" % where)
+            parts = s.key.split(".")
+            if not (len(parts) == 1 or (len(parts) == 2 and parts[0] == "expect")) or not all(p.isidentifier() for p in parts):
+                wrong.append("%s: a key is `name` (under cluster:) or `expect.name`" % where)
+            if parts[0] in inventory.CLUSTER_KEYS and len(parts) == 1:
+                wrong.append("%s: %r is the run's own cluster key" % (where, s.key))
+            if not s.doc.strip():
+                wrong.append("%s: empty doc" % where)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_key_two_checks_read_is_declared_alike():
+    first = {}
+    wrong = []
+    for name, check in checks.catalogue().items():
+        for s in check.settings:
+            if s.key in first and first[s.key][1] != s:
+                wrong.append("%s and %s declare %s differently: declare it alike (one shared Setting)" % (first[s.key][0], name, s.key))
+            first.setdefault(s.key, (name, s))
+    assert not wrong, "\n".join(wrong)
+    assert checks.readers("xid_window_s") == ["xid", "ib_errors"]
+
+
+#: what a rule may read from the view that no inventory key of a check supplies: the run's own keys
+#: (inventory.CLUSTER_KEYS) and what the engine adds (the previous run's report, --history)
+ENGINE_KEYS = ("previous",)
+
+
+def test_every_inventory_key_a_check_reads_is_declared_on_it():
+    """A rule reading view.expect["x"] / view.cluster.get("x") (or prepare's cluster.get("x")) must declare it:
+    otherwise the inventory refuses the key the check asks users to write."""
+    import re
+
+    from preflight import inventory
+
+    pattern = re.compile(r"""\b(view\.expect|view\.cluster|cluster)(?:\.get\(|\[)\s*["'](\w+)["']""")
+    wrong = []
+    for name, check in checks.catalogue().items():
+        path = os.path.join(REPO, "preflight", "checks", name + ".py")
+        with open(path) as fh:
+            source = fh.read()
+        declared = {s.key for s in check.settings}
+        for holder, key in sorted(set(pattern.findall(source))):
+            full = "expect." + key if holder.endswith("expect") else key
+            if full.startswith("expect.") or (key not in inventory.CLUSTER_KEYS and key not in ENGINE_KEYS):
+                if full not in declared:
+                    wrong.append("checks/%s.py reads %s but its CHECK declares no Setting(%r, ...)" % (name, full, full))
+    assert not wrong, "\n".join(wrong)
+
+
+def _valid(setting):
+    return {"bool": True, "int": int(setting.low), "number": setting.high, "version": "1.2.3",
+            "paths": ["/shared//a/"]}[setting.kind]
+
+
+def _inventory_text(setting, value):
+    import yaml
+
+    key = setting.key.split(".")
+    cluster = {key[0]: {key[1]: value}} if len(key) == 2 else {key[0]: value}
+    return yaml.safe_dump({"cluster": cluster, "nodes": ["n1"]}, default_flow_style=False)
+
+
+def test_the_inventory_accepts_every_declared_setting_by_its_kind_and_defaults_the_rest(tmp_path):
+    from preflight import inventory
+
+    for key, setting in checks.settings().items():
+        path = tmp_path / (key + ".yaml")
+        path.write_text(_inventory_text(setting, _valid(setting)))
+        inv = inventory.load(str(path))
+        got = inv.expect[key.split(".")[1]] if key.startswith("expect.") else inv.cluster[key]
+        assert got == ({"paths": ["/shared/a"]}.get(setting.kind, _valid(setting))), (key, got)
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("nodes: [n1]\n")
+    inv = inventory.load(str(bare))
+    assert inv.expect == {}
+    for key, setting in checks.settings().items():
+        if "." not in key:
+            assert inv.cluster[key] == (list(setting.default) if isinstance(setting.default, tuple) else setting.default), key
+
+
+def test_a_wrong_kind_for_any_declared_setting_is_one_located_line(tmp_path, capsys):
+    from tests.builders import assert_one_located_line
+
+    for key, setting in checks.settings().items():
+        bad = {"bool": "yes please", "int": "many", "number": "fast", "version": ["1"], "paths": "relative/dir"}[setting.kind]
+        text = _inventory_text(setting, bad)
+        line = text.splitlines().index(next(l for l in text.splitlines() if l.strip().startswith(key.split(".")[-1] + ":"))) + 1
+        assert_one_located_line(tmp_path, capsys, text, line, key.split(".")[-1] if setting.kind != "paths" else "absolute")
+
+
+def test_an_undeclared_check_key_is_refused_with_a_suggestion(tmp_path, capsys):
+    from tests.builders import assert_one_located_line
+
+    assert_one_located_line(tmp_path, capsys, "cluster:\n  shared_path: [/x]\nnodes: [n1]\n", 2, "did you mean 'shared_paths'")
+    assert_one_located_line(tmp_path, capsys, "cluster:\n  expect:\n    mtus: 9000\nnodes: [n1]\n", 3, "did you mean 'mtu'")

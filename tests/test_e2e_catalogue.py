@@ -14,6 +14,54 @@ from tests.sim import aer_hw, dcgm_hw, gpu_hw, ib_hw, pci_hw
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+#: The end-to-end scenario that makes each check FAIL on simulated nodes through the real interfaces:
+#: {check: (test module, test function, the parametrize value that is its case, or None)}. A check in the
+#: catalogue without an entry here fails test_every_check_has_an_end_to_end_scenario by name.
+SCENARIOS = {
+    "ssh": ("test_e2e_transport", "test_dead_and_hung_nodes_are_named_and_the_rest_reported", None),
+    "gpu": ("test_e2e_catalogue", "test_hardware_fault_is_named", "gpu_missing"),
+    "driver": ("test_e2e_catalogue", "test_hardware_fault_is_named", "driver_outlier"),
+    "fabric_manager": ("test_e2e_catalogue", "test_hardware_fault_is_named", "fabric_manager_stopped"),
+    "xid": ("test_e2e_hw_checks", "test_fault_on_one_node_is_named", "xid"),
+    "nic": ("test_e2e_datanet", "test_data_cable_pulled_fails_those_nodes_and_keeps_management_out_of_the_env", None),
+    "ib_hca": ("test_e2e_catalogue", "test_hardware_fault_is_named", "ib_port_down"),
+    "ib_errors": ("test_e2e_checks_v2", "test_ib_errors_names_the_flapping_port_while_it_flaps", None),
+    "gpudirect": ("test_e2e_hw_checks", "test_fault_on_one_node_is_named", "gpudirect"),
+    "topology": ("test_e2e_hw_checks", "test_fault_on_one_node_is_named", "topology"),
+    "mtu": ("test_e2e_catalogue", "test_mtu_black_hole_names_the_node", None),
+    "ports": ("test_e2e_catalogue", "test_master_port_held_on_head", None),
+    "nccl_env": ("test_e2e_checks_v2", "test_nccl_env_names_the_stale_line_in_one_nodes_etc_nccl_conf", None),
+    "storage": ("test_e2e_checks_v2", "test_storage_names_the_node_whose_shared_path_is_a_local_directory", None),
+    "allreduce": ("test_e2e_allreduce", "test_mtu_black_hole_hangs_at_a_size_and_the_pairs_name_the_node", None),
+}
+
+
+def test_every_check_has_an_end_to_end_scenario():
+    """Adding a check is its module + fixtures + tests: this names the check whose end-to-end fault is missing,
+    and any entry pointing at a test (or parametrize case) that no longer exists."""
+    import importlib
+
+    from preflight import checks
+
+    missing = [n for n in checks.CHECK_NAMES if n not in SCENARIOS]
+    assert not missing, (
+        "no end-to-end scenario for %s: add a test in tests/test_e2e_*.py that makes it FAIL on a simulated node "
+        "(tests/sim: faults through PATH, sysfs, NVML) and name it in SCENARIOS" % ", ".join(missing))
+    stale = sorted(set(SCENARIOS) - set(checks.CHECK_NAMES))
+    assert not stale, "SCENARIOS names checks the catalogue no longer has: %s" % ", ".join(stale)
+    wrong = []
+    for check, (module, function, case) in SCENARIOS.items():
+        test = getattr(importlib.import_module("tests." + module), function, None)
+        if not callable(test):
+            wrong.append("%s: tests/%s.py has no %s" % (check, module, function))
+            continue
+        if case is not None:
+            values = [v for mark in getattr(test, "pytestmark", []) if mark.name == "parametrize" for v in mark.args[1]]
+            if not any(case in (v if isinstance(v, tuple) else (v,)) for v in values):
+                wrong.append("%s: %s.%s has no parametrize case %r" % (check, module, function, case))
+    assert not wrong, "\n".join(wrong)
+
+
 def run_preflight(cluster, inv, *args, timeout=240):
     proc = cluster.ctl([sys.executable, "-m", "preflight", "check", inv, "--json", "-", "--no-progress", *args], cwd=REPO, timeout=timeout)
     assert "Traceback" not in proc.stderr, proc.stderr

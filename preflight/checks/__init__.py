@@ -15,7 +15,7 @@ import importlib
 import os
 from typing import Any, Dict, List, Tuple
 
-from preflight.model import Check
+from preflight.model import Check, Setting
 
 _names: List[Tuple[str, ...]] = []
 
@@ -62,3 +62,42 @@ def closure(names: List[str]) -> List[str]:
                 wanted.add(dep)
                 todo.append(dep)
     return [n for n in __getattr__("CHECK_NAMES") if n in wanted]
+
+
+def settings() -> Dict[str, Setting]:
+    """Every inventory key a check declares ({"mtu_full_mesh": Setting, "expect.mtu": Setting, ...}), sorted.
+
+    Two checks may read one key (xid and ib_errors: xid_window_s); they declare it alike, which
+    tests/test_catalogue.py guards, and the first declaration (in CHECK_NAMES order) is the one used.
+    """
+    out: Dict[str, Setting] = {}
+    for check in catalogue().values():
+        for setting in check.settings:
+            out.setdefault(setting.key, setting)
+    return dict(sorted(out.items()))
+
+
+def readers(key: str) -> List[str]:
+    """The checks that declare inventory key `key`, in CHECK_NAMES order."""
+    return [name for name, check in catalogue().items() if any(s.key == key for s in check.settings)]
+
+
+def _number(value: float) -> str:
+    return "%d" % value if value == int(value) else "%g" % value
+
+
+def settings_markdown() -> str:
+    """README.md's table of check settings, from the Setting declarations (`preflight checks --markdown`)."""
+    def cell(text: str) -> str:
+        return " ".join(text.split()).replace("|", "\\|")
+
+    lines = ["| `cluster:` key | value | default | read by | what it asks |", "|---|---|---|---|---|"]
+    for key, setting in settings().items():
+        value = setting.kind
+        if setting.kind in ("int", "number"):
+            value = "%s %s-%s%s" % (setting.kind, _number(setting.low), _number(setting.high),
+                                    " " + setting.unit if setting.unit else "")
+        default = "(none)" if setting.default in (None, [], ()) else str(setting.default).lower()
+        lines.append("| `%s` | %s | %s | %s | %s |" % (
+            key, value, default, ", ".join("`%s`" % n for n in readers(key)), cell(setting.doc)))
+    return "\n".join(lines) + "\n"

@@ -40,7 +40,7 @@ import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from preflight.common import GiB, MiB, fold, fold_ints, human_bytes, nccl_selects, plural
-from preflight.model import Check, ClusterView, CrossNode, Finding, Status
+from preflight.model import Check, ClusterView, CrossNode, Finding, Setting, Status
 
 NAME = "allreduce"
 
@@ -1041,4 +1041,8 @@ CHECK = Check(
     takes="10-60 s (the sweep)",
     order=90,
     crossnode=CrossNode(run=_run_bench, summary=_summary),
+    settings=(Setting("expect.busbw_gbps", "number", "the bus bandwidth the largest size must reach", low=0.001,
+                      high=100000, unit="GB/s"),
+              Setting("expect.nic_gbps", "number", "each node's NIC line rate, for the built-in bandwidth floor when "
+                      "the HCA facts give none", low=0.001, high=100000, unit="Gb/s")),
 )

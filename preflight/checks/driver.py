@@ -47,7 +47,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.checks.gpu import bounded_nvml, load_nvml, nvml_shutdown, nvml_wedged
 from preflight.common import fold, majority, plural
-from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
+from preflight.model import Check, ClusterView, Finding, ParseError, Setting, Status, probe_error
 
 NAME = "driver"
 PROC_VERSION = "/proc/driver/nvidia/version"
@@ -429,4 +429,7 @@ CHECK = Check(
     rule=rule,
     action="fix_config",
     order=30,
+    settings=tuple(Setting("expect." + key, "version", "the %s every node runs (else the cluster majority)" % what)
+                   for key, what in (("driver_version", "NVIDIA driver"), ("cuda_version", "CUDA driver version"),
+                                     ("nccl_version", "NCCL"), ("torch_version", "torch"))),
 )

@@ -437,4 +437,5 @@ CHECK = Check(
     reads="sysfs class/infiniband/*/ports/*/counters, read twice; the kernel log (journalctl -k or dmesg, shared with xid)",
     takes="1 s window (none without HCAs)",
     order=65,
+    settings=(kernlog.WINDOW,),
 )

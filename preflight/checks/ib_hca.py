@@ -26,7 +26,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.common import fold, human_bytes, majority, plural
-from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
+from preflight.model import Check, ClusterView, Finding, ParseError, Setting, Status, probe_error
 
 CHECK_NAME = "ib_hca"
 #: Below this locked-memory limit RDMA registration of NCCL's buffers fails: FAIL.
@@ -536,4 +536,8 @@ CHECK = Check(
     reads="sysfs class/infiniband/*/ports/*/{state,phys_state,rate,link_layer}, device ids",
     takes="< 0.1 s",
     order=60,
+    settings=(
+        Setting("expect.ib_hcas", "int", "ACTIVE HCA ports every node has (else the cluster majority)", low=0, high=65536),
+        Setting("expect.ib_rate_gbps", "number", "the rate every active port runs at", low=0.001, high=100000, unit="Gb/s"),
+    ),
 )

@@ -20,7 +20,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.common import fold, majority
-from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
+from preflight.model import Check, ClusterView, Finding, ParseError, Setting, Status, probe_error
 
 CHECK_NAME = "mtu"
 IP_ICMP_HEADERS = 28
@@ -373,6 +373,9 @@ def rule(view: ClusterView) -> List[Finding]:
     return out
 
 
+#: expect.mtu, read by nic too (node mode judges it there: no partner to ping); declared alike in both
+EXPECT_MTU = Setting("expect.mtu", "int", "the MTU every data interface has (else the cluster majority)", low=576, high=65536)
+
 CHECK = Check(
     name=CHECK_NAME,
     claim="The data interfaces share one MTU and full-size frames cross every tested path",
@@ -389,4 +392,8 @@ CHECK = Check(
     reads="ping -M do at full frame size to ring neighbours over the data interface (phase 2)",
     takes="1-3 s per neighbour",
     order=70,
+    settings=(
+        Setting("mtu_full_mesh", "bool", "every pair of nodes pings (default: each node its ring neighbour)", default=False),
+        EXPECT_MTU,
+    ),
 )

@@ -16,7 +16,7 @@ import re
 from typing import Any, Dict, List, Optional
 
 from preflight.common import fold, majority
-from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
+from preflight.model import Check, ClusterView, Finding, ParseError, Setting, Status, probe_error
 
 CHECK_NAME = "nic"
 
@@ -271,6 +271,9 @@ def _speed_drift(choice: Any) -> List[Finding]:
     return out
 
 
+#: expect.mtu: the data interface's MTU (the mtu check reads it too, declared alike)
+EXPECT_MTU = Setting("expect.mtu", "int", "the MTU every data interface has (else the cluster majority)", low=576, high=65536)
+
 CHECK = Check(
     name=CHECK_NAME,
     claim="Every node has an up data interface with an IPv4 address in a subnet all nodes share",
@@ -284,4 +287,5 @@ CHECK = Check(
     reads="ip -j addr show, ip -j -d link show; sysfs class/net/*/{speed,operstate,device}",
     takes="< 0.1 s",
     order=50,
+    settings=(EXPECT_MTU,),
 )

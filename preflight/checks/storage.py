@@ -28,7 +28,7 @@ import os
 import secrets
 from typing import Any, Dict, List, Mapping, Optional
 
-from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
+from preflight.model import Check, ClusterView, Finding, ParseError, Setting, Status, probe_error
 
 CHECK_NAME = "storage"
 TOKEN_FILE = ".preflight-shared-token"
@@ -264,4 +264,8 @@ CHECK = Check(
     reads="/proc/self/mountinfo, statvfs and one small written, fsynced and removed file per shared path",
     takes="< 1 s (the filesystem's latency)",
     order=87,
+    settings=(
+        Setting("shared_paths", "paths", "directories every node must see as one writable filesystem", default=()),
+        Setting("expect.shared_free_gib", "number", "free space each shared path must have", low=0, high=10 ** 9, unit="GiB"),
+    ),
 )

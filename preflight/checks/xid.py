@@ -299,4 +299,5 @@ CHECK = Check(
     rule=rule,
     order=45,
     needs=("gpu",),
+    settings=(kernlog.WINDOW,),
 )

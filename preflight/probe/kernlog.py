@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Iterator, Optional, Tuple
 
-from preflight.model import ParseError
+from preflight.model import ParseError, Setting
 
 JOURNALCTL = ("journalctl", "-k", "-b", "0", "-o", "short-monotonic", "--no-pager", "-q")
 DMESG = ("dmesg",)
@@ -94,6 +94,11 @@ def messages(text: str, source: str) -> Iterator[Tuple[int, Optional[float], str
 def age(uptime_s: Optional[float], ts: Optional[float]) -> Optional[float]:
     """Seconds since a line was logged; None when either time is unknown (then it counts as inside any window)."""
     return None if uptime_s is None or ts is None else max(0.0, uptime_s - ts)
+
+
+#: cluster.xid_window_s, the window xid and ib_errors judge kernel-log events in (default: since boot)
+WINDOW = Setting("xid_window_s", "number", "judge only kernel-log events this recent (default: since boot)",
+                 low=1, high=10 * 365 * 86400, unit="seconds")
 
 
 def in_window(age_s: Optional[float], window_s: Optional[float]) -> bool:

@@ -19,6 +19,8 @@ of SSH sessions), sys/ (the sysfs root the probe sees through PREFLIGHT_SYSFS_RO
         c.mtu_blackhole("n003")
 
 Everything is removed by stop() (also via atexit, SIGTERM/SIGHUP, and cleanup_stale() after a crash).
+The fault injectors (mtu_blackhole, data_link_down, freeze_sshd, hold_port, ...) live in tests/sim/faults.py,
+mixed into SimCluster; teardown and cleanup_stale in tests/sim/teardown.py; shared primitives in tests/sim/base.py.
 """
 
 from __future__ import annotations
@@ -30,74 +32,31 @@ import json
 import os
 import re
 import secrets
-import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
+from .base import BASE_DIR, DATA_MTU, MGMT_MTU, PREFIX_BASE, SimError, ed25519_keypair, ip_batch, tail, write_file
+from .faults import FaultInjection
 from .netns import cmdline, in_netns, list_netns, netns_id, pids_by_netns
+from .teardown import cleanup_stale, proc_starttime, teardown
+
+__all__ = ["DOCKER0_CIDR", "SimCluster", "SimError", "SimNode", "cleanup_stale"]  # cleanup_stale: tests/sim/teardown.py
 
 SSHD = "/usr/sbin/sshd"
-BASE_DIR = os.environ.get("PFSIM_BASE", os.path.join(tempfile.gettempdir(), "pfsim"))
-PREFIX_BASE = "pfsim"
 MGMT_NET = "198.18"
 DATA_NET = "198.19"
 CTL_MGMT_IP = "198.18.0.1"
 CTL_DATA_IP = "198.19.0.1"
 DOCKER0_CIDR = "198.19.255.1/24"
-DATA_MTU = 9000
-MGMT_MTU = 1500
 MAX_NODES = 250 * 250  # third octet stays below 250, clear of docker0's 198.19.255.0/24
 SESSION_PATH_TAIL = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_NS_RE = re.compile(r"^(%s\w*)-(sw|ctl|n\d+)$" % PREFIX_BASE)
 
 NodeRef = Union["SimNode", str, int]
-
-
-class SimError(RuntimeError):
-    """The simulated cluster could not be built or changed."""
-
-
-def _ip_batch(lines: Sequence[str], ns: Optional[str] = None, force: bool = False) -> None:
-    """Run iproute2 commands through one `ip [-n NS] -batch -` process."""
-    argv = ["ip"] + (["-n", ns] if ns else []) + (["-force"] if force else []) + ["-batch", "-"]
-    proc = subprocess.run(argv, input="\n".join(lines) + "\n", stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, universal_newlines=True)
-    if proc.returncode != 0 and not force:
-        raise SimError("%s failed: %s" % (" ".join(argv), proc.stdout.strip()))
-
-
-def _ed25519_keypair(comment: str) -> Tuple[bytes, bytes]:
-    """(OpenSSH private key PEM, 'ssh-ed25519 AAAA... comment' line)."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                serialization.NoEncryption())
-    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-    return private, public + b" " + comment.encode()
-
-
-def tail(path: str, n: int) -> str:
-    """The last n bytes of a (log) file as text; "" when it cannot be read."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()[-n:].decode(errors="replace").strip()
-    except OSError:
-        return ""
-
-
-def _write(path: str, data: Union[str, bytes], mode: int = 0o644) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data.encode() if isinstance(data, str) else data)
-    os.chmod(path, mode)
 
 
 def _sshd_version() -> Tuple[int, int]:
@@ -105,14 +64,6 @@ def _sshd_version() -> Tuple[int, int]:
                          universal_newlines=True).stdout
     m = re.search(r"OpenSSH_(\d+)\.(\d+)", out)
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-
-
-def _proc_starttime(pid: int) -> Optional[str]:
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            return fh.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
 
 
 def _hex_addr(ip: str) -> str:
@@ -166,21 +117,21 @@ class SimNode:
         path = os.path.join(self.bin_dir, name)
         if os.path.lexists(path):
             os.unlink(path)
-        _write(path, text, 0o755)
+        write_file(path, text, 0o755)
         return path
 
     def write_host_file(self, path: str, text: Union[str, bytes]) -> str:
         """Write a file the node's jobs read at absolute `path` (e.g. /etc/nccl.conf) under its root_dir."""
         real = os.path.join(self.root_dir, path.lstrip("/"))
         os.makedirs(os.path.dirname(real), exist_ok=True)
-        _write(real, text)
+        write_file(real, text)
         return real
 
     def write_sys(self, relpath: str, text: Union[str, bytes]) -> str:
         """Write a file under the node's sysfs root (sys/), creating directories; returns its path."""
         path = os.path.join(self.sys_dir, relpath.lstrip("/"))
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        _write(path, text)
+        write_file(path, text)
         return path
 
 
@@ -211,7 +162,7 @@ def _install_exit_hooks() -> None:
             signal.signal(sig, interrupt)
 
 
-class SimCluster:
+class SimCluster(FaultInjection):
     """N simulated nodes, a switch and a controller namespace; start() builds it, stop() removes it all.
 
     docker0: True for every node, or an iterable of node names/indices that get one.
@@ -319,16 +270,16 @@ class SimCluster:
 
     def _register_owner(self) -> None:
         os.makedirs(BASE_DIR, exist_ok=True)
-        _write(self._owner_file, json.dumps({"pid": os.getpid(), "start": _proc_starttime(os.getpid()),
+        write_file(self._owner_file, json.dumps({"pid": os.getpid(), "start": proc_starttime(os.getpid()),
                                              "root": self.root}))
 
     def _write_files(self) -> None:
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
         os.makedirs(self.root, exist_ok=True)
-        private, public = _ed25519_keypair("preflight-sim-client")
-        _write(self.identity_file, private, 0o600)
-        _write(self.identity_file + ".pub", public + b"\n")
-        _write(self.authorized_keys, public + b"\n", 0o600)
+        private, public = ed25519_keypair("preflight-sim-client")
+        write_file(self.identity_file, private, 0o600)
+        write_file(self.identity_file + ".pub", public + b"\n")
+        write_file(self.authorized_keys, public + b"\n", 0o600)
         extra = "PerSourcePenalties no\n" if _sshd_version() >= (9, 8) else ""
         known = []
         for node in self.nodes:
@@ -339,13 +290,13 @@ class SimCluster:
             if not os.path.lexists(net):
                 os.symlink("/sys/class/net", net)  # inside `ip netns exec`, /sys is the namespace's sysfs
             self._install_python(node)
-            private, public = _ed25519_keypair("root@" + node.name)
-            _write(node.host_key, private, 0o600)
+            private, public = ed25519_keypair("root@" + node.name)
+            write_file(node.host_key, private, 0o600)
             node.host_pubkey = public
             known.append(b"%s %s\n" % (node.mgmt_ip.encode(), b" ".join(public.split()[:2])))
-            _write(node.sshd_config, self._sshd_config_text(node, extra))
-            _write(node.shell_rc, "")
-        _write(self.known_hosts, b"".join(known))
+            write_file(node.sshd_config, self._sshd_config_text(node, extra))
+            write_file(node.shell_rc, "")
+        write_file(self.known_hosts, b"".join(known))
 
     @staticmethod
     def _install_python(node: SimNode) -> None:
@@ -355,7 +306,7 @@ class SimCluster:
         if sys.prefix == sys.base_prefix:
             os.symlink(sys.executable, path)
         else:  # a venv is found next to the path python was started by, so keep that path
-            _write(path, '#!/bin/sh\nexec %s "$@"\n' % sys.executable, 0o755)
+            write_file(path, '#!/bin/sh\nexec %s "$@"\n' % sys.executable, 0o755)
 
     def _sshd_config_text(self, node: SimNode, extra: str) -> str:
         return (
@@ -396,7 +347,7 @@ class SimCluster:
         if clash:
             raise SimError("namespaces already exist: %s" % ", ".join(clash[:5]))
         self._created_ns = names
-        _ip_batch(["netns add %s" % n for n in names])
+        ip_batch(["netns add %s" % n for n in names])
 
         sw = [
             "link set lo up",
@@ -416,7 +367,7 @@ class SimCluster:
                       % (node.data_veth, DATA_MTU, DATA_MTU, node.ns))
             if node.docker0:
                 sw.append(self._docker0_port_line(node))
-        _ip_batch(sw, ns=self.switch_ns)
+        ip_batch(sw, ns=self.switch_ns)
 
         jobs = [(self.ctl_ns, self._host_lines(self.ctl_mgmt_ip, self.ctl_data_ip, False))]
         jobs += [(node.ns, self._host_lines(node.mgmt_ip, node.data_ip, node.docker0)) for node in self.nodes]
@@ -555,7 +506,7 @@ class SimCluster:
         self.stopped = True
         t0 = time.monotonic()
         try:
-            _teardown(self._created_ns, self._popens)
+            teardown(self._created_ns, self._popens)
         finally:
             if self in _live:
                 _live.remove(self)
@@ -671,18 +622,7 @@ class SimCluster:
                 return left
             time.sleep(0.05)
 
-    # ---------------------------------------------------------------- fault injection
-
-    def _push_undo(self, node: SimNode, fn: Callable[[], None]) -> None:
-        self._undo.setdefault(node.name, []).append(fn)
-
-    def heal(self, node: Optional[NodeRef] = None) -> None:
-        """Undo injected faults (newest first) on one node or on all."""
-        names = [self.node(node).name] if node is not None else list(self._undo)
-        for name in names:
-            stack = self._undo.pop(name, [])
-            while stack:
-                stack.pop()()
+    # ---------------------------------------------------------------- sshd and docker0 on a running node
 
     def start_sshd(self, node: NodeRef, timeout: float = 10.0) -> None:
         """(Re)start a node's sshd if it is not running, and wait until it listens."""
@@ -697,298 +637,10 @@ class SimCluster:
             node.sshd.kill()
             node.sshd.wait()
 
-    def stop_sshd(self, node: NodeRef) -> None:
-        """Kill the node's sshd listener: connections are refused. Existing sessions live on."""
-        node = self.node(node)
-        self._kill_sshd(node)
-        self._push_undo(node, lambda: self.start_sshd(node))
-
-    def freeze_sshd(self, node: NodeRef) -> None:
-        """SIGSTOP the node's sshd: TCP connects (kernel backlog) but no SSH banner ever comes."""
-        node = self.node(node)
-        proc = node.sshd
-        if proc is None or proc.poll() is not None:
-            raise SimError("sshd on %s is not running" % node.name)
-        proc.send_signal(signal.SIGSTOP)
-        self._push_undo(node, lambda: proc.poll() is None and proc.send_signal(signal.SIGCONT))
-
-    def hang_commands(self, node: NodeRef) -> None:
-        """Every `python3` on the node hangs (bin/python3 becomes `exec sleep 100000`)."""
-        node = self.node(node)
-        node.install_executable("python3", "#!/bin/sh\nexec sleep 100000\n")
-        self._push_undo(node, lambda: self._install_python(node))
-
-    def _shell_rc(self, node: SimNode, text: str) -> None:
-        _write(node.shell_rc, text)
-        self._push_undo(node, lambda: _write(node.shell_rc, ""))
-
-    def shell_rc_prints(self, node: NodeRef, text: str) -> None:
-        """The node's shell start-up prints `text` (printf: no newline unless text has one) before every command."""
-        node = self.node(node)
-        self._shell_rc(node, "printf '%%s' %s\n" % shlex.quote(text))
-
-    def shell_rc_background_job(self, node: NodeRef, seconds: int = 100000) -> None:
-        """The node's shell start-up leaves a background job holding the session's stdout open."""
-        node = self.node(node)
-        self._shell_rc(node, "sleep %d &\n" % seconds)
-
-    def hang_login_mid_run(self, node: NodeRef) -> None:
-        """Like a home directory on NFS that goes away mid-run: the first python3 hangs (until its stdin
-        closes, as the probe bundle's watchdog does) and from then on every new login shell hangs in its
-        start-up file until the connection closes, so a kill sent over a second channel never answers."""
-        node = self.node(node)
-        flag = os.path.join(node.dir, "nfs-lost")
-        self._shell_rc(node, "[ -e %s ] && exec cat >/dev/null\n" % shlex.quote(flag))
-        node.install_executable("python3", "#!/bin/sh\ntouch %s\nexec cat >/dev/null\n" % shlex.quote(flag))
-
-        def undo() -> None:
-            self._install_python(node)
-            if os.path.exists(flag):
-                os.unlink(flag)
-        self._push_undo(node, undo)
-
-    def mtu_blackhole(self, node: NodeRef, mtu: int = 1500) -> None:
-        """Switch-side data port of the node drops to `mtu` while its eth1 says 9000: jumbo frames vanish."""
-        node = self.node(node)
-        _ip_batch(["link set %s mtu %d" % (node.data_veth, mtu)], ns=self.switch_ns)
-        self._push_undo(node, lambda: _ip_batch(["link set %s mtu %d" % (node.data_veth, DATA_MTU)],
-                                                ns=self.switch_ns))
-
-    def throttle(self, node: NodeRef, rate: str = "8mbit", burst: str = "32kb", latency: str = "400ms") -> None:
-        """The node's data link slows to `rate` (a token-bucket filter on its eth1, egress): the link
-        stays up and every packet arrives, only late, like a NIC that trained down or a congested port."""
-        node = self.node(node)
-        subprocess.run(["ip", "netns", "exec", node.ns, "tc", "qdisc", "replace", "dev", "eth1", "root", "tbf",
-                        "rate", rate, "burst", burst, "latency", latency], check=True, capture_output=True)
-        self._push_undo(node, lambda: subprocess.run(
-            ["ip", "netns", "exec", node.ns, "tc", "qdisc", "del", "dev", "eth1", "root"], capture_output=True))
-
-    def hold_port(self, node: NodeRef, port: int, addr: str = "0.0.0.0") -> int:
-        """A real TCP listener on addr:port inside the node (until stop/heal); returns its pid."""
-        node = self.node(node)
-        code = ("import socket,sys,time\n"
-                "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-                "s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(16)\n"
-                "sys.stdout.write('ready\\n'); sys.stdout.flush()\n"
-                "while True: time.sleep(3600)\n")
-        return self._hold(node, "hold_port %s:%d" % (addr, port), [sys.executable, "-c", code, addr, str(port)])
-
-    def _hold(self, node: "SimNode", what: str, argv: List[str]) -> int:
-        """Start argv inside the node, wait for its 'ready' line, and keep it until heal/stop; its pid."""
-        proc = self._spawn(["ip", "netns", "exec", node.ns] + argv,
-                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        if proc.stdout.readline().strip() != b"ready":
-            proc.kill()
-            err = proc.stderr.read().decode(errors="replace").strip()
-            proc.wait()
-            raise SimError("%s on %s failed: %s" % (what, node.name, err))
-        self._held[proc.pid] = proc
-
-        def release() -> None:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            self._held.pop(proc.pid, None)
-
-        self._push_undo(node, release)
-        return proc.pid
-
-    def count_up(self, node: NodeRef, relpaths: Sequence[str], step: int = 7, every: float = 0.05) -> int:
-        """A process in the node that adds `step` to each sysfs counter file every `every` seconds (an HCA
-        port counting errors while the probe watches it), until heal/stop; returns its pid."""
-        node = self.node(node)
-        paths = [os.path.join(node.sys_dir, r.lstrip("/")) for r in relpaths]
-        # each new value replaces the file whole (a reader never sees it half-written, as with sysfs)
-        code = ("import os,sys,time\n"
-                "paths, step, every = sys.argv[3:], int(sys.argv[1]), float(sys.argv[2])\n"
-                "sys.stdout.write('ready\\n'); sys.stdout.flush()\n"
-                "while True:\n"
-                "    for p in paths:\n"
-                "        v = int(open(p).read().strip()) + step\n"
-                "        open(p + '.new', 'w').write('%d\\n' % v)\n"
-                "        os.replace(p + '.new', p)\n"
-                "    time.sleep(every)\n")
-        return self._hold(node, "count_up", [sys.executable, "-c", code, str(step), str(every)] + paths)
-
-    def mount_local(self, node: NodeRef, path: str) -> None:
-        """Mount an empty tmpfs over `path` in the node's mount namespace (its sshd's): the node sees a
-        local directory where the others see the shared one, as when a network mount failed at boot."""
-        node = self.node(node)
-        if node.sshd is None or node.sshd.poll() is not None:
-            raise SimError("sshd on %s is not running" % node.name)
-        pid = self._sshd_pid(node)
-        argv = ["nsenter", "-t", str(pid), "-m", "mount", "-t", "tmpfs", "-o", "size=16m", "pfsim-local", path]
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
-        if proc.returncode != 0:
-            raise SimError("mount_local %s %s failed: %s" % (node.name, path, proc.stdout.strip()))
-
-        def undo() -> None:
-            subprocess.run(["nsenter", "-t", str(pid), "-m", "umount", path],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-        self._push_undo(node, undo)
-
-    def _sshd_pid(self, node: SimNode) -> int:
-        """The pid of the node's sshd itself (`ip netns exec` execs it, so the Popen pid is sshd's)."""
-        return node.sshd.pid
-
-    def link_down(self, node: NodeRef, unreachable: bool = False) -> None:
-        """Take the node's management link down.
-
-        Default: the controller keeps a permanent ARP entry for the node, so a connect from ctl times
-        out (SYNs vanish), like a hung or partitioned host. unreachable=True: ARP fails too, so
-        connects end with EHOSTUNREACH after about 3 s (or time out first if shorter).
-        """
-        node = self.node(node)
-        mac = None
-        if not unreachable:
-            out = subprocess.run(["ip", "-n", node.ns, "-j", "link", "show", "eth0"], stdout=subprocess.PIPE,
-                                 universal_newlines=True, check=True).stdout
-            mac = json.loads(out)[0]["address"]
-            _ip_batch(["neigh replace %s lladdr %s dev eth0 nud permanent" % (node.mgmt_ip, mac)], ns=self.ctl_ns)
-        _ip_batch(["link set %s down" % node.mgmt_veth], ns=self.switch_ns)
-
-        def undo() -> None:
-            _ip_batch(["link set %s up" % node.mgmt_veth], ns=self.switch_ns)
-            if mac:
-                _ip_batch(["neigh del %s dev eth0" % node.mgmt_ip], ns=self.ctl_ns, force=True)
-
-        self._push_undo(node, undo)
-
-    def data_link_down(self, node: NodeRef) -> None:
-        """Pull the node's data cable: its switch-side data port goes down, so eth1 keeps its address
-        and MTU but loses carrier (NO-CARRIER, operstate DOWN), as a dead cable or switch port does."""
-        node = self.node(node)
-        _ip_batch(["link set %s down" % node.data_veth], ns=self.switch_ns)
-        self._push_undo(node, lambda: _ip_batch(["link set %s up" % node.data_veth], ns=self.switch_ns))
-
-    def set_data_address(self, node: NodeRef, ip: str) -> None:
-        """Give the node's eth1 another address in the data subnet (e.g. another node's: a conflict).
-        Duplicate-address detection is IPv6-only, so the kernel accepts it, as on a real mis-set host."""
-        node = self.node(node)
-        old = node.data_ip
-        _ip_batch(["addr del %s/16 dev eth1" % old, "addr add %s/16 dev eth1" % ip], ns=node.ns)
-        self._push_undo(node, lambda: _ip_batch(["addr del %s/16 dev eth1" % ip, "addr add %s/16 dev eth1" % old],
-                                                ns=node.ns))
-
-    def change_host_key(self, node: NodeRef) -> None:
-        """New host key and sshd restart, known_hosts left alone: clients must see a key mismatch."""
-        node = self.node(node)
-        with open(node.host_key, "rb") as fh:
-            old_private = fh.read()
-        old_public = node.host_pubkey
-        private, node.host_pubkey = _ed25519_keypair("root@" + node.name)
-        _write(node.host_key, private, 0o600)
-        self._kill_sshd(node)
-        self.start_sshd(node)
-
-        def undo() -> None:
-            _write(node.host_key, old_private, 0o600)
-            node.host_pubkey = old_public
-            self._kill_sshd(node)
-            self.start_sshd(node)
-
-        self._push_undo(node, undo)
-
     def add_docker0(self, node: NodeRef) -> None:
         """Give a running node a docker0 bridge with the shared address (see DOCKER0_CIDR)."""
         node = self.node(node)
         if not node.docker0:
-            _ip_batch([self._docker0_port_line(node)], ns=self.switch_ns)
-            _ip_batch(self._docker0_lines(), ns=node.ns)
+            ip_batch([self._docker0_port_line(node)], ns=self.switch_ns)
+            ip_batch(self._docker0_lines(), ns=node.ns)
             node.docker0 = True
-
-
-def _kill_namespace_processes(ids: List[Tuple[int, int]], rounds: int = 100) -> None:
-    """SIGKILL everything inside the namespaces until nothing is left (children may fork meanwhile)."""
-    for _ in range(rounds):
-        pids = [pid for found in pids_by_netns(ids).values() for pid in found]
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.01)
-    raise SimError("processes still alive in simulated namespaces: %s" % pids[:10])
-
-
-def _teardown(names: Sequence[str], popens: Sequence[subprocess.Popen]) -> None:
-    ids = []
-    present = set(list_netns())
-    for name in names:
-        if name in present:
-            try:
-                ids.append(netns_id(name))
-            except OSError:
-                pass
-    for proc in popens:  # our own children first (sshd, listeners, ctl commands): kill and reap
-        if proc.poll() is None:
-            try:
-                proc.kill()
-            except ProcessLookupError:
-                pass
-    try:
-        _kill_namespace_processes(ids)
-    finally:
-        for proc in popens:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
-        doomed = [name for name in names if name in present]
-        if doomed:
-            _ip_batch(["netns del %s" % name for name in doomed], force=True)
-
-
-def cleanup_stale(prefix: str = PREFIX_BASE) -> List[str]:
-    """Remove namespaces, processes and directories left by crashed runs; returns the namespaces removed.
-
-    A cluster is stale when its owner process (recorded in BASE_DIR/<prefix>.owner.json) is gone, so
-    clusters of concurrently running test sessions are left alone.
-    """
-    groups: Dict[str, List[str]] = {}
-    for name in list_netns():
-        m = _NS_RE.match(name)
-        if m and m.group(1).startswith(prefix):
-            groups.setdefault(m.group(1), []).append(name)
-    owners = {}
-    if os.path.isdir(BASE_DIR):
-        for entry in os.listdir(BASE_DIR):
-            if entry.endswith(".owner.json") and entry.startswith(prefix):
-                owners[entry[: -len(".owner.json")]] = os.path.join(BASE_DIR, entry)
-    removed: List[str] = []
-    for cprefix in sorted(set(groups) | set(owners)):
-        info = {}
-        if cprefix in owners:
-            try:
-                with open(owners[cprefix]) as fh:
-                    info = json.load(fh)
-            except (OSError, ValueError):
-                info = {}
-        pid = info.get("pid")
-        if pid and _proc_starttime(pid) is not None and _proc_starttime(pid) == info.get("start"):
-            continue  # owner alive: a live cluster
-        root = info.get("root") or os.path.join(BASE_DIR, cprefix)
-        # processes whose namespace name is already gone are still found by their command line
-        strays = [int(p) for p in os.listdir("/proc") if p.isdigit() and (root + "/") in cmdline(int(p))]
-        for stray in strays:
-            try:
-                os.kill(stray, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        names = groups.get(cprefix, [])
-        _teardown(names, [])
-        removed.extend(names)
-        if root.startswith(BASE_DIR + "/"):
-            shutil.rmtree(root, ignore_errors=True)
-        if cprefix in owners:
-            try:
-                os.unlink(owners[cprefix])
-            except OSError:
-                pass
-    return removed

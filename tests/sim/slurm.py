@@ -32,7 +32,8 @@ import subprocess
 import time
 from typing import Dict, List, Optional, Sequence
 
-from .cluster import SimError, SimNode, _write, tail
+from .base import SimError, tail, write_file
+from .cluster import SimNode
 
 SLURMCTLD = "/usr/sbin/slurmctld"
 SLURMD = "/usr/sbin/slurmd"
@@ -89,23 +90,23 @@ class SimSlurm:
         os.chmod(os.path.join(self.dir, "sock"), 0o755)  # munged wants its socket directory searchable by all
         os.chmod(self.dir, 0o755)
         os.makedirs(self.munge_dir, mode=0o700, exist_ok=True)
-        _write(os.path.join(self.munge_dir, "munge.key"), os.urandom(1024), 0o400)
+        write_file(os.path.join(self.munge_dir, "munge.key"), os.urandom(1024), 0o400)
         for node in self.cluster.nodes:
             os.makedirs(os.path.join(self.dir, "spool", node.name), exist_ok=True)
         prolog = os.path.join(self.dir, "task_prolog")
         # TaskProlog's stdout lines `export NAME=value` set the task's environment (slurm.conf(5)).
-        _write(prolog, "#!/bin/sh\n"
+        write_file(prolog, "#!/bin/sh\n"
                        'echo "export PATH=%s/$SLURMD_NODENAME/bin:%s"\n'
                        'echo "export PREFLIGHT_SYSFS_ROOT=%s/$SLURMD_NODENAME/sys"\n'
                        % (self.cluster.root, "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                           self.cluster.root), 0o755)
-        _write(os.path.join(self.dir, "cgroup.conf"), "CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n")
+        write_file(os.path.join(self.dir, "cgroup.conf"), "CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n")
         gres = " Gres=gpu:%d" % self.gpus if self.gpus else ""
         nodes = "".join("NodeName=%s NodeAddr=%s CPUs=1 RealMemory=64%s State=UNKNOWN\n" % (n.name, n.mgmt_ip, gres)
                         for n in self.cluster.nodes)
         if self.gpus:
             self._gres()
-        _write(self.conf, ("GresTypes=gpu\n" if self.gpus else "") + (
+        write_file(self.conf, ("GresTypes=gpu\n" if self.gpus else "") + (
             "ClusterName=pfsim\n"
             "SlurmctldHost=%(ctl)s(%(ctl_ip)s)\n"
             "SlurmUser=root\n"
@@ -154,7 +155,7 @@ class SimSlurm:
                 if not os.path.exists(path):
                     os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
             lines.append("NodeName=%s Name=gpu File=%s/nvidia[0-%d]\n" % (node.name, dev, self.gpus - 1))
-        _write(os.path.join(os.path.dirname(self.conf), "gres.conf"), "".join(lines))
+        write_file(os.path.join(os.path.dirname(self.conf), "gres.conf"), "".join(lines))
 
     # ------------------------------------------------------------------ daemons
 
