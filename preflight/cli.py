@@ -465,6 +465,9 @@ def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: An
 
 def _check_capture_dir(path: str) -> None:
     """--capture DIR must be a directory we can create or write, and empty: a capture never mixes runs."""
+    from preflight.output import capture
+
+    capture.check_dir(path)  # not a symlink, not another user's
     if os.path.exists(path):
         if not os.path.isdir(path):
             raise UsageError("--capture %s is not a directory" % path, "give a new or empty directory")
