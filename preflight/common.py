@@ -9,6 +9,7 @@ groups.conf, so a node name holding `@` could run a command. preflight never res
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any, Hashable, Iterable, List, Optional, Sequence, Tuple, TypeVar
 
@@ -134,3 +135,31 @@ def nccl_selects(spec: str, name: str, port: Optional[int] = None) -> bool:
                 hit = True
                 break
     return hit != exclude
+
+
+#: What a terminal (or a log viewer, or `scontrol show node`) would act on instead of showing: the C0 controls
+#: (ESC starts CSI/OSC sequences: clear the screen, set the clipboard, retitle the window), DEL, the C1
+#: controls (0x9b is a one-byte CSI on many terminals), and the Unicode bidirectional overrides and isolates
+#: that reorder what is shown ("Trojan Source", CVE-2021-42574).
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\r": "\\r"}
+
+
+def printable(text: Any, keep_newlines: bool = True) -> str:
+    r"""Text read from a node, safe to show a person or Slurm: each control character written as an escape.
+
+    ESC ] 52 ; c ; ... BEL (OSC 52: set the clipboard) comes out as the visible text `\x1b]52;c;...\x07`;
+    a C1 or bidi control as `\x9b` / `\u202e`. Tab and (unless keep_newlines is False) newline stay: they
+    move the cursor only within the text. Everything else is unchanged, so plain text prints as before.
+    """
+    text = str(text)
+    if not keep_newlines:
+        text = text.replace("\n", "\\n")
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+def _escape(match: Any) -> str:
+    ch = match.group()
+    if ch in _NAMED:
+        return _NAMED[ch]
+    return "\\x%02x" % ord(ch) if ord(ch) < 0x100 else "\\u%04x" % ord(ch)

@@ -23,6 +23,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from preflight import checks as catalogue
+from preflight.common import printable
 from preflight.errors import UsageError
 from preflight.model import Finding, Status
 
@@ -56,7 +57,7 @@ def line(finding: Finding) -> str:
     message = " ".join(finding.message.split())
     if finding.expected is not None and finding.expected not in message:
         message += " (expected %s)" % " ".join(str(finding.expected).split())
-    return "preflight: %s %s: %s" % (finding.status.value.upper(), finding.check, message)
+    return printable("preflight: %s %s: %s" % (finding.status.value.upper(), finding.check, message))
 
 
 def adopt(local: Any, source: Any, gpus_given: bool = False) -> Optional[str]:

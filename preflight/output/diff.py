@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from preflight.common import fold
+from preflight.common import fold, printable
 from preflight.model import Status
 
 SSH_CHECK = "ssh"
@@ -342,4 +342,4 @@ def render_diff(result: DiffResult) -> List[str]:
         lines.append("verdict: no regressions")
     else:
         lines.append("verdict: no changes")
-    return lines
+    return [printable(line, keep_newlines=False) for line in lines]  # messages, serials, versions came from nodes

@@ -180,7 +180,9 @@ def render(report: RunReport, console: Any, verbose: bool = False) -> None:
     table.add_column("finding", overflow="fold")
     for status, check, nodes, message in group(shown, verbose):
         # facts from nodes are data, never rich markup ("[/usr/lib/...]" in an error must print as is)
-        table.add_row(Text(status.value.upper(), style=STYLE[status]), Text(check), Text(fold(nodes)), Text(message))
+        # and never terminal escapes: control characters in node text print escaped (common.printable)
+        table.add_row(Text(status.value.upper(), style=STYLE[status]), Text(check), Text(common.printable(fold(nodes))),
+                      Text(common.printable(message)))
     console.print(table)
 
     curve = _curve(report)
@@ -192,7 +194,7 @@ def render(report: RunReport, console: Any, verbose: bool = False) -> None:
         console.print()
         console.print(Text("what to do", style="bold"))
         for line in todo:
-            console.print(Text("  " + line))
+            console.print(Text("  " + common.printable(line)))
 
     failed = [c for c in report.selected if any(f.check == c and f.status.is_problem for f in shown)]
     if failed:

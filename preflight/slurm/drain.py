@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from preflight.common import fold, plural
+from preflight.common import fold, plural, printable
 from preflight.model import Finding
 
 PREFIX = "preflight:"
@@ -25,7 +25,7 @@ REASON_MAX = 120
 
 
 def reason_for(finding: Finding) -> str:
-    text = " ".join(("%s %s: %s" % (PREFIX, finding.check, finding.message)).split())
+    text = printable(" ".join(("%s %s: %s" % (PREFIX, finding.check, finding.message)).split()))  # scontrol show node
     return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3] + "..."
 
 
@@ -75,7 +75,7 @@ class Plan:
             out.append("resume: %s" % fold(self.resume))
         for node, why in sorted(self.left_alone.items()):
             out.append("left alone: %s (drained by someone else: %s)" % (node, why))
-        return out
+        return [printable(line) for line in out]  # another user's reason, as Slurm holds it
 
 
 def plan(findings: Iterable[Finding], checked: Sequence[str], slurm_state: Dict[str, Dict[str, Any]],
