@@ -4,7 +4,10 @@ The probe lists the node's interfaces (`ip -j addr show`, `ip -j -d link show`, 
 speed, type and device). Which of them is each node's data network is decided on the controller by
 `preflight.datanet.choose(view)` (the policy is documented there), the one choice the mtu and ports
 checks, the NCCL env-file writer and the bench launcher share. The rule reports that choice: a node with
-no data interface FAILs; differing interface names and a node slower than the majority WARN.
+no data interface FAILs; differing interface names and a node slower than the majority WARN. A chosen
+interface that is a fallback from a data NIC that is down FAILs ("data NIC down", see _fell_back: on a
+node checked alone, as `preflight node` runs, datanet has no partner node's evidence), and so does, on a
+node alone, a chosen interface at another MTU than `expect.mtu` (issue 26 item 13).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import ipaddress
 import json
 import os
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.common import fold, majority
 from preflight.model import Check, ClusterView, Finding, ParseError, Setting, Status, probe_error
@@ -201,6 +204,13 @@ def rule(view: ClusterView) -> List[Finding]:
                 )
             )
             continue
+        fault = None if entry["pinned"] else _fell_back(view, entry, view.facts[name][CHECK_NAME]["interfaces"])
+        if fault is not None:
+            others = [p for p in skipped if not fault[2].startswith(p[0] + " ")]  # the message names the down one
+            skip_text = "; skipped " + ", ".join("%s (%s)" % p for p in others) if others else ""
+            out.append(Finding(CHECK_NAME, name, Status.FAIL, fault[0] + skip_text, expected=fault[1],
+                               actual=fault[2], data=dict(entry)))
+            continue
         message = describe(entry) + (" (pinned by data_interface)" if entry["pinned"] else "") + skip_text
         out.append(Finding(CHECK_NAME, name, Status.PASS, message, actual=entry["iface"], data=dict(entry)))
     if not choice.uniform:
@@ -221,6 +231,59 @@ def rule(view: ClusterView) -> List[Finding]:
         )
     out.extend(_speed_drift(choice))
     return out
+
+
+#: the Ethernet standard frame's MTU: a data network for NCCL/RDMA runs jumbo frames above it
+STANDARD_MTU = 1500
+
+
+def _fell_back(view: ClusterView, entry: Dict[str, Any], interfaces: List[Dict[str, Any]]) -> Optional[Tuple[str, str, str]]:
+    """(message, expected, actual) when the chosen interface is a fallback from a data NIC that is down.
+
+    With no partner node (`preflight node`, as slurmd runs it: no inventory or no data_interface, and no
+    SSH_CONNECTION to say which port is management) datanet's cross-node evidence is missing, and a down
+    link reads no speed, so a management port would win. So, on the node alone, a down interface with an
+    IPv4 address that is not a bridge or tunnel, holding expect.mtu (or, without one, jumbo frames while the
+    chosen one runs the standard 1500), is the data NIC, down. In a cluster only the expect.mtu case applies
+    (the cross-node choice already fails a node whose data NIC is down in the shared subnet), and the mtu
+    check judges a chosen interface at another MTU; on a node alone nothing else does, so nic does.
+    """
+    from preflight.datanet import excluded_reason
+
+    want = view.expect.get("mtu")
+    alone = len(view.nodes) == 1
+    have = entry.get("mtu") or 0
+    chosen = "%s %s/%s mtu %s" % (entry["iface"], entry["ip"], entry["prefixlen"], entry["mtu"])
+    basis = "expect.mtu %s" % want if want is not None else "no jumbo-frame interface is up"
+    for iface in interfaces:
+        mtu = iface.get("mtu") or 0
+        if iface.get("up") or iface["name"] == entry["iface"] or excluded_reason(iface):
+            continue
+        if want is not None:
+            holds = mtu == want and have != want
+        else:
+            holds = alone and mtu > STANDARD_MTU >= have
+        address = next((a for a in iface.get("addresses") or [] if _global_ipv4(a.get("ip"))), None)
+        if holds and address is not None:
+            return (
+                "data NIC down: %s %s/%s mtu %s is down (operstate %s), leaving only %s (%s)" % (
+                    iface["name"], address["ip"], address["prefixlen"], mtu, iface.get("state") or "DOWN", chosen,
+                    basis),
+                "%s up (mtu %s)" % (iface["name"], mtu),
+                "%s down" % iface["name"],
+            )
+    if want is not None and alone and have != want:
+        return ("%s (expected %s (expect.mtu)): no interface at mtu %s is up; the data NIC is missing or set to "
+                "another MTU" % (chosen, want, want), "an up data interface at mtu %s" % want, "mtu %s" % have)
+    return None
+
+
+def _global_ipv4(ip: Any) -> bool:
+    try:
+        addr = ipaddress.ip_address(str(ip))
+    except ValueError:
+        return False
+    return addr.version == 4 and not (addr.is_loopback or addr.is_link_local or addr.is_unspecified)
 
 
 def _speed_drift(choice: Any) -> List[Finding]:
@@ -276,7 +339,8 @@ EXPECT_MTU = Setting("expect.mtu", "int", "the MTU every data interface has (els
 
 CHECK = Check(
     name=CHECK_NAME,
-    claim="Every node has an up data interface with an IPv4 address in a subnet all nodes share",
+    claim="Every node has an up data interface with an IPv4 address in a subnet all nodes share (a node checked "
+    "alone: no data NIC down, at expect.mtu)",
     why="NCCL's bootstrap and gloo pick a socket interface; a wrong pick (docker0, a 1 GbE management port, "
     "an interface that differs per node) hangs rendezvous or runs collectives at a fraction of line rate.",
     fix="Bring the data interface up with its address (ip link set IF up; check netplan/NetworkManager), or pin "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -206,6 +207,28 @@ class FaultInjection:
         node = self.node(node)
         ip_batch(["link set %s down" % node.data_veth], ns=self.switch_ns)
         self._push_undo(node, lambda: ip_batch(["link set %s up" % node.data_veth], ns=self.switch_ns))
+
+    def nic_speeds(self, node: NodeRef, speeds: Dict[str, int]) -> None:
+        """The node's NICs report these sysfs speeds (Mb/s; -1: no link, as a real NIC without carrier reads),
+        e.g. {"eth0": 1000}: a 1 GbE management port. The node's class/net (a link to its namespace's live
+        sysfs) becomes a directory of what the nic probe reads: each interface's type and speed."""
+        node = self.node(node)
+        net = os.path.join(node.sys_dir, "class", "net")
+        live = os.readlink(net)
+        out = subprocess.run(["ip", "netns", "exec", node.ns, "sh", "-c",
+                              'for i in /sys/class/net/*; do echo "${i##*/} $(cat $i/type)"; done'],
+                             stdout=subprocess.PIPE, universal_newlines=True, check=True).stdout
+        os.unlink(net)
+        for line in out.splitlines():
+            name, arp_type = line.split()
+            node.write_sys("class/net/%s/type" % name, arp_type + "\n")
+            if name in speeds:
+                node.write_sys("class/net/%s/speed" % name, "%d\n" % speeds[name])
+
+        def undo() -> None:
+            shutil.rmtree(net)
+            os.symlink(live, net)
+        self._push_undo(node, undo)
 
     def remove_data_nic(self, node: NodeRef) -> None:
         """The node has no data NIC at all, only its management eth0 (a CPU-only login node): eth1 and its
