@@ -16,10 +16,9 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-import yaml
-
 from preflight import common
 from preflight.errors import InventoryError
+from preflight.located_yaml import Located
 
 # --- what may appear where ---------------------------------------------------------------------
 
@@ -67,7 +66,6 @@ PYTHON_RE = re.compile(r"^[A-Za-z0-9_./+-]+$")
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 PATH_RE = re.compile(r"^[^\x00-\x1f]+$")
-_CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 SCOPE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -152,109 +150,11 @@ class Inventory:
         return self.head or self.nodes[0].name
 
 
-# --- YAML with line numbers ---------------------------------------------------------------------
-
-
-class _Located:
-    """The YAML document plus the line of every mapping key and sequence item (1-based)."""
-
-    #: YAML values (aliases counted each time they are used) an inventory may hold: far beyond any real
-    #: cluster's file, far below an alias bomb's billions
-    MAX_VALUES = 200000
-
-    def __init__(self, path: str, text: str) -> None:
-        self.path = path
-        self.lines: Dict[Tuple[Any, ...], int] = {}
-        self._count = 0
-        self._open: set = set()
-        bad = _CONTROL_RE.search(text)
-        if bad:
-            raise InventoryError(
-                path, text.count("\n", 0, bad.start()) + 1,
-                "control character %r in the file" % bad.group(), "delete it (a stray paste or binary file?)",
-            )
-        try:
-            loader = yaml.SafeLoader(text)
-            try:
-                node = loader.get_single_node()
-                if node is None:
-                    self.data: Any = None
-                    return
-                self._walk(node, ())
-                self.data = loader.construct_document(node)
-            finally:
-                loader.dispose()
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            line = mark.line + 1 if mark else None
-            raise InventoryError(
-                path, line, "YAML syntax error: %s" % (exc.problem or exc.context), "fix the YAML at that line"
-            ) from None
-        except RecursionError:
-            raise InventoryError(path, None, "the YAML nests too deeply", "flatten the file") from None
-        except yaml.YAMLError as exc:
-            raise InventoryError(path, None, "YAML error: %s" % exc, "fix the YAML") from None
-
-    def _walk(self, node: yaml.Node, where: Tuple[Any, ...]) -> None:
-        line = node.start_mark.line + 1
-        self._count += 1
-        if self._count > self.MAX_VALUES:
-            raise InventoryError(
-                self.path, line,
-                "the inventory expands to more than %d values (aliases reused many times: an alias bomb?)" % self.MAX_VALUES,
-                "write the values out, or use fewer nested aliases",
-            )
-        if id(node) in self._open:
-            raise InventoryError(self.path, line, "recursive alias: a value contains itself", "remove the alias that points into its own anchor")
-        self.lines[where] = line
-        if not isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
-            return
-        self._open.add(id(node))
-        try:
-            self._walk_children(node, where)
-        finally:
-            self._open.discard(id(node))
-
-    def _walk_children(self, node: yaml.Node, where: Tuple[Any, ...]) -> None:
-        if isinstance(node, yaml.MappingNode):
-            seen: Dict[Any, int] = {}
-            for key_node, value_node in node.value:
-                if not isinstance(key_node, yaml.ScalarNode):
-                    raise InventoryError(
-                        self.path, key_node.start_mark.line + 1,
-                        "a key must be a plain name, not a %s" % ("list" if isinstance(key_node, yaml.SequenceNode) else "mapping"),
-                        "write `name: value`",
-                    )
-                key = key_node.value
-                line = key_node.start_mark.line + 1
-                if key in seen:
-                    raise InventoryError(
-                        self.path,
-                        line,
-                        "duplicate key %r (first at line %d)" % (key, seen[key]),
-                        "keep one of them",
-                    )
-                seen[key] = line
-                self.lines[where + (key,)] = line
-                self._walk(value_node, where + (key,))
-                self.lines[where + (key,)] = line
-        elif isinstance(node, yaml.SequenceNode):
-            for index, item in enumerate(node.value):
-                self._walk(item, where + (index,))
-
-    def line(self, *where: Any) -> Optional[int]:
-        while where:
-            if where in self.lines:
-                return self.lines[where]
-            where = where[:-1]
-        return self.lines.get(())
-
-
 # --- validation ----------------------------------------------------------------------------------
 
 
 class _Validator:
-    def __init__(self, doc: _Located) -> None:
+    def __init__(self, doc: Located) -> None:
         self.doc = doc
         self.path = doc.path
 
@@ -399,7 +299,7 @@ def load(path: str, max_nodes: Optional[int] = None) -> Inventory:
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise InventoryError(path, line, "not UTF-8 text", "save the file as UTF-8") from None
-    doc = _Located(path, text)
+    doc = Located(path, text)
     v = _Validator(doc)
     top = doc.data
     if top is None:
