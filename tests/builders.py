@@ -197,3 +197,21 @@ def assert_one_located_line(tmp_path: Any, capsys: Any, text: str, line: int, wo
     where = "%s:%d:" % (path, line) if line else "%s:" % path
     assert lines[0].startswith("preflight: error: " + where), lines[0]
     assert words in lines[0], lines[0]
+
+
+def node_check(cluster: Any, name: str, *args: str, env: Optional[Dict[str, str]] = None) -> Any:
+    """`preflight node ARGS` (this tree's, not an installed script) inside a simulated node as slurmd runs it:
+    in its namespace with its own hostname, its bin/ first on PATH, its sysfs root, no SSH_CONNECTION.
+    The CompletedProcess; a traceback fails the test."""
+    import sys
+
+    node = cluster.node(name)
+    full = {"PATH": "%s:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" % node.bin_dir,
+            "PREFLIGHT_SYSFS_ROOT": node.sys_dir, "PREFLIGHT_NVML": "off", "HOME": "/root", "LANG": "C.UTF-8",
+            "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    full.update(env or {})
+    argv = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', node.name, sys.executable, "-m",
+            "preflight", "node"] + list(args)
+    out = cluster.node_exec(node, argv, env=full, timeout=120)
+    assert "Traceback" not in out.stderr, out.stderr
+    return out

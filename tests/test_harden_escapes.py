@@ -113,6 +113,19 @@ def test_diff_lines_escape_messages_from_reports(tmp_path):
     assert not [l for l in lines if raw_controls(l)]
 
 
+def test_preflight_node_shows_an_nccl_variable_with_escapes_escaped(sim_cluster):
+    """`preflight node` as slurmd runs it, with NCCL_SOCKET_IFNAME in its environment holding OSC/CSI sequences:
+    the log line (and so the drain reason the wrapper cuts from it) shows them escaped."""
+    from tests.builders import node_check
+
+    cluster = sim_cluster(1)
+    out = node_check(cluster, "n001", "--gpus-per-node", "0", "--only", "nccl_env", env={"NCCL_SOCKET_IFNAME": HOSTILE})
+    lines = out.stdout.splitlines()
+    assert out.returncode == 1 and lines[0].startswith("preflight: FAIL nccl_env: "), out.stdout + out.stderr
+    assert "NCCL_SOCKET_IFNAME=eth0\\x1b]52;c;cm0gLXJmIH4=\\x07\\x1b[2J" in lines[0], lines[0]
+    assert not raw_controls(out.stdout + out.stderr), raw_controls(out.stdout + out.stderr)
+
+
 def test_a_nodes_nccl_conf_escape_sequences_reach_the_console_escaped(sim_cluster):
     """The whole CLI over SSH, console output as a person reads it: a node's /etc/nccl.conf holds OSC 52 and CSI
     sequences in a value; the report names the line, with every control character shown as an escape."""

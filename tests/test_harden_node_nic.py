@@ -9,27 +9,16 @@ standard MTU that is down, and the data NIC up.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 from preflight.checks import nic
-from tests.builders import view
+from tests.builders import node_check, view
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def node_mode(cluster, *args):
-    """`preflight node` in n001's namespace, as slurmd starts it: (rc, its log lines)."""
-    node = cluster.node("n001")
-    env = {"PATH": "%s:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" % node.bin_dir,
-           "PREFLIGHT_SYSFS_ROOT": node.sys_dir, "PREFLIGHT_NVML": "off", "HOME": "/root", "LANG": "C.UTF-8",
-           "PYTHONPATH": REPO}  # this tree's preflight, not an installed one
-    argv = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', node.name, sys.executable, "-m",
-            "preflight", "node",
-            "--gpus-per-node", "0", "--only", "nic"] + list(args)
-    out = cluster.node_exec(node, argv, env=env, timeout=120)
-    assert "Traceback" not in out.stderr, out.stderr
+    """`preflight node --only nic` in n001's namespace, as slurmd starts it: (rc, its log lines)."""
+    out = node_check(cluster, "n001", "--gpus-per-node", "0", "--only", "nic", *args)
     return out.returncode, out.stdout.splitlines()
 
 
