@@ -177,8 +177,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _cmd_checks(markdown: bool = False) -> int:
     if markdown:
-        from preflight.checks import settings_markdown
-        from preflight.output.report import checks_markdown
+        from preflight.output.report import checks_markdown, settings_markdown
 
         sys.stdout.write(checks_markdown() + "\n" + settings_markdown())
         return EXIT_OK

@@ -124,7 +124,9 @@ def readme_block(start: str, end: str) -> str:
 
 def test_readme_settings_table_matches_the_declarations():
     have = readme_block("<!-- generated from the Setting declarations", "<!-- end of the settings table -->")
-    assert have == checks.settings_markdown(), (
+    from preflight.output.report import settings_markdown
+
+    assert have == settings_markdown(), (
         "README.md's settings table drifted from the checks' Setting declarations; regenerate it with "
         "`preflight checks --markdown` (the second table)")
 

@@ -80,24 +80,3 @@ def settings() -> Dict[str, Setting]:
 def readers(key: str) -> List[str]:
     """The checks that declare inventory key `key`, in CHECK_NAMES order."""
     return [name for name, check in catalogue().items() if any(s.key == key for s in check.settings)]
-
-
-def _number(value: float) -> str:
-    return "%d" % value if value == int(value) else "%g" % value
-
-
-def settings_markdown() -> str:
-    """README.md's table of check settings, from the Setting declarations (`preflight checks --markdown`)."""
-    def cell(text: str) -> str:
-        return " ".join(text.split()).replace("|", "\\|")
-
-    lines = ["| `cluster:` key | value | default | read by | what it asks |", "|---|---|---|---|---|"]
-    for key, setting in settings().items():
-        value = setting.kind
-        if setting.kind in ("int", "number"):
-            value = "%s %s-%s%s" % (setting.kind, _number(setting.low), _number(setting.high),
-                                    " " + setting.unit if setting.unit else "")
-        default = "(none)" if setting.default in (None, [], ()) else str(setting.default).lower()
-        lines.append("| `%s` | %s | %s | %s | %s |" % (
-            key, value, default, ", ".join("`%s`" % n for n in readers(key)), cell(setting.doc)))
-    return "\n".join(lines) + "\n"

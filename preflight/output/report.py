@@ -45,6 +45,27 @@ def checks_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _number(value: float) -> str:
+    return "%d" % value if value == int(value) else "%g" % value
+
+
+def settings_markdown() -> str:
+    """README.md's table of check settings, from the Setting declarations (`preflight checks --markdown`)."""
+    def cell(text: str) -> str:
+        return " ".join(text.split()).replace("|", "\\|")
+
+    lines = ["| `cluster:` key | value | default | read by | what it asks |", "|---|---|---|---|---|"]
+    for key, setting in catalogue.settings().items():
+        value = setting.kind
+        if setting.kind in ("int", "number"):
+            value = "%s %s-%s%s" % (setting.kind, _number(setting.low), _number(setting.high),
+                                    " " + setting.unit if setting.unit else "")
+        default = "(none)" if setting.default in (None, [], ()) else str(setting.default).lower()
+        lines.append("| `%s` | %s | %s | %s | %s |" % (
+            key, value, default, ", ".join("`%s`" % n for n in catalogue.readers(key)), cell(setting.doc)))
+    return "\n".join(lines) + "\n"
+
+
 def node_status(findings: Iterable[Finding]) -> Dict[str, Status]:
     worst: Dict[str, Status] = {}
     for f in findings:
