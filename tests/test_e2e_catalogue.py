@@ -14,7 +14,8 @@ from tests.sim import aer_hw, dcgm_hw, gpu_hw, ib_hw, pci_hw
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-#: The end-to-end scenario that makes each check FAIL on simulated nodes through the real interfaces:
+#: The end-to-end scenario that makes each check FAIL through the whole CLI and the real interfaces (on
+#: simulated nodes; a node-local check may use `preflight node` on this machine with a host root):
 #: {check: (test module, test function, the parametrize value that is its case, or None)}. A check in the
 #: catalogue without an entry here fails test_every_check_has_an_end_to_end_scenario by name.
 SCENARIOS = {
@@ -33,6 +34,9 @@ SCENARIOS = {
     "nccl_env": ("test_e2e_checks_v2", "test_nccl_env_names_the_stale_line_in_one_nodes_etc_nccl_conf", None),
     "storage": ("test_e2e_checks_v2", "test_storage_names_the_node_whose_shared_path_is_a_local_directory", None),
     "allreduce": ("test_e2e_allreduce", "test_mtu_black_hole_hangs_at_a_size_and_the_pairs_name_the_node", None),
+    "dcgm": ("test_e2e_catalogue", "test_hardware_fault_is_named", "dcgm_isolate"),
+    "pcie": ("test_e2e_catalogue", "test_hardware_fault_is_named", "aer_fatal"),
+    "limits": ("test_check_limits", "test_preflight_node_under_an_unlimited_stack_on_an_mnnvl_node", None),
 }
 
 
