@@ -8,7 +8,7 @@
 # an H100/H200/B200 (or any NVIDIA) node. It writes, and prints a summary of:
 #   nvidia_smi_q_x.xml           nvidia-smi -q -x (the gpu parser's input), with its wall time
 #   nvidia_smi_q_i0.txt          nvidia-smi -q -i 0 (its "Fabric" section is compared with our struct)
-#   fabric_struct_gpu0.txt       GPU 0's nvmlGpuFabricInfo_t read through preflight/checks/gpu.py's own structure
+#   fabric_struct_gpu0.txt       GPU 0's nvmlGpuFabricInfo_t read through preflight/probe/nvml.py's own structure
 #   nvidia_smi_nvlink_status.txt nvidia-smi nvlink --status; nvlink_counts.txt: per-GPU counts through
 #                                NVML and through the nvidia-smi parser, against the model's count
 #   probe_nvml.json, probe_smi.json, probe.diff   gpu probe facts through NVML and with PREFLIGHT_NVML=off
@@ -66,17 +66,18 @@ sed -n '/^ *Fabric$/,/^ *[A-Z][A-Za-z ]*$/p' "$OUT/nvidia_smi_q_i0.txt" > "$OUT/
 import ctypes, json, os, sys, time
 out = sys.argv[1]
 from preflight.checks import gpu
-nvml, why = gpu.load_nvml()
+from preflight.probe import gpu_facts, gpu_nvml, nvidia_smi, nvml as bounded
+nvml, why = bounded.load_nvml()
 lines = []
 if nvml is None:
     lines.append("NVML unavailable: %s" % why)
 else:
     h = nvml.nvmlDeviceGetHandleByIndex(0)
-    info = gpu.NvmlGpuFabricInfo()
+    info = bounded.NvmlGpuFabricInfo()
     try:
         nvml.nvmlDeviceGetGpuFabricInfo(h, ctypes.pointer(info))
         raw = bytes(bytearray(info.clusterUuid)).hex()
-        lines += ["state %d (%s)" % (info.state, gpu.FABRIC_STATES.get(info.state, "not supported")),
+        lines += ["state %d (%s)" % (info.state, gpu_nvml.FABRIC_STATES.get(info.state, "not supported")),
                   "status %d (%s)" % (info.status, nvml.nvmlErrorString(info.status) if info.status else "Success"),
                   "cliqueId %d" % info.cliqueId, "clusterUuid %s" % raw, "sizeof %d" % ctypes.sizeof(info)]
     except nvml.NVMLError as exc:
@@ -85,14 +86,14 @@ else:
     counts = []
     for i in range(nvml.nvmlDeviceGetCount()):
         d = nvml.nvmlDeviceGetHandleByIndex(i)
-        g = gpu._empty_gpu(i)
-        name = gpu._text(nvml.nvmlDeviceGetName(d))
-        links = gpu._nvml_links(nvml, g, d)
+        g = gpu_facts.empty_gpu(i)
+        name = bounded.text(nvml.nvmlDeviceGetName(d))
+        links = gpu_nvml.nvml_links(nvml, g, d)
         counts.append("GPU %d %s: NVML %s, model %s, errors %s" % (i, name, links, gpu.model_nvlinks(name), g["query_errors"]))
     with open(os.path.join(out, "nvlink_counts.txt"), "w") as fh:
         fh.write("\n".join(counts) + "\n")
         text = open(os.path.join(out, "nvidia_smi_nvlink_status.txt")).read()
-        fh.write("nvidia-smi parser: %r\n" % (gpu.read_nvlink_status(text),))
+        fh.write("nvidia-smi parser: %r\n" % (nvidia_smi.read_nvlink_status(text),))
 with open(os.path.join(out, "fabric_struct_gpu0.txt"), "w") as fh:
     fh.write("\n".join(lines) + "\n")
 EOF

@@ -1,36 +1,39 @@
-"""gpu check: nvidia-smi XML / nvlink parsers over recorded fixtures, the NVML path, the probe, the rule."""
+"""gpu check: the nvidia-smi XML / nvlink parsers over recorded fixtures, the NVML path against NVML's real
+behaviour (issue 15: the fake NVML in tests/sim/gpu_hw.py writes GPU fabric info as bytes at nvml.h's
+offsets, raises NVMLError with nvml.h return codes, and can block like a call wedged in the kernel), real
+format variations (issue 12), the probe, and the rule."""
 
 from __future__ import annotations
 
-import copy
+import ctypes
 import glob
 import json
 import os
+import sys
+import threading
+import time
 
 import pytest
 
-from preflight.checks import gpu
+from preflight.checks import driver, gpu
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.probe import gpu_facts, gpu_nvml
+from preflight.probe import nvml as probe_nvml
 from preflight.probe.context import NodeContext
-from tests.builders import StubNode, fake_nvidia_smi
+from tests.builders import StubNode, by_status, fake_nvidia_smi, gpu_expected as expected, gpu_rule as run_rule
+from tests.builders import gpu_with_links as with_links, nvml_answers
 from tests.fixture_cases import fixture_dir, meta, read
 from tests.sim.gpu_hw import FakeNVML
 
 FIX = fixture_dir("gpu")
 GiB = 1 << 30
+UUID = "5a1f0c3e-7b2d-4e6f-9a8b-0c1d2e3f4a5b"
 
 
+def nvml_facts(answers):
+    return gpu_nvml.facts_from_nvml(FakeNVML(answers))
 
 
-def expected(case: str) -> dict:
-    return copy.deepcopy(meta(os.path.join(FIX, case + ".xml"))["expected"])
-
-
-def with_links(facts: dict, case: str) -> dict:
-    links = meta(os.path.join(FIX, case + ".nvlink.txt"))["expected"]
-    for g in facts["gpus"]:
-        g["nvlink"] = links[g["uuid"]]
-    return facts
 
 
 # ---------------------------------------------------------------------------------------------- parsers
@@ -79,13 +82,8 @@ def test_unknown_link_state_is_a_parse_error():
 # ------------------------------------------------------------------------------------------------- NVML
 
 
-def nvml_answers() -> dict:
-    with open(os.path.join(FIX, "nvml_h100_hgx_550.json")) as fh:
-        return json.load(fh)["answers"]
-
-
 def test_nvml_and_nvidia_smi_produce_the_same_facts():
-    facts = gpu.facts_from_nvml(FakeNVML(nvml_answers()))
+    facts = gpu_nvml.facts_from_nvml(FakeNVML(nvml_answers()))
     want = with_links(expected("h100_hgx_550"), "h100_hgx_550")
     want["source"] = "nvml"
     assert facts == want
@@ -97,7 +95,7 @@ def test_nvml_lost_gpu_and_fabric_error_and_hw_slowdown():
     answers["devices"][5]["nvmlDeviceGetGpuFabricInfo"] = {"state": 3, "status": 9}
     answers["devices"][6]["nvmlDeviceGetCurrentClocksEventReasons"] = 0x8 | 0x40
     answers["devices"][7]["nvmlDeviceGetRemappedRows"] = [1, 2, 0, 1]
-    facts = gpu.facts_from_nvml(FakeNVML(answers))
+    facts = gpu_nvml.facts_from_nvml(FakeNVML(answers))
     assert facts["gpus"][2]["error"] == "GPU is lost" and facts["gpus"][2]["index"] == 2
     assert facts["gpus"][5]["fabric"]["status"] == "Driver Not Loaded"
     assert facts["gpus"][6]["clock_events"] == ["hw_slowdown", "hw_thermal_slowdown"]
@@ -119,7 +117,7 @@ def no_nvml(monkeypatch, tmp_path):
 
     proc = tmp_path / "proc-driver-nvidia"
     proc.mkdir()
-    monkeypatch.setattr(gpu, "NVIDIA_PROC", str(proc))
+    monkeypatch.setattr(probe_nvml, "NVIDIA_PROC", str(proc))
 
     def refuse():
         raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
@@ -139,9 +137,9 @@ def test_probe_reads_nvidia_smi_when_nvml_is_unavailable(tmp_path, monkeypatch, 
 
 
 def test_nvml_is_not_loaded_without_an_nvidia_driver(tmp_path, monkeypatch):
-    monkeypatch.setattr(gpu, "NVIDIA_PROC", str(tmp_path / "absent"))
+    monkeypatch.setattr(probe_nvml, "NVIDIA_PROC", str(tmp_path / "absent"))
     monkeypatch.delenv("PREFLIGHT_NVML", raising=False)
-    nvml, why = gpu.load_nvml()
+    nvml, why = probe_nvml.load_nvml()
     assert nvml is None and why == "no NVIDIA kernel driver loaded (%s absent)" % (tmp_path / "absent")
 
 
@@ -185,21 +183,6 @@ def test_probe_raises_on_truncated_output(tmp_path, monkeypatch, no_nvml):
 
 
 # ------------------------------------------------------------------------------------------------- rule
-
-
-def run_rule(facts, gpus_per_node=8, shm=16 * GiB, ssh=True):
-    node = NodeInfo("gpu-001", "10.0.0.1", gpus_per_node)
-    entry = {"gpu": facts}
-    if ssh:
-        entry["ssh"] = {"shm_bytes": shm}
-    return gpu.rule(ClusterView([node], {"gpu-001": entry}))
-
-
-def by_status(findings):
-    out = {}
-    for f in findings:
-        out.setdefault(f.status, []).append(f.message)
-    return out
 
 
 @pytest.mark.parametrize("case", ["h100_hgx_550", "a100_hgx_535"])
@@ -253,7 +236,7 @@ def test_rule_fails_gpu_that_lost_nvlinks():
 
 
 def test_rule_fails_node_without_driver():
-    facts = gpu.no_gpu_facts("nvidia-smi not found and NVML unavailable", "NVML Shared Library Not Found")
+    facts = gpu_facts.no_gpu_facts("nvidia-smi not found and NVML unavailable", "NVML Shared Library Not Found")
     findings = run_rule(facts)
     assert [(f.status, f.message) for f in findings] == [
         (Status.FAIL, "nvidia-smi not found and NVML unavailable (expected 8 GPUs)")
@@ -283,7 +266,7 @@ def test_rule_skips_cpu_only_and_errors_without_facts():
 
 def test_check_declaration():
     assert gpu.CHECK.name == "gpu" and "ssh" in gpu.CHECK.needs
-    assert gpu.short_bus_id("00000000:4E:00.0") == "0000:4E:00.0"
+    assert gpu_facts.short_bus_id("00000000:4E:00.0") == "0000:4E:00.0"
 
 
 # ------------------------------------------------------------------------------------ simulated hardware
@@ -363,3 +346,390 @@ def test_narrow_pcie_link_is_still_warned_when_topology_did_not_see_the_gpu():
     assert by_status(_rule_with_topology(facts, {"probe_error": "did not finish within 30 s"})) == {Status.WARN: warned}
     no_link = _topology_facts([g["pci_bus_id"] for g in facts["gpus"]], width=None)  # sysfs without link attributes
     assert by_status(_rule_with_topology(facts, no_link)) == {Status.WARN: warned}
+
+
+# ------------------------------------------------------------------------------- 15.1 fabric byte layout
+
+
+def test_fabric_struct_has_nvml_h_layout():
+    s = probe_nvml.NvmlGpuFabricInfo
+    offsets = {name: getattr(s, name).offset for name, _ in s._fields_}
+    assert offsets == {"clusterUuid": 0, "status": 16, "cliqueId": 20, "state": 24}
+    assert ctypes.sizeof(s) == 28
+
+
+def test_fabric_state_read_from_the_bytes_nvml_writes():
+    answers = nvml_answers()
+    answers["devices"][3]["nvmlDeviceGetGpuFabricInfo"] = {"state": 2, "status": 0, "cliqueId": 7, "clusterUuid": UUID}
+    answers["devices"][4]["nvmlDeviceGetGpuFabricInfo"] = {"state": 3, "status": 15, "cliqueId": 7, "clusterUuid": UUID}
+    facts = nvml_facts(answers)
+    assert facts["gpus"][0]["fabric"]["state"] == "Completed"
+    assert facts["gpus"][0]["fabric"]["status"] == "Success"
+    assert facts["gpus"][3]["fabric"] == {"state": "In Progress", "status": "N/A", "clique_id": 7, "cluster_uuid": UUID}
+    assert facts["gpus"][4]["fabric"]["status"] == "GPU is lost"
+
+
+def test_fabric_wrong_layout_would_read_nothing():
+    """pynvml's pre-13.615 structure (80-byte clusterUuid) over the same bytes reads state 0: the test sees it."""
+    fake = FakeNVML(nvml_answers())
+    old = fake.c_nvmlGpuFabricInfo_t()
+    fake.nvmlDeviceGetGpuFabricInfo(0, ctypes.pointer(old))
+    assert old.state == 0  # what the old code read on every H100: "not supported"
+
+
+# ------------------------------------------------------------------------------- 15.2 errors are findings
+
+
+def test_only_not_supported_means_cannot_say():
+    answers = nvml_answers()
+    answers["devices"][1]["nvmlDeviceGetTotalEccErrors(UNCORRECTED,VOLATILE)"] = {"error": "NVML_ERROR_GPU_IS_LOST"}
+    answers["devices"][2]["nvmlDeviceGetRemappedRows"] = {"error": "NVML_ERROR_CORRUPTED_INFOROM"}
+    answers["devices"][3]["nvmlDeviceGetPersistenceMode"] = {"error": "NVML_ERROR_UNKNOWN"}
+    answers["devices"][4]["nvmlDeviceGetSerial"] = {"error": "NVML_ERROR_NOT_SUPPORTED"}
+    facts = nvml_facts(answers)
+    assert facts["gpus"][4]["serial"] is None and not facts["gpus"][4]["query_errors"]
+    fails = by_status(run_rule(facts))[Status.FAIL]
+    assert "GPU 1 (0000:2A:00.0): NVML nvmlDeviceGetTotalEccErrors failed: GPU is lost (expected an answer)" in fails
+    assert "GPU 2 (0000:3A:00.0): NVML nvmlDeviceGetRemappedRows failed: Corrupted infoROM (expected an answer)" in fails
+    assert "GPU 3 (0000:5D:00.0): NVML nvmlDeviceGetPersistenceMode failed: Unknown Error (expected an answer)" in fails
+    assert len(fails) == 3
+
+
+# ------------------------------------------------------------------------------- 15.3 throttle fallback
+
+
+def test_throttle_reasons_on_drivers_before_r535():
+    answers = nvml_answers()
+    for dev in answers["devices"]:
+        del dev["nvmlDeviceGetCurrentClocksEventReasons"]  # R470-R530: no such symbol
+        dev["nvmlDeviceGetCurrentClocksThrottleReasons"] = 0x1
+    answers["devices"][6]["nvmlDeviceGetCurrentClocksThrottleReasons"] = 0x8
+    facts = nvml_facts(answers)
+    assert facts["gpus"][0]["clock_events"] == ["gpu_idle"]
+    assert facts["gpus"][6]["clock_events"] == ["hw_slowdown"]
+
+
+# ------------------------------------------------------------------------------- 15.4 dead NVLinks
+
+
+def test_nvml_error_at_link_0_on_sxm_gpu_fails():
+    answers = nvml_answers()
+    answers["devices"][4]["nvmlDeviceGetNvLinkState"] = {"error": "NVML_ERROR_NOT_SUPPORTED"}
+    facts = nvml_facts(answers)
+    assert facts["gpus"][4]["nvlink"]["active"] == 0
+    fails = by_status(run_rule(facts))[Status.FAIL]
+    assert fails == ["GPU 4 (0000:9A:00.0): 0/18 NVLinks active (expected 18 on NVIDIA H100 80GB HBM3; NVML: Not Supported at link 0)"]
+
+
+def test_all_links_inactive_line_on_sxm_gpu_fails():
+    text = open(os.path.join(FIX, "h100_hgx_550.nvlink.txt")).read().splitlines()
+    facts = expected("h100_hgx_550")
+    uuid = facts["gpus"][2]["uuid"]
+    # GPU 2's section replaced by the one line the driver prints when every link is down
+    out, skip = [], False
+    for line in text:
+        if line.startswith("GPU "):
+            skip = uuid in line
+            if skip:
+                line = line + " NVML: Unable to retrieve NVLink information as all links are inActive"
+            out.append(line)
+        elif not skip:
+            out.append(line)
+    gpu.merge_nvlink(facts, gpu.parse_nvlink_status("\n".join(out) + "\n"))
+    fails = by_status(run_rule(facts))[Status.FAIL]
+    assert len(fails) == 1 and fails[0].startswith("GPU 2 (0000:3A:00.0): 0/18 NVLinks active (expected 18 on NVIDIA H100 80GB HBM3; NVML: Unable to retrieve NVLink information as all links are inActive)")
+
+
+def test_same_links_lost_on_every_gpu_fails_against_the_model():
+    answers = nvml_answers()
+    for dev in answers["devices"]:
+        dev["nvmlDeviceGetNvLinkState"] = [1] * 16 + [0, 0]  # a dead NVSwitch: 2 links down on all 8
+    fails = by_status(run_rule(nvml_facts(answers)))[Status.FAIL]
+    assert len(fails) == 8
+    assert fails[0] == "GPU 0 (0000:18:00.0): 16/18 NVLinks active (expected 18 on NVIDIA H100 80GB HBM3)"
+
+
+def test_pcie_gpu_without_nvlink_is_not_judged():
+    links = gpu.parse_nvlink_status(open(os.path.join(FIX, "h100_pcie_no_nvlink.nvlink.txt")).read())
+    facts = expected("h100_hgx_550")
+    facts["gpus"] = facts["gpus"][:2]
+    for g, uuid in zip(facts["gpus"], links):
+        g["name"], g["uuid"] = "NVIDIA H100 PCIe", uuid
+    gpu.merge_nvlink(facts, links)
+    assert by_status(run_rule(facts, gpus_per_node=2)) .keys() == {Status.PASS}
+
+
+def test_model_link_counts():
+    assert gpu.model_nvlinks("NVIDIA H100 80GB HBM3") == 18
+    assert gpu.model_nvlinks("NVIDIA H200") == 18
+    assert gpu.model_nvlinks("NVIDIA A100-SXM4-80GB") == 12
+    assert gpu.model_nvlinks("NVIDIA H100 PCIe") is None
+    assert gpu.model_nvlinks("NVIDIA A10G") is None
+
+
+# ------------------------------------------------------------------------------- 15.5 wedged NVML
+
+
+@pytest.fixture
+def fake_pynvml(monkeypatch, tmp_path):
+    proc = tmp_path / "proc-driver-nvidia"
+    proc.mkdir()
+    monkeypatch.setattr(probe_nvml, "NVIDIA_PROC", str(proc))
+    monkeypatch.delenv("PREFLIGHT_NVML", raising=False)
+    monkeypatch.setattr(probe_nvml, "NVML_BUDGET_S", 1.0)
+    installed = []
+
+    def install(answers):
+        fake = FakeNVML(answers)
+        monkeypatch.setitem(sys.modules, "pynvml", fake)
+        installed.append(fake)
+        return fake
+
+    yield install
+    for fake in installed:
+        fake.release()
+    probe_nvml.reset_nvml_wedge()
+
+
+def _bounded(fn, *args):
+    """fn(*args) in a thread; the test fails (instead of hanging) if it does not come back."""
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("v", fn(*args)), daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "%s did not return: a wedged NVML call held the probe" % fn.__name__
+    return box["v"]
+
+
+def test_wedged_nvml_call_costs_only_the_gpu_facts(tmp_path, monkeypatch, fake_pynvml):
+    answers = nvml_answers()
+    answers["devices"][5]["nvmlDeviceGetNvLinkState"] = {"block": True}
+    fake_pynvml(answers)
+    (tmp_path / "module" / "nvidia").mkdir(parents=True)
+    (tmp_path / "module" / "nvidia" / "version").write_text("550.54.15\n")
+    # nvidia-smi on a wedged driver hangs as well (ctx.run would wait its 60 s): it must not be called
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 300\n")
+    (tmp_path / "bin" / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % (tmp_path / "bin"))
+    ctx = NodeContext(sysfs_root=str(tmp_path))
+    facts = _bounded(gpu.probe, ctx)
+    assert [g["index"] for g in facts["gpus"]] == [0, 1, 2, 3, 4, 5]  # what was read is kept
+    assert "nvmlDeviceGetNvLinkState did not return within" in facts["gpus"][5]["error"]
+    fails = by_status(run_rule(facts))[Status.FAIL]
+    assert any("GPU 5" in m and "did not return" in m for m in fails)
+    drv = _bounded(driver.probe, ctx)  # the node's other facts still arrive
+    assert drv["driver_version"] == "550.54.15" and drv["driver_source"] == "sysfs"
+    assert drv["torch"] is not None and drv["torch"]["version"]
+    assert "did not return within" in drv["nvml_error"]
+
+
+# ------------------------------------------------------------------------------- 15.6 lenient nvlink
+
+
+def test_one_unreadable_nvlink_line_keeps_the_xml_facts(tmp_path, monkeypatch):
+    text = open(os.path.join(FIX, "h100_hgx_550.nvlink.txt")).read().replace(
+        "Link 5: 26.562 GB/s", "Link 5: 26.562 GB/s (degraded)", 1
+    )
+    odd = tmp_path / "odd.nvlink.txt"
+    odd.write_text(text)
+    fake_nvidia_smi(str(tmp_path / "bin"), os.path.join(FIX, "h100_hgx_550.xml"), str(odd))
+    monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % (tmp_path / "bin"))
+    monkeypatch.setenv("PREFLIGHT_NVML", "off")
+    facts = gpu.probe(NodeContext(sysfs_root=str(tmp_path)))
+    assert facts["source"] == "nvidia-smi" and len(facts["gpus"]) == 8
+    assert facts["nvlink_unreadable"] == ["line 7: 'Link 5: 26.562 GB/s (degraded)'"]
+    assert facts["gpus"][0]["nvlink"] == {"active": 17, "inactive": 0, "unreadable": 1}
+    found = by_status(run_rule(facts))
+    assert Status.FAIL not in found
+    assert found[Status.WARN] == [
+        "nvidia-smi nvlink --status: 1 line not understood (line 7: 'Link 5: 26.562 GB/s (degraded)'); "
+        "NVLink counts of GPU 0 (0000:18:00.0) are incomplete"
+    ]
+
+
+# ------------------------------------------------------------------------------- 12.1 legacy ECC
+
+
+def test_legacy_ecc_layout_is_judged():
+    facts = gpu.parse_nvidia_smi_xml(open(os.path.join(FIX, "p100_legacy_ecc_510.xml")).read())
+    assert facts["gpus"][0]["ecc_uncorrectable_volatile"] == 0
+    assert facts["gpus"][0]["ecc_uncorrectable_aggregate"] == 1
+    bad = gpu.parse_nvidia_smi_xml(open(os.path.join(FIX, "p100_legacy_ecc_dbe.xml")).read())
+    assert bad["gpus"][0]["ecc_uncorrectable_volatile"] == 2
+    fails = by_status(run_rule(bad, gpus_per_node=1))[Status.FAIL]
+    assert fails == ["GPU 0 (0000:04:00.0): 2 uncorrectable ECC errors since boot (expected 0)"]
+
+
+# ------------------------------------------------------------------------------- 12.2 MIG
+
+
+def _view(facts_by_node):
+    nodes = [NodeInfo(n, "198.18.0.%d" % i, len(f["gpus"])) for i, (n, f) in enumerate(sorted(facts_by_node.items()), 1)]
+    return ClusterView(nodes, {n: {"gpu": f, "ssh": {"shm_bytes": 16 * GiB}} for n, f in facts_by_node.items()})
+
+
+def test_mig_recorded_and_judged():
+    mig = gpu.parse_nvidia_smi_xml(open(os.path.join(FIX, "a100_mig_enabled.xml")).read())
+    g = mig["gpus"][0]
+    assert g["mig_enabled"] is True and g["ecc_enabled"] is True and g["ecc_uncorrectable_volatile"] is None
+    # one node alone: MIG is recorded, the unreadable volatile ECC counters are said, not passed silently
+    alone = by_status(gpu.rule(_view({"node01": mig})))
+    assert alone[Status.WARN] == [
+        "GPU 0 (0000:00:05.0): volatile ECC counters read N/A (MIG mode on): uncorrectable errors since boot unknown"
+    ]
+    # a multi-node job: MIG on is a launch problem, and it differs from the other nodes (drift)
+    plain = expected("a100_hgx_535")
+    plain["gpus"] = plain["gpus"][:1]
+    found = gpu.rule(_view({"node01": mig, "node02": plain, "node03": plain}))
+    fails = [(f.node, f.message) for f in found if f.status is Status.FAIL]
+    assert fails == [
+        (
+            "node01",
+            "GPU 0 (0000:00:05.0): MIG mode enabled (expected disabled for a multi-node NCCL job; "
+            "MIG disabled on node[02-03])",
+        )
+    ]
+
+
+# ------------------------------------------------------------------------------- 12.5 PCIe width, fleet
+
+
+def _narrow(facts, width, which=None):
+    for g in facts["gpus"]:
+        if which is None or g["index"] in which:
+            g["pcie"]["width"] = width
+    return facts
+
+
+def test_pcie_width_shared_by_the_fleet_is_not_a_warning():
+    a = _narrow(with_links(expected("h100_hgx_550"), "h100_hgx_550"), 8)
+    b = _narrow(with_links(expected("h100_hgx_550"), "h100_hgx_550"), 8)
+    found = gpu.rule(_view({"node01": a, "node02": b}))
+    assert [f.status for f in found] == [Status.PASS, Status.PASS]
+    assert "PCIe x8 on every NVIDIA H100 80GB HBM3 (max x16)" in found[0].message
+
+
+def test_pcie_width_below_its_peers_still_warns():
+    a = _narrow(with_links(expected("h100_hgx_550"), "h100_hgx_550"), 8, which={3})
+    b = with_links(expected("h100_hgx_550"), "h100_hgx_550")
+    found = [(f.node, f.status, f.message) for f in gpu.rule(_view({"node01": a, "node02": b})) if f.status is not Status.PASS]
+    assert found == [("node01", Status.WARN, "GPU 3 (0000:5D:00.0): PCIe link Gen5 x8 (expected Gen5 x16)")]
+
+
+def test_unknown_model_compared_with_the_node_gpus():
+    """A model without a fixed link count (an NVL board bridged in pairs): only the node's other GPUs count."""
+    facts = with_links(expected("h100_hgx_550"), "h100_hgx_550")
+    for g in facts["gpus"]:
+        g["name"] = "NVIDIA H100 NVL"
+    facts["gpus"][5]["nvlink"] = {"active": 12, "inactive": 6}
+    fails = by_status(run_rule(facts))[Status.FAIL]
+    assert fails == ["GPU 5 (0000:AB:00.0): 12/18 NVLinks active (expected 18 like the other GPUs)"]
+
+
+def test_wedged_nvml_in_the_node_runner_keeps_the_other_probes(tmp_path, monkeypatch, fake_pynvml):
+    """Through the node-side runner (gpu and driver probes side by side, as the bundle runs them)."""
+    from preflight.probe import runner
+
+    answers = nvml_answers()
+    answers["nvmlDeviceGetCount"] = {"block": True}
+    fake_pynvml(answers)
+    (tmp_path / "module" / "nvidia").mkdir(parents=True)
+    (tmp_path / "module" / "nvidia" / "version").write_text("550.54.15\n")
+    monkeypatch.setenv("PREFLIGHT_SYSFS_ROOT", str(tmp_path))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    doc = _bounded(runner.run_probes, {"gpu": {}, "driver": {}}, 20.0)
+    assert "probe_error" not in doc["gpu"] and "probe_error" not in doc["driver"]
+    assert doc["gpu"]["source"] is None and "nvmlDeviceGetCount did not return within" in doc["gpu"]["error"]
+    assert doc["driver"]["torch"]["version"] and doc["driver"]["driver_version"] == "550.54.15"
+    failed = run_rule(doc["gpu"])
+    assert [f.status for f in failed] == [Status.FAIL] and "did not return" in failed[0].message
+
+
+def test_wedge_message_names_the_stuck_threads_call_not_anothers(fake_pynvml):
+    """The gpu and driver probes call NVML side by side: a call the driver probe enters while the gpu
+    probe's nvmlDeviceGetCount is stuck must not be named as the stuck one (it was, under load)."""
+    answers = nvml_answers()
+    answers["nvmlDeviceGetCount"] = {"block": True}
+    nvml = fake_pynvml(answers)
+    stuck = threading.Thread(target=lambda: box.setdefault("error", _catch(
+        lambda: probe_nvml.bounded_nvml(lambda: gpu_nvml.facts_from_nvml(nvml), "GPU queries"))), daemon=True)
+    box = {}
+    stuck.start()
+    while "nvmlDeviceGetCount" not in nvml.calls:
+        time.sleep(0.01)
+    assert probe_nvml.load_nvml()[0] is nvml  # another thread enters nvmlInit (it answers) while GetCount hangs
+    stuck.join(10)
+    assert "nvmlDeviceGetCount did not return within 1 s" in str(box["error"]), box
+
+
+def _catch(fn):
+    try:
+        fn()
+    except Exception as exc:
+        return exc
+    return None
+
+
+def test_fabric_error_codes_from_the_c_entry_point():
+    answers = nvml_answers()
+    answers["devices"][0]["nvmlDeviceGetGpuFabricInfo"] = {"error": "NVML_ERROR_NOT_SUPPORTED"}  # e.g. A100
+    answers["devices"][1]["nvmlDeviceGetGpuFabricInfo"] = {"error": "NVML_ERROR_GPU_IS_LOST"}
+    facts = nvml_facts(answers)
+    assert facts["gpus"][0]["fabric"] is None and facts["gpus"][0]["query_errors"] == []
+    assert facts["gpus"][1]["query_errors"] == ["NVML nvmlDeviceGetGpuFabricInfo failed: GPU is lost"]
+
+
+# The structure as nvml.h declares it, compiled by the C compiler: the layout test that needs no GPU.
+NVML_H_FABRIC = r"""
+#include <string.h>
+#define NVML_GPU_FABRIC_UUID_LEN 16
+typedef int nvmlReturn_t;
+typedef unsigned char nvmlGpuFabricState_t;
+typedef struct {
+    unsigned char        clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t         status;
+    unsigned int         cliqueId;
+    nvmlGpuFabricState_t state;
+} nvmlGpuFabricInfo_t;
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(void *device, nvmlGpuFabricInfo_t *info) {
+    unsigned char uuid[16] = {0x5a,0x1f,0x0c,0x3e,0x7b,0x2d,0x4e,0x6f,0x9a,0x8b,0x0c,0x1d,0x2e,0x3f,0x4a,0x5b};
+    memset(info, 0xff, sizeof *info);  /* padding the library leaves alone: garbage */
+    memcpy(info->clusterUuid, uuid, 16);
+    info->status = 0;
+    info->cliqueId = 32766;
+    info->state = 2;  /* NVML_GPU_FABRIC_STATE_IN_PROGRESS */
+    return 0;
+}
+unsigned long fabric_info_size(void) { return sizeof(nvmlGpuFabricInfo_t); }
+"""
+
+
+def test_fabric_struct_against_a_compiled_nvml_h(tmp_path):
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the nvml.h structure")
+    src = tmp_path / "fabric.c"
+    src.write_text(NVML_H_FABRIC)
+    lib_path = tmp_path / "libfabric.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib_path), str(src)], check=True)
+    lib = ctypes.CDLL(str(lib_path))
+    lib.fabric_info_size.restype = ctypes.c_ulong
+    assert lib.fabric_info_size() == ctypes.sizeof(probe_nvml.NvmlGpuFabricInfo)
+
+    class Library:  # pynvml's shape: the C entry point by name, NVMLError by code
+        NVMLError = FakeNVML.NVMLError
+        NVML_ERROR_NOT_SUPPORTED = 3
+        NVML_ERROR_FUNCTION_NOT_FOUND = 13
+
+        @staticmethod
+        def _nvmlGetFunctionPointer(name):
+            return getattr(lib, name)
+
+    g = gpu_facts.empty_gpu(0)
+    fabric = gpu_nvml.nvml_fabric(Library, g, None)
+    assert fabric == {"state": "In Progress", "status": "N/A", "clique_id": 32766, "cluster_uuid": UUID}

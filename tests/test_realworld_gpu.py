@@ -4,7 +4,7 @@ Each capture must parse without raising, its facts must agree with what the capt
 driver version, product names, link counts, versions), and the gpu rule must not warn on a healthy
 capture: every non-PASS finding must be one the capture's own state explains (listed in EXPLAINED with
 the reason). The captures are public data and are not committed here; when the folder is absent every
-test here skips with the reason.
+test here skips with the reason (PREFLIGHT_REALWORLD=DIR points elsewhere).
 
 Run ``python -m tests.test_realworld_gpu`` for the counts (captures, parsed, agreeing, judged quiet).
 """
@@ -20,9 +20,10 @@ import pytest
 
 from preflight.checks import driver, fabric_manager, gpu
 from preflight.model import ClusterView, NodeInfo, Status
+from preflight.probe import gpu_facts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REAL = os.path.normpath(os.path.join(REPO, "..", "shared", "realworld"))
+REAL = os.environ.get("PREFLIGHT_REALWORLD") or os.path.normpath(os.path.join(REPO, "..", "shared", "realworld"))
 HAVE = os.path.isdir(REAL)
 pytestmark = pytest.mark.skipif(not HAVE, reason="no real captures at %s (they sit beside the checkout in CI)" % REAL)
 
@@ -95,7 +96,7 @@ def judge_nvlink(path: str) -> List[Any]:
     links = gpu.parse_nvlink_status(text)
     gpus = []
     for index, (name, uuid) in enumerate(re.findall(r"^GPU \d+: (.*) \(UUID: (GPU-[0-9a-f-]+)\)$", text, re.M)):
-        g = gpu._empty_gpu(index)
+        g = gpu_facts.empty_gpu(index)
         g.update({"name": name, "uuid": uuid, "pci_bus_id": "00000000:%02X:00.0" % (index + 1), "nvlink": links[uuid]})
         gpus.append(g)
     facts = {"source": "nvidia-smi", "error": None, "nvml_error": None, "driver_version": None, "cuda_version": None,

@@ -71,14 +71,13 @@ def _hardware(view: ClusterView, nodes: Sequence[str], choice: Any) -> Dict[str,
     """gpu_model and nic_gbps for the built-in bandwidth profile, from the gpu/ib_hca facts and the
     nic choice the launcher already made (datanet.choose looks at every node: call it once, not per node)."""
     from preflight.checks import ib_hca
+    from preflight.probe.gpu_facts import node_gpus
 
     out: Dict[str, Any] = {}
     models = set()
     for name in nodes:
-        gpu = (view.facts.get(name) or {}).get("gpu") or {}
-        for g in gpu.get("gpus") or []:
-            if g.get("name"):
-                models.add(g["name"])
+        record = node_gpus(view, name)
+        models.update(record.models() if record is not None else ())
     if len(models) == 1:
         out["gpu_model"] = models.pop()
     usable = ib_hca.usable_hcas(view)

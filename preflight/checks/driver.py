@@ -45,9 +45,9 @@ import sys
 import xml.etree.ElementTree as ET
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.checks.gpu import bounded_nvml, load_nvml, nvml_shutdown, nvml_wedged
 from preflight.common import fold, majority, plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Setting, Status, probe_error
+from preflight.probe.nvml import bounded_nvml, load_nvml, nvml_shutdown, nvml_wedged
 
 NAME = "driver"
 PROC_VERSION = "/proc/driver/nvidia/version"

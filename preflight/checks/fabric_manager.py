@@ -44,6 +44,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, per_gpu_node
+from preflight.probe.gpu_facts import NodeGpus, node_gpus
 
 NAME = "fabric_manager"
 UNIT = "nvidia-fabricmanager"
@@ -143,37 +144,37 @@ def parse_fm_version(text: str) -> str:
 # ---------------------------------------------------------------------------------------------- rule
 
 
-def _gpu_fabric(gpu_facts: Any) -> Tuple[List[str], int]:
+def _gpu_fabric(record: Optional[NodeGpus]) -> Tuple[List[str], int]:
     """(problems, GPUs reporting Completed/Success) from the gpu check's facts."""
-    if not isinstance(gpu_facts, dict) or "gpus" not in gpu_facts:
+    if record is None:
         return [], 0
     problems, good = [], 0
-    for gpu in gpu_facts.get("gpus") or []:
-        fabric = gpu.get("fabric")
+    for gpu in record.gpus:
+        fabric = gpu.fabric
         if not fabric:
             continue
-        if fabric.get("state") == "Completed" and fabric.get("status") == "Success":
+        if fabric.registered:
             good += 1
             continue
-        bus = gpu.get("pci_bus_id") or "?"
+        bus = gpu.pci_bus_id or "?"
         domain, _, rest = bus.partition(":")
         short = "%s:%s" % (domain[-4:], rest) if rest else bus
         problems.append(
             "GPU %s (%s): fabric state %s, status %s (expected Completed/Success)"
-            % (gpu.get("index"), short, fabric.get("state"), fabric.get("status"))
+            % (gpu.index, short, fabric.state, fabric.status)
         )
     return problems, good
 
 
-def _node(node: Any, facts: Dict[str, Any], gpu_facts: Any) -> List[Finding]:
+def _node(node: Any, facts: Dict[str, Any], record: Optional[NodeGpus]) -> List[Finding]:
     name = node.name
     switches = facts.get("nvswitches") or []
     if not switches:
-        if _fabric_reported(gpu_facts):
-            return _tray(node, facts, gpu_facts)
+        if record is not None and any(g.fabric for g in record.gpus):
+            return _tray(node, facts, record)
         return [Finding(NAME, name, Status.SKIP, "no NVSwitch on this node (PCIe/NVLink-bridge system): fabric manager not needed")]
     out: List[Finding] = []
-    fabric_problems, fabric_good = _gpu_fabric(gpu_facts)
+    fabric_problems, fabric_good = _gpu_fabric(record)
     service = facts.get("service")
     if service is None:
         why = facts.get("service_error") or "service state not gathered"
@@ -213,8 +214,8 @@ def _node(node: Any, facts: Dict[str, Any], gpu_facts: Any) -> List[Finding]:
                 )
             )
     fm, driver = facts.get("fm_version"), facts.get("driver_version")
-    if not driver and isinstance(gpu_facts, dict):
-        driver = gpu_facts.get("driver_version")
+    if not driver and record is not None:
+        driver = record.driver_version
     if fm is None:
         if service is not None and service.get("LoadState") == "loaded":
             out.append(
@@ -245,27 +246,21 @@ def _node(node: Any, facts: Dict[str, Any], gpu_facts: Any) -> List[Finding]:
     return out
 
 
-def _fabric_reported(gpu_facts: Any) -> bool:
-    """Whether any GPU reports NVLink fabric state (Hopper and later on a fabric; GB200/GB300 trays)."""
-    if not isinstance(gpu_facts, dict):
-        return False
-    return any(g.get("fabric") for g in gpu_facts.get("gpus") or [])
-
-
-def _tray(node: Any, facts: Dict[str, Any], gpu_facts: Dict[str, Any]) -> List[Finding]:
+def _tray(node: Any, facts: Dict[str, Any], record: NodeGpus) -> List[Finding]:
     """A GPU node without an NVSwitch PCI function whose GPUs report NVLink fabric state: a GB200/GB300
     compute tray (the NVSwitches sit in separate switch trays, programmed by their own fabric manager).
     Judged here: every GPU registered (Completed/Success), one clique and cluster per tray, and the
     nvidia-imex service that multi-node NVLink memory sharing needs (NVIDIA IMEX guide)."""
     name = node.name
     out: List[Finding] = []
-    problems, good = _gpu_fabric(gpu_facts)
-    gpus = [g for g in gpu_facts.get("gpus") or [] if g.get("fabric")]
+    problems, good = _gpu_fabric(record)
+    gpus = [g for g in record.gpus if g.fabric]
     for what, key in (("cliques", "clique_id"), ("clusters", "cluster_uuid")):
         groups: Dict[Any, List[str]] = {}
         for g in gpus:
-            if g["fabric"].get(key) is not None:
-                groups.setdefault(g["fabric"][key], []).append(str(g.get("index")))
+            value = getattr(g.fabric, key)
+            if value is not None:
+                groups.setdefault(value, []).append(str(g.index))
         if len(groups) > 1:
             parts = ", ".join("%s (GPU %s)" % (value, ", ".join(idx)) for value, idx in groups.items())
             out.append(
@@ -279,7 +274,7 @@ def _tray(node: Any, facts: Dict[str, Any], gpu_facts: Dict[str, Any]) -> List[F
                 )
             )
     multi_node = any(
-        (g["fabric"].get("cluster_uuid") or "").strip("0-") for g in gpus
+        (g.fabric.cluster_uuid or "").strip("0-") for g in gpus
     )  # H100 HGX reports an all-zero cluster UUID: NVLink within the node only, no IMEX
     service = facts.get("imex")
     if not multi_node:
@@ -314,21 +309,21 @@ def _tray(node: Any, facts: Dict[str, Any], gpu_facts: Dict[str, Any]) -> List[F
     for problem in problems:
         out.append(Finding(NAME, name, Status.FAIL, problem, expected="Completed/Success"))
     if not out:
-        first = gpus[0]["fabric"] if gpus else {}
+        first = gpus[0].fabric if gpus else None
         if not multi_node:
             msg = "no NVSwitch PCI function visible (fabric managed outside this OS): fabric Completed on %d GPUs" % good
         else:
             msg = "no NVSwitch PCI function (multi-node NVLink tray): fabric Completed on %d GPUs" % good
-            if first.get("clique_id") is not None:
-                msg += ", clique %s" % first["clique_id"]
-            msg += " of cluster %s" % first["cluster_uuid"]
+            if first is not None and first.clique_id is not None:
+                msg += ", clique %s" % first.clique_id
+            msg += " of cluster %s" % (first.cluster_uuid if first is not None else None)
             msg += ", nvidia-imex %s (%s)" % (service.get("ActiveState"), service.get("SubState"))
         out.append(Finding(NAME, name, Status.PASS, msg))
     return out
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    return per_gpu_node(NAME, view, lambda node, facts: _node(node, facts, view.facts[node.name].get("gpu")))
+    return per_gpu_node(NAME, view, lambda node, facts: _node(node, facts, node_gpus(view, node.name)))
 
 
 CHECK = Check(

@@ -7,7 +7,7 @@ speed. The probe reads, through the sysfs root:
 - ``module/nvidia_peermem`` (driver 470+) or ``module/nv_peer_mem`` (Mellanox's older module): loaded;
 - ``class/dmi/id/{sys_vendor,product_name}`` and ``hypervisor/type``: a virtual machine (ACS is then the
   hypervisor's business and is not judged);
-- the PCI bridges above each GPU and HCA (``topology.bridges``), and for them ``lspci -D -vvv``'s port type
+- the PCI bridges above each GPU and HCA (``preflight.probe.pci.bridges``), and for them ``lspci -D -vvv``'s port type
   and ``ACSCtl`` line (real format, pciutils ls-ecaps.c)::
 
       Capabilities: [68] Express (v2) Downstream Port (Slot+), MSI 00
@@ -40,9 +40,9 @@ import platform
 import re
 from typing import Any, Dict, List, Optional
 
-from preflight.checks.topology import bridges, nvidia_gpus, rdma_hcas
 from preflight.common import plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, per_gpu_node
+from preflight.probe.pci import bridges, nvidia_gpus, rdma_hcas
 
 NAME = "gpudirect"
 MODULES = ("nvidia_peermem", "nv_peer_mem")

@@ -38,45 +38,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preflight.common import majority, plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, per_gpu_node
+from preflight.probe.pci import bridges, nvidia_gpus, rdma_hcas
 
 NAME = "topology"
-BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-GPU_CLASSES = ("0x0300", "0x0302")
 LINK_FILES = ("current_link_width", "max_link_width", "current_link_speed", "max_link_speed")
 _SPEED = re.compile(r"^(\d+(?:\.\d+)?) GT/s(?: PCIe)?$")
 
 
 # --------------------------------------------------------------------------------------------- probe
-# (also used by the gpudirect probe)
-
-
-def nvidia_gpus(ctx: Any) -> List[str]:
-    """Bus addresses of the NVIDIA GPUs (display/3D controller functions) under bus/pci/devices."""
-    root = ctx.sys_path("bus", "pci", "devices")
-    out = []
-    for bdf in ctx.listdir(root):
-        vendor = (ctx.read(os.path.join(root, bdf, "vendor")) or "").strip().lower()
-        klass = (ctx.read(os.path.join(root, bdf, "class")) or "").strip().lower()
-        if vendor == "0x10de" and klass[:6] in GPU_CLASSES:
-            out.append(bdf.lower())
-    return out
-
-
-def rdma_hcas(ctx: Any) -> List[Tuple[str, Optional[str]]]:
-    """(HCA name, its PCI bus address or None) for every class/infiniband entry."""
-    root = ctx.sys_path("class", "infiniband")
-    out = []
-    for hca in ctx.listdir(root):
-        real = os.path.basename(os.path.realpath(os.path.join(root, hca, "device"))).lower()
-        out.append((hca, real if BDF.match(real) else None))
-    return out
-
-
-def bridges(ctx: Any, bdf: str) -> List[str]:
-    """The PCI bridges above a device, root port first (from the real path of its sysfs directory)."""
-    real = os.path.realpath(ctx.sys_path("bus", "pci", "devices", bdf))
-    chain = [part.lower() for part in real.split(os.sep) if BDF.match(part.lower())]
-    return chain[:-1] if chain and chain[-1] == bdf else chain
 
 
 def _link_attrs(ctx: Any, bdf: str) -> Dict[str, Optional[str]]:

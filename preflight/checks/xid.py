@@ -51,6 +51,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from preflight.common import plural
 from preflight.model import Check, ClusterView, Finding, Status, per_gpu_node
 from preflight.probe import kernlog
+from preflight.probe.gpu_facts import NodeGpus, node_gpus
 
 NAME = "xid"
 
@@ -225,7 +226,7 @@ _ago = kernlog.ago
 _window_text = kernlog.window_text
 
 
-def _judge(node: Any, facts: Dict[str, Any], gpu_facts: Any, window: Optional[float]) -> List[Finding]:
+def _judge(node: Any, facts: Dict[str, Any], record: Optional[NodeGpus], window: Optional[float]) -> List[Finding]:
     name = node.name
     if not facts.get("nvidia"):
         return [Finding(NAME, name, Status.ERROR, "%s: no NVIDIA driver or device found: kernel log not searched for Xid (see the gpu check)" % name)]
@@ -234,10 +235,7 @@ def _judge(node: Any, facts: Dict[str, Any], gpu_facts: Any, window: Optional[fl
                         expected="readable kernel log", actual="unreadable")]
     log = facts["log"]
     uptime = facts.get("uptime_s")
-    gpus = {}
-    if isinstance(gpu_facts, dict):
-        for gpu in gpu_facts.get("gpus") or []:
-            gpus[_bus_key(gpu.get("pci_bus_id"))] = gpu
+    gpus = {_bus_key(g.pci_bus_id): g for g in record.gpus} if record is not None else {}
     groups: Dict[Tuple[str, str, int], List[Dict[str, Any]]] = {}
     for event in log.get("events") or []:
         age = kernlog.age(uptime, event.get("ts"))
@@ -253,7 +251,7 @@ def _judge(node: Any, facts: Dict[str, Any], gpu_facts: Any, window: Optional[fl
             label = "SXid %d" % code
         else:
             gpu = gpus.get(bus)
-            where = "GPU %d (%s)" % (gpu["index"], bus + ".0") if gpu else "GPU at %s (not listed by the driver now)" % bus
+            where = "GPU %d (%s)" % (gpu.index, bus + ".0") if gpu else "GPU at %s (not listed by the driver now)" % bus
             label = "Xid %d" % code
         count = "" if len(events) == 1 else " ×%d" % len(events)
         ages = [e["age"] for e in events if e["age"] is not None]
@@ -284,7 +282,7 @@ def _judge(node: Any, facts: Dict[str, Any], gpu_facts: Any, window: Optional[fl
 
 def rule(view: ClusterView) -> List[Finding]:
     window = view.cluster.get("xid_window_s")
-    return per_gpu_node(NAME, view, lambda node, facts: _judge(node, facts, view.facts[node.name].get("gpu"), window))
+    return per_gpu_node(NAME, view, lambda node, facts: _judge(node, facts, node_gpus(view, node.name), window))
 
 
 CHECK = Check(

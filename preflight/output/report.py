@@ -119,24 +119,24 @@ def hardware(view: Any) -> Dict[str, Any]:
     can recognise the same serial coming back (a "lemon"). Nodes without GPU facts are left out.
     """
     from preflight.checks import gpu
+    from preflight.probe.gpu_facts import node_gpus
 
     out: Dict[str, Any] = {}
     for node in view.live:
-        facts = view.facts[node.name].get("gpu")
-        gpus = facts.get("gpus") if isinstance(facts, dict) else None
-        if not gpus:
+        record = node_gpus(view, node.name)
+        if record is None or not record.gpus:
             continue
-        links = max([g["nvlink"]["active"] for g in gpus if g.get("nvlink")] or [0])
+        links = record.max_nvlinks
         out[node.name] = {
             "gpus": [
                 {
-                    "index": g.get("index"),
-                    "pci_bus_id": g.get("pci_bus_id"),
-                    "uuid": g.get("uuid"),
-                    "serial": g.get("serial"),
-                    "failed": any(p[0] is Status.FAIL for p in gpu.gpu_problems(g, links)),
+                    "index": g.index,
+                    "pci_bus_id": g.pci_bus_id,
+                    "uuid": g.uuid,
+                    "serial": g.serial,
+                    "failed": any(p[0] is Status.FAIL for p in gpu.gpu_problems(dict(g.facts), links)),
                 }
-                for g in gpus
+                for g in record.gpus
             ]
         }
     return out

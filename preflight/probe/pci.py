@@ -9,6 +9,12 @@ probe context (ctx.sys_path / ctx.read / ctx.listdir), so a recorded sysfs tree 
                         directory (devices/pci0000:00/0000:00:01.0/0000:01:00.0), or None at the root
     link_rate(ctx, bdf) (GT/s, lanes) of the function's maximum link (max_link_speed, max_link_width),
                         or None where the kernel does not say (a VM's emulated device, a root bus)
+    nvidia_gpus(ctx)    bus addresses of the NVIDIA GPUs (class 0x0300 VGA, 0x0302 3D controller)
+    rdma_hcas(ctx)      (name, bus address or None) of every class/infiniband entry
+    bridges(ctx, bdf)   the bridges above a device, root port first (its sysfs device path)
+
+Used by the pcie, topology and gpudirect probes. Sources: the kernel's sysfs-bus-pci ABI (vendor, class
+as 0xCCSSPP) and the PCI class codes.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _SPEED = re.compile(r"^(\d+(?:\.\d+)?) GT/s")
+GPU_CLASSES = ("0x0300", "0x0302")
 
 
 def functions(ctx: Any) -> List[Dict[str, str]]:
@@ -46,3 +53,25 @@ def link_rate(ctx: Any, bdf: str) -> Optional[Tuple[float, int]]:
     if not speed or not width.isdigit() or int(width) == 0:
         return None
     return float(speed.group(1)), int(width)
+
+
+def nvidia_gpus(ctx: Any) -> List[str]:
+    """Bus addresses of the NVIDIA GPUs (display/3D controller functions) under bus/pci/devices."""
+    return [f["bdf"] for f in functions(ctx) if f["vendor"] == "0x10de" and f["class"][:6] in GPU_CLASSES]
+
+
+def rdma_hcas(ctx: Any) -> List[Tuple[str, Optional[str]]]:
+    """(HCA name, its PCI bus address or None) for every class/infiniband entry."""
+    root = ctx.sys_path("class", "infiniband")
+    out = []
+    for hca in ctx.listdir(root):
+        real = os.path.basename(os.path.realpath(os.path.join(root, hca, "device"))).lower()
+        out.append((hca, real if BDF.match(real) else None))
+    return out
+
+
+def bridges(ctx: Any, bdf: str) -> List[str]:
+    """The PCI bridges above a device, root port first (from the real path of its sysfs directory)."""
+    real = os.path.realpath(ctx.sys_path("bus", "pci", "devices", bdf))
+    chain = [part.lower() for part in real.split(os.sep) if BDF.match(part.lower())]
+    return chain[:-1] if chain and chain[-1] == bdf else chain

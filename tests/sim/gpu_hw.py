@@ -348,7 +348,7 @@ def _sysfs_bdf(bus_id: str) -> str:
 
 # ------------------------------------------------------------------------------------------ fake NVML
 #
-# The pynvml calls preflight/checks/gpu.py makes, answered from a recorded JSON (tests/fixtures/gpu/nvml_*.json).
+# The pynvml calls preflight/probe/gpu_nvml.py makes, answered from a recorded JSON (tests/fixtures/gpu/nvml_*.json).
 # It behaves as pynvml over libnvidia-ml does where it matters to the probe:
 #   - errors are NVMLError with .value = the nvmlReturn_t code (nvml.h), str() = nvmlErrorString's text;
 #     a function the driver lacks raises NVML_ERROR_FUNCTION_NOT_FOUND (pynvml's _nvmlGetFunctionPointer);
