@@ -733,3 +733,238 @@ def test_fabric_struct_against_a_compiled_nvml_h(tmp_path):
     g = gpu_facts.empty_gpu(0)
     fabric = gpu_nvml.nvml_fabric(Library, g, None)
     assert fabric == {"state": "In Progress", "status": "N/A", "clique_id": 32766, "cluster_uuid": UUID}
+
+
+# ------------------------------------------------------------------ issue 26: healthy-but-unusual GPU nodes
+# Each case goes through the real interfaces (FakeNVML as pynvml, nvidia-smi on PATH, a sysfs root) and has
+# its faulty twin beside it, which must still FAIL with the right action.
+
+
+def _sim_node(tmp_path, monkeypatch, profile="h100", count=8, faults=None):
+    from tests.sim import gpu_hw
+
+    node = StubNode(tmp_path)
+    gpu_hw.install_gpus(node, profile, count=count, faults=faults)
+    monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % node.bin_dir)
+    return node
+
+
+def _problems(findings):
+    return [(f.status, f.message, f.action) for f in findings if f.status is not Status.PASS]
+
+
+def test_slow_nvml_without_persistence_is_not_a_wedge(tmp_path, monkeypatch, fake_pynvml):
+    """26.1: each GPU takes most of the per-call limit to open (no persistence mode): all are read, none
+    fails; persistence off is a WARN naming the fix. The old single budget for the sequence called it a
+    wedge and failed the GPU being read."""
+    answers = nvml_answers()
+    for dev in answers["devices"]:
+        dev["nvmlDeviceGetHandleByIndex"] = {"delay": 0.3, "value": None}
+        dev["nvmlDeviceGetPersistenceMode"] = 0
+    monkeypatch.setattr(gpu_nvml, "SLOW_OPEN_S", 0.25)  # 1 s per GPU at real scale, as the budget is 1 s of 10
+    fake_pynvml(answers)
+    facts = _bounded(gpu.probe, NodeContext(sysfs_root=str(tmp_path)))
+    assert len(facts["gpus"]) == 8 and not any(g["error"] for g in facts["gpus"])
+    assert facts["nvml_open_s"] >= 8 * 0.3 and facts["nvml_error"] is None
+    found = by_status(run_rule(facts))
+    assert Status.FAIL not in found
+    assert "GPU 0 (0000:18:00.0): persistence mode off (expected on: nvidia-smi -pm 1 or nvidia-persistenced; "\
+           "GPUs took seconds to open here)" in found[Status.WARN]
+
+
+def test_nvml_slower_than_the_probe_budget_reads_what_it_can(tmp_path, monkeypatch, fake_pynvml):
+    """26.1: still progressing when the sequence's time is up: the GPUs read are judged, the rest are named
+    as not read (WARN), none is missing or failed."""
+    monkeypatch.setattr(probe_nvml, "NVML_TOTAL_S", 1.5)
+    answers = nvml_answers()
+    for dev in answers["devices"]:
+        dev["nvmlDeviceGetHandleByIndex"] = {"delay": 0.4, "value": None}
+    fake_pynvml(answers)
+    facts = _bounded(gpu.probe, NodeContext(sysfs_root=str(tmp_path)))
+    assert 1 <= len(facts["gpus"]) < 8 and facts["attached_gpus"] == 8 and "slow, not stuck" in facts["nvml_slow"]
+    found = run_rule(facts)
+    assert [f.status for f in found if f.status is Status.FAIL] == []
+    warn = [f.message for f in found if f.status is Status.WARN]
+    assert any("not read: NVML still answering after 1.5 s" in m and "nvidia-smi -pm 1" in m for m in warn), warn
+
+
+def test_gpus_this_process_may_not_open_are_not_broken(tmp_path, monkeypatch, fake_pynvml):
+    """26.2: a Slurm cgroup holding GPUs 0-1: NVML counts 8, the other 6 answer NO_PERMISSION."""
+    answers = nvml_answers()
+    for dev in answers["devices"][2:]:
+        dev["nvmlDeviceGetHandleByIndex"] = {"error": "NVML_ERROR_NO_PERMISSION"}
+    fake_pynvml(answers)
+    monkeypatch.setenv("SLURM_JOB_GPUS", "0,1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    facts = _bounded(gpu.probe, NodeContext(sysfs_root=str(tmp_path)))
+    assert [bool(g.get("inaccessible")) for g in facts["gpus"]] == [False] * 2 + [True] * 6
+    assert facts["access"]["SLURM_JOB_GPUS"] == "0,1"
+    found = run_rule(facts)
+    assert [f.status for f in found] == [Status.PASS]
+    assert "6 GPUs of 8 not accessible to this process (Insufficient Permissions: " \
+           "a cgroup or container device limit" in found[0].message
+    assert "SLURM_JOB_GPUS=0,1, CUDA_VISIBLE_DEVICES=0,1" in found[0].message
+    # the twin: a GPU the driver lost is a fault, whatever else this process may not open
+    answers["devices"][1]["nvmlDeviceGetHandleByIndex"] = {"error": "NVML_ERROR_GPU_IS_LOST"}
+    facts = gpu_nvml.facts_from_nvml(FakeNVML(answers))
+    fails = [(f.message, f.action) for f in run_rule(facts) if f.status is Status.FAIL]
+    assert fails == [("GPU 1 (?): NVML cannot read this GPU: GPU is lost", None)]  # the check's action: isolate
+    assert gpu.CHECK.action == "isolate"
+
+
+def test_no_gpu_this_process_may_open_is_said_not_passed(fake_pynvml):
+    answers = nvml_answers()
+    for dev in answers["devices"]:
+        dev["nvmlDeviceGetHandleByIndex"] = {"error": "NVML_ERROR_NO_PERMISSION"}
+    facts = gpu_nvml.facts_from_nvml(FakeNVML(answers))
+    found = run_rule(facts)
+    assert [f.status for f in found] == [Status.WARN]
+    assert "none of the 8 GPUs is accessible to this process" in found[0].message
+
+
+def test_partial_gpu_vm_without_nvlink_passes_and_bare_metal_twin_fails(tmp_path, monkeypatch, no_nvml):
+    """26.3 and 26.6: 2 SXM GPUs passed through to a VM, NVLink kept by the hypervisor (nvidia-smi prints
+    NVML's all-links-inactive message under each GPU header). The same output on bare metal is an H100
+    SXM with every link down: FAIL."""
+    node = _sim_node(tmp_path, monkeypatch, count=2, faults={0: "nvlink_all_down", 1: "nvlink_all_down"})
+    bare = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
+    assert bare["gpus"][0]["nvlink"] == {"active": 0, "inactive": 0, "error": NVLINK_ALL_INACTIVE}
+    assert bare["nvlink_unreadable"] == []
+    fails = by_status(run_rule(bare, gpus_per_node=2))[Status.FAIL]
+    assert fails[0] == "GPU 0 (0000:18:00.0): 0/18 NVLinks active (expected 18 on NVIDIA H100 80GB HBM3; %s)" % NVLINK_ALL_INACTIVE
+    node.write_sys("class/dmi/id/sys_vendor", "QEMU\n")
+    vm = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
+    assert vm["virtual"] == "DMI sys_vendor 'QEMU'"
+    found = run_rule(vm, gpus_per_node=2)
+    assert [f.status for f in found] == [Status.PASS]
+    assert "NVLink off on every GPU (a VM: DMI sys_vendor 'QEMU'; the hypervisor keeps NVLink)" in found[0].message
+    # one GPU of the VM without the links its peer has is still a fault
+    vm["gpus"][1]["nvlink"] = {"active": 18, "inactive": 0}
+    assert by_status(run_rule(vm, gpus_per_node=2))[Status.FAIL] == [
+        "GPU 0 (0000:18:00.0): 0/0 NVLinks active (expected 18 like the other GPUs; %s)" % NVLINK_ALL_INACTIVE]
+
+
+NVLINK_ALL_INACTIVE = "NVML: Unable to retrieve NVLink information as all links are inActive"
+
+
+def test_one_hw_slowdown_sample_is_re_read_nvml():
+    """26.4: the HW slowdown bit seen once (a clock change) and gone on the re-read: no FAIL. Held: FAIL."""
+    answers = nvml_answers()
+    answers["devices"][2]["nvmlDeviceGetCurrentClocksEventReasons"] = {"sequence": [0x8, 0x0]}
+    answers["devices"][6]["nvmlDeviceGetCurrentClocksEventReasons"] = 0x8 | 0x40
+    facts = with_links(gpu_nvml.facts_from_nvml(FakeNVML(answers)), "h100_hgx_550")
+    assert facts["gpus"][2]["clock_events"] == [] and facts["gpus"][6]["clock_events"] == ["hw_slowdown", "hw_thermal_slowdown"]
+    assert _problems(run_rule(facts)) == [
+        (Status.FAIL, "GPU 6 (0000:BA:00.0): clocks throttled by hw_slowdown, hw_thermal_slowdown (expected none active)", None)]
+
+
+def test_one_hw_slowdown_sample_is_re_read_nvidia_smi(tmp_path, monkeypatch, no_nvml):
+    node = _sim_node(tmp_path, monkeypatch, faults={2: "hw_slowdown_blip", 6: "hw_slowdown"})
+    facts = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
+    assert "hw_slowdown" not in facts["gpus"][2]["clock_events"]
+    assert _problems(run_rule(facts)) == [
+        (Status.FAIL, "GPU 6 (0000:BA:00.0): clocks throttled by hw_slowdown, hw_thermal_slowdown (expected none active)", None)]
+
+
+def test_pending_row_remap_is_a_reset_at_convenience_failed_remap_isolates(tmp_path, monkeypatch, no_nvml):
+    """26.5: NVIDIA: a pending remap takes effect at the next reset, future work unaffected: WARN, reset_gpu.
+    A failed remap (or uncorrectable volatile ECC) is the GPU to replace: FAIL with the check's isolate."""
+    node = _sim_node(tmp_path, monkeypatch, faults={1: "remap_pending", 4: "remap_failure", 5: "ecc"})
+    facts = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
+    assert _problems(run_rule(facts)) == [
+        (Status.WARN, "GPU 1 (0000:2A:00.0): row remapping pending (expected none): reset the GPU when it is idle "
+                      "(nvidia-smi -r); running work is unaffected", "reset_gpu"),
+        (Status.FAIL, "GPU 4 (0000:9A:00.0): row remapping failed (expected none): replace the GPU", None),
+        (Status.FAIL, "GPU 5 (0000:AB:00.0): 2 uncorrectable ECC errors since boot (expected 0)", None),
+    ]
+
+
+def test_hung_nvml_init_names_it_without_running_nvidia_smi(tmp_path, monkeypatch, fake_pynvml):
+    """26.7: nvmlInit does not return: nvidia-smi (which calls nvmlInit too) is not started; the facts name
+    nvmlInit within the NVML budget, well inside the probe's."""
+    answers = nvml_answers()
+    answers["nvmlInit"] = {"block": True}
+    fake_pynvml(answers)
+    marker = tmp_path / "nvidia-smi-ran"
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvidia-smi").write_text("#!/bin/sh\ntouch %s\nexec sleep 300\n" % marker)
+    (tmp_path / "bin" / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % (tmp_path / "bin"))
+    started = time.monotonic()
+    facts = _bounded(gpu.probe, NodeContext(sysfs_root=str(tmp_path)))
+    assert time.monotonic() - started < 20  # the budget is 1 s here; the old code waited on nvidia-smi (60 s)
+    assert not marker.exists()
+    assert facts["source"] is None and facts["error"].startswith("nvmlInit did not return within 1 s")
+    fails = [f.message for f in run_rule(facts) if f.status is Status.FAIL]
+    assert len(fails) == 1 and fails[0].startswith("nvmlInit did not return within 1 s")
+
+
+def test_legacy_pynvml_package_is_not_shipped_as_nvidia_ml_py(tmp_path, monkeypatch):
+    """26.9: the legacy `pynvml` 11.x package (a folder importing .nvml) first on the controller's path: the
+    bundle ships nvidia-ml-py's pynvml.py found behind it, or says loudly that it has none."""
+    import importlib
+
+    from preflight.transport import bundle
+
+    legacy = tmp_path / "legacy"
+    (legacy / "pynvml").mkdir(parents=True)
+    (legacy / "pynvml" / "__init__.py").write_text("from .nvml import *\n")
+    (legacy / "pynvml" / "nvml.py").write_text("def nvmlInit():\n    pass\n")
+    real = importlib.util.find_spec("pynvml").origin
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    monkeypatch.setattr(sys, "path", [str(legacy)] + [p for p in sys.path])
+    importlib.invalidate_caches()
+    assert importlib.util.find_spec("pynvml").origin.endswith(os.path.join("pynvml", "__init__.py"))
+    assert probe_nvml.pynvml_source() == (real, None)
+    assert (real, "pynvml.py") in bundle._sources()
+    # only the legacy package: nothing shipped, and the controller says so
+    monkeypatch.setattr(sys, "path", [str(legacy)] + [p for p in sys.path if not os.path.isfile(os.path.join(p or ".", "pynvml.py"))])
+    importlib.invalidate_caches()
+    origin, why = probe_nvml.pynvml_source()
+    assert origin is None and "legacy pynvml package" in why
+
+
+def test_node_without_a_usable_pynvml_warns(tmp_path, monkeypatch, no_nvml):
+    """26.9, node side: the pynvml a node imports is not nvidia-ml-py's: the GPUs are read with nvidia-smi and
+    the node WARNs (it used to fall back silently)."""
+    import types
+
+    monkeypatch.setitem(sys.modules, "pynvml", types.ModuleType("pynvml"))
+    node = _sim_node(tmp_path, monkeypatch)
+    facts = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
+    assert facts["source"] == "nvidia-smi" and "is not nvidia-ml-py's" in facts["nvml_error"]
+    warn = [f.message for f in run_rule(facts) if f.status is Status.WARN]
+    assert len(warn) == 1 and warn[0].startswith("NVML not used: pynvml at ")
+    assert "install nvidia-ml-py on the controller" in warn[0]
+
+
+def test_healthy_but_unusual_matrix_gives_no_fail(tmp_path, monkeypatch, no_nvml):
+    """26 matrix: MIG on a single node, a PCIe node without NVSwitch or NVLink, a VM whose devices have
+    numa_node -1: no FAIL (hence no drain) from gpu, fabric_manager or topology."""
+    from preflight.checks import fabric_manager, topology
+    from tests.sim import pci_hw
+
+    mig = gpu.parse_nvidia_smi_xml(read(os.path.join(FIX, "a100_mig_enabled.xml")))
+    assert Status.FAIL not in by_status(run_rule(mig, gpus_per_node=len(mig["gpus"])))
+    pcie = expected("h100_hgx_550")
+    pcie["gpus"] = pcie["gpus"][:2]
+    links = gpu.parse_nvlink_status(read(os.path.join(FIX, "h100_pcie_no_nvlink.nvlink.txt")))
+    for g, uuid in zip(pcie["gpus"], links):
+        g["name"], g["uuid"], g["nvlink"], g["fabric"] = "NVIDIA H100 PCIe", uuid, links[uuid], None
+    node = NodeInfo("gpu-001", "198.18.0.1", 2)
+    view = ClusterView([node], {"gpu-001": {"gpu": pcie, "ssh": {"shm_bytes": 16 * GiB},
+                                            "fabric_manager": {"nvswitches": []}}})
+    assert [f.status for f in gpu.rule(view)] == [Status.PASS]
+    assert [f.status for f in fabric_manager.rule(view)] == [Status.SKIP]
+    sim = _sim_node(tmp_path, monkeypatch)
+    pci_hw.install_pcie(sim, vm=True)
+    devices = os.path.join(sim.sys_dir, "bus", "pci", "devices")
+    for bdf in os.listdir(devices):
+        if os.path.exists(os.path.join(devices, bdf, "numa_node")):
+            sim.write_sys("bus/pci/devices/%s/numa_node" % bdf, "-1\n")
+    ctx = NodeContext(sysfs_root=sim.sys_dir)
+    facts = {"gpu": gpu.probe(ctx), "topology": topology.probe(ctx), "ssh": {"shm_bytes": 16 * GiB}}
+    assert facts["gpu"]["virtual"] and all(d["numa_node"] is None for d in facts["topology"]["devices"])
+    vm = ClusterView([NodeInfo("gpu-001", "198.18.0.1", 8)], {"gpu-001": facts})
+    for check in (gpu, topology):
+        assert Status.FAIL not in [f.status for f in check.rule(vm)], check.NAME

@@ -42,6 +42,7 @@ fabric_manager.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Dict, List, Optional, Set, Tuple
 
@@ -49,9 +50,10 @@ from preflight.common import fold, human_bytes, majority, plural
 from preflight.model import Check, ClusterView, Finding, Status, per_gpu_node
 from preflight.probe.gpu_facts import bus12, gpu_label, no_gpu_facts
 from preflight.probe.gpu_nvml import facts_from_nvml, wedged_facts
-from preflight.probe.nvidia_smi import merge_nvlink, read_nvlink_status
+from preflight.probe.nvidia_smi import clock_events_by_bus, merge_nvlink, read_nvlink_status
 from preflight.probe.nvidia_smi import parse_nvidia_smi_xml, parse_nvlink_status  # noqa: F401  (the fixtures' parsers)
-from preflight.probe.nvml import NvmlWedged, bounded_nvml, load_nvml, nvml_shutdown, nvml_wedged
+from preflight.probe.nvml import NVML_TOTAL_S, NvmlSlow, NvmlWedged, bounded_nvml, load_nvml, nvml_shutdown, nvml_wedged
+from preflight.probe.pci import hypervisor
 
 NAME = "gpu"
 #: Below this /dev/shm size NCCL's shared-memory transport fails on multi-GPU nodes.
@@ -67,13 +69,29 @@ SW_THROTTLE = ("sw_thermal_slowdown",)
 
 def probe(ctx: Any) -> Dict[str, Any]:
     """GPU facts from NVML, else nvidia-smi, else a record that neither answered."""
+    facts = _read_gpus(ctx)
+    if any(g.get("inaccessible") for g in facts.get("gpus") or []):
+        facts["access"] = _access(ctx)
+    virtual = hypervisor(ctx)
+    if virtual:
+        facts["virtual"] = virtual
+    return facts
+
+
+def _read_gpus(ctx: Any) -> Dict[str, Any]:
     nvml, nvml_error = load_nvml()
+    if nvml is None and nvml_wedged():
+        # nvmlInit itself did not return: nvidia-smi calls the same nvmlInit and would hang past the probe's
+        # budget. Name the stuck call now instead.
+        return no_gpu_facts(nvml_error or "NVML wedged", nvml_error)
     if nvml is not None:
         partial: Dict[str, Any] = {"gpus": []}
         try:
             facts = bounded_nvml(lambda: facts_from_nvml(nvml, partial), "GPU queries")
             facts["nvml_error"] = None
             return facts
+        except NvmlSlow as exc:  # every call returned, the GPUs just take long to open: keep what was read
+            return wedged_facts(partial, str(exc), slow=True)
         except NvmlWedged as exc:
             # The driver is stuck: nvidia-smi would hang the same way. Keep what NVML already answered.
             return wedged_facts(partial, str(exc))
@@ -88,6 +106,7 @@ def probe(ctx: Any) -> Dict[str, Any]:
     if not smi.ok:
         return no_gpu_facts("nvidia-smi failed (%s): %s" % (_why(smi), _first_line(smi)), nvml_error)
     facts = parse_nvidia_smi_xml(smi.stdout)
+    _confirm_hw_reasons(ctx, facts)
     facts["nvlink_unreadable"] = []
     links = ctx.run(["nvidia-smi", "nvlink", "--status"], timeout=30.0)
     if links.ok and links.stdout.strip():
@@ -96,6 +115,36 @@ def probe(ctx: Any) -> Dict[str, Any]:
         facts["nvlink_unreadable"] = unreadable
     facts["nvml_error"] = nvml_error
     return facts
+
+
+def _confirm_hw_reasons(ctx: Any, facts: Dict[str, Any]) -> None:
+    """A HW slowdown reason in one sample is re-read (`nvidia-smi -q -x -d PERFORMANCE`) and kept only where
+    it is still active: the bits are also set for an instant during clock and P-state changes. Where the
+    re-read does not answer, the one sample stands."""
+    flagged = [g for g in facts["gpus"] if any(e in HW_THROTTLE for e in g.get("clock_events") or [])]
+    if not flagged:
+        return
+    again = ctx.run(["nvidia-smi", "-q", "-x", "-d", "PERFORMANCE"], timeout=30.0)
+    if not again.ok:
+        return
+    still = clock_events_by_bus(again.stdout)
+    for g in flagged:
+        now = still.get(g.get("pci_bus_id"))
+        if now is not None:
+            g["clock_events"] = [e for e in g["clock_events"] if e not in HW_THROTTLE or e in now]
+
+
+def _access(ctx: Any) -> Dict[str, Any]:
+    """What limits this process to some GPUs: the job's GPU variables and the process's cgroup."""
+    out: Dict[str, Any] = {k: os.environ[k] for k in ACCESS_VARIABLES if os.environ.get(k) is not None}
+    cgroup = ctx.read("/proc/self/cgroup")
+    if cgroup:
+        out["cgroup"] = cgroup.strip().splitlines()[-1].split(":", 2)[-1][:200]
+    return out
+
+
+#: The variables that say which GPUs a job or container holds (Slurm, CUDA, the NVIDIA container runtime).
+ACCESS_VARIABLES = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 
 
 def _why(res: Any) -> str:
@@ -197,12 +246,14 @@ def topology_links(topology_facts: Any) -> Set[str]:
 
 def gpu_problems(
     gpu: Dict[str, Any], node_max_links: int, fleet: Optional[Fleet] = None, node: str = "",
-    topology_seen: Optional[Set[str]] = None,
-) -> List[Tuple[Status, str, str, str]]:
-    """(status, message, expected, actual) for everything wrong with one GPU. topology_seen: the GPUs whose
-    PCIe width the topology check judges (topology_links): their width is not judged here."""
+    topology_seen: Optional[Set[str]] = None, slow_open: bool = False, virtual: bool = False,
+) -> List[Tuple[Any, ...]]:
+    """(status, message, expected, actual[, action]) for everything wrong with one GPU. topology_seen: the
+    GPUs whose PCIe width the topology check judges (topology_links): their width is not judged here.
+    slow_open: NVML measured this node's GPUs initialising on open (persistence off costs time here).
+    virtual: a VM (its NVLinks are the hypervisor's to give: only the node's GPUs are compared)."""
     label = gpu_label(gpu)
-    out: List[Tuple[Status, str, str, str]] = []
+    out: List[Tuple[Any, ...]] = []
     if gpu.get("error"):
         return [(Status.FAIL, "%s: NVML cannot read this GPU: %s" % (label, gpu["error"]), "readable", gpu["error"])]
     for problem in gpu.get("query_errors") or []:
@@ -232,8 +283,11 @@ def gpu_problems(
         )
     if gpu.get("remapped_rows_failure"):
         out.append((Status.FAIL, "%s: row remapping failed (expected none): replace the GPU" % label, "no", "yes"))
-    if gpu.get("remapped_rows_pending"):
-        out.append((Status.FAIL, "%s: row remapping pending (expected none): reset the GPU" % label, "no", "yes"))
+    if gpu.get("remapped_rows_pending") and not gpu.get("remapped_rows_failure"):
+        # NVIDIA (A100/H100 memory error management): a remap pending takes effect at the next GPU reset;
+        # until then the row is not used again and the work that runs is unaffected. Reset at convenience.
+        out.append((Status.WARN, "%s: row remapping pending (expected none): reset the GPU when it is idle "
+                    "(nvidia-smi -r); running work is unaffected" % label, "no", "yes", "reset_gpu"))
     if gpu.get("retired_pages_pending"):
         out.append((Status.FAIL, "%s: page retirement pending (expected none): reset the GPU" % label, "no", "yes"))
     events = gpu.get("clock_events") or []
@@ -245,7 +299,7 @@ def gpu_problems(
     if soft:
         active = ", ".join(soft)
         out.append((Status.WARN, "%s: clocks throttled by %s (expected none active)" % (label, active), "none", active))
-    out.extend(_link_problems(gpu, label, node_max_links))
+    out.extend(_link_problems(gpu, label, node_max_links, virtual))
     pcie = gpu.get("pcie") or {}
     width, max_width = pcie.get("width"), pcie.get("max_width")
     owned = bus12(gpu.get("pci_bus_id")) in (topology_seen or set())
@@ -258,18 +312,19 @@ def gpu_problems(
             actual = _link(pcie.get("gen"), width)
             expected = _link(pcie.get("max_gen"), reference)
             out.append((Status.WARN, "%s: PCIe link %s (expected %s)" % (label, actual, expected), expected, actual))
-    if gpu.get("persistence_mode") is False and (fleet is None or fleet.persistence is True):
-        out.append((Status.WARN, "%s: persistence mode off (expected on: nvidia-smi -pm 1 or nvidia-persistenced)" % label, "on", "off"))
+    if gpu.get("persistence_mode") is False and (fleet is None or fleet.persistence is True or slow_open):
+        why = "; GPUs took seconds to open here" if slow_open else ""
+        out.append((Status.WARN, "%s: persistence mode off (expected on: nvidia-smi -pm 1 or nvidia-persistenced%s)" % (label, why), "on", "off"))
     if gpu.get("ecc_enabled") is False and (fleet is None or fleet.ecc.get(gpu.get("name")) is True):
         out.append((Status.WARN, "%s: ECC disabled (expected enabled like the fleet's other %s)" % (label, gpu.get("name")), "enabled", "disabled"))
     return out
 
 
-def _link_problems(gpu: Dict[str, Any], label: str, node_max_links: int) -> List[Tuple[Status, str, str, str]]:
+def _link_problems(gpu: Dict[str, Any], label: str, node_max_links: int, virtual: bool = False) -> List[Tuple[Any, ...]]:
     links = gpu.get("nvlink")
     if not links or links.get("unreadable"):
         return []  # unknown, or counts incomplete (warned once for the node)
-    model = model_nvlinks(gpu.get("name"))
+    model = None if virtual else model_nvlinks(gpu.get("name"))
     total = links["active"] + links["inactive"]
     note = "; %s" % links["error"] if links.get("error") else ""
     if model and links["active"] < model:
@@ -313,9 +368,12 @@ def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any, fleet: Optional[F
     if facts.get("source") is None:
         msg = "%s (expected %s)" % (facts.get("error") or "no NVIDIA driver answered", plural(expected, "GPU"))
         return [Finding(NAME, name, Status.FAIL, msg, expected=str(expected), actual="0")]
-    gpus = facts.get("gpus") or []
-    out: List[Finding] = []
-    if len(gpus) < expected:
+    listed = facts.get("gpus") or []
+    gpus = [g for g in listed if not g.get("inaccessible")]
+    out: List[Finding] = _access_findings(name, facts, listed, gpus)
+    # GPUs the driver counts but NVML did not get to (slow) or may not open here are present, not missing
+    present = (facts.get("attached_gpus") or len(listed)) if facts.get("nvml_slow") else len(listed)
+    if present < expected:
         attached = facts.get("attached_gpus")
         extra = "" if attached in (None, len(gpus)) else "; the driver reports %d attached" % attached
         out.append(
@@ -328,7 +386,7 @@ def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any, fleet: Optional[F
                 actual=str(len(gpus)),
             )
         )
-    elif len(gpus) > expected:
+    elif present > expected:
         out.append(
             Finding(
                 NAME,
@@ -359,9 +417,11 @@ def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any, fleet: Optional[F
         )
     node_max_links = max([g["nvlink"]["active"] for g in gpus if g.get("nvlink")] or [0])
     seen = topology_links(topology_facts)
+    slow = bool(facts.get("nvml_open_s") or facts.get("nvml_slow"))
     for gpu in gpus:
-        for status, msg, exp, act in gpu_problems(gpu, node_max_links, fleet, name, seen):
-            out.append(Finding(NAME, name, status, msg, expected=exp, actual=act))
+        for problem in gpu_problems(gpu, node_max_links, fleet, name, seen, slow, bool(facts.get("virtual"))):
+            status, msg, exp, act = problem[:4]
+            out.append(Finding(NAME, name, status, msg, expected=exp, actual=act, action=problem[4] if len(problem) > 4 else None))
     shm = ssh.get("shm_bytes") if isinstance(ssh, dict) else None
     if shm is not None and shm < MIN_SHM_BYTES:
         out.append(
@@ -375,10 +435,54 @@ def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any, fleet: Optional[F
             )
         )
     if not out:
-        notes = _notes(gpus, fleet)
+        notes = _notes(gpus, fleet) + _platform_notes(facts, listed, gpus)
         msg = "%s, healthy%s" % (summary(gpus), "; " + "; ".join(notes) if notes else "")
         out.append(Finding(NAME, name, Status.PASS, msg, actual=str(len(gpus))))
     return out
+
+
+def _access_findings(name: str, facts: Dict[str, Any], listed: List[Dict[str, Any]], usable: List[Dict[str, Any]]) -> List[Finding]:
+    """WARNs for what left GPUs unjudged without any GPU being at fault: NVML slow (not stuck), no GPU this
+    process may open, a controller that shipped no usable pynvml."""
+    out = []
+    slow = facts.get("nvml_slow")
+    if slow:
+        unread = (facts.get("attached_gpus") or 0) - len(listed)
+        out.append(Finding(NAME, name, Status.WARN, "%s not read: %s" % (plural(unread, "GPU"), slow),
+                           expected="NVML answers within %g s" % NVML_TOTAL_S, actual="slow"))
+    if listed and not usable:
+        out.append(Finding(NAME, name, Status.WARN, "none of the %s is accessible to this process (%s): %s; nothing "
+                           "judged: run preflight outside the job or container" % (plural(len(listed), "GPU"),
+                                                                                    listed[0]["inaccessible"], _held(facts)),
+                           expected="GPUs to judge", actual="0 accessible"))
+    why = facts.get("nvml_error") or ""
+    if facts.get("source") == "nvidia-smi" and why.startswith("pynvml"):
+        out.append(Finding(NAME, name, Status.WARN, "NVML not used: %s; read with nvidia-smi instead" % why,
+                           expected="nvidia-ml-py's pynvml in the bundle", actual="none"))
+    return out
+
+
+def _held(facts: Dict[str, Any]) -> str:
+    """'a cgroup or container device limit, not a GPU fault; SLURM_JOB_GPUS=0,1; cgroup /...'"""
+    access = facts.get("access") or {}
+    parts = ["%s=%s" % (k, access[k]) for k in ACCESS_VARIABLES if k in access]
+    if access.get("cgroup"):
+        parts.append("cgroup %s" % access["cgroup"])
+    return "a cgroup or container device limit (Slurm ConstrainDevices, a container's --gpus), not a GPU fault%s" % (
+        "; " + ", ".join(parts) if parts else "")
+
+
+def _platform_notes(facts: Dict[str, Any], listed: List[Dict[str, Any]], usable: List[Dict[str, Any]]) -> List[str]:
+    """PASS-message notes: GPUs this process may not open, NVLink the hypervisor did not give a VM."""
+    notes = []
+    hidden = len(listed) - len(usable)
+    if hidden and usable:
+        why = next(g["inaccessible"] for g in listed if g.get("inaccessible"))
+        notes.append("%s of %d not accessible to this process (%s: %s): not judged" % (
+            plural(hidden, "GPU"), len(listed), why, _held(facts)))
+    if facts.get("virtual") and usable and all((g.get("nvlink") or {}).get("active") == 0 for g in usable):
+        notes.append("NVLink off on every GPU (a VM: %s; the hypervisor keeps NVLink)" % facts["virtual"])
+    return notes
 
 
 def summary(gpus: List[Dict[str, Any]]) -> str:

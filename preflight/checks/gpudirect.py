@@ -42,15 +42,12 @@ from typing import Any, Dict, List, Optional
 
 from preflight.common import plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, per_gpu_node
-from preflight.probe.pci import bridges, nvidia_gpus, rdma_hcas
+from preflight.probe.pci import bridges, hypervisor, nvidia_gpus, rdma_hcas
 
 NAME = "gpudirect"
 MODULES = ("nvidia_peermem", "nv_peer_mem")
 #: ACS controls that send peer-to-peer requests or completions up to the root complex.
 REDIRECTS = ("ReqRedir", "CmpltRedir")
-#: DMI vendor/product words of hypervisors.
-VM_WORDS = ("kvm", "qemu", "vmware", "virtualbox", "xen", "microsoft corporation virtual", "amazon ec2",
-            "google compute engine", "openstack", "bochs", "hyper-v", "oraclecloud")
 
 _DEVICE = re.compile(r"^((?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]) (.+)$")
 _PORT = re.compile(r"^Capabilities: \[[0-9a-f]+\] Express \(v\d\) ([A-Za-z ]+?)(?: \(Slot[+-]\))?(?:, .*)?$")
@@ -58,17 +55,6 @@ _FLAG = re.compile(r"([A-Za-z]+)([+-])")
 
 
 # --------------------------------------------------------------------------------------------- probe
-
-
-def _virtual(ctx: Any) -> Optional[str]:
-    hyper = ctx.read(ctx.sys_path("hypervisor", "type"))
-    if hyper and hyper.strip():
-        return "hypervisor/type %s" % hyper.strip()
-    for attr in ("sys_vendor", "product_name"):
-        value = (ctx.read(ctx.sys_path("class", "dmi", "id", attr)) or "").strip()
-        if any(word in value.lower() for word in VM_WORDS):
-            return "DMI %s %r" % (attr, value)
-    return None
 
 
 def _iommu(ctx: Any, gpus: List[str]) -> Optional[str]:
@@ -118,7 +104,7 @@ def probe(ctx: Any) -> Dict[str, Any]:
         "gpus": gpus,
         "hcas": hcas,
         "peermem": next((m for m in MODULES if os.path.isdir(ctx.sys_path("module", m))), None),
-        "virtual": _virtual(ctx),
+        "virtual": hypervisor(ctx),
         "iommu": _iommu(ctx, gpus),
         "dmabuf_possible": _dmabuf_possible(ctx),
         "paths": [],

@@ -8,6 +8,7 @@ does not return is named. Function names and structures: nvml.h (NVML API refere
 from __future__ import annotations
 
 import ctypes
+import time
 from typing import Any, Dict, Optional
 
 from preflight.probe.gpu_facts import empty_gpu, no_gpu_facts
@@ -29,26 +30,42 @@ EVENT_BITS = (
 FABRIC_STATES = {1: "Not Started", 2: "In Progress", 3: "Completed"}
 
 
-def wedged_facts(partial: Dict[str, Any], why: str) -> Dict[str, Any]:
-    """The facts NVML answered before a call stuck; the GPU being read carries the error."""
+def wedged_facts(partial: Dict[str, Any], why: str, slow: bool = False) -> Dict[str, Any]:
+    """The facts NVML answered before a call stuck (the GPU being read carries the error), or before a
+    slow but progressing sequence ran out of time (slow: the GPUs not read yet are left out, and
+    "nvml_slow" says why; the driver's count still says how many there are)."""
     if "attached_gpus" not in partial:
         return no_gpu_facts(why, why)
     gpus = list(partial["gpus"])
     current = partial.get("current")
-    if current is not None and (not gpus or gpus[-1] is not current):
+    if current is not None and not slow and (not gpus or gpus[-1] is not current):
         gpus.append(current)
-    if current is not None:
+    if current is not None and not slow:
         current["error"] = why
-    return {
+    facts = {
         "source": "nvml",
         "error": None,
         "nvml_error": why,
         "driver_version": partial.get("driver_version"),
         "cuda_version": partial.get("cuda_version"),
         "attached_gpus": partial["attached_gpus"],
-        "gpus": gpus,
+        "gpus": [g for g in gpus if g is not current] if slow else gpus,
     }
+    if slow:
+        facts["nvml_slow"] = why
+    if partial.get("open_s"):
+        facts["nvml_open_s"] = round(partial["open_s"], 2)
+    return facts
 
+
+#: Opening GPUs slower than this on average (nvmlDeviceGetHandleByIndex) is recorded as nvml_open_s: the
+#: cost of persistence mode off (each GPU initialises on open), which the rule names with its fix.
+SLOW_OPEN_S = 1.0
+#: Wait before re-reading a GPU whose first sample showed a HW slowdown reason (the bits also flicker on
+#: during clock and P-state changes: one sample is not a verdict).
+RESAMPLE_S = 0.2
+#: Clock event reasons judged only when a second sample confirms them.
+HW_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 
 
 def facts_from_nvml(nvml: Any, partial: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -65,18 +82,29 @@ def facts_from_nvml(nvml: Any, partial: Optional[Dict[str, Any]] = None) -> Dict
     entering("nvmlDeviceGetCount")
     count = nvml.nvmlDeviceGetCount()
     seen["attached_gpus"] = count
+    seen["open_s"] = 0.0
+    no_permission = getattr(nvml, "NVML_ERROR_NO_PERMISSION", 4)
     for index in range(count):
         current = empty_gpu(index)
         seen["current"] = current
         try:
             entering("nvmlDeviceGetHandleByIndex")
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            started = time.monotonic()
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            finally:
+                seen["open_s"] += time.monotonic() - started
             gpu_from_nvml(nvml, current, handle)
         except nvml.NVMLError as exc:
-            current["error"] = str(exc)
+            if getattr(exc, "value", None) == no_permission and current["name"] is None:
+                # counted by the driver but not this process's to open: a Slurm cgroup (ConstrainDevices),
+                # a container given some devices. Not a fault of the GPU.
+                current["inaccessible"] = str(exc)
+            else:
+                current["error"] = str(exc)
         seen["gpus"].append(current)
     seen["current"] = None
-    return {
+    facts = {
         "source": "nvml",
         "error": None,
         "driver_version": seen["driver_version"],
@@ -84,6 +112,9 @@ def facts_from_nvml(nvml: Any, partial: Optional[Dict[str, Any]] = None) -> Dict
         "attached_gpus": count,
         "gpus": list(seen["gpus"]),
     }
+    if count and seen["open_s"] >= SLOW_OPEN_S * count:
+        facts["nvml_open_s"] = round(seen["open_s"], 2)
+    return facts
 
 
 
@@ -156,8 +187,17 @@ def gpu_from_nvml(nvml: Any, gpu: Dict[str, Any], h: Any) -> Dict[str, Any]:
         "max_width": ask("nvmlDeviceGetMaxPcieLinkWidth"),
     }
     # ClocksEventReasons from R535; ClocksThrottleReasons (same bits) on older drivers.
-    mask = ask.first("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+    names = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+    mask = ask.first(*names)
     gpu["clock_events"] = None if mask is None else [name for bit, name in EVENT_BITS if mask & bit]
+    if gpu["clock_events"] and any(r in gpu["clock_events"] for r in HW_REASONS):
+        # One sample: re-read, and keep a HW reason only when it is still active (a clock change sets it
+        # for an instant; a real slowdown holds).
+        time.sleep(RESAMPLE_S)
+        again = ask.first(*names)
+        if again is not None:
+            still = [name for bit, name in EVENT_BITS if again & bit]
+            gpu["clock_events"] = [e for e in gpu["clock_events"] if e not in HW_REASONS or e in still]
     gpu["nvlink"] = nvml_links(nvml, gpu, h)
     gpu["fabric"] = nvml_fabric(nvml, gpu, h)
     return gpu

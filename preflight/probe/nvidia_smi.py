@@ -178,6 +178,20 @@ def _clock_events(el: Any, where: str) -> Optional[List[str]]:
     return active if seen else None
 
 
+def clock_events_by_bus(text: str) -> Dict[str, Optional[List[str]]]:
+    """{pci_bus_id: active clock event reasons} from `nvidia-smi -q -x` (whole, or -d PERFORMANCE)."""
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as exc:
+        raise ParseError("nvidia-smi -q -x -d PERFORMANCE: not well-formed XML (%s)" % exc)
+    out: Dict[str, Optional[List[str]]] = {}
+    for el in root.findall("gpu"):
+        bus = _opt(el, "pci/pci_bus_id") or el.get("id")
+        if bus:
+            out[bus] = _clock_events(el, "gpu id=%s" % el.get("id"))
+    return out
+
+
 def _fabric(el: Any) -> Optional[Dict[str, Any]]:
     """<fabric>: state, status, cliqueId, clusterUuid (R535+; GB200 trays fill the clique and cluster)."""
     state = _na(_opt(el, "fabric/state"))
@@ -203,10 +217,11 @@ def read_nvlink_status(text: str) -> Tuple[Dict[str, Optional[Dict[str, Any]]], 
     """({GPU uuid: link counts or None}, [lines not understood]) from `nvidia-smi nvlink --status`.
 
     Counts are {"active": n, "inactive": m}, plus "unreadable": k when k of this GPU's link lines were
-    not understood, or {"active": 0, "inactive": 0, "error": why} when the driver printed the GPU header
-    with a message instead of links ("NVML: Unable to retrieve NVLink information as all links are
-    inActive": a GPU without NVLink, or one whose every link is down; the rule tells them apart by the
-    model). A line not understood is named and skipped, never a reason to drop the rest.
+    not understood, or {"active": 0, "inactive": 0, "error": why} when the driver printed a message
+    instead of links: "NVML: Unable to retrieve NVLink information as all links are inActive" on its own
+    line under the GPU header (as nvidia-smi prints it; also accepted at the end of the header line), for
+    a GPU without NVLink or one whose every link is down (the rule tells them apart by the model; see
+    leptonai/gpud issue 1085). A line not understood is named and skipped, never a reason to drop the rest.
     """
     out: Dict[str, Optional[Dict[str, Any]]] = {}
     unreadable: List[str] = []
@@ -223,6 +238,10 @@ def read_nvlink_status(text: str) -> Tuple[Dict[str, Optional[Dict[str, Any]]], 
             continue
         link = _LINK_LINE.match(line)
         counts = out.get(current) if current is not None else None
+        if (counts is not None and not link and line.startswith("NVML: ") and "error" not in counts
+                and counts["active"] + counts["inactive"] + counts.get("unreadable", 0) == 0):
+            counts["error"] = line  # the driver's message on its own line under the header (real layout)
+            continue
         if link and counts is not None and "error" not in counts:
             state = link.group(2).strip()
             if state == "<inactive>":

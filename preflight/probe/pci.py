@@ -26,6 +26,9 @@ from typing import Any, Dict, List, Optional, Tuple
 BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _SPEED = re.compile(r"^(\d+(?:\.\d+)?) GT/s")
 GPU_CLASSES = ("0x0300", "0x0302")
+#: DMI vendor/product words of hypervisors.
+VM_WORDS = ("kvm", "qemu", "vmware", "virtualbox", "xen", "microsoft corporation virtual", "amazon ec2",
+            "google compute engine", "openstack", "bochs", "hyper-v", "oraclecloud")
 
 
 def functions(ctx: Any) -> List[Dict[str, str]]:
@@ -75,3 +78,18 @@ def bridges(ctx: Any, bdf: str) -> List[str]:
     real = os.path.realpath(ctx.sys_path("bus", "pci", "devices", bdf))
     chain = [part.lower() for part in real.split(os.sep) if BDF.match(part.lower())]
     return chain[:-1] if chain and chain[-1] == bdf else chain
+
+
+def hypervisor(ctx: Any) -> Optional[str]:
+    """Why this node looks like a virtual machine (/sys/hypervisor/type, DMI vendor/product), or None.
+
+    A VM is given PCI functions, not the platform: partial GPU sets, NVLink/NVSwitch left to the host,
+    numa_node -1, no peer-to-peer. Checks judge such a node against what it was given."""
+    hyper = ctx.read(ctx.sys_path("hypervisor", "type"))
+    if hyper and hyper.strip():
+        return "hypervisor/type %s" % hyper.strip()
+    for attr in ("sys_vendor", "product_name"):
+        value = (ctx.read(ctx.sys_path("class", "dmi", "id", attr)) or "").strip()
+        if any(word in value.lower() for word in VM_WORDS):
+            return "DMI %s %r" % (attr, value)
+    return None

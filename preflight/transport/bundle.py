@@ -32,6 +32,7 @@ import marshal
 import os
 import re
 import shlex
+import sys
 import threading
 import zipfile
 import zlib
@@ -170,11 +171,15 @@ def _sources() -> List[Tuple[str, str]]:
         for name in sorted(os.listdir(src)):
             if name.endswith(".py"):
                 out.append((os.path.join(src, name), "preflight/%s/%s" % (sub, name)))
-    # found, not imported (12 ms): nvidia-ml-py is a declared dependency; a broken install only loses NVML
-    spec = importlib.util.find_spec("pynvml")
-    origin = spec.origin if spec is not None else None
-    if origin and origin.endswith(".py"):
+    # found, not imported (12 ms): nvidia-ml-py's pynvml.py, never the legacy pynvml 11.x package folder
+    from preflight.probe.nvml import PYNVML_FIX, pynvml_source
+
+    origin, why = pynvml_source()
+    if origin:
         out.append((origin, "pynvml.py"))
+    else:
+        sys.stderr.write("preflight: warning: the probe bundle carries no pynvml: %s; every node reads its GPUs "
+                         "with nvidia-smi instead of NVML (%s)\n" % (why, PYNVML_FIX))
     return out
 
 

@@ -14,7 +14,9 @@ node's sessions must set ``PREFLIGHT_NVML=off`` for the probes to read the simul
     install_nccl(node, "2.21.5")                   # ldconfig -p listing libnccl.so.2 -> libnccl.so.2.21.5
 
 Faults (per GPU position 0..count-1): missing, ecc, remap_failure, remap_pending, pcie_width, hw_slowdown,
-sw_thermal, persistence_off, nvlink_down.
+sw_thermal, persistence_off, nvlink_down, nvlink_all_down (every link down: nvidia-smi prints NVML's message
+on its own line under the GPU header, as it does), hw_slowdown_blip (HW slowdown in the first -q -x only,
+gone when `-q -x -d PERFORMANCE` reads again: a clock change caught mid-way).
 """
 
 from __future__ import annotations
@@ -63,7 +65,11 @@ FAULTS = (
     "sw_thermal",
     "persistence_off",
     "nvlink_down",
+    "nvlink_all_down",
+    "hw_slowdown_blip",
 )
+#: the nvidia-smi message for a GPU whose links are all down (or that has none), on its own line
+ALL_LINKS_DOWN = "\t NVML: Unable to retrieve NVLink information as all links are inActive\n"
 
 _REASON = r"(<clocks_(?:event|throttle)_reason_%s>)Not Active(</)"
 #: fault -> [(pattern, replacement)] applied to one GPU's <gpu> block
@@ -76,6 +82,8 @@ _EDITS = {
     "sw_thermal": [(_REASON % "sw_thermal_slowdown", r"\1Active\2")],
     "persistence_off": [(r"(<persistence_mode>)Enabled(</)", r"\1Disabled\2")],
     "nvlink_down": [],
+    "nvlink_all_down": [],
+    "hw_slowdown_blip": [],
 }
 
 # Node state, keyed by the node's bin directory (one per simulated node).
@@ -278,6 +286,7 @@ def _render(node: Any) -> None:
     tail = xml[xml.index(blocks[-1]) + len(blocks[-1]):]
     nvlink = _split_nvlink(_read(spec["nvlink"]))
     kept_xml: List[str] = []
+    perf_xml: List[str] = []
     kept_links: List[str] = []
     present: List[str] = []
     for i, block in enumerate(blocks[: state["count"]]):
@@ -295,12 +304,18 @@ def _render(node: Any) -> None:
         links = nvlink[i]
         if "nvlink_down" in faults:
             links = re.sub(r"(Link [01]): \S+ GB/s", r"\1: <inactive>", links)
+        if "nvlink_all_down" in faults:
+            links = links.split("\n", 1)[0] + "\n" + ALL_LINKS_DOWN
         kept_links.append(re.sub(r"^GPU \d+:", "GPU %d:" % len(kept_xml), links))
+        perf_xml.append(block)
+        if "hw_slowdown_blip" in faults:
+            block = re.sub(_REASON % "hw_slowdown", r"\1Active\2", block)
         kept_xml.append(block)
         present.append(re.search(r"<pci_bus_id>([^<]+)</", block).group(1))
     head = re.sub(r"(<driver_version>)[^<]*(</)", r"\g<1>%s\2" % state["driver"], head)
     head = re.sub(r"(<attached_gpus>)\d+(</)", r"\g<1>%d\2" % len(kept_xml), head)
     xml = head + "".join(kept_xml) + tail
+    perf = head + "".join(perf_xml) + tail
     listing = "".join(
         "GPU %d: %s (UUID: %s)\n"
         % (n, re.search(r"<product_name>([^<]+)</", b).group(1), re.search(r"<uuid>([^<]+)</", b).group(1))
@@ -314,6 +329,8 @@ def _render(node: Any) -> None:
         'case "$*" in\n'
         '  "-q -x"|"-x -q"|"--query --xml-format"|"-q --xml-format"|"--query -x")\n'
         "    cat <<'PREFLIGHT_EOF'\n%sPREFLIGHT_EOF\n    ;;\n"
+        '  "-q -x -d PERFORMANCE"|"-q -d PERFORMANCE -x")\n'
+        "    cat <<'PREFLIGHT_EOF'\n%sPREFLIGHT_EOF\n    ;;\n"
         '  "nvlink --status"|"nvlink -s")\n'
         "    cat <<'PREFLIGHT_EOF'\n%sPREFLIGHT_EOF\n    ;;\n"
         '  "-L"|"--list-gpus")\n'
@@ -324,7 +341,7 @@ def _render(node: Any) -> None:
         '    echo "nvidia-smi (preflight simulator): no recorded output for: $*" >&2\n'
         "    exit 2\n"
         "    ;;\n"
-        "esac\n" % (state["profile"], xml, "".join(kept_links), listing, versions),
+        "esac\n" % (state["profile"], xml, perf, "".join(kept_links), listing, versions),
     )
     devices = os.path.join(node.sys_dir, "bus", "pci", "devices")
     for bdf in state["gpu_bdfs"]:
@@ -359,11 +376,13 @@ def _sysfs_bdf(bus_id: str) -> str:
 import ctypes
 import struct
 import threading
+import time
 
 #: nvmlReturn_t (nvml.h) -> nvmlErrorString text
 NVML_ERRORS = {
     2: "Invalid Argument",
     3: "Not Supported",
+    4: "Insufficient Permissions",
     6: "Not Found",
     9: "Driver Not Loaded",
     13: "Function Not Found",
@@ -374,6 +393,7 @@ NVML_ERRORS = {
 _NAMES = {
     "NVML_ERROR_INVALID_ARGUMENT": 2,
     "NVML_ERROR_NOT_SUPPORTED": 3,
+    "NVML_ERROR_NO_PERMISSION": 4,
     "NVML_ERROR_NOT_FOUND": 6,
     "NVML_ERROR_DRIVER_NOT_LOADED": 9,
     "NVML_ERROR_FUNCTION_NOT_FOUND": 13,
@@ -433,6 +453,15 @@ class FakeNVML:
         self._released.set()
 
     def _answer(self, value: Any) -> Any:
+        """An answer is the value, or {"block": true}, {"error": NAME}, {"delay": s, "value": v} (returns v
+        after s seconds: a GPU initialising on open without persistence mode), {"sequence": [v1, v2, ...]}
+        (successive calls get successive values, the last repeating: a reading that changes)."""
+        if isinstance(value, dict) and "sequence" in value:
+            seq = value["sequence"]
+            value = seq.pop(0) if len(seq) > 1 else seq[0]
+        if isinstance(value, dict) and "delay" in value:
+            time.sleep(value["delay"])
+            value = value.get("value")
         if isinstance(value, dict) and value.get("block"):
             self._released.wait()
             raise FakeNVMLError(999)
