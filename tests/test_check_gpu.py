@@ -968,3 +968,18 @@ def test_healthy_but_unusual_matrix_gives_no_fail(tmp_path, monkeypatch, no_nvml
     vm = ClusterView([NodeInfo("gpu-001", "198.18.0.1", 8)], {"gpu-001": facts})
     for check in (gpu, topology):
         assert Status.FAIL not in [f.status for f in check.rule(vm)], check.NAME
+
+
+def test_slurm_job_holding_some_gpus_on_the_nvidia_smi_path(tmp_path, monkeypatch, no_nvml):
+    """26.2 on the nvidia-smi path: inside a job's cgroup nvidia-smi lists only the GPUs the job holds. Those
+    all there: no FAIL, said in the PASS. One of them missing (the job holds 3, 2 listed): FAIL as before."""
+    node = _sim_node(tmp_path, monkeypatch, count=2)
+    monkeypatch.setenv("SLURM_JOB_GPUS", "0,1")
+    facts = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
+    found = run_rule(facts)
+    assert [f.status for f in found] == [Status.PASS]
+    assert "the job holds 2 of the node's 8 GPUs (a cgroup or container device limit" in found[0].message
+    assert "SLURM_JOB_GPUS=0,1" in found[0].message
+    monkeypatch.setenv("SLURM_JOB_GPUS", "0,1,2")
+    facts = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
+    assert by_status(run_rule(facts))[Status.FAIL] == ["2 GPUs visible (expected 8)"]

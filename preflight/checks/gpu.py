@@ -70,7 +70,7 @@ SW_THROTTLE = ("sw_thermal_slowdown",)
 def probe(ctx: Any) -> Dict[str, Any]:
     """GPU facts from NVML, else nvidia-smi, else a record that neither answered."""
     facts = _read_gpus(ctx)
-    if any(g.get("inaccessible") for g in facts.get("gpus") or []):
+    if any(g.get("inaccessible") for g in facts.get("gpus") or []) or os.environ.get("SLURM_JOB_GPUS") is not None:
         facts["access"] = _access(ctx)
     virtual = hypervisor(ctx)
     if virtual:
@@ -373,6 +373,11 @@ def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any, fleet: Optional[F
     out: List[Finding] = _access_findings(name, facts, listed, gpus)
     # GPUs the driver counts but NVML did not get to (slow) or may not open here are present, not missing
     present = (facts.get("attached_gpus") or len(listed)) if facts.get("nvml_slow") else len(listed)
+    held = _job_gpus(facts)
+    if held is not None and len(gpus) == held < expected:
+        # a Slurm job holding some GPUs of the node: its cgroup hides the others from nvidia-smi (and from
+        # NVML's count on some setups); the GPUs the job holds are all there
+        present = expected
     if present < expected:
         attached = facts.get("attached_gpus")
         extra = "" if attached in (None, len(gpus)) else "; the driver reports %d attached" % attached
@@ -435,7 +440,7 @@ def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any, fleet: Optional[F
             )
         )
     if not out:
-        notes = _notes(gpus, fleet) + _platform_notes(facts, listed, gpus)
+        notes = _notes(gpus, fleet) + _platform_notes(facts, listed, gpus, expected)
         msg = "%s, healthy%s" % (summary(gpus), "; " + "; ".join(notes) if notes else "")
         out.append(Finding(NAME, name, Status.PASS, msg, actual=str(len(gpus))))
     return out
@@ -462,6 +467,14 @@ def _access_findings(name: str, facts: Dict[str, Any], listed: List[Dict[str, An
     return out
 
 
+def _job_gpus(facts: Dict[str, Any]) -> Optional[int]:
+    """How many GPUs the Slurm job this probe ran in holds (SLURM_JOB_GPUS=0,1 -> 2), None outside a job."""
+    value = (facts.get("access") or {}).get("SLURM_JOB_GPUS")
+    if value is None:
+        return None
+    return len([v for v in str(value).split(",") if v.strip()])
+
+
 def _held(facts: Dict[str, Any]) -> str:
     """'a cgroup or container device limit, not a GPU fault; SLURM_JOB_GPUS=0,1; cgroup /...'"""
     access = facts.get("access") or {}
@@ -472,10 +485,14 @@ def _held(facts: Dict[str, Any]) -> str:
         "; " + ", ".join(parts) if parts else "")
 
 
-def _platform_notes(facts: Dict[str, Any], listed: List[Dict[str, Any]], usable: List[Dict[str, Any]]) -> List[str]:
+def _platform_notes(facts: Dict[str, Any], listed: List[Dict[str, Any]], usable: List[Dict[str, Any]], node_gpus: int) -> List[str]:
     """PASS-message notes: GPUs this process may not open, NVLink the hypervisor did not give a VM."""
     notes = []
     hidden = len(listed) - len(usable)
+    held = _job_gpus(facts)
+    if held is not None and not hidden and held == len(usable) < node_gpus:
+        notes.append("the job holds %d of the node's %s (%s): the others not judged" % (
+            held, plural(node_gpus, "GPU"), _held(facts)))
     if hidden and usable:
         why = next(g["inaccessible"] for g in listed if g.get("inaccessible"))
         notes.append("%s of %d not accessible to this process (%s: %s): not judged" % (
