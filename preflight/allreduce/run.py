@@ -71,7 +71,7 @@ def _hardware(view: ClusterView, nodes: Sequence[str], choice: Any) -> Dict[str,
     """gpu_model and nic_gbps for the built-in bandwidth profile, from the gpu/ib_hca facts and the
     nic choice the launcher already made (datanet.choose looks at every node: call it once, not per node)."""
     from preflight.checks import ib_hca
-    from preflight.probe.gpu_facts import node_gpus
+    from preflight.gpus import node_gpus
 
     out: Dict[str, Any] = {}
     models = set()

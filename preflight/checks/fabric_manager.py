@@ -41,10 +41,12 @@ Rule (reads the gpu check's facts for per-GPU fabric state, Hopper+):
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, per_gpu_node
-from preflight.probe.gpu_facts import NodeGpus, node_gpus
+
+if TYPE_CHECKING:  # the record is the controller's (preflight.gpus), imported by the rule
+    from preflight.gpus import NodeGpus
 
 NAME = "fabric_manager"
 UNIT = "nvidia-fabricmanager"
@@ -323,6 +325,8 @@ def _tray(node: Any, facts: Dict[str, Any], record: NodeGpus) -> List[Finding]:
 
 
 def rule(view: ClusterView) -> List[Finding]:
+    from preflight.gpus import node_gpus  # controller side: not in the node bundle
+
     return per_gpu_node(NAME, view, lambda node, facts: _node(node, facts, node_gpus(view, node.name)))
 
 

@@ -46,12 +46,14 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from preflight.common import plural
 from preflight.model import Check, ClusterView, Finding, Status, per_gpu_node
 from preflight.probe import kernlog
-from preflight.probe.gpu_facts import NodeGpus, node_gpus
+
+if TYPE_CHECKING:  # the record is the controller's (preflight.gpus), imported by the rule
+    from preflight.gpus import NodeGpus
 
 NAME = "xid"
 
@@ -282,6 +284,8 @@ def _judge(node: Any, facts: Dict[str, Any], record: Optional[NodeGpus], window:
 
 def rule(view: ClusterView) -> List[Finding]:
     window = view.cluster.get("xid_window_s")
+    from preflight.gpus import node_gpus  # controller side: not in the node bundle
+
     return per_gpu_node(NAME, view, lambda node, facts: _judge(node, facts, node_gpus(view, node.name), window))
 
 

@@ -119,7 +119,7 @@ def hardware(view: Any) -> Dict[str, Any]:
     can recognise the same serial coming back (a "lemon"). Nodes without GPU facts are left out.
     """
     from preflight.checks import gpu
-    from preflight.probe.gpu_facts import node_gpus
+    from preflight.gpus import node_gpus
 
     out: Dict[str, Any] = {}
     for node in view.live:

@@ -1,0 +1,118 @@
+"""A node's GPU facts as a typed record, derived once per cluster view: what rules outside the gpu check read.
+
+Controller side (not shipped to the nodes). The gpu probe writes the facts schema of preflight.probe.gpu_facts;
+the xid and fabric_manager rules, the JSON report's hardware section and the all-reduce's bandwidth profile
+read node_gpus(view, node) instead of digging in the gpu check's dict, so the schema has one reader to change.
+Checks import this module inside their rules (a check module's top level is what the nodes import).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from preflight.probe.gpu_facts import bus12, short_bus_id
+
+
+@dataclass(frozen=True)
+class GpuFabric:
+    """One GPU's NVLink fabric registration (nvmlGpuFabricInfo_t / nvidia-smi's <fabric>, R535+)."""
+
+    state: Optional[str]  # "Completed" | "In Progress" | "Not Started"
+    status: Optional[str]  # "Success" | an NVML error string | "N/A"
+    clique_id: Optional[int]
+    cluster_uuid: Optional[str]
+
+    @property
+    def registered(self) -> bool:
+        return self.state == "Completed" and self.status == "Success"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as the driver listed it. `facts` is its entry of the schema above (for the gpu rule)."""
+
+    index: int
+    name: Optional[str]
+    pci_bus_id: Optional[str]  # as the driver prints it: 00000000:4E:00.0
+    uuid: Optional[str]
+    serial: Optional[str]
+    fabric: Optional[GpuFabric]
+    nvlinks_active: Optional[int]  # None: not reported
+    facts: Mapping[str, Any]
+
+    @property
+    def label(self) -> str:
+        """GPU 3 (0000:5D:00.0)"""
+        return "GPU %s (%s)" % (self.index, short_bus_id(self.pci_bus_id))
+
+    @property
+    def bus(self) -> str:
+        """0000:5d:00.0, the form sysfs and the kernel log use."""
+        return bus12(self.pci_bus_id)
+
+
+@dataclass(frozen=True)
+class NodeGpus:
+    """A node's GPU facts, typed: what every reader outside the gpu check uses."""
+
+    source: Optional[str]  # "nvml" | "nvidia-smi" | None: no driver answered
+    error: Optional[str]
+    driver_version: Optional[str]
+    cuda_version: Optional[str]
+    attached: int
+    gpus: Tuple[Gpu, ...]
+
+    @classmethod
+    def from_facts(cls, facts: Any) -> Optional["NodeGpus"]:
+        """The record of one node's gpu facts; None when there are none (probe not run). A probe that
+        failed gives a record without GPUs (its error is the gpu check's to report)."""
+        if not isinstance(facts, dict):
+            return None
+        gpus = []
+        for g in facts.get("gpus") or []:
+            fab = g.get("fabric")
+            links = g.get("nvlink")
+            gpus.append(Gpu(
+                index=g.get("index"), name=g.get("name"), pci_bus_id=g.get("pci_bus_id"), uuid=g.get("uuid"),
+                serial=g.get("serial"),
+                fabric=GpuFabric(fab.get("state"), fab.get("status"), fab.get("clique_id"), fab.get("cluster_uuid")) if fab else None,
+                nvlinks_active=links.get("active") if links else None,
+                facts=g,
+            ))
+        return cls(
+            source=facts.get("source"), error=facts.get("error") or facts.get("probe_error"),
+            driver_version=facts.get("driver_version"), cuda_version=facts.get("cuda_version"),
+            attached=int(facts.get("attached_gpus") or 0), gpus=tuple(gpus),
+        )
+
+    @property
+    def max_nvlinks(self) -> int:
+        """The most NVLinks active on any of the node's GPUs (0 without NVLink facts)."""
+        return max([g.nvlinks_active for g in self.gpus if g.nvlinks_active is not None] or [0])
+
+    def by_bus(self) -> Dict[str, Gpu]:
+        """{0000:5d:00.0: GPU}"""
+        return {g.bus: g for g in self.gpus}
+
+    def models(self) -> List[str]:
+        """The GPU models, in order of first appearance."""
+        out: List[str] = []
+        for g in self.gpus:
+            if g.name and g.name not in out:
+                out.append(g.name)
+        return out
+
+
+#: {view: {node: record}}: computed once per cluster view (the view is built once per run and evaluated by
+#: every rule), dropped with it.
+_RECORDS: "weakref.WeakKeyDictionary[Any, Dict[str, Optional[NodeGpus]]]" = weakref.WeakKeyDictionary()
+
+
+def node_gpus(view: Any, node: str) -> Optional[NodeGpus]:
+    """The typed record of `node`'s gpu facts in this cluster view (None: the gpu probe did not run there)."""
+    cache = _RECORDS.setdefault(view, {})
+    if node not in cache:
+        cache[node] = NodeGpus.from_facts((view.facts.get(node) or {}).get("gpu"))
+    return cache[node]
