@@ -41,12 +41,9 @@ Rule (reads the gpu check's facts for per-GPU fabric state, Hopper+):
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, per_gpu_node
-
-if TYPE_CHECKING:  # the record is the controller's (preflight.gpus), imported by the rule
-    from preflight.gpus import NodeGpus
 
 NAME = "fabric_manager"
 UNIT = "nvidia-fabricmanager"
@@ -146,8 +143,9 @@ def parse_fm_version(text: str) -> str:
 # ---------------------------------------------------------------------------------------------- rule
 
 
-def _gpu_fabric(record: Optional[NodeGpus]) -> Tuple[List[str], int]:
-    """(problems, GPUs reporting Completed/Success) from the gpu check's facts."""
+def _gpu_fabric(record: Any) -> Tuple[List[str], int]:
+    """(problems, GPUs reporting Completed/Success) from the gpu check's facts (record: the node's
+    preflight.gpus.NodeGpus, None without gpu facts)."""
     if record is None:
         return [], 0
     problems, good = [], 0
@@ -168,7 +166,7 @@ def _gpu_fabric(record: Optional[NodeGpus]) -> Tuple[List[str], int]:
     return problems, good
 
 
-def _node(node: Any, facts: Dict[str, Any], record: Optional[NodeGpus]) -> List[Finding]:
+def _node(node: Any, facts: Dict[str, Any], record: Any) -> List[Finding]:
     name = node.name
     switches = facts.get("nvswitches") or []
     if not switches:
@@ -248,7 +246,7 @@ def _node(node: Any, facts: Dict[str, Any], record: Optional[NodeGpus]) -> List[
     return out
 
 
-def _tray(node: Any, facts: Dict[str, Any], record: NodeGpus) -> List[Finding]:
+def _tray(node: Any, facts: Dict[str, Any], record: Any) -> List[Finding]:
     """A GPU node without an NVSwitch PCI function whose GPUs report NVLink fabric state: a GB200/GB300
     compute tray (the NVSwitches sit in separate switch trays, programmed by their own fabric manager).
     Judged here: every GPU registered (Completed/Success), one clique and cluster per tray, and the

@@ -46,14 +46,11 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.common import plural
 from preflight.model import Check, ClusterView, Finding, Status, per_gpu_node
 from preflight.probe import kernlog
-
-if TYPE_CHECKING:  # the record is the controller's (preflight.gpus), imported by the rule
-    from preflight.gpus import NodeGpus
 
 NAME = "xid"
 
@@ -228,7 +225,8 @@ _ago = kernlog.ago
 _window_text = kernlog.window_text
 
 
-def _judge(node: Any, facts: Dict[str, Any], record: Optional[NodeGpus], window: Optional[float]) -> List[Finding]:
+def _judge(node: Any, facts: Dict[str, Any], record: Any, window: Optional[float]) -> List[Finding]:
+    """One node's Xid findings; record: its preflight.gpus.NodeGpus (None without gpu facts) names the GPUs."""
     name = node.name
     if not facts.get("nvidia"):
         return [Finding(NAME, name, Status.ERROR, "%s: no NVIDIA driver or device found: kernel log not searched for Xid (see the gpu check)" % name)]
