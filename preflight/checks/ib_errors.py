@@ -67,7 +67,7 @@ from preflight.common import plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
 from preflight.probe import kernlog
 
-CHECK_NAME = "ib_errors"
+NAME = "ib_errors"
 INTERVAL_S = 1.0
 SOURCE = "NVIDIA NVSentinel nic-health-monitor defaults"
 
@@ -303,7 +303,7 @@ def _previous_counters(view: ClusterView, node: str) -> Tuple[Optional[Dict[str,
     prev = view.cluster.get("previous") or {}
     for result in prev.get("results") or []:
         data = result.get("data") or {}
-        if result.get("check") == CHECK_NAME and result.get("node") == node and isinstance(data.get("counters"), dict):
+        if result.get("check") == NAME and result.get("node") == node and isinstance(data.get("counters"), dict):
             return data["counters"], data.get("at"), prev.get("started_at")
     return None, None, None
 
@@ -387,7 +387,7 @@ def _node(view: ClusterView, name: str, facts: Dict[str, Any]) -> Finding:
     if not problems:
         basis = "over %gs" % seconds + (" and since the last run" if prev else "")
         return Finding(
-            CHECK_NAME,
+            NAME,
             name,
             Status.PASS,
             "%d port%s, no error counter rising %s; %s" % (len(ports), "" if len(ports) == 1 else "s", basis, note),
@@ -395,7 +395,7 @@ def _node(view: ClusterView, name: str, facts: Dict[str, Any]) -> Finding:
         )
     worst = max((s for s, _ in problems), key=lambda s: s.rank)
     return Finding(
-        CHECK_NAME,
+        NAME,
         name,
         worst,
         "; ".join(m for _, m in sorted(problems, key=lambda sm: -sm[0].rank)),
@@ -408,22 +408,22 @@ def _node(view: ClusterView, name: str, facts: Dict[str, Any]) -> Finding:
 def rule(view: ClusterView) -> List[Finding]:
     out: List[Finding] = []
     valid: Dict[str, Dict[str, Any]] = {}
-    for name, facts in view.of(CHECK_NAME).items():
-        err = probe_error(CHECK_NAME, name, facts, listed=("ports", "port list"))
+    for name, facts in view.of(NAME).items():
+        err = probe_error(NAME, name, facts, listed=("ports", "port list"))
         if err:
             out.append(err)
         else:
             valid[name] = facts
     for name, facts in valid.items():
         if not facts["ports"]:
-            out.append(Finding(CHECK_NAME, name, Status.SKIP, "no InfiniBand/RoCE HCA"))
+            out.append(Finding(NAME, name, Status.SKIP, "no InfiniBand/RoCE HCA"))
         else:
             out.append(_node(view, name, facts))
     return out
 
 
 CHECK = Check(
-    name=CHECK_NAME,
+    name=NAME,
     claim="No InfiniBand/RoCE port's error counters rise during the probe (or since the last run) above "
     "NVSentinel's thresholds; no link flaps (counters, and the kernel log since boot or within cluster.xid_window_s)",
     why="A port that flaps or counts symbol/receive errors drops or retransmits packets: RDMA transfers "

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from preflight.common import fold, human_bytes, majority, plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Setting, Status, probe_error
 
-CHECK_NAME = "ib_hca"
+NAME = "ib_hca"
 #: Below this locked-memory limit RDMA registration of NCCL's buffers fails: FAIL.
 MEMLOCK_MIN_BYTES = 1 << 30
 
@@ -203,8 +203,8 @@ PORT_LIST = ("ports", "port list")  # a node's facts are judged only with a port
 def _valid(view: ClusterView) -> Dict[str, Dict[str, Any]]:
     """{node: facts} for nodes whose ib_hca probe produced a port list."""
     out = {}
-    for name, facts in view.of(CHECK_NAME).items():
-        if probe_error(CHECK_NAME, name, facts, listed=PORT_LIST) is None:
+    for name, facts in view.of(NAME).items():
+        if probe_error(NAME, name, facts, listed=PORT_LIST) is None:
             out[name] = facts
     return out
 
@@ -333,7 +333,7 @@ def _left_out_text(left_out: Optional[List[Tuple[str, str]]]) -> str:
 def _memlock_finding(view: ClusterView, name: str) -> Optional[Finding]:
     ssh = view.facts.get(name, {}).get("ssh")
     if not isinstance(ssh, dict) or "probe_error" in ssh or "memlock_soft" not in ssh:
-        return Finding(CHECK_NAME, name, Status.ERROR, "%s: locked-memory limit unknown (no ssh facts)" % name)
+        return Finding(NAME, name, Status.ERROR, "%s: locked-memory limit unknown (no ssh facts)" % name)
     soft = ssh["memlock_soft"]
     if soft is None:
         return None
@@ -343,7 +343,7 @@ def _memlock_finding(view: ClusterView, name: str) -> Optional[Finding]:
     else:
         status, consequence = Status.WARN, "; set it unlimited for RDMA"
     return Finding(
-        CHECK_NAME,
+        NAME,
         name,
         status,
         "%s: locked-memory limit (ulimit -l) is %s%s" % (name, shown, consequence),
@@ -355,15 +355,15 @@ def _memlock_finding(view: ClusterView, name: str) -> Optional[Finding]:
 def rule(view: ClusterView) -> List[Finding]:
     out: List[Finding] = []
     valid = _valid(view)
-    for name, facts in view.of(CHECK_NAME).items():
+    for name, facts in view.of(NAME).items():
         if name not in valid:
-            out.append(probe_error(CHECK_NAME, name, facts, listed=PORT_LIST))
+            out.append(probe_error(NAME, name, facts, listed=PORT_LIST))
     want_count = view.expect.get("ib_hcas")
     want_rate = view.expect.get("ib_rate_gbps")
     expected_some = want_count is not None or want_rate is not None
     with_hcas = [n for n, f in valid.items() if f["ports"]]
     if not with_hcas and not (expected_some and (want_count is None or want_count > 0)):
-        return out + [Finding(CHECK_NAME, n, Status.SKIP, "no InfiniBand/RoCE HCA") for n in valid]
+        return out + [Finding(NAME, n, Status.SKIP, "no InfiniBand/RoCE HCA") for n in valid]
 
     rates = expected_rates(view, valid)
     usable_counts = {n: len(_usable(f["ports"], rates)) for n, f in valid.items()}
@@ -389,7 +389,7 @@ def rule(view: ClusterView) -> List[Finding]:
                 exp = "%s HCA ports" % want_count if want_count is not None else "HCAs at %s" % _rate_text(want_rate)
                 node_out.append(
                     Finding(
-                        CHECK_NAME,
+                        NAME,
                         name,
                         Status.FAIL,
                         "no InfiniBand/RoCE HCA (expected %s)" % exp,
@@ -401,7 +401,7 @@ def rule(view: ClusterView) -> List[Finding]:
                 others = sorted(set(with_hcas) - {name})
                 node_out.append(
                     Finding(
-                        CHECK_NAME,
+                        NAME,
                         name,
                         Status.FAIL,
                         "no InfiniBand/RoCE HCA (%s have them)" % fold(others),
@@ -419,7 +419,7 @@ def rule(view: ClusterView) -> List[Finding]:
             if not is_active(p):
                 node_out.append(
                     Finding(
-                        CHECK_NAME,
+                        NAME,
                         name,
                         Status.WARN if enough else Status.FAIL,
                         "%s: state %s, %s (expected %s)%s"
@@ -438,7 +438,7 @@ def rule(view: ClusterView) -> List[Finding]:
             elif exp_rate is not None and float(p["rate_gbps"]) != float(exp_rate):
                 node_out.append(
                     Finding(
-                        CHECK_NAME,
+                        NAME,
                         name,
                         Status.FAIL,
                         "%s: rate %s%s (expected %s%s)"
@@ -457,7 +457,7 @@ def rule(view: ClusterView) -> List[Finding]:
             elif exp_rate is None and want_rate is None:
                 node_out.append(
                     Finding(
-                        CHECK_NAME,
+                        NAME,
                         name,
                         Status.FAIL,
                         "%s: rate %s (no majority: %s; set expect.ib_rate_gbps)"
@@ -470,7 +470,7 @@ def rule(view: ClusterView) -> List[Finding]:
         if count_tie:
             node_out.append(
                 Finding(
-                    CHECK_NAME,
+                    NAME,
                     name,
                     Status.FAIL,
                     "%s: %d usable HCA ports (no majority: %s; set expect.ib_hcas)" % (name, len(usable), count_split),
@@ -487,7 +487,7 @@ def rule(view: ClusterView) -> List[Finding]:
             )
             node_out.append(
                 Finding(
-                    CHECK_NAME,
+                    NAME,
                     name,
                     Status.FAIL,
                     "%s: %d usable HCA ports (%s)" % (name, len(usable), basis),
@@ -504,7 +504,7 @@ def rule(view: ClusterView) -> List[Finding]:
             shown = [p for p in usable if port_label(p) not in aside]
             node_out.append(
                 Finding(
-                    CHECK_NAME,
+                    NAME,
                     name,
                     Status.PASS,
                     "%s ACTIVE at %s (%s): %s%s"
@@ -523,7 +523,7 @@ def rule(view: ClusterView) -> List[Finding]:
 
 
 CHECK = Check(
-    name=CHECK_NAME,
+    name=NAME,
     claim="Every InfiniBand/RoCE HCA port is ACTIVE at the expected rate, with the same ports on every node",
     why="NCCL spreads traffic over every HCA it is told to use; one DOWN or slow port stalls or slows every "
     "collective, and a small locked-memory limit makes RDMA registration fail at startup.",

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from preflight.common import fold, majority
 from preflight.model import Check, ClusterView, Finding, ParseError, Setting, Status, probe_error
 
-CHECK_NAME = "mtu"
+NAME = "mtu"
 IP_ICMP_HEADERS = 28
 SMALL_PAYLOAD = 1000
 COUNT = 3
@@ -306,7 +306,7 @@ def rule(view: ClusterView) -> List[Finding]:
                     basis = "no majority: %s; set expect.mtu" % split
                 out.append(
                     Finding(
-                        CHECK_NAME,
+                        NAME,
                         name,
                         Status.FAIL,
                         "%s %s: mtu %s (%s)" % (name, choice.nodes[name]["iface"], mtus[name], basis),
@@ -318,8 +318,8 @@ def rule(view: ClusterView) -> List[Finding]:
     # 2. Paths.
     problems: List[Tuple[str, str, Status, str]] = []
     tested: Dict[str, List[str]] = {}
-    for name, facts in view.of(CHECK_NAME).items():
-        err = probe_error(CHECK_NAME, name, facts, listed=("targets", "ping results"))
+    for name, facts in view.of(NAME).items():
+        err = probe_error(NAME, name, facts, listed=("targets", "ping results"))
         if err:
             out.append(err)
             continue
@@ -336,7 +336,7 @@ def rule(view: ClusterView) -> List[Finding]:
     if culprit:
         out.append(
             Finding(
-                CHECK_NAME,
+                NAME,
                 culprit,
                 Status.FAIL,
                 "%s is the common end of %d failing paths" % (culprit, len(failing)),
@@ -351,7 +351,7 @@ def rule(view: ClusterView) -> List[Finding]:
                 blamed_on[src] = culprit
         elif status == Status.FAIL and len(failing) == 1:
             message += " (one failing path: the fault may be at either end)"
-        out.append(Finding(CHECK_NAME, owner, status, message, data={"path": [src, dst]}))
+        out.append(Finding(NAME, owner, status, message, data={"path": [src, dst]}))
 
     # 3. PASS for every tested node with nothing against it.
     against = {f.node for f in out if f.status in (Status.FAIL, Status.WARN, Status.ERROR)}
@@ -362,14 +362,14 @@ def rule(view: ClusterView) -> List[Finding]:
         head = "%s mtu %s" % (entry["iface"], entry["mtu"]) if entry else "mtu"
         peers = tested[name]
         if not peers:
-            out.append(Finding(CHECK_NAME, name, Status.SKIP, "%s: no other node with a data interface to ping" % head))
+            out.append(Finding(NAME, name, Status.SKIP, "%s: no other node with a data interface to ping" % head))
             continue
         size = entry["mtu"] - IP_ICMP_HEADERS if entry else None
         shown = peers[0] if len(peers) == 1 else "%d peers" % len(peers)
         message = "%s: %s-byte DF pings reach %s" % (head, size, shown)
         if name in blamed_on:
             message = "%s: path to %s failed, blamed on %s (the common end)" % (head, ", ".join(peers), blamed_on[name])
-        out.append(Finding(CHECK_NAME, name, Status.PASS, message, actual=str(entry["mtu"]) if entry else None))
+        out.append(Finding(NAME, name, Status.PASS, message, actual=str(entry["mtu"]) if entry else None))
     return out
 
 
@@ -377,7 +377,7 @@ def rule(view: ClusterView) -> List[Finding]:
 EXPECT_MTU = Setting("expect.mtu", "int", "the MTU every data interface has (else the cluster majority)", low=576, high=65536)
 
 CHECK = Check(
-    name=CHECK_NAME,
+    name=NAME,
     claim="The data interfaces share one MTU and full-size frames cross every tested path",
     why="A switch port or node left at MTU 1500 on a 9000 network passes small messages and silently drops "
     "large frames: rendezvous succeeds, then NCCL hangs on the first big collective.",

@@ -48,7 +48,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from preflight.common import nccl_list, nccl_selects
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
 
-CHECK_NAME = "nccl_env"
+NAME = "nccl_env"
 SYSTEM_CONF = "/etc/nccl.conf"
 USER_CONF = ".nccl.conf"
 CONF_ENV = "NCCL_CONF_FILE"
@@ -296,8 +296,8 @@ def rule(view: ClusterView) -> List[Finding]:
     versions = _nccl_versions(view)
     settings: Dict[str, Dict[str, Tuple[str, str]]] = {}
     malformed: Dict[str, List[str]] = {}
-    for name, facts in view.of(CHECK_NAME).items():
-        err = probe_error(CHECK_NAME, name, facts, listed=("files", "conf-file list"))
+    for name, facts in view.of(NAME).items():
+        err = probe_error(NAME, name, facts, listed=("files", "conf-file list"))
         if err:
             out.append(err)
             continue
@@ -324,7 +324,7 @@ def rule(view: ClusterView) -> List[Finding]:
                 contradicted.add((name, key))
                 problems[name].append(
                     Finding(
-                        CHECK_NAME,
+                        NAME,
                         name,
                         Status.FAIL,
                         "%s: %s=%s (%s) %s" % (name, key, value, where, why),
@@ -357,7 +357,7 @@ def rule(view: ClusterView) -> List[Finding]:
             shown = "%s unset" % key if value == UNSET else "%s=%s (%s)" % (key, value, where)
             problems[name].append(
                 Finding(
-                    CHECK_NAME,
+                    NAME,
                     name,
                     Status.FAIL if key in MUST_MATCH else Status.WARN,
                     "%s: %s differs from the other nodes (%s)" % (name, shown, basis),
@@ -370,13 +370,13 @@ def rule(view: ClusterView) -> List[Finding]:
     for name in nodes:
         node_out = problems[name]
         for text in malformed[name]:
-            node_out.append(Finding(CHECK_NAME, name, Status.WARN, "%s: conf line %s" % (name, text)))
+            node_out.append(Finding(NAME, name, Status.WARN, "%s: conf line %s" % (name, text)))
         if not node_out:
             mine = settings[name]
             listed = ", ".join("%s=%s (%s)" % (k, v, w) for k, (v, w) in sorted(mine.items()))
             node_out.append(
                 Finding(
-                    CHECK_NAME,
+                    NAME,
                     name,
                     Status.PASS,
                     ("%d NCCL variable%s, as on every node: %s" % (len(mine), "" if len(mine) == 1 else "s", listed))
@@ -390,7 +390,7 @@ def rule(view: ClusterView) -> List[Finding]:
 
 
 CHECK = Check(
-    name=CHECK_NAME,
+    name=NAME,
     claim="Every node gives a job the same NCCL_*/TORCH_NCCL_*/GLOO_* settings (environment, ~/.nccl.conf, "
     "/etc/nccl.conf), and none contradicts the env preflight recommends",
     why="NCCL reads these silently on every rank: one node whose /etc/nccl.conf still names the wrong "

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from preflight.common import fold, majority
 from preflight.model import Check, ClusterView, Finding, ParseError, Setting, Status, probe_error
 
-CHECK_NAME = "nic"
+NAME = "nic"
 
 # ----------------------------------------------------------------------------------------------- parse
 
@@ -175,8 +175,8 @@ def rule(view: ClusterView) -> List[Finding]:
 
     out: List[Finding] = []
     errors = set()
-    for name, facts in view.of(CHECK_NAME).items():
-        err = probe_error(CHECK_NAME, name, facts, listed=("interfaces", "interface list"))
+    for name, facts in view.of(NAME).items():
+        err = probe_error(NAME, name, facts, listed=("interfaces", "interface list"))
         if err:
             out.append(err)
             errors.add(name)
@@ -195,7 +195,7 @@ def rule(view: ClusterView) -> List[Finding]:
         if entry is None:
             out.append(
                 Finding(
-                    CHECK_NAME,
+                    NAME,
                     name,
                     Status.FAIL,
                     choice.missing.get(name, "no data interface") + skip_text,
@@ -204,15 +204,15 @@ def rule(view: ClusterView) -> List[Finding]:
                 )
             )
             continue
-        fault = None if entry["pinned"] else _fell_back(view, entry, view.facts[name][CHECK_NAME]["interfaces"])
+        fault = None if entry["pinned"] else _fell_back(view, entry, view.facts[name][NAME]["interfaces"])
         if fault is not None:
             others = [p for p in skipped if not fault[2].startswith(p[0] + " ")]  # the message names the down one
             skip_text = "; skipped " + ", ".join("%s (%s)" % p for p in others) if others else ""
-            out.append(Finding(CHECK_NAME, name, Status.FAIL, fault[0] + skip_text, expected=fault[1],
+            out.append(Finding(NAME, name, Status.FAIL, fault[0] + skip_text, expected=fault[1],
                                actual=fault[2], data=dict(entry)))
             continue
         message = describe(entry) + (" (pinned by data_interface)" if entry["pinned"] else "") + skip_text
-        out.append(Finding(CHECK_NAME, name, Status.PASS, message, actual=entry["iface"], data=dict(entry)))
+        out.append(Finding(NAME, name, Status.PASS, message, actual=entry["iface"], data=dict(entry)))
     if not choice.uniform:
         groups: Dict[str, List[str]] = {}
         for name, entry in choice.nodes.items():
@@ -220,7 +220,7 @@ def rule(view: ClusterView) -> List[Finding]:
         shown = " · ".join("%s on %s" % (iface, fold(ns)) for iface, ns in sorted(groups.items()))
         out.append(
             Finding(
-                CHECK_NAME,
+                NAME,
                 None,
                 Status.WARN,
                 "data interface names differ: %s; NCCL_SOCKET_IFNAME must list them all (%s)"
@@ -305,7 +305,7 @@ def _speed_drift(choice: Any) -> List[Finding]:
         split = " · ".join("%s on %s" % (speed_text(s), fold(known[s])) for s in sorted(known, reverse=True))
         return [
             Finding(
-                CHECK_NAME,
+                NAME,
                 None,
                 Status.WARN,
                 "data interface speeds split evenly with no majority: %s; the slowest link paces every collective"
@@ -322,7 +322,7 @@ def _speed_drift(choice: Any) -> List[Finding]:
             entry = choice.nodes[name]
             out.append(
                 Finding(
-                    CHECK_NAME,
+                    NAME,
                     name,
                     Status.WARN,
                     "%s %s runs at %s (%s: %s); the slowest link paces every collective"
@@ -338,7 +338,7 @@ def _speed_drift(choice: Any) -> List[Finding]:
 EXPECT_MTU = Setting("expect.mtu", "int", "the MTU every data interface has (else the cluster majority)", low=576, high=65536)
 
 CHECK = Check(
-    name=CHECK_NAME,
+    name=NAME,
     claim="Every node has an up data interface with an IPv4 address in a subnet all nodes share (a node checked "
     "alone: no data NIC down, at expect.mtu)",
     why="NCCL's bootstrap and gloo pick a socket interface; a wrong pick (docker0, a 1 GbE management port, "

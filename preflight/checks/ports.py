@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from preflight.common import fold, plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
 
-CHECK_NAME = "ports"
+NAME = "ports"
 DEFAULT_PORT = 29500
 WINDOW_S = 15.0
 RETRY_S = 10.0
@@ -401,11 +401,11 @@ def rule(view: ClusterView) -> List[Finding]:
     out: List[Finding] = []
     head = view.head.name
     port = int(view.cluster.get("master_port", DEFAULT_PORT))
-    facts = view.of(CHECK_NAME)
+    facts = view.of(NAME)
     head_facts = facts.get(head)
     head_ok = False
     if head in facts:
-        err = probe_error(CHECK_NAME, head, head_facts)
+        err = probe_error(NAME, head, head_facts)
         if err:
             out.append(err)
         elif head_facts.get("listening"):
@@ -415,7 +415,7 @@ def rule(view: ClusterView) -> List[Finding]:
     for name, f in facts.items():
         if name == head:
             continue
-        err = probe_error(CHECK_NAME, name, f)
+        err = probe_error(NAME, name, f)
         if err:
             out.append(err)
             continue
@@ -423,22 +423,22 @@ def rule(view: ClusterView) -> List[Finding]:
         if (
             head in facts
             and not head_ok
-            and not probe_error(CHECK_NAME, head, head_facts)
+            and not probe_error(NAME, head, head_facts)
         ):
             out.append(
                 Finding(
-                    CHECK_NAME, name, Status.ERROR, "not tested: the head %s could not listen on port %d" % (head, port)
+                    NAME, name, Status.ERROR, "not tested: the head %s could not listen on port %d" % (head, port)
                 )
             )
             continue
         if f.get("handshake"):
             out.append(
-                Finding(CHECK_NAME, name, Status.PASS, "connected to %s on %s (%s)" % (head, target, _attempts(f)))
+                Finding(NAME, name, Status.PASS, "connected to %s on %s (%s)" % (head, target, _attempts(f)))
             )
         elif f.get("connected"):
             out.append(
                 Finding(
-                    CHECK_NAME,
+                    NAME,
                     name,
                     Status.FAIL,
                     "%s → %s %s: connected, but %s" % (name, head, target, f.get("error") or "no preflight reply"),
@@ -449,7 +449,7 @@ def rule(view: ClusterView) -> List[Finding]:
         else:
             out.append(
                 Finding(
-                    CHECK_NAME,
+                    NAME,
                     name,
                     Status.FAIL,
                     "%s → %s %s: %s after %ss (%s)"
@@ -470,7 +470,7 @@ def rule(view: ClusterView) -> List[Finding]:
         names = sorted({p["name"] for p in peers if p.get("name")})
         out.append(
             Finding(
-                CHECK_NAME,
+                NAME,
                 head,
                 Status.PASS,
                 "listened on port %d; %s connected%s"
@@ -496,7 +496,7 @@ def _listen_failure(head: str, port: int, f: Dict[str, Any]) -> Finding:
     else:
         message = "%s: cannot listen on port %d: %s" % (head, port, f.get("error"))
     return Finding(
-        CHECK_NAME,
+        NAME,
         head,
         Status.FAIL,
         message,
@@ -507,7 +507,7 @@ def _listen_failure(head: str, port: int, f: Dict[str, Any]) -> Finding:
 
 
 CHECK = Check(
-    name=CHECK_NAME,
+    name=NAME,
     claim="The head node can listen on the rendezvous port and every node can connect to it",
     why="torchrun/TCPStore rendezvous needs the master port free on the head and reachable from every node; "
     "a stale process or a firewall makes the job hang at startup until its timeout.",

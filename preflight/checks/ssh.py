@@ -17,6 +17,7 @@ from preflight.model import Check, ClusterView, Finding, Status, probe_error
 
 MIN_PYTHON = (3, 8)
 #: Clock skew above this many seconds is a warning: NCCL/gloo timeouts and log correlation suffer.
+NAME = "ssh"
 MAX_SKEW_S = 1.0
 
 
@@ -66,9 +67,9 @@ def clock_offset(facts: Dict[str, Any]) -> Any:
 def rule(view: ClusterView) -> List[Finding]:
     out: List[Finding] = []
     for name, why in view.unreachable.items():
-        out.append(Finding("ssh", name, Status.FAIL, why, data={"unreachable": True}, action="isolate"))
-    for name, facts in view.of("ssh").items():
-        err = probe_error("ssh", name, facts)
+        out.append(Finding(NAME, name, Status.FAIL, why, data={"unreachable": True}, action="isolate"))
+    for name, facts in view.of(NAME).items():
+        err = probe_error(NAME, name, facts)
         if err:
             out.append(err)
             continue
@@ -77,7 +78,7 @@ def rule(view: ClusterView) -> List[Finding]:
         if version < MIN_PYTHON:
             out.append(
                 Finding(
-                    "ssh",
+                    NAME,
                     name,
                     Status.FAIL,
                     "python %s is too old for the probe" % shown,
@@ -90,7 +91,7 @@ def rule(view: ClusterView) -> List[Finding]:
         if skew is not None and abs(skew[0]) - skew[1] > MAX_SKEW_S:
             out.append(
                 Finding(
-                    "ssh",
+                    NAME,
                     name,
                     Status.WARN,
                     "clock is %+.1f s off the controller's (±%.2f s); run chrony/ntpd" % skew,
@@ -99,12 +100,12 @@ def rule(view: ClusterView) -> List[Finding]:
                 )
             )
             continue
-        out.append(Finding("ssh", name, Status.PASS, "reachable, python %s" % shown, actual=shown))
+        out.append(Finding(NAME, name, Status.PASS, "reachable, python %s" % shown, actual=shown))
     return out
 
 
 CHECK = Check(
-    name="ssh",
+    name=NAME,
     claim="Every node answers over SSH with a verified host key, runs python >= 3.8 and keeps time within 1 s",
     why="A node the launcher cannot reach, or whose clock drifts, stalls rendezvous and scrambles logs.",
     fix="Check sshd and the host key (ssh-keyscan HOST >> known_hosts after verifying it), the python "

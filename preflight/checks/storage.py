@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from preflight.model import Check, ClusterView, Finding, ParseError, Setting, Status, probe_error
 
-CHECK_NAME = "storage"
+NAME = "storage"
 TOKEN_FILE = ".preflight-shared-token"
 WRITE_PREFIX = ".preflight-write-"
 GiB = 1 << 30
@@ -180,7 +180,7 @@ def plan(view: ClusterView) -> Dict[str, Dict[str, Any]]:
     if not paths:
         return {}
     head = view.head.name
-    facts = view.facts.get(head, {}).get(CHECK_NAME)
+    facts = view.facts.get(head, {}).get(NAME)
     written = {t["path"]: t for t in (facts or {}).get("tokens") or [] if isinstance(t, dict) and t.get("path")}
     entries = [
         {"path": p, "token": (written.get(p) or {}).get("token"), "write_error": (written.get(p) or {}).get("error")}
@@ -221,14 +221,14 @@ def _problems(p: Mapping[str, Any], head: str, want_free: Optional[float]) -> Li
 def rule(view: ClusterView) -> List[Finding]:
     paths = list(view.cluster.get("shared_paths") or [])
     if not paths:
-        return [Finding(CHECK_NAME, n.name, Status.SKIP, "no cluster.shared_paths in the inventory") for n in view.live]
+        return [Finding(NAME, n.name, Status.SKIP, "no cluster.shared_paths in the inventory") for n in view.live]
     head = view.head.name
     want_free = view.expect.get("shared_free_gib")
     out: List[Finding] = []
-    for name, facts in view.of(CHECK_NAME).items():
-        err = probe_error(CHECK_NAME, name, facts)
+    for name, facts in view.of(NAME).items():
+        err = probe_error(NAME, name, facts)
         if err is None and (not isinstance(facts.get("paths"), list) or facts.get("phase") == 1):
-            err = Finding(CHECK_NAME, name, Status.ERROR, "no phase-2 storage facts (the network phase did not run here)")
+            err = Finding(NAME, name, Status.ERROR, "no phase-2 storage facts (the network phase did not run here)")
         if err is not None:
             out.append(err)
             continue
@@ -236,18 +236,18 @@ def rule(view: ClusterView) -> List[Finding]:
         for p in facts["paths"]:
             problems.extend(_problems(p, head, want_free))
         if problems:
-            out.append(Finding(CHECK_NAME, name, Status.FAIL, "%s: %s" % (name, "; ".join(problems)), data={"paths": facts["paths"]}))
+            out.append(Finding(NAME, name, Status.FAIL, "%s: %s" % (name, "; ".join(problems)), data={"paths": facts["paths"]}))
         else:
             shown = []
             for p in facts["paths"]:
                 m = p.get("mount") or {}
                 shown.append("%s (%s %s, %.1f GiB free)" % (p["path"], m.get("fstype", "?"), m.get("source", "?"), (p.get("free_bytes") or 0) / float(GiB)))
-            out.append(Finding(CHECK_NAME, name, Status.PASS, "shared with %s and writable: %s" % (head, ", ".join(shown))))
+            out.append(Finding(NAME, name, Status.PASS, "shared with %s and writable: %s" % (head, ", ".join(shown))))
     return out
 
 
 CHECK = Check(
-    name=CHECK_NAME,
+    name=NAME,
     claim="Every cluster.shared_paths entry is the same writable filesystem on every node (a token the head "
     "writes is read by all), with the free space expect.shared_free_gib asks for",
     why="A checkpoint or dataset path that is a local directory on one node (its NFS/Lustre mount failed) "
