@@ -983,3 +983,13 @@ def test_slurm_job_holding_some_gpus_on_the_nvidia_smi_path(tmp_path, monkeypatc
     monkeypatch.setenv("SLURM_JOB_GPUS", "0,1,2")
     facts = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
     assert by_status(run_rule(facts))[Status.FAIL] == ["2 GPUs visible (expected 8)"]
+
+
+def test_pending_page_retirement_is_a_reset_not_an_isolate():
+    """Pre-Ampere dynamic page retirement: the page is retired at the next reset; FAIL (it may be used until
+    then), action reset_gpu, not the check's isolate. The healthy twin (none pending) passes."""
+    facts = expected("p100_legacy_ecc_510")
+    assert [f.status for f in run_rule(facts, gpus_per_node=1)] == [Status.PASS]
+    facts["gpus"][0]["retired_pages_pending"] = True
+    assert _problems(run_rule(facts, gpus_per_node=1)) == [
+        (Status.FAIL, "GPU 0 (0000:04:00.0): page retirement pending (expected none): reset the GPU", "reset_gpu")]

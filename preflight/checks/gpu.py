@@ -153,11 +153,13 @@ def _confirm_hw_reasons(ctx: Any, facts: Dict[str, Any]) -> None:
 
 
 def _access(ctx: Any) -> Dict[str, Any]:
-    """What limits this process to some GPUs: the job's GPU variables and the process's cgroup."""
-    out: Dict[str, Any] = {k: os.environ[k] for k in ACCESS_VARIABLES if os.environ.get(k) is not None}
-    cgroup = ctx.read("/proc/self/cgroup")
-    if cgroup:
-        out["cgroup"] = cgroup.strip().splitlines()[-1].split(":", 2)[-1][:200]
+    """What limits this process to some GPUs: the job's GPU variables and the process's cgroup (the v1
+    devices controller's, else the v2 unified one: /proc/self/cgroup, cgroups(7))."""
+    out: Dict[str, Any] = {k: os.environ[k][:120] for k in ACCESS_VARIABLES if os.environ.get(k) is not None}
+    lines = [line.split(":", 2) for line in (ctx.read("/proc/self/cgroup") or "").splitlines() if line.count(":") >= 2]
+    chosen = [p for p in lines if "devices" in p[1].split(",")] or [p for p in lines if p[0] == "0"] or lines
+    if chosen:
+        out["cgroup"] = chosen[0][2][:200]
     return out
 
 
@@ -307,7 +309,9 @@ def gpu_problems(
         out.append((Status.WARN, "%s: row remapping pending (expected none): reset the GPU when it is idle "
                     "(nvidia-smi -r); running work is unaffected" % label, "no", "yes", "reset_gpu"))
     if gpu.get("retired_pages_pending"):
-        out.append((Status.FAIL, "%s: page retirement pending (expected none): reset the GPU" % label, "no", "yes"))
+        # pre-Ampere page retirement: the page is retired at the next reset/driver reload (NVIDIA's dynamic
+        # page retirement guide); until then it may be used again: drain and reset, no hardware to replace
+        out.append((Status.FAIL, "%s: page retirement pending (expected none): reset the GPU" % label, "no", "yes", "reset_gpu"))
     events = gpu.get("clock_events") or []
     hard = [e for e in HW_THROTTLE if e in events]
     if hard:

@@ -83,15 +83,13 @@ def bounded_nvml(fn: Callable[[], Any], what: str, budget: Optional[float] = Non
     started = time.monotonic()
     thread = threading.Thread(target=work, name="preflight-nvml", daemon=True)
     thread.start()
-    while True:
+    while thread.is_alive():
         now = time.monotonic()
         call, since = _LAST_CALL.get(thread.ident or 0) or ("NVML", started)
-        since = max(since, started)
+        since = max(since, started)  # an entry left by an earlier thread with the same ident
         wait = min(since + limit, started + total) - now
         if wait > 0:
             thread.join(min(wait, 0.5))
-            if not thread.is_alive():
-                break
             continue
         if now - since >= limit:
             why = "%s did not return within %g s (%s; driver wedged? check dmesg for Xid)" % (call, limit, what)
