@@ -20,7 +20,7 @@ import pytest
 
 from preflight.checks import driver, fabric_manager, gpu
 from preflight.model import ClusterView, NodeInfo, Status
-from preflight.probe import gpu_facts
+from preflight.probe import gpu_facts, nvidia_smi
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REAL = os.environ.get("PREFLIGHT_REALWORLD") or os.path.normpath(os.path.join(REPO, "..", "shared", "realworld"))
@@ -59,6 +59,10 @@ def check_xml(path: str) -> List[str]:
         bad.append("product names")
     if [g["uuid"] for g in facts["gpus"]] != _tag(text, "uuid")[: len(facts["gpus"])]:
         bad.append("uuids")
+    # the re-read parser (nvidia-smi -q -x -d PERFORMANCE) reads the same reasons as the full parser
+    by_bus = nvidia_smi.clock_events_by_bus(text)
+    if by_bus != {g["pci_bus_id"]: g["clock_events"] for g in facts["gpus"]}:
+        bad.append("clock_events_by_bus disagrees with parse_nvidia_smi_xml")
     header = driver.parse_smi_header(text)
     if header[0] != facts["driver_version"]:
         bad.append("driver.parse_smi_header disagrees on the driver version")
