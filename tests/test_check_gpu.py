@@ -963,10 +963,11 @@ def test_healthy_but_unusual_matrix_gives_no_fail(tmp_path, monkeypatch, no_nvml
         if os.path.exists(os.path.join(devices, bdf, "numa_node")):
             sim.write_sys("bus/pci/devices/%s/numa_node" % bdf, "-1\n")
     ctx = NodeContext(sysfs_root=sim.sys_dir)
-    facts = {"gpu": gpu.probe(ctx), "topology": topology.probe(ctx), "ssh": {"shm_bytes": 16 * GiB}}
+    facts = {"gpu": gpu.probe(ctx), "topology": topology.probe(ctx), "fabric_manager": fabric_manager.probe(ctx),
+             "ssh": {"shm_bytes": 16 * GiB}}
     assert facts["gpu"]["virtual"] and all(d["numa_node"] is None for d in facts["topology"]["devices"])
     vm = ClusterView([NodeInfo("gpu-001", "198.18.0.1", 8)], {"gpu-001": facts})
-    for check in (gpu, topology):
+    for check in (gpu, topology, fabric_manager):
         assert Status.FAIL not in [f.status for f in check.rule(vm)], check.NAME
 
 
