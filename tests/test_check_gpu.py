@@ -994,3 +994,18 @@ def test_pending_page_retirement_is_a_reset_not_an_isolate():
     facts["gpus"][0]["retired_pages_pending"] = True
     assert _problems(run_rule(facts, gpus_per_node=1)) == [
         (Status.FAIL, "GPU 0 (0000:04:00.0): page retirement pending (expected none): reset the GPU", "reset_gpu")]
+
+
+def test_a_query_this_user_may_not_make_is_not_a_gpu_fault():
+    """NO_PERMISSION on one query (a non-root run): said as unknown (WARN), never 'NVML failed' (FAIL,
+    isolate); any other error on the same query is still a FAIL."""
+    answers = nvml_answers()
+    answers["devices"][3]["nvmlDeviceGetRemappedRows"] = {"error": "NVML_ERROR_NO_PERMISSION"}
+    answers["devices"][4]["nvmlDeviceGetRemappedRows"] = {"error": "NVML_ERROR_UNKNOWN"}
+    facts = gpu_nvml.facts_from_nvml(FakeNVML(answers))
+    assert facts["gpus"][3]["query_errors"] == [] and facts["gpus"][3]["remapped_rows_pending"] is None
+    assert _problems(run_rule(facts)) == [
+        (Status.WARN, "GPU 3 (0000:5D:00.0): NVML nvmlDeviceGetRemappedRows: Insufficient Permissions to this user: "
+                      "that fact unknown (run preflight as root)", None),
+        (Status.FAIL, "GPU 4 (0000:9A:00.0): NVML nvmlDeviceGetRemappedRows failed: Unknown Error (expected an answer)", None),
+    ]

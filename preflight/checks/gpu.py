@@ -31,7 +31,8 @@ Rule (per node; gpus_per_node from the inventory; "the fleet" is every judged GP
 - per GPU, FAIL (action isolate): volatile uncorrectable ECC > 0, row-remap failure, retired pages
   pending, HW slowdown / HW thermal slowdown / HW power brake active in two samples (clocks cut by half
   or more: the straggler every all-reduce waits for), an NVML query error (GPU lost, corrupted infoROM,
-  unknown error: only NotSupported and FunctionNotFound mean "cannot say"), fewer NVLinks active than
+  unknown error: only NotSupported and FunctionNotFound mean "cannot say"; NoPermission on a query is a
+  WARN, the fact unknown to this user), fewer NVLinks active than
   the model has (H100/H200/B200 SXM 18, A100 SXM 12: see MODEL_NVLINKS; not on a VM, whose NVLinks are
   the hypervisor's to give) or than the node's other GPUs, including every link down; MIG enabled when
   the run has more than one GPU node (NCCL cannot use MIG instances for a multi-node job), naming the
@@ -278,6 +279,9 @@ def gpu_problems(
         return [(Status.FAIL, "%s: NVML cannot read this GPU: %s" % (label, gpu["error"]), "readable", gpu["error"])]
     for problem in gpu.get("query_errors") or []:
         out.append((Status.FAIL, "%s: %s (expected an answer)" % (label, problem), "an answer", problem))
+    for denied in gpu.get("query_denied") or []:
+        out.append((Status.WARN, "%s: %s to this user: that fact unknown (run preflight as root)" % (label, denied),
+                    "an answer", denied))
     if gpu.get("mig_enabled") and fleet is not None and fleet.multi_node:
         others = fleet.mig_others(node)
         out.append(

@@ -34,7 +34,10 @@ Facts schema (both sources produce the same one)::
       fabric {state "Completed"|"In Progress"|"Not Started", status "Success"|...,
               clique_id int|None, cluster_uuid str|None}|None,  (R535+; None: not supported)
       query_errors [str],                               (NVML queries that failed with anything but
-                                                         NotSupported / FunctionNotFound)
+                                                         NotSupported / FunctionNotFound / NoPermission)
+      [query_denied [str]],                             (NVML queries this user may not make)
+      [inaccessible str],                               (NVML: NO_PERMISSION opening the GPU: a cgroup
+                                                         or container keeps it from this process)
       error str|None                                     (NVML could not read this GPU at all, or a
                                                          call on it did not return)
     }

@@ -53,7 +53,8 @@ def wedged_facts(partial: Dict[str, Any], why: str, slow: bool = False) -> Dict[
     }
     if slow:
         facts["nvml_slow"] = why
-    if partial.get("open_s"):
+    opened = len(facts["gpus"]) + (1 if slow and current is not None else 0)
+    if partial.get("open_s", 0.0) >= SLOW_OPEN_S * max(1, opened):
         facts["nvml_open_s"] = round(partial["open_s"], 2)
     return facts
 
@@ -117,7 +118,6 @@ def facts_from_nvml(nvml: Any, partial: Optional[Dict[str, Any]] = None) -> Dict
     return facts
 
 
-
 class _Ask:
     """One GPU's NVML queries: NotSupported/FunctionNotFound give None; other errors are recorded."""
 
@@ -132,9 +132,16 @@ class _Ask:
         try:
             return fn(self.h, *args)
         except self.nvml.NVMLError as exc:
-            if not cannot_say(self.nvml, exc):
-                self.gpu["query_errors"].append("NVML %s failed: %s" % (name, exc))
+            self._record(name, exc)
             return None
+
+    def _record(self, name: str, exc: Exception) -> None:
+        """A failed query: a finding unless the driver cannot say; NO_PERMISSION (a query this user may not
+        make, e.g. outside root) is said apart, as it is no fault of the GPU."""
+        if getattr(exc, "value", None) == getattr(self.nvml, "NVML_ERROR_NO_PERMISSION", 4):
+            self.gpu.setdefault("query_denied", []).append("NVML %s: %s" % (name, exc))
+        elif not cannot_say(self.nvml, exc):
+            self.gpu["query_errors"].append("NVML %s failed: %s" % (name, exc))
 
     def first(self, *names: str) -> Any:
         """The first of several equivalent functions this driver has (newest first)."""
@@ -148,8 +155,7 @@ class _Ask:
             except self.nvml.NVMLError as exc:
                 if getattr(exc, "value", None) == getattr(self.nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13):
                     continue  # e.g. ClocksEventReasons on drivers before R535: try the older name
-                if not cannot_say(self.nvml, exc):
-                    self.gpu["query_errors"].append("NVML %s failed: %s" % (name, exc))
+                self._record(name, exc)
                 return None
         return None
 
