@@ -1009,3 +1009,20 @@ def test_a_query_this_user_may_not_make_is_not_a_gpu_fault():
                       "that fact unknown (run preflight as root)", None),
         (Status.FAIL, "GPU 4 (0000:9A:00.0): NVML nvmlDeviceGetRemappedRows failed: Unknown Error (expected an answer)", None),
     ]
+
+
+def test_driver_library_mismatch_is_a_reboot_not_an_isolate(tmp_path, monkeypatch, no_nvml):
+    """The driver was upgraded under a loaded kernel module: nvidia-smi cannot initialise NVML. The fix is a
+    reboot (the GPUs are fine): FAIL with action reboot. The twin, no GPU found by the driver, keeps isolate."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    smi = bindir / "nvidia-smi"
+    monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % bindir)
+    for said, rc, action in (("Failed to initialize NVML: Driver/library version mismatch", 18, "reboot"),
+                             ("No devices were found", 6, None)):
+        smi.write_text("#!/bin/sh\necho '%s'\nexit %d\n" % (said, rc))
+        smi.chmod(0o755)
+        facts = gpu.probe(NodeContext(sysfs_root=str(tmp_path)))
+        found = run_rule(facts)
+        assert [(f.status, f.action) for f in found] == [(Status.FAIL, action)], found
+        assert found[0].message.startswith("nvidia-smi failed (rc %d): %s (expected 8 GPUs)" % (rc, said))

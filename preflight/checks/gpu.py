@@ -81,6 +81,9 @@ MIN_SHM_BYTES = 1 << 30
 HW_THROTTLE = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 #: Reasons worth a warning: the driver is cooling the GPU down.
 SW_THROTTLE = ("sw_thermal_slowdown",)
+#: How nvidia-smi ("Failed to initialize NVML: Driver/library version mismatch") and NVML
+#: (NVML_ERROR_LIB_RM_VERSION_MISMATCH, nvmlErrorString) say the loaded kernel module is not the installed driver.
+VERSION_MISMATCH = ("Driver/library version mismatch", "NVML/RM version mismatch")
 
 
 # --------------------------------------------------------------------------------------------- probe
@@ -392,8 +395,13 @@ def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any, fleet: Optional[F
     name, expected = node.name, node.gpus_per_node
     fleet = fleet or _alone(node, facts)
     if facts.get("source") is None:
-        msg = "%s (expected %s)" % (facts.get("error") or "no NVIDIA driver answered", plural(expected, "GPU"))
-        return [Finding(NAME, name, Status.FAIL, msg, expected=str(expected), actual="0")]
+        error = facts.get("error") or "no NVIDIA driver answered"
+        msg = "%s (expected %s)" % (error, plural(expected, "GPU"))
+        # a driver upgraded under a loaded kernel module: the user-space library no longer matches it, and
+        # only reloading the module (a reboot) fixes it; the GPUs are not at fault
+        mismatch = any(words in error for words in VERSION_MISMATCH)
+        return [Finding(NAME, name, Status.FAIL, msg + ("; reboot to load the installed driver" if mismatch else ""),
+                        expected=str(expected), actual="0", action="reboot" if mismatch else None)]
     listed = facts.get("gpus") or []
     gpus = [g for g in listed if not g.get("inaccessible")]
     out: List[Finding] = _access_findings(name, facts, listed, gpus)
@@ -561,7 +569,8 @@ CHECK = Check(
     "pending (warn, action reset_gpu): reset the GPU when it is idle. Missing GPU or narrow PCIe link: check dmesg "
     "for Xid 79, reseat. HW slowdown (seen twice): check cooling and power (nvidia-smi -q -d PERFORMANCE). "
     "Persistence mode off or NVML slow: nvidia-smi -pm 1 or enable nvidia-persistenced. NVML did not return: "
-    "check dmesg for Xid, reset the GPU or reboot. /dev/shm: remount larger or run containers with --shm-size=16g "
+    "check dmesg for Xid, reset the GPU or reboot. Driver/library version mismatch (a driver upgraded under the "
+    "loaded module): reboot. /dev/shm: remount larger or run containers with --shm-size=16g "
     "(or --ipc=host). MIG: nvidia-smi -mig 0 and reset the GPU. 'NVML not used: pynvml': pip install "
     "'nvidia-ml-py>=12,<14' on the controller.",
     probe=probe,
