@@ -940,12 +940,12 @@ def test_node_without_a_usable_pynvml_warns(tmp_path, monkeypatch, no_nvml):
 
 def test_healthy_but_unusual_matrix_gives_no_fail(tmp_path, monkeypatch, no_nvml):
     """26 matrix: MIG on a single node, a PCIe node without NVSwitch or NVLink, a VM whose devices have
-    numa_node -1: no FAIL (hence no drain) from gpu, fabric_manager or topology."""
-    from preflight.checks import fabric_manager, topology
-    from tests.sim import pci_hw
+    numa_node -1: no FAIL or ERROR (hence no drain) from gpu, fabric_manager or topology."""
+    from preflight.checks import fabric_manager, gpudirect, topology
+    from tests.sim import ib_hw, pci_hw
 
     mig = gpu.parse_nvidia_smi_xml(read(os.path.join(FIX, "a100_mig_enabled.xml")))
-    assert Status.FAIL not in by_status(run_rule(mig, gpus_per_node=len(mig["gpus"])))
+    assert [f.message for f in run_rule(mig, gpus_per_node=len(mig["gpus"])) if f.status.is_problem] == []
     pcie = expected("h100_hgx_550")
     pcie["gpus"] = pcie["gpus"][:2]
     links = gpu.parse_nvlink_status(read(os.path.join(FIX, "h100_pcie_no_nvlink.nvlink.txt")))
@@ -957,6 +957,7 @@ def test_healthy_but_unusual_matrix_gives_no_fail(tmp_path, monkeypatch, no_nvml
     assert [f.status for f in gpu.rule(view)] == [Status.PASS]
     assert [f.status for f in fabric_manager.rule(view)] == [Status.SKIP]
     sim = _sim_node(tmp_path, monkeypatch)
+    ib_hw.install_hcas(sim, [{}] * 2)
     pci_hw.install_pcie(sim, vm=True)
     devices = os.path.join(sim.sys_dir, "bus", "pci", "devices")
     for bdf in os.listdir(devices):
@@ -964,11 +965,11 @@ def test_healthy_but_unusual_matrix_gives_no_fail(tmp_path, monkeypatch, no_nvml
             sim.write_sys("bus/pci/devices/%s/numa_node" % bdf, "-1\n")
     ctx = NodeContext(sysfs_root=sim.sys_dir)
     facts = {"gpu": gpu.probe(ctx), "topology": topology.probe(ctx), "fabric_manager": fabric_manager.probe(ctx),
-             "ssh": {"shm_bytes": 16 * GiB}}
+             "gpudirect": gpudirect.probe(ctx), "ssh": {"shm_bytes": 16 * GiB}}
     assert facts["gpu"]["virtual"] and all(d["numa_node"] is None for d in facts["topology"]["devices"])
     vm = ClusterView([NodeInfo("gpu-001", "198.18.0.1", 8)], {"gpu-001": facts})
-    for check in (gpu, topology, fabric_manager):
-        assert Status.FAIL not in [f.status for f in check.rule(vm)], check.NAME
+    for check in (gpu, topology, fabric_manager, gpudirect):  # fail or error would drain: neither
+        assert [f.message for f in check.rule(vm) if f.status.is_problem] == [], check.NAME
 
 
 def test_slurm_job_holding_some_gpus_on_the_nvidia_smi_path(tmp_path, monkeypatch, no_nvml):
