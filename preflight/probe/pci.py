@@ -12,8 +12,9 @@ probe context (ctx.sys_path / ctx.read / ctx.listdir), so a recorded sysfs tree 
     nvidia_gpus(ctx)    bus addresses of the NVIDIA GPUs (class 0x0300 VGA, 0x0302 3D controller)
     rdma_hcas(ctx)      (name, bus address or None) of every class/infiniband entry
     bridges(ctx, bdf)   the bridges above a device, root port first (its sysfs device path)
+    hypervisor(ctx)     why the node looks like a VM (/sys/hypervisor/type, DMI vendor/product), or None
 
-Used by the pcie, topology and gpudirect probes. Sources: the kernel's sysfs-bus-pci ABI (vendor, class
+Used by the pcie, topology, gpudirect and gpu probes. Sources: the kernel's sysfs-bus-pci ABI (vendor, class
 as 0xCCSSPP) and the PCI class codes.
 """
 
