@@ -25,29 +25,30 @@ also set for an instant during clock and P-state changes.
 Rule (per node; gpus_per_node from the inventory; "the fleet" is every judged GPU node of the run):
 
 - gpus_per_node 0: SKIP (CPU-only node).
-- no driver answered, or fewer GPUs than expected: FAIL; more than expected: WARN (fix the inventory).
-  GPUs the driver counts that this process may not open, or that a slow NVML did not get to, are not
-  missing; inside a Slurm job, the GPUs SLURM_JOB_GPUS lists are all nvidia-smi can see.
-- per GPU, FAIL (action isolate): volatile uncorrectable ECC > 0, row-remap failure, retired pages
-  pending, HW slowdown / HW thermal slowdown / HW power brake active in two samples (clocks cut by half
-  or more: the straggler every all-reduce waits for), an NVML query error (GPU lost, corrupted infoROM,
-  unknown error: only NotSupported and FunctionNotFound mean "cannot say"; NoPermission on a query is a
-  WARN, the fact unknown to this user), fewer NVLinks active than
-  the model has (H100/H200/B200 SXM 18, A100 SXM 12: see MODEL_NVLINKS; not on a VM, whose NVLinks are
-  the hypervisor's to give) or than the node's other GPUs, including every link down; MIG enabled when
-  the run has more than one GPU node (NCCL cannot use MIG instances for a multi-node job), naming the
-  nodes whose MIG mode differs.
+- no driver answered, or fewer GPUs than expected: FAIL (action reboot when the driver says its library
+  and kernel module differ: a driver upgraded under the loaded module); more than expected: WARN (fix
+  the inventory). GPUs the driver counts that this process may not open, or that a slow NVML did not get
+  to, are not missing; inside a Slurm job, the GPUs SLURM_JOB_GPUS lists are all nvidia-smi can see.
+- per GPU, FAIL (action isolate): volatile uncorrectable ECC > 0, row-remap failure, HW slowdown / HW
+  thermal slowdown / HW power brake active in two samples (clocks cut by half or more: the straggler
+  every all-reduce waits for), an NVML query error (GPU lost, corrupted infoROM, unknown error: only
+  NotSupported and FunctionNotFound mean "cannot say"; NoPermission on a query is a WARN, the fact
+  unknown to this user), fewer NVLinks active than the model has (H100/H200/B200 SXM 18, A100 SXM 12:
+  see MODEL_NVLINKS; not on a VM, whose NVLinks are the hypervisor's to give) or than the node's other
+  GPUs, including every link down; MIG enabled when the run has more than one GPU node (NCCL cannot use
+  MIG instances for a multi-node job), naming the nodes whose MIG mode differs.
+- per GPU, FAIL with action reset_gpu: retired pages pending (pre-Ampere: retired at the next reset).
 - per GPU, WARN with action reset_gpu: row remap pending (NVIDIA: the remap takes effect at the next
   reset and running work is unaffected; reset when convenient, no drain).
-- per GPU, WARN: SW thermal slowdown active; ECC enabled but the volatile counters unreadable (N/A
-  under MIG); PCIe width below both its max and the width the fleet's GPUs of the same model train at
-  (an x8 slot every A10G/T4 node shares is the platform, said in the PASS message, not a warning),
-  only for GPUs the topology check did not read from sysfs in this run (topology owns the link width
-  and FAILs it against the slot and the fleet; see topology_links);
-  persistence mode off where the fleet's majority has it on or where opening the GPUs was measurably
-  slow (naming nvidia-smi -pm 1 / nvidia-persistenced), ECC disabled where the fleet's majority has it
-  enabled (otherwise said in the PASS message: the cloud images' default is not a fault). A PCIe *generation* below max alone
-  is not reported: idle GPUs downshift the link to save power.
+- per GPU, WARN: SW thermal slowdown active; ECC enabled but the volatile counters unreadable (N/A under
+  MIG); PCIe width below both its max and the width the fleet's GPUs of the same model train at (an x8
+  slot every A10G/T4 node shares is the platform, said in the PASS message, not a warning), only for
+  GPUs the topology check did not read from sysfs in this run (topology owns the link width and FAILs it
+  against the slot and the fleet; see topology_links); persistence mode off where the fleet's majority
+  has it on or where opening the GPUs was measurably slow (naming nvidia-smi -pm 1 or
+  nvidia-persistenced), ECC disabled where the fleet's majority has it enabled (otherwise said in the PASS
+  message: the cloud images' default is not a fault). A PCIe *generation* below max alone is not
+  reported: idle GPUs downshift the link to save power.
 - per node, WARN: nvidia-smi nvlink --status lines not understood (named; the rest is judged); NVML slow
   (GPUs not read named); no GPU accessible to this process; NVML not used because the node's pynvml is
   not nvidia-ml-py's (the controller shipped none).
