@@ -8,7 +8,8 @@ import paramiko
 from paramiko.hostkeys import HostKeys
 
 from preflight.inventory import NodeSpec
-from preflight.transport.ssh import KnownHosts, LocalSession, fingerprint
+from preflight.transport.known_hosts import KnownHosts, fingerprint
+from preflight.transport.local import LocalSession
 
 
 def test_known_hosts_plain_hashed_and_port_entries(tmp_path):
