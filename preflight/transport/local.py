@@ -5,6 +5,7 @@ The same wire protocol as over SSH (bundle.py), in a process group of its own th
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
@@ -17,9 +18,15 @@ from preflight.inventory import NodeSpec
 from preflight.transport import bundle
 from preflight.transport.contract import NodeFailure, RunResult, Session
 
+log = logging.getLogger(__name__)
+
 
 class LocalSession(Session):
     """Runs the bundle on this machine with the same protocol, in its own process group."""
+
+    #: how long a process whose result arrived may take to exit (a thread stuck in an uninterruptible
+    #: driver call keeps it alive: its result counts, then its group is killed), as over SSH
+    DRAIN_S = 2.0
 
     def __init__(self, spec: NodeSpec) -> None:
         self.spec = spec
@@ -50,9 +57,18 @@ class LocalSession(Session):
         proc.stdin.flush()
         streams = {proc.stdout.fileno(): run.feed, proc.stderr.fileno(): run.err.extend}
         end = started + deadline_s
+        result_at: Optional[float] = None
         try:
             while streams:
+                if result_at is None and run.has_result():  # answered: from here it has DRAIN_S to exit
+                    result_at = time.monotonic()
+                    end = min(end, result_at + self.DRAIN_S)
                 remaining = end - time.monotonic()
+                if remaining <= 0 and result_at is not None:
+                    log.warning("result received, but process %d has not exited %g s later (a thread stuck in "
+                                "the kernel?); killing its process group", proc.pid, self.DRAIN_S)
+                    self._killpg(proc, wait_s=self.DRAIN_S)
+                    return run.finish(proc.poll(), sent_at, started)
                 if remaining <= 0:
                     self._killpg(proc)
                     raise NodeFailure("timeout", "timed out: no answer within %g s; killed the process group" % deadline_s)
@@ -63,7 +79,10 @@ class LocalSession(Session):
                         streams[fd](data)
                     else:
                         del streams[fd]
-            rc = proc.wait()
+            rc = proc.wait(max(0.1, end - time.monotonic())) if result_at is not None else proc.wait()
+        except subprocess.TimeoutExpired:  # its output closed, yet it does not exit: its result counts
+            self._killpg(proc, wait_s=self.DRAIN_S)
+            rc = proc.poll()
         finally:
             self._proc = None
             for stream in (proc.stdin, proc.stdout, proc.stderr):
@@ -71,12 +90,16 @@ class LocalSession(Session):
         return run.finish(rc, sent_at, started)
 
     @staticmethod
-    def _killpg(proc: subprocess.Popen) -> None:
+    def _killpg(proc: subprocess.Popen, wait_s: Optional[float] = None) -> None:
+        """SIGKILL the process group; wait for the process (at most wait_s: one stuck in the kernel never ends)."""
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             return
-        proc.wait()
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            log.warning("process %d did not end %g s after SIGKILL (stuck in the kernel); left to the kernel", proc.pid, wait_s)
 
     def cancel(self) -> None:
         proc = self._proc

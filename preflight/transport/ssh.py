@@ -34,7 +34,9 @@ class SSHSession(Session):
     #: how long the kill command (kill -TERM, 0.5 s, kill -KILL) may take beyond the connect timeout
     KILL_WAIT_S = 3.0
     #: how long output may keep coming after the exit status (a background job of the node's shell rc
-    #: that holds stdout open would otherwise keep the run waiting forever)
+    #: that holds stdout open would otherwise keep the run waiting forever), and how long a process
+    #: whose result arrived may take to exit (a thread stuck in an uninterruptible driver call keeps it
+    #: alive: its result counts, then its group is killed)
     DRAIN_S = 2.0
     #: after Ctrl-C, how long a run just started may take to send its pid line (then it is killed)
     PID_WAIT_S = 3.0
@@ -188,6 +190,8 @@ class SSHSession(Session):
         end = started + deadline_s
         cancel_at: Optional[float] = None
         keep = False
+        stuck = False  # the result arrived but the process does not exit
+        result_at: Optional[float] = None
         try:
             while True:
                 if run.pid is not None and self._pid is None:
@@ -201,6 +205,14 @@ class SSHSession(Session):
                     else:
                         self._kill_once(run.pid)
                         raise NodeFailure("cancelled", "interrupted; killed the remote process group")
+                if run.has_result() and not then:
+                    if result_at is None:  # the node answered: from here it has DRAIN_S to exit
+                        result_at = time.monotonic()
+                        end = min(end, result_at + self.DRAIN_S)
+                        remaining = end - result_at
+                    if remaining <= 0:
+                        stuck = True  # its result counts all the same
+                        break
                 if remaining <= 0:
                     self._kill(run.pid)
                     if self.kill_hung:
@@ -226,6 +238,11 @@ class SSHSession(Session):
                     break
             if keep:
                 self._kept = (chan, run.pid)
+                return run.finish(None, sent_at, started)
+            if stuck:
+                log.warning("%s: result received, but the process has not exited %g s later (a thread stuck in "
+                            "the kernel?); killing process group %s", self.spec.name, self.DRAIN_S, run.pid)
+                self._kill(run.pid)
                 return run.finish(None, sent_at, started)
             rc = chan.recv_exit_status() if chan.exit_status_ready() else None
             # drain what is left after the exit status, within a bound: a background job started by the
