@@ -9,6 +9,7 @@ same document; the rest is named as damage, never a wrong document and never a c
 
 from __future__ import annotations
 
+import base64
 import os
 import random
 import signal
@@ -21,12 +22,12 @@ from preflight.transport import bundle
 
 
 def kernel_log(size: int, seed: int = 7) -> str:
-    """A journalctl -k -o short-monotonic text of about `size` bytes whose messages do not compress well."""
+    """A journalctl -k -o short-monotonic text of about `size` bytes whose messages do not compress (random base64)."""
     rng = random.Random(seed)
     lines, total, ts = [], 0, 1.0
     while total < size:
         ts += rng.random()
-        line = "[%12.6f] node07 kernel: usb 1-1: serial %s\n" % (ts, "%032x" % rng.getrandbits(128) * 3)
+        line = "[%12.6f] node07 kernel: usb 1-1: serial %s\n" % (ts, base64.b64encode(rng.getrandbits(576).to_bytes(72, "little")).decode())
         lines.append(line)
         total += len(line)
     return "".join(lines)
