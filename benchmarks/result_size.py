@@ -92,10 +92,10 @@ def main() -> int:
                             times[name].append(time.monotonic() - started)
                             if outcome.failure is not None or hashlib.sha256(captured(outcome.result).encode()).hexdigest() != want:
                                 failed += 1
-                                print("  %s %.0f MB: %s" % (name, size, outcome.failure or "log came back changed"))
+                                print("  %s %.1f MB: %s" % (name, size, outcome.failure or "log came back changed"))
                     ssh_s, srun_s = statistics.median(times["ssh"]), statistics.median(times["srun"])
                     rows.append((size, ssh_s, srun_s))
-                    print("%5.0f MB result   ssh %6.2f s   srun %6.2f s   srun/ssh %.2f" % (size, ssh_s, srun_s, srun_s / ssh_s), flush=True)
+                    print("%5.1f MB result   ssh %6.2f s   srun %6.2f s   srun/ssh %.2f" % (size, ssh_s, srun_s, srun_s / ssh_s), flush=True)
             finally:
                 ssh.close()
                 srun.close()
@@ -145,7 +145,7 @@ def reader_alone(sizes) -> None:
                 reader.feed(piece)
             spent = time.process_time() - started
             assert reader.result is not None
-            print("reader alone, %5.0f MB result, fed as %-4s: %5.2f CPU s (%.3f s per MB; %.1f MB on the wire)"
+            print("reader alone, %5.1f MB result, fed as %-4s: %5.2f CPU s (%.3f s per MB; %.1f MB on the wire)"
                   % (size, name, spent, spent / size, len(out) / 1e6))
 
 
