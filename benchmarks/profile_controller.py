@@ -51,7 +51,7 @@ AREAS: List[Tuple[str, str]] = [
     ("fabric Connection setup", r"fabric/connection\.py"),
     ("inventory load (yaml)", r"yaml/|preflight/inventory\.py"),
     ("rules / judge", r"preflight/checks/|preflight/engine\.py:\d+\)$|preflight/model\.py"),
-    ("gather / transport loop", r"preflight/(gather|transport)\.py"),
+    ("gather / transport loop", r"preflight/transport/(fleet|ssh|local|bundle)\.py"),
     ("threading / futures", r"threading\.py|concurrent/futures"),
     ("imports", r"<frozen importlib|importlib/"),
 ]
@@ -107,11 +107,11 @@ sys.exit(rc)
 WATCH = [
     ("preflight/transport/bundle.py", "base_zip"), ("preflight/transport/bundle.py", "stdin_payload"),
     ("paramiko/hostkeys.py", "load"), ("paramiko/hostkeys.py", "check"), ("paramiko/hostkeys.py", "lookup"),
-    ("preflight/transport/ssh.py", "_fabric_config"), ("invoke/config.py", "clone"),
+    ("preflight/transport/ssh_config.py", "fabric_config"), ("invoke/config.py", "clone"),
     ("preflight/transport/ssh.py", "_connection"), ("preflight/transport/ssh.py", "open"),
     ("paramiko/transport.py", "_negotiate_keys"), ("paramiko/client.py", "connect"),
     ("paramiko/auth_handler.py", "_parse_userauth_info_request"), ("paramiko/pkey.py", "from_private_key_file"),
-    ("paramiko/client.py", "_auth"), ("preflight/transport/ssh.py", "run_bundle"), ("preflight/transport/ssh.py", "feed"),
+    ("paramiko/client.py", "_auth"), ("preflight/transport/ssh.py", "run_bundle"), ("preflight/transport/bundle.py", "feed"),
     ("preflight/transport/bundle.py", "parse_output"), ("preflight/engine.py", "judge"), ("preflight/output/report.py", "render"),
     ("preflight/output/report.py", "to_json"), ("preflight/inventory.py", "load"),
 ]

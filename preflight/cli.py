@@ -361,11 +361,11 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
         _check_capture_dir(args.capture)
     _check_output_paths(args)
     if not getattr(args, "slurm", False) and any(not s.local for s in inv.nodes):
-        from preflight.transport import ssh as transport
+        from preflight.transport import ssh_config
 
         try:
-            transport.load_ssh_configs(s.ssh_config for s in inv.nodes if not s.local)
-        except transport.SSHConfigError as exc:
+            ssh_config.load_ssh_configs(s.ssh_config for s in inv.nodes if not s.local)
+        except ssh_config.SSHConfigError as exc:
             raise UsageError(str(exc), "fix the ssh_config (preflight reads it as OpenSSH does, Include included)") from None
     if getattr(args, "hostfile", None):
         _check_hostfile_names(inv, args.hostfile_format)

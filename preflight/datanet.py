@@ -41,6 +41,8 @@ from preflight.model import ClusterView, probe_error
 
 #: The check whose facts (the node's interfaces) the choice reads.
 CHECK_NAME = "nic"
+#: Its name on the view (ClusterView.derived)
+DERIVED = "datanet"
 
 #: Interface-name prefixes that never carry the data network, with the reason shown in the report.
 #: Interface-name prefixes that never carry the data network, with the reason shown in the report.
@@ -207,6 +209,17 @@ def _mgmt_ips(view: ClusterView, name: str, facts: Dict[str, Any]) -> set:
     except ValueError:
         pass
     return ips
+
+
+def of(view: ClusterView) -> Choice:
+    """The data-network choice carried on the view: choose(view) once, on first use (ClusterView.derive).
+
+    Every reader (the nic, mtu, ports and nccl_env rules and plans, the env file, the bench launcher)
+    calls this, never choose(): the engine derives it once after phase 1 (it reads only phase-1 facts:
+    nic interfaces, the ssh check's connection address, inventory settings) and carries it into the
+    later views.
+    """
+    return view.derive(DERIVED, choose)
 
 
 def choose(view: ClusterView) -> Choice:

@@ -18,7 +18,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from preflight import checks as catalogue
 from preflight.errors import UsageError
-from preflight.transport.fleet import Fleet, Outcome, Progress
+from preflight.transport.contract import Outcome, Progress
+from preflight.transport.fleet import Fleet
 from preflight.inventory import Inventory, NodeSpec
 from preflight.model import ClusterView, Finding, NodeInfo, Status, with_action
 
@@ -136,8 +137,18 @@ def _absorb(view_facts: Dict[str, Dict[str, Any]], outcomes: Dict[str, Outcome],
     return failed
 
 
+def _derive(view: ClusterView) -> Dict[str, Any]:
+    """The facts derived from every node's phase-1 facts, once (ClusterView.derive): the data-network
+    choice that phase 2's plans, the nic/mtu/ports/nccl_env rules, the env file and the bench read.
+    Later phases add facts of other checks only, so the later views carry these values unchanged."""
+    from preflight import datanet
+
+    datanet.of(view)
+    return view.derived
+
+
 def open_fleet(inv: Inventory, opts: Options) -> Any:
-    """The transport for this inventory: SSH fan-out (gather.Fleet) or srun steps (slurm.SlurmFleet)."""
+    """The transport for this inventory (a contract.Fleet): SSH/local fan-out (transport.fleet.Fleet) or srun steps (slurm.fleet.SlurmFleet)."""
     if inv.transport == "slurm":
         from preflight.slurm import fleet as slurm
 
@@ -180,6 +191,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
         times["phase1_s"] = time.monotonic() - t0
 
         view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
+        derived = _derive(view)
         if phase2 and view.live:
             t0 = time.monotonic()
             plans = {name: checks[name].plan(view) if checks[name].plan else {} for name in phase2}
@@ -195,7 +207,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
                     facts[name][check] = {"probe_error": "network probe run failed: %s" % why}
             times["phase2_s"] = time.monotonic() - t0
 
-        view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
+        view = ClusterView(infos, facts, inv.expect, cluster, unreachable, derived)
         # The node checks' verdicts are final here (a cross-node test only adds its own facts): judge them once.
         findings = judge(view, [n for n in selected if n not in crossnode])
         if crossnode or opts.gather_also:
@@ -216,7 +228,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
             times[check + "_s"] = time.monotonic() - t0
         transport = fleet.describe()
 
-    view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
+    view = ClusterView(infos, facts, inv.expect, cluster, unreachable, derived)
     if env is not None:
         findings.extend(with_action(f, "fix_config") for f in env.refused)
     for check in crossnode:

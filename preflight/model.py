@@ -144,12 +144,14 @@ class ClusterView:
         expect: Optional[Mapping[str, Any]] = None,
         cluster: Optional[Mapping[str, Any]] = None,
         unreachable: Optional[Mapping[str, str]] = None,
+        derived: Optional[Mapping[str, Any]] = None,
     ) -> None:
         self.nodes = list(nodes)
         self.facts = {name: dict(f) for name, f in facts.items()}
         self.expect = dict(expect or {})
         self.cluster = dict(cluster or {})
         self.unreachable = dict(unreachable or {})
+        self.derived: Dict[str, Any] = dict(derived or {})  # see derive()
         self._by_name = {n.name: n for n in self.nodes}
 
     @property
@@ -170,6 +172,17 @@ class ClusterView:
     def of(self, check: str) -> Dict[str, Any]:
         """{node name: that check's raw facts} for every live node (a missing entry maps to None)."""
         return {n.name: self.facts[n.name].get(check) for n in self.live}
+
+    def derive(self, name: str, compute: Callable[["ClusterView"], Any]) -> Any:
+        """A fact derived from every node's facts, computed once and carried on the view: compute(view)
+        on first use, the stored value after (`derived[name]`). What several rules, the env file and the
+        bench read (the data-network choice: preflight.datanet.of) is derived here, never recomputed.
+        The engine computes them right after gathering and hands them to the later phases' views
+        (ClusterView(..., derived=...)), so a value must only depend on facts later phases do not change.
+        """
+        if name not in self.derived:
+            self.derived[name] = compute(self)
+        return self.derived[name]
 
 
 ProbeFn = Callable[[Any], Dict[str, Any]]

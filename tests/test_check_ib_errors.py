@@ -123,7 +123,7 @@ def _log_facts(name="journalctl_hgx_link_flaps.txt", uptime=9200.0, text=None):
     if text is None:
         with open(os.path.join(FIXTURES, name)) as fh:
             text = fh.read()
-    log = dict(ib_errors.parse_link_events(text, "journalctl"), source="journalctl", error=None)
+    log = dict(ib_errors.parse_link_events(text, "journalctl", HCA_PCI), source="journalctl", error=None)
     ports = [dict(_port(hca=h)) for h in sorted(HCA_PCI)]
     return {"interval_s": 1.0, "at": 1000.0, "ports": ports, "hca_pci": HCA_PCI, "uptime_s": uptime, "kernel_log": log}
 
@@ -210,8 +210,24 @@ def test_probe_maps_pci_to_hca_and_reads_the_log_once_for_xid_too(tmp_path, monk
     xfacts = xid.probe(NodeContext({}, sysfs_root=str(sysfs), shared=shared))
     assert calls.read_text().count("x") == 1  # one journalctl for both checks
     assert facts["hca_pci"] == {"mlx5_0": "0000:1a:00.0", "mlx5_1": "0000:3c:00.0"}
-    assert facts["kernel_log"]["source"] == "journalctl" and len(facts["kernel_log"]["events"]) == 13
+    assert facts["kernel_log"]["source"] == "journalctl" and sum(e["count"] for e in facts["kernel_log"]["events"]) == 13
     assert xfacts["source"] == "journalctl" and xfacts["log"]["lines"] == 16
     # a separate run (its own Shared) reads the log again
     ib_errors.probe(NodeContext({"interval_s": 0.01}, sysfs_root=str(sysfs)))
     assert calls.read_text().count("x") == 2
+
+
+def test_a_port_flapping_all_day_is_folded_on_the_node():
+    """Issue 26 item 12: link events are folded per port and state; the flaps are still counted after an up."""
+    import json
+
+    boot = "[   15.1] h kernel: mlx5_core 0000:3c:00.0 mlx5_1: Port: 1 Link DOWN\n"  # bring-up: not a flap
+    flap = "[ %d.5] h kernel: mlx5_core 0000:3c:00.0 mlx5_1: Port: 1 Link ACTIVE\n[ %d.9] h kernel: mlx5_core 0000:3c:00.0 mlx5_1: Port: 1 Link DOWN\n"
+    text = boot + "".join(flap % (t, t) for t in range(100, 100 + 20000))
+    log = ib_errors.parse_link_events(text, "journalctl", HCA_PCI)
+    assert len(json.dumps(log)) < 8 * 1024 and log["lines"] == 40001
+    down = [e for e in log["events"] if e["state"] == "DOWN"]
+    assert sorted((e["after_up"], e["count"]) for e in down) == [(False, 1), (True, 20000)]
+    facts = dict(_log_facts(text=text, uptime=30000.0))
+    f = _rule(facts)
+    assert f.status is Status.FAIL and "mlx5_1 port 1: link went down 20000 times since boot" in f.message

@@ -8,6 +8,7 @@ import pytest
 
 from preflight.checks import xid
 from preflight.model import ClusterView, NodeInfo, Status
+from preflight.probe import kernlog
 from preflight.probe.context import NodeContext
 
 
@@ -75,7 +76,7 @@ def _view(events_by_node, uptime=1000.0, window=None, gpus=8):
     nodes = [NodeInfo(n, n, gpus) for n in events_by_node]
     facts = {}
     for n, events in events_by_node.items():
-        log = None if events is None else {"lines": 500, "first_ts": 0.0, "events": events, "unparsed": []}
+        log = None if events is None else {"lines": 500, "first_ts": 0.0, "events": kernlog.fold(events, xid.FOLD_KEY), "unparsed": []}
         facts[n] = {
             "xid": {"nvidia": True, "source": "journalctl" if log else None, "log_error": None if log else "journalctl -k: rc 1",
                     "uptime_s": uptime, "log": log},
@@ -142,3 +143,42 @@ def test_rule_pass_says_when_the_log_does_not_reach_back_to_boot():
     view.facts["n1"]["xid"]["log"]["first_ts"] = 96400.0
     out = xid.rule(view)
     assert out[0].status is Status.PASS and "; the log only covers the last 60 min" in out[0].message
+
+
+# ------------------------------------------------------------------------- a long log: facts folded on the node
+
+
+def _xid_log(lines, gpus=8, codes=(79, 48, 13)):
+    """`lines` Xid lines (journalctl -o short-monotonic), GPUs and codes in turn, one every 0.01 s from 10 s."""
+    return "[    0.000000] n1 kernel: Linux version 5.15.0-105-generic\n" + "".join(
+        "[%12.6f] n1 kernel: NVRM: Xid (PCI:0000:%02x:00): %d, pid=%d, name=python, Ch 00000008\n"
+        % (10 + i / 100.0, 0x18 + 0x11 * (i % gpus), codes[(i // gpus) % len(codes)], i) for i in range(lines))
+
+
+def test_facts_do_not_grow_with_the_log():
+    """Issue 26 item 12: one event per line made 200k Xid lines 43 MB of facts (1M: the node timed out)."""
+    import json
+
+    facts = xid.parse_kernel_log(_xid_log(200000), "journalctl")
+    assert len(json.dumps(facts)) < 64 * 1024
+    assert facts["lines"] == 200001 and sum(e["count"] for e in facts["events"]) == 200000
+    assert len(facts["events"]) == 8 * 3  # one entry per (GPU, code)
+    first = facts["events"][0]
+    assert (first["pci"], first["code"], first["first_ts"]) == ("0000:18:00", 79, 10.0)
+    assert first["last_ts"] == first["recent"][-1] and len(first["recent"]) == kernlog.RECENT
+    view = _view({"n1": []}, uptime=3000.0)
+    view.facts["n1"]["xid"]["log"] = facts
+    out = xid.rule(view)
+    assert any("n1 GPU at 0000:18:00 (not listed by the driver now): Xid 79 ×%d since boot" % first["count"] in f.message
+               and f.action == "reboot" for f in out)
+
+
+def test_window_counts_the_folded_events_inside_it():
+    """A folded entry keeps its last RECENT stamps: a window counts those inside it, exactly up to RECENT."""
+    events = [_event(79, ts=float(t)) for t in range(100, 10001, 100)]  # one every 100 s
+    out = xid.rule(_view({"n1": events}, uptime=10000.0, window=550))
+    assert "Xid 79 ×6 in the last 9 min" in out[0].message  # 9500..10000: six, the older 94 left out
+    out = xid.rule(_view({"n1": events}, uptime=10000.0, window=5000))
+    assert "Xid 79 ×%d+ in the last" % kernlog.RECENT in out[0].message  # only a lower bound is known
+    out = xid.rule(_view({"n1": events}, uptime=10000.0, window=20000))
+    assert "Xid 79 ×100 in the last" in out[0].message  # the first one is inside: all of them

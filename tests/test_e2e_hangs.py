@@ -167,3 +167,21 @@ def test_connection_dropping_mid_result_line_is_that_nodes_failure(sim_cluster):
     assert rc == 1 and ssh["n001"]["status"] == "pass"
     assert ssh["n002"]["status"] in ("fail", "error"), ssh["n002"]
     assert cluster.leftover_processes() == {}
+
+
+def test_result_that_arrived_counts_when_the_process_cannot_exit(sim_cluster):
+    """Issue 26 item 8: a thread stuck in an uninterruptible driver call keeps the process (and its output)
+    alive after the result was printed. The node answered: its result counts, it is not a timeout.
+
+    The stuck process is the node's interpreter wrapped (the inventory's `python`): after the bundle's
+    process printed its result, its process does not end and ignores SIGTERM, holding the channel open.
+    """
+    cluster = sim_cluster(2)
+    stuck = cluster.node(2).install_executable(
+        "python3-stuck", "#!/bin/sh\ntrap '' TERM\npython3 \"$@\"\nexec sleep 600\n")
+    inv = cluster.inventory(command_timeout=8, connect_timeout=5, node_overrides={"n002": {"python": stuck}})
+    rc, doc, err = preflight(cluster, "check", inv, "--only", "ssh", "--json", "-", "--no-progress", timeout=60)
+    ssh = ssh_results(doc)
+    assert ssh["n002"]["status"] == "pass", ssh["n002"]
+    assert rc == 0, err
+    assert cluster.leftover_processes() == {}  # the process that would not exit was killed with its group

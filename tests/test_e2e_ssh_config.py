@@ -8,7 +8,7 @@ import os
 import sys
 
 from preflight import cli
-from preflight.transport.ssh import read_ssh_config
+from preflight.transport.ssh_config import read_ssh_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

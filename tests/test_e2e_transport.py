@@ -118,7 +118,8 @@ def test_unreachable_node_checks_are_errors_not_passes(sim_cluster):
 def test_in_process_session_deadline_kills_remote_group(sim_cluster, transport):
     """The transport API itself, driven in-process from the controller namespace."""
     from preflight import inventory
-    from preflight.transport.ssh import NodeFailure, SSHSession
+    from preflight.transport.contract import NodeFailure
+    from preflight.transport.ssh import SSHSession
 
     cluster = sim_cluster(1)
     cluster.hang_commands(1)

@@ -53,3 +53,23 @@ def test_a_declared_crossnode_check_runs_after_the_node_checks_and_is_judged_on_
 def test_allreduce_declares_the_hook():
     assert checks.get("allreduce").crossnode is not None
     assert [n for n, c in checks.catalogue().items() if c.crossnode is not None] == ["allreduce"]
+
+
+def test_the_data_network_is_chosen_once_a_run_and_carried_on_the_view(monkeypatch):
+    """nic, mtu and ports rules, phase 2's plans and the env file all read datanet.of(view): one choice."""
+    from preflight import datanet
+
+    calls = []
+    choose = datanet.choose
+
+    def counted(view):
+        calls.append(view)
+        return choose(view)
+
+    monkeypatch.setattr(datanet, "choose", counted)
+    inv = local_inventory(gpus_per_node=0)
+    report = engine.run(inv, engine.Options(only=["nic", "mtu", "ports", "nccl_env"], gather_also=("nic",)))
+    assert {f.check for f in report.findings} >= {"nic", "mtu", "ports", "nccl_env"}
+    assert len(calls) == 1
+    assert report.view.derived[datanet.DERIVED] is datanet.of(report.view)  # the later views carry it
+    assert len(calls) == 1

@@ -8,7 +8,8 @@ import paramiko
 from paramiko.hostkeys import HostKeys
 
 from preflight.inventory import NodeSpec
-from preflight.transport.ssh import KnownHosts, LocalSession, fingerprint
+from preflight.transport.known_hosts import KnownHosts, fingerprint
+from preflight.transport.local import LocalSession
 
 
 def test_known_hosts_plain_hashed_and_port_entries(tmp_path):
@@ -48,3 +49,39 @@ def test_local_session_runs_the_bundle_in_its_own_process_group():
     facts = run.result["facts"]["ssh"]
     assert facts["python"][:2] == list(map(str, sys.version_info[:2]))
     assert abs(run.clock - time.time()) < 60 and run.clock_received_at >= run.sent_at
+
+
+def test_local_result_counts_when_the_process_cannot_exit(tmp_path):
+    """Issue 26 item 8 on this machine (`preflight node`): the process printed its result, then does not end
+    (a thread stuck in a driver call; here an interpreter wrapper that ignores SIGTERM and stays). Its result
+    counts, not a timeout; its process group is killed."""
+    import os
+    import subprocess
+    import sys
+
+    stuck = tmp_path / "python3-stuck"
+    stuck.write_text("#!/bin/sh\ntrap '' TERM\n%s \"$@\"\necho $$ > %s\nexec sleep 600\n" % (sys.executable, tmp_path / "pid"))
+    os.chmod(str(stuck), 0o755)
+    spec = NodeSpec(name="local", host="localhost", line=0, python=str(stuck), local=True)
+    run = LocalSession(spec).run_bundle({"mode": "probe", "checks": {"ssh": {}}}, deadline_s=30)
+    assert run.result is not None and "ssh" in run.result["facts"]
+    pid = int((tmp_path / "pid").read_text())
+    assert subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], stdout=subprocess.PIPE).stdout.strip() in (b"", b"Z")
+
+
+def test_every_fleet_implements_the_written_contract():
+    """contract.Fleet is what the engine and the bench call: every engine's fleet has its methods, with
+    run's parameters in the same order (a new engine, e.g. Kubernetes, is added to this list)."""
+    import inspect
+
+    from preflight.slurm.fleet import SlurmFleet
+    from preflight.transport import contract
+    from preflight.transport.fleet import Fleet
+
+    wanted = [n for n in ("run", "cancel", "close", "describe", "__enter__", "__exit__") if n in vars(contract.Fleet)]
+    assert len(wanted) == 6
+    params = list(inspect.signature(contract.Fleet.run).parameters)
+    for engine in (Fleet, SlurmFleet):
+        for name in wanted:
+            assert callable(getattr(engine, name, None)), "%s lacks %s" % (engine.__name__, name)
+        assert list(inspect.signature(engine.run).parameters) == params, engine.__name__

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from preflight import datanet
 from preflight.allreduce import plan as benchplan
-from preflight.transport.fleet import Fleet
+from preflight.transport.contract import Fleet
 from preflight.inventory import Inventory
 from preflight.model import ClusterView, NodeInfo
 
@@ -69,7 +69,7 @@ def _settings(inv: Inventory) -> Dict[str, Any]:
 
 def _hardware(view: ClusterView, nodes: Sequence[str], choice: Any) -> Dict[str, Any]:
     """gpu_model and nic_gbps for the built-in bandwidth profile, from the gpu/ib_hca facts and the
-    nic choice the launcher already made (datanet.choose looks at every node: call it once, not per node)."""
+    nic choice the view carries (datanet.of)."""
     from preflight.checks import ib_hca
     from preflight.gpus import node_gpus
 
@@ -162,7 +162,7 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
     if len(nodes) == 1 and nodes[0].gpus_per_node <= 1:
         result.meta = {"skip": "a single rank (%s, %d GPU): no all-reduce traffic to measure" % (nodes[0].name, nodes[0].gpus_per_node)}
         return result
-    choice = datanet.choose(view)
+    choice = datanet.of(view)
     addr_of = {n.name: (choice.get(n.name) or {}).get("ip") for n in nodes}
     no_addr = [n.name for n in nodes if not addr_of[n.name]]
     if no_addr:

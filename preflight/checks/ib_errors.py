@@ -53,7 +53,12 @@ Facts: {"interval_s": float, "at": unix time of the second read,
         "kernel_log": {"source": "journalctl"|"dmesg"|None, "error": str|None, "lines": int, "first_ts": float|None,
                        "events": [{"kind": "ib_port"|"netdev"|"module", "pci", "hca": str|None, "netdev": str|None,
                                    "port": int|None, "state": "DOWN"|"ACTIVE"|"down"|"up"|"Cable unplugged"|...,
-                                   "error": str|None, "ts": float|None, "line": str}]}}
+                                   "error": str|None, "after_up": bool, "line": str, "count": int,
+                                   "first_ts": float|None, "last_ts": float|None, "recent": [float|None]}]}}
+        events are folded on the node (preflight.probe.kernlog.fold) per every field but the stamps and
+        the line: the line is the last one's; after_up says the port had been seen up (ACTIVE/up/Cable
+        plugged) before this change, so a DOWN is a flap (the node reads the log in order; a fold does
+        not keep it)
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from preflight.common import plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
@@ -112,6 +117,10 @@ _NETDEV = re.compile(r"^mlx5_core %s (\S+): Link (up|down)\s*$" % _BDF)
 _MODULE = re.compile(r"^mlx5_core %s: Port module event(\[error\])?: module (\d+), ([^,]+?)(?:, (.+?))?\s*$" % _BDF)
 _UP = ("ACTIVE", "up", "Cable plugged")
 _DOWN = ("DOWN", "down", "Cable unplugged")
+#: The lines the parser reads (kernlog.lines_with): every other line is only counted.
+_LITERALS = ("Link", "Port module event")
+#: Link events are folded on the node per these fields (kernlog.fold).
+FOLD_KEY = ("kind", "pci", "hca", "netdev", "port", "state", "error", "after_up")
 
 
 # ----------------------------------------------------------------------------------------------- parse
@@ -142,24 +151,40 @@ def saturated(name: str, value: Optional[int]) -> bool:
     return bits is not None and value is not None and value >= (1 << bits) - 1
 
 
-def parse_link_events(text: str, source: str = "journalctl") -> Dict[str, Any]:
+def parse_link_events(text: str, source: str = "journalctl", hca_pci: Optional[Mapping[str, Optional[str]]] = None) -> Dict[str, Any]:
     """The HCA link changes in `journalctl -k -b 0 -o short-monotonic` or `dmesg` output (formats: module doc).
 
-    {"lines": message lines read, "first_ts": the oldest stamp, "events": [event]} with events in log order;
-    a journalctl line without its stamp or "HOST IDENT:" raises ParseError naming the line.
+    {"lines": message lines read, "first_ts": the oldest stamp, "events": [folded event]} with events in
+    order of first appearance; a journalctl line without its stamp or "HOST IDENT:" raises ParseError
+    naming the line. hca_pci ({hca: its PCI function}) names the port of a line that gives only the PCI
+    address (netdev and module lines), so that its after_up follows the same port as its ib_core lines.
     """
-    lines = 0
-    first_ts: Optional[float] = None
-    events: List[Dict[str, Any]] = []
-    for _number, ts, body in kernlog.messages(text, source):
-        lines += 1
-        if first_ts is None and ts is not None:
-            first_ts = ts
-        event = _link_event(body.strip())
-        if event is not None:
-            event.update(ts=ts, line=body.strip()[:200])
-            events.append(event)
-    return {"lines": lines, "first_ts": first_ts, "events": events}
+    lines, first_ts = kernlog.survey(text, source)
+    by_pci = {pci: hca for hca, pci in (hca_pci or {}).items() if pci}
+    up: Dict[Tuple[str, int], bool] = {}
+
+    def events() -> Iterator[Dict[str, Any]]:
+        for ts, body in kernlog.lines_with(text, source, _LITERALS):
+            event = _link_event(body.strip())
+            if event is None:
+                continue
+            key = (port_name(event, by_pci), int(event.get("port") or 1))
+            event.update(ts=ts, line=body.strip()[:200], after_up=False)
+            if event["kind"] == "module" and event["error"]:
+                pass
+            elif event["state"] in _UP:
+                up[key] = True
+            elif event["state"] in _DOWN:
+                event["after_up"] = up.get(key, False)
+                up[key] = False
+            yield event
+
+    return {"lines": lines, "first_ts": first_ts, "events": kernlog.fold(events(), FOLD_KEY)}
+
+
+def port_name(event: Mapping[str, Any], by_pci: Mapping[str, str]) -> str:
+    """The HCA a link event is about: its ib device, else the one on its PCI function, else the address."""
+    return event.get("hca") or by_pci.get(event.get("pci")) or "HCA at %s" % event.get("pci")
 
 
 def _link_event(body: str) -> Optional[Dict[str, Any]]:
@@ -223,7 +248,7 @@ def probe(ctx: Any) -> Dict[str, Any]:
     klog = kernlog.read(ctx)
     log: Dict[str, Any] = {"source": klog["source"], "error": klog["error"], "lines": 0, "first_ts": None, "events": []}
     if klog["text"] is not None:
-        log.update(parse_link_events(klog["text"], klog["source"]))
+        log.update(parse_link_events(klog["text"], klog["source"], facts["hca_pci"]))
     facts["kernel_log"] = log
     return facts
 
@@ -317,24 +342,19 @@ def judge_log(facts: Mapping[str, Any], window: Optional[float]) -> Tuple[List[T
         return [], {}, "kernel log not read (%s): link flaps %s not checked" % (why or "no log", kernlog.window_text(window))
     by_pci = {pci: hca for hca, pci in (facts.get("hca_pci") or {}).items() if pci}
     uptime = facts.get("uptime_s")
-    up: Dict[Tuple[str, int], bool] = {}
     flaps: Dict[Tuple[str, int], Dict[str, List[Dict[str, Any]]]] = {}
     errors: Dict[Tuple[str, int], List[Dict[str, Any]]] = {}
-    for event in log.get("events") or []:
-        hca = event.get("hca") or by_pci.get(event.get("pci")) or "HCA at %s" % event.get("pci")
-        key = (hca, int(event.get("port") or 1))
-        inside = kernlog.in_window(kernlog.age(uptime, event.get("ts")), window)
-        state = event.get("state")
-        if event.get("kind") == "module" and event.get("error"):
-            if inside:
-                errors.setdefault(key, []).append(event)
-        elif state in _UP:
-            up[key] = True
-        elif state in _DOWN:
+    for entry in log.get("events") or []:  # folded on the node (kernlog.fold)
+        key = (port_name(entry, by_pci), int(entry.get("port") or 1))
+        inside, _exact = kernlog.count_in_window(entry, uptime, window)
+        if not inside:
+            continue
+        entry = dict(entry, inside=inside)
+        if entry.get("kind") == "module" and entry.get("error"):
+            errors.setdefault(key, []).append(entry)
+        elif entry.get("state") in _DOWN and (entry.get("after_up") or entry.get("state") == "Cable unplugged"):
             # a port coming up at boot logs DOWN first: only a port seen up before can flap (an unplug always counts)
-            if inside and (up.get(key) or state == "Cable unplugged"):
-                flaps.setdefault(key, {}).setdefault(event["kind"], []).append(event)
-            up[key] = False
+            flaps.setdefault(key, {}).setdefault(entry["kind"], []).append(entry)
     out: List[Tuple[str, Status, str]] = []
     counts: Dict[str, int] = {}
     when = kernlog.window_text(window)
@@ -343,16 +363,17 @@ def judge_log(facts: Mapping[str, Any], window: Optional[float]) -> Tuple[List[T
         kinds = flaps.get(key) or {}
         if kinds:
             # one flap prints a line per layer (ib_core, the netdev, the module): count the layer with most
-            count = max(len(events) for events in kinds.values())
-            last = max((e for events in kinds.values() for e in events), key=lambda e: e.get("ts") or 0.0)
+            count = max(sum(e["inside"] for e in events) for events in kinds.values())
+            last = max((e for events in kinds.values() for e in events), key=lambda e: e.get("last_ts") or 0.0)
             counts["%s:%d" % key] = count
             status = Status.FAIL if count >= FLAP_FAIL else Status.WARN
             out.append((where, status, "link went down %s %s in the kernel log (last %s: %s)%s" % (
-                plural(count, "time"), when, kernlog.ago(kernlog.age(uptime, last.get("ts"))), last.get("line"),
+                plural(count, "time"), when, kernlog.ago(kernlog.age(uptime, last.get("last_ts"))), last.get("line"),
                 "" if status is Status.FAIL else "; %d or more fail" % FLAP_FAIL)))
         for event in errors.get(key) or []:
-            out.append((where, Status.FAIL, "transceiver module error %s in the kernel log (%s: %s)" % (
-                when, kernlog.ago(kernlog.age(uptime, event.get("ts"))), event.get("line"))))
+            out.append((where, Status.FAIL, "transceiver module error%s %s in the kernel log (%s: %s)" % (
+                " ×%d" % event["inside"] if event["inside"] > 1 else "", when,
+                kernlog.ago(kernlog.age(uptime, event.get("last_ts"))), event.get("line"))))
     note = "no link flap %s in %s (%s)" % (when, plural(log.get("lines") or 0, "kernel log line"), log["source"])
     return out, counts, note
 

@@ -1,6 +1,6 @@
 """mtu: the data interfaces agree on their MTU, and full-size frames cross the network between the nodes.
 
-Phase 2. The plan (built on the controller from the nic facts, via preflight.datanet.choose) has each node ping its
+Phase 2. The plan (built on the controller from the nic facts, via preflight.datanet.of) has each node ping its
 ring neighbour (the next node in inventory order among nodes with a data interface; every other node
 when `cluster.mtu_full_mesh` is true) over its data interface with the don't-fragment bit set and a
 payload of MTU − 28 (20-byte IPv4 header + 8-byte ICMP header), plus a small ping that tells "no route
@@ -121,9 +121,9 @@ def parse_ping(stdout: str, stderr: str = "", rc: Optional[int] = None) -> Dict[
 
 def plan(view: ClusterView) -> Dict[str, Dict[str, Any]]:
     """{node: probe config}: ring (or full-mesh) targets over each node's chosen data interface."""
-    from preflight.datanet import choose
+    from preflight import datanet
 
-    choice = choose(view)
+    choice = datanet.of(view)
     ordered = [n.name for n in view.live if n.name in choice.nodes]
     mesh = bool(view.cluster.get("mtu_full_mesh"))
     out: Dict[str, Dict[str, Any]] = {}
@@ -282,10 +282,10 @@ def common_end(pairs: List[Tuple[str, str]]) -> Optional[str]:
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    from preflight.datanet import choose
+    from preflight import datanet
 
     out: List[Finding] = []
-    choice = choose(view)
+    choice = datanet.of(view)
     mtus = {name: entry["mtu"] for name, entry in choice.nodes.items()}
 
     # 1. One MTU everywhere: against expect.mtu, else the majority; a tie has no reference value.

@@ -260,9 +260,9 @@ def _addressed(view: ClusterView, node: str) -> Dict[str, str]:
 
 
 def _node_ifaces(view: ClusterView) -> Dict[str, str]:
-    from preflight.datanet import choose
+    from preflight import datanet
 
-    choice = choose(view)
+    choice = datanet.of(view)
     out = {}
     for node in view.live:
         entry = choice.get(node.name)

@@ -2,9 +2,10 @@
 
 The probe lists the node's interfaces (`ip -j addr show`, `ip -j -d link show`, and the sysfs attributes
 speed, type and device). Which of them is each node's data network is decided on the controller by
-`preflight.datanet.choose(view)` (the policy is documented there), the one choice the mtu and ports
-checks, the NCCL env-file writer and the bench launcher share. The rule reports that choice: a node with
-no data interface FAILs; differing interface names and a node slower than the majority WARN. A chosen
+`preflight.datanet.of(view)` (the policy is documented there; derived once, carried on the view), the one
+choice the mtu and ports checks, the NCCL env-file writer and the bench launcher share. The rule reports
+that choice: a node with no data interface FAILs; differing interface names and a node slower than the
+majority WARN. A chosen
 interface that is a fallback from a data NIC that is down FAILs ("data NIC down", see _fell_back: on a
 node checked alone, as `preflight node` runs, datanet has no partner node's evidence), and so does, on a
 node alone, a chosen interface at another MTU than `expect.mtu` (issue 26 item 13).
@@ -171,7 +172,7 @@ def describe(entry: Dict[str, Any]) -> str:
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    from preflight.datanet import choose
+    from preflight import datanet
 
     out: List[Finding] = []
     errors = set()
@@ -180,7 +181,7 @@ def rule(view: ClusterView) -> List[Finding]:
         if err:
             out.append(err)
             errors.add(name)
-    choice = choose(view)
+    choice = datanet.of(view)
     for node in view.live:
         name = node.name
         if name in errors:

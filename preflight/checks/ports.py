@@ -1,6 +1,6 @@
 """ports: the head node can listen on the rendezvous port, and every other node can connect to it.
 
-Phase 2. The plan (from preflight.datanet.choose) gives the head {role: listen, port, bind_ip, expect_peers, window_s}
+Phase 2. The plan (from preflight.datanet.of) gives the head {role: listen, port, bind_ip, expect_peers, window_s}
 and every other node {role: connect, host, port, retry_s}. All phase-2 probes start at about the same
 time, so connecting nodes retry until the head's listener is up. The two ends shake hands with one line
 each way, so a connection that lands on some other program holding the port is told apart from ours.
@@ -331,9 +331,9 @@ def probe(ctx: Any) -> Dict[str, Any]:
 
 def plan(view: ClusterView) -> Dict[str, Dict[str, Any]]:
     """{node: probe config}: the head listens on master_port, every other node connects to it."""
-    from preflight.datanet import choose
+    from preflight import datanet
 
-    choice = choose(view)
+    choice = datanet.of(view)
     port = int(view.cluster.get("master_port", DEFAULT_PORT))
     head = view.head.name
     head_entry = choice.nodes.get(head)

@@ -22,16 +22,22 @@ Facts schema::
     log_error   why no log could be read (None when one was)
     uptime_s    float | None  (/proc/uptime; ages are uptime - timestamp)
     log         {"lines": int, "first_ts": float|None, "events": [event], "unparsed": [str]} | None
-    event = {"kind": "xid"|"sxid", "pci": "0000:44:00"|"0000:c3:00.0", "code": int, "ts": float|None,
-             "detail": str, "device": "nvidia-nvswitch0"|None, "severity": "Fatal"|"Non-fatal"|None}
+    event = {"kind": "xid"|"sxid", "pci": "0000:44:00"|"0000:c3:00.0", "code": int,
+             "detail": str, "device": "nvidia-nvswitch0"|None, "severity": "Fatal"|"Non-fatal"|None,
+             "count": int, "first_ts": float|None, "last_ts": float|None, "recent": [float|None]}
+                the events folded on the node per (kind, pci, code) (preflight.probe.kernlog.fold): detail,
+                device and severity of the last one, how many, the first and last stamps and the last
+                RECENT stamps, so the facts stay small however many lines a GPU logged (1M Xid lines: a
+                few dozen entries)
 
 Rule (per GPU node; CPU-only nodes SKIP):
 
 - no NVIDIA driver or device: ERROR (the log was not searched; the gpu check says why).
 - log not readable: ERROR naming both attempts.
 - events older than ``cluster.xid_window_s`` seconds are ignored (default: every event since boot).
-- events are folded per (GPU, code): count, first and last age; the GPU is named from the gpu check's facts
-  (index and bus id), else by the PCI address in the line.
+- events are folded per (GPU, code): count (inside the window: kernlog.count_in_window; "×N+" when only a
+  lower bound is known), last age; the GPU is named from the gpu check's facts (index and bus id), else by
+  the PCI address in the line.
 - Xid classes follow NVIDIA's Xid catalogue (XID_SOURCE): codes whose resolution is a GPU reset, a node reboot
   or service (hardware: HARDWARE_XIDS) FAIL with that action; codes an application usually causes
   (APPLICATION_XIDS) WARN with action check_app; codes not in either table WARN (look them up).
@@ -46,6 +52,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.common import plural
@@ -109,6 +116,17 @@ _XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa
 _SXID = re.compile(r"(nvidia-nvswitch\d+): SXid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?)(?:,\s*(.*))?$")
 #: How many Xid-looking lines the facts keep verbatim when their code cannot be read.
 MAX_UNPARSED = 5
+#: An Xid/SXid and its code where it starts, found by the regex engine from its literal start (a log may hold
+#: a million): the text found, [the switch,] the PCI address, the code (as _XID/_SXID read them)
+_XID_AT = re.compile(r"(NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?))(?=,|$)", re.M)
+_SXID_AT = re.compile(r"((nvidia-nvswitch\d+): SXid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?))(?=,|$)", re.M)
+#: Text that starts an Xid-looking line the patterns above cannot read (shown as unparsed, never a code)
+_UNREAD = {
+    "xid": re.compile(r"NVRM: Xid(?! \((?:PCI:)?[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?\): ?\S*?(?:,|$))", re.M),
+    "sxid": re.compile(r"SXid \((?!PCI:[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?\): ?\S*?(?:,|$))", re.M),
+}
+#: Events are folded on the node per these fields (kernlog.fold).
+FOLD_KEY = ("kind", "pci", "code")
 
 
 # --------------------------------------------------------------------------------------------- probe
@@ -142,27 +160,82 @@ def probe(ctx: Any) -> Dict[str, Any]:
 
 
 def parse_kernel_log(text: str, source: str = "dmesg") -> Dict[str, Any]:
-    """Xid and SXid events from `journalctl -k -o short-monotonic` or `dmesg` output.
+    """Xid and SXid events from `journalctl -k -o short-monotonic` or `dmesg` output, folded per (kind, pci, code).
 
     journalctl lines must carry the monotonic stamp ("[ 1843.308145] host kernel: ..."); journalctl's own
     markers ("-- Boot ... --", "-- No entries --") and indented continuation lines are skipped. dmesg lines
     carry the stamp unless printk.time is off (then ts is None: inside any window).
+
+    Linear, and without a Python step per line (a GPU may log a million Xid lines): the regex engine
+    counts each distinct Xid/SXid start; then only the first and the last RECENT lines of each are read.
     """
-    lines = 0
-    first_ts: Optional[float] = None
-    events: List[Dict[str, Any]] = []
-    unparsed: List[str] = []
-    for _number, ts, body in kernlog.messages(text, source):
-        lines += 1
-        if first_ts is None and ts is not None:
-            first_ts = ts
-        event = _event(body, ts)
-        if event is None:
-            if ("NVRM: Xid" in body or "SXid (" in body) and len(unparsed) < MAX_UNPARSED:
-                unparsed.append(body.strip()[:200])
+    lines, first_ts = kernlog.survey(text, source)
+    entries: List[Tuple[int, Dict[str, Any]]] = []  # (position of the first, entry)
+    unparsed: List[Tuple[int, str]] = []
+    for kind, literal, pattern in (("xid", "NVRM: Xid", _XID_AT), ("sxid", "SXid (", _SXID_AT)):
+        if literal not in text:
             continue
-        events.append(event)
-    return {"lines": lines, "first_ts": first_ts, "events": events, "unparsed": unparsed}
+        counts: Counter = Counter()
+        for start, end in kernlog.chunks(text):
+            counts.update(pattern.findall(text, start, end))
+        by_key: Dict[Tuple[str, str], List[str]] = {}
+        for found in counts:
+            by_key.setdefault((found[-2].lower(), found[-1]), []).append(found[0])
+        for (pci, code), starts in by_key.items():
+            entry = _folded(text, source, pattern, starts, sum(n for f, n in counts.items() if f[0] in starts))
+            if entry is None:
+                continue
+            if entry[1] is None:  # its code is not a number: shown as read, never a code
+                unparsed.append((entry[0], entry[2]))
+            else:
+                entries.append((entry[0], entry[1]))
+        if text.count(literal) > sum(counts.values()):  # some start no pattern reads
+            for match in _UNREAD[kind].finditer(text):
+                line = kernlog.line_at(text, match.start(), source)
+                if line is not None:
+                    unparsed.append((match.start(), line[1].strip()[:200]))
+    return {"lines": lines, "first_ts": first_ts, "events": [e for _, e in sorted(entries, key=lambda x: x[0])],
+            "unparsed": [u for _, u in sorted(unparsed)][:MAX_UNPARSED]}
+
+
+def _folded(text: str, source: str, pattern: Any, starts: List[str], count: int) -> Optional[Tuple[int, Optional[Dict[str, Any]], str]]:
+    """(position of the first, the folded entry or None when the code is not a number, the last line) of the
+    events whose lines hold one of `starts` (one event written one or more ways)."""
+    places: List[int] = []
+    for start in starts:  # the first and the last RECENT of each way it is written
+        at = -1
+        while True:
+            at = text.find(start, at + 1)
+            if at < 0 or _is(pattern, text, at, start):
+                break
+        if at >= 0:
+            places.append(at)
+        end, kept = len(text), 0
+        while kept < kernlog.RECENT:
+            end = text.rfind(start, 0, end)
+            if end < 0:
+                break
+            if _is(pattern, text, end, start):
+                places.append(end)
+                kept += 1
+    read = [(at, kernlog.line_at(text, at, source)) for at in sorted(set(places))]
+    read = [(at, line) for at, line in read if line is not None]  # an indented continuation is not an event
+    if not read:
+        return None
+    first_at, (first_ts, _first) = read[0]
+    last_ts, last = read[-1][1]
+    event = _event(last, last_ts)
+    if event is None:
+        return first_at, None, last.strip()[:200]
+    stamps = [line[0] for _at, line in read if _at != first_at or len(read) <= kernlog.RECENT]
+    event.update(count=count, first_ts=first_ts, recent=stamps[-kernlog.RECENT:], last_ts=event.pop("ts"))
+    return first_at, event, last
+
+
+def _is(pattern: Any, text: str, at: int, start: str) -> bool:
+    """Whether an Xid/SXid start found by str.find is whole there (not the start of a longer code)."""
+    match = pattern.match(text, at)
+    return match is not None and match.group(1) == start
 
 
 def _event(body: str, ts: Optional[float]) -> Optional[Dict[str, Any]]:
@@ -237,15 +310,16 @@ def _judge(node: Any, facts: Dict[str, Any], record: Any, window: Optional[float
     uptime = facts.get("uptime_s")
     gpus = {_bus_key(g.pci_bus_id): g for g in record.gpus} if record is not None else {}
     groups: Dict[Tuple[str, str, int], List[Dict[str, Any]]] = {}
-    for event in log.get("events") or []:
-        age = kernlog.age(uptime, event.get("ts"))
-        if not kernlog.in_window(age, window):
-            continue
-        groups.setdefault((event["kind"], _bus_key(event["pci"]), event["code"]), []).append(dict(event, age=age))
+    for entry in log.get("events") or []:  # folded on the node (one pci may be written two ways: merged here)
+        inside, exact = kernlog.count_in_window(entry, uptime, window)
+        if inside:
+            groups.setdefault((entry["kind"], _bus_key(entry["pci"]), entry["code"]), []).append(
+                dict(entry, inside=inside, exact=exact, age=kernlog.age(uptime, entry.get("last_ts"))))
     out: List[Finding] = []
-    for (kind, bus, code), events in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-        status, action, meaning = classify(events[-1])
-        last = events[-1]
+    for (kind, bus, code), entries in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        last = max(entries, key=lambda e: e.get("last_ts") if e.get("last_ts") is not None else float("-inf"))
+        status, action, meaning = classify(last)
+        total = sum(e["inside"] for e in entries)
         if kind == "sxid":
             where = "%s (%s)" % (last.get("device") or "NVSwitch", last["pci"])
             label = "SXid %d" % code
@@ -253,15 +327,15 @@ def _judge(node: Any, facts: Dict[str, Any], record: Any, window: Optional[float
             gpu = gpus.get(bus)
             where = "GPU %d (%s)" % (gpu.index, bus + ".0") if gpu else "GPU at %s (not listed by the driver now)" % bus
             label = "Xid %d" % code
-        count = "" if len(events) == 1 else " ×%d" % len(events)
-        ages = [e["age"] for e in events if e["age"] is not None]
+        count = "" if total == 1 else " ×%d%s" % (total, "" if all(e["exact"] for e in entries) else "+")
+        ages = [e["age"] for e in entries if e["age"] is not None]
         when = "last %s" % _ago(min(ages)) if ages else "time unknown"
         expected = "no hardware Xid/SXid" if status is Status.FAIL else "no Xid/SXid"
         msg = "%s %s: %s%s %s (%s): %s%s" % (
             name, where, label, count, _window_text(window), when, meaning,
             ("; " + last["detail"][:120]) if last.get("detail") and meaning.lower() not in last["detail"].lower() else "",
         )
-        data: Dict[str, Any] = {"kind": kind, "code": code, "pci": bus, "count": len(events)}
+        data: Dict[str, Any] = {"kind": kind, "code": code, "pci": bus, "count": total}
         if action:
             msg += " (action: %s)" % action
         out.append(Finding(NAME, name, status, msg, expected=expected, actual="%s%s" % (label, count), data=data,

@@ -59,7 +59,7 @@ def derive(view: ClusterView, healthy: Optional[Sequence[str]] = None) -> Derive
     """
     derived = Derived()
     wanted = list(healthy) if healthy is not None else [n.name for n in view.live]
-    choice = datanet.choose(view)
+    choice = datanet.of(view)
 
     # Per-node facts first: a node whose own fact cannot be written is left out as a whole.
     for node in wanted:

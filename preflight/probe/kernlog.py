@@ -10,12 +10,20 @@ else ``dmesg``; through ``ctx.run_once`` so that when both checks run, the node 
 
 read(ctx) says which source answered, or why neither did (never an empty log passed off as a quiet one);
 messages(text, source) yields each message line's (line number, seconds since boot or None, message).
+A long log (a GPU that logged a million Xid lines) is read without a Python step per line: survey() counts
+the lines and checks their stamps, lines_with() and line_at() read only the lines a check looks for, found
+by the regex engine; chunks() cuts the text for passes that keep what they find.
+
+Facts do not grow with the log: fold(events, key) folds the events a check finds per key (kind, GPU or
+port, code or state) into one entry each: the last event's fields, with count, first_ts, last_ts and recent
+(the stamps of its last RECENT events, so the controller can count the events inside a window:
+count_in_window). A node that logged 1M Xid lines sends a few dozen entries.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from preflight.model import ParseError, Setting
 
@@ -23,6 +31,15 @@ JOURNALCTL = ("journalctl", "-k", "-b", "0", "-o", "short-monotonic", "--no-page
 DMESG = ("dmesg",)
 TIMEOUT_S = 30.0
 _STAMP = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
+#: (after a newline) a line messages() skips: empty or blank, journalctl's "-- ... --" markers, indented
+#: continuations
+_SKIPPED = re.compile(r"\n(?:[ \t]|-- |[^\S\n]*(?=\n|$))")
+#: (after a newline) a line that is neither stamped nor one messages() skips: not journalctl -o short-monotonic
+_UNSTAMPED = re.compile(r"\n(?![\[ \t]|-- |[^\S\n]*(?:\n|$))")
+_FIRST_STAMP = re.compile(r"\n\[[^\S\n]*(\d+\.\d+)\]")
+#: how many of a folded group's latest stamps the facts keep (enough to count a window's events exactly
+#: up to this many)
+RECENT = 16
 
 
 def _why(res: Any) -> str:
@@ -59,7 +76,7 @@ def uptime(ctx: Any) -> Optional[float]:
         return None
 
 
-def messages(text: str, source: str) -> Iterator[Tuple[int, Optional[float], str]]:
+def messages(text: str, source: str, first_line: int = 1) -> Iterator[Tuple[int, Optional[float], str]]:
     """(line number, seconds since boot or None, message) of every kernel message line.
 
     journalctl lines must carry the monotonic stamp and "HOST IDENT:" ("[ 1843.308145] host kernel: ...");
@@ -69,7 +86,7 @@ def messages(text: str, source: str) -> Iterator[Tuple[int, Optional[float], str
     """
     if source not in ("journalctl", "dmesg"):
         raise ParseError("kernel log: unknown source %r" % source)
-    for number, raw in enumerate(text.splitlines(), 1):
+    for number, raw in enumerate(text.splitlines(), first_line):
         if not raw.strip() or raw.startswith("-- ") or raw[:1] in (" ", "\t"):
             continue
         stamp = _STAMP.match(raw)
@@ -88,6 +105,93 @@ def messages(text: str, source: str) -> Iterator[Tuple[int, Optional[float], str
         yield number, ts, body
 
 
+def survey(text: str, source: str) -> Tuple[int, Optional[float]]:
+    """(message lines, the first stamp) as messages() counts them; a journalctl line without its stamp raises
+    ParseError naming the line (messages() does it). Each figure is one pass of the regex engine (every line
+    starts after a newline, a literal it finds fast); the last log's answer is kept (xid and ib_errors
+    read the same text)."""
+    if source not in ("journalctl", "dmesg"):
+        raise ParseError("kernel log: unknown source %r" % source)
+    last = _surveyed[0]
+    if last is not None and last[0] is text and last[1] == source:
+        return last[2]
+    if not text:
+        return 0, None
+    body = "\n" + text
+    # the empty "line" after a final newline is skipped too, and is no line either
+    lines = body.count("\n") - sum(1 for _ in _SKIPPED.finditer(body))
+    if source == "journalctl" and _UNSTAMPED.search(body):
+        for _ in messages(text, source):  # raises ParseError naming the first line not in the format
+            pass
+    first = _FIRST_STAMP.search(body)
+    answer = (lines, float(first.group(1)) if first else None)
+    _surveyed[0] = (text, source, answer)
+    return answer
+
+
+_surveyed: List[Any] = [None]  # (text, source, survey) of the last log surveyed
+
+
+def line_at(text: str, pos: int, source: str) -> Optional[Tuple[Optional[float], str]]:
+    """(stamp, message) of the line holding text[pos], read as messages() reads it; None for a line it skips."""
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    line = text[start:len(text) if end < 0 else end]
+    try:
+        found = list(messages(line, source))
+    except ParseError:  # said again with the line's number
+        found = list(messages(line, source, text.count("\n", 0, start) + 1))
+    return (found[0][1], found[0][2]) if found else None
+
+
+def lines_with(text: str, source: str, literals: Sequence[str]) -> Iterator[Tuple[Optional[float], str]]:
+    """(stamp, message) of each message line holding one of `literals`, in log order, as messages() reads
+    them; the lines are found by searching the literals (fast), every other line is not looked at."""
+    starts = sorted({text.rfind("\n", 0, m.start()) + 1 for literal in literals if literal in text
+                     for m in re.finditer(re.escape(literal), text)})
+    for start in starts:
+        found = line_at(text, start, source)
+        if found is not None:
+            yield found
+
+
+def chunks(text: str, size: int = 1 << 23) -> Iterator[Tuple[int, int]]:
+    """(start, end) of consecutive slices of about `size` characters that end at a line's end."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", min(len(text), start + size))
+        end = len(text) if end < 0 else end + 1
+        yield start, end
+        start = end
+
+
+def fold(events: Iterable[Dict[str, Any]], key: Sequence[str]) -> List[Dict[str, Any]]:
+    """Events (dicts with "ts") folded per the values of `key`, in order of first appearance.
+
+    Each entry holds its last event's fields (detail, line, severity, ...) but "ts", and count, first_ts,
+    last_ts, recent (the stamps of its last RECENT events, oldest first).
+    """
+    groups: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
+    for event in events:
+        k = tuple(event[f] for f in key)
+        entry = groups.get(k)
+        ts = event.get("ts")
+        if entry is None:
+            entry = groups[k] = dict(event, count=0, first_ts=ts, recent=[])
+        else:
+            entry.update(event)
+        entry["count"] += 1
+        recent = entry["recent"]
+        recent.append(ts)
+        if len(recent) > RECENT:
+            del recent[0]
+    out = []
+    for entry in groups.values():
+        entry["last_ts"] = entry.pop("ts")
+        out.append(entry)
+    return out
+
+
 # ------------------------------------------------------------- the window, as the rules on the controller judge it
 
 
@@ -103,6 +207,19 @@ WINDOW = Setting("xid_window_s", "number", "judge only kernel-log events this re
 
 def in_window(age_s: Optional[float], window_s: Optional[float]) -> bool:
     return window_s is None or age_s is None or age_s <= window_s
+
+
+def count_in_window(entry: Dict[str, Any], uptime_s: Optional[float], window_s: Optional[float]) -> Tuple[int, bool]:
+    """(how many of a folded entry's events are inside the window, whether that count is exact).
+
+    All of them when its first event is inside; else those of its recent stamps that are inside, exact
+    unless every kept stamp is inside and more events were folded (then it is a lower bound).
+    """
+    if window_s is None or in_window(age(uptime_s, entry.get("first_ts")), window_s):
+        return int(entry.get("count") or 0), True
+    recent = entry.get("recent") or []
+    inside = sum(1 for ts in recent if in_window(age(uptime_s, ts), window_s))
+    return inside, not (inside == len(recent) and int(entry.get("count") or 0) > len(recent))
 
 
 def ago(seconds: Optional[float]) -> str:

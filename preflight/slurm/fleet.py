@@ -1,6 +1,6 @@
 """Slurm as a transport: the allocation is the inventory, one srun step per phase carries the bundle.
 
-The same contract as preflight.transport.fleet.Fleet — `run(configs, deadline_of) -> {node: Outcome}` — so the
+The transport contract (preflight.transport.contract.Fleet) — `run(configs, deadline_of) -> {node: Outcome}` — so the
 engine, the rules, the report and the bench never know which engine carried the bundle.
 
 One job step across all the nodes carries every phase of a run, one task per node:
@@ -51,10 +51,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from preflight.transport import bundle
 from preflight.common import expand, fold
 from preflight.errors import PreflightError, UsageError
-from preflight.transport.fleet import Outcome, Progress
 from preflight.inventory import NodeSpec
 from preflight.probe import runner
-from preflight.transport.ssh import NodeFailure, _Run
+from preflight.transport.contract import NodeFailure, Outcome, Progress
 
 log = logging.getLogger(__name__)
 
@@ -380,7 +379,7 @@ def _natural(name: str) -> List[Any]:
 class _Task:
     def __init__(self) -> None:
         self.node: Optional[str] = None
-        self.run = _Run()
+        self.run = bundle.ResultReader()
         self.err = bytearray()
 
 
@@ -446,7 +445,7 @@ class _Step:
 
 
 class SlurmFleet:
-    """Runs the bundle on Slurm nodes. Same interface as gather.Fleet.
+    """Runs the bundle on Slurm nodes: the transport contract's Fleet (preflight.transport.contract).
 
     Every phase of a run shares one srun step when it can: a phase run with `then=True` leaves its node
     processes waiting for the next phase's config, which the next `run` writes to the step's stdin
@@ -583,7 +582,7 @@ class SlurmFleet:
     def _next_phase(self, step: _Step, by_node: Dict[str, Dict[str, Any]]) -> None:
         """The kept step's processes get the next phase's config (nodes not named in it exit)."""
         for task in step.tasks.values():
-            task.run, task.err = _Run(), bytearray()
+            task.run, task.err = bundle.ResultReader(), bytearray()
         line = json.dumps(bundle.broadcast_config(by_node), separators=(",", ":")).encode() + b"\n"
         log.debug("step %s: next phase on %d nodes, same processes (%d bytes to every node)", step.name, len(by_node), len(line))
         self._write(step, line)
@@ -653,7 +652,7 @@ class SlurmFleet:
                 runs.append(task.run.finish(None, sent_at, started))
             lost = [r for r in runs if r.result is None]
             if lost:
-                tail = lost[0].stderr.strip().splitlines()[-1:] or [exits.get(name) or "no output"]
+                tail = [lost[0].damage] if lost[0].damage else lost[0].stderr.strip().splitlines()[-1:] or [exits.get(name) or "no output"]
                 outcomes[name] = Outcome(name, run=lost[0], failure=NodeFailure(
                     "protocol", "probe bundle exited without a result: %s" % tail[0][:300]))
             else:

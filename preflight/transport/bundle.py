@@ -16,9 +16,18 @@ Wire protocol (stdin → node):   one line of JSON config, one line with the zip
                                 loaded), so one srun step carries every phase.
 Wire protocol (node → stdout):  `preflight-pid N` (from the login shell, before python starts),
                                 `preflight-clock T` (the node's time.time() as soon as python runs),
-                                `preflight-result {json}` (the last line); with config `line_max` the
-                                JSON is cut into `preflight-part` lines before it (srun splits output
-                                lines longer than 1024 bytes).
+                                then the result, framed: the JSON document deflated and base64-encoded
+                                (text no marker can occur in), cut into chunks of config `line_max`
+                                characters (srun cuts output lines longer than 1024 bytes; without
+                                line_max: one chunk), sent as
+                                    `preflight-part SEQ CHUNK`                      (SEQ 0, 1, ...)
+                                    `preflight-result SEQ LENGTH CRC32 CHUNK`       (the last chunk)
+                                where LENGTH is the whole base64 text's length and CRC32 its zlib.crc32
+                                (8 hex digits). ResultReader puts a part split over several lines, two
+                                lines joined into one, or a line duplicated back together, and detects
+                                anything it cannot (a lost or damaged part): then the result is
+                                "damaged" (ResultReader.damage says why), never a wrong document.
+                                A bare `preflight-result {json}` line is read too (a plain document).
 """
 
 from __future__ import annotations
@@ -34,12 +43,14 @@ import re
 import shlex
 import sys
 import threading
+import time
 import zipfile
 import zlib
 from types import CodeType
 from typing import Any, Dict, List, Optional, Tuple
 
 import preflight
+from preflight.transport.contract import RunResult
 
 # Runs on the node as `python3 -c BOOTSTRAP`. Python 3.8+, standard library only. Kept small: it is
 # sent on every connection. It also arms the safety nets: the whole process group is killed when stdin
@@ -93,9 +104,9 @@ _t=None
 while _cfg:
     if _t:_t.cancel()
     _t=threading.Timer(float(_cfg.get('deadline_s',600)),_die);_t.start()
-    _r=json.dumps(main(_cfg,_zb));_k=int(_cfg.get('line_max') or len(_r))
-    for _i in range(0,len(_r),_k):sys.stdout.write(('preflight-result ' if _i+_k>=len(_r) else 'preflight-part ')+_r[_i:_i+_k]+'\n')
-    sys.stdout.flush()
+    _r=base64.b64encode(zlib.compress(json.dumps(main(_cfg,_zb)).encode(),1)).decode();_k=int(_cfg.get('line_max') or len(_r));_n=-(-len(_r)//_k)
+    for _i in range(_n-1):sys.stdout.write('preflight-part %d %s\n'%(_i,_r[_i*_k:_i*_k+_k]))
+    sys.stdout.write('preflight-result %d %d %08x %s\n'%(_n-1,len(_r),zlib.crc32(_r.encode()),_r[(_n-1)*_k:]));sys.stdout.flush()
     if not _cfg.get('more'):break
     _t.cancel();_t=threading.Timer(float(_cfg.get('wait_s',60)),_die);_t.start()
     _cfg=_pick(json.loads(_Q.get()))
@@ -280,42 +291,195 @@ def remote_command(python: str) -> str:
 
 _PID_RE = re.compile(rb"preflight-pid (\d+)$")
 _CLOCK_RE = re.compile(rb"preflight-clock (\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)$")
-_RESULT_MARK = b"preflight-result "
-_PART_MARK = b"preflight-part "
+#: a part or result frame, wherever it starts in a line (a line joined to the one before it, or after a
+#: shell start-up file's output without a newline)
+_FRAME_RE = re.compile(rb"preflight-(part|result) ")
+_PART_RE = re.compile(rb"(\d+) ([A-Za-z0-9+/=]*)$")
+_RESULT_RE = re.compile(rb"(\d+) (\d+) ([0-9a-f]{8}) ([A-Za-z0-9+/=]*)$")
+#: a continuation: the rest of a frame the transport moved to a line of its own (base64 text only)
+_CONTINUATION_RE = re.compile(rb"[A-Za-z0-9+/=]+$")
+
+
+class ResultReader:
+    """Reads one node's stdout as it arrives (the public result reader of the transport contract).
+
+    feed(bytes) in any chunks (SSH: 64 KB reads; srun: one labelled line at a time); `pid` and
+    `clock_at` are set as soon as their lines arrive; has_result() is True once the result frame is
+    whole (or found damaged); finish(rc, sent_at, started) -> RunResult. `err` collects stderr.
+
+    Linear in the output's size: each byte is looked at a bounded number of times (a line is only
+    joined when its newline arrives; the frames are joined once, when the last one is in), so a 10 MB
+    result costs what reading 10 MB costs, however many chunks or lines carry it.
+
+    Framing (see the module docstring): frames are keyed by their sequence number; a line with no
+    marker that holds only base64 text continues the frame before it (a line the transport split); a
+    line holding several markers is several frames (lines it joined); a frame seen twice keeps its
+    last copy. The whole is accepted only when every frame 0..SEQ is there and the length and CRC32
+    match: anything else is `damage` (why), never a wrong document.
+    """
+
+    def __init__(self) -> None:
+        self.err = bytearray()
+        self.pid: Optional[int] = None
+        self.clock: Optional[float] = None
+        self.clock_at: Optional[float] = None
+        self.result: Optional[Dict[str, Any]] = None
+        self.damage: Optional[str] = None  # why a result frame that arrived gives no document
+        self.size = 0  # stdout bytes fed
+        self._line: List[bytes] = []  # the pieces of the line not ended yet
+        self._frames: Dict[int, List[bytes]] = {}
+        self._have = 0  # characters in _frames
+        self._current: Optional[int] = None  # the frame a continuation line belongs to
+        self._final: Optional[Tuple[int, int, int]] = None  # (last seq, total length, crc32)
+        self._done = False
+
+    # feeding --------------------------------------------------------------------------------------
+    def feed(self, data: bytes) -> None:
+        self.size += len(data)
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            if end < 0:
+                if start < len(data):
+                    self._line.append(data[start:])
+                return
+            piece = data[start:end]
+            if self._line:
+                self._line.append(piece)
+                piece, self._line = b"".join(self._line), []
+            self._take(piece.rstrip(b"\r"))
+            start = end + 1
+
+    def has_result(self) -> bool:
+        """The result has arrived whole (or damaged past repair): nothing more of it will come."""
+        return self._done
+
+    def finish(self, rc: Optional[int], sent_at: float, started: float) -> RunResult:
+        """The run's RunResult. Output cut off mid-line counts as nothing (a connection dropped mid-frame)."""
+        if not self._done and self._final is not None:
+            self.damage = self._missing() or "result incomplete: %d of %d characters" % (self._have, self._final[1])
+        return RunResult(
+            rc=rc,
+            result=self.result,
+            stderr=self.err.decode("utf-8", "replace")[-4000:],
+            sent_at=sent_at,
+            clock=self.clock,
+            clock_received_at=self.clock_at,
+            elapsed_s=time.monotonic() - started,
+            damage=self.damage,
+        )
+
+    # one line -------------------------------------------------------------------------------------
+    def _take(self, line: bytes) -> None:
+        at = line.find(b"preflight-")
+        if at < 0:
+            if self._current is not None and not self._done and _CONTINUATION_RE.match(line):
+                self._add(self._current, line, extend=True)
+            return
+        marks = [m.start() for m in _FRAME_RE.finditer(line, at)]
+        if not marks:
+            self._current = None
+            self._meta(line)
+            return
+        head = line[:marks[0]]
+        if self._current is not None and head and not self._done and _CONTINUATION_RE.match(head):
+            self._add(self._current, head, extend=True)  # a split frame's rest, then the next frame joined to it
+        for i, begin in enumerate(marks):
+            self._frame(line[begin:marks[i + 1] if i + 1 < len(marks) else len(line)])
+
+    def _meta(self, line: bytes) -> None:
+        match = _PID_RE.search(line)
+        if match:
+            if self.pid is None:
+                self.pid = int(match.group(1))
+            return
+        match = _CLOCK_RE.search(line)
+        if match and self.clock is None:
+            self.clock = float(match.group(1))
+            self.clock_at = time.time()
+
+    def _frame(self, text: bytes) -> None:
+        if self._done:
+            return
+        if text.startswith(b"preflight-part "):
+            match = _PART_RE.match(text, 15)
+            self._current = None
+            if match:
+                self._add(int(match.group(1)), match.group(2))
+            return
+        body = text[17:]
+        if body[:1] in (b"{", b"["):  # a plain document on one line
+            self._current = None
+            try:
+                doc = json.loads(body.decode("utf-8", "replace"))
+            except ValueError:
+                return
+            if isinstance(doc, dict):
+                self.result, self._done = doc, True
+            return
+        match = _RESULT_RE.match(body)
+        self._current = None
+        if not match:
+            return
+        self._final = (int(match.group(1)), int(match.group(2)), int(match.group(3), 16))
+        self._add(self._final[0], match.group(4))
+
+    def _add(self, seq: int, chunk: bytes, extend: bool = False) -> None:
+        if extend:
+            self._frames[seq].append(chunk)
+        else:
+            self._have -= sum(len(c) for c in self._frames.get(seq, ()))  # a frame seen twice: the last copy
+            self._frames[seq] = [chunk]
+        self._have += len(chunk)
+        self._current = seq
+        if self._final is not None and len(self._frames) >= self._final[0] + 1:
+            self._complete()
+
+    def _missing(self) -> Optional[str]:
+        assert self._final is not None
+        lost = [i for i in range(self._final[0] + 1) if i not in self._frames]
+        return "result frames lost in transit: %s of %d" % (",".join(map(str, lost[:5])), self._final[0] + 1) if lost else None
+
+    def _complete(self) -> None:
+        assert self._final is not None
+        last, length, crc = self._final
+        if self._have < length or self._missing():
+            return  # a continuation, or a frame still on its way
+        if self._have > length or len(self._frames) > last + 1:
+            self.damage, self._done = "result damaged in transit: %d characters, expected %d" % (self._have, length), True
+            return
+        text = b"".join(b"".join(self._frames[i]) for i in range(last + 1))
+        self._frames, self._done = {}, True
+        if zlib.crc32(text) != crc:
+            self.damage = "result damaged in transit: CRC32 %08x, expected %08x" % (zlib.crc32(text), crc)
+            return
+        try:
+            doc = json.loads(zlib.decompress(base64.b64decode(text)).decode("utf-8"))
+        except (ValueError, zlib.error) as exc:
+            self.damage = "result unreadable: %s" % exc
+            return
+        if isinstance(doc, dict):
+            self.result = doc
+        else:
+            self.damage = "result is not a JSON object"
 
 
 def parse_output(stdout: bytes) -> Dict[str, Any]:
-    """The protocol lines found in a run's stdout: pid, clock, result (each may be missing).
+    """The protocol lines found in a run's whole stdout: pid, clock, result (each may be missing).
 
     A protocol line is found anywhere in a line, not only at its start: a node's shell start-up file
     that prints without a trailing newline ("Welcome" + "preflight-pid 123") must not hide the pid
     (the hung process would outlive the run) or the clock (the clock-skew check would go blind). Only
-    complete lines count (a result cut off mid-line is no result), and a result line that is not JSON
-    is ignored, so a connection dropped mid-line is "no result", never a crash.
+    complete lines count (a result cut off mid-line is no result), and a result that is not a JSON
+    object, or arrives damaged, is no result, so a connection dropped mid-line is never a crash.
     """
+    reader = ResultReader()
+    reader.feed(stdout)
     found: Dict[str, Any] = {}
-    parts: List[bytes] = []
-    for raw in stdout.split(b"\n")[:-1] if not stdout.endswith(b"\n") else stdout.split(b"\n"):
-        raw = raw.rstrip(b"\r")
-        at = raw.rfind(_PART_MARK)
-        if at >= 0:  # a result cut into lines for a transport with a line limit (srun)
-            parts.append(raw[at + len(_PART_MARK):])
-            continue
-        at = raw.rfind(_RESULT_MARK)
-        if at >= 0:
-            text, parts = b"".join(parts) + raw[at + len(_RESULT_MARK):], []
-            try:
-                result = json.loads(text.decode("utf-8", "replace"))
-            except ValueError:
-                continue
-            if isinstance(result, dict):
-                found["result"] = result
-            continue
-        match = _PID_RE.search(raw)
-        if match:
-            found["pid"] = int(match.group(1))
-            continue
-        match = _CLOCK_RE.search(raw)
-        if match:
-            found["clock"] = float(match.group(1))
+    if reader.pid is not None:
+        found["pid"] = reader.pid
+    if reader.clock is not None:
+        found["clock"] = reader.clock
+    if reader.result is not None:
+        found["result"] = reader.result
     return found

@@ -1,10 +1,11 @@
-"""Fan the probe bundle out over the nodes in a bounded pool; results are data, {node: outcome}.
+"""The contract's Fleet for SSH and local nodes: one Session per node, driven by a bounded pool.
 
-One connection per node, opened once and reused by every phase (local facts, network facts, the
-all-reduce); a phase run with then=True also leaves each node's process waiting for the next phase's
-config on the same channel (transport.SSHSession.run_bundle). A node that fails to connect or overruns its deadline becomes a NodeFailure in its outcome;
-it never hides the other nodes' results. Ctrl-C cancels every in-flight run (remote process groups are
-killed) before the interrupt propagates.
+Results are data, {node: Outcome}. One connection per node, opened once and reused by every phase (local
+facts, network facts, the all-reduce); a phase run with then=True also leaves each node's process waiting
+for the next phase's config on the same channel (ssh.SSHSession.run_bundle). A node that fails to
+connect or overruns its deadline becomes a NodeFailure in its outcome; it never hides the other nodes'
+results. Ctrl-C cancels every in-flight run (remote process groups are killed) before the interrupt
+propagates. The contract itself is written in transport/contract.py.
 """
 
 from __future__ import annotations
@@ -13,28 +14,21 @@ import concurrent.futures
 import queue
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 from preflight.inventory import NodeSpec
-from preflight.transport.ssh import NodeFailure, RunResult, Session, session_for
+from preflight.transport.contract import NodeFailure, Outcome, Progress, Session
+from preflight.transport.local import LocalSession
+from preflight.transport.ssh import SSHSession
 
-#: progress(event, node name) with event in {"start", "done", "failed"}
-Progress = Callable[[str, str], None]
 
-
-@dataclass
-class Outcome:
-    """What one node returned for one phase: the run's result document, or why there is none."""
-
-    node: str
-    result: Optional[Dict[str, Any]] = None
-    run: Optional[RunResult] = None
-    failure: Optional[NodeFailure] = None
+def session_for(spec: NodeSpec, accept_new_host_keys: bool = False) -> Session:
+    """The session for a node: this machine's own process (`local: true`) or SSH."""
+    return LocalSession(spec) if spec.local else SSHSession(spec, accept_new_host_keys)
 
 
 class Fleet:
-    """The sessions to every node of an inventory, and the pool that drives them."""
+    """The sessions to every node of an inventory, and the pool that drives them (contract.Fleet)."""
 
     def __init__(
         self,
@@ -88,7 +82,7 @@ class Fleet:
             self.progress("failed", name)
             return Outcome(name, failure=failure)
         if run.result is None:
-            tail = run.stderr.strip().splitlines()[-1:] or ["no output"]
+            tail = [run.damage] if run.damage else run.stderr.strip().splitlines()[-1:] or ["no output"]
             failure = NodeFailure("protocol", "probe bundle exited %s without a result: %s" % (run.rc, tail[0][:300]))
             self.progress("failed", name)
             return Outcome(name, run=run, failure=failure)

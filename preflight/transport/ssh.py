@@ -1,332 +1,31 @@
-"""Run the probe bundle on a node: over SSH (fabric/paramiko) or, for this machine, as a local process.
+"""Run the probe bundle on a node over SSH (fabric/paramiko): SSHSession, the contract's Session for SSH.
 
-The only module that touches fabric and paramiko. Every connection has a connect deadline, every run a
-command deadline; when a run overruns, the remote process group is killed over a second channel, and
-the bundle's own watchdog kills it if the connection is lost. Host keys are verified against
-known_hosts unless the node says `host_key_checking: accept-new`. Failures are NodeFailure values
-with a kind and a fix, never tracebacks.
+With transport/known_hosts.py and transport/ssh_config.py, the only code that touches fabric and paramiko.
+Every connection has a connect deadline, every run a command deadline; when a run overruns, the remote
+process group is killed over a second channel, and the bundle's own watchdog kills it if the connection
+is lost. Host keys are verified on every hop (known_hosts.host_key_policy). Failures are NodeFailure
+values with a kind and a fix, never tracebacks.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import logging
 import math
 import os
 import select
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
-from preflight.transport import bundle
 from preflight.inventory import NodeSpec
+from preflight.transport import bundle
+from preflight.transport.contract import NodeFailure, RunResult, Session
+from preflight.transport.known_hosts import KnownHosts, RevokedHostKey, fingerprint, host_key_policy
+from preflight.transport.ssh_config import fabric_config
 
 log = logging.getLogger(__name__)
-
-
-def fingerprint(key: Any) -> str:
-    """OpenSSH's form of a host key fingerprint: SHA256:base64 (as `ssh-keygen -lf` prints it)."""
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-class NodeFailure(Exception):
-    """A node could not be used. kind: unreachable, host_key, auth, timeout, protocol."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
-
-
-@dataclass
-class RunResult:
-    """One bundle run: the parsed protocol lines plus timing."""
-
-    rc: Optional[int]
-    result: Optional[Dict[str, Any]]
-    stderr: str
-    sent_at: float
-    clock: Optional[float]
-    clock_received_at: Optional[float]
-    elapsed_s: float
-
-
-class _Run:
-    """Incremental reader of a run's stdout: notes when the pid and clock lines arrive."""
-
-    def __init__(self) -> None:
-        self.out = bytearray()
-        self.err = bytearray()
-        self.pid: Optional[int] = None
-        self.clock_at: Optional[float] = None
-
-    def feed(self, data: bytes) -> None:
-        before = self.out.count(b"\n")
-        self.out += data
-        if self.out.count(b"\n") != before and (self.pid is None or self.clock_at is None):
-            seen = bundle.parse_output(bytes(self.out[: self.out.rfind(b"\n") + 1]))
-            if self.pid is None and "pid" in seen:
-                self.pid = seen["pid"]
-            if self.clock_at is None and "clock" in seen:
-                self.clock_at = time.time()
-
-    def has_result(self) -> bool:
-        """The result line (the run's last) has arrived whole."""
-        at = self.out.rfind(b"preflight-result ")
-        return at >= 0 and self.out.find(b"\n", at) >= 0
-
-    def finish(self, rc: Optional[int], sent_at: float, started: float) -> RunResult:
-        seen = bundle.parse_output(bytes(self.out))
-        return RunResult(
-            rc=rc,
-            result=seen.get("result"),
-            stderr=self.err.decode("utf-8", "replace")[-4000:],
-            sent_at=sent_at,
-            clock=seen.get("clock"),
-            clock_received_at=self.clock_at,
-            elapsed_s=time.monotonic() - started,
-        )
-
-
-class Session:
-    """A connection to one node that runs bundles. Subclasses: SSHSession, LocalSession."""
-
-    spec: NodeSpec
-    cancelled: bool = False  # set by Fleet.cancel(): a run in progress kills itself and stops
-
-    def open(self) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def run_bundle(self, config: Dict[str, Any], deadline_s: float, then: bool = False) -> RunResult:  # pragma: no cover
-        """Run the bundle once. then=True: another phase follows; a session may keep the node's process,
-        waiting for the next config on its stdin, instead of starting a new one (SSHSession does)."""
-        raise NotImplementedError
-
-    def end_kept(self) -> None:
-        """Let a process kept for a next phase that will not come exit (nothing kept: nothing to do)."""
-
-    def cancel(self) -> None:
-        """Kill whatever this session is running now (Ctrl-C). Safe to call from another thread."""
-
-    def close(self) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
-
-
-# --- SSH -----------------------------------------------------------------------------------------
-
-_known_hosts_lock = threading.Lock()
-
-
-class RevokedHostKey(Exception):
-    """The server presented a key that known_hosts marks @revoked."""
-
-    def __init__(self, hostname: str, key: Any, where: str) -> None:
-        super().__init__("host key of %s (%s %s) is revoked at %s" % (hostname, key.get_name(), fingerprint(key), where))
-
-
-def _host_key_policy(accept_new: bool, known_hosts: Optional[str]) -> Any:
-    import paramiko
-
-    revoked: Dict[bytes, str] = {}
-    if known_hosts and os.path.isfile(known_hosts):
-        revoked = KnownHosts.of(known_hosts).revoked
-
-    class Reject(paramiko.RejectPolicy):
-        def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
-            if key.asbytes() in revoked:
-                raise RevokedHostKey(hostname, key, revoked[key.asbytes()])
-            super().missing_host_key(client, hostname, key)
-
-    class AcceptNew(paramiko.MissingHostKeyPolicy):
-        """Like OpenSSH's StrictHostKeyChecking=accept-new: record unknown keys; changed keys still fail."""
-
-        def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
-            if key.asbytes() in revoked:  # OpenSSH refuses a revoked key even with accept-new
-                raise RevokedHostKey(hostname, key, revoked[key.asbytes()])
-            client.get_host_keys().add(hostname, key.get_name(), key)
-            if known_hosts:
-                with _known_hosts_lock:
-                    os.makedirs(os.path.dirname(os.path.abspath(known_hosts)), exist_ok=True)
-                    with open(known_hosts, "a") as handle:
-                        handle.write("%s %s %s\n" % (hostname, key.get_name(), key.get_base64()))
-
-    return AcceptNew() if accept_new else Reject()
-
-
-class SSHConfigError(Exception):
-    """An ssh_config file preflight cannot read the way OpenSSH would; the message names file:line."""
-
-
-_MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
-
-
-def read_ssh_config(path: str, system: bool = False, depth: int = 0) -> str:
-    """The text of an ssh_config file with its `Include` directives expanded, for paramiko's parser.
-
-    paramiko's SSHConfig ignores Include, so hosts defined in included files silently "cannot resolve"
-    where OpenSSH reaches them. Expanded as ssh_config(5) says: several paths per line, glob(7)
-    wildcards in lexical order, `~` expanded, relative paths under ~/.ssh (a user file) or /etc/ssh (the
-    system file), nesting up to 16 deep. An Include inside a Host or Match block is conditional in
-    OpenSSH: the included lines are inlined in that block, and when the included file opened blocks
-    of its own, the enclosing block's Host/Match line is repeated after it so the lines that follow
-    stay under the condition they were written under.
-    """
-    import glob
-    import shlex
-
-    if depth > _MAX_INCLUDE_DEPTH:
-        raise SSHConfigError("%s: Include nested more than %d deep" % (path, _MAX_INCLUDE_DEPTH))
-    with open(path, errors="replace") as handle:
-        lines = handle.read().splitlines()
-    out: List[str] = []
-    block = None  # the Host/Match line the lines are under (None: the top, before any block)
-    for lineno, line in enumerate(lines, 1):
-        words = line.strip().replace("=", " ", 1).split(None, 1) if line.strip() and not line.strip().startswith("#") else []
-        keyword = words[0].lower() if words else ""
-        if keyword in ("host", "match"):
-            block = line.strip()
-        if keyword != "include":
-            out.append(line)
-            continue
-        try:
-            patterns = shlex.split(words[1]) if len(words) > 1 else []
-        except ValueError as exc:
-            raise SSHConfigError("%s:%d: cannot read Include: %s" % (path, lineno, exc)) from None
-        if not patterns:
-            raise SSHConfigError("%s:%d: Include without a file name" % (path, lineno))
-        opened = False
-        for pattern in patterns:
-            pattern = os.path.expanduser(pattern)
-            if not os.path.isabs(pattern):
-                pattern = os.path.join("/etc/ssh" if system else os.path.expanduser("~/.ssh"), pattern)
-            for included in sorted(glob.glob(pattern)):
-                if os.path.isdir(included):
-                    continue
-                try:
-                    text = read_ssh_config(included, system, depth + 1)
-                except OSError as exc:
-                    raise SSHConfigError("%s:%d: cannot read included %s: %s" % (path, lineno, included, exc.strerror)) from None
-                out.append("# --- Include %s (from %s:%d)" % (included, path, lineno))
-                out.extend(text.splitlines())
-                opened = opened or any(l.strip().lower().split(None, 1)[:1] in (["host"], ["match"]) for l in text.splitlines())
-        if opened:
-            out.append(block or "Host *")
-    return "\n".join(out) + "\n"
-
-
-_fabric_configs: Dict[Optional[str], Any] = {}
-_fabric_lock = threading.Lock()
-
-
-def _fabric_config(ssh_config: Optional[str]) -> Any:
-    """One fabric Config per ssh_config file (parsing it once, not once per node).
-
-    The SSHConfig is handed to fabric as an explicit object: fabric's Config.clone() re-reads the
-    ssh_config files *into the original* on every clone unless it was given one, so the rule list
-    grew by a file's worth per connection and every clone deep-copied it (O(nodes^2) at 256 nodes).
-    """
-    import fabric
-    import paramiko
-
-    with _fabric_lock:
-        if ssh_config not in _fabric_configs:
-            import io
-
-            parsed = paramiko.SSHConfig()
-            files = [(ssh_config, False)] if ssh_config else [(os.path.expanduser("~/.ssh/config"), False), ("/etc/ssh/ssh_config", True)]
-            for path, system in files:  # the user's file first: for each option the first value wins
-                if os.path.isfile(path):
-                    parsed.parse(io.StringIO(read_ssh_config(path, system)))
-            _fabric_configs[ssh_config] = fabric.Config(ssh_config=parsed)
-        return _fabric_configs[ssh_config].clone()
-
-
-def load_ssh_configs(paths: Any) -> None:
-    """Parse every ssh_config the nodes use, before any connection. Raises SSHConfigError (file:line)."""
-    for path in sorted(set(paths), key=str):
-        try:
-            _fabric_config(path)
-        except OSError as exc:
-            raise SSHConfigError("cannot read ssh_config %s: %s" % (exc.filename or path, exc.strerror)) from None
-
-
-class KnownHosts:
-    """A known_hosts file parsed once per version (path, mtime, size) and shared by every connection.
-
-    paramiko's HostKeys.load() compares each line with every earlier one: at 256 nodes, loading the
-    file once per connection was 57% of the controller's CPU. Here each line is parsed once, and a
-    connection gets only its own host's keys (plain or hashed |1| entries).
-    """
-
-    _cache: Dict[Any, "KnownHosts"] = {}
-    _lock = threading.Lock()
-
-    def __init__(self, path: str) -> None:
-        import paramiko
-
-        self.entries = []
-        self.revoked: Dict[bytes, str] = {}  # key blob -> "file:line" of its @revoked line
-        with open(path, errors="replace") as handle:
-            for lineno, line in enumerate(handle, 1):
-                line = line.strip()
-                if not line or line.startswith("#"):
-                    continue
-                marker = None
-                if line.startswith("@"):  # OpenSSH markers (sshd(8) SSH_KNOWN_HOSTS FILE FORMAT)
-                    marker, _, line = line.partition(" ")
-                    line = line.strip()
-                    if marker not in ("@revoked", "@cert-authority"):
-                        log.warning("%s:%d: unknown known_hosts marker %s; line ignored", path, lineno, marker)
-                        continue
-                    if marker == "@cert-authority":
-                        log.warning("%s:%d: @cert-authority (host certificates) is not supported; line ignored", path, lineno)
-                        continue
-                try:
-                    entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
-                except Exception as exc:  # InvalidHostKey, SSHException, a truncated base64 blob, ...
-                    log.warning("%s:%d: unreadable known_hosts line ignored: %s", path, lineno, getattr(exc, "exc", exc))
-                    continue
-                if entry is None:
-                    log.warning("%s:%d: unreadable known_hosts line ignored (incomplete or unknown key type)", path, lineno)
-                elif marker == "@revoked":
-                    self.revoked[entry.key.asbytes()] = "%s:%d" % (path, lineno)
-                else:
-                    self.entries.append(entry)
-
-    @classmethod
-    def of(cls, path: str) -> "KnownHosts":
-        st = os.stat(path)
-        key = (path, st.st_mtime_ns, st.st_size)
-        with cls._lock:
-            if key not in cls._cache:
-                cls._cache = {k: v for k, v in cls._cache.items() if k[0] != path}
-                cls._cache[key] = cls(path)
-            return cls._cache[key]
-
-    def keys_for(self, name: str) -> List[Any]:
-        """The keys recorded for `name` (host, or [host]:port off port 22)."""
-        from paramiko.hostkeys import HostKeys
-
-        found = []
-        for entry in self.entries:
-            if entry.key.asbytes() in self.revoked:
-                continue  # a revoked key is never trusted, whatever other line lists it
-            for recorded in entry.hostnames:
-                if recorded == name or (recorded.startswith("|1|") and HostKeys.hash_host(name, recorded) == recorded):
-                    found.append(entry.key)
-                    break
-        return found
 
 
 class SSHSession(Session):
@@ -335,7 +34,9 @@ class SSHSession(Session):
     #: how long the kill command (kill -TERM, 0.5 s, kill -KILL) may take beyond the connect timeout
     KILL_WAIT_S = 3.0
     #: how long output may keep coming after the exit status (a background job of the node's shell rc
-    #: that holds stdout open would otherwise keep the run waiting forever)
+    #: that holds stdout open would otherwise keep the run waiting forever), and how long a process
+    #: whose result arrived may take to exit (a thread stuck in an uninterruptible driver call keeps it
+    #: alive: its result counts, then its group is killed)
     DRAIN_S = 2.0
     #: after Ctrl-C, how long a run just started may take to send its pid line (then it is killed)
     PID_WAIT_S = 3.0
@@ -368,7 +69,7 @@ class SSHSession(Session):
             host,
             user=user,
             port=port,
-            config=_fabric_config(spec.ssh_config),
+            config=fabric_config(spec.ssh_config),
             gateway=gateway,
             connect_timeout=max(1, int(math.ceil(spec.connect_timeout))),
             connect_kwargs=connect_kwargs,
@@ -376,7 +77,7 @@ class SSHSession(Session):
         # fabric defaults to AutoAddPolicy on every hop; preflight verifies host keys on every hop.
         hop = conn
         while hop and not isinstance(hop, str):
-            hop.client.set_missing_host_key_policy(_host_key_policy(self.accept_new, spec.known_hosts))
+            hop.client.set_missing_host_key_policy(host_key_policy(self.accept_new, spec.known_hosts))
             if spec.known_hosts and os.path.isfile(spec.known_hosts):
                 name = hop.host if hop.port == 22 else "[%s]:%d" % (hop.host, hop.port)
                 for key in KnownHosts.of(spec.known_hosts).keys_for(name):
@@ -392,7 +93,7 @@ class SSHSession(Session):
         """
         jump = self.spec.proxy_jump
         if not jump:
-            probe = _fabric_config(self.spec.ssh_config)
+            probe = fabric_config(self.spec.ssh_config)
             import fabric
 
             found = fabric.Connection(self.spec.host, config=probe).ssh_config.get("proxyjump")
@@ -465,7 +166,7 @@ class SSHSession(Session):
         import paramiko
 
         started = time.monotonic()
-        run = _Run()
+        run = bundle.ResultReader()
         # a kept process waits for the next phase as long as this phase may last on the slowest node
         config = dict(config, deadline_s=deadline_s + 5, more=then, wait_s=deadline_s + bundle.NEXT_PHASE_SLACK_S)
         kept, self._kept = self._kept, None
@@ -489,6 +190,8 @@ class SSHSession(Session):
         end = started + deadline_s
         cancel_at: Optional[float] = None
         keep = False
+        stuck = False  # the result arrived but the process does not exit
+        result_at: Optional[float] = None
         try:
             while True:
                 if run.pid is not None and self._pid is None:
@@ -502,6 +205,14 @@ class SSHSession(Session):
                     else:
                         self._kill_once(run.pid)
                         raise NodeFailure("cancelled", "interrupted; killed the remote process group")
+                if run.has_result() and not then:
+                    if result_at is None:  # the node answered: from here it has DRAIN_S to exit
+                        result_at = time.monotonic()
+                        end = min(end, result_at + self.DRAIN_S)
+                        remaining = end - result_at
+                    if remaining <= 0:
+                        stuck = True  # its result counts all the same
+                        break
                 if remaining <= 0:
                     self._kill(run.pid)
                     if self.kill_hung:
@@ -527,6 +238,11 @@ class SSHSession(Session):
                     break
             if keep:
                 self._kept = (chan, run.pid)
+                return run.finish(None, sent_at, started)
+            if stuck:
+                log.warning("%s: result received, but the process has not exited %g s later (a thread stuck in "
+                            "the kernel?); killing process group %s", self.spec.name, self.DRAIN_S, run.pid)
+                self._kill(run.pid)
                 return run.finish(None, sent_at, started)
             rc = chan.recv_exit_status() if chan.exit_status_ready() else None
             # drain what is left after the exit status, within a bound: a background job started by the
@@ -626,79 +342,3 @@ class SSHSession(Session):
                 self.conn.close()
             finally:
                 self.conn = None
-
-
-# --- this machine --------------------------------------------------------------------------------
-
-
-class LocalSession(Session):
-    """Runs the bundle on this machine with the same protocol, in its own process group."""
-
-    def __init__(self, spec: NodeSpec) -> None:
-        self.spec = spec
-        self._proc: Optional[subprocess.Popen] = None
-
-    def open(self) -> None:
-        return None
-
-    def run_bundle(self, config: Dict[str, Any], deadline_s: float, then: bool = False) -> RunResult:
-        started = time.monotonic()
-        python = self.spec.python or sys.executable
-        payload = bundle.stdin_payload(dict(config, deadline_s=deadline_s + 5))  # before the process starts
-        sent_at = time.time()
-        try:
-            proc = subprocess.Popen(
-                [python, "-c", bundle.BOOTSTRAP],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise NodeFailure("protocol", "cannot start %s: %s" % (python, exc.strerror)) from None
-        self._proc = proc
-        run = _Run()
-        assert proc.stdin and proc.stdout and proc.stderr
-        proc.stdin.write(payload)
-        proc.stdin.flush()
-        streams = {proc.stdout.fileno(): run.feed, proc.stderr.fileno(): run.err.extend}
-        end = started + deadline_s
-        try:
-            while streams:
-                remaining = end - time.monotonic()
-                if remaining <= 0:
-                    self._killpg(proc)
-                    raise NodeFailure("timeout", "timed out: no answer within %g s; killed the process group" % deadline_s)
-                ready, _, _ = select.select(list(streams), [], [], min(remaining, 1.0))
-                for fd in ready:
-                    data = os.read(fd, 65536)
-                    if data:
-                        streams[fd](data)
-                    else:
-                        del streams[fd]
-            rc = proc.wait()
-        finally:
-            self._proc = None
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                stream.close()
-        return run.finish(rc, sent_at, started)
-
-    @staticmethod
-    def _killpg(proc: subprocess.Popen) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        proc.wait()
-
-    def cancel(self) -> None:
-        proc = self._proc
-        if proc is not None:
-            self._killpg(proc)
-
-    def close(self) -> None:
-        return None
-
-
-def session_for(spec: NodeSpec, accept_new_host_keys: bool = False) -> Session:
-    return LocalSession(spec) if spec.local else SSHSession(spec, accept_new_host_keys)
