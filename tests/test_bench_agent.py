@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from preflight.allreduce import plan as benchplan
+from preflight.allreduce import localize, plan
+from preflight.allreduce.nccllog import parse_nccl_log
 from preflight.checks import allreduce
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe import bench_agent
@@ -100,7 +101,7 @@ def assert_no_leftovers(*docs):
 
 
 def rule_over(docs, nodes, backend="gloo"):
-    meta = benchplan.cluster_meta({n: {"backend": backend, "world_size": d["world_size"], "node_rank": d["node_rank"],
+    meta = plan.cluster_meta({n: {"backend": backend, "world_size": d["world_size"], "node_rank": d["node_rank"],
                                        "rank_offset": d["ranks"][0]["rank"], "local_world_size": len(d["ranks"]),
                                        "master_addr": "127.0.0.1", "master_port": 1, "deadlines": {}}
                                    for n, d in zip(nodes, docs)})
@@ -113,7 +114,7 @@ def test_two_agents_as_two_nodes_sweep_the_cpu_sizes():
     from preflight.transport.bundle import base_zip
 
     port = free_port()
-    sizes = benchplan.CPU_SIZES
+    sizes = plan.CPU_SIZES
     started = time.monotonic()
     # node 1 gets its worker from the probe bundle's zip, as on a real node; node 0 through the importer.
     a, b = run_all(
@@ -275,7 +276,7 @@ def test_nccl_debug_lines_are_kept_apart_from_the_error_tail():
     rank2.add_stderr(b"", final=True)
     assert rank2.nccl_log == log.rstrip("\n").split("\n")
     assert rank2.last_stderr_line() == "RuntimeError: boom" and "NCCL" not in rank2.stderr_tail()
-    assert allreduce.parse_nccl_log("\n".join(rank2.nccl_log))["transport"] == "NET/Socket"
+    assert parse_nccl_log("\n".join(rank2.nccl_log))["transport"] == "NET/Socket"
     small = bench_agent._Rank(2, 2)
     small.add_stderr((log * 2000).encode(), final=True)
     assert 0 < small.nccl_bytes <= bench_agent.NCCL_LOG_MAX and small.nccl_log[0] == log.split("\n")[0]
@@ -285,9 +286,9 @@ def test_pair_rotations_run_in_the_same_processes_after_the_sweep():
     # four "nodes" as four local ranks: the sweep, then two rotations of disjoint pairs as sub-groups
     port = free_port()
     names = ["n001", "n002", "n003", "n004"]
-    rotations = benchplan.pair_rotations(names)
+    rotations = plan.pair_rotations(names)
     configs = {n: {"rank_offset": i, "local_world_size": 1} for i, n in enumerate(names)}
-    cfg = dict(config(port, 4, local=4), pairs=benchplan.pair_spec(configs, rotations, 4))
+    cfg = dict(config(port, 4, local=4), pairs=plan.pair_spec(configs, rotations, 4))
     (doc,) = run_all((cfg,))
     assert doc["deadline"] is None and doc.get("pairs_deadline") is None, doc
     for r in doc["ranks"]:
@@ -296,7 +297,7 @@ def test_pair_rotations_run_in_the_same_processes_after_the_sweep():
         assert [(p["rotation"], p["bytes"], p["ok"]) for p in r["pairs"]] == [(0, SMALL[-1], True), (1, SMALL[-1], True)]
     assert_no_leftovers(doc)
     per_node = {n: dict(doc, ranks=[doc["ranks"][i]]) for i, n in enumerate(names)}
-    groups = benchplan.pair_results(per_node, configs, rotations)
+    groups = localize.pair_results(per_node, configs, rotations)
     assert [g["nodes"] for g in groups] == [["n001", "n003"], ["n002", "n004"], ["n001", "n004"], ["n002", "n003"]]
     assert all(g["failure"] is None and g["busbw_gbps"] > 0 and g["best_gbps"] >= g["busbw_gbps"] for g in groups), groups
 
@@ -312,7 +313,7 @@ def test_a_failing_pair_phase_leaves_the_sweep_standing_and_says_why():
     assert_no_leftovers(doc)
     per_node = {"n001": dict(doc, ranks=[doc["ranks"][0]]), "n002": dict(doc, ranks=[doc["ranks"][1]])}
     configs = {"n001": {"rank_offset": 0, "local_world_size": 1}, "n002": {"rank_offset": 1, "local_world_size": 1}}
-    (group,) = benchplan.pair_results(per_node, configs, [[["n001", "n002"]]])
+    (group,) = localize.pair_results(per_node, configs, [[["n001", "n002"]]])
     assert "pair test did not complete (ValueError" in group["failure"], group
     # the rule judges the sweep as if there had been no pair phase
     (f,) = rule_over([per_node["n001"], per_node["n002"]], ["n001", "n002"])

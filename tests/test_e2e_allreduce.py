@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from preflight import common
-from preflight.allreduce import plan as benchplan
-from preflight.checks import allreduce as ar
+from preflight.allreduce import localize, plan
+from preflight.allreduce.busbw import busbw_factor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CURVE_KEYS = {"bytes", "time_s", "algbw_gbps", "busbw_gbps", "slowest_rank", "fastest_rank"}
@@ -32,7 +32,7 @@ LOW_BUSBW = 0.001  # GB/s (the inventory minimum): any healthy gloo sweep on vet
 #: The simulated nodes share two cores with each other (and with whatever else runs): pairs measured side
 #: by side spread by a third or more under load. The rounds run at the default slow_fraction (20%): a node
 #: is named only when it is slow beside every partner of the in-process pair rotations
-#: (benchplan.PAIR_ROTATIONS), so one disturbed measurement does not name a healthy node.
+#: (plan.PAIR_ROTATIONS), so one disturbed measurement does not name a healthy node.
 
 
 def inventory(cluster, allreduce, **kw):
@@ -71,11 +71,11 @@ def assert_healthy(doc, n, node_round=False):
     assert main["message"].startswith("all-reduce busbw ") and "across %d ranks on %d nodes" % (n, n) in main["message"]
     assert section["verdict"] == "pass" and section["backend"] == "gloo"
     assert section["world_size"] == n and section["nodes"] == ["n%03d" % i for i in range(1, n + 1)]
-    assert [p["bytes"] for p in section["curve"]] == benchplan.CPU_SIZES
+    assert [p["bytes"] for p in section["curve"]] == plan.CPU_SIZES
     for point in section["curve"]:
         assert CURVE_KEYS <= set(point), point
         assert point["time_s"] > 0 and point["busbw_gbps"] == pytest.approx(
-            point["algbw_gbps"] * ar.busbw_factor(n), abs=2e-4)
+            point["algbw_gbps"] * busbw_factor(n), abs=2e-4)
         assert 0 <= point["slowest_rank"] < n and 0 <= point["fastest_rank"] < n
     assert section["busbw_gbps"] == section["curve"][-1]["busbw_gbps"] >= LOW_BUSBW
     assert section["threshold_gbps"] == LOW_BUSBW
@@ -90,7 +90,7 @@ def assert_healthy(doc, n, node_round=False):
         assert loc["exclude"] == [] and loc["by_bandwidth"] and loc["groups"], loc
         assert "pair test: every group passed: no node stands out" in main["message"], main["message"]
         # the pairs rode on the whole-cluster run: every node beside min(3, n - n/2) partners, no second launch
-        assert loc["in_process_rotations"] == min(benchplan.PAIR_ROTATIONS, n - n // 2) and loc["rounds"] == 0, loc
+        assert loc["in_process_rotations"] == min(plan.PAIR_ROTATIONS, n - n // 2) and loc["rounds"] == 0, loc
         assert len(loc["groups"]) == (n // 2) * loc["in_process_rotations"], loc
     if node_round:  # every node alone, two local ranks: each completes and gets its own figure
         (rnd,) = section["node_rounds"]
@@ -141,7 +141,7 @@ def test_mtu_black_hole_hangs_at_a_size_and_the_pairs_name_the_node(sim_cluster)
     assert hung, main["message"]
     assert "MTU mismatch" in main["message"], main["message"]
     assert hung.group(1) != "1 KiB"  # the small sizes passed: they are on the curve
-    assert section["curve"] and section["curve"][-1]["bytes"] < benchplan.CPU_SIZES[-1]
+    assert section["curve"] and section["curve"][-1]["bytes"] < plan.CPU_SIZES[-1]
 
     loc = section["localization"]
     assert loc["exclude"] == ["n003"], loc
@@ -224,6 +224,7 @@ def test_a_node_whose_rank_cannot_import_torch_is_named_not_hung(sim_cluster):
     assert cluster.leftover_processes() == {}
 
 
+
 def _ranks_everywhere(cluster):
     """True when every node runs a rank (the worker's argv carries its JSON config)."""
     return all(any('"warmup"' in cmd for _pid, cmd in cluster.processes(node)) for node in cluster.nodes)
@@ -257,7 +258,7 @@ def _doc(node_rank, rank, sizes, *, world=4, status=None, init_s=3.0, time_s=1e-
              "error": None, "import_s": init_s - 1, "init_s": init_s,
              "sizes": [{"bytes": b, "time_s": time_s, "max_s": 2 * time_s, "ok": True} for b in sizes]}
     entry.update(status or {})
-    return {"node_rank": node_rank, "backend": "gloo", "world_size": world, "sizes": list(benchplan.CPU_SIZES),
+    return {"node_rank": node_rank, "backend": "gloo", "world_size": world, "sizes": list(plan.CPU_SIZES),
             "deadline": None, "error": None, "ranks": [entry]}
 
 
@@ -265,14 +266,14 @@ def _meta(n=4):
     return {"backend": "gloo", "world_size": n, "nodes": ["n%03d" % i for i in range(1, n + 1)], "unanswered": {}}
 
 
-def _docs(statuses, done=benchplan.CPU_SIZES[:4]):
+def _docs(statuses, done=plan.CPU_SIZES[:4]):
     return {"n%03d" % (i + 1): _doc(i, i, done, status=statuses.get(i)) for i in range(4)}
 
 
 def test_plan_after_everyone_hung_runs_only_the_size_it_stopped_at():
     hung = {"status": "timeout", "stage": "size", "bytes": 16 * common.KiB}
-    plan = benchplan.localization_plan(_docs({i: hung for i in range(4)}), _meta())
-    assert plan == {"mode": "fail", "sizes": [16 * common.KiB], "at_init": False,
+    wanted = localize.localization_plan(_docs({i: hung for i in range(4)}), _meta())
+    assert wanted == {"mode": "fail", "sizes": [16 * common.KiB], "at_init": False,
                     "why": "the whole-cluster run stopped at 16 KiB"}
 
 
@@ -280,45 +281,45 @@ def test_plan_is_none_when_the_run_already_names_the_node():
     no_torch = {"status": "error", "stage": "init", "step": "import", "error": "ModuleNotFoundError: torch",
                 "init_s": None, "sizes": []}
     waiting = {"status": "timeout", "stage": "init", "step": "group", "init_s": None, "sizes": []}
-    assert benchplan.localization_plan(_docs({0: waiting, 1: waiting, 2: no_torch, 3: waiting}), _meta()) is None
+    assert localize.localization_plan(_docs({0: waiting, 1: waiting, 2: no_torch, 3: waiting}), _meta()) is None
     died = {"status": "error", "stage": "size", "bytes": 8 * common.KiB, "error": "rank process killed by signal 9"}
     peer = {"status": "error", "stage": "size", "bytes": 8 * common.KiB, "error": "RuntimeError: Connection closed"}
-    assert benchplan.localization_plan(_docs({0: peer, 1: died, 2: peer, 3: peer}), _meta()) is None
+    assert localize.localization_plan(_docs({0: peer, 1: died, 2: peer, 3: peer}), _meta()) is None
     importing = {"status": "timeout", "stage": "init", "step": "import", "import_s": None, "init_s": None}
-    assert benchplan.localization_plan(_docs({i: importing for i in range(4)}), _meta()) is None
-    assert benchplan.localization_plan(_docs({}), dict(_meta(), unanswered={"n002": "timed out"})) is None
+    assert localize.localization_plan(_docs({i: importing for i in range(4)}), _meta()) is None
+    assert localize.localization_plan(_docs({}), dict(_meta(), unanswered={"n002": "timed out"})) is None
     # it passed: the rounds still judge every node against the fleet, at the verdict size
-    assert benchplan.localization_plan(_docs({}, done=benchplan.CPU_SIZES), _meta()) == {
-        "mode": "check", "sizes": [benchplan.CPU_SIZES[-1]], "why": "every node judged against the fleet at 4 MiB"}
+    assert localize.localization_plan(_docs({}, done=plan.CPU_SIZES), _meta()) == {
+        "mode": "check", "sizes": [plan.CPU_SIZES[-1]], "why": "every node judged against the fleet at 4 MiB"}
 
 
 def test_plan_after_a_stall_compares_bandwidth_where_it_stalled():
     stopped = {"status": "timeout", "stage": "size", "bytes": 16 * common.KiB, "error": "no progress"}
     reset = {"status": "error", "stage": "size", "bytes": 16 * common.KiB,
              "error": "RuntimeError: Connection closed by peer [198.19.0.6]:57505"}
-    plan = benchplan.localization_plan(_docs({0: reset, 1: reset, 2: reset, 3: stopped}), _meta())
-    assert plan["mode"] == "slow" and plan["sizes"] == [16 * common.KiB] and "stalled at 16 KiB" in plan["why"]
+    wanted = localize.localization_plan(_docs({0: reset, 1: reset, 2: reset, 3: stopped}), _meta())
+    assert wanted["mode"] == "slow" and wanted["sizes"] == [16 * common.KiB] and "stalled at 16 KiB" in wanted["why"]
 
 
 def test_plan_for_a_slow_run_compares_bandwidth_at_the_verdict_size():
-    docs = _docs({}, done=benchplan.CPU_SIZES)
-    plan = benchplan.localization_plan(docs, _meta(), threshold=1e6)
-    assert plan["mode"] == "slow" and plan["sizes"] == [benchplan.CPU_SIZES[-1]]
-    assert benchplan.localization_plan(docs, _meta(), threshold=1e-9)["mode"] == "check"
+    docs = _docs({}, done=plan.CPU_SIZES)
+    wanted = localize.localization_plan(docs, _meta(), threshold=1e6)
+    assert wanted["mode"] == "slow" and wanted["sizes"] == [plan.CPU_SIZES[-1]]
+    assert localize.localization_plan(docs, _meta(), threshold=1e-9)["mode"] == "check"
 
 
 def test_round_deadlines_follow_what_the_first_run_measured():
-    docs = _docs({}, done=benchplan.CPU_SIZES)
+    docs = _docs({}, done=plan.CPU_SIZES)
     given = {"init_s": 120, "op_s": 30, "total_s": 300}
-    dl = benchplan.round_deadlines(given, docs, warmup=2, iters=5)
-    assert dl["init_s"] == 120 and dl["op_s"] == benchplan.LOCALIZE_OP_MIN_S  # a hang at a size: init stays
+    dl = plan.round_deadlines(given, docs, warmup=2, iters=5)
+    assert dl["init_s"] == 120 and dl["op_s"] == plan.LOCALIZE_OP_MIN_S  # a hang at a size: init stays
     assert dl["total_s"] == dl["init_s"] + 3 * dl["op_s"]
-    assert benchplan.round_deadlines(given, docs, 2, 5, at_init=True)["init_s"] == benchplan.LOCALIZE_INIT_MIN_S
-    slow = {"n%03d" % (i + 1): _doc(i, i, benchplan.CPU_SIZES, init_s=25.0, time_s=0.5) for i in range(4)}
-    dl = benchplan.round_deadlines(given, slow, warmup=2, iters=5, at_init=True)
+    assert plan.round_deadlines(given, docs, 2, 5, at_init=True)["init_s"] == plan.LOCALIZE_INIT_MIN_S
+    slow = {"n%03d" % (i + 1): _doc(i, i, plan.CPU_SIZES, init_s=25.0, time_s=0.5) for i in range(4)}
+    dl = plan.round_deadlines(given, slow, warmup=2, iters=5, at_init=True)
     assert dl["init_s"] == 100.0 and dl["op_s"] == 30.0  # 4 x 25 s; 10 x 8 x 1 s capped by op_s
     never = _docs({2: {"status": "timeout", "stage": "init", "step": "import", "import_s": None, "init_s": None}})
-    assert benchplan.round_deadlines({"init_s": 90}, never, 2, 5, at_init=True)["init_s"] == 90
+    assert plan.round_deadlines({"init_s": 90}, never, 2, 5, at_init=True)["init_s"] == 90
 
 
 def test_a_hang_is_localized_by_completion_not_by_bandwidth():
@@ -326,14 +327,14 @@ def test_a_hang_is_localized_by_completion_not_by_bandwidth():
               {"nodes": ["n002", "n004"], "busbw_gbps": 0.001, "failure": None},
               {"nodes": ["n001", "n002"], "busbw_gbps": 0.3, "failure": None},
               {"nodes": ["n003", "n004"], "busbw_gbps": None, "failure": "hung at 16 KiB"}]
-    verdict = benchplan.verdict_localization(groups, threshold=0.1, by_bandwidth=False)
+    verdict = localize.verdict_localization(groups, threshold=0.1, by_bandwidth=False)
     assert list(verdict["bad"]) == ["n003"] and verdict["undecided"] == {}
-    assert sorted(benchplan.verdict_localization(groups, threshold=0.1)["bad"]) != ["n003"]  # by bandwidth: wrong
+    assert sorted(localize.verdict_localization(groups, threshold=0.1)["bad"]) != ["n003"]  # by bandwidth: wrong
 
 
 def test_cpu_default_deadlines_are_shorter_than_gpu_ones():
     from preflight.model import NodeInfo
 
-    cpu = benchplan.make_configs([NodeInfo("a", "a", 0), NodeInfo("b", "b", 0)], "a")["a"]["deadlines"]
-    gpu = benchplan.make_configs([NodeInfo("a", "a", 8), NodeInfo("b", "b", 8)], "a")["a"]["deadlines"]
-    assert cpu["op_s"] == benchplan.CPU_DEFAULT_DEADLINES["op_s"] < gpu["op_s"] == benchplan.DEFAULT_DEADLINES["op_s"]
+    cpu = plan.make_configs([NodeInfo("a", "a", 0), NodeInfo("b", "b", 0)], "a")["a"]["deadlines"]
+    gpu = plan.make_configs([NodeInfo("a", "a", 8), NodeInfo("b", "b", 8)], "a")["a"]["deadlines"]
+    assert cpu["op_s"] == plan.CPU_DEFAULT_DEADLINES["op_s"] < gpu["op_s"] == plan.DEFAULT_DEADLINES["op_s"]

@@ -7,12 +7,12 @@ Deadlines are layered: the agents enforce init / per-operation / total deadlines
 the controller's outer deadline kills the remote process group of an agent that does not.
 
 On CPU nodes (gloo) the whole-cluster run also times rotations of disjoint node pairs once its sweep is done,
-in the same rank processes (benchplan.pair_rotations, bench_worker._pair_phase): the fleet judgement of a
+in the same rank processes (plan.pair_rotations, bench_worker._pair_phase): the fleet judgement of a
 healthy cluster costs no second launch and no second torch import; rounds run only for what they leave
 undecided. When the whole-cluster run hangs, fails or is slow and no node stands out, the nodes are tested in disjoint
-pairs, then suspects beside known-good nodes (preflight.allreduce.plan.localize), so the report names the node to
+pairs, then suspects beside known-good nodes (preflight.allreduce.localize), so the report names the node to
 exclude. The rounds re-run only the size the first run stopped at (or its verdict size), under deadlines
-derived from what the first run measured (preflight.allreduce.plan.localization_plan, round_deadlines): a hang is
+derived from what the first run measured (localize.localization_plan, plan.round_deadlines): a hang is
 already known, so each round costs one torch import and one short op deadline, not a whole sweep.
 """
 
@@ -22,7 +22,8 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from preflight import datanet
-from preflight.allreduce import plan as benchplan
+from preflight.allreduce import localize, plan
+from preflight.allreduce.busbw import threshold_for
 from preflight.transport.contract import Fleet
 from preflight.inventory import Inventory
 from preflight.model import ClusterView, NodeInfo
@@ -63,13 +64,14 @@ def _settings(inv: Inventory) -> Dict[str, Any]:
         if key in raw:
             deadlines[name] = float(raw[key])
     return {"sizes": raw.get("sizes"), "warmup": raw.get("warmup", 2), "iters": raw.get("iters", 5), "deadlines": deadlines,
-            "slow_fraction": float(raw.get("slow_fraction", benchplan.SLOW_FRACTION)),
+            "slow_fraction": float(raw.get("slow_fraction", localize.SLOW_FRACTION)),
             "node_round": raw.get("node_round")}
 
 
 def _hardware(view: ClusterView, nodes: Sequence[str], choice: Any) -> Dict[str, Any]:
     """gpu_model and nic_gbps for the built-in bandwidth profile, from the gpu/ib_hca facts and the
-    nic choice the view carries (datanet.of)."""
+    nic choice the view carries (datanet.of); rails, the HCA ports NCCL should use per node (the check
+    judges NCCL's choice against them without reading another check's facts)."""
     from preflight.checks import ib_hca
     from preflight.gpus import node_gpus
 
@@ -81,6 +83,7 @@ def _hardware(view: ClusterView, nodes: Sequence[str], choice: Any) -> Dict[str,
     if len(models) == 1:
         out["gpu_model"] = models.pop()
     usable = ib_hca.usable_hcas(view)
+    out["rails"] = {name: list(usable["nodes"][name]) for name in nodes if name in usable["nodes"]}
     layer_rate = (usable.get("rate_gbps") or {}).get(usable.get("link_layer"))
     rates = []
     for name in nodes:
@@ -107,11 +110,11 @@ def _run_groups(
 ) -> Dict[str, Any]:
     """Run one all-reduce per group, all groups at once. {"configs", "docs", "unanswered"}.
 
-    pairs: node-pair rotations the (single) group's ranks time after their sweep (benchplan.pair_rotations)."""
+    pairs: node-pair rotations the (single) group's ranks time after their sweep (plan.pair_rotations)."""
     configs: Dict[str, Dict[str, Any]] = {}
     metas = []
     for group in groups:
-        cfgs = benchplan.make_configs(
+        cfgs = plan.make_configs(
             group,
             addr_of[group[0].name],
             port,
@@ -126,15 +129,15 @@ def _run_groups(
             for cfg in cfgs.values():
                 cfg["start_at"] = settings["start_at"]
         if pairs:
-            spec = benchplan.pair_spec(cfgs, pairs, settings.get("pair_iters") or settings["iters"])
+            spec = plan.pair_spec(cfgs, pairs, settings.get("pair_iters") or settings["iters"])
             for cfg in cfgs.values():
                 cfg["pairs"] = spec
-        metas.append(benchplan.cluster_meta(cfgs))
+        metas.append(plan.cluster_meta(cfgs))
         configs.update(cfgs)
     # "tasks": a transport that launches one task per rank (srun) splits the node's ranks across them
     bundles = {name: {"mode": "bench", "bench": cfg, "tasks": cfg["local_world_size"],
                       "gpus_per_task": 1 if cfg["backend"] == "nccl" else 0} for name, cfg in configs.items()}
-    outcomes = fleet.run(bundles, lambda spec: benchplan.outer_deadline(configs[spec.name]))
+    outcomes = fleet.run(bundles, lambda spec: plan.outer_deadline(configs[spec.name]))
     docs: Dict[str, Dict[str, Any]] = {}
     unanswered: Dict[str, str] = {}
     for name, outcome in outcomes.items():
@@ -148,8 +151,6 @@ def _run_groups(
 
 def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str], env: Any, opts: Any) -> BenchResult:
     """The whole-cluster all-reduce, then localization rounds if it failed or was slow and no node stands out."""
-    from preflight.checks import allreduce
-
     result = BenchResult()
     settings = _settings(inv)
     if inv.cluster.get("allreduce", {}).get("enabled") is False:
@@ -175,9 +176,9 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
 
     t0 = time.monotonic()
     # gloo: the pair tests ride on the whole-cluster run (one launch, one torch import); see
-    # benchplan.PAIR_ROTATIONS. nccl keeps them as separate rounds, beside its node rounds.
+    # plan.PAIR_ROTATIONS. nccl keeps them as separate rounds, beside its node rounds.
     gloo = not all(n.gpus_per_node > 0 for n in nodes)
-    rotations = benchplan.pair_rotations([n.name for n in nodes]) if gloo and len(nodes) >= 3 else None
+    rotations = plan.pair_rotations([n.name for n in nodes]) if gloo and len(nodes) >= 3 else None
     first = _run_groups(fleet, [nodes], addr_of, port, env_vars, dict(settings, pair_iters=ROUND_MIN_ITERS),
                         pairs=rotations)
     timings: Dict[str, Any] = {"run_s": round(time.monotonic() - t0, 3)}
@@ -189,20 +190,20 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
     meta["timings_s"] = timings
     meta.update(_hardware(view, [n.name for n in nodes], choice))
 
-    threshold = allreduce.threshold_for(view, meta, [n.name for n in nodes], meta["backend"])
+    threshold = threshold_for(view, meta, [n.name for n in nodes], meta["backend"])
     limit = threshold[0] if threshold else None
     meta["slow_fraction"] = settings["slow_fraction"]
-    plan = benchplan.localization_plan(first["docs"], meta, limit) if len(nodes) >= 2 else None
-    if plan is not None:
+    wanted = localize.localization_plan(first["docs"], meta, limit) if len(nodes) >= 2 else None
+    if wanted is not None:
         by_name = {n.name: n for n in nodes}
-        by_bandwidth = plan["mode"] in ("slow", "check")
+        by_bandwidth = wanted["mode"] in ("slow", "check")
         # only the size that decides, under deadlines taken from what the whole-cluster run measured
         # gloo rounds time more iterations: groups side by side share CPUs, and their best iteration is
         # what they are compared on (one size of a few ms: 20 iterations cost well under a second)
         iters = max(settings["iters"], ROUND_MIN_ITERS) if meta["backend"] == "gloo" else settings["iters"]
-        short = dict(settings, sizes=plan["sizes"], iters=iters, deadlines=benchplan.round_deadlines(
-            meta["deadlines"], first["docs"], settings["warmup"], iters, len(plan["sizes"]),
-            at_init=bool(plan.get("at_init"))))
+        short = dict(settings, sizes=wanted["sizes"], iters=iters, deadlines=plan.round_deadlines(
+            meta["deadlines"], first["docs"], settings["warmup"], iters, len(wanted["sizes"]),
+            at_init=bool(wanted.get("at_init"))))
         timings["rounds_s"] = []
 
         def run_groups(groups: List[List[str]], extra_env=None, local_ranks=None, sync=True) -> List[Dict[str, Any]]:
@@ -220,7 +221,7 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
                                dict(short, local_ranks=local_ranks, start_at=start_at))
             docs = dict(done["docs"])
             timings["rounds_s"].append(round(time.monotonic() - started, 3))
-            return [benchplan.group_result(g, {n: docs.get(n) for n in g}, meta["backend"]) for g in groups]
+            return [localize.group_result(g, {n: docs.get(n) for n in g}, meta["backend"]) for g in groups]
 
         # partner-free: every node alone, all at once; a slow node is named in this one round
         # default: on for nccl (NVLink and NIC paths); off for gloo, whose loopback round is judged on
@@ -228,24 +229,24 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
         node_round = settings["node_round"] if settings["node_round"] is not None else meta["backend"] == "nccl"
         if node_round:
             meta["node_rounds"] = []
-            for spec in benchplan.node_rounds(nodes, meta["backend"]):
+            for spec in plan.node_rounds(nodes, meta["backend"]):
                 judged = by_bandwidth and spec.get("by_bandwidth", True)
                 results = run_groups([[n.name] for n in nodes], spec["env"], spec["local_ranks"], sync=judged)
-                meta["node_rounds"].append(dict(spec, results=results, sizes=plan["sizes"], by_bandwidth=judged))
+                meta["node_rounds"].append(dict(spec, results=results, sizes=wanted["sizes"], by_bandwidth=judged))
         # pairs: the path between nodes, which only a partner can test
         if len(nodes) >= 3:
             # the in-process rotations stand for the first rounds when the sweep completed (they judge
             # bandwidth); a hang or an error is localized by separate rounds at the size it stopped at
-            done = benchplan.pair_results(first["docs"], first["configs"], rotations) if (
+            done = localize.pair_results(first["docs"], first["configs"], rotations) if (
                 rotations and by_bandwidth) else None
-            verdict = benchplan.localize([n.name for n in nodes], run_groups, threshold=limit if by_bandwidth else None,
-                                         by_bandwidth=by_bandwidth, slow_fraction=settings["slow_fraction"],
-                                         results=done)
+            verdict = localize.localize([n.name for n in nodes], run_groups, threshold=limit if by_bandwidth else None,
+                                        by_bandwidth=by_bandwidth, slow_fraction=settings["slow_fraction"],
+                                        results=done)
             meta["localization"] = {
                 "results": verdict["results"], "rounds": verdict["rounds"],
                 "in_process_rotations": len(rotations) if done is not None else 0,
-                "threshold_gbps": limit if by_bandwidth else None, "by_bandwidth": by_bandwidth, "mode": plan["mode"],
-                "why": plan["why"], "sizes": plan["sizes"], "deadlines": short["deadlines"],
+                "threshold_gbps": limit if by_bandwidth else None, "by_bandwidth": by_bandwidth, "mode": wanted["mode"],
+                "why": wanted["why"], "sizes": wanted["sizes"], "deadlines": short["deadlines"],
             }
     timings["total_s"] = round(time.monotonic() - t0, 3)
     result.meta = meta
