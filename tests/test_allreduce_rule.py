@@ -180,6 +180,28 @@ def test_a_stall_blames_no_rank_that_only_reported_the_reset():
     assert "ranks 0-2 (n[001-003]) then lost the connection" in main.message
 
 
+
+def test_a_node_that_vanished_mid_sweep_is_the_only_one_named():
+    """n004's agent sent nothing (the node died mid-sweep); the others report only the lost connection."""
+    lost = {"status": "error", "stage": "size", "bytes": 4 * KiB,
+            "error": "RuntimeError: Connection closed by peer [198.19.0.6]:57505"}
+    docs = eight_ranks_on(4, 1, [KiB], backend="gloo", status={r: lost for r in range(3)})
+    docs[3] = None
+    view = cluster(docs, gpus=0, world_size=4, ranks={"n%03d" % (i + 1): [i, i] for i in range(4)},
+                   unanswered={"n004": "no all-reduce result: connection closed"})
+    findings = ar.rule(view)
+    assert [f.node for f in findings if f.status is Status.FAIL] == ["n004", None]
+    assert the(findings).message == ("all-reduce failed at 4 KiB: ranks 0-2 (n[001-003]) lost the connection to a "
+                                     "node that vanished mid-run (RuntimeError: Connection closed by peer "
+                                     "[198.19.0.6]:57505); no result from n004 (rank 3)")
+    assert localize.localization_plan({n: d for n, d in zip(view.cluster["allreduce"]["nodes"], docs) if d},
+                                      view.cluster["allreduce"]) is None  # nothing left to localize
+    # the twin: every node answered and one rank died on its own: the same wording as before names it
+    died = dict(lost, error="rank process killed by signal 9")
+    docs = eight_ranks_on(4, 1, [KiB], backend="gloo", status={0: lost, 1: lost, 2: lost, 3: died})
+    findings = ar.rule(cluster(docs, gpus=0))
+    assert [f.node for f in findings if f.status is Status.FAIL] == [None, "n004"]
+
 # ------------------------------------------------------------------------------------ what NCCL chose (rule)
 
 

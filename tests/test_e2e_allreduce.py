@@ -224,6 +224,57 @@ def test_a_node_whose_rank_cannot_import_torch_is_named_not_hung(sim_cluster):
     assert cluster.leftover_processes() == {}
 
 
+# ------------------------------------------------------------------------- a node lost mid-run, two runs at once
+
+
+def _swept(cluster, node, peers):
+    """True when the node's rank formed the gloo group: it holds connections to `peers` other ranks
+    besides the rendezvous store (before init it has the store's alone)."""
+    out = subprocess.run(["ip", "netns", "exec", cluster.node(node).ns, "ss", "-tnpH", "state", "established"],
+                         capture_output=True, text=True).stdout
+    mesh = [line for line in out.splitlines() if "python" in line and ":29500" not in line]
+    return len(mesh) >= peers
+
+
+def _kill_node(cluster, node):
+    """The node dies: every process in it (its sshd session, agent and rank) killed at once."""
+    for pid, _cmd in cluster.processes(node):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+#: a sweep that lasts: each size 400 times at 4 MiB and below takes the four simulated ranks tens of seconds
+LONG_SWEEP = {"init_timeout": 120, "op_timeout": 60, "total_timeout": 240, "iters": 400,
+              "sizes": [256 * common.KiB, 512 * common.KiB, common.MiB, 2 * common.MiB, 4 * common.MiB]}
+
+
+def test_a_node_that_dies_mid_sweep_is_the_only_one_named(sim_cluster, tmp_path):
+    cluster = sim_cluster(4)
+    hostfile, report = tmp_path / "hosts.txt", tmp_path / "report.json"
+    inv = inventory(cluster, LONG_SWEEP)
+    proc = cluster.ctl_popen([sys.executable, "-m", "preflight", "check", inv, "--only", "allreduce", "--no-progress",
+                              "--json", str(report), "--hostfile", str(hostfile)],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    while not _swept(cluster, "n004", 3):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the sweep never started"
+        time.sleep(0.2)
+    time.sleep(1.0)  # into the sweep
+    _kill_node(cluster, "n004")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and b"Traceback" not in err, err
+    doc = json.loads(report.read_text())
+    failed = {r["node"]: r for r in allreduce_results(doc) if r["status"] in ("fail", "error")}
+    assert sorted(n for n in failed if n) == ["n004"], failed  # the healthy three are not blamed
+    assert failed["n004"]["action"] == "isolate" and "no all-reduce result" in failed["n004"]["message"]
+    main = failed[None]["message"]
+    assert "no result from n004" in main and "vanished" in main, main
+    assert hostfile.read_text().split() == ["n001", "n002", "n003"]
+    assert cluster.leftover_processes(["n001", "n002", "n003"]) == {}
+
 
 def _ranks_everywhere(cluster):
     """True when every node runs a rank (the worker's argv carries its JSON config)."""

@@ -85,7 +85,11 @@ def explain_failure(meta, docs, missing, table, bad, node_of, points, data, worl
         data["stopped_at"] = {"stage": first.get("stage"), "bytes": first.get("bytes")}
         errors = {r: ne for r, ne in bad.items() if ne[1].get("status") == "error"}
         stopped_ranks = {r: ne for r, ne in bad.items() if ne[1].get("status") == "timeout"}
-        if errors and stopped_ranks and all(peer_error(e) for _n, e in errors.values()):
+        if missing and errors and all(peer_error(e) for _n, e in errors.values()):
+            # a node vanished mid-run (its agent sent nothing: the node died, or its connection did) and
+            # the ranks that lost their connection to it report it: they are its victims, not a cause
+            parts.append(_vanished_message(bad, errors, sizes, node_of))
+        elif errors and stopped_ranks and all(peer_error(e) for _n, e in errors.values()):
             # a rank stopped at its deadline and its peers lost their connection to it: a stall, which the
             # ranks that report the reset did not cause
             parts.append(_stall_message(stopped_ranks, errors, sizes, node_of, docs, meta))
@@ -146,6 +150,13 @@ def _stall_message(stopped, errors, sizes, node_of, docs, meta) -> str:
             "lossy link stalls the whole ring; the rounds below name it" % (
                 stage_name(first), ranks_phrase(lead, node_of), "%g s op" % limit if limit else "op",
                 "was" if len(lead) == 1 else "were", ranks_phrase(sorted(errors), node_of), sample[:160]))
+
+
+def _vanished_message(bad, errors, sizes, node_of) -> str:
+    at = min(position(e, sizes) for _n, e in errors.values())
+    first = next(e for _r, (_n, e) in sorted(errors.items()) if position(e, sizes) == at)
+    return "all-reduce failed at %s: %s lost the connection to a node that vanished mid-run (%s)" % (
+        stage_name(first), ranks_phrase(sorted(bad), node_of), str(first.get("error") or "")[:160])
 
 
 #: init's steps in order: a rank that failed importing torch failed before peers that then lost it at
