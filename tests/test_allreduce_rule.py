@@ -11,6 +11,8 @@ import io
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from preflight.allreduce import localize, plan
 from preflight.allreduce.busbw import busbw_factor
 from preflight.checks import allreduce as ar
@@ -201,6 +203,50 @@ def test_a_node_that_vanished_mid_sweep_is_the_only_one_named():
     docs = eight_ranks_on(4, 1, [KiB], backend="gloo", status={0: lost, 1: lost, 2: lost, 3: died})
     findings = ar.rule(cluster(docs, gpus=0))
     assert [f.node for f in findings if f.status is Status.FAIL] == [None, "n004"]
+
+
+_OTHER_STORE = {"status": "error", "stage": "init", "step": "store",
+                "error": "RuntimeError: the rendezvous store at 198.19.0.3:29500 belongs to another preflight run "
+                         "(run 9f2c, not this run's 41aa)"}
+_PORT_TAKEN = {"status": "error", "stage": "init", "step": "store",
+               "error": "DistNetworkError: The server socket has failed to listen on any local network address. "
+                        "port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"}
+
+
+@pytest.mark.parametrize("case,words", [
+    ("held", "another preflight run on this machine (pid 4242) is testing n[001-002] right now"),
+    ("busy", "port 29500 on n001 is in use by another preflight run (pid 4242, uid 0)"),
+    ("stray", "the ranks of n002 reached another preflight run's store at 198.19.0.3:29500"),
+    ("taken", "port 29500 on n001 was taken when rank 0's store bound it (EADDRINUSE)"),
+])
+def test_another_run_holding_the_rendezvous_is_a_retest_never_a_node_failure(case, words):
+    meta = {"master": "198.19.0.3:29500"}
+    docs = eight_ranks_on(2, 1, [KiB], backend="gloo")
+    if case == "held":
+        meta["held"] = {"n001": {"pid": 4242, "uid": 0}, "n002": {"pid": 4242, "uid": 0}}
+    elif case == "busy":  # the head's agent found the port claimed: no rank started; n002's hit that run's store
+        docs[0] = dict(docs[0], ranks=[], busy={"port": 29500, "pid": 4242, "uid": 0},
+                       error="another preflight run (pid 4242, uid 0) holds the rendezvous port 29500 on this node")
+        docs[1] = doc(1, [1], [KiB], world=2, backend="gloo", status={1: _OTHER_STORE})
+    elif case == "stray":
+        docs[1] = doc(1, [1], [KiB], world=2, backend="gloo", status={1: _OTHER_STORE})
+    else:
+        docs = [doc(0, [0], [KiB], world=2, backend="gloo", status={0: _PORT_TAKEN}),
+                doc(1, [1], [KiB], world=2, backend="gloo", status={1: hung_entry("init", None, "store")})]
+    view = cluster(docs, gpus=0, **meta)
+    (f,) = ar.CHECK.rule(view)
+    assert (f.node, f.status, f.action) == (None, Status.ERROR, "retest"), f
+    assert f.message.startswith("all-reduce not run: ") and words in f.message, f.message
+    names = view.cluster["allreduce"]["nodes"]
+    assert localize.localization_plan(dict(zip(names, docs)), view.cluster["allreduce"]) is None
+
+
+def test_a_rank_that_cannot_reach_its_own_store_still_names_its_node():
+    """The twin: a store error that is not another run's store nor a taken port keeps its node verdict."""
+    refused = dict(_OTHER_STORE, error="DistNetworkError: failed to connect to 198.19.0.3:29500 (Connection refused)")
+    docs = [doc(0, [0], [KiB], world=2, backend="gloo"), doc(1, [1], [KiB], world=2, backend="gloo", status={1: refused})]
+    findings = ar.rule(cluster(docs, gpus=0))
+    assert [f.node for f in findings if f.status is Status.FAIL] == [None, "n002"]
 
 # ------------------------------------------------------------------------------------ what NCCL chose (rule)
 

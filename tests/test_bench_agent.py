@@ -22,7 +22,7 @@ from preflight.allreduce import localize, plan
 from preflight.allreduce.nccllog import parse_nccl_log
 from preflight.checks import allreduce
 from preflight.model import ClusterView, NodeInfo, Status
-from preflight.probe import bench_agent
+from preflight.probe import bench_agent, portclaim
 
 # The ranks import torch; this process never does (it is slow, and the agent must not need it).
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the bench needs torch")
@@ -338,3 +338,36 @@ def test_task_share_gives_each_srun_task_one_rank_and_merge_joins_them():
     assert [r["rank"] for r in merged["ranks"]] == [0, 1]
     assert merged["deadline"] == {"kind": "op", "limit_s": 4} and merged["elapsed_s"] == 3.0
     assert merged["rendezvous"]["arrived"] == [0, 1]
+
+
+# ------------------------------------------------------------------------------------------ two runs at once
+
+
+def test_the_store_host_finds_the_port_claimed_by_another_run_and_starts_no_rank():
+    port = free_port()
+    other = portclaim.claim(port)  # another run's agent on this node
+    try:
+        doc = bench_agent.run(config(port, 2))
+    finally:
+        other.close()
+    assert doc["ranks"] == [] and doc["busy"] == {"port": port, "pid": os.getpid(), "uid": os.getuid()}
+    assert doc["error"].startswith("another preflight run (pid %d" % os.getpid())
+    assert our_ranks() == []
+    (f,) = [x for x in rule_over([dict(doc, ranks=[{"rank": 0}])], ["n001"]) if x.node is None]
+    assert f.status is Status.ERROR and f.action == "retest" and "in use by another preflight run" in f.message
+
+
+def test_a_rank_at_another_runs_store_stops_there_and_never_joins():
+    """Two launches on one port: the second one's rank 1 reaches the first one's store, reads its run id
+    and stops at init with the reason, before it records an arrival there."""
+    port = free_port()
+    first, second = run_all((dict(config(port, 2, init_s=15), run_id="first-run"),),
+                            (dict(config(port, 2, node_rank=1), run_id="second-run"),))
+    (stray,) = second["ranks"]
+    assert (stray["status"], stray["stage"], stray["step"]) == ("error", "init", "store"), stray
+    assert "belongs to another preflight run (run first-run, not this run's second-run)" in stray["error"]
+    (waiting,) = first["ranks"]
+    assert waiting["status"] == "timeout" and waiting["stage"] == "init"  # nobody joined it
+    if first.get("rendezvous", {}).get("arrived") is not None:
+        assert first["rendezvous"]["arrived"] == [0]
+    assert_no_leftovers(first, second)

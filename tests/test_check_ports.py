@@ -10,6 +10,7 @@ import pytest
 
 from preflight.checks import ports
 from preflight.model import ParseError, Status
+from preflight.probe import portclaim
 from preflight.probe.context import NodeContext
 from tests.builders import data_node, names, view
 from tests.fixture_cases import fixture_dir, read
@@ -136,6 +137,29 @@ def test_busy_port_names_this_process_and_free_ports(wildcard):
     assert res["free_ports"] and all(p > port for p in res["free_ports"])
 
 
+def test_a_port_another_preflight_run_claimed_is_named_not_bound():
+    port = free_port()
+    other = portclaim.claim(port)  # another run's agent or listener, here this process
+    try:
+        res = ports.listen({"port": port, "bind_ip": "127.0.0.1", "window_s": 1})
+    finally:
+        other.close()
+    assert not res["listening"] and res["busy"] == {"pid": os.getpid(), "uid": os.getuid()}
+    assert res["error"] == "another preflight run (pid %d, uid %d) holds port %d" % (os.getpid(), os.getuid(), port)
+    assert "holders" not in res  # never bound over it
+
+
+def test_the_listener_claims_its_port_while_it_listens_and_releases_it():
+    port = free_port()
+    thread, box = run_listener({"port": port, "bind_ip": "127.0.0.1", "window_s": 2, "expect_peers": ["127.0.0.9"]})
+    deadline = time.monotonic() + 5
+    while portclaim.holder(port) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert portclaim.holder(port) == {"pid": os.getpid(), "uid": os.getuid()}
+    thread.join(10)
+    assert box["result"]["listening"] and portclaim.holder(port) is None
+
+
 def test_find_holders_of_unused_port_is_empty():
     assert ports.find_holders(free_port()) == []
 
@@ -233,6 +257,16 @@ def test_rule_busy_port_message():
     assert findings["n001"].status == Status.FAIL
     assert findings["n001"].message == "n001: port 29500 is held by pid 4242 (python3); try --master-port 29501 (free)"
     assert findings["n002"].status == Status.ERROR
+
+
+def test_rule_port_held_by_another_preflight_run_is_a_retest_for_no_node():
+    busy = {"role": "listen", "port": 29500, "bind_ip": "0.0.0.0", "listening": False, "peers": [],
+            "busy": {"pid": 4242, "uid": 0}, "error": "another preflight run (pid 4242, uid 0) holds port 29500"}
+    landed = dict(connected(1), handshake=False, reply="", error="the listener did not answer as preflight")
+    (f,) = ports.rule(cluster(3, {"n001": busy, "n002": landed, "n003": connected(1)}))
+    assert (f.node, f.status, f.action) == (None, Status.ERROR, "retest")
+    assert f.message == ("not tested: port 29500 on the head n001 is in use by another preflight run (pid 4242, "
+                         "uid 0) (its all-reduce or its port test); retest when it has finished")
 
 
 def test_rule_holder_not_visible():

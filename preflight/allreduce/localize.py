@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from preflight.allreduce.busbw import best_busbw, busbw_factor, curve, gbps, rank_table, verdict_point, wrong_values
 from preflight.allreduce.plan import pair_spec
-from preflight.allreduce.wording import doc_problem, peer_error, position, stage_name
+from preflight.allreduce.wording import contention, doc_problem, peer_error, position, stage_name
 from preflight.common import fold, human_bytes
 
 
@@ -311,9 +311,10 @@ def localization_plan(
     add anything.
 
     {"mode": "fail" | "slow" | "check", "sizes": [bytes], "why": str, "at_init": bool (fail only)}:
-      None   it failed in a way that already names the nodes: an agent that returned an error or
-             nothing, ranks that could not start or died on some of the nodes (not all); or ranks were
-             still importing torch at the init deadline (pairs would be as slow)
+      None   another run held the rendezvous (wording.contention), or it failed in a way that already
+             names the nodes: an agent that returned an error or nothing, ranks that could not start or
+             died on some of the nodes (not all); or ranks were still importing torch at the init
+             deadline (pairs would be as slow)
       fail   every rank hung or failed together at one point (no node stands out), or sums were wrong:
              the rounds run only the size where it stopped (the smallest size for init) and a group
              passes when it completes it
@@ -322,7 +323,7 @@ def localization_plan(
              fleet at the verdict size, so a slow node is named whatever the absolute figure
     """
     nodes = set(meta.get("nodes") or docs)
-    if meta.get("unanswered") or any(doc_problem(d) for d in docs.values()):
+    if meta.get("unanswered") or any(doc_problem(d) for d in docs.values()) or contention(docs, meta):
         return None
     table = rank_table(docs)
     sizes = sorted({int(b) for d in docs.values() for b in (d or {}).get("sizes") or []})

@@ -64,12 +64,14 @@ def make_configs(
     iters: int = 5,
     deadlines: Optional[Mapping[str, float]] = None,
     local_ranks: Optional[int] = None,
+    run_id: Optional[str] = None,
 ) -> Dict[str, Dict[str, Any]]:
     """{node name: bench_agent config} for the nodes, in order (node_rank = position). Pure.
 
     nccl with one rank per GPU when every node has GPUs, else gloo with one rank per node (local_ranks
     per node when given: the node round's two local gloo ranks).
-    A node's `python` setting, when the inventory has one, names the ranks' interpreter.
+    A node's `python` setting, when the inventory has one, names the ranks' interpreter. run_id (the
+    launch's id, unique per group) lets a rank tell its own store from another preflight run's.
     """
     if not nodes:
         return {}
@@ -93,6 +95,8 @@ def make_configs(
         }
         if node.settings.get("python"):
             cfg["python"] = node.settings["python"]
+        if run_id:
+            cfg["run_id"] = run_id
         out[node.name] = cfg
         offset += local
     return out

@@ -18,6 +18,7 @@ already known, so each round costs one torch import and one short op deadline, n
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -27,6 +28,7 @@ from preflight.allreduce.busbw import threshold_for
 from preflight.transport.contract import Fleet
 from preflight.inventory import Inventory
 from preflight.model import ClusterView, NodeInfo
+from preflight.probe import portclaim
 
 #: Groups run side by side start timing together, at least this long after their launch (bench_worker).
 ROUND_START_MIN_S = 3.0
@@ -124,6 +126,7 @@ def _run_groups(
             iters=settings["iters"],
             deadlines=settings["deadlines"],
             local_ranks=settings.get("local_ranks"),
+            run_id=secrets.token_hex(8),
         )
         if settings.get("start_at"):
             for cfg in cfgs.values():
@@ -173,7 +176,23 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
         return result
     port = int(view.cluster.get("master_port", 29500))
     env_vars = {k: v for k, v in (env.as_dict() if env is not None else {}).items() if k not in _AGENT_SET}
+    claims, held = portclaim.claim_nodes([n.host for n in nodes])
+    if held:  # another preflight run on this machine is testing some of these nodes right now
+        by_host = {n.host: n.name for n in nodes}
+        result.meta = {"nodes": [n.name for n in nodes],
+                       "held": {by_host[h]: holder for h, holder in held.items()}}
+        return result
+    try:
+        _measure(result, fleet, view, nodes, addr_of, port, env_vars, settings, choice)
+    finally:
+        for claim in claims:
+            claim.close()
+    return result
 
+
+def _measure(result: BenchResult, fleet: Fleet, view: ClusterView, nodes: List[NodeInfo], addr_of: Dict[str, str],
+             port: int, env_vars: Dict[str, str], settings: Dict[str, Any], choice: Any) -> None:
+    """The whole-cluster run and the rounds after it, into result: the documents and the metadata."""
     t0 = time.monotonic()
     # gloo: the pair tests ride on the whole-cluster run (one launch, one torch import); see
     # plan.PAIR_ROTATIONS. nccl keeps them as separate rounds, beside its node rounds.
@@ -250,7 +269,6 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
             }
     timings["total_s"] = round(time.monotonic() - t0, 3)
     result.meta = meta
-    return result
 
 
 def _slowest_start(docs: Dict[str, Dict[str, Any]]) -> Dict[str, Optional[float]]:

@@ -65,6 +65,50 @@ def cut_phrase(cut: Mapping[str, Any], points: Sequence[Mapping[str, Any]]) -> s
                                    float(cut.get("budget_s") or 0))
 
 
+#: a rank stopped at another preflight run's store (bench_worker's run id check)
+OTHER_RUN = "belongs to another preflight run"
+#: rank 0's store could not bind the rendezvous port (torch: "... name: EADDRINUSE, message: address
+#: already in use"; older: "Address already in use")
+_PORT_TAKEN = re.compile(r"EADDRINUSE|address already in use", re.I)
+
+
+def contention(docs: Mapping[str, Any], meta: Mapping[str, Any]) -> Optional[str]:
+    """Why the run could not take place because something else held its rendezvous, or None.
+
+    Another preflight run on this machine holds the nodes (meta["held"]), another run holds the port on
+    the store's node (an agent's "busy" document), ranks reached another preflight run's store, or rank
+    0's store found the port taken at bind time: none of these says anything about a node's health, so
+    the caller judges no node and says to retest.
+    """
+    held = meta.get("held") or {}
+    if held:  # the controller's claim on the nodes (preflight.allreduce.run)
+        pids = sorted({str(h.get("pid")) for h in held.values() if h.get("pid")})
+        return ("all-reduce not run: another preflight run on this machine%s is testing %s right now; retest "
+                "when it has finished" % (" (pid %s)" % ", ".join(pids) if pids else "", fold(list(held))))
+    port = str(meta.get("master") or "").rpartition(":")[2] or "the rendezvous port"
+    for node, doc in sorted(docs.items()):
+        if isinstance(doc, dict) and doc.get("busy") is not None:
+            busy = doc["busy"]
+            who = "another preflight run"
+            if busy.get("pid"):
+                who += " (pid %s, uid %s)" % (busy["pid"], busy.get("uid"))
+            return ("all-reduce not run: port %s on %s is in use by %s; retest when it has finished" % (
+                busy.get("port") or port, node, who))
+    entries = [(node, e) for node, doc in sorted(docs.items()) if isinstance(doc, dict)
+               for e in doc.get("ranks") or [] if e.get("status") == "error" and e.get("stage") == "init"]
+    strays = sorted({node for node, e in entries if OTHER_RUN in str(e.get("error") or "")})
+    if strays:
+        return ("all-reduce not run: the ranks of %s reached another preflight run's store at %s and stopped "
+                "there; retest when that run has finished" % (fold(strays), meta.get("master") or "the rendezvous"))
+    taken = sorted({node for node, e in entries if int(e.get("rank", -1)) == 0 and e.get("step") == "store"
+                    and _PORT_TAKEN.search(str(e.get("error") or ""))})
+    if taken:
+        return ("all-reduce not run: port %s on %s was taken when rank 0's store bound it (EADDRINUSE): "
+                "another program started listening there after the ports check; retest, or pass another "
+                "--master-port" % (port, fold(taken)))
+    return None
+
+
 def explain_failure(meta, docs, missing, table, bad, node_of, points, data, world) -> Tuple[str, Dict[str, str]]:
     """(the cluster message, {implicated node: why}) for a run that hung or failed: the stage, the ranks
     and nodes that did not finish. Nodes that sent no result (missing) are not in the mapping: the caller

@@ -20,6 +20,8 @@ every participating node at once (see that module for the config and result docu
                      pair rounds (see preflight.allreduce.localize.localize(); by_bandwidth false when localizing a
                      hang or an error)
         skip         a reason: the test deliberately did not run (the rule then SKIPs)
+        held         {node: {"pid", "uid"}}: another preflight run on this machine was testing these nodes,
+                     so the test did not run (an ERROR, action retest; no node is judged)
         rails        {node: ["mlx5_0:1", ...]}: the HCA ports NCCL should use (ib_hca's usable_hcas, taken once
                      by the controller); a node absent here had no ib_hca facts
 
@@ -57,7 +59,7 @@ from preflight.allreduce.busbw import (
 )
 from preflight.allreduce.localize import SLOW_FRACTION, judge_nodes, judged_gbps, verdict_localization
 from preflight.allreduce.nccllog import ifname_allows, nccl_summary, parse_nccl_log
-from preflight.allreduce.wording import cut_phrase, doc_problem, explain_failure, ranks_phrase
+from preflight.allreduce.wording import contention, cut_phrase, doc_problem, explain_failure, ranks_phrase
 from preflight.common import fold, human_bytes, plural
 from preflight.model import Check, ClusterView, CrossNode, Finding, ParseError, Setting, Status
 
@@ -81,6 +83,10 @@ def rule(view: ClusterView) -> List[Finding]:
             nodes.append(name)
     if not nodes:
         return [Finding(NAME, None, Status.ERROR, "no all-reduce results gathered (the bench did not run)")]
+
+    taken = contention({n: (view.facts.get(n) or {}).get(NAME) for n in nodes}, meta)
+    if taken:  # another run (or program) held the rendezvous: no node is judged
+        return [Finding(NAME, None, Status.ERROR, taken, action="retest")]
 
     out: List[Finding] = []
     docs: Dict[str, Dict[str, Any]] = {}
@@ -372,6 +378,8 @@ def _summary(findings: Sequence[Finding], meta: Dict[str, Any], elapsed_s: Optio
 def _rule_with_localization(view: ClusterView) -> List[Finding]:
     meta = dict(view.cluster.get(NAME) or {})
     docs = {n: (view.facts.get(n) or {}).get(NAME) for n in meta.get("nodes") or []}
+    if contention(docs, meta):
+        return rule(view)
     docs = {n: d for n, d in docs.items() if isinstance(d, dict) and not doc_problem(d)}
     return _with_fleet(rule(view), view, meta) + nccl_findings(view, meta, docs)
 

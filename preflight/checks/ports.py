@@ -11,6 +11,12 @@ then informational): a holder on any local address makes the job's rendezvous fa
 When the port is busy, the probe names the holder (socket inode from /proc/net/tcp{,6} matched against
 /proc/*/fd links → pid and comm; the owning uid when the process is not visible) and the nearest free
 ports above it.
+
+Two preflight runs can meet on the head (a nightly audit and a manual run): the listener claims the port
+for preflight first (preflight.probe.portclaim, as the all-reduce agent does while its store holds it),
+and a claim held by another run is reported as that ("busy": its pid and uid), never bound over. The
+rule then says the port could not be tested, at cluster level with action retest: nothing is wrong with
+the head.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.common import fold, plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
+from preflight.probe import portclaim
 
 NAME = "ports"
 DEFAULT_PORT = 29500
@@ -178,10 +185,23 @@ def listen(cfg: Dict[str, Any]) -> Dict[str, Any]:
     """Head side: bind, listen, accept hellos for up to window_s or until every expected peer came."""
     port = int(cfg["port"])
     addr = "0.0.0.0" if cfg.get("wildcard") else cfg.get("bind_ip") or "0.0.0.0"
+    result: Dict[str, Any] = {"role": "listen", "port": port, "bind_ip": addr, "listening": False, "peers": []}
+    claim = portclaim.claim(port)
+    if claim is None:  # another preflight run uses the port on this node right now
+        result["busy"] = portclaim.holder(port) or {}
+        result["error"] = "%s holds port %d" % (portclaim.describe(result["busy"]), port)
+        return result
+    try:
+        return _listen_claimed(cfg, result, addr, port)
+    finally:
+        claim.close()
+
+
+def _listen_claimed(cfg: Dict[str, Any], result: Dict[str, Any], addr: str, port: int) -> Dict[str, Any]:
+    """listen(), once the port is claimed for this run."""
     window = float(cfg.get("window_s", WINDOW_S))
     expect = set(cfg.get("expect_peers") or [])
     expect_names = set(cfg.get("expect_names") or [])
-    result: Dict[str, Any] = {"role": "listen", "port": port, "bind_ip": addr, "listening": False, "peers": []}
     try:
         sock = _bind(addr, port)
         sock.listen(128)
@@ -404,6 +424,13 @@ def rule(view: ClusterView) -> List[Finding]:
     facts = view.of(NAME)
     head_facts = facts.get(head)
     head_ok = False
+    if isinstance(head_facts, dict) and "busy" in head_facts:
+        # another preflight run holds the port on the head: nothing here is known to be wrong, and what
+        # the other nodes reached is that run's listener or store: judge no node, say to retest
+        return [Finding(NAME, None, Status.ERROR, "not tested: port %d on the head %s is in use by %s "
+                        "(its all-reduce or its port test); retest when it has finished" % (
+                            port, head, portclaim.describe(head_facts["busy"])),
+                        action="retest", data={"busy": head_facts["busy"]})]
     if head in facts:
         err = probe_error(NAME, head, head_facts)
         if err:
@@ -512,7 +539,8 @@ CHECK = Check(
     why="torchrun/TCPStore rendezvous needs the master port free on the head and reachable from every node; "
     "a stale process or a firewall makes the job hang at startup until its timeout.",
     fix="Stop the process holding the port (or pass another --master-port), and open the port on the head's "
-    "firewall for the data network (firewall-cmd --add-port=29500/tcp, or the ufw/iptables equivalent).",
+    "firewall for the data network (firewall-cmd --add-port=29500/tcp, or the ufw/iptables equivalent); a port "
+    "another preflight run holds is reported as that: retest when it has finished.",
     probe=probe,
     rule=rule,
     phase=2,

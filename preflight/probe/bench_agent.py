@@ -27,10 +27,17 @@ Config (built by the controller)::
       "python": "/path/to/python",     # interpreter for the ranks; default sys.executable
       "size_budget_s": 15,             # optional; default op_s * SIZE_BUDGET_FRACTION (see bench_worker)
       "start_at": 1700000000.0,        # optional: wall-clock time the ranks start timing (bench_worker)
-      "pairs": {"rotations": [[[0, 4], [1, 5], ...], ...], "iters": 20}
+      "pairs": {"rotations": [[[0, 4], [1, 5], ...], ...], "iters": 20},
                                        # optional: after the sweep, the same ranks time these disjoint
                                        # sub-groups at the sweep's last size (bench_worker._pair_phase)
+      "run_id": "9f2c...",             # optional: this launch's id; a rank whose store answers with
+                                       # another id is at another preflight run's store (bench_worker)
     }
+
+Two runs at once: the agent that hosts the store (node_rank 0, first task) claims the rendezvous port
+for preflight first (preflight.probe.portclaim). When another run holds the claim, no rank starts and
+the document says who holds it ("busy"); the ranks of other nodes, if started, find the other run's
+store by its run id and stop, never joining it.
 
 Deadlines, layered (all measured on this node's monotonic clock):
 
@@ -54,6 +61,7 @@ Result document::
       "elapsed_s": 12.3,
       "deadline": null | {"kind": "init"|"op"|"total", "limit_s": 30},
       "error": null | "invalid config: ...",
+      "busy": {"port": 29500, "pid": 4242, "uid": 0},   # only when another preflight run holds the port
       "rendezvous": {"addr": "198.19.0.2", "port": 29500, "arrived": [0, 1, ...]},   # node_rank 0 only
       "ranks": [
         {"rank": 0, "local_rank": 0, "pid": 1234,
@@ -97,6 +105,8 @@ import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
+
+from preflight.probe import portclaim
 
 WORKER_MODULE = "preflight.probe.bench_worker"
 WORKER_PATH = "preflight/probe/bench_worker.py"  # inside the probe bundle's zip
@@ -347,6 +357,24 @@ def run(
         doc["elapsed_s"] = round(time.monotonic() - t0, 3)
         return doc
     doc["sizes"] = cfg["sizes"]
+    claim = None
+    if cfg["node_rank"] == 0 and cfg["local_rank_offset"] == 0:  # this node hosts the store
+        claim = portclaim.claim(cfg["master_port"])
+        if claim is None:
+            doc["busy"] = dict(portclaim.holder(cfg["master_port"]) or {}, port=cfg["master_port"])
+            doc["error"] = "%s holds the rendezvous port %d on this node" % (
+                portclaim.describe(doc["busy"]), cfg["master_port"])
+            doc["elapsed_s"] = round(time.monotonic() - t0, 3)
+            return doc
+    try:
+        return _run_claimed(cfg, doc, t0, on_event)
+    finally:
+        if claim is not None:
+            claim.close()
+
+
+def _run_claimed(cfg: Dict[str, Any], doc: Dict[str, Any], t0: float, on_event: Optional[EventHook]) -> Dict[str, Any]:
+    """run(), once the port is claimed (or not this agent's to claim)."""
     ranks = [_Rank(cfg["rank_offset"] + i, cfg["local_rank_offset"] + i) for i in range(cfg["local_world_size"])]
     restore = _trap_signals()
     try:
@@ -437,6 +465,7 @@ def _spawn(cfg: Dict[str, Any], rank: _Rank, sel: selectors.BaseSelector) -> Non
         "size_budget_s": cfg["size_budget_s"],
         "start_at": cfg.get("start_at"),
         "pairs": cfg.get("pairs"),
+        "run_id": cfg.get("run_id"),
     }
     rank.started = rank.last_progress = time.monotonic()
     try:

@@ -8,7 +8,8 @@ Started by bench_agent (one process per GPU, or one per CPU node) as
 works the same)
 with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and the configured NCCL_*/GLOO_* variables in
 its environment. The JSON config carries what the environment does not: backend, sizes, warmup, iters,
-start_at (optional: wall-clock time to start timing, see _wait_for_start) and the torch-side timeout (a backstop only: the agent's deadlines fire first and kill this process).
+start_at (optional: wall-clock time to start timing, see _wait_for_start), run_id (optional: see RUN_KEY)
+and the torch-side timeout (a backstop only: the agent's deadlines fire first and kill this process).
 
 Protocol: one JSON object per line on the *original* stdout (file descriptor 1 is re-pointed at stderr
 before torch is imported, so a library that prints cannot corrupt the stream):
@@ -69,6 +70,10 @@ import threading  # noqa: E402
 import time  # noqa: E402
 
 ARRIVED_KEY = "preflight/arrived/%d"
+#: rank 0 writes its run's id here as soon as its store is up; every other rank reads it before it
+#: records its arrival: a rank that reached another preflight run's store (two runs at once on one head
+#: and port) stops there instead of joining that run
+RUN_KEY = "preflight/run_id"
 
 _events = None
 _events_lock = threading.Lock()
@@ -147,6 +152,19 @@ class _ArrivalWatch(threading.Thread):
             self.stop.wait(0.5)
 
 
+def _check_run(store, rank, run_id, host, port):
+    """Rank 0 publishes its run's id on the store; the others check that the store is their run's."""
+    if not run_id:
+        return
+    if rank == 0:
+        store.set(RUN_KEY, run_id)
+        return
+    theirs = store.get(RUN_KEY).decode("utf-8", "replace")
+    if theirs != run_id:
+        raise RuntimeError("the rendezvous store at %s:%d belongs to another preflight run (run %s, not this "
+                           "run's %s)" % (host, port, theirs[:16], run_id[:16]))
+
+
 def main(argv):
     _take_stdout()
     _die_with_parent()
@@ -174,6 +192,7 @@ def main(argv):
             device = torch.device("cpu")
 
         store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout, wait_for_workers=False)
+        _check_run(store, rank, cfg.get("run_id"), host, port)
         watch = None
         if rank == 0:
             watch = _ArrivalWatch(dist, host, port, world_size)
