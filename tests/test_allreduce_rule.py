@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import ast
 import io
+import os
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -428,8 +431,15 @@ def test_the_check_imports_the_allreduce_package_one_way_and_no_private_name():
             assert not [n for n in names if n.startswith("_") and n != "__future__"], (path.name, module, names)
 
 
-def test_the_node_bundle_leaves_the_allreduce_rule_out():
-    """The check has no probe half and imports the controller package: nothing on a node imports it."""
+def test_the_check_imports_the_controller_package_only_when_its_rule_runs():
+    """The check module sits in the node bundle's folder: importing it loads no preflight.allreduce module,
+    and the bundle carries none."""
+    code = ("import sys; import preflight.checks.allreduce as ar; "
+            "assert not [m for m in sys.modules if m.startswith('preflight.allreduce')], sorted(sys.modules); "
+            "ar.CHECK.rule; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent.parent)))
+    assert out.stdout.strip() == "ok", out.stderr
     names = zipfile.ZipFile(io.BytesIO(bundle.base_zip())).namelist()
-    assert "preflight/checks/allreduce.py" not in names and "preflight/checks/nic.py" in names
+    assert "preflight/checks/allreduce.py" in names
     assert not [n for n in names if n.startswith("preflight/allreduce/")]

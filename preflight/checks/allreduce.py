@@ -36,7 +36,8 @@ Per node, what NCCL chose (preflight.allreduce.nccllog) is judged against the da
 
 The controller half is the package preflight.allreduce: plan (launch, deadlines), run (over a fleet),
 localize (pair rounds; the rule reports their verdict). Imports point one way: this module imports from
-that package, never the reverse; it has no probe half and does not travel in the node bundle.
+that package (inside the rule functions), never the reverse; it has no probe half and does not travel
+in the node bundle.
 """
 
 from __future__ import annotations
@@ -45,21 +46,6 @@ import dataclasses
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from preflight.allreduce.busbw import (
-    GPU_VERDICT_MIN,
-    curve,
-    gbps,
-    rank_table,
-    sku_warn_level,
-    stragglers,
-    sweep_cut,
-    threshold_for,
-    verdict_point,
-    wrong_values,
-)
-from preflight.allreduce.localize import SLOW_FRACTION, judge_nodes, judged_gbps, verdict_localization
-from preflight.allreduce.nccllog import ifname_allows, nccl_summary, parse_nccl_log
-from preflight.allreduce.wording import contention, cut_phrase, doc_problem, explain_failure, ranks_phrase
 from preflight.common import fold, human_bytes, plural
 from preflight.model import Check, ClusterView, CrossNode, Finding, ParseError, Setting, Status
 
@@ -69,10 +55,27 @@ NAME = "allreduce"
 NO_THRESHOLD = "no threshold applies (set expect.busbw_gbps)"
 
 
+
+def parse_nccl_log(text: str) -> Dict[str, Any]:
+    """preflight.allreduce.nccllog.parse_nccl_log, where the fixture cases under tests/fixtures/allreduce
+    find this check's parser."""
+    from preflight.allreduce import nccllog
+
+    return nccllog.parse_nccl_log(text)
+
+
 # ------------------------------------------------------------------------------------------------ the rule
+#
+# The rule halves below import the controller package preflight.allreduce inside the functions: this
+# module is in the node bundle's folder, whose modules import with the standard library alone.
 
 
 def rule(view: ClusterView) -> List[Finding]:
+    from preflight.allreduce.busbw import (
+        GPU_VERDICT_MIN, curve, gbps, rank_table, sku_warn_level, stragglers, sweep_cut, threshold_for, verdict_point,
+        wrong_values)
+    from preflight.allreduce.wording import contention, cut_phrase, doc_problem, explain_failure, ranks_phrase
+
     meta = dict(view.cluster.get(NAME) or {})
     if meta.get("skip"):
         return [Finding(NAME, None, Status.SKIP, str(meta["skip"]))]
@@ -202,7 +205,10 @@ def rule(view: ClusterView) -> List[Finding]:
 def _fleet_findings(view: ClusterView, meta: Mapping[str, Any]) -> Tuple[List[Finding], List[str], Status, Dict[str, Any]]:
     """What the rounds after the whole-cluster run found: (node findings, notes for the cluster finding,
     the status they imply, data). Node rounds name a node on its own; pair rounds beside a known-good node
-    (preflight.allreduce.plan); both judge against the fleet median (meta["slow_fraction"])."""
+    (preflight.allreduce.localize); both judge against the fleet median (meta["slow_fraction"])."""
+    from preflight.allreduce.busbw import gbps
+    from preflight.allreduce.localize import SLOW_FRACTION, judge_nodes, judged_gbps, verdict_localization
+
     frac = float(meta.get("slow_fraction") or SLOW_FRACTION)
     named: Dict[str, List[str]] = {}
     notes: List[str] = []
@@ -302,6 +308,8 @@ def nccl_findings(view: ClusterView, meta: Mapping[str, Any], docs: Mapping[str,
     """Per node: what NCCL chose (version, transport, devices, GDR, intra-node transports), and a FAIL when
     it fell back to sockets although ACTIVE HCAs were found, bound an interface the env file does not
     name, or ran without GPUDirect RDMA where the gpudirect facts say it should work."""
+    from preflight.allreduce.nccllog import ifname_allows, nccl_summary
+
     env = dict(meta.get("env") or {})
     ifspec = env.get("NCCL_SOCKET_IFNAME")
     hcas: Dict[str, List[str]] = dict(meta.get("rails") or {})  # nodes without ib_hca facts: absent
@@ -376,6 +384,8 @@ def _summary(findings: Sequence[Finding], meta: Dict[str, Any], elapsed_s: Optio
 
 
 def _rule_with_localization(view: ClusterView) -> List[Finding]:
+    from preflight.allreduce.wording import contention, doc_problem
+
     meta = dict(view.cluster.get(NAME) or {})
     docs = {n: (view.facts.get(n) or {}).get(NAME) for n in meta.get("nodes") or []}
     if contention(docs, meta):

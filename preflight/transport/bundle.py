@@ -200,19 +200,16 @@ def _build_zip(sources: Optional[List[Tuple[str, str]]] = None) -> bytes:
 
     A node whose Python has the same magic number executes the code objects instead of compiling the
     source (about 30 ms of CPU per node, 60 ms more where pynvml is imported); any other version
-    compiles the source, as before. Source only: the bench's agent and worker, which a probe run never
-    imports. Left out: the checks without a node probe (the all-reduce's rule, which imports the
-    controller's preflight.allreduce package): nothing on a node imports them.
+    compiles the source, as before. Left out (source only): the bench's agent and worker and the checks
+    without a node probe, which a probe run never imports.
     """
     from preflight import checks
 
     skip = {"preflight/probe/bench_agent.py", "preflight/probe/bench_worker.py"}
-    controller_only = {"preflight/checks/%s.py" % n for n, c in checks.catalogue().items() if c.probe is None}
+    skip.update("preflight/checks/%s.py" % n for n, c in checks.catalogue().items() if c.probe is None)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         for path, name in sources if sources is not None else _sources():
-            if name in controller_only:
-                continue
             with open(path, "rb") as fh:
                 source = fh.read()
             zf.writestr(_entry(name), source)
