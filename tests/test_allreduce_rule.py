@@ -40,8 +40,27 @@ def test_pass_and_fail_against_expect():
 
 
 def test_gpu_verdict_needs_a_size_of_at_least_1_gib():
+    """Issue 23 item 4: a sweep that ends below the size that proves bandwidth is not a pass (exit 1)."""
     f = the(ar.rule(cluster(eight_ranks_on(1, 8, [MiB, 512 * MiB]), expect={"busbw_gbps": 1})))
-    assert f.status is Status.WARN and "below 1 GiB" in f.message
+    assert f.status is Status.ERROR and "below 1 GiB" in f.message and f.action == "fix_config"
+    assert "add a size of at least 1 GiB to cluster.allreduce.sizes" in f.message
+
+
+@pytest.mark.parametrize("backend,sizes,cut_at", [("nccl", [MiB, 4 * GiB], 4 * GiB), ("gloo", [KiB, 4 * MiB], 4 * MiB)])
+def test_a_sparse_size_list_cut_early_proves_nothing(backend, sizes, cut_at):
+    """A cut projected from a size far below the next (a 4096x step) is no bandwidth figure: ERROR, not a
+    FAIL of a healthy fleet nor a pass at a latency-bound size."""
+    cut = {"cut": {"bytes": cut_at, "took_s": 0.9, "projected_s": 3686.4, "budget_s": 15.0}}
+    docs = eight_ranks_on(2, 1, sizes[:1], backend=backend, status={0: cut, 1: cut})
+    f = the(ar.rule(cluster(docs, gpus=1 if backend == "nccl" else 0, expect={"busbw_gbps": 0.001})))
+    assert f.status is Status.ERROR and f.action == "fix_config", f.message
+    assert f.message.startswith("all-reduce bandwidth not proven across 2 ranks on 2 nodes: sweep stopped before ")
+    assert "a 4096x step" in f.message and "doubling steps" in f.message
+    # the twin: a cut one doubling step ahead is a measurement (a slow link), judged as before
+    near = {"cut": dict(cut["cut"], bytes=2 * sizes[0])}
+    docs = eight_ranks_on(2, 1, sizes[:1], backend=backend, status={0: near, 1: near})
+    f = the(ar.rule(cluster(docs, gpus=1 if backend == "nccl" else 0, expect={"busbw_gbps": 0.001})))
+    assert f.status is Status.FAIL and "sweep stopped before" in f.message, f.message  # too slow: judged
 
 
 def test_cpu_verdict_uses_the_largest_size_and_warns_without_threshold():

@@ -30,8 +30,10 @@ and `view.expect["busbw_gbps"]` (also `expect["nic_gbps"]` as a fallback for the
 Verdict: per size the slowest rank's median time is the collective's time; algbw = bytes / time and
 busbw = algbw * 2(n-1)/n (nccl-tests). The verdict is taken at the largest size >= 1 GiB on GPU (nccl),
 or the largest size run on CPU (gloo), against expect.busbw_gbps, else the built-in profile
-(preflight.allreduce.busbw), else the figures are reported as WARN "no threshold applies". A hang, a rank
-error or a wrong sum is a FAIL naming the stage, the ranks and the nodes (preflight.allreduce.wording).
+(preflight.allreduce.busbw), else the figures are reported as WARN "no threshold applies". A sweep that
+ends short of the verdict size, or is cut before a size more than SPARSE_STEP times the last one run,
+proves nothing: ERROR, action fix_config. A hang, a rank error or a wrong sum is a FAIL naming the
+stage, the ranks and the nodes (preflight.allreduce.wording).
 Per node, what NCCL chose (preflight.allreduce.nccllog) is judged against the data path preflight chose.
 
 The controller half is the package preflight.allreduce: plan (launch, deadlines), run (over a fleet),
@@ -53,6 +55,9 @@ NAME = "allreduce"
 
 #: What the cluster finding says when no absolute figure applies (the fleet rounds may then judge).
 NO_THRESHOLD = "no threshold applies (set expect.busbw_gbps)"
+#: A sweep cut before a size more than this many times the last one completed was projected from too far
+#: below it (the built-in sweeps double): its bandwidth is not proven (issue 23: a sparse size list).
+SPARSE_STEP = 2
 
 
 
@@ -145,15 +150,25 @@ def rule(view: ClusterView) -> List[Finding]:
     cut = sweep_cut(table)
     if cut:
         data["cut"] = cut
+    if cut and points and int(cut["bytes"]) > SPARSE_STEP * points[-1]["bytes"]:
+        # a sparse size list: the time of a small, latency-bound size says little about one many times
+        # larger, so the cut is no measurement of bandwidth, and the run proves none (never an exit 0)
+        out.append(Finding(NAME, None, Status.ERROR, "all-reduce bandwidth not proven across %s: %s, a %dx step "
+                           "from a size too small to project from; list cluster.allreduce.sizes in doubling steps"
+                           % (where, cut_phrase(cut, points), int(cut["bytes"]) // points[-1]["bytes"]),
+                           action="fix_config", data=data))
+        return out
     if point is None and cut and points:
         out.append(Finding(NAME, None, Status.FAIL, "all-reduce too slow to reach %s across %s: %s" % (
             human_bytes(GPU_VERDICT_MIN), where, cut_phrase(cut, points)), data=data))
         return out
     if point is None:
+        # the sweep ended below the size that proves bandwidth: not a pass (exit 1), and the fix is the list
         largest = human_bytes(points[-1]["bytes"]) if points else "none"
-        out.append(Finding(NAME, None, Status.WARN, "all-reduce completed across %s, but the largest size (%s) is "
-                           "below %s: bus bandwidth not judged" % (where, largest, human_bytes(GPU_VERDICT_MIN)),
-                           data=data))
+        out.append(Finding(NAME, None, Status.ERROR, "all-reduce completed across %s, but the largest size (%s) is "
+                           "below %s: bus bandwidth not judged; add a size of at least %s to cluster.allreduce.sizes"
+                           % (where, largest, human_bytes(GPU_VERDICT_MIN), human_bytes(GPU_VERDICT_MIN)),
+                           action="fix_config", data=data))
         return out
     figures = "busbw %s (algbw %s) at %s across %s" % (
         gbps(point["busbw_gbps"]), gbps(point["algbw_gbps"]), human_bytes(point["bytes"]), where)
