@@ -151,3 +151,22 @@ def test_a_pair_the_phase_did_not_reach_is_a_failed_group_naming_why():
     for d in docs.values():
         d["ranks"][0]["pairs"] = None
     assert localize.pair_results(docs, configs, rot) is None
+
+
+def test_three_nodes_the_slow_middle_one_is_named_though_its_pairs_are_the_majority():
+    """Issue 23 item 2: with three nodes every pair is measured; two of the three hold the slow node, so the
+    median of the pairs is the slow figure. The fleet figure is the median of each node's own median: the
+    slow node is named, confirmed beside both known-good partners."""
+    rot = plan.pair_rotations(["a", "b", "c"])
+    slow = {(0, "a", "b"): 4.0, (1, "a", "c"): 0.04, (2, "b", "c"): 4.0}  # b's link throttled 100x
+    docs, configs, names = _pair_docs(slow)
+    verdict = localize.localize(names, lambda groups: [], results=localize.pair_results(docs, configs, rot))
+    assert list(verdict["bad"]) == ["b"] and verdict["good"] == ["a", "c"], verdict
+    assert verdict["bad"]["b"].startswith("failed beside known-good a: slow: busbw"), verdict["bad"]
+    # the twin: three healthy nodes, one pair disturbed once (a busy neighbour): nobody is named
+    noisy = {(0, "a", "b"): 0.04, (1, "a", "c"): 0.04, (2, "b", "c"): 0.07}
+    docs, configs, names = _pair_docs(noisy)
+    calls = []
+    verdict = localize.localize(names, lambda groups: calls.append(groups) or [],
+                                results=localize.pair_results(docs, configs, rot))
+    assert verdict["bad"] == {}, verdict

@@ -182,6 +182,21 @@ def test_a_throttled_data_link_is_named_slow_by_the_fleet_with_no_threshold(sim_
     assert cluster.leftover_processes() == {}
 
 
+def test_three_nodes_the_throttled_middle_one_is_named(sim_cluster):
+    """Issue 23 item 2: two of the three pairs hold the slow node, yet it alone is named."""
+    cluster = sim_cluster(3)
+    cluster.throttle(2)  # n002's eth1 at 8 Mbit/s
+    rc, doc, wall = run_preflight(cluster, inventory(cluster, {"init_timeout": 120, "op_timeout": 10}),
+                                  "--only", "allreduce")
+    assert rc == 1
+    loc = doc["allreduce"]["localization"]
+    assert loc["exclude"] == ["n002"], loc
+    (named,) = [r for r in allreduce_results(doc, "fail") if r["node"] is not None]
+    assert named["node"] == "n002" and "below the fleet median" in named["message"], named
+    report_time("3 nodes, n002's data link throttled", wall, doc["allreduce"])
+    assert cluster.leftover_processes() == {}
+
+
 def test_three_nodes_an_mtu_black_hole_is_named_and_left_out_of_the_hostfile(sim_cluster, tmp_path):
     cluster = sim_cluster(3)
     cluster.mtu_blackhole(3)

@@ -136,13 +136,12 @@ def judge(
     slow_fraction: float = SLOW_FRACTION,
 ) -> List[Tuple[GroupResult, bool, str]]:
     """(group, passed, reason): failed outright, below the threshold, or more than slow_fraction below the
-    fleet median of the groups measured (groups of the same kind: pairs with pairs, nodes with nodes).
+    fleet median (fleet_median(): groups of the same kind, pairs with pairs, nodes with nodes).
 
     by_bandwidth=False (localizing a hang or an error): a group passes when it completed; its busbw,
     measured at one small size, says nothing and is not compared.
     """
-    measured = [judged_gbps(g) for g in results if g.get("failure") is None and judged_gbps(g) is not None]
-    median = statistics.median(measured) if len(measured) >= 2 and by_bandwidth else None
+    median = fleet_median(results) if by_bandwidth else None
     if not by_bandwidth:
         threshold = None
     out = []
@@ -158,6 +157,24 @@ def judge(
         else:
             out.append((g, True, "busbw %s" % gbps(bw) if bw is not None else "ok"))
     return out
+
+
+def fleet_median(results: Sequence[GroupResult]) -> Optional[float]:
+    """The fleet's figure groups are judged against: the median over nodes of each node's median group
+    figure (None with fewer than two groups measured). A node round (one node a group) gives the median
+    of the groups; with pairs a slow node cannot drag it down however many of the pairs it sits in (three
+    nodes: two of the three pairs hold it, and the median of the pairs would be its slow figure)."""
+    by_node: Dict[str, List[float]] = {}
+    measured = 0
+    for g in results:
+        bw = judged_gbps(g)
+        if g.get("failure") is None and bw is not None:
+            measured += 1
+            for n in g["nodes"]:
+                by_node.setdefault(n, []).append(bw)
+    if measured < 2:
+        return None
+    return statistics.median(statistics.median(v) for v in by_node.values())
 
 
 def _good_and_suspects(results, threshold, by_bandwidth=True, slow_fraction=SLOW_FRACTION):
@@ -264,7 +281,7 @@ def verdict_localization(
     elif bad:
         message = "exclude %s: %s" % (fold(list(bad)), "; ".join("%s %s" % (n, w) for n, w in bad.items()))
     elif undecided:
-        message = "%s undecided after %d groups (not enough known-good partners)" % (
+        message = "could not localize %s: undecided after %d groups (not enough known-good partners)" % (
             fold(list(undecided)), len(results))
     else:
         message = "every group passed: no node stands out"
