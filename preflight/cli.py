@@ -253,11 +253,11 @@ def _load_inventory(args: argparse.Namespace) -> Any:
 
 
 def _alloc_wait(args: argparse.Namespace) -> float:
-    from preflight.slurm import fleet as slurm
+    from preflight.slurm import allocation
 
     wait = getattr(args, "alloc_wait", None)
     if wait is None:
-        return slurm.ALLOC_WAIT_S
+        return allocation.ALLOC_WAIT_S
     if wait < 1:
         raise UsageError("--alloc-wait must be at least 1 second", "e.g. --alloc-wait 300")
     return wait
@@ -265,7 +265,7 @@ def _alloc_wait(args: argparse.Namespace) -> float:
 
 def _slurm_inventory(args: argparse.Namespace) -> Any:
     """The allocation as the inventory: this job's nodes, or an allocation made now (released after the run)."""
-    from preflight.slurm import fleet as slurm
+    from preflight.slurm import allocation as slurm
 
     if args.inventory:
         raise UsageError("--slurm takes its nodes from Slurm, not from an inventory file",
@@ -319,7 +319,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
                          "add `transport: slurm` under `cluster:` in it (Slurm node names), or use --slurm")
     if acting and inv.allocation is None:
         from preflight import common
-        from preflight.slurm import fleet as slurm
+        from preflight.slurm import allocation as slurm
 
         # the inventory's nodes, allocated now (as the transport would), with --resume's recheck of the
         # nodes preflight drained: a drained node cannot be allocated otherwise
@@ -391,8 +391,7 @@ def _drain(args: argparse.Namespace, inv: Any, result: Any, console: Any) -> Non
     """--drain / --resume: act on Slurm node states from this run's findings (see preflight.slurm.drain)."""
     import shlex
 
-    from preflight.slurm import drain
-    from preflight.slurm import fleet as slurm
+    from preflight.slurm import drain, scontrol
 
     held = inv.allocation.held if inv.allocation is not None else {}
     if not (getattr(args, "drain", False) or getattr(args, "resume", False) or held):
@@ -412,7 +411,7 @@ def _drain(args: argparse.Namespace, inv: Any, result: Any, console: Any) -> Non
         for argv in plan.commands():
             console.print("would run: " + shlex.join(argv), markup=False, highlight=False)
         return
-    for line in drain.apply(plan, lambda argv: slurm._run(argv)):
+    for line in drain.apply(plan, scontrol.run):
         console.print("drain: " + line, markup=False, highlight=False)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from preflight.slurm import drain
 from preflight.model import Finding, Status
-from preflight.slurm.fleet import _gres_gpus, bad_state, job_gpus, parse_show_node, parse_srun_stderr
+from preflight.slurm.scontrol import gres_gpus, bad_state, job_gpus, parse_show_node, parse_srun_stderr
 
 HERE = os.path.join(os.path.dirname(__file__), "fixtures", "slurm")
 
@@ -32,8 +32,8 @@ def test_show_node_refuses_other_output():
 
 
 @pytest.mark.parametrize("gres,gpus", [("(null)", 0), ("gpu:8", 8), ("gpu:h100:8(S:0-1)", 8), ("gpu:a100:4,gpu:v100:2", 6)])
-def test_gres_gpus(gres, gpus):
-    assert _gres_gpus(gres) == gpus
+def testgres_gpus(gres, gpus):
+    assert gres_gpus(gres) == gpus
 
 
 def test_srun_launch_failure_names_the_node():
