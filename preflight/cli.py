@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--drain", action="store_true", help="with Slurm: drain failing nodes (reason 'preflight: <check>: <finding>')")
     check.add_argument("--resume", action="store_true", help="with Slurm: return to service nodes preflight drained that now pass")
     check.add_argument("--dry-run", action="store_true", help="with --drain/--resume: print the scontrol commands, change nothing")
+    check.add_argument("--count-unavailable", action="store_true",
+                       help="with Slurm: count nodes Slurm has out of service (drained, down) as failures (exit 1), "
+                            "not as unavailable")
     check.add_argument("--max-drain-fraction", type=float, default=0.2, metavar="F",
                        help="drain nothing when more than this share of nodes fails (default 0.2)")
 
@@ -135,6 +138,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodelist", metavar="NODES", help="with --slurm: allocate these Slurm nodes for the run (e.g. gpu-[001-064])")
     p.add_argument("--partition", metavar="P", help="with --slurm: allocate --nodes N nodes of partition P for the run")
     p.add_argument("--nodes", type=int, metavar="N", help="with --slurm --partition: how many nodes")
+    p.add_argument("--python", metavar="PATH", help="with --slurm: the interpreter the nodes run the probe with "
+                   "(default python3 on the nodes' PATH under srun)")
     p.add_argument("--alloc-wait", type=float, metavar="SECONDS", help="when preflight allocates Slurm nodes: how long to wait for them (default 120; whole nodes: one running a job is waited for)")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.add_argument("--debug", action="store_true", help="log transport details to stderr")
@@ -263,6 +268,29 @@ def _alloc_wait(args: argparse.Namespace) -> float:
     return wait
 
 
+def _run_budget(args: argparse.Namespace) -> float:
+    """The longest a run may take once it has its nodes (the job's time limit and --resume's reservation
+    cover the wait for the nodes plus this): three phases of the per-node deadline (the node checks,
+    the network checks, the all-reduce), and a minute for the launches and the release."""
+    from preflight.inventory import DEFAULTS
+
+    timeout = args.timeout if getattr(args, "timeout", None) else float(DEFAULTS.get("command_timeout", 60))
+    return 3 * timeout + 60
+
+
+def _slurm_python(args: argparse.Namespace) -> str:
+    """--python for the Slurm nodes, validated as an inventory's `python` is (it reaches the node's shell)."""
+    from preflight import inventory
+
+    python = getattr(args, "python", None)
+    if python is None:
+        return "python3"
+    if not inventory.PYTHON_RE.match(python):
+        raise UsageError("--python %r is not an interpreter name or absolute path" % python,
+                         "give e.g. --python /usr/bin/python3 or --python python3.11")
+    return python
+
+
 def _slurm_inventory(args: argparse.Namespace) -> Any:
     """The allocation as the inventory: this job's nodes, or an allocation made now (released after the run)."""
     from preflight.slurm import allocation as slurm
@@ -272,16 +300,17 @@ def _slurm_inventory(args: argparse.Namespace) -> Any:
                          "drop the inventory, or write `transport: slurm` under `cluster:` in it")
     if args.nodes is not None and args.nodes < 1:
         raise UsageError("--nodes must be at least 1", "e.g. --nodes 16")
+    python = _slurm_python(args)
     if args.nodelist and (args.partition or args.nodes):
         raise UsageError("give --nodelist or --partition/--nodes, not both", "e.g. --nodelist gpu-[001-064]")
     if args.nodelist or args.partition or args.nodes:
         recheck = getattr(args, "resume", False) and not getattr(args, "dry_run", False)
         alloc = slurm.allocate(nodelist=args.nodelist, partition=args.partition, nodes=args.nodes, recheck_ours=recheck,
-                               timeout=_alloc_wait(args))
+                               timeout=_alloc_wait(args), run_s=_run_budget(args))
     else:
         alloc = slurm.current_allocation()
     try:
-        inv = slurm.inventory(alloc, gpus_per_node=args.gpus_per_node)
+        inv = slurm.inventory(alloc, python=python, gpus_per_node=args.gpus_per_node)
         note = alloc.gpu_note()
         if note:
             sys.stderr.write("preflight: note: %s\n" % note)
@@ -325,12 +354,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
         # nodes preflight drained: a drained node cannot be allocated otherwise
         recheck = getattr(args, "resume", False) and not getattr(args, "dry_run", False)
         inv.allocation = slurm.allocate(nodelist=common.fold([s.name for s in inv.nodes]), recheck_ours=recheck,
-                                        timeout=_alloc_wait(args))
+                                        timeout=_alloc_wait(args), run_s=_run_budget(args))
     try:
         return _check_inventory(args, inv)
     finally:
         if inv.allocation is not None:
-            inv.allocation.release()  # an allocation preflight made never outlives the run
+            # an allocation preflight made never outlives the run, nor its --resume reservation, and a node
+            # resumed only to be rechecked is drained again unless the run settled it (logged: stderr)
+            inv.allocation.release()
 
 
 def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
@@ -380,10 +411,17 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
     finally:
         if progress:
             progress.close()
+    if inv.transport == "slurm" and inv.allocation is not None:
+        from preflight.slurm import drain
+
+        # nodes Slurm had out of service when the run began: unavailable, not this run's failures
+        result.findings = drain.set_aside(result.findings, inv.allocation.excluded, strict=getattr(args, "count_unavailable", False))
     doc = report.to_json(result)
     report.render(result, console, verbose=getattr(args, "verbose", False))
-    _write_outputs(args, result, doc, console)
+    # act on the verdict before writing files: an interrupt or a write error from here on leaves the
+    # nodes as the verdict says, never a rechecked node resumed without it
     _drain(args, inv, result, console)
+    _write_outputs(args, result, doc, console)
     return result.exit_code
 
 
@@ -413,6 +451,7 @@ def _drain(args: argparse.Namespace, inv: Any, result: Any, console: Any) -> Non
         return
     for line in drain.apply(plan, scontrol.run):
         console.print("drain: " + line, markup=False, highlight=False)
+    inv.allocation.settle()  # the held nodes are drained again or returned, as the plan says
 
 
 def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: Any) -> None:
@@ -420,7 +459,7 @@ def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: An
 
     if getattr(args, "json", None):
         if args.json == "-":
-            sys.stdout.write(report.dumps(doc))
+            _write_stdout(report.dumps(doc))
         else:
             _write(args.json, report.dumps(doc))
     if getattr(args, "env_file", None):
@@ -549,6 +588,18 @@ def _writing(path: str) -> Iterator[None]:
         yield
     except OSError as exc:
         raise UsageError("cannot write %s: %s" % (path, exc.strerror or exc), "check the directory exists and is writable") from None
+
+
+def _write_stdout(text: str) -> None:
+    """Write text to the standard output whole, or fail (exit 2): a reader that goes away mid-report is a
+    write error. (Through sys.stdout, a pipe whose reader closed while the write was blocked loses the
+    rest silently: the buffered writer keeps what the pipe refused and reports nothing.)"""
+    with _writing("the standard output"):
+        sys.stdout.flush()
+        data = memoryview(text.encode("utf-8"))
+        fd = sys.stdout.fileno()
+        while data:
+            data = data[os.write(fd, data):]
 
 
 def _write(path: str, text: str, mode: int = 0o644) -> None:

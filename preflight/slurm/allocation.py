@@ -12,18 +12,25 @@ node name; GPUs a node from Slurm's Gres unless given).
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import re
 import secrets
+import shlex
+import signal
+import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preflight.common import expand, fold
 from preflight.errors import UsageError
 from preflight.inventory import NodeSpec
 from preflight.slurm.scontrol import (BUSY_STATES, GRANTED_RE, SALLOC, SCANCEL, SCONTROL, SQUEUE, SlurmError,
                                       bad_state, job_gpus, node_info, run)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -56,16 +63,52 @@ class Allocation:
         return ("job %s holds none of its nodes' GPUs (Gres gpu:%d): where Slurm constrains devices the GPU "
                 "checks see none; allocate them (salloc --gpus-per-node=%d --exclusive)" % (self.job_id, gres[-1], gres[-1]))
 
-    def release(self) -> None:
+    def release_job(self) -> None:
+        """Cancel the job preflight made (the fleet's close: its steps are over)."""
         if self.owned:
             self.owned = False
             run([SCANCEL, self.job_id])
+
+    def settle(self) -> None:
+        """The held nodes are decided (drained again or returned by --drain/--resume's plan): release()
+        leaves them as they are now."""
+        self.held = {}
+
+    def release(self) -> None:
+        """Cancel the job, then undo what an unfinished --resume left: every held node not yet settled is
+        drained again with its old reason (it was resumed only to be rechecked, and was not proven
+        healthy), and only then is the reservation deleted (no other job can land on it in between).
+        What it undoes is logged (a warning: the operator reads it on stderr)."""
+        self.release_job()
+        held, self.held = self.held, {}
+        for node, reason in sorted(held.items()):
+            out = run([SCONTROL, "update", "nodename=%s" % node, "state=drain", "reason=%s" % reason])
+            if out.returncode == 0:
+                log.warning("%s drained again, not rechecked to the end (reason: %s)", node, reason)
+            else:
+                log.warning("could not drain %s again: %s; drain it by hand: scontrol update nodename=%s state=drain "
+                            "reason=%s", node, out.stderr.strip()[:200], node, shlex.quote(reason))
         if self.reservation:
             resv, self.reservation = self.reservation, None
-            for _ in range(20):  # the reservation can be deleted once the job has left its nodes
-                if run([SCONTROL, "delete", "reservation=%s" % resv]).returncode == 0:
-                    break
-                time.sleep(0.5)
+            if delete_reservation(resv) and held:
+                log.warning("deleted the recheck reservation %s", resv)
+
+
+def delete_reservation(name: str, wait_s: float = 10.0) -> bool:
+    """Delete a reservation, waiting up to wait_s for a job still leaving its nodes. False (logged) when
+    it could not be deleted; True also when it was already gone."""
+    until = time.monotonic() + wait_s
+    while True:
+        out = run([SCONTROL, "delete", "reservation=%s" % name])
+        if out.returncode == 0:
+            return True
+        if "invalid" in out.stderr.lower() or "not found" in out.stderr.lower():
+            return True  # never created, or deleted already
+        if time.monotonic() >= until:
+            log.warning("could not delete reservation %s: %s; delete it: scontrol delete reservation=%s",
+                        name, out.stderr.strip()[:200], name)
+            return False
+        time.sleep(0.5)
 
 
 def current_allocation(environ: Optional[Dict[str, str]] = None) -> Allocation:
@@ -88,23 +131,32 @@ ALLOC_WAIT_S = 120.0
 
 
 def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, nodes: Optional[int] = None,
-             time_limit: str = "30", timeout: float = ALLOC_WAIT_S, recheck_ours: bool = False) -> Allocation:
+             timeout: float = ALLOC_WAIT_S, recheck_ours: bool = False, run_s: float = 600.0) -> Allocation:
     """Make an allocation for this run (salloc --no-shell); nodes Slurm reports unusable are left out.
 
     With a nodelist, down/drained nodes are named before allocating: asking for them would make the
     job wait forever, and where the nodes have Gres=gpu:N the job asks for those GPUs (cgroup device
     constraints hide GPUs a job does not hold). With --partition/--nodes, Slurm picks N usable nodes.
     The nodes are taken whole (--exclusive): the checks bind the rendezvous port and time the fabric.
+    The job's time limit (and the reservation's duration) is the wait for the nodes plus run_s, the
+    longest the run may take: what a killed preflight (SIGKILL: nothing can clean up) leaves behind
+    lasts no longer than the run would have.
 
     recheck_ours (--resume): nodes drained by preflight (reason `preflight:`, slurmd responding) are
     checked too. A drained node cannot be allocated, so they go into a MAINT reservation with the
     run's other nodes, are resumed inside it (no other job can start there), and the caller drains
-    again every one that does not pass (Allocation.held keeps their old reasons).
+    again every one that does not pass (Allocation.held keeps their old reasons; Allocation.release
+    drains again every one not settled, on any exit: an error, Ctrl-C, SIGTERM, here while salloc waits).
     """
     from preflight.slurm import drain
-    # whole nodes: the bandwidth test and the rendezvous port must not share them with a running job
-    argv = [SALLOC, "--no-shell", "-J", "preflight", "-t", time_limit, "--immediate=%d" % int(timeout), "--exclusive"]
+    minutes = max(1, int(math.ceil((timeout + run_s) / 60.0)))
+    # whole nodes: the bandwidth test and the rendezvous port must not share them with a running job;
+    # a name of its own, so an interrupted wait can cancel exactly this request
+    name = "preflight-" + secrets.token_hex(4)
+    argv = [SALLOC, "--no-shell", "-J", name, "-t", str(minutes), "--immediate=%d" % int(timeout), "--exclusive"]
     excluded: Dict[str, Dict[str, Any]] = {}
+    info: Dict[str, Dict[str, Any]] = {}
+    pending = Allocation("", [])  # what to undo if this call does not return: the reservation, held nodes
     if nodelist:
         try:
             wanted = expand(nodelist)
@@ -120,66 +172,90 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
         usable = [n for n in wanted if n not in excluded]
         if not usable:
             return Allocation("", [], False, excluded, info)
-        resv = _hold(usable, held) if held else None
-        argv += ["-N", str(len(usable)), "-w", fold(usable)] + (["--reservation=%s" % resv] if resv else [])
         gres = min(int(info[n].get("gpus") or 0) for n in usable)
+        argv += ["-N", str(len(usable)), "-w", fold(usable)]
         if gres:  # where Slurm manages the GPUs (Gres=gpu:N), a job that asks for none cannot see them
             argv.append("--gres=gpu:%d" % gres)
     elif nodes:
         argv += ["-N", str(nodes)]
-        info, held, resv = {}, {}, None
-        excluded = {}
+        held = {}
     else:
         raise UsageError("--partition needs --nodes N", "e.g. --partition gpu --nodes 16")
     if partition:
         argv += ["-p", partition]
-    out = run(argv, timeout + 10)
-    m = GRANTED_RE.search(out.stderr + out.stdout)
-    if out.returncode != 0 or not m:
-        if resv:
-            Allocation("", [], held=held, reservation=resv).release()
-            _redrain(held)
-        said = (out.stderr.strip().splitlines() or ["rc %d" % out.returncode])[-1][:300]
-        busy = {n: "+".join(i["state"]) for n, i in info.items() if n not in excluded and n not in held
-                and any(s.rstrip("*") in BUSY_STATES for s in i["state"])}
-        if busy:
-            raise SlurmError("salloc did not get the nodes within %g s (%s): %s busy (Slurm reports %s); preflight "
-                             "takes whole nodes" % (timeout, said, fold(busy), ", ".join(
-                                 "%s %s" % (n, busy[n]) for n in sorted(busy, key=_natural)[:5])),
-                             "run it when they are idle, inside the job's own allocation (salloc/sbatch, then "
-                             "preflight check --slurm), or check a busy node alone with `preflight node`; "
-                             "--alloc-wait SECONDS waits longer")
-        raise SlurmError("salloc failed: %s" % said, "check the partition and node names (sinfo); preflight takes "
-                         "whole idle nodes (--exclusive), --alloc-wait SECONDS waits longer for them")
-    job = m.group(1)
-    got = run([SQUEUE, "-h", "-j", job, "-o", "%N"])
     try:
-        names = expand(got.stdout.strip())
-    except ValueError:
-        run([SCANCEL, job])
-        raise SlurmError("cannot read the nodes of job %s: %r" % (job, got.stdout.strip())) from None
-    return Allocation(job, names, True, excluded, info, held, resv)
+        if held:
+            _hold(pending, usable, held, minutes)
+            argv.append("--reservation=%s" % pending.reservation)
+        rc, said_all = _salloc(argv, name, timeout + 10)
+        m = GRANTED_RE.search(said_all)
+        if rc != 0 or not m:
+            said = (said_all.strip().splitlines() or ["rc %d" % rc])[-1][:300]
+            busy = {n: "+".join(i["state"]) for n, i in info.items() if n not in excluded and n not in held
+                    and any(s.rstrip("*") in BUSY_STATES for s in i["state"])}
+            if busy:
+                raise SlurmError("salloc did not get the nodes within %g s (%s): %s busy (Slurm reports %s); preflight "
+                                 "takes whole nodes" % (timeout, said, fold(busy), ", ".join(
+                                     "%s %s" % (n, busy[n]) for n in sorted(busy, key=_natural)[:5])),
+                                 "run it when they are idle, inside the job's own allocation (salloc/sbatch, then "
+                                 "preflight check --slurm), or check a busy node alone with `preflight node`; "
+                                 "--alloc-wait SECONDS waits longer")
+            raise SlurmError("salloc failed: %s" % said, "check the partition and node names (sinfo); preflight takes "
+                             "whole idle nodes (--exclusive), --alloc-wait SECONDS waits longer for them")
+        job = m.group(1)
+        pending.job_id, pending.owned = job, True
+        got = run([SQUEUE, "-h", "-j", job, "-o", "%N"])
+        try:
+            names = expand(got.stdout.strip())
+        except ValueError:
+            raise SlurmError("cannot read the nodes of job %s: %r" % (job, got.stdout.strip())) from None
+    except BaseException:
+        pending.release()  # the job, then every held node drained again, then the reservation
+        raise
+    return Allocation(job, names, True, excluded, info, pending.held, pending.reservation)
 
 
-def _hold(nodes: Sequence[str], held: Dict[str, str]) -> str:
-    """A MAINT reservation over `nodes`, then resume the held (preflight-drained) ones inside it."""
+def _salloc(argv: List[str], name: str, timeout: float) -> Tuple[int, str]:
+    """Run salloc; (rc, what it printed). Interrupted (Ctrl-C, SIGTERM) or past timeout while it waits:
+    SIGINT makes salloc revoke its request, and a job of this name that was granted meanwhile is cancelled."""
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                universal_newlines=True, start_new_session=True)
+    except FileNotFoundError:
+        raise SlurmError("salloc not found", "install the Slurm client (slurm-client) or put it on PATH") from None
+    try:
+        said, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, said
+    except BaseException as exc:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        run([SCANCEL, "--name=%s" % name], timeout=15)
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise SlurmError("salloc did not answer within %g s" % timeout, "check that slurmctld is up (scontrol ping)") from None
+        log.warning("cancelled the waiting allocation %s", name)
+        raise
+
+
+def _hold(pending: Allocation, nodes: Sequence[str], held: Dict[str, str], minutes: int) -> None:
+    """A MAINT reservation over `nodes` for `minutes`, then resume the held (preflight-drained) ones
+    inside it. Each step is recorded on `pending` before it is taken, so its release() undoes what was done."""
     import pwd
 
-    resv = "preflight-" + secrets.token_hex(4)
+    pending.reservation = resv = "preflight-" + secrets.token_hex(4)
     out = run([SCONTROL, "create", "reservation", "ReservationName=%s" % resv, "Nodes=%s" % fold(nodes),
-                "StartTime=now", "Duration=30", "Users=%s" % pwd.getpwuid(os.getuid()).pw_name,
-                "Flags=maint,ignore_jobs"])
+               "StartTime=now", "Duration=%d" % minutes, "Users=%s" % pwd.getpwuid(os.getuid()).pw_name,
+               "Flags=maint,ignore_jobs"])
     if out.returncode != 0:
+        pending.reservation = None
         raise SlurmError("cannot reserve %s to recheck drained nodes: %s" % (fold(nodes), out.stderr.strip()[:200]),
                          "run --resume as a Slurm operator (root or SlurmUser)")
-    for node in held:
-        run([SCONTROL, "update", "nodename=%s" % node, "state=resume"])
-    return resv
-
-
-def _redrain(held: Dict[str, str]) -> None:
     for node, reason in held.items():
-        run([SCONTROL, "update", "nodename=%s" % node, "state=drain", "reason=%s" % reason])
+        pending.held[node] = reason
+        run([SCONTROL, "update", "nodename=%s" % node, "state=resume"])
 
 
 def specs_for(alloc: Allocation, python: str = "python3", command_timeout: float = 60.0,

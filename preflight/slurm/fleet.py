@@ -239,7 +239,7 @@ class SlurmFleet:
             step = self._step
         if step is not None:
             self._end(step)
-        self.alloc.release()
+        self.alloc.release_job()  # the reservation and held nodes are the caller's (cli: after --drain/--resume)
 
     def __enter__(self) -> "SlurmFleet":
         return self

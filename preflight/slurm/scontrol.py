@@ -11,9 +11,12 @@ Slurm commands are run with argv lists, never through a shell.
 
 from __future__ import annotations
 
+import os
 import re
+import select
 import subprocess
-from typing import Any, Dict, List, Sequence, Tuple
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preflight.common import fold
 from preflight.errors import PreflightError
@@ -125,15 +128,70 @@ def parse_srun_stderr(text: str) -> Tuple[Dict[str, str], Dict[str, str]]:
 # --- running Slurm commands ----------------------------------------------------------------------
 
 
+#: How a Slurm client says it cannot read its configuration (Slurm 22.05 src/common/parse_config.c,
+#: read_config.c): a missing file is retried for 60 s before the client gives up, so it is recognised
+#: from the first line, not waited for.
+CONF_MISSING_RE = re.compile(r"cannot stat file (\S+): (.+?)(?:, retrying.*)?$", re.M)
+CONF_PARSE_RE = re.compile(r'Parse error in file (\S+) line (\d+): (.*)$', re.M)
+CONF_FATAL = "Unable to process configuration file"
+
+
+def config_error(said: str) -> Optional[SlurmError]:
+    """The one-line error for a Slurm client that could not load its configuration, else None."""
+    m = CONF_MISSING_RE.search(said)
+    if m:
+        named = os.environ.get("SLURM_CONF") == m.group(1)
+        return SlurmError("Slurm's configuration %s cannot be read: %s" % (m.group(1), m.group(2).strip()),
+                          "SLURM_CONF names it: point SLURM_CONF at the cluster's slurm.conf" if named else
+                          "install the cluster's slurm.conf there or point SLURM_CONF at it (a configless client "
+                          "needs the _slurmctld._tcp DNS SRV record)")
+    m = CONF_PARSE_RE.search(said)
+    if m:
+        return SlurmError("Slurm's configuration %s line %s cannot be parsed: %s" % (m.group(1), m.group(2), m.group(3)[:120]),
+                          "fix that line (see slurm.conf(5)), or point SLURM_CONF at the cluster's slurm.conf")
+    if CONF_FATAL in said:
+        last = [line for line in said.splitlines() if "error:" in line][-1:] or [CONF_FATAL]
+        return SlurmError("Slurm's configuration cannot be loaded: %s" % last[0].split("error:", 1)[-1].strip()[:200],
+                          "check SLURM_CONF and the slurm.conf it names (scontrol show config works when it loads)")
+    return None
+
+
 def run(argv: List[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
+    """Run a Slurm command (argv, no shell); a configuration it cannot load is a SlurmError at once."""
     try:
-        return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
         raise SlurmError("%s not found" % argv[0], "install the Slurm client (slurm-client) or put it on PATH") from None
-    except subprocess.TimeoutExpired:
-        raise SlurmError("%s did not answer within %g s" % (" ".join(argv[:3]), timeout),
-                         "check that slurmctld is up (scontrol ping)") from None
+    out, err = bytearray(), bytearray()
+    streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+    until = time.monotonic() + timeout
+    try:
+        while streams:
+            left = until - time.monotonic()
+            if left <= 0:
+                raise SlurmError("%s did not answer within %g s" % (" ".join(argv[:3]), timeout),
+                                 "check that slurmctld is up (scontrol ping)")
+            for fd in select.select(list(streams), [], [], min(left, 0.5))[0]:
+                data = os.read(fd, 65536)
+                if data:
+                    streams[fd] += data
+                else:
+                    del streams[fd]
+            if CONF_MISSING_RE.search(err.decode("utf-8", "replace")):
+                raise config_error(err.decode("utf-8", "replace"))  # type: ignore[misc]
+        rc = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    said = err.decode("utf-8", "replace")
+    if rc != 0:
+        problem = config_error(said)
+        if problem is not None:
+            raise problem
+    return subprocess.CompletedProcess(argv, rc, out.decode("utf-8", "replace"), said)
 
 
 def node_info(names: Sequence[str]) -> Dict[str, Dict[str, Any]]:
