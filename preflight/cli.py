@@ -269,26 +269,15 @@ def _alloc_wait(args: argparse.Namespace) -> float:
 
 
 def _run_budget(args: argparse.Namespace) -> float:
-    """The longest a run may take once it has its nodes (the job's time limit and --resume's reservation
-    cover the wait for the nodes plus this): three phases of the per-node deadline (the node checks,
-    the network checks, the all-reduce), and a minute for the launches and the release."""
-    from preflight.inventory import DEFAULTS
+    from preflight.slurm import allocation
 
-    timeout = args.timeout if getattr(args, "timeout", None) else float(DEFAULTS.get("command_timeout", 60))
-    return 3 * timeout + 60
+    return allocation.run_budget(getattr(args, "timeout", None))
 
 
 def _slurm_python(args: argparse.Namespace) -> str:
-    """--python for the Slurm nodes, validated as an inventory's `python` is (it reaches the node's shell)."""
-    from preflight import inventory
+    from preflight.slurm import allocation
 
-    python = getattr(args, "python", None)
-    if python is None:
-        return "python3"
-    if not inventory.PYTHON_RE.match(python):
-        raise UsageError("--python %r is not an interpreter name or absolute path" % python,
-                         "give e.g. --python /usr/bin/python3 or --python python3.11")
-    return python
+    return allocation.checked_python(getattr(args, "python", None))
 
 
 def _slurm_inventory(args: argparse.Namespace) -> Any:
@@ -427,31 +416,11 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
 
 def _drain(args: argparse.Namespace, inv: Any, result: Any, console: Any) -> None:
     """--drain / --resume: act on Slurm node states from this run's findings (see preflight.slurm.drain)."""
-    import shlex
+    from preflight.slurm import drain
 
-    from preflight.slurm import drain, scontrol
-
-    held = inv.allocation.held if inv.allocation is not None else {}
-    if not (getattr(args, "drain", False) or getattr(args, "resume", False) or held):
-        return
-    plan = drain.plan(result.findings, [s.name for s in inv.nodes], inv.allocation.state,
-                      drain=args.drain, resume=args.resume, max_fraction=args.max_drain_fraction)
-    worst = drain.worst_findings(result.findings)
-    for node, old in held.items():  # resumed only to be checked: back to drain unless it passed and --resume
-        if node not in plan.resume:
-            plan.drain[node] = drain.reason_for(worst[node]) if node in worst else old
-    # the ones that passed were resumed inside the recheck reservation already: a second resume is an
-    # invalid transition (IDLE to RESUME) that scontrol rejects
-    plan.resumed_already = [n for n in plan.resume if n in held]
-    for line in plan.lines():
-        console.print(line, markup=False, highlight=False)
-    if args.dry_run:
-        for argv in plan.commands():
-            console.print("would run: " + shlex.join(argv), markup=False, highlight=False)
-        return
-    for line in drain.apply(plan, scontrol.run):
-        console.print("drain: " + line, markup=False, highlight=False)
-    inv.allocation.settle()  # the held nodes are drained again or returned, as the plan says
+    if inv.allocation is not None and (getattr(args, "drain", False) or getattr(args, "resume", False) or inv.allocation.held):
+        drain.act(result.findings, [s.name for s in inv.nodes], inv.allocation, args.drain, args.resume,
+                  args.max_drain_fraction, args.dry_run, lambda line: console.print(line, markup=False, highlight=False))
 
 
 def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: Any) -> None:

@@ -180,3 +180,15 @@ def test_drain_with_an_ssh_inventory_is_a_usage_error(capsys, tmp_path):
 ])
 def test_job_gpus_from_tres(line, gpus):
     assert job_gpus(line) == gpus
+
+
+def test_slurm_python_is_validated_before_anything_is_allocated(capsys):
+    from preflight import cli
+    from preflight.slurm import allocation
+
+    assert cli.main(["check", "--slurm", "--nodelist", "n1", "--python", "python3; rm -rf /", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--python 'python3; rm -rf /' is not an interpreter name or absolute path" in err and len(err.splitlines()) == 1
+    assert allocation.checked_python(None) == "python3" and allocation.checked_python("/opt/py/bin/python3") == "/opt/py/bin/python3"
+    # the job's time limit and the reservation: the wait plus three phases of the per-node deadline plus a minute
+    assert allocation.run_budget(20) == 120 and allocation.run_budget(None) == 240

@@ -130,6 +130,28 @@ def current_allocation(environ: Optional[Dict[str, str]] = None) -> Allocation:
 ALLOC_WAIT_S = 120.0
 
 
+def run_budget(timeout: Optional[float]) -> float:
+    """The longest a run may take once it has its nodes (the job's time limit and --resume's reservation
+    cover the wait for the nodes plus this): three phases of the per-node deadline (the node checks,
+    the network checks, the all-reduce), and a minute for the launches and the release."""
+    from preflight.inventory import DEFAULTS
+
+    return 3 * (timeout or float(DEFAULTS.get("command_timeout", 60))) + 60
+
+
+def checked_python(python: Optional[str]) -> str:
+    """--python for the Slurm nodes (default python3), validated as an inventory's `python` is: it
+    reaches the node's shell (quoted)."""
+    from preflight.inventory import PYTHON_RE
+
+    if python is None:
+        return "python3"
+    if not PYTHON_RE.match(python):
+        raise UsageError("--python %r is not an interpreter name or absolute path" % python,
+                         "give e.g. --python /usr/bin/python3 or --python python3.11")
+    return python
+
+
 def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, nodes: Optional[int] = None,
              timeout: float = ALLOC_WAIT_S, recheck_ours: bool = False, run_s: float = 600.0) -> Allocation:
     """Make an allocation for this run (salloc --no-shell); nodes Slurm reports unusable are left out.

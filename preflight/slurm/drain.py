@@ -19,8 +19,9 @@ Decisions:
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from preflight.common import fold, plural, printable
 from preflight.model import Finding, Status
@@ -153,3 +154,31 @@ def apply(p: Plan, run: Any) -> List[str]:
         if done.returncode != 0:
             errors.append("%s failed: %s" % (" ".join(argv[:3]), (done.stderr or "").strip()[:200]))
     return errors
+
+
+def act(findings: Sequence[Finding], nodes: Sequence[str], alloc: Any, drain: bool, resume: bool, max_fraction: float,
+        dry_run: bool, say: Callable[[str], None]) -> None:
+    """--drain / --resume on the run's allocation (preflight.slurm.allocation.Allocation): plan from the
+    findings and Slurm's state before the run, say the plan, then apply it (or, dry_run, print the
+    scontrol commands). The nodes resumed for the recheck (alloc.held) are drained again, with this
+    run's reason or their old one, unless they passed; then the allocation is settled."""
+    from preflight.slurm import scontrol
+
+    held = alloc.held
+    p = plan(findings, nodes, alloc.state, drain=drain, resume=resume, max_fraction=max_fraction)
+    worst = worst_findings(findings)
+    for node, old in held.items():  # resumed only to be checked: back to drain unless it passed and --resume
+        if node not in p.resume:
+            p.drain[node] = reason_for(worst[node]) if node in worst else old
+    # the ones that passed were resumed inside the recheck reservation already: a second resume is an
+    # invalid transition (IDLE to RESUME) that scontrol rejects
+    p.resumed_already = [n for n in p.resume if n in held]
+    for line in p.lines():
+        say(line)
+    if dry_run:
+        for argv in p.commands():
+            say("would run: " + shlex.join(argv))
+        return
+    for line in apply(p, scontrol.run):
+        say("drain: " + line)
+    alloc.settle()  # the held nodes are drained again or returned, as the plan says
