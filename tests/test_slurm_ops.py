@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -127,16 +128,21 @@ def test_interrupt_while_writing_outputs(cluster, kind):
     proc = _start_resume(cluster, ["--skip", "allreduce", "--json", "-"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     fcntl.fcntl(proc.stdout.fileno(), 1031, 4096)  # F_SETPIPE_SZ: the JSON report does not fit
     said = b""
+    until = time.monotonic() + 120
     while b"resume: n003" not in said:  # the console (stderr with --json -) says what was done
-        line = proc.stderr.readline()
-        assert line, said.decode()
-        said += line
+        left = until - time.monotonic()
+        if left <= 0 or not select.select([proc.stderr], [], [], left)[0]:
+            proc.kill()
+            raise AssertionError("no 'resume: n003' before the report was written: %s" % said.decode()[-2000:])
+        data = os.read(proc.stderr.fileno(), 65536)
+        assert data, said.decode()
+        said += data
     time.sleep(0.5)
     assert proc.poll() is None, "preflight wrote its whole report: the test needs a bigger one"
     _signal_kind(kind, proc)
     if kind == "EPIPE":
-        rest = proc.stderr.read()
         proc.wait(60)
+        rest = proc.stderr.read()
     else:
         _, rest = proc.communicate(timeout=60)
     err = (said + rest).decode()
