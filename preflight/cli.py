@@ -268,18 +268,6 @@ def _alloc_wait(args: argparse.Namespace) -> float:
     return wait
 
 
-def _run_budget(args: argparse.Namespace) -> float:
-    from preflight.slurm import allocation
-
-    return allocation.run_budget(getattr(args, "timeout", None))
-
-
-def _slurm_python(args: argparse.Namespace) -> str:
-    from preflight.slurm import allocation
-
-    return allocation.checked_python(getattr(args, "python", None))
-
-
 def _slurm_inventory(args: argparse.Namespace) -> Any:
     """The allocation as the inventory: this job's nodes, or an allocation made now (released after the run)."""
     from preflight.slurm import allocation as slurm
@@ -289,13 +277,13 @@ def _slurm_inventory(args: argparse.Namespace) -> Any:
                          "drop the inventory, or write `transport: slurm` under `cluster:` in it")
     if args.nodes is not None and args.nodes < 1:
         raise UsageError("--nodes must be at least 1", "e.g. --nodes 16")
-    python = _slurm_python(args)
+    python = slurm.checked_python(args.python)
     if args.nodelist and (args.partition or args.nodes):
         raise UsageError("give --nodelist or --partition/--nodes, not both", "e.g. --nodelist gpu-[001-064]")
     if args.nodelist or args.partition or args.nodes:
         recheck = getattr(args, "resume", False) and not getattr(args, "dry_run", False)
         alloc = slurm.allocate(nodelist=args.nodelist, partition=args.partition, nodes=args.nodes, recheck_ours=recheck,
-                               timeout=_alloc_wait(args), run_s=_run_budget(args))
+                               timeout=_alloc_wait(args), run_s=slurm.run_budget(args.timeout))
     else:
         alloc = slurm.current_allocation()
     try:
@@ -343,7 +331,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         # nodes preflight drained: a drained node cannot be allocated otherwise
         recheck = getattr(args, "resume", False) and not getattr(args, "dry_run", False)
         inv.allocation = slurm.allocate(nodelist=common.fold([s.name for s in inv.nodes]), recheck_ours=recheck,
-                                        timeout=_alloc_wait(args), run_s=_run_budget(args))
+                                        timeout=_alloc_wait(args), run_s=slurm.run_budget(args.timeout))
     try:
         return _check_inventory(args, inv)
     finally:
@@ -560,9 +548,8 @@ def _writing(path: str) -> Iterator[None]:
 
 
 def _write_stdout(text: str) -> None:
-    """Write text to the standard output whole, or fail (exit 2): a reader that goes away mid-report is a
-    write error. (Through sys.stdout, a pipe whose reader closed while the write was blocked loses the
-    rest silently: the buffered writer keeps what the pipe refused and reports nothing.)"""
+    """Write text to stdout whole, or fail (exit 2). Not through sys.stdout: a pipe whose reader closed
+    while the write was blocked loses the rest there silently."""
     with _writing("the standard output"):
         sys.stdout.flush()
         data = memoryview(text.encode("utf-8"))

@@ -28,7 +28,7 @@ from preflight.common import expand, fold
 from preflight.errors import UsageError
 from preflight.inventory import NodeSpec
 from preflight.slurm.scontrol import (BUSY_STATES, GRANTED_RE, SALLOC, SCANCEL, SCONTROL, SQUEUE, SlurmError,
-                                      bad_state, job_gpus, node_info, run)
+                                      bad_state, job_gpus, node_info, ours, run)
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,6 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
     again every one that does not pass (Allocation.held keeps their old reasons; Allocation.release
     drains again every one not settled, on any exit: an error, Ctrl-C, SIGTERM, here while salloc waits).
     """
-    from preflight.slurm import drain
     minutes = max(1, int(math.ceil((timeout + run_s) / 60.0)))
     # whole nodes: the bandwidth test and the rendezvous port must not share them with a running job;
     # a name of its own, so an interrupted wait can cancel exactly this request
@@ -188,7 +187,7 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
         excluded = {n: info[n] for n in wanted if bad_state(info[n]["state"])}
         held = {}
         if recheck_ours:
-            held = {n: i["reason"] for n, i in excluded.items() if drain.ours(i["reason"]) and
+            held = {n: i["reason"] for n, i in excluded.items() if ours(i["reason"]) and
                     not any(x.rstrip("*") in ("DOWN", "NOT_RESPONDING") or x.endswith("*") for x in i["state"])}
             excluded = {n: i for n, i in excluded.items() if n not in held}
         usable = [n for n in wanted if n not in excluded]

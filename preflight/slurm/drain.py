@@ -26,18 +26,15 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 from preflight.common import fold, plural, printable
 from preflight.model import Finding, Status
 from preflight.output.report import UNAVAILABLE, is_consequence, unavailable
+from preflight.slurm.scontrol import REASON_PREFIX, ours
 
-PREFIX = "preflight:"
+PREFIX = REASON_PREFIX
 REASON_MAX = 120
 
 
 def reason_for(finding: Finding) -> str:
     text = printable(" ".join(("%s %s: %s" % (PREFIX, finding.check, finding.message)).split()))  # scontrol show node
     return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3] + "..."
-
-
-def ours(reason: Optional[str]) -> bool:
-    return bool(reason) and reason.startswith(PREFIX)
 
 
 def _drained(state: Sequence[str]) -> bool:

@@ -39,6 +39,15 @@ EXIT_RE = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$")
 GRANTED_RE = re.compile(r"Granted job allocation (\d+)")
 
 
+#: How a drain reason preflight wrote begins (preflight.slurm.drain): only such drains are preflight's to undo.
+REASON_PREFIX = "preflight:"
+
+
+def ours(reason: Optional[str]) -> bool:
+    """A drain reason preflight wrote (the node-mode wrapper's included)."""
+    return bool(reason) and reason.startswith(REASON_PREFIX)
+
+
 class SlurmError(PreflightError):
     """Slurm could not be used (no allocation, a command failed, bad node list)."""
 
