@@ -548,14 +548,10 @@ def _writing(path: str) -> Iterator[None]:
 
 
 def _write_stdout(text: str) -> None:
-    """Write text to stdout whole, or fail (exit 2). Not through sys.stdout: a pipe whose reader closed
-    while the write was blocked loses the rest there silently."""
+    from preflight.output import report
+
     with _writing("the standard output"):
-        sys.stdout.flush()
-        data = memoryview(text.encode("utf-8"))
-        fd = sys.stdout.fileno()
-        while data:
-            data = data[os.write(fd, data):]
+        report.write_stdout(text)
 
 
 def _write(path: str, text: str, mode: int = 0o644) -> None:
