@@ -49,6 +49,7 @@ from preflight.model import Status
 STATUS_VALUE = {s: s.rank for s in Status}  # pass 0, skip 1, warn 2, fail 3, error 4
 NODE_VALUE = {"pass": 0, "unavailable": 1, "warn": 2, "fail": 3}  # a node's status on the same scale
 NODE_STATUSES = ("pass", "warn", "fail", "unavailable")  # = preflight.output.report.NODE_STATUSES
+OLD_NODE_STATUS = {"skip": "pass", "error": "fail"}  # node statuses of reports without schema_version
 
 Labels = Tuple[Tuple[str, str], ...]
 
@@ -119,8 +120,8 @@ def _node_statuses(report: Mapping[str, Any], checks: Dict[Tuple[str, str], Stat
     errored, warn on a warning, else pass (report.node_statuses's rule)."""
     out: Dict[str, str] = {}
     for node in report.get("nodes") or []:
-        if node.get("status") is not None:
-            out[node["name"]] = node["status"]
+        if node.get("status") is not None:  # a report before schema 1.0 said skip/error for pass/fail
+            out[node["name"]] = OLD_NODE_STATUS.get(node["status"], node["status"])
     worst: Dict[str, Status] = {}
     for (_, node), status in checks.items():
         if node and node not in out:
