@@ -35,8 +35,6 @@ def healed(cluster):
     yield
     s = cluster.slurm
     cluster.heal()
-    s.set_prolog(None) if getattr(cluster, "_prolog_set", False) else None
-    cluster._prolog_set = False
     for job in s.jobs():
         s.run(["scancel", job.split()[0]])
     for resv in s.reservations():
@@ -247,27 +245,27 @@ def test_prolog_from_the_readme_drains_with_a_reason_resume_returns(cluster, tmp
     path = tmp_path / "preflight-node"
     path.write_text(wrapper)
     prolog = tmp_path / "prolog"
-    # the simulated node's tools and sysfs, as the TaskProlog gives tasks (tests/sim/slurm.py); the
-    # Prolog line of slurm.conf itself is the README's one-liner
+    # the simulated node's tools and sysfs, as the TaskProlog gives tasks (tests/sim/slurm.py), then the
+    # README's wrapper, run as Slurm runs a Prolog: without arguments
     prolog.write_text("#!/bin/sh\nexport PATH=%s/$SLURMD_NODENAME/bin:/usr/sbin:/usr/bin:/sbin:/bin PREFLIGHT_SYSFS_ROOT=%s/$SLURMD_NODENAME/sys "
-                      "PYTHONPATH=%s SLURM_CONF=%s\nexec sh %s prolog\n" % (cluster.root, cluster.root, REPO, s.conf, path))
+                      "PYTHONPATH=%s SLURM_CONF=%s\nexec sh %s\n" % (cluster.root, cluster.root, REPO, s.conf, path))
     os.chmod(path, 0o755)
     os.chmod(prolog, 0o755)
     os.chmod(tmp_path, 0o755)
     s.set_prolog(str(prolog))
-    cluster._prolog_set = True
-    cluster.data_link_down("n002")
-    job = s.run(["sbatch", "--parsable", "-w", "n002", "-o", "/dev/null", "--wrap", "true"]).stdout.strip()
-    _wait("drain by the prolog", lambda: "n002" in s.reasons(), 90)
-    reason = s.reasons()["n002"]
-    assert reason.startswith("preflight: FAIL nic: ") or reason.startswith("preflight: nic: "), reason
-    _wait("held requeue", lambda: any(j.startswith(job + " ") and "launch failed requeued held" in j for j in s.jobs()), 60)
-    cluster.heal()
-    s.set_prolog(None)
-    cluster._prolog_set = False
+    try:
+        cluster.data_link_down("n002")
+        job = s.run(["sbatch", "--parsable", "-w", "n002", "-o", "/dev/null", "--wrap", "true"]).stdout.strip()
+        _wait("drain by the prolog", lambda: "n002" in s.reasons(), 90)
+        reason = s.reasons()["n002"]
+        assert reason.startswith("preflight: FAIL nic: "), reason  # the wrapper's reason, kept by Slurm
+        _wait("held requeue", lambda: any(j.startswith(job + " ") and "launch failed requeued held" in j for j in s.jobs()), 60)
+        cluster.heal()
+    finally:
+        s.set_prolog(None)
     out = _run(cluster, ["check", "--slurm", "--nodelist", "n[001-002]", "--only", "ssh,nic", "--resume"])
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "n002" not in s.reasons(), out.stdout + out.stderr
+    assert "n002" not in s.reasons() and "resume: n002" in out.stdout, out.stdout + out.stderr
     assert s.run(["scontrol", "release", job]).returncode == 0  # the README's release of the held job
     # released: no longer held (a requeued job may wait for its BeginTime before it runs on n002)
     _wait("the job released", lambda: not any(j.startswith(job + " ") and "held" in j.lower() for j in s.jobs()), 60)
