@@ -289,7 +289,7 @@ class SimSlurm:
             lines = [line for line in fh.read().splitlines() if not line.startswith("Prolog=")]
         if path:
             lines.insert(0, "Prolog=%s" % path)
-        _write(self.conf, "\n".join(lines) + "\n")
+        write_file(self.conf, "\n".join(lines) + "\n")
         out = self.run(["scontrol", "reconfigure"])
         if out.returncode != 0:
             raise SimError("scontrol reconfigure failed: %s" % out.stderr.strip())
