@@ -146,7 +146,7 @@ def test_hung_node_is_named_step_cancelled_nothing_left(cluster, tmp_path):
     out = _run(cluster, ["check", "--slurm", "--nodelist", "n[002-005]", "--only", "driver,mtu", "--timeout", "4",
                          "--json", report])
     assert out.returncode == 1, out.stderr[-2000:]
-    assert "n003" in out.stdout and "timed out" in out.stdout
+    assert "n003" in out.stdout and "timed out" in out.stdout, out.stdout + out.stderr[-3000:]
     with open(report) as fh:
         doc = json.load(fh)
     # phase 1's step was cancelled for n003; phase 2 (the jumbo pings) ran on the others in a step of its own
