@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--drain", action="store_true", help="with Slurm: drain failing nodes (reason 'preflight: <check>: <finding>')")
     check.add_argument("--resume", action="store_true", help="with Slurm: return to service nodes preflight drained that now pass")
     check.add_argument("--dry-run", action="store_true", help="with --drain/--resume: print the scontrol commands, change nothing")
+    check.add_argument("--count-unavailable", action="store_true",
+                       help="with Slurm: count nodes Slurm has out of service (drained, down) as failures (exit 1), "
+                            "not as unavailable")
     check.add_argument("--max-drain-fraction", type=float, default=0.2, metavar="F",
                        help="drain nothing when more than this share of nodes fails (default 0.2)")
 
@@ -135,6 +138,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodelist", metavar="NODES", help="with --slurm: allocate these Slurm nodes for the run (e.g. gpu-[001-064])")
     p.add_argument("--partition", metavar="P", help="with --slurm: allocate --nodes N nodes of partition P for the run")
     p.add_argument("--nodes", type=int, metavar="N", help="with --slurm --partition: how many nodes")
+    p.add_argument("--python", metavar="PATH", help="with --slurm: the interpreter the nodes run the probe with "
+                   "(default python3 on the nodes' PATH under srun)")
     p.add_argument("--alloc-wait", type=float, metavar="SECONDS", help="when preflight allocates Slurm nodes: how long to wait for them (default 120; whole nodes: one running a job is waited for)")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.add_argument("--debug", action="store_true", help="log transport details to stderr")
@@ -253,11 +258,11 @@ def _load_inventory(args: argparse.Namespace) -> Any:
 
 
 def _alloc_wait(args: argparse.Namespace) -> float:
-    from preflight.slurm import fleet as slurm
+    from preflight.slurm import allocation
 
     wait = getattr(args, "alloc_wait", None)
     if wait is None:
-        return slurm.ALLOC_WAIT_S
+        return allocation.ALLOC_WAIT_S
     if wait < 1:
         raise UsageError("--alloc-wait must be at least 1 second", "e.g. --alloc-wait 300")
     return wait
@@ -265,23 +270,24 @@ def _alloc_wait(args: argparse.Namespace) -> float:
 
 def _slurm_inventory(args: argparse.Namespace) -> Any:
     """The allocation as the inventory: this job's nodes, or an allocation made now (released after the run)."""
-    from preflight.slurm import fleet as slurm
+    from preflight.slurm import allocation as slurm
 
     if args.inventory:
         raise UsageError("--slurm takes its nodes from Slurm, not from an inventory file",
                          "drop the inventory, or write `transport: slurm` under `cluster:` in it")
     if args.nodes is not None and args.nodes < 1:
         raise UsageError("--nodes must be at least 1", "e.g. --nodes 16")
+    python = slurm.checked_python(args.python)
     if args.nodelist and (args.partition or args.nodes):
         raise UsageError("give --nodelist or --partition/--nodes, not both", "e.g. --nodelist gpu-[001-064]")
     if args.nodelist or args.partition or args.nodes:
         recheck = getattr(args, "resume", False) and not getattr(args, "dry_run", False)
         alloc = slurm.allocate(nodelist=args.nodelist, partition=args.partition, nodes=args.nodes, recheck_ours=recheck,
-                               timeout=_alloc_wait(args))
+                               timeout=_alloc_wait(args), run_s=slurm.run_budget(args.timeout))
     else:
         alloc = slurm.current_allocation()
     try:
-        inv = slurm.inventory(alloc, gpus_per_node=args.gpus_per_node)
+        inv = slurm.inventory(alloc, python=python, gpus_per_node=args.gpus_per_node)
         note = alloc.gpu_note()
         if note:
             sys.stderr.write("preflight: note: %s\n" % note)
@@ -319,18 +325,20 @@ def _cmd_check(args: argparse.Namespace) -> int:
                          "add `transport: slurm` under `cluster:` in it (Slurm node names), or use --slurm")
     if acting and inv.allocation is None:
         from preflight import common
-        from preflight.slurm import fleet as slurm
+        from preflight.slurm import allocation as slurm
 
         # the inventory's nodes, allocated now (as the transport would), with --resume's recheck of the
         # nodes preflight drained: a drained node cannot be allocated otherwise
         recheck = getattr(args, "resume", False) and not getattr(args, "dry_run", False)
         inv.allocation = slurm.allocate(nodelist=common.fold([s.name for s in inv.nodes]), recheck_ours=recheck,
-                                        timeout=_alloc_wait(args))
+                                        timeout=_alloc_wait(args), run_s=slurm.run_budget(args.timeout))
     try:
         return _check_inventory(args, inv)
     finally:
         if inv.allocation is not None:
-            inv.allocation.release()  # an allocation preflight made never outlives the run
+            # an allocation preflight made never outlives the run, nor its --resume reservation, and a node
+            # resumed only to be rechecked is drained again unless the run settled it (logged: stderr)
+            inv.allocation.release()
 
 
 def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
@@ -380,40 +388,27 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
     finally:
         if progress:
             progress.close()
+    if inv.transport == "slurm" and inv.allocation is not None:
+        from preflight.slurm import drain
+
+        # nodes Slurm had out of service when the run began: unavailable, not this run's failures
+        result.findings = drain.set_aside(result.findings, inv.allocation.excluded, strict=getattr(args, "count_unavailable", False))
     doc = report.to_json(result)
     report.render(result, console, verbose=getattr(args, "verbose", False))
-    _write_outputs(args, result, doc, console)
+    # act on the verdict before writing files: an interrupt or a write error from here on leaves the
+    # nodes as the verdict says, never a rechecked node resumed without it
     _drain(args, inv, result, console)
+    _write_outputs(args, result, doc, console)
     return result.exit_code
 
 
 def _drain(args: argparse.Namespace, inv: Any, result: Any, console: Any) -> None:
     """--drain / --resume: act on Slurm node states from this run's findings (see preflight.slurm.drain)."""
-    import shlex
-
     from preflight.slurm import drain
-    from preflight.slurm import fleet as slurm
 
-    held = inv.allocation.held if inv.allocation is not None else {}
-    if not (getattr(args, "drain", False) or getattr(args, "resume", False) or held):
-        return
-    plan = drain.plan(result.findings, [s.name for s in inv.nodes], inv.allocation.state,
-                      drain=args.drain, resume=args.resume, max_fraction=args.max_drain_fraction)
-    worst = drain.worst_findings(result.findings)
-    for node, old in held.items():  # resumed only to be checked: back to drain unless it passed and --resume
-        if node not in plan.resume:
-            plan.drain[node] = drain.reason_for(worst[node]) if node in worst else old
-    # the ones that passed were resumed inside the recheck reservation already: a second resume is an
-    # invalid transition (IDLE to RESUME) that scontrol rejects
-    plan.resumed_already = [n for n in plan.resume if n in held]
-    for line in plan.lines():
-        console.print(line, markup=False, highlight=False)
-    if args.dry_run:
-        for argv in plan.commands():
-            console.print("would run: " + shlex.join(argv), markup=False, highlight=False)
-        return
-    for line in drain.apply(plan, lambda argv: slurm._run(argv)):
-        console.print("drain: " + line, markup=False, highlight=False)
+    if inv.allocation is not None and (getattr(args, "drain", False) or getattr(args, "resume", False) or inv.allocation.held):
+        drain.act(result.findings, [s.name for s in inv.nodes], inv.allocation, args.drain, args.resume,
+                  args.max_drain_fraction, args.dry_run, lambda line: console.print(line, markup=False, highlight=False))
 
 
 def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: Any) -> None:
@@ -421,7 +416,7 @@ def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: An
 
     if getattr(args, "json", None):
         if args.json == "-":
-            sys.stdout.write(report.dumps(doc))
+            _write_stdout(report.dumps(doc))
         else:
             _write(args.json, report.dumps(doc))
     if getattr(args, "env_file", None):
@@ -550,6 +545,13 @@ def _writing(path: str) -> Iterator[None]:
         yield
     except OSError as exc:
         raise UsageError("cannot write %s: %s" % (path, exc.strerror or exc), "check the directory exists and is writable") from None
+
+
+def _write_stdout(text: str) -> None:
+    from preflight.output import report
+
+    with _writing("the standard output"):
+        report.write_stdout(text)
 
 
 def _write(path: str, text: str, mode: int = 0o644) -> None:

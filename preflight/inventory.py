@@ -143,7 +143,7 @@ class Inventory:
     cluster: Dict[str, Any] = field(default_factory=dict)
     sha256: str = ""
     transport: str = "ssh"  # "slurm": nodes are Slurm node names, reached with srun (preflight.slurm.fleet)
-    allocation: Any = None  # preflight.slurm.fleet.Allocation the run uses (None: the transport makes one)
+    allocation: Any = None  # preflight.slurm.allocation.Allocation the run uses (None: the transport makes one)
 
     @property
     def head_name(self) -> str:

@@ -122,7 +122,10 @@ def run(args: Any) -> int:
     if args.json:
         doc = report.to_json(result)
         if args.json == "-":
-            sys.stdout.write(report.dumps(doc))
+            try:
+                report.write_stdout(report.dumps(doc))
+            except OSError as exc:
+                raise UsageError("cannot write the standard output: %s" % (exc.strerror or exc), "keep its reader open") from None
         else:
             from preflight.output.history import atomic_write_text
 

@@ -17,15 +17,18 @@ import pytest
 from preflight import nodecheck
 from preflight.errors import UsageError
 from preflight.model import Finding, Status
+from tests.report_schema import assert_valid
 from tests.sim import gpu_hw
 
 PREFLIGHT = os.path.join(os.path.dirname(sys.executable), "preflight")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _node_run(cluster, node, *args, gpus=8):
     node = cluster.node(node)
     env = {"PATH": "%s:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" % node.bin_dir,
-           "PREFLIGHT_SYSFS_ROOT": node.sys_dir, "PREFLIGHT_NVML": "off", "HOME": "/root", "LANG": "C.UTF-8"}
+           "PREFLIGHT_SYSFS_ROOT": node.sys_dir, "PREFLIGHT_NVML": "off", "HOME": "/root", "LANG": "C.UTF-8",
+           "PYTHONPATH": REPO}  # this tree's preflight, not whichever one is installed
     argv = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', node.name,
             PREFLIGHT, "node"] + (["--gpus-per-node", str(gpus)] if gpus is not None else []) + list(args)
     t0 = time.monotonic()
@@ -59,7 +62,8 @@ def test_healthy_node_exits_0_and_one_fault_exits_1_with_one_line(sim_cluster):
     assert len(problems) == 1, out.stderr
     assert problems[0].startswith("preflight: FAIL gpu: ") and "GPU 3" in problems[0] and "ECC" in problems[0], problems
     doc = json.loads(out.stdout)
-    assert doc["exit_code"] == 1 and doc["nodes"][0]["name"] == "n001"
+    assert_valid(doc)
+    assert doc["exit_code"] == 1 and doc["nodes"][0]["name"] == "n001" and doc["nodes"][0]["status"] == "fail"
     assert "mtu" not in doc["checks"] and "allreduce" not in doc["checks"] and "ports" not in doc["checks"]
 
     out, _ = _node_run(cluster, node, "--skip", "gpu,fabric_manager")  # the operator's choice is honoured

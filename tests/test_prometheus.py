@@ -146,3 +146,10 @@ def test_write_prometheus_atomic(tmp_path):
     fresh = tmp_path / "new.prom"
     write_prometheus(_report(), fresh)
     assert (fresh.stat().st_mode & 0o777) == 0o644  # readable by a collector running as another user
+
+
+def test_a_report_from_before_schema_1_keeps_working():
+    """Reports kept by --history before node statuses were pass/warn/fail/unavailable said skip/error."""
+    old = {"nodes": [{"name": "n001", "status": "error"}, {"name": "n002", "status": "skip"}], "results": []}
+    samples, _ = _samples(to_prometheus(old))
+    assert _get(samples, "preflight_node_status", node="n001") == 3 and _get(samples, "preflight_node_status", node="n002") == 0

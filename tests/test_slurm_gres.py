@@ -21,14 +21,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # tasks a node, one GPU a task, as a bench run with two GPUs a node asks for).
 SPLIT = r'''
 import json, sys
-from preflight.slurm import fleet as slurm
-alloc = slurm.allocate(nodelist="n[001-002]")
-fleet = slurm.SlurmFleet(slurm.specs_for(alloc), alloc)
+from preflight.slurm import allocation, scontrol
+from preflight.slurm.fleet import SlurmFleet
+alloc = allocation.allocate(nodelist="n[001-002]")
+fleet = SlurmFleet(allocation.specs_for(alloc), alloc)
 try:
-    shown = slurm._run(["scontrol", "-d", "-o", "show", "job", alloc.job_id]).stdout
+    shown = scontrol.run(["scontrol", "-d", "-o", "show", "job", alloc.job_id]).stdout
     config = {"mode": "probe", "checks": {"ssh": {}}, "tasks": 2, "gpus_per_task": 1}
     out = fleet.run({"n001": config, "n002": config}, lambda spec: 60)
-    print(json.dumps({"job_gpus": slurm.job_gpus(shown), "fleet_saw": alloc.gpus_held(), "gpus": [s.gpus_per_node for s in fleet.specs.values()],
+    print(json.dumps({"job_gpus": scontrol.job_gpus(shown), "fleet_saw": alloc.gpus_held(), "gpus": [s.gpus_per_node for s in fleet.specs.values()],
                       "argv": fleet._argv(["n001", "n002"], "x", 2, True), "transport": fleet.describe(),
                       "failures": {n: str(o.failure) for n, o in out.items() if o.failure}}))
 finally:

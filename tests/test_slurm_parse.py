@@ -8,7 +8,7 @@ import pytest
 
 from preflight.slurm import drain
 from preflight.model import Finding, Status
-from preflight.slurm.fleet import _gres_gpus, bad_state, job_gpus, parse_show_node, parse_srun_stderr
+from preflight.slurm.scontrol import gres_gpus, bad_state, job_gpus, parse_show_node, parse_srun_stderr
 
 HERE = os.path.join(os.path.dirname(__file__), "fixtures", "slurm")
 
@@ -32,8 +32,8 @@ def test_show_node_refuses_other_output():
 
 
 @pytest.mark.parametrize("gres,gpus", [("(null)", 0), ("gpu:8", 8), ("gpu:h100:8(S:0-1)", 8), ("gpu:a100:4,gpu:v100:2", 6)])
-def test_gres_gpus(gres, gpus):
-    assert _gres_gpus(gres) == gpus
+def testgres_gpus(gres, gpus):
+    assert gres_gpus(gres) == gpus
 
 
 def test_srun_launch_failure_names_the_node():
@@ -64,7 +64,7 @@ def test_plan_drains_failing_node_with_short_reason_and_leaves_others_drain_alon
     p = drain.plan(findings, NODES, state, drain=True, resume=True)
     assert list(p.drain) == ["a3"] and p.drain["a3"].startswith("preflight: mtu: jumbo")
     assert len(p.drain["a3"]) <= drain.REASON_MAX
-    assert p.left_alone == {"a5": "by hand"} and p.resume == [] and p.refused is None
+    assert p.left_alone == {"a5": "drained by someone else: by hand"} and p.resume == [] and p.refused is None
     assert p.commands()[0] == ["scontrol", "update", "nodename=a3", "state=drain", "reason=" + p.drain["a3"]]
 
 
@@ -84,8 +84,59 @@ def test_plan_resumes_only_our_drained_nodes_that_pass():
 def test_plan_refuses_when_too_many_fail():
     findings = [_f("mtu", n, Status.FAIL) for n in NODES[:3]] + [_f("ssh", n, Status.PASS) for n in NODES]
     p = drain.plan(findings, NODES, _state(), drain=True, resume=False)
-    assert p.drain == {} and "3 nodes of 10 failed" in p.refused and "drained nothing" in p.refused
+    assert p.drain == {} and "3 nodes of the 10 checked in this run failed (30% > --max-drain-fraction 20%)" in p.refused
+    assert "drained nothing (would have drained a[1-3])" in p.refused
     assert set(drain.plan(findings, NODES, _state(), drain=True, resume=False, max_fraction=0.3).drain) == {"a1", "a2", "a3"}
+
+
+def test_root_cause_not_its_consequence_names_the_drain():
+    """nic FAILs (data link down); mtu and ports say "not tested: no data interface" as ERROR. The ERROR
+    ranks above the FAIL, yet the drain reason and the first line shown are the nic FAIL."""
+    from preflight.output import report
+
+    findings = [_f("ssh", n, Status.PASS) for n in NODES] + [
+        _f("nic", "a3", Status.FAIL, "no data interface: ib0 is DOWN (expected UP)"),
+        _f("mtu", "a3", Status.ERROR, "not tested: no data interface (see the nic check)"),
+        _f("ports", "a3", Status.ERROR, "not tested: no data interface (see the nic check)")]
+    p = drain.plan(findings, NODES, _state(), drain=True, resume=False)
+    assert p.drain == {"a3": "preflight: nic: no data interface: ib0 is DOWN (expected UP)"}
+    assert report.sort_findings(findings)[0].check == "nic"
+    # its healthy-but-unusual twin: an ERROR of its own (a probe that crashed) beside no FAIL is the cause
+    alone = [_f("ssh", "a3", Status.PASS), _f("mtu", "a3", Status.ERROR, "not tested: x"),
+             _f("gpu", "a3", Status.ERROR, "probe failed: nvidia-smi timed out")]
+    assert drain.worst_findings(alone)["a3"].check == "gpu"
+
+
+def test_unavailable_nodes_are_set_aside_not_failed_nor_counted():
+    """Slurm had a5 drained by hand and a6 DOWN, and preflight's own drain of a7 was not rechecked (no
+    --resume): none is this run's failure; 2 real failures of 7 checked nodes exceed 20%, and the
+    refusal says so with those figures."""
+    from preflight.output import report
+
+    out = {"a5": {"state": ["IDLE", "DRAIN"], "reason": "disk replaced by hand"},
+           "a6": {"state": ["DOWN", "NOT_RESPONDING"], "reason": "Not responding"},
+           "a7": {"state": ["IDLE", "DRAIN"], "reason": "preflight: gpu: old"}}
+    found = [_f("ssh", n, Status.PASS) for n in NODES if n not in out] + [_f("ssh", n, Status.FAIL, "Slurm reports") for n in out]
+    found += [Finding("gpu", n, Status.ERROR, "not checked: node unreachable (see ssh)", data={"not_run": "unreachable"}) for n in out]
+    found += [_f("gpu", "a1", Status.FAIL), _f("gpu", "a2", Status.FAIL)]
+    findings = drain.set_aside(found, out)
+    status = report.node_statuses(findings, NODES)
+    assert {n for n, s in status.items() if s == "unavailable"} == {"a5", "a6", "a7"}
+    assert [f for f in findings if f.node == "a6"][0].message == "Slurm marked it DOWN+NOT_RESPONDING (reason: Not responding); not checked"
+    assert not any(f.status.is_problem for f in findings if f.node in out)
+    state = _state(**out)
+    p = drain.plan(findings, NODES, state, drain=True, resume=True)
+    assert p.left_alone == {"a5": "drained by someone else: disk replaced by hand",
+                            "a6": "Slurm marked it DOWN+NOT_RESPONDING: Not responding"}
+    assert p.resume == []  # a7 was not checked: it stays drained
+    assert "2 nodes of the 7 checked in this run failed (29% > --max-drain-fraction 20%; 3 unavailable" in p.refused
+    assert set(drain.plan(findings, NODES, state, drain=True, resume=False, max_fraction=0.3).drain) == {"a1", "a2"}
+    # --count-unavailable: they fail (exit 1), but are still never drained again nor resumed
+    strict = drain.set_aside(found, out, strict=True)
+    assert {n for n, s in report.node_statuses(strict, NODES).items() if s == "fail"} == {"a1", "a2", "a5", "a6", "a7"}
+    assert any(line.startswith("leave as Slurm has them (out of service already) 3 nodes: a[5-7]")
+               for line in report.actions(strict, NODES))
+    assert drain.plan(strict, NODES, state, drain=True, resume=True, max_fraction=0.9).drain.keys() == {"a1", "a2"}
 
 
 def test_cli_usage_errors_are_one_line(capsys, monkeypatch):
@@ -129,3 +180,15 @@ def test_drain_with_an_ssh_inventory_is_a_usage_error(capsys, tmp_path):
 ])
 def test_job_gpus_from_tres(line, gpus):
     assert job_gpus(line) == gpus
+
+
+def test_slurm_python_is_validated_before_anything_is_allocated(capsys):
+    from preflight import cli
+    from preflight.slurm import allocation
+
+    assert cli.main(["check", "--slurm", "--nodelist", "n1", "--python", "python3; rm -rf /", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--python 'python3; rm -rf /' is not an interpreter name or absolute path" in err and len(err.splitlines()) == 1
+    assert allocation.checked_python(None) == "python3" and allocation.checked_python("/opt/py/bin/python3") == "/opt/py/bin/python3"
+    # the job's time limit and the reservation: the wait plus three phases of the per-node deadline plus a minute
+    assert allocation.run_budget(20) == 120 and allocation.run_budget(None) == 240

@@ -4,7 +4,9 @@ Shape (the common Ant/Jenkins/GitLab dialect)::
 
     <testsuites name="preflight" tests= failures= errors= skipped= time=>
       <testsuite name="preflight" tests= failures= errors= skipped= time= timestamp=>
-        <properties> preflight_version, inventory, inventory_sha256, exit_code </properties>
+        <properties> schema_version, preflight_version, inventory, inventory_sha256, exit_code,
+                     nodes_pass, nodes_warn, nodes_fail, nodes_unavailable (the report's node_summary:
+                     the same node counts as the terminal, the JSON and Prometheus) </properties>
         <testcase classname="preflight.<check>" name="<node>">      one per (check, node)
         <testcase classname="preflight.<check>" name="<check>">     a cluster-wide finding (node null)
 
@@ -13,7 +15,9 @@ All findings of one (check, node) make one case; the worst status (`Status.rank`
     fail  -> <failure message= type="fail:isolate">  every finding of the case in the body; the type
                                                     names the action(s) asked for after the status
     error -> <error message= type="error:retest">    likewise
-    skip  -> <skipped message=>
+    skip  -> <skipped message=>                     also a node Slurm had out of service (unavailable)
+                                                    and a check that could not run on an unreachable node
+                                                    (data.not_run): its node's ssh case carries the cause
     warn  -> passes; the messages go to <system-out>
     pass  -> passes; the messages go to <system-out>
 
@@ -92,18 +96,22 @@ def to_junit(report: Mapping[str, Any]) -> str:
     root = ET.Element("testsuites")
     suite = ET.SubElement(root, "testsuite")
     props = ET.SubElement(suite, "properties")
-    for name in ("preflight_version", "inventory", "inventory_sha256", "exit_code"):
+    for name in ("schema_version", "preflight_version", "inventory", "inventory_sha256", "exit_code"):
         if report.get(name) is not None:
             _set(ET.SubElement(props, "property"), name=name, value=report[name])
+    for status, count in (report.get("node_summary") or {}).items():
+        _set(ET.SubElement(props, "property"), name="nodes_%s" % status, value=count)
     if not len(props):
         suite.remove(props)
 
     for (check, node), findings in cases.items():
         worst = max((Status(f["status"]) for f in findings), key=lambda s: s.rank)
+        if all((f.get("data") or {}).get("not_run") for f in findings):
+            worst = Status.SKIP  # counted once, as its node's ssh failure (the report's summary: not_run)
         case = ET.SubElement(suite, "testcase")
         _set(case, classname="%s.%s" % (SUITE_NAME, check), name=node if node is not None else check)
         lines = "\n".join(_finding_line(f) for f in findings)
-        headline = "; ".join(f.get("message", "") for f in findings if f["status"] == worst.value)
+        headline = "; ".join(f.get("message", "") for f in findings if f["status"] == worst.value) or findings[0].get("message", "")
         if worst is Status.FAIL:
             counts["failures"] += 1
             failure = ET.SubElement(case, "failure")

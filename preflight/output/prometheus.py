@@ -13,10 +13,15 @@ Metrics::
     preflight_check_status{check,node}          worst status of that check on that node (numbering above);
                                                 node="" for a cluster-wide finding
     preflight_check_ok{check,node}              1 unless that status is fail or error (what the exit code uses)
-    preflight_node_status{node}                 worst status of any finding on the node
+    preflight_node_status{node}                 the node's status (report.NODE_STATUSES) on the same scale:
+                                                0 pass, 1 unavailable (not checked: Slurm had it out of
+                                                service), 2 warn, 3 fail (a finding failed or errored)
+    preflight_nodes{status}                     nodes per node status (pass, warn, fail, unavailable: all
+                                                four always present; the terminal's and JSON's counts)
     preflight_check_action{check,node,action}   1 for each action a failing finding asks for (isolate,
                                                 reboot, reset_gpu, fix_config, check_app, retest)
-    preflight_findings{status}                  number of findings per status (all five always present)
+    preflight_findings{status}                  number of findings per status (all five always present), and
+                                                not_run: checks that could not run on an unreachable node
     preflight_last_run_timestamp_seconds        start of the run, Unix time (alert on its age)
     preflight_run_duration_seconds              wall time of the run
     preflight_exit_code                         0 ok, 1 something failed or errored
@@ -42,6 +47,9 @@ from preflight.output.history import PathLike, atomic_write_text, parse_timestam
 from preflight.model import Status
 
 STATUS_VALUE = {s: s.rank for s in Status}  # pass 0, skip 1, warn 2, fail 3, error 4
+NODE_VALUE = {"pass": 0, "unavailable": 1, "warn": 2, "fail": 3}  # a node's status on the same scale
+NODE_STATUSES = ("pass", "warn", "fail", "unavailable")  # = preflight.output.report.NODE_STATUSES
+OLD_NODE_STATUS = {"skip": "pass", "error": "fail"}  # node statuses of reports without schema_version
 
 Labels = Tuple[Tuple[str, str], ...]
 
@@ -107,16 +115,19 @@ def _check_statuses(results: Iterable[Mapping[str, Any]]) -> Dict[Tuple[str, str
     return worst
 
 
-def _node_statuses(report: Mapping[str, Any], checks: Dict[Tuple[str, str], Status]) -> Dict[str, Status]:
-    """The node status the report states; computed from the findings for a node it does not list."""
-    out: Dict[str, Status] = {}
+def _node_statuses(report: Mapping[str, Any], checks: Dict[Tuple[str, str], Status]) -> Dict[str, str]:
+    """The node status the report states; for a node it does not list, fail when a finding failed or
+    errored, warn on a warning, else pass (report.node_statuses's rule)."""
+    out: Dict[str, str] = {}
     for node in report.get("nodes") or []:
-        if node.get("status") is not None:
-            out[node["name"]] = Status(node["status"])
-    stated = set(out)
+        if node.get("status") is not None:  # a report before schema 1.0 said skip/error for pass/fail
+            out[node["name"]] = OLD_NODE_STATUS.get(node["status"], node["status"])
+    worst: Dict[str, Status] = {}
     for (_, node), status in checks.items():
-        if node and node not in stated:
-            out[node] = _worst([out.get(node, status), status])
+        if node and node not in out:
+            worst[node] = _worst([worst.get(node, status), status])
+    for node, status in worst.items():
+        out[node] = "fail" if status.is_problem else "warn" if status is Status.WARN else "pass"
     return out
 
 
@@ -133,7 +144,9 @@ def to_prometheus(report: Mapping[str, Any]) -> str:
             ("preflight_check_status",
              "Worst status of a check on a node (%s); node=\"\" is cluster-wide." % numbering),
             ("preflight_check_ok", "1 unless the check's worst status on the node is fail or error."),
-            ("preflight_node_status", "Worst status of any finding on the node (%s)." % numbering),
+            ("preflight_node_status", "Status of the node: 0 pass, 1 unavailable (out of service in Slurm, not "
+                                      "checked), 2 warn, 3 fail."),
+            ("preflight_nodes", "Number of nodes of each node status (pass, warn, fail, unavailable)."),
             ("preflight_check_action", "1 for each action a failing finding of the check on the node asks for."),
             ("preflight_findings", "Number of findings of each status in the last run."),
             ("preflight_last_run_timestamp_seconds", "Start time of the last preflight run, Unix seconds."),
@@ -154,8 +167,11 @@ def to_prometheus(report: Mapping[str, Any]) -> str:
     for (check, node), status in checks.items():
         fam["preflight_check_status"].add(STATUS_VALUE[status], check=check, node=node)
         fam["preflight_check_ok"].add(0 if status.is_problem else 1, check=check, node=node)
-    for node, status in _node_statuses(report, checks).items():
-        fam["preflight_node_status"].add(STATUS_VALUE[status], node=node)
+    nodes = _node_statuses(report, checks)
+    for node, status in nodes.items():
+        fam["preflight_node_status"].add(NODE_VALUE[status], node=node)
+    for status in NODE_STATUSES:
+        fam["preflight_nodes"].add(sum(1 for v in nodes.values() if v == status), status=status)
     for result in report.get("results") or []:
         if result.get("action") and Status(result["status"]).is_problem:
             fam["preflight_check_action"].add(1, check=result["check"], node=result.get("node") or "", action=result["action"])
@@ -163,6 +179,8 @@ def to_prometheus(report: Mapping[str, Any]) -> str:
     summary = report.get("summary") or {}
     for status in sorted(Status, key=lambda s: s.rank):
         fam["preflight_findings"].add(int(summary.get(status.value, 0)), status=status.value)
+    if "not_run" in summary:
+        fam["preflight_findings"].add(int(summary["not_run"]), status="not_run")
 
     started = parse_timestamp(report.get("started_at"))
     if started is not None:

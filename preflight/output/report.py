@@ -66,26 +66,77 @@ def settings_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def node_status(findings: Iterable[Finding]) -> Dict[str, Status]:
-    worst: Dict[str, Status] = {}
+#: Version of the --json document's shape (report.schema.json, shipped beside this module). Raise it on
+#: any change a reader could trip on (a key removed or renamed, a meaning changed); adding keys is 1.x.
+SCHEMA_VERSION = "1.0"
+
+#: A node's status, the same in the terminal, the JSON, JUnit and Prometheus:
+#:   pass         every finding on it passed or was skipped ("does not apply")
+#:   warn         a warning, nothing failed
+#:   fail         a finding failed or errored in this run (what the exit code counts)
+#:   unavailable  not checked: Slurm already had it out of service (DRAIN, DOWN, ...), its state and
+#:                reason in the finding; not this run's failure (see preflight.slurm.drain.set_aside)
+NODE_STATUSES = ("pass", "warn", "fail", "unavailable")
+
+#: data key of the one finding of a node set aside as unavailable: {"state": [...], "reason": str|None}
+UNAVAILABLE = "unavailable"
+
+
+def unavailable(finding: Finding) -> bool:
+    """The finding that marks its node unavailable (not checked: Slurm had it out of service)."""
+    return bool(finding.data) and isinstance(finding.data.get(UNAVAILABLE), dict)
+
+
+def is_consequence(finding: Finding) -> bool:
+    """A finding that only repeats another's cause: a check that could not run ("not checked: node
+    unreachable") or had nothing to test because of another check's fault ("not tested: no data
+    interface (see the nic check)"). It never becomes a headline or a drain reason when a root cause
+    stands beside it on the node."""
+    return not_run(finding) or (finding.status is Status.ERROR and finding.message.startswith(("not tested:", "not checked")))
+
+
+def node_statuses(findings: Iterable[Finding], nodes: Iterable[str]) -> Dict[str, str]:
+    """{node: pass | warn | fail | unavailable} (NODE_STATUSES). A node without any finding is `fail`:
+    nothing vouches for it (ssh always runs, so this is a defect, never a pass)."""
+    seen: Dict[str, List[Finding]] = {}
     for f in findings:
-        if f.node is not None and (f.node not in worst or f.status.rank > worst[f.node].rank):
-            worst[f.node] = f.status
-    return worst
+        if f.node is not None:
+            seen.setdefault(f.node, []).append(f)
+    out: Dict[str, str] = {}
+    for name in nodes:
+        mine = seen.get(name, [])
+        if any(unavailable(f) and not f.status.is_problem for f in mine):  # --count-unavailable: fail
+            out[name] = "unavailable"
+        elif not mine or any(f.status.is_problem for f in mine):
+            out[name] = "fail"
+        elif any(f.status is Status.WARN for f in mine):
+            out[name] = "warn"
+        else:
+            out[name] = "pass"
+    return out
+
+
+def node_counts(statuses: Dict[str, str]) -> Dict[str, int]:
+    """{status: nodes} for every NODE_STATUSES entry (zeros included)."""
+    return {s: sum(1 for v in statuses.values() if v == s) for s in NODE_STATUSES}
 
 
 def summary(findings: Iterable[Finding]) -> Dict[str, int]:
+    """Findings per status, as the terminal counts them: a check that could not run on an unreachable
+    node is counted once under `not_run` (its node's ssh FAIL is the cause), never as an error."""
     counts = OrderedDict((s.value, 0) for s in (Status.PASS, Status.WARN, Status.FAIL, Status.SKIP, Status.ERROR))
+    counts["not_run"] = 0
     for f in findings:
-        counts[f.status.value] += 1
+        counts["not_run" if not_run(f) else f.status.value] += 1
     return dict(counts)
 
 
 def to_json(report: RunReport) -> Dict[str, Any]:
-    """The machine-readable report (the --json document)."""
-    worst = node_status(report.findings)
+    """The machine-readable report (the --json document; its shape: report.schema.json)."""
     inv = report.inventory
+    statuses = node_statuses(report.findings, [s.name for s in inv.nodes])
     return {
+        "schema_version": SCHEMA_VERSION,
         "preflight_version": __version__,
         "started_at": report.started_at,
         "duration_s": round(report.duration_s, 3),
@@ -100,16 +151,24 @@ def to_json(report: RunReport) -> Dict[str, Any]:
                 "host": s.host,
                 "gpus": s.gpus_per_node,
                 "head": s.name == inv.head_name,
-                "status": (worst.get(s.name) or Status.ERROR).value,
+                "status": statuses[s.name],
             }
             for s in inv.nodes
         ],
         "results": [f.to_json() for f in sort_findings(report.findings)],
         "hardware": hardware(report.view),
         "summary": summary(report.findings),
+        "node_summary": node_counts(statuses),
         "allreduce": report.allreduce,
         "exit_code": report.exit_code,
     }
+
+
+def schema() -> Dict[str, Any]:
+    """The published JSON Schema of the --json document (report.schema.json, package data)."""
+    import importlib.resources
+
+    return json.loads(importlib.resources.files("preflight.output").joinpath("report.schema.json").read_text("utf-8"))
 
 
 def hardware(view: Any) -> Dict[str, Any]:
@@ -146,9 +205,34 @@ def dumps(doc: Dict[str, Any]) -> str:
     return json.dumps(doc, indent=2, sort_keys=False) + "\n"
 
 
+def write_stdout(text: str) -> None:
+    """Write text to the standard output whole, or raise OSError. Not through sys.stdout: when the
+    reader of a pipe goes away while a write is blocked, its buffered writer keeps what the pipe
+    refused and reports nothing (CPython 3.11: exit 0 with half a report)."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    data = memoryview(text.encode("utf-8"))
+    fd = sys.stdout.fileno()
+    while data:
+        data = data[os.write(fd, data):]
+
+
+#: The order findings are shown in: root causes first. A FAIL is a decided fault and names its cause; an
+#: ERROR says a check could not decide (often because of that FAIL: "not tested: no data interface"), so
+#: it comes after the FAILs, and consequences after every other error.
+SHOW_ORDER = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 3, Status.SKIP: 4, Status.PASS: 5}
+
+
+def show_rank(finding: Finding) -> int:
+    """Where a finding stands in SHOW_ORDER (a consequence after the errors with a cause of their own)."""
+    return 2 if is_consequence(finding) else SHOW_ORDER[finding.status]
+
+
 def sort_findings(findings: Iterable[Finding]) -> List[Finding]:
     order = {name: i for i, name in enumerate(catalogue.CHECK_NAMES)}
-    return sorted(findings, key=lambda f: (-f.status.rank, order.get(f.check, 99), f.node or ""))
+    return sorted(findings, key=lambda f: (show_rank(f), order.get(f.check, 99), f.node or ""))
 
 
 def group(findings: Iterable[Finding], verbose: bool = False) -> List[Tuple[Status, str, List[Optional[str]], str]]:
@@ -183,12 +267,13 @@ def render(report: RunReport, console: Any, verbose: bool = False) -> None:
             % (inv.path, len(inv.nodes), "" if len(inv.nodes) == 1 else "s", ", ".join(report.selected), report.duration_s),
         )
     )
-    # An unreachable node's "not checked" findings fold into its ssh line: one cause, one line.
+    # An unreachable node's "not checked" findings fold into its ssh line: one cause, one line. Nodes
+    # Slurm had out of service get their own block (state and reason), not a table row.
     skipped: Dict[str, int] = {}
     for f in report.findings:
         if not_run(f) and f.node is not None:
             skipped[f.node] = skipped.get(f.node, 0) + 1
-    shown = [f for f in report.findings if not not_run(f)]
+    shown = [f for f in report.findings if not not_run(f) and not (unavailable(f) and not f.status.is_problem)]
     shown = [
         replace(f, message="%s · %s not run" % (f.message, plural(skipped[f.node], "check")))
         if f.check == "ssh" and f.node in skipped and f.status.is_problem else f
@@ -205,6 +290,13 @@ def render(report: RunReport, console: Any, verbose: bool = False) -> None:
         table.add_row(Text(status.value.upper(), style=STYLE[status]), Text(check), Text(common.printable(fold(nodes))),
                       Text(common.printable(message)))
     console.print(table)
+
+    aside = [f for f in report.findings if unavailable(f) and not f.status.is_problem]
+    if aside:
+        console.print()
+        console.print(Text("unavailable (not checked, not counted as failures)", style="bold"))
+        for f in sorted(aside, key=lambda f: f.node or ""):
+            console.print(Text("  %s: %s" % (f.node, f.message)))
 
     curve = _curve(report)
     if curve:
@@ -223,16 +315,35 @@ def render(report: RunReport, console: Any, verbose: bool = False) -> None:
         for name in failed:
             check = catalogue.get(name)
             console.print(Text.assemble((name, "bold"), ": ", check.why))  # Text: no markup parsing
-            console.print(Text.assemble("  fix: ", (check.fix, "cyan")))
-    counts = summary(shown)
+            console.print(Text.assemble("  fix: ", (fix_text(report, name), "cyan")))
+    counts = summary(report.findings)
     parts = [
         Text("%d %s" % (counts[s.value], s.value), style=STYLE[s] if counts[s.value] else "dim")
         for s in (Status.PASS, Status.WARN, Status.FAIL, Status.SKIP, Status.ERROR)
     ]
-    if skipped:
-        parts.append(Text("%d not run" % sum(skipped.values()), style="bold magenta"))
+    if counts["not_run"]:
+        parts.append(Text("%d not run" % counts["not_run"], style="bold magenta"))
+    nodes = node_counts(node_statuses(report.findings, [s.name for s in inv.nodes]))
     console.print()
+    console.print(Text("nodes: ") + Text(" · ").join(
+        Text("%d %s" % (nodes[s], s), style=NODE_STYLE[s] if nodes[s] else "dim") for s in NODE_STATUSES))
     console.print(Text(" · ").join(parts) + Text("  → exit %d" % report.exit_code, style="bold"))
+
+
+NODE_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "unavailable": "yellow"}
+
+#: The fix for an unreachable node when Slurm carried the run: Slurm's words, not SSH's.
+SLURM_SSH_FIX = ("check the node's slurmd (systemctl status slurmd; its log), what Slurm says of it "
+                 "(scontrol show node NODE: State, Reason) and munge (munge -n | ssh NODE unmunge, clocks in "
+                 "sync); python3 must be on the nodes' PATH under srun (or give --python)")
+
+
+def fix_text(report: RunReport, check: str) -> str:
+    """A check's fix as printed under the report: the catalogue's, except where the transport changes
+    what an operator does about it (an unreachable node under Slurm is slurmd/munge, not sshd/keys)."""
+    if check == "ssh" and (report.transport or {}).get("kind") == "slurm":
+        return SLURM_SSH_FIX
+    return catalogue.get(check).fix
 
 
 #: How the console words each action for an operator.
@@ -253,12 +364,19 @@ def actions(findings: Iterable[Finding], all_nodes: List[str]) -> List[str]:
     A node is listed under its most drastic action only (a node to drain needs no config fix first);
     cluster-wide findings are listed as 'cluster'.
     """
+    findings = list(findings)
+    # a node Slurm already has out of service (counted as failing under --count-unavailable) is not
+    # drained again: it is named once, as it stands
+    out_of_service = sorted({f.node for f in findings if unavailable(f) and f.node is not None})
     by_action: Dict[str, List[Finding]] = {}
     for f in findings:
-        if f.status.is_problem:
+        if f.status.is_problem and f.node not in out_of_service:
             by_action.setdefault(f.action or "retest", []).append(f)
     placed: set = set()
     lines = []
+    if out_of_service:
+        lines.append("leave as Slurm has them (out of service already) %s: %s" % (
+            common.plural(len(out_of_service), "node"), common.fold(out_of_service)))
     for action in ACTIONS:
         group = by_action.get(action)
         if not group:

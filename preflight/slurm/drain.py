@@ -3,24 +3,32 @@
 Decisions:
 - A node is drained when one of its findings is fail or error; the reason is
   `preflight: <check>: <finding>` cut to REASON_MAX characters (Slurm keeps the reason whole, but
-  `sinfo -R` and admins' eyes do not), on one line.
-- A node drained (or downed) by someone else — any reason not starting `preflight:` — is never touched.
+  `sinfo -R` and admins' eyes do not), on one line. The reason names the root cause: a FAIL before an
+  ERROR, and never a consequence ("mtu: not tested: no data interface" when nic FAILs on the node).
+- A node drained by someone else (any reason not starting `preflight:`) or marked DOWN by Slurm is never
+  touched. A node Slurm had out of service when the run began is *unavailable* (set_aside): not
+  checked, named with its state and reason, not counted in the exit code or the blast radius
+  (--count-unavailable counts it as failing, as before).
 - `--resume` returns to service only nodes whose drain reason starts `preflight:` and which passed this
   run (they were checked: findings exist for them and none is a problem).
-- When more than `max_fraction` of the checked nodes fail, nothing is drained: a fabric-wide fault
-  must not empty the cluster. The run says so.
+- When more than `max_fraction` of the nodes this run checked fail, nothing is drained: a fabric-wide
+  fault must not empty the cluster. The run says so, with its figures (failed / checked, unavailable
+  nodes left out of both).
 - scontrol is run with argv lists (no shell); `dry_run` only returns the commands.
 """
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from preflight.common import fold, plural, printable
-from preflight.model import Finding
+from preflight.model import Finding, Status
+from preflight.output.report import UNAVAILABLE, is_consequence, unavailable
+from preflight.slurm.scontrol import REASON_PREFIX, ours
 
-PREFIX = "preflight:"
+PREFIX = REASON_PREFIX
 REASON_MAX = 120
 
 
@@ -29,26 +37,44 @@ def reason_for(finding: Finding) -> str:
     return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3] + "..."
 
 
-def ours(reason: Optional[str]) -> bool:
-    return bool(reason) and reason.startswith(PREFIX)
-
-
 def _drained(state: Sequence[str]) -> bool:
     return any(s.rstrip("*") in ("DRAIN", "DRAINED", "DRAINING") for s in state)
 
 
+def _down(state: Sequence[str]) -> bool:
+    return any(s.rstrip("*") == "DOWN" for s in state)
+
+
 def worst_findings(findings: Iterable[Finding]) -> Dict[str, Finding]:
-    """{node: the finding its drain reason names}: the worst status; among equals the cause (ssh, the
-    transport, explains every 'not checked'), then a finding that is not a 'not checked' echo."""
+    """{node: the finding its drain reason (and node-mode headline) names}: the root cause. The ssh
+    finding first (the transport explains every 'not checked'), then a finding that is not a
+    consequence (`report.is_consequence`: "not tested: no data interface" beside nic's FAIL), then a
+    FAIL (a decided fault) before an ERROR (a check that could not decide)."""
     worst: Dict[str, Finding] = {}
 
     def key(f: Finding) -> Any:
-        return (f.check == "ssh", not f.message.startswith("not checked"), f.status.rank)
+        return (f.check == "ssh", not is_consequence(f), f.status is Status.FAIL)
 
     for f in findings:
         if f.node is not None and f.status.is_problem and (f.node not in worst or key(f) > key(worst[f.node])):
             worst[f.node] = f
     return worst
+
+
+def set_aside(findings: Iterable[Finding], out_of_service: Dict[str, Dict[str, Any]], strict: bool = False) -> List[Finding]:
+    """The run's findings with each node Slurm had out of service ({node: {"state", "reason"}}: the
+    allocation's excluded nodes) reduced to one finding that names its state and reason: SKIP
+    (unavailable: not checked, not this run's failure), or FAIL with strict (--count-unavailable).
+    The node's "not checked" echoes go: nothing was run there."""
+    out = [f for f in findings if f.node not in out_of_service]
+    for node, info in sorted(out_of_service.items()):
+        state = list(info.get("state") or [])
+        reason = info.get("reason")
+        said = "Slurm marked it %s" % "+".join(state) if _down(state) else "Slurm reports it %s" % "+".join(state)
+        message = "%s%s; not checked" % (said, " (reason: %s)" % reason if reason else "")
+        out.append(Finding("ssh", node, Status.FAIL if strict else Status.SKIP, message,
+                           data={UNAVAILABLE: {"state": state, "reason": reason}}, action="isolate" if strict else None))
+    return out
 
 
 @dataclass
@@ -74,7 +100,7 @@ class Plan:
         if self.resume:
             out.append("resume: %s" % fold(self.resume))
         for node, why in sorted(self.left_alone.items()):
-            out.append("left alone: %s (drained by someone else: %s)" % (node, why))
+            out.append("left alone: %s (%s)" % (node, why))
         return [printable(line) for line in out]  # another user's reason, as Slurm holds it
 
 
@@ -86,24 +112,33 @@ def plan(findings: Iterable[Finding], checked: Sequence[str], slurm_state: Dict[
     """
     findings = list(findings)
     worst = worst_findings(findings)
-    seen = {f.node for f in findings if f.node is not None}
+    aside = {f.node for f in findings if unavailable(f)}
+    seen = {f.node for f in findings if f.node is not None and not unavailable(f)}
     out = Plan()
     for node in checked:
         info = slurm_state.get(node) or {"state": [], "reason": None}
         reason = info.get("reason")
-        if (_drained(info["state"]) or "DOWN" in info["state"]) and not ours(reason):
-            out.left_alone[node] = reason or "+".join(info["state"])
+        if _down(info["state"]) and not ours(reason):
+            out.left_alone[node] = "Slurm marked it %s%s" % ("+".join(info["state"]), ": %s" % reason if reason else "")
+            continue
+        if _drained(info["state"]) and not ours(reason):
+            out.left_alone[node] = "drained by someone else: %s" % (reason or "+".join(info["state"]))
+            continue
+        if node in aside:  # not checked in this run (e.g. drained by preflight, no --resume): as it is
             continue
         if node in worst:
             if drain and not _drained(info["state"]):
                 out.drain[node] = reason_for(worst[node])
         elif resume and node in seen and _drained(info["state"]) and ours(reason):
             out.resume.append(node)
-    failing = [n for n in checked if n in worst and n not in out.left_alone]
-    if out.drain and checked and len(failing) > max_fraction * len(checked):
-        out.refused = ("%s of %d failed (%.0f%% > --max-drain-fraction %.0f%%): looks cluster-wide (fabric, "
-                       "config), not per node; drained nothing" % (plural(len(failing), "node"), len(checked),
-                                                                     100.0 * len(failing) / len(checked), 100 * max_fraction))
+    judged = [n for n in checked if n not in out.left_alone and n not in aside]
+    failing = [n for n in judged if n in worst]
+    if out.drain and judged and len(failing) > max_fraction * len(judged):
+        left_out = len(checked) - len(judged)
+        out.refused = ("%s of the %d checked in this run failed (%.0f%% > --max-drain-fraction %.0f%%%s): looks "
+                       "cluster-wide (fabric, config), not per node; drained nothing (would have drained %s)" % (
+                           plural(len(failing), "node"), len(judged), 100.0 * len(failing) / len(judged), 100 * max_fraction,
+                           "; %d unavailable or left alone not counted" % left_out if left_out else "", fold(out.drain)))
         out.drain = {}
     return out
 
@@ -116,3 +151,31 @@ def apply(p: Plan, run: Any) -> List[str]:
         if done.returncode != 0:
             errors.append("%s failed: %s" % (" ".join(argv[:3]), (done.stderr or "").strip()[:200]))
     return errors
+
+
+def act(findings: Sequence[Finding], nodes: Sequence[str], alloc: Any, drain: bool, resume: bool, max_fraction: float,
+        dry_run: bool, say: Callable[[str], None]) -> None:
+    """--drain / --resume on the run's allocation (preflight.slurm.allocation.Allocation): plan from the
+    findings and Slurm's state before the run, say the plan, then apply it (or, dry_run, print the
+    scontrol commands). The nodes resumed for the recheck (alloc.held) are drained again, with this
+    run's reason or their old one, unless they passed; then the allocation is settled."""
+    from preflight.slurm import scontrol
+
+    held = alloc.held
+    p = plan(findings, nodes, alloc.state, drain=drain, resume=resume, max_fraction=max_fraction)
+    worst = worst_findings(findings)
+    for node, old in held.items():  # resumed only to be checked: back to drain unless it passed and --resume
+        if node not in p.resume:
+            p.drain[node] = reason_for(worst[node]) if node in worst else old
+    # the ones that passed were resumed inside the recheck reservation already: a second resume is an
+    # invalid transition (IDLE to RESUME) that scontrol rejects
+    p.resumed_already = [n for n in p.resume if n in held]
+    for line in p.lines():
+        say(line)
+    if dry_run:
+        for argv in p.commands():
+            say("would run: " + shlex.join(argv))
+        return
+    for line in apply(p, scontrol.run):
+        say("drain: " + line)
+    alloc.settle()  # the held nodes are drained again or returned, as the plan says

@@ -28,9 +28,8 @@ from srun's "Task launch ... failed on node X" and the step is re-run without it
 the whole step); a node that has not answered by its deadline is a timeout, and then the step is
 cancelled with `scancel J.S` so nothing preflight started is left on any node.
 
-Slurm commands are run with argv lists, never through a shell. Output formats (scontrol(1), srun(1),
-salloc(1) of Slurm 22.05): `scontrol -o show node` prints one `Key=Value ...` line per node with
-`Reason=` last before the optional `Comment=`/`Extra=`; salloc prints `salloc: Granted job allocation N`.
+Slurm commands are run with argv lists, never through a shell (preflight.slurm.scontrol runs them and
+parses what they print; preflight.slurm.allocation makes and releases the job).
 """
 
 from __future__ import annotations
@@ -45,332 +44,29 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from preflight.transport import bundle
-from preflight.common import expand, fold
-from preflight.errors import PreflightError, UsageError
+from preflight.common import fold
+from preflight.errors import UsageError
 from preflight.inventory import NodeSpec
 from preflight.probe import runner
+from preflight.slurm.allocation import ALLOC_WAIT_S, Allocation, allocate
+from preflight.slurm.scontrol import SCANCEL, SQUEUE, SRUN, SlurmError, parse_srun_stderr, run
+from preflight.transport import bundle
 from preflight.transport.contract import NodeFailure, Outcome, Progress
 
 log = logging.getLogger(__name__)
-
-SRUN = "srun"
-SALLOC = "salloc"
-SCONTROL = "scontrol"
-SCANCEL = "scancel"
-SQUEUE = "squeue"
-
-#: Slurm node states (base or flag) in which a node cannot run the probe.
-BAD_STATES = ("DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING", "POWERED_DOWN",
-              "POWER_DOWN", "POWERING_DOWN", "FUTURE", "UNKNOWN", "MAINT", "REBOOT_REQUESTED", "REBOOT_ISSUED")
-
-#: Slurm node states of a node that runs a job: an allocation of whole nodes (--exclusive) waits for it.
-BUSY_STATES = ("ALLOCATED", "MIXED", "COMPLETING")
 
 #: srun cuts task output lines at 1024 bytes (slurmstepd's buffer); the result JSON travels in shorter parts.
 LINE_MAX = 900
 
 _LABEL_RE = re.compile(rb"^\s*(\d+): ?(.*)$")
-_LAUNCH_FAIL_RE = re.compile(r"Task launch for \S+ failed on node (\S+?):\s*(.+)$")
-_EXIT_RE = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$")
-_GRANTED_RE = re.compile(r"Granted job allocation (\d+)")
-
-
-class SlurmError(PreflightError):
-    """Slurm could not be used (no allocation, a command failed, bad node list)."""
-
-
-# --- parsers (pure) ------------------------------------------------------------------------------
-
-
-def parse_show_node(text: str) -> Dict[str, Dict[str, Any]]:
-    """`scontrol -o show node [LIST]` -> {node: {"state": [..], "reason": str|None, "gpus": int|None}}.
-
-    One line per node; values hold no spaces except Reason= (free text, possibly followed by a
-    `[user@time]` stamp), which runs until a following ` Comment=`/` Extra=` field or the end.
-    """
-    nodes: Dict[str, Dict[str, Any]] = {}
-    for lineno, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line:
-            continue
-        if not line.startswith("NodeName="):
-            raise ValueError("line %d is not a `scontrol -o show node` line: %r" % (lineno, line[:80]))
-        reason = None
-        m = re.search(r"(?:^| )Reason=(.*?)(?= (?:Comment|Extra)=|$)", line)
-        if m:
-            reason = re.sub(r"\s*\[[^\]@]*@[^\]]*\]$", "", m.group(1)).strip()  # drop the [user@time] stamp
-            line = line[: m.start()] + line[m.end():]
-        fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
-        state = fields.get("State")
-        if state is None:
-            raise ValueError("line %d has no State=: %r" % (lineno, line[:80]))
-        gres = fields.get("Gres", "(null)")
-        nodes[fields["NodeName"]] = {"state": state.split("+"), "reason": reason or None, "gpus": _gres_gpus(gres)}
-    return nodes
-
-
-def _gres_gpus(gres: str) -> int:
-    """GPUs in a Gres= value: gpu:8, gpu:h100:8(S:0-1), gpu:a100:4,gpu:v100:2 -> 8, 8, 6; (null) -> 0."""
-    total = 0
-    for item in gres.split(","):
-        parts = re.sub(r"\(.*?\)", "", item).split(":")
-        if parts[0] == "gpu" and parts[-1].isdigit():
-            total += int(parts[-1])
-    return total
-
-
-def job_gpus(text: str) -> int:
-    """GPUs a job holds, from `scontrol -d -o show job J`: JOB_GRES=gpu:4 (gpu:h100:4, comma-separated
-    items), else gres/gpu in TRES=/AllocTRES= (only where AccountingStorageTRES tracks gres/gpu:
-    `gres/gpu=16`, typed `gres/gpu:h100=16` counted once: the untyped total when present)."""
-    m = re.search(r"(?:^| )JOB_GRES=(\S+)", text)
-    held = _gres_gpus(m.group(1)) if m else 0  # the same item syntax as a node's Gres= ("(null)": 0)
-    if held:
-        return held
-    m = re.search(r"(?:^| )(?:Alloc)?TRES=(\S+)", text)
-    if not m:
-        return 0
-    total, typed = None, 0
-    for item in m.group(1).split(","):
-        key, _, value = item.partition("=")
-        if not value.isdigit():
-            continue
-        if key == "gres/gpu":
-            total = int(value)
-        elif key.startswith("gres/gpu:"):
-            typed += int(value)
-    return total if total is not None else typed
-
-
-def bad_state(state: Sequence[str]) -> bool:
-    """True when a node in this state (list of base state and flags) must not be launched on."""
-    return any(s.rstrip("*") in BAD_STATES for s in state) or any(s.endswith("*") for s in state)
-
-
-def parse_srun_stderr(text: str) -> Tuple[Dict[str, str], Dict[str, str]]:
-    """srun's own error lines -> ({node: launch failure}, {node: task exit message})."""
-    launch: Dict[str, str] = {}
-    exits: Dict[str, str] = {}
-    for line in text.splitlines():
-        m = _LAUNCH_FAIL_RE.search(line)
-        if m:
-            launch[m.group(1)] = m.group(2).strip()
-            continue
-        m = _EXIT_RE.match(line.strip())
-        if m:
-            exits[m.group(1)] = m.group(3).strip()
-    return launch, exits
-
-
-# --- running Slurm commands ----------------------------------------------------------------------
-
-
-def _run(argv: List[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise SlurmError("%s not found" % argv[0], "install the Slurm client (slurm-client) or put it on PATH") from None
-    except subprocess.TimeoutExpired:
-        raise SlurmError("%s did not answer within %g s" % (" ".join(argv[:3]), timeout),
-                         "check that slurmctld is up (scontrol ping)") from None
-
-
-def node_info(names: Sequence[str]) -> Dict[str, Dict[str, Any]]:
-    """Slurm's view of the named nodes (state, reason, GPUs), from one `scontrol -o show node`."""
-    out = _run([SCONTROL, "-o", "show", "node", fold(names)])
-    if out.returncode != 0:
-        raise SlurmError("scontrol show node %s failed: %s" % (fold(names), out.stderr.strip()[:300]),
-                         "check the node names (sinfo -N)")
-    try:
-        info = parse_show_node(out.stdout)
-    except ValueError as exc:
-        raise SlurmError("cannot read scontrol's output: %s" % exc) from None
-    missing = [n for n in names if n not in info]
-    if missing:
-        raise SlurmError("Slurm does not know %s" % fold(missing), "check the node names (sinfo -N)")
-    return info
 
 
 def failure_for(name: str, info: Dict[str, Any]) -> NodeFailure:
     reason = info.get("reason")
     return NodeFailure("unreachable", "Slurm reports %s %s%s" % (
         name, "+".join(info["state"]), " (reason: %s)" % reason if reason else ""))
-
-
-@dataclass
-class Allocation:
-    """A Slurm job whose nodes preflight runs on; owned=True when preflight made it (and releases it)."""
-
-    job_id: str
-    nodes: List[str]
-    owned: bool = False
-    excluded: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # nodes Slurm reported unusable
-    state: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # Slurm's view of every node before the run
-    held: Dict[str, str] = field(default_factory=dict)  # preflight-drained nodes resumed into our reservation
-    reservation: Optional[str] = None
-    _gpus: Optional[int] = field(default=None, repr=False)  # gpus_held(), once asked
-
-    def gpus_held(self) -> int:
-        """GPUs the job holds (job_gpus of `scontrol -d -o show job`), asked once: 0 where Slurm does not
-        manage the nodes' GPUs, and then a step cannot ask for them."""
-        if self._gpus is None:
-            out = _run([SCONTROL, "-d", "-o", "show", "job", self.job_id]) if self.job_id else None
-            self._gpus = job_gpus(out.stdout) if out is not None and out.returncode == 0 else 0
-        return self._gpus
-
-    def gpu_note(self) -> Optional[str]:
-        """Why the GPU checks may see no GPUs: the nodes have Gres GPUs and this job holds none of them
-        (with ConstrainDevices a job sees only the GPUs it holds). None when that is not the case."""
-        gres = sorted({int(i.get("gpus") or 0) for n, i in self.state.items() if n in self.nodes})
-        if not gres or gres[-1] == 0 or self.gpus_held() > 0:
-            return None
-        return ("job %s holds none of its nodes' GPUs (Gres gpu:%d): where Slurm constrains devices the GPU "
-                "checks see none; allocate them (salloc --gpus-per-node=%d --exclusive)" % (self.job_id, gres[-1], gres[-1]))
-
-    def release(self) -> None:
-        if self.owned:
-            self.owned = False
-            _run([SCANCEL, self.job_id])
-        if self.reservation:
-            resv, self.reservation = self.reservation, None
-            for _ in range(20):  # the reservation can be deleted once the job has left its nodes
-                if _run([SCONTROL, "delete", "reservation=%s" % resv]).returncode == 0:
-                    break
-                time.sleep(0.5)
-
-
-def current_allocation(environ: Optional[Dict[str, str]] = None) -> Allocation:
-    """The allocation this process runs in (salloc shell, sbatch script): SLURM_JOB_ID and its nodelist."""
-    env = os.environ if environ is None else environ
-    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if not job or not nodelist:
-        raise UsageError("--slurm without --nodelist/--partition needs an allocation (SLURM_JOB_ID is not set)",
-                         "run inside salloc/sbatch, or give --nodelist gpu-[001-064] or --partition P --nodes N")
-    try:
-        nodes = expand(nodelist)
-    except ValueError as exc:
-        raise SlurmError("SLURM_JOB_NODELIST %r: %s" % (nodelist, exc)) from None
-    return Allocation(job, nodes)
-
-
-#: how long salloc waits for the nodes by default (--alloc-wait)
-ALLOC_WAIT_S = 120.0
-
-
-def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, nodes: Optional[int] = None,
-             time_limit: str = "30", timeout: float = ALLOC_WAIT_S, recheck_ours: bool = False) -> Allocation:
-    """Make an allocation for this run (salloc --no-shell); nodes Slurm reports unusable are left out.
-
-    With a nodelist, down/drained nodes are named before allocating: asking for them would make the
-    job wait forever, and where the nodes have Gres=gpu:N the job asks for those GPUs (cgroup device
-    constraints hide GPUs a job does not hold). With --partition/--nodes, Slurm picks N usable nodes.
-    The nodes are taken whole (--exclusive): the checks bind the rendezvous port and time the fabric.
-
-    recheck_ours (--resume): nodes drained by preflight (reason `preflight:`, slurmd responding) are
-    checked too. A drained node cannot be allocated, so they go into a MAINT reservation with the
-    run's other nodes, are resumed inside it (no other job can start there), and the caller drains
-    again every one that does not pass (Allocation.held keeps their old reasons).
-    """
-    from preflight.slurm import drain
-    # whole nodes: the bandwidth test and the rendezvous port must not share them with a running job
-    argv = [SALLOC, "--no-shell", "-J", "preflight", "-t", time_limit, "--immediate=%d" % int(timeout), "--exclusive"]
-    excluded: Dict[str, Dict[str, Any]] = {}
-    if nodelist:
-        try:
-            wanted = expand(nodelist)
-        except ValueError as exc:
-            raise UsageError("--nodelist %r: %s" % (nodelist, exc), "write ranges like gpu-[001-064]") from None
-        info = node_info(wanted)
-        excluded = {n: info[n] for n in wanted if bad_state(info[n]["state"])}
-        held = {}
-        if recheck_ours:
-            held = {n: i["reason"] for n, i in excluded.items() if drain.ours(i["reason"]) and
-                    not any(x.rstrip("*") in ("DOWN", "NOT_RESPONDING") or x.endswith("*") for x in i["state"])}
-            excluded = {n: i for n, i in excluded.items() if n not in held}
-        usable = [n for n in wanted if n not in excluded]
-        if not usable:
-            return Allocation("", [], False, excluded, info)
-        resv = _hold(usable, held) if held else None
-        argv += ["-N", str(len(usable)), "-w", fold(usable)] + (["--reservation=%s" % resv] if resv else [])
-        gres = min(int(info[n].get("gpus") or 0) for n in usable)
-        if gres:  # where Slurm manages the GPUs (Gres=gpu:N), a job that asks for none cannot see them
-            argv.append("--gres=gpu:%d" % gres)
-    elif nodes:
-        argv += ["-N", str(nodes)]
-        info, held, resv = {}, {}, None
-        excluded = {}
-    else:
-        raise UsageError("--partition needs --nodes N", "e.g. --partition gpu --nodes 16")
-    if partition:
-        argv += ["-p", partition]
-    out = _run(argv, timeout + 10)
-    m = _GRANTED_RE.search(out.stderr + out.stdout)
-    if out.returncode != 0 or not m:
-        if resv:
-            Allocation("", [], held=held, reservation=resv).release()
-            _redrain(held)
-        said = (out.stderr.strip().splitlines() or ["rc %d" % out.returncode])[-1][:300]
-        busy = {n: "+".join(i["state"]) for n, i in info.items() if n not in excluded and n not in held
-                and any(s.rstrip("*") in BUSY_STATES for s in i["state"])}
-        if busy:
-            raise SlurmError("salloc did not get the nodes within %g s (%s): %s busy (Slurm reports %s); preflight "
-                             "takes whole nodes" % (timeout, said, fold(busy), ", ".join(
-                                 "%s %s" % (n, busy[n]) for n in sorted(busy, key=_natural)[:5])),
-                             "run it when they are idle, inside the job's own allocation (salloc/sbatch, then "
-                             "preflight check --slurm), or check a busy node alone with `preflight node`; "
-                             "--alloc-wait SECONDS waits longer")
-        raise SlurmError("salloc failed: %s" % said, "check the partition and node names (sinfo); preflight takes "
-                         "whole idle nodes (--exclusive), --alloc-wait SECONDS waits longer for them")
-    job = m.group(1)
-    got = _run([SQUEUE, "-h", "-j", job, "-o", "%N"])
-    try:
-        names = expand(got.stdout.strip())
-    except ValueError:
-        _run([SCANCEL, job])
-        raise SlurmError("cannot read the nodes of job %s: %r" % (job, got.stdout.strip())) from None
-    return Allocation(job, names, True, excluded, info, held, resv)
-
-
-def _hold(nodes: Sequence[str], held: Dict[str, str]) -> str:
-    """A MAINT reservation over `nodes`, then resume the held (preflight-drained) ones inside it."""
-    import pwd
-
-    resv = "preflight-" + secrets.token_hex(4)
-    out = _run([SCONTROL, "create", "reservation", "ReservationName=%s" % resv, "Nodes=%s" % fold(nodes),
-                "StartTime=now", "Duration=30", "Users=%s" % pwd.getpwuid(os.getuid()).pw_name,
-                "Flags=maint,ignore_jobs"])
-    if out.returncode != 0:
-        raise SlurmError("cannot reserve %s to recheck drained nodes: %s" % (fold(nodes), out.stderr.strip()[:200]),
-                         "run --resume as a Slurm operator (root or SlurmUser)")
-    for node in held:
-        _run([SCONTROL, "update", "nodename=%s" % node, "state=resume"])
-    return resv
-
-
-def _redrain(held: Dict[str, str]) -> None:
-    for node, reason in held.items():
-        _run([SCONTROL, "update", "nodename=%s" % node, "state=drain", "reason=%s" % reason])
-
-
-def specs_for(alloc: Allocation, python: str = "python3", command_timeout: float = 60.0,
-              gpus_per_node: Optional[int] = None) -> List[NodeSpec]:
-    """NodeSpecs for Slurm nodes (name = host = the Slurm node name); GPUs from Slurm's Gres unless given."""
-    names = list(alloc.nodes) + list(alloc.excluded)
-    info = dict(alloc.excluded)
-    info.update(alloc.state)
-    return [NodeSpec(name=n, host=n, line=0, python=python, command_timeout=command_timeout,
-                     gpus_per_node=gpus_per_node if gpus_per_node is not None else int(info.get(n, {}).get("gpus") or 0))
-            for n in sorted(names, key=_natural)]
-
-
-def _natural(name: str) -> List[Any]:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 # --- the transport -------------------------------------------------------------------------------
@@ -543,7 +239,7 @@ class SlurmFleet:
             step = self._step
         if step is not None:
             self._end(step)
-        self.alloc.release()
+        self.alloc.release_job()  # the reservation and held nodes are the caller's (cli: after --drain/--resume)
 
     def __enter__(self) -> "SlurmFleet":
         return self
@@ -691,12 +387,12 @@ class SlurmFleet:
         """Cancel our step (found by its unique name) so no task outlives the deadline."""
         if not step_name:
             return
-        out = _run([SQUEUE, "-h", "-s", "-j", self.alloc.job_id, "-o", "%i %j"], timeout=15)
+        out = run([SQUEUE, "-h", "-s", "-j", self.alloc.job_id, "-o", "%i %j"], timeout=15)
         for line in out.stdout.splitlines():
             parts = line.split()
             if len(parts) == 2 and parts[1] == step_name:
-                _run([SCANCEL, "--signal=KILL", parts[0]], timeout=15)
-                _run([SCANCEL, parts[0]], timeout=15)
+                run([SCANCEL, "--signal=KILL", parts[0]], timeout=15)
+                run([SCANCEL, parts[0]], timeout=15)
 
 
 def fleet_for(inv: Any, progress: Optional[Progress] = None) -> SlurmFleet:
@@ -706,19 +402,3 @@ def fleet_for(inv: Any, progress: Optional[Progress] = None) -> SlurmFleet:
         alloc = allocate(nodelist=fold(s.name for s in inv.nodes), timeout=inv.cluster.get("alloc_wait_s", ALLOC_WAIT_S))
         inv.allocation = alloc
     return SlurmFleet(inv.nodes, alloc, progress)
-
-
-def inventory(alloc: Allocation, python: str = "python3", command_timeout: float = 60.0,
-              gpus_per_node: Optional[int] = None, master_port: int = 29500) -> Any:
-    """An Inventory of an allocation's nodes (plus the ones Slurm reported unusable, as failures)."""
-    from preflight.inventory import Inventory
-
-    label = "slurm job %s" % alloc.job_id if alloc.job_id else "slurm"
-    if not alloc.state and alloc.nodes:
-        alloc.state = node_info(alloc.nodes)
-    if gpus_per_node is None:
-        for name, i in alloc.state.items():
-            alloc.excluded.get(name, {}).setdefault("gpus", i.get("gpus"))
-    return Inventory(path=label, nodes=specs_for(alloc, python, command_timeout, gpus_per_node),
-                     master_port=master_port, cluster={"master_port": master_port, "mtu_full_mesh": False, "allreduce": {}},
-                     transport="slurm", allocation=alloc)

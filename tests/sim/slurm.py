@@ -281,6 +281,29 @@ class SimSlurm:
                 found[name.strip()] = reason.strip()
         return found
 
+    def set_prolog(self, path: Optional[str]) -> None:
+        """Prolog=path in slurm.conf (None: no Prolog), then `scontrol reconfigure`: slurmd runs it as
+        root before a job's first step on each node (slurm.conf(5)), with the job's SLURM_* variables
+        and no PATH of the daemon's."""
+        with open(self.conf) as fh:
+            lines = [line for line in fh.read().splitlines() if not line.startswith("Prolog=")]
+        if path:
+            lines.insert(0, "Prolog=%s" % path)
+        write_file(self.conf, "\n".join(lines) + "\n")
+        out = self.run(["scontrol", "reconfigure"])
+        if out.returncode != 0:
+            raise SimError("scontrol reconfigure failed: %s" % out.stderr.strip())
+
+    def reservations(self) -> List[str]:
+        """Names of the reservations slurmctld holds."""
+        out = self.run(["scontrol", "-o", "show", "reservation"])
+        return re.findall(r"ReservationName=(\S+)", out.stdout)
+
+    def jobs(self) -> List[str]:
+        """'JOBID NAME STATE REASON' of every job slurmctld knows that has not ended."""
+        out = self.run(["squeue", "-h", "-o", "%i %j %T %r"])
+        return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
     def leftover_steps(self) -> List[str]:
         """Job steps still known to slurmctld (squeue -s), e.g. '5.0 preflight'."""
         out = self.run(["squeue", "-h", "-s", "-o", "%i %j"])

@@ -1,0 +1,271 @@
+"""What an admin's Ctrl-C, Prolog and nightly cron really do, on a real Slurm (tests/sim/slurm.py).
+
+One 4-node cluster for the module; every test heals what it broke and returns every node to service.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.report_schema import assert_valid
+
+PREFLIGHT = os.path.join(os.path.dirname(sys.executable), "preflight")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N = 4
+ALL = "n[001-%03d]" % N
+OLD = "preflight: mtu: jumbo pings lost (old run)"
+
+
+@pytest.fixture(scope="module")
+def cluster(slurm_cluster):
+    return slurm_cluster(N)
+
+
+@pytest.fixture(autouse=True)
+def healed(cluster):
+    yield
+    s = cluster.slurm
+    cluster.heal()
+    for job in s.jobs():
+        s.run(["scancel", job.split()[0]])
+    for resv in s.reservations():
+        s.run(["scontrol", "delete", "reservation=%s" % resv])
+    for node in s.reasons():
+        s.run(["scontrol", "update", "nodename=%s" % node, "state=resume"])
+    s.wait_idle([n.name for n in cluster.nodes], 90)
+
+
+def _run(cluster, argv, timeout=180, **kw):
+    return cluster.ctl([PREFLIGHT] + argv + ["--no-progress"], env=cluster.slurm.env(), timeout=timeout, **kw)
+
+
+def _wait(what, ok, timeout=60.0):
+    until = time.monotonic() + timeout
+    while not ok():
+        if time.monotonic() > until:
+            raise AssertionError("no %s within %g s" % (what, timeout))
+        time.sleep(0.2)
+
+
+# --- 1. an interrupted --resume leaves no reservation and every unchecked node drained ---------------
+
+
+def _start_resume(cluster, extra, **kw):
+    argv = [PREFLIGHT, "check", "--slurm", "--nodelist", ALL, "--resume", "--no-progress"] + extra
+    return cluster.ctl_popen(argv, env=cluster.slurm.env(), stdin=subprocess.DEVNULL, **kw)
+
+
+def _signal_kind(kind, proc):
+    if kind == "EPIPE":  # the reader of --json - went away: a write error, not a signal
+        proc.stdout.close()
+    else:
+        proc.send_signal(kind)
+
+
+@pytest.mark.parametrize("kind", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_while_salloc_waits(cluster, kind):
+    """n002 runs someone's job, so the allocation waits; n003 (drained by preflight) was resumed into the
+    recheck reservation. Interrupted there: the waiting request is cancelled, n003 is drained again
+    with its old reason, the reservation is gone, and the run says so."""
+    s = cluster.slurm
+    s.drain("n003", OLD)
+    blocker = s.run(["salloc", "--no-shell", "-N1", "-w", "n002", "-t", "5"])
+    assert "Granted" in blocker.stderr + blocker.stdout, blocker.stderr
+    proc = _start_resume(cluster, ["--only", "ssh", "--alloc-wait", "120"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    _wait("waiting preflight allocation", lambda: any(" preflight-" in j and "PENDING" in j for j in s.jobs()))
+    assert s.reservations() and "n003" not in s.reasons()  # resumed inside the reservation: the hazard
+    _signal_kind(kind, proc)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + kind, err
+    assert s.reservations() == [], err
+    assert s.reasons() == {"n003": OLD}, err
+    assert [j for j in s.jobs() if "preflight" in j] == [], s.jobs()
+    assert "cancelled the waiting allocation" in err and "n003 drained again" in err, err
+    assert "deleted the recheck reservation" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_mid_run(cluster, kind):
+    """n003 (drained by preflight, resumed for its recheck) hangs: interrupted while the step runs, the
+    step and the job end, n003 is drained again with its old reason, no reservation is left."""
+    s = cluster.slurm
+    s.drain("n003", OLD)
+    cluster.hang_commands("n003")
+    proc = _start_resume(cluster, ["--only", "ssh,driver", "--timeout", "90"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    _wait("preflight step", lambda: any("preflight-" in st for st in s.leftover_steps()))
+    assert "n003" not in s.reasons()
+    time.sleep(1)
+    _signal_kind(kind, proc)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + kind, err
+    assert s.reservations() == [] and s.reasons() == {"n003": OLD}, err
+    assert "n003 drained again" in err, err
+    _wait("the job and its step to end", lambda: not [j for j in s.jobs() if "preflight" in j] and not s.leftover_steps(), 60)
+
+
+@pytest.mark.parametrize("kind", [signal.SIGINT, signal.SIGTERM, "EPIPE"], ids=["SIGINT", "SIGTERM", "EPIPE"])
+def test_interrupt_while_writing_outputs(cluster, kind):
+    """The verdict is acted on before any file is written: n003 passed and is back in service, n004
+    (drained by preflight, still failing) is drained with this run's reason; an interrupt or a write
+    error while the JSON goes out (a 4 KiB pipe nobody reads) changes neither and leaves no reservation."""
+    s = cluster.slurm
+    s.drain("n003", OLD)
+    s.drain("n004", OLD)
+    cluster.mtu_blackhole("n004")
+    proc = _start_resume(cluster, ["--skip", "allreduce", "--json", "-"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    fcntl.fcntl(proc.stdout.fileno(), 1031, 4096)  # F_SETPIPE_SZ: the JSON report does not fit
+    said = b""
+    until = time.monotonic() + 120
+    while b"resume: n003" not in said:  # the console (stderr with --json -) says what was done
+        left = until - time.monotonic()
+        if left <= 0 or not select.select([proc.stderr], [], [], left)[0]:
+            proc.kill()
+            raise AssertionError("no 'resume: n003' before the report was written: %s" % said.decode()[-2000:])
+        data = os.read(proc.stderr.fileno(), 65536)
+        assert data, said.decode()
+        said += data
+    time.sleep(0.5)
+    assert proc.poll() is None, "preflight wrote its whole report: the test needs a bigger one"
+    _signal_kind(kind, proc)
+    if kind == "EPIPE":
+        proc.wait(60)
+        rest = proc.stderr.read()
+    else:
+        _, rest = proc.communicate(timeout=60)
+    err = (said + rest).decode()
+    assert proc.returncode == (2 if kind == "EPIPE" else 128 + kind), err
+    assert s.reservations() == [], err
+    reasons = s.reasons()
+    assert "n003" not in reasons and reasons["n004"].startswith("preflight: mtu: ") and reasons["n004"] != OLD, (reasons, err)
+    if kind == "EPIPE":
+        assert "cannot write the standard output" in err and "Traceback" not in err
+
+
+def test_reservation_lasts_the_wait_plus_the_run_not_30_minutes(cluster):
+    s = cluster.slurm
+    s.drain("n003", OLD)
+    cluster.hang_commands("n003")
+    proc = _start_resume(cluster, ["--only", "ssh", "--timeout", "20", "--alloc-wait", "30"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    _wait("reservation", lambda: s.reservations())
+    shown = s.run(["scontrol", "-o", "show", "reservation"]).stdout
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    # 30 s wait + 3 phases x 20 s + 60 s = 150 s: 3 minutes, not 30
+    assert "Duration=00:03:00" in shown, shown
+
+
+# --- 3. the root cause names the drain, not its consequence -------------------------------------------
+
+
+def test_data_link_down_drains_for_the_nic_not_for_mtu(cluster):
+    cluster.data_link_down("n003")
+    out = _run(cluster, ["check", "--slurm", "--nodelist", ALL, "--skip", "allreduce", "--drain",
+                         "--max-drain-fraction", "0.5", "--json", "-"])
+    doc = json.loads(out.stdout)
+    assert_valid(doc)
+    assert out.returncode == 1
+    assert doc["results"][0]["check"] == "nic" and doc["results"][0]["node"] == "n003", doc["results"][:3]
+    reasons = cluster.slurm.reasons()
+    assert list(reasons) == ["n003"] and reasons["n003"].startswith("preflight: nic: "), (reasons, out.stderr[-2000:])
+
+
+# --- 5. others' drains and DOWN nodes are unavailable, not this run's failures -------------------------
+
+
+def test_hand_drained_and_down_nodes_are_unavailable_not_failures(cluster):
+    s = cluster.slurm
+    s.drain("n004", "disk replaced by hand")
+    s.run(["scontrol", "update", "nodename=n003", "state=down", "reason=PSU swapped"])
+    argv = ["check", "--slurm", "--nodelist", ALL, "--only", "ssh,driver", "--drain"]
+    out = _run(cluster, argv + ["--json", "-"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads(out.stdout)
+    assert_valid(doc)
+    assert {n["name"]: n["status"] for n in doc["nodes"]} == {"n001": "pass", "n002": "pass", "n003": "unavailable",
+                                                              "n004": "unavailable"}
+    assert doc["node_summary"] == {"pass": 2, "warn": 0, "fail": 0, "unavailable": 2}
+    said = {r["node"]: r["message"] for r in doc["results"] if r.get("data", {}).get("unavailable")}
+    assert said["n004"] == "Slurm reports it IDLE+DRAIN (reason: disk replaced by hand); not checked", said
+    assert said["n003"].startswith("Slurm marked it DOWN") and "PSU swapped" in said["n003"], said
+    assert "left alone: n003 (Slurm marked it DOWN" in out.stderr and "drained by someone else: disk replaced" in out.stderr
+    assert cluster.slurm.reasons() == {"n003": "PSU swapped", "n004": "disk replaced by hand"}
+    text = _run(cluster, argv[:-1])
+    assert "nodes: 2 pass · 0 warn · 0 fail · 2 unavailable" in text.stdout, text.stdout
+    assert "n004: Slurm reports it IDLE+DRAIN (reason: disk replaced by hand); not checked" in text.stdout
+    strict = _run(cluster, argv[:-1] + ["--count-unavailable"])
+    assert strict.returncode == 1 and "nodes: 2 pass · 0 warn · 2 fail · 0 unavailable" in strict.stdout, strict.stdout
+    assert "drain (isolate)" not in strict.stdout and "out of service already) 2 nodes: n[003-004]" in strict.stdout
+
+
+# --- 7. scontrol that cannot load its configuration ----------------------------------------------------
+
+
+def test_unloadable_slurm_conf_is_one_line_with_its_fix(cluster, tmp_path):
+    bad = tmp_path / "slurm.conf"
+    with open(cluster.slurm.conf) as fh:
+        bad.write_text(fh.read() + "this is not a slurm.conf line\n")
+    for conf, words in ((str(tmp_path / "missing.conf"), ["cannot be read: No such file", "SLURM_CONF names it"]),
+                        (str(bad), ["line %d cannot be parsed" % (len(bad.read_text().splitlines())), "slurm.conf(5)"])):
+        t0 = time.monotonic()
+        out = cluster.ctl([PREFLIGHT, "check", "--slurm", "--nodelist", ALL, "--no-progress"],
+                          env=dict(cluster.slurm.env(), SLURM_CONF=conf), timeout=60)
+        assert out.returncode == 2, out.stderr
+        (line,) = out.stderr.strip().splitlines()
+        assert all(w in line for w in words) and conf in line, line
+        assert time.monotonic() - t0 < 30  # not Slurm's 60 s of retries, nor a "check slurmctld" timeout
+
+
+# --- 2. the README's Prolog: fail -> drained with a preflight: reason -> fix -> --resume returns it ----
+
+
+def _readme_wrapper():
+    with open(os.path.join(REPO, "README.md")) as fh:
+        text = fh.read()
+    start = text.index("# /usr/local/bin/preflight-node (root:root 0755)")
+    start = text.rindex("```sh\n", 0, start) + len("```sh\n")
+    return text[start:text.index("```", start)]
+
+
+def test_prolog_from_the_readme_drains_with_a_reason_resume_returns(cluster, tmp_path):
+    s = cluster.slurm
+    inv = cluster.inventory(str(tmp_path / "hosts.yaml"), node_overrides={n.name: {"data_interface": "eth1"} for n in cluster.nodes})
+    wrapper = _readme_wrapper().replace("/opt/preflight/bin/preflight", PREFLIGHT).replace("/etc/preflight/hosts.yaml", inv)
+    path = tmp_path / "preflight-node"
+    path.write_text(wrapper)
+    prolog = tmp_path / "prolog"
+    # the simulated node's tools and sysfs, as the TaskProlog gives tasks (tests/sim/slurm.py), then the
+    # README's wrapper, run as Slurm runs a Prolog: without arguments
+    prolog.write_text("#!/bin/sh\nexport PATH=%s/$SLURMD_NODENAME/bin:/usr/sbin:/usr/bin:/sbin:/bin PREFLIGHT_SYSFS_ROOT=%s/$SLURMD_NODENAME/sys "
+                      "PYTHONPATH=%s SLURM_CONF=%s\nexec sh %s\n" % (cluster.root, cluster.root, REPO, s.conf, path))
+    os.chmod(path, 0o755)
+    os.chmod(prolog, 0o755)
+    os.chmod(tmp_path, 0o755)
+    s.set_prolog(str(prolog))
+    try:
+        cluster.data_link_down("n002")
+        job = s.run(["sbatch", "--parsable", "-w", "n002", "-o", "/dev/null", "--wrap", "true"]).stdout.strip()
+        _wait("drain by the prolog", lambda: "n002" in s.reasons(), 90)
+        reason = s.reasons()["n002"]
+        assert reason.startswith("preflight: FAIL nic: "), reason  # the wrapper's reason, kept by Slurm
+        _wait("held requeue", lambda: any(j.startswith(job + " ") and "launch failed requeued held" in j for j in s.jobs()), 60)
+        cluster.heal()
+    finally:
+        s.set_prolog(None)
+    out = _run(cluster, ["check", "--slurm", "--nodelist", "n[001-002]", "--only", "ssh,nic", "--resume"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "n002" not in s.reasons() and "resume: n002" in out.stdout, out.stdout + out.stderr
+    assert s.run(["scontrol", "release", job]).returncode == 0  # the README's release of the held job
+    # released: no longer held (a requeued job may wait for its BeginTime before it runs on n002)
+    _wait("the job released", lambda: not any(j.startswith(job + " ") and "held" in j.lower() for j in s.jobs()), 60)
