@@ -143,7 +143,7 @@ def _settle_restarted(cluster, node, reason, timeout=30):
 def test_hung_node_is_named_step_cancelled_nothing_left(cluster, tmp_path):
     cluster.hang_commands("n003")
     report = str(tmp_path / "report.json")
-    out = _run(cluster, ["check", "--slurm", "--nodelist", "n[002-005]", "--only", "driver,mtu", "--timeout", "4",
+    out = _run(cluster, ["check", "--slurm", "--nodelist", "n[002-005]", "--only", "driver,mtu", "--timeout", "15",
                          "--json", report])
     assert out.returncode == 1, out.stderr[-2000:]
     assert "n003" in out.stdout and "timed out" in out.stdout, out.stdout + out.stderr[-3000:]
