@@ -30,11 +30,7 @@ from preflight.model import Finding, Status
 
 def node_checks() -> List[str]:
     """The checks one node can answer alone: phase-1 probes, no cross-node test."""
-    out = []
-    for name, check in catalogue.catalogue().items():
-        if check.phase == 1 and check.probe is not None and check.crossnode is None:
-            out.append(name)
-    return out
+    return [name for name, e in catalogue.entries().items() if e.phase == 1 and e.probes and not e.crossnode]
 
 
 def select(only: Optional[Sequence[str]], skip: Sequence[str]) -> List[str]:
@@ -102,7 +98,8 @@ def run(args: Any) -> int:
     if getattr(args, "inventory", None):
         source = adopt(inv, inventory.load(args.inventory), gpus_given=args.gpus_per_node is not None) or source
     if getattr(args, "dcgm_level", None):
-        args.timeout = engine.dcgm_timeout(args.dcgm_level, args.timeout)
+        if args.dcgm_level > 1:  # level 1 fits any deadline: the dcgm module is imported only when it runs
+            args.timeout = engine.dcgm_timeout(args.dcgm_level, args.timeout)
         inv.cluster["dcgm_level"] = args.dcgm_level
     opts = engine.Options(only=selected, skip=[], parallel=1, timeout=args.timeout)
     result = engine.run(inv, opts)

@@ -38,6 +38,39 @@ def test_check_names_are_the_modules_in_declared_order():
     assert checks.CHECK_NAMES[0] == "ssh"  # nothing is known of a node without it
 
 
+def test_the_index_is_written_from_the_declarations():
+    """preflight/check_index.py (what the controller reads before importing any check) says what CHECK says."""
+    declared = checks.declared()
+    with open(checks.index_path()) as fh:
+        have = fh.read()
+    if have != checks.index_text(declared):
+        stale = [e.name for e in declared if checks.entries().get(e.name) != e]
+        stale += sorted(set(checks.entries()) - {e.name for e in declared})
+        raise AssertionError(
+            "preflight/check_index.py is stale (checks: %s); rewrite it with "
+            "`python3 -c 'import preflight.checks as c; c.write_index()'`" % (", ".join(stale) or "order/format"))
+    assert list(checks.entries().values()) == declared
+
+
+def test_help_and_node_import_only_the_checks_they_run(tmp_path):
+    """`preflight --help` imports no check module; `preflight node --only ssh` imports ssh's alone."""
+    script = tmp_path / "mods.py"
+    script.write_text(
+        "import runpy, sys\n"
+        "sys.argv = ['preflight'] + sys.argv[1:]\n"
+        "try:\n"
+        "    runpy.run_module('preflight', run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "sys.stderr.write('MODS %s\\n' % ','.join(sorted(m for m in sys.modules if m.startswith('preflight.checks.'))))\n")
+    bundle.base_zip()  # built once per source change (it reads every probe); what is measured is a run
+    env = dict(os.environ, PYTHONPATH=REPO)
+    for argv, want in ((["--help"], ""), (["node", "--only", "ssh"], "preflight.checks.ssh")):
+        out = subprocess.run([sys.executable, str(script)] + argv, env=env, capture_output=True, text=True, timeout=120)
+        mods = [line for line in out.stderr.splitlines() if line.startswith("MODS ")]
+        assert mods == ["MODS " + want], (argv, out.stderr[-2000:])
+
+
 def test_needs_name_existing_checks_that_run_earlier():
     position = {n: i for i, n in enumerate(checks.CHECK_NAMES)}
     wrong = [

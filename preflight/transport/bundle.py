@@ -206,7 +206,7 @@ def _build_zip(sources: Optional[List[Tuple[str, str]]] = None) -> bytes:
     from preflight import checks
 
     skip = {"preflight/probe/bench_agent.py", "preflight/probe/bench_worker.py"}
-    skip.update("preflight/checks/%s.py" % n for n, c in checks.catalogue().items() if c.probe is None)
+    skip.update("preflight/checks/%s.py" % n for n, e in checks.entries().items() if not e.probes)  # imports none
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         for path, name in sources if sources is not None else _sources():
