@@ -75,6 +75,30 @@ def render(rep: RunReport, width: int = 120) -> str:
     return buf.getvalue()
 
 
+def test_a_thousand_nodes_with_five_failing_fit_one_screen():
+    text = render(run(1000))
+    lines = text.splitlines()
+    assert len(lines) <= SCREEN_LINES, "%d lines:\n%s" % (len(lines), text)
+    bad = failing(1000)
+    for what, i in bad.items():
+        assert name(i) in text, "%s node %s is not named:\n%s" % (what, name(i), text)
+    # one line per cause: each failing node's problem is one table row, the unreachable node's 17 "not run"
+    # findings fold into its ssh line
+    rows = [line for line in lines if line.startswith(("FAIL", "ERROR"))]
+    assert len(rows) == 4 + 1, text  # ecc, hca, mtu, port, ssh
+    assert "not run" in next(r for r in rows if name(bad["unreachable"]) in r)
+    # passes fold into one row per set of nodes: the 13 checks that passed on every reachable node share
+    # one, and each check with a failing node has its own (its range cut around that node)
+    passes = [line for line in lines if line.startswith("PASS")]
+    assert len(passes) == 1 + 4, text
+    assert passes[0].split()[1:3] == ["13", "checks"] and "gpu-[0001-0141,0143-1000]" in passes[0], text
+
+
+def test_the_screen_does_not_grow_with_the_fleet():
+    """100 and 1,000 nodes with the same five faults print the same number of lines (only ranges widen)."""
+    assert len(render(run(100)).splitlines()) == len(render(run(1000)).splitlines())
+
+
 def sizes(n: int) -> dict:
     doc = report.to_json(run(n))
     return {"json": len(report.dumps(doc)), "junit": len(to_junit(doc)), "prometheus": len(to_prometheus(doc))}

@@ -238,7 +238,9 @@ def sort_findings(findings: Iterable[Finding]) -> List[Finding]:
 def group(findings: Iterable[Finding], verbose: bool = False) -> List[Tuple[Status, str, List[Optional[str]], str]]:
     """(status, check, nodes, message) rows: identical findings on several nodes become one row.
 
-    Passes fold into one row per check ("8 nodes") unless verbose.
+    Passes fold into one row per check ("8 nodes") unless verbose, and checks that passed on exactly
+    the same nodes share that row ("13 checks", their names after the count): on 1,000 nodes with five
+    failing the passes take a line per distinct set of nodes, not one per check.
     """
     rows: "OrderedDict[Tuple[Status, str, str], List[Optional[str]]]" = OrderedDict()
     for f in sort_findings(findings):
@@ -250,6 +252,23 @@ def group(findings: Iterable[Finding], verbose: bool = False) -> List[Tuple[Stat
     for (status, check, message), nodes in rows.items():
         if status == Status.PASS and not verbose:
             message = "%d node%s" % (len(nodes), "" if len(nodes) == 1 else "s") if any(nodes) else "ok"
+        out.append((status, check, nodes, message))
+    return out if verbose else merge_passes(out)
+
+
+def merge_passes(rows: List[Tuple[Status, str, List[Optional[str]], str]]) -> List[Tuple[Status, str, List[Optional[str]], str]]:
+    """PASS rows with the same nodes become one row, where the first of them stood: ("N checks", the
+    nodes, "<count>: check, check, ..."). Other rows are kept as they are, in their order."""
+    same: "OrderedDict[Any, List[Tuple[Status, str, List[Optional[str]], str]]]" = OrderedDict()
+    for i, row in enumerate(rows):
+        key = ("pass", tuple(row[2])) if row[0] == Status.PASS else i
+        same.setdefault(key, []).append(row)
+    out = []
+    for group_rows in same.values():
+        status, check, nodes, message = group_rows[0]
+        if len(group_rows) > 1:
+            check = plural(len(group_rows), "check")
+            message = "%s: %s" % (message, ", ".join(r[1] for r in group_rows))
         out.append((status, check, nodes, message))
     return out
 
