@@ -26,8 +26,8 @@ CHECKS = (
     {
         'name': 'gpu',
         'claim': "Every GPU node shows its gpus_per_node GPUs, each without ECC/remap faults, NVML errors, HW throttling, a PCIe link narrower than its peers' (when the topology check did not read it from sysfs), or fewer NVLinks than its model has (18 on H100/H200/B200 SXM, 12 on A100 SXM); no MIG on a multi-node run; /dev/shm is at least 1 GiB",
-        'why': 'One missing, throttled or faulty GPU makes every collective wait for it or crash; NCCL needs a large /dev/shm for its shared-memory transport.',
-        'fix': 'Uncorrectable ECC / pending remap: drain the node and reset the GPU (nvidia-smi -r); remap failure: replace it. Missing GPU or narrow PCIe link: check dmesg for Xid 79, reseat. HW slowdown: check cooling and power (nvidia-smi -q -d PERFORMANCE). Persistence: enable nvidia-persistenced. /dev/shm: remount larger or run containers with --shm-size=16g (or --ipc=host). MIG: nvidia-smi -mig 0 and reset the GPU.',
+        'why': "One missing, throttled or faulty GPU makes every collective wait for it or crash; NCCL needs a large /dev/shm for its shared-memory transport. Unusual but healthy nodes are not failed: GPUs a job's cgroup hides, NVLink a VM was not given, a pending row remap, a slow NVML without persistence mode.",
+        'fix': "Uncorrectable ECC: drain the node and reset the GPU (nvidia-smi -r); remap failure: replace it; remap pending (warn, action reset_gpu): reset the GPU when it is idle. Missing GPU or narrow PCIe link: check dmesg for Xid 79, reseat. HW slowdown (seen twice): check cooling and power (nvidia-smi -q -d PERFORMANCE). Persistence mode off or NVML slow: nvidia-smi -pm 1 or enable nvidia-persistenced. NVML did not return: check dmesg for Xid, reset the GPU or reboot. Driver/library version mismatch (a driver upgraded under the loaded module): reboot. /dev/shm: remount larger or run containers with --shm-size=16g (or --ipc=host). MIG: nvidia-smi -mig 0 and reset the GPU. 'NVML not used: pynvml': pip install 'nvidia-ml-py>=12,<14' on the controller.",
         'phase': 1,
         'action': 'isolate',
         'order': 20,

@@ -256,6 +256,18 @@ def group(findings: Iterable[Finding], verbose: bool = False) -> List[Tuple[Stat
     return out if verbose else merge_passes(out)
 
 
+def where(status: Status, nodes: List[Optional[str]], everyone: List[str]) -> str:
+    """A row's nodes as printed: folded; a PASS row over most of the fleet names the nodes it leaves out
+    when that is shorter ("all but gpu-[0142,0333]" for gpu-[0001-0141,0143-0332,0334-1000]), which keeps
+    the column narrow when a few nodes failed."""
+    folded = fold(nodes)
+    if status == Status.PASS and None not in nodes and 2 * len(nodes) > len(everyone) and set(nodes) <= set(everyone):
+        rest = sorted(set(everyone) - set(nodes))
+        if rest and len("all but " + common.fold(rest)) < len(folded):
+            return "all but " + common.fold(rest)
+    return folded
+
+
 def merge_passes(rows: List[Tuple[Status, str, List[Optional[str]], str]]) -> List[Tuple[Status, str, List[Optional[str]], str]]:
     """PASS rows with the same nodes become one row, where the first of them stood: ("N checks", the
     nodes, "<count>: check, check, ..."). Other rows are kept as they are, in their order."""
@@ -303,10 +315,11 @@ def render(report: RunReport, console: Any, verbose: bool = False) -> None:
     table.add_column("check", no_wrap=True)
     table.add_column("nodes", overflow="fold")
     table.add_column("finding", overflow="fold")
+    everyone = [n.name for n in report.view.nodes]
     for status, check, nodes, message in group(shown, verbose):
         # facts from nodes are data, never rich markup ("[/usr/lib/...]" in an error must print as is)
         # and never terminal escapes: control characters in node text print escaped (common.printable)
-        table.add_row(Text(status.value.upper(), style=STYLE[status]), Text(check), Text(common.printable(fold(nodes))),
+        table.add_row(Text(status.value.upper(), style=STYLE[status]), Text(check), Text(common.printable(where(status, nodes, everyone))),
                       Text(common.printable(message)))
     console.print(table)
 
