@@ -122,8 +122,10 @@ def _ip(argv: List[str]) -> str:
     return subprocess.run(["ip"] + argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=True).stdout
 
 
-def pin_neighbours(cluster: Any) -> None:
-    """Permanent ARP entries controller <-> nodes, and node <-> ring neighbours on the data network.
+def pin_neighbours(cluster: Any, mesh: bool = False) -> None:
+    """Permanent ARP entries controller <-> nodes, and node <-> ring neighbours on the data network;
+    with mesh, also every node <-> every other node on the management network (Slurm: slurmd forwards a
+    step launch to other slurmds along its tree, TreeWidth wide, so nodes talk to each other).
 
     On one Linux bridge with hundreds of ports, a 256-way fan-out starts with 256 broadcast ARP
     requests, each copied to every port: the kernel's per-CPU backlog (net.core.netdev_max_backlog,
@@ -152,6 +154,8 @@ def pin_neighbours(cluster: Any) -> None:
             # the mtu check pings ring neighbours (inventory order) over the data network
             for j in {(i + 1) % len(nodes), (i - 1) % len(nodes)} - {i}:
                 lines.append(entry % (nodes[j].data_ip, data[j], "eth1"))
+            if mesh:
+                lines.extend(entry % (other.mgmt_ip, m, "eth0") for other, m in zip(nodes, macs) if other is not node)
             jobs.append((node.ns, lines))
         list(pool.map(lambda job: batch(*job), jobs))
 

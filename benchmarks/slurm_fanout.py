@@ -118,7 +118,7 @@ def bench(n: int, repeats: int) -> List[Dict[str, Any]]:
         try:
             from benchmarks.fanout import pin_neighbours
 
-            pin_neighbours(cluster)
+            pin_neighbours(cluster, mesh=True)  # slurmd forwards launches node to node (TreeWidth)
         except ImportError:
             pass
         print("# %d nodes: cluster up in %.1f s (load %.1f)" % (n, time.monotonic() - t0, _load()), flush=True)
