@@ -230,7 +230,7 @@ CHECKS = (
         'name': 'ports',
         'claim': 'The head node can listen on the rendezvous port and every node can connect to it',
         'why': 'torchrun/TCPStore rendezvous needs the master port free on the head and reachable from every node; a stale process or a firewall makes the job hang at startup until its timeout.',
-        'fix': "Stop the process holding the port (or pass another --master-port), and open the port on the head's firewall for the data network (firewall-cmd --add-port=29500/tcp, or the ufw/iptables equivalent).",
+        'fix': "Stop the process holding the port (or pass another --master-port), and open the port on the head's firewall for the data network (firewall-cmd --add-port=29500/tcp, or the ufw/iptables equivalent); a port another preflight run holds is reported as that: retest when it has finished.",
         'phase': 2,
         'action': 'fix_config',
         'order': 80,

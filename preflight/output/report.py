@@ -344,10 +344,14 @@ def render(report: RunReport, console: Any, verbose: bool = False) -> None:
     failed = [c for c in report.selected if any(f.check == c and f.status.is_problem for f in shown)]
     if failed:
         console.print()
-        for name in failed:
-            check = catalogue.get(name)
-            console.print(Text.assemble((name, "bold"), ": ", check.why))  # Text: no markup parsing
-            console.print(Text.assemble("  fix: ", (fix_text(report, name), "cyan")))
+        for name in failed:  # from the catalogue's index: no check module is imported to print these
+            if len(failed) <= WHY_MAX:
+                console.print(Text.assemble((name, "bold"), ": ", catalogue.entry(name).why))  # Text: no markup parsing
+                console.print(Text.assemble("  fix: ", (fix_text(report, name), "cyan")))
+            else:
+                console.print(Text.assemble((name, "bold"), " fix: ", (fix_text(report, name), "cyan")))
+        if len(failed) > WHY_MAX:
+            console.print(Text("why each check matters: preflight checks", style="dim"))
     counts = summary(report.findings)
     parts = [
         Text("%d %s" % (counts[s.value], s.value), style=STYLE[s] if counts[s.value] else "dim")
@@ -370,12 +374,17 @@ SLURM_SSH_FIX = ("check the node's slurmd (systemctl status slurmd; its log), wh
                  "sync); python3 must be on the nodes' PATH under srun (or give --python)")
 
 
+#: up to this many failed checks the report prints why each matters as well as its fix; beyond it, the
+#: fixes alone (the why stays in `preflight checks`), so a many-cause incident still fits one screen
+WHY_MAX = 3
+
+
 def fix_text(report: RunReport, check: str) -> str:
     """A check's fix as printed under the report: the catalogue's, except where the transport changes
     what an operator does about it (an unreachable node under Slurm is slurmd/munge, not sshd/keys)."""
     if check == "ssh" and (report.transport or {}).get("kind") == "slurm":
         return SLURM_SSH_FIX
-    return catalogue.get(check).fix
+    return catalogue.entry(check).fix
 
 
 #: How the console words each action for an operator.
