@@ -53,7 +53,7 @@ def test_the_index_is_written_from_the_declarations():
 
 
 def test_help_and_node_import_only_the_checks_they_run(tmp_path):
-    """`preflight --help` imports no check module; `preflight node --only ssh` imports ssh's alone."""
+    """`preflight --help` and `preflight checks` import no check module; `preflight node --only ssh` ssh's alone."""
     script = tmp_path / "mods.py"
     script.write_text(
         "import runpy, sys\n"
@@ -65,7 +65,8 @@ def test_help_and_node_import_only_the_checks_they_run(tmp_path):
         "sys.stderr.write('MODS %s\\n' % ','.join(sorted(m for m in sys.modules if m.startswith('preflight.checks.'))))\n")
     bundle.base_zip()  # built once per source change (it reads every probe); what is measured is a run
     env = dict(os.environ, PYTHONPATH=REPO)
-    for argv, want in ((["--help"], ""), (["node", "--only", "ssh"], "preflight.checks.ssh")):
+    for argv, want in ((["--help"], ""), (["checks"], ""), (["checks", "--markdown"], ""),
+                       (["node", "--only", "ssh"], "preflight.checks.ssh")):
         out = subprocess.run([sys.executable, str(script)] + argv, env=env, capture_output=True, text=True, timeout=120)
         mods = [line for line in out.stderr.splitlines() if line.startswith("MODS ")]
         assert mods == ["MODS " + want], (argv, out.stderr[-2000:])
