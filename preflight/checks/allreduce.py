@@ -38,8 +38,8 @@ Per node, what NCCL chose (preflight.allreduce.nccllog) is judged against the da
 
 The controller half is the package preflight.allreduce: plan (launch, deadlines), run (over a fleet),
 localize (pair rounds; the rule reports their verdict). Imports point one way: this module imports from
-that package (inside the rule functions), never the reverse; it has no probe half and does not travel
-in the node bundle.
+that package (inside the rule functions), never the reverse. It has no probe half: the node bundle
+carries its source, which no node imports.
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ NO_THRESHOLD = "no threshold applies (set expect.busbw_gbps)"
 #: A sweep cut before a size more than this many times the last one completed was projected from too far
 #: below it (the built-in sweeps double): its bandwidth is not proven (issue 23: a sparse size list).
 SPARSE_STEP = 2
-
 
 
 def parse_nccl_log(text: str) -> Dict[str, Any]:
