@@ -148,11 +148,16 @@ def _derive(view: ClusterView) -> Dict[str, Any]:
 
 
 def open_fleet(inv: Inventory, opts: Options) -> Any:
-    """The transport for this inventory (a contract.Fleet): SSH/local fan-out (transport.fleet.Fleet) or srun steps (slurm.fleet.SlurmFleet)."""
+    """The transport for this inventory (a contract.Fleet): SSH/local fan-out (transport.fleet.Fleet), srun
+    steps (slurm.fleet.SlurmFleet) or kubectl exec into agent pods (k8s.fleet.KubeFleet)."""
     if inv.transport == "slurm":
         from preflight.slurm import fleet as slurm
 
         return slurm.fleet_for(inv, opts.progress)
+    if inv.transport == "k8s":
+        from preflight.k8s import fleet as k8s
+
+        return k8s.fleet_for(inv, opts.progress, opts.parallel)
     return Fleet(inv.nodes, opts.parallel, opts.accept_new_host_keys, opts.progress)
 
 

@@ -36,8 +36,12 @@ class Fleet:
         parallel: int = 64,
         accept_new_host_keys: bool = False,
         progress: Optional[Progress] = None,
+        connect: Optional[Callable[[NodeSpec], Session]] = None,
     ) -> None:
+        """connect: the session for a node (default: SSH, or a local process for a local node);
+        preflight.k8s.fleet passes one that execs into the node's agent pod."""
         self.specs = {s.name: s for s in specs}
+        self.connect = connect or (lambda spec: session_for(spec, self.accept_new))
         self.parallel = max(1, parallel)
         self.accept_new = accept_new_host_keys
         self.progress = progress or (lambda event, node: None)
@@ -53,7 +57,7 @@ class Fleet:
                 raise self.dead[name]
             session = self.sessions.get(name)
         if session is None:
-            session = session_for(self.specs[name], self.accept_new)
+            session = self.connect(self.specs[name])
             try:
                 session.open()
             except NodeFailure as failure:

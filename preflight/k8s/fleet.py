@@ -1,0 +1,288 @@
+"""Kubernetes as a transport: the bundle goes into each node's agent pod over `kubectl exec -i`.
+
+The same contract as preflight.transport.fleet.Fleet — `run(configs, deadline_of) -> {node: Outcome}`,
+cancel, close, describe — and in fact the same pool: KubeFleet is a Fleet whose sessions are KubeSessions,
+so the engine, the rules, the report and the bench never know which engine carried the bundle.
+
+One phase on one node is one process on the controller:
+
+    kubectl [--context C] exec -i -n preflight <agent pod> -c agent -- \
+        setsid -w sh -c 'echo preflight-pid $$; exec python3 -c BOOTSTRAP'
+
+with bundle.stdin_payload (config line, zip) on kubectl's stdin, exactly as over SSH. `setsid` puts the
+probe in a process group of its own inside the container, so the bootstrap's safety nets (kill its group
+on stdin EOF or on its deadline) kill the probe and nothing else. kubectl ≥ 1.30 execs over WebSocket
+(v5.channel.k8s.io) and, when its own stdin ends, sends "close stdin" to the node: preflight therefore
+keeps kubectl's stdin open until the result line has arrived; the EOF the node sees then really means the
+controller is done or gone, which is what the bootstrap's watchdog takes it for.
+
+Failures are named per node: a node without a Ready agent pod is not exec'd into ("no ready preflight
+agent pod on gpu-07: not Ready (NodeNotReady)"); a kubectl that fails before the probe started names the
+API server's answer; a node with no result by its deadline is a timeout: kubectl is killed and the probe's
+process group is killed with a second `kubectl exec ... kill -KILL -- -PGID` (a container runtime does not
+kill an exec'd process when its stream drops; the stdin EOF reaches the watchdog as well).
+Each phase is a fresh exec (phase 2 does not reuse phase 1's process, as SSH and Slurm do): simpler, and
+measured in benchmarks/k8s_fanout.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+from preflight.common import expand, fold
+from preflight.errors import UsageError
+from preflight.inventory import NodeSpec
+from preflight.k8s.kubectl import (AGENT_LABEL, CONTAINER, AgentPod, Kubectl, KubeError, NodeState, parse_agent_pods,
+                                   parse_nodes, said)
+from preflight.transport import bundle
+from preflight.transport.fleet import Fleet, Progress
+from preflight.transport.ssh import NodeFailure, RunResult, Session, _Run
+
+log = logging.getLogger(__name__)
+
+#: after the result, how long kubectl gets to end its stream before it is killed
+EXIT_GRACE_S = 5.0
+#: the second exec that kills a hung probe's process group
+KILL_TIMEOUT_S = 15.0
+
+
+@dataclass
+class Target:
+    """The Kubernetes side of a run: which kubectl, the nodes as listed before the run, their agent pods.
+
+    Plays the part of a Slurm Allocation on the Inventory (release() has nothing to give back: preflight
+    creates nothing for phase 1 beyond the exec'd processes)."""
+
+    kubectl: Kubectl
+    nodes: Dict[str, NodeState]
+    pods: Dict[str, AgentPod] = field(default_factory=dict)
+    held: Dict[str, str] = field(default_factory=dict)  # (the Slurm recheck hold; always empty here)
+
+    def release(self) -> None:
+        return None
+
+
+def select_nodes(kubectl: Kubectl, selector: Optional[str] = None, nodelist: Optional[str] = None) -> Dict[str, NodeState]:
+    """The nodes to check: those matching the label selector, or named by --nodelist (all must exist)."""
+    if not selector and not nodelist:
+        raise UsageError("--k8s needs the nodes to check", "give --selector LABEL (e.g. nvidia.com/gpu.present=true) "
+                         "or --nodelist gpu-[01-08]")
+    args = ["get", "nodes"] + (["-l", selector] if selector else [])
+    try:
+        nodes = parse_nodes(kubectl.json(*args))
+    except ValueError as exc:
+        raise KubeError("cannot read the node list: %s" % exc) from None
+    if nodelist:
+        try:
+            wanted = expand(nodelist)
+        except ValueError as exc:
+            raise UsageError("--nodelist %r: %s" % (nodelist, exc), "write ranges like gpu-[001-064]") from None
+        missing = [n for n in wanted if n not in nodes]
+        if missing:
+            raise UsageError("Kubernetes has no node %s%s" % (fold(missing), " matching %r" % selector if selector else ""),
+                             "check the names (kubectl get nodes)")
+        nodes = {n: nodes[n] for n in wanted}
+    if not nodes:
+        raise UsageError("no node matches --selector %r" % selector, "check the label (kubectl get nodes -l ...)")
+    return nodes
+
+
+def agent_pods(kubectl: Kubectl) -> Dict[str, AgentPod]:
+    """{node: the agent pod there}, from one list of the agent DaemonSet's pods."""
+    try:
+        return parse_agent_pods(kubectl.json("get", "pods", "-l", AGENT_LABEL, namespaced=True))
+    except ValueError as exc:
+        raise KubeError("cannot read the agent pods: %s" % exc) from None
+
+
+def inventory(target: Target, python: str = "python3", command_timeout: float = 60.0,
+              gpus_per_node: Optional[int] = None, master_port: int = 29500) -> Any:
+    """An Inventory of the selected nodes (host: the node's InternalIP; GPUs: its nvidia.com/gpu capacity)."""
+    from preflight.inventory import Inventory
+
+    specs = [NodeSpec(name=n.name, host=n.address or n.name, line=0, python=python, command_timeout=command_timeout,
+                      known_hosts=None, gpus_per_node=gpus_per_node if gpus_per_node is not None else n.gpus)
+             for n in target.nodes.values()]
+    label = "kubernetes%s" % (" context %s" % target.kubectl.context if target.kubectl.context else "")
+    return Inventory(path=label, nodes=specs, master_port=master_port, transport="k8s", allocation=target,
+                     cluster={"master_port": master_port, "mtu_full_mesh": False, "allreduce": {}})
+
+
+class KubeSession(Session):
+    """One node's agent pod: each run_bundle is one `kubectl exec -i` carrying the bundle on stdin."""
+
+    def __init__(self, spec: NodeSpec, kubectl: Kubectl, pod: Optional[AgentPod]) -> None:
+        self.spec = spec
+        self.kubectl = kubectl
+        self.pod = pod
+        self.execs = 0
+        self._proc: Optional[subprocess.Popen] = None
+        self._pid: Optional[int] = None
+        self._lock = threading.Lock()
+
+    def open(self) -> None:
+        if self.pod is None:
+            raise NodeFailure("unreachable", "no preflight agent pod on %s (namespace %s): deploy it with --k8s-deploy "
+                              "or `preflight k8s manifest | kubectl apply -f -`; check its tolerations and nodeSelector"
+                              % (self.spec.name, self.kubectl.namespace))
+        if self.pod.not_ready:
+            raise NodeFailure("unreachable", "preflight agent pod %s on %s is %s: the node or its kubelet is down, "
+                              "or the pod cannot start (kubectl describe pod -n %s %s)"
+                              % (self.pod.name, self.spec.name, self.pod.not_ready, self.kubectl.namespace, self.pod.name))
+
+    def _exec_argv(self, stdin: bool, *command: str) -> List[str]:
+        assert self.pod is not None
+        return self.kubectl.argv("exec", *(["-i"] if stdin else []), self.pod.name, "-c", CONTAINER, "--", *command,
+                                 namespaced=True)
+
+    def run_bundle(self, config: Dict[str, Any], deadline_s: float, then: bool = False) -> RunResult:
+        started = time.monotonic()
+        payload = bundle.stdin_payload(dict(config, deadline_s=deadline_s + 5))
+        argv = self._exec_argv(True, "setsid", "-w", "sh", "-c", bundle.remote_command(self.spec.python))
+        run = _Run()
+        sent_at = time.time()
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+        except FileNotFoundError:
+            raise NodeFailure("protocol", "kubectl not found on the controller") from None
+        self.execs += 1
+        with self._lock:
+            self._proc, self._pid = proc, None
+        assert proc.stdin and proc.stdout and proc.stderr
+
+        def feed() -> None:  # kubectl takes stdin only as fast as the stream carries it
+            try:
+                proc.stdin.write(payload)
+                proc.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                pass
+        threading.Thread(target=feed, name="preflight-kubectl-stdin", daemon=True).start()
+        streams = {proc.stdout.fileno(): run.feed, proc.stderr.fileno(): run.err.extend}
+        end = started + deadline_s
+        try:
+            while streams and not run.has_result():
+                if self.cancelled:
+                    raise NodeFailure("cancelled", "interrupted")
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    raise NodeFailure("timeout", "timed out: no answer within %g s from agent pod %s; killed the "
+                                      "probe%s" % (deadline_s, self.pod.name if self.pod else "?",
+                                                   "" if run.pid else " (its stdin closed: the probe's watchdog ends it)"))
+                ready, _, _ = select.select(list(streams), [], [], min(remaining, 0.5))
+                for fd in ready:
+                    data = os.read(fd, 65536)
+                    if data:
+                        streams[fd](data)
+                        if run.pid is not None and self._pid is None:
+                            with self._lock:
+                                self._pid = run.pid
+                    else:
+                        del streams[fd]
+            rc = self._finish(proc, streams, run)
+        except NodeFailure:
+            self._kill(proc, run.pid)
+            raise
+        finally:
+            with self._lock:
+                self._proc = None
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        result = run.finish(rc, sent_at, started)
+        if result.result is None and run.clock_at is None and rc:
+            raise NodeFailure("unreachable", "kubectl exec into %s failed (rc %s): %s"
+                              % (self.pod.name if self.pod else "?", rc, said(run.err.decode("utf-8", "replace"))))
+        return result
+
+    def _finish(self, proc: subprocess.Popen, streams: Dict[int, Any], run: _Run) -> Optional[int]:
+        """The result is in (or kubectl's streams ended): close stdin, let kubectl end, collect the rest."""
+        try:
+            proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        until = time.monotonic() + EXIT_GRACE_S
+        while streams and time.monotonic() < until:
+            ready, _, _ = select.select(list(streams), [], [], 0.2)
+            for fd in ready:
+                data = os.read(fd, 65536)
+                if data:
+                    streams[fd](data)
+                else:
+                    del streams[fd]
+        try:
+            return proc.wait(timeout=max(0.1, until - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self._killpg(proc)
+            return None
+
+    @staticmethod
+    def _killpg(proc: subprocess.Popen) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+    def _kill(self, proc: subprocess.Popen, pid: Optional[int]) -> None:
+        """Kill kubectl (the stream drops: the probe's stdin ends) and the probe's process group in the pod."""
+        self._killpg(proc)
+        if pid is None or self.pod is None:
+            return
+        argv = self._exec_argv(False, "kill", "-KILL", "--", "-%d" % pid)
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  universal_newlines=True, timeout=KILL_TIMEOUT_S)
+            if done.returncode != 0:
+                log.debug("%s: kill -KILL -%d in %s: %s", self.spec.name, pid, self.pod.name, said(done.stderr))
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.debug("%s: kill -KILL -%d in %s: %s", self.spec.name, pid, self.pod.name, exc)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        with self._lock:
+            proc, pid = self._proc, self._pid
+        if proc is not None:
+            self._kill(proc, pid)
+
+    def close(self) -> None:
+        return None
+
+
+class KubeFleet(Fleet):
+    """The SSH fleet's pool over KubeSessions: same run / cancel / close, same Outcome per node."""
+
+    def __init__(self, specs: List[NodeSpec], target: Target, parallel: int = 64,
+                 progress: Optional[Progress] = None) -> None:
+        self.target = target
+        super().__init__(specs, parallel, False, progress,
+                         connect=lambda spec: KubeSession(spec, target.kubectl, target.pods.get(spec.name)))
+
+    def describe(self) -> Dict[str, Any]:
+        """What carried the run: {"kind": "k8s", "context", "namespace", "execs": kubectl exec processes}."""
+        with self._lock:
+            execs = sum(getattr(s, "execs", 0) for s in self.sessions.values())
+        return {"kind": "k8s", "context": self.target.kubectl.context, "namespace": self.target.kubectl.namespace,
+                "execs": execs}
+
+
+def fleet_for(inv: Any, progress: Optional[Progress] = None, parallel: int = 64) -> KubeFleet:
+    """The Kubernetes transport for an inventory made by inventory(): agent pods listed now, once."""
+    target: Target = inv.allocation
+    target.pods = agent_pods(target.kubectl)
+    return KubeFleet(inv.nodes, target, parallel, progress)
+
+
+def not_ready_summary(pods: Dict[str, AgentPod], nodes: Sequence[str]) -> List[str]:
+    """The nodes among `nodes` without a Ready agent pod (for --k8s-deploy's wait)."""
+    return [n for n in nodes if n not in pods or pods[n].not_ready]

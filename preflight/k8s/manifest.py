@@ -1,0 +1,123 @@
+"""The Kubernetes objects preflight needs, rendered as data: `preflight k8s manifest` prints them.
+
+    Namespace            preflight
+    ServiceAccount       preflight-agent: the agent pods' identity; it holds no API rights and mounts no token
+    DaemonSet            preflight-agent: one privileged, sleeping pod per node, the target of `kubectl exec`
+    ClusterRole          preflight-operator: what the person (or CI account) running preflight needs, and no more:
+                         nodes get/list/patch (cordon, taint, label, annotate), the agent pods get/list,
+                         pods/exec create+get (WebSocket exec is a GET upgraded; 1.31+ authorizes it as create),
+                         daemonsets/serviceaccounts/namespaces get/create/patch for --k8s-deploy
+    ClusterRoleBinding   preflight-operator to the group preflight:operators (bind your users or CI account to it)
+
+The agent runs no code of its own: it sleeps, and each check run execs the probe bundle into it. It needs
+the host's view of the node: hostNetwork (interfaces, MTU, the rendezvous port), hostPID (process
+groups and the node's kernel log), privileged (device files, sysfs writes are never made but reads of
+/sys/class/infiniband need it on some kernels), and the host's /dev, /sys, /proc, /dev/infiniband and /
+(read-only, at /host: PREFLIGHT_HOST_ROOT points the probes at the node's /etc files). It requests no
+GPU (the checks look at the GPUs without holding them: NVIDIA_VISIBLE_DEVICES=all with
+NVIDIA_DRIVER_CAPABILITIES=utility lets the NVIDIA container runtime inject nvidia-smi and NVML, as for
+monitoring agents) and tolerates every NoSchedule/NoExecute taint, the GPU operator's and `unschedulable`
+included, so a cordoned or tainted node can still be checked — and resumed.
+
+Objects follow the Kubernetes API reference for v1.30-1.32 (core/v1, apps/v1, rbac.authorization.k8s.io/v1);
+tests/test_k8s_manifest.py validates them against the published OpenAPI schemas where kubernetes-validate
+is installed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Optional
+
+from preflight.k8s.kubectl import AGENT_LABEL, CONTAINER, NAMESPACE
+
+AGENT = "preflight-agent"
+OPERATOR = "preflight-operator"
+OPERATOR_GROUP = "preflight:operators"
+#: the agent image: any image with python3 (3.8+), sh, setsid and kill (util-linux, procps), iproute2 and
+#: iputils-ping for the network checks. Air-gapped clusters mirror it and pass --k8s-image.
+IMAGE = "docker.io/library/python:3.12-bookworm"
+
+_LABEL_KEY, _LABEL_VALUE = AGENT_LABEL.split("=", 1)
+
+
+def _meta(name: str, namespace: Optional[str] = None) -> Dict[str, Any]:
+    meta: Dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/part-of": "preflight"}}
+    if namespace:
+        meta["namespace"] = namespace
+    return meta
+
+
+def agent_objects(namespace: str = NAMESPACE, image: str = IMAGE) -> List[Dict[str, Any]]:
+    """Namespace, ServiceAccount and the agent DaemonSet, in the order `kubectl apply` needs them."""
+    host = [("dev", "/dev", "/dev", False), ("sys", "/sys", "/sys", False), ("proc", "/proc", "/host/proc", True),
+            ("infiniband", "/dev/infiniband", "/dev/infiniband", False), ("root", "/", "/host", True)]
+    volumes = [{"name": n, "hostPath": dict({"path": p}, **({"type": "DirectoryOrCreate"} if n == "infiniband" else {}))}
+               for n, p, _, _ in host]
+    mounts = [dict({"name": n, "mountPath": m}, **({"readOnly": True} if ro else {})) for n, _, m, ro in host]
+    labels = {_LABEL_KEY: _LABEL_VALUE}
+    pod_spec = {
+        "serviceAccountName": AGENT,
+        "automountServiceAccountToken": False,
+        "hostNetwork": True,
+        "hostPID": True,
+        "dnsPolicy": "ClusterFirstWithHostNet",
+        "priorityClassName": "system-node-critical",
+        "terminationGracePeriodSeconds": 1,
+        # every taint: GPU nodes are tainted (nvidia.com/gpu), and a node preflight (or anyone) cordoned
+        # or tainted must stay checkable
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [{
+            "name": CONTAINER,
+            "image": image,
+            "command": ["sleep", "infinity"],
+            "securityContext": {"privileged": True},
+            "env": [{"name": "PREFLIGHT_HOST_ROOT", "value": "/host"},
+                    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                    {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"}],
+            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "1Gi"}},
+            "volumeMounts": mounts,
+        }],
+        "volumes": volumes,
+    }
+    daemonset = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": _meta(AGENT, namespace),
+                 "spec": {"selector": {"matchLabels": labels},
+                          "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}},
+                          "template": {"metadata": {"labels": dict(labels, **{"app.kubernetes.io/part-of": "preflight"})},
+                                       "spec": pod_spec}}}
+    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(namespace)},
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(AGENT, namespace),
+             "automountServiceAccountToken": False},
+            daemonset]
+
+
+def operator_rbac(namespace: str = NAMESPACE) -> List[Dict[str, Any]]:
+    """The least rights the preflight command needs (see the module docstring)."""
+    rules = [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+        {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
+        {"apiGroups": [""], "resources": ["namespaces", "serviceaccounts"], "verbs": ["get", "create", "patch"]},
+        {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list", "create", "patch"]},
+    ]
+    return [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": _meta(OPERATOR), "rules": rules},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": _meta(OPERATOR),
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OPERATOR},
+             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": OPERATOR_GROUP}]}]
+
+
+def everything(namespace: str = NAMESPACE, image: str = IMAGE) -> List[Dict[str, Any]]:
+    return operator_rbac(namespace) + agent_objects(namespace, image)
+
+
+def env_configmap(variables: Dict[str, str], name: str = "preflight-nccl-env", namespace: str = "default") -> Dict[str, Any]:
+    """The recommended NCCL env as a ConfigMap, for a PyTorchJob/JobSet container's `envFrom: [{configMapRef}]`."""
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, namespace), "data": dict(variables)}
+
+
+def dump(objects: List[Dict[str, Any]]) -> str:
+    """YAML documents separated by ---, keys in the order written (JSON strings: safe for any value)."""
+    import yaml
+
+    return "".join("---\n" + yaml.safe_dump(json.loads(json.dumps(o)), sort_keys=False, default_flow_style=False)
+                   for o in objects)

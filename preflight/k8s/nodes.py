@@ -1,0 +1,146 @@
+"""Act on Kubernetes nodes from a run's findings: cordon+taint failing ones, resume only preflight's own.
+
+The policy is Slurm's (preflight.slurm.drain.plan: a failing node is drained, a node someone else took out
+is left alone, --resume returns only nodes preflight took out that pass now, nothing is drained when more
+than --max-drain-fraction fail); only the mechanism differs:
+
+    drain    spec.unschedulable=true, the taint preflight/unhealthy=<check>:NoSchedule and the annotation
+             preflight/drained="preflight: <check>: <finding>" (who did it and why)
+    resume   only a node carrying that annotation: unschedulable and the taint removed, annotation dropped
+    labels   preflight/status=pass|fail and preflight/checked-at=<UTC stamp> on every checked node
+
+A node is "someone else's" when it is cordoned without preflight's annotation: it is never touched, not
+even labelled. Each node's change is ONE merge patch (RFC 7386) carrying metadata.resourceVersion as a
+precondition: cordon, taint, annotation and labels land together or not at all (an interrupted run
+leaves no node cordoned without its annotation, which would make it look like someone else's), and a
+node changed since preflight read it (an admin cordoned it meanwhile) is re-read and planned again
+instead of overwritten. Taints are a list without a merge key (core/v1 NodeSpec.taints has no
+patchStrategy): the patch writes the whole list, kept from the node as read, hence the precondition.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+from preflight.common import fold
+from preflight.k8s.kubectl import Kubectl, KubeError, NodeState, parse_nodes, said
+from preflight.model import Finding
+from preflight.slurm import drain as policy
+
+ANNOTATION = "preflight/drained"
+TAINT_KEY = "preflight/unhealthy"
+STATUS_LABEL = "preflight/status"
+CHECKED_LABEL = "preflight/checked-at"
+#: a taint value is a label value: 63 characters of [A-Za-z0-9_.-], alphanumeric at both ends
+_LABEL_VALUE_RE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def taint_value(check: str) -> str:
+    value = _LABEL_VALUE_RE.sub("_", check)[:63].strip("_.-")
+    return value or "failed"
+
+
+def as_slurm_state(node: NodeState) -> Dict[str, Any]:
+    """A node in the shape the shared policy reads: cordoned = DRAIN; preflight's annotation = our reason."""
+    state = ["DRAIN"] if node.unschedulable else ["IDLE"]
+    reason = node.annotations.get(ANNOTATION)
+    if node.unschedulable and not policy.ours(reason):
+        reason = "cordoned by someone else%s" % (" (%s)" % reason if reason else "")
+    return {"state": state, "reason": reason}
+
+
+@dataclass
+class Actions:
+    plan: Any  # preflight.slurm.drain.Plan
+    labels: Dict[str, str] = field(default_factory=dict)  # node -> pass|fail for nodes not left alone
+    errors: List[str] = field(default_factory=list)
+    done: List[str] = field(default_factory=list)
+
+    def lines(self) -> List[str]:
+        out = [line.replace("drained by someone else", "cordoned by someone else") for line in self.plan.lines()]
+        return out + ["drain: %s" % e for e in self.errors]
+
+
+def plan(findings: Iterable[Finding], nodes: Dict[str, NodeState], drain: bool, resume: bool,
+         max_fraction: float = 0.2) -> Actions:
+    """What to cordon, resume and label, from this run's findings and the nodes as read before acting."""
+    findings = list(findings)
+    state = {name: as_slurm_state(n) for name, n in nodes.items()}
+    p = policy.plan(findings, list(nodes), state, drain=drain, resume=resume, max_fraction=max_fraction)
+    worst = policy.worst_findings(findings)
+    labels = {n: ("fail" if n in worst else "pass") for n in nodes if n not in p.left_alone}
+    return Actions(p, labels)
+
+
+def patch_for(node: NodeState, reason: Optional[str], resume: bool, status: Optional[str], stamp: str,
+              check: Optional[str] = None) -> Dict[str, Any]:
+    """The one merge patch for a node (see the module docstring); reason: drain with it; resume: undo ours."""
+    meta: Dict[str, Any] = {"resourceVersion": node.resource_version}
+    spec: Dict[str, Any] = {}
+    if status:
+        meta["labels"] = {STATUS_LABEL: status, CHECKED_LABEL: stamp}
+    others = [t for t in node.taints if t.get("key") != TAINT_KEY]
+    if reason is not None:
+        meta["annotations"] = {ANNOTATION: reason}
+        spec["unschedulable"] = True
+        spec["taints"] = others + [{"key": TAINT_KEY, "value": taint_value(check or "failed"), "effect": "NoSchedule"}]
+    elif resume:
+        meta["annotations"] = {ANNOTATION: None}
+        spec["unschedulable"] = None
+        spec["taints"] = others or None
+    out: Dict[str, Any] = {"metadata": meta}
+    if spec:
+        out["spec"] = spec
+    return out
+
+
+def apply(actions: Actions, kubectl: Kubectl, nodes: Dict[str, NodeState], findings: Sequence[Finding],
+          dry_run: bool = False, retries: int = 3) -> List[str]:
+    """Patch every node the plan touches (one merge patch each); returns what would run with dry_run."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    worst = policy.worst_findings(findings)
+    touched = sorted(set(actions.labels) | set(actions.plan.drain) | set(actions.plan.resume))
+    shown: List[str] = []
+    for name in touched:
+        node = nodes[name]
+        for attempt in range(retries):
+            reason = actions.plan.drain.get(name)
+            patch = patch_for(node, reason, name in actions.plan.resume, actions.labels.get(name), stamp,
+                              worst[name].check if name in worst else None)
+            argv = ["patch", "node", name, "--type=merge", "-p", json.dumps(patch, separators=(",", ":"))]
+            if dry_run:
+                shown.append(" ".join(kubectl.argv(*argv[:4])) + " -p '%s'" % argv[-1])
+                break
+            out = kubectl.run(*argv)
+            if out.returncode == 0:
+                actions.done.append(name)
+                break
+            if "Conflict" not in out.stderr or attempt == retries - 1:
+                actions.errors.append("patch node %s failed: %s" % (name, said(out.stderr)))
+                break
+            node = _reread(kubectl, name)  # changed since read: plan this node again from its new state
+            if node is None:
+                actions.errors.append("node %s is gone" % name)
+                break
+            if node.unschedulable and not policy.ours(node.annotations.get(ANNOTATION)):
+                actions.plan.drain.pop(name, None)
+                actions.labels.pop(name, None)
+                actions.plan.left_alone[name] = as_slurm_state(node)["reason"]
+                break
+            nodes[name] = node
+    return shown
+
+
+def _reread(kubectl: Kubectl, name: str) -> Optional[NodeState]:
+    try:
+        return parse_nodes({"items": [kubectl.json("get", "node", name)]}).get(name)
+    except (KubeError, ValueError):
+        return None
+
+
+def summary(actions: Actions) -> str:
+    return "cordoned %s; resumed %s" % (fold(actions.plan.drain) or "none", fold(actions.plan.resume) or "none")
