@@ -1,0 +1,210 @@
+"""preflight over the real kubectl against the API-server double (tests/sim/kubeapi.py), 8 simulated nodes.
+
+The agent pods' execs run in the nodes' network namespaces, so phase 1 and phase 2 run for real; faults
+are the simulator's (MTU black hole on the switch port, python3 that hangs) plus a dead kubelet.
+One cluster for the module; every test heals what it broke and puts the nodes back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N = 8
+SELECT = ["--k8s", "--selector", "sim/pool=gpu"]
+FAST = ["--skip", "allreduce", "--no-progress"]
+ONLY_NET = ["--only", "mtu", "--no-progress"]  # ssh, nic and mtu: what the faults below touch
+
+pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed (apt-get install kubectl)")
+
+
+@pytest.fixture(scope="module")
+def kube():
+    from tests.sim.netns import netns_available
+
+    ok, why = netns_available()
+    if not ok:
+        pytest.skip(why)
+    from tests.sim.cluster import SimCluster, cleanup_stale
+    from tests.sim.kubeapi import KubeAPI
+
+    cleanup_stale()
+    cluster = SimCluster(N).start()
+    api = None
+    try:
+        api = KubeAPI(cluster).start()
+        yield cluster, api
+    finally:
+        if api is not None:
+            api.stop()
+        cluster.stop()
+
+
+@pytest.fixture
+def deployed(kube):
+    """The agent DaemonSet applied (through the product's --k8s-deploy path once), every fault healed after."""
+    cluster, api = kube
+    if api.get("daemonsets", "preflight-agent", "preflight") is None:
+        out = _run(api, SELECT + ["--k8s-deploy", "--only", "ssh"] + FAST)
+        assert out.returncode == 0, out.stdout + out.stderr
+    yield cluster, api
+    cluster.heal()
+    for node in cluster.nodes:
+        api.revive(node.name)
+        with api.lock:  # back to a clean node object for the next test
+            doc = api.store["nodes"][("", node.name)]
+            doc["spec"] = {}
+            doc["metadata"].pop("annotations", None)
+            doc["metadata"]["labels"] = {k: v for k, v in doc["metadata"]["labels"].items() if not k.startswith("preflight/")}
+            api._bump(doc)
+
+
+def _env(api):
+    env = api.env()
+    env["PYTHONPATH"] = ROOT
+    return env
+
+
+def _run(api, argv, timeout=180):
+    return subprocess.run([sys.executable, "-m", "preflight", "check"] + argv, env=_env(api), capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)
+
+
+def _report(api, argv, tmp_path):
+    path = str(tmp_path / "report.json")
+    out = _run(api, argv + ["--json", path])
+    assert out.returncode in (0, 1), out.stdout + out.stderr
+    with open(path) as fh:
+        return out, json.load(fh)
+
+
+def _findings(doc, node, status=("fail", "error")):
+    return [f for f in doc["results"] if f.get("node") == node and f["status"] in status]
+
+
+def _no_leftovers(cluster, api):
+    assert cluster.leftover_processes(timeout=10) == {}
+    alive = [p.args for p in api.execs if p.poll() is None]
+    assert alive == []
+
+
+def test_deploy_creates_one_ready_agent_per_node(deployed):
+    cluster, api = deployed
+    pods = [p for p in api.items("pods") if p["metadata"]["namespace"] == "preflight"]
+    assert sorted(p["spec"]["nodeName"] for p in pods) == [n.name for n in cluster.nodes]
+    ds = api.get("daemonsets", "preflight-agent", "preflight")
+    assert ds["spec"]["template"]["spec"]["hostNetwork"] is True
+
+
+def test_healthy_run_exits_0_over_kubectl_exec(deployed, tmp_path):
+    cluster, api = deployed
+    out, doc = _report(api, SELECT + FAST, tmp_path)
+    assert out.returncode == 0, out.stdout
+    assert doc["transport"]["kind"] == "k8s"
+    assert doc["transport"]["execs"] == 2 * N  # phase 1 and phase 2 on every node
+    assert sorted(n["name"] for n in doc["nodes"]) == [n.name for n in cluster.nodes]
+    assert any(m == "GET" and "/exec?" in p for m, p in api.requests)
+    _no_leftovers(cluster, api)
+
+
+def test_faults_named_and_drain_cordons_only_the_failing_nodes(deployed, tmp_path):
+    cluster, api = deployed
+    cluster.mtu_blackhole("n003")
+    api.dead_node("n005")
+    cluster.hang_commands("n007")
+    api.cordon_by_hand("n002")  # someone else's cordon on a healthy node: its healthy-but-unusual twin
+    with api.lock:  # a GPU-operator taint preflight must keep
+        api.store["nodes"][("", "n003")]["spec"]["taints"] = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+    out, doc = _report(api, SELECT + ONLY_NET + ["--timeout", "8", "--drain", "--max-drain-fraction", "0.5"], tmp_path)
+    assert out.returncode == 1
+    mtu = _findings(doc, "n003")
+    assert {f["check"] for f in mtu} == {"mtu"} and any("black-holed" in f["message"] for f in mtu)
+    dead = [f for f in _findings(doc, "n005") if f["check"] == "ssh"]
+    assert dead and "not Ready" in dead[0]["message"] and "preflight-agent-n005" in dead[0]["message"]
+    hung = [f for f in _findings(doc, "n007") if f["check"] == "ssh"]
+    assert hung and "timed out" in hung[0]["message"] and "8 s" in hung[0]["message"]
+    assert {f["node"] for f in doc["results"] if f["status"] in ("fail", "error") and f.get("node")} == {"n003", "n005", "n007"}
+
+    for name in ("n003", "n005", "n007"):
+        node = api.get("nodes", name)
+        assert node["spec"]["unschedulable"] is True
+        ours = [t for t in node["spec"]["taints"] if t["key"] == "preflight/unhealthy"]
+        assert ours == [{"key": "preflight/unhealthy", "value": "mtu" if name == "n003" else "ssh", "effect": "NoSchedule"}]
+        assert node["metadata"]["annotations"]["preflight/drained"].startswith("preflight: ")
+        assert node["metadata"]["labels"]["preflight/status"] == "fail"
+    assert {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"} in api.get("nodes", "n003")["spec"]["taints"]
+    hand = api.get("nodes", "n002")
+    assert hand["spec"] == {"unschedulable": True} and "annotations" not in hand["metadata"]
+    assert not any(k.startswith("preflight/") for k in hand["metadata"]["labels"])
+    assert "left alone: n002" in out.stdout
+    for name in ("n001", "n004", "n006", "n008"):
+        node = api.get("nodes", name)
+        assert not node["spec"].get("unschedulable") and node["metadata"]["labels"]["preflight/status"] == "pass"
+    cluster.heal()  # the hung python3 was killed through a second exec; nothing of the run is left
+    _no_leftovers(cluster, api)
+
+    # healed and back: --resume returns exactly preflight's nodes, never the hand-cordoned one
+    api.revive("n005")
+    out = _run(api, SELECT + ONLY_NET + ["--resume"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    for name in ("n003", "n005", "n007"):
+        node = api.get("nodes", name)
+        assert not node["spec"].get("unschedulable")
+        assert [t["key"] for t in node["spec"].get("taints") or []] == (["nvidia.com/gpu"] if name == "n003" else [])
+        assert "preflight/drained" not in (node["metadata"].get("annotations") or {})
+    assert api.get("nodes", "n002")["spec"] == {"unschedulable": True}
+
+
+def test_drain_refused_when_too_many_fail(deployed):
+    cluster, api = deployed
+    for name in ("n001", "n002", "n003"):
+        api.dead_node(name)
+    out = _run(api, SELECT + ["--only", "ssh", "--no-progress", "--drain"])
+    assert out.returncode == 1
+    assert "drain: refused" in out.stdout
+    assert not any(n["spec"].get("unschedulable") for n in api.items("nodes"))
+
+
+def test_interrupted_run_leaves_nothing(deployed):
+    cluster, api = deployed
+    cluster.hang_commands("n004")
+    before = {n["metadata"]["name"]: n["metadata"]["resourceVersion"] for n in api.items("nodes")}
+    proc = subprocess.Popen([sys.executable, "-m", "preflight", "check"] + SELECT + FAST + ["--timeout", "60", "--drain"],
+                            env=_env(api), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # every node answered but the hung one: phase 1 is waiting on it
+            if any("bin/python3" in cmd or "sleep 100000" in cmd for _, cmd in cluster.processes("n004")):
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    _no_leftovers(cluster, api)
+    after = {n["metadata"]["name"]: n["metadata"]["resourceVersion"] for n in api.items("nodes")}
+    assert after == before  # no node changed: no half-done cordon
+
+
+def test_env_file_writes_a_configmap_beside_it(deployed, tmp_path):
+    cluster, api = deployed
+    env_file = tmp_path / "nccl.env"
+    out = _run(api, SELECT + ["--no-progress", "--only", "nic", "--env-file", str(env_file)])
+    assert out.returncode == 0, out.stdout + out.stderr
+    import yaml
+
+    cm = yaml.safe_load((tmp_path / "nccl.configmap.yaml").read_text())
+    assert cm["kind"] == "ConfigMap" and cm["data"]["NCCL_SOCKET_IFNAME"]
+    assert "export NCCL_SOCKET_IFNAME=" in env_file.read_text()
