@@ -27,6 +27,7 @@ measured in benchmarks/k8s_fanout.py.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import select
@@ -116,16 +117,56 @@ def inventory(target: Target, python: str = "python3", command_timeout: float = 
                      cluster={"master_port": master_port, "mtu_full_mesh": False, "allreduce": {}})
 
 
+class _Exec:
+    """One `kubectl exec -i` in flight: the process, its open streams, the probe's pid once printed."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        assert proc.stdout and proc.stderr
+        self.err = bytearray()
+        self.streams: Dict[int, Any] = {proc.stdout.fileno(): None, proc.stderr.fileno(): self.err.extend}
+        self.pid: Optional[int] = None
+        self.killed = False
+        self.lock = threading.Lock()  # stdin writes in order: the payload, each next phase's line, the close
+
+    def write(self, data: bytes, close: bool = False) -> None:
+        """Hand kubectl data from a thread of its own (it takes stdin only as fast as the stream carries it)."""
+        def write() -> None:
+            with self.lock:
+                try:
+                    if data:
+                        self.proc.stdin.write(data)
+                        self.proc.stdin.flush()
+                    if close:
+                        self.proc.stdin.close()
+                except (BrokenPipeError, ValueError, OSError):  # kubectl is gone: the reader names it
+                    pass
+        threading.Thread(target=write, name="preflight-kubectl-stdin", daemon=True).start()
+
+    def read(self, run: _Run, timeout: float) -> None:
+        ready, _, _ = select.select(list(self.streams), [], [], timeout)
+        for fd in ready:
+            data = os.read(fd, 65536)
+            if not data:
+                del self.streams[fd]
+            elif self.streams[fd] is None:
+                run.feed(data)
+                if run.pid is not None:
+                    self.pid = run.pid
+            else:
+                self.streams[fd](data)
+
+
 class KubeSession(Session):
-    """One node's agent pod: each run_bundle is one `kubectl exec -i` carrying the bundle on stdin."""
+    """One node's agent pod: a run is one `kubectl exec -i` carrying the bundle on stdin; with then=True
+    the probe process stays after its result and the next phase's config goes down the same stream."""
 
     def __init__(self, spec: NodeSpec, kubectl: Kubectl, pod: Optional[AgentPod]) -> None:
         self.spec = spec
         self.kubectl = kubectl
         self.pod = pod
         self.execs = 0
-        self._proc: Optional[subprocess.Popen] = None
-        self._pid: Optional[int] = None
+        self._exec: Optional[_Exec] = None  # the one in flight or kept for the next phase
         self._lock = threading.Lock()
 
     def open(self) -> None:
@@ -143,88 +184,89 @@ class KubeSession(Session):
         return self.kubectl.argv("exec", *(["-i"] if stdin else []), self.pod.name, "-c", CONTAINER, "--", *command,
                                  namespaced=True)
 
-    def run_bundle(self, config: Dict[str, Any], deadline_s: float, then: bool = False) -> RunResult:
-        started = time.monotonic()
-        payload = bundle.stdin_payload(dict(config, deadline_s=deadline_s + 5))
+    def _start(self) -> _Exec:
         argv = self._exec_argv(True, "setsid", "-w", "sh", "-c", bundle.remote_command(self.spec.python))
-        run = _Run()
-        sent_at = time.time()
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True)
         except FileNotFoundError:
             raise NodeFailure("protocol", "kubectl not found on the controller") from None
         self.execs += 1
-        with self._lock:
-            self._proc, self._pid = proc, None
-        assert proc.stdin and proc.stdout and proc.stderr
+        return _Exec(proc)
 
-        def feed() -> None:  # kubectl takes stdin only as fast as the stream carries it
-            try:
-                proc.stdin.write(payload)
-                proc.stdin.flush()
-            except (BrokenPipeError, ValueError, OSError):
-                pass
-        threading.Thread(target=feed, name="preflight-kubectl-stdin", daemon=True).start()
-        streams = {proc.stdout.fileno(): run.feed, proc.stderr.fileno(): run.err.extend}
+    def run_bundle(self, config: Dict[str, Any], deadline_s: float, then: bool = False) -> RunResult:
+        started = time.monotonic()
+        # a kept process waits for the next phase as long as this phase may last on the slowest node
+        config = dict(config, deadline_s=deadline_s + 5, more=then, wait_s=deadline_s + bundle.NEXT_PHASE_SLACK_S)
+        with self._lock:
+            ex, self._exec = self._exec, None
+        if ex is not None and ex.proc.poll() is not None:
+            self._end(ex)  # the kept process is gone (its wait ran out): start anew
+            ex = None
+        run = _Run()
+        if ex is None:
+            payload = bundle.stdin_payload(config)  # built before the process starts
+            ex = self._start()
+            ex.write(payload)
+        else:
+            run.pid = ex.pid
+            ex.err.clear()
+            ex.write(json.dumps(config, separators=(",", ":")).encode() + b"\n")
+        sent_at = time.time()
+        with self._lock:
+            self._exec = ex
         end = started + deadline_s
         try:
-            while streams and not run.has_result():
+            while ex.streams and not run.has_result():
                 if self.cancelled:
                     raise NodeFailure("cancelled", "interrupted")
                 remaining = end - time.monotonic()
                 if remaining <= 0:
-                    raise NodeFailure("timeout", "timed out: no answer within %g s from agent pod %s; killed the "
-                                      "probe%s" % (deadline_s, self.pod.name if self.pod else "?",
-                                                   "" if run.pid else " (its stdin closed: the probe's watchdog ends it)"))
-                ready, _, _ = select.select(list(streams), [], [], min(remaining, 0.5))
-                for fd in ready:
-                    data = os.read(fd, 65536)
-                    if data:
-                        streams[fd](data)
-                        if run.pid is not None and self._pid is None:
-                            with self._lock:
-                                self._pid = run.pid
-                    else:
-                        del streams[fd]
-            rc = self._finish(proc, streams, run)
+                    raise NodeFailure("timeout", "timed out: no answer within %g s from agent pod %s; killed the probe%s"
+                                      % (deadline_s, self.pod.name if self.pod else "?",
+                                         "" if ex.pid else " (its stdin closed: the probe's watchdog ends it)"))
+                ex.read(run, min(remaining, 0.5))
         except NodeFailure:
-            self._kill(proc, run.pid)
-            raise
-        finally:
             with self._lock:
-                self._proc = None
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                try:
-                    stream.close()
-                except OSError:
-                    pass
+                self._exec = None
+            self._kill(ex)
+            for stream in (ex.proc.stdout, ex.proc.stderr):
+                stream.close()
+            raise
+        rc: Optional[int] = None
+        if not (then and run.has_result() and ex.streams):
+            with self._lock:
+                self._exec = None
+            rc = self._end(ex, run)
+        run.err += ex.err
         result = run.finish(rc, sent_at, started)
         if result.result is None and run.clock_at is None and rc:
             raise NodeFailure("unreachable", "kubectl exec into %s failed (rc %s): %s"
-                              % (self.pod.name if self.pod else "?", rc, said(run.err.decode("utf-8", "replace"))))
+                              % (self.pod.name if self.pod else "?", rc, said(ex.err.decode("utf-8", "replace"))))
         return result
 
-    def _finish(self, proc: subprocess.Popen, streams: Dict[int, Any], run: _Run) -> Optional[int]:
-        """The result is in (or kubectl's streams ended): close stdin, let kubectl end, collect the rest."""
-        try:
-            proc.stdin.close()
-        except (BrokenPipeError, OSError):
-            pass
+    def _end(self, ex: _Exec, run: Optional[_Run] = None) -> Optional[int]:
+        """Close kubectl's stdin (the probe exits: at once after a last result, else through its EOF
+        watchdog), read what is left, let kubectl end; killed past EXIT_GRACE_S."""
+        run = run or _Run()
+        ex.write(b"{}\n" if ex.proc.poll() is None and run.has_result() is False and ex.pid else b"", close=True)
         until = time.monotonic() + EXIT_GRACE_S
-        while streams and time.monotonic() < until:
-            ready, _, _ = select.select(list(streams), [], [], 0.2)
-            for fd in ready:
-                data = os.read(fd, 65536)
-                if data:
-                    streams[fd](data)
-                else:
-                    del streams[fd]
+        while ex.streams and time.monotonic() < until:
+            ex.read(run, 0.2)
         try:
-            return proc.wait(timeout=max(0.1, until - time.monotonic()))
+            return ex.proc.wait(timeout=max(0.1, until - time.monotonic()))
         except subprocess.TimeoutExpired:
-            self._killpg(proc)
+            self._killpg(ex.proc)
             return None
+        finally:
+            for stream in (ex.proc.stdout, ex.proc.stderr):
+                stream.close()
+
+    def end_kept(self) -> None:
+        with self._lock:
+            ex, self._exec = self._exec, None
+        if ex is not None:
+            self._end(ex)
 
     @staticmethod
     def _killpg(proc: subprocess.Popen) -> None:
@@ -234,29 +276,33 @@ class KubeSession(Session):
             pass
         proc.wait()
 
-    def _kill(self, proc: subprocess.Popen, pid: Optional[int]) -> None:
+    def _kill(self, ex: _Exec) -> None:
         """Kill kubectl (the stream drops: the probe's stdin ends) and the probe's process group in the pod."""
-        self._killpg(proc)
-        if pid is None or self.pod is None:
+        with self._lock:
+            if ex.killed:
+                return
+            ex.killed = True
+        self._killpg(ex.proc)
+        if ex.pid is None or self.pod is None:
             return
-        argv = self._exec_argv(False, "kill", "-KILL", "--", "-%d" % pid)
+        argv = self._exec_argv(False, "kill", "-KILL", "--", "-%d" % ex.pid)
         try:
             done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   universal_newlines=True, timeout=KILL_TIMEOUT_S)
             if done.returncode != 0:
-                log.debug("%s: kill -KILL -%d in %s: %s", self.spec.name, pid, self.pod.name, said(done.stderr))
+                log.debug("%s: kill -KILL -%d in %s: %s", self.spec.name, ex.pid, self.pod.name, said(done.stderr))
         except (OSError, subprocess.TimeoutExpired) as exc:
-            log.debug("%s: kill -KILL -%d in %s: %s", self.spec.name, pid, self.pod.name, exc)
+            log.debug("%s: kill -KILL -%d in %s: %s", self.spec.name, ex.pid, self.pod.name, exc)
 
     def cancel(self) -> None:
         self.cancelled = True
         with self._lock:
-            proc, pid = self._proc, self._pid
-        if proc is not None:
-            self._kill(proc, pid)
+            ex = self._exec
+        if ex is not None:  # the run in flight sees its streams end and raises; its streams are closed there
+            self._kill(ex)
 
     def close(self) -> None:
-        return None
+        self.end_kept()
 
 
 class KubeFleet(Fleet):
