@@ -197,3 +197,17 @@ def test_unreachable_api_server_is_one_line_exit_2(tmp_path):
                          text=True, env=env, timeout=60)
     assert out.returncode == 2
     assert "kubectl get nodes failed" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_training_job_example_validates():
+    kv = pytest.importorskip("kubernetes_validate")
+    import yaml
+
+    with open(os.path.join(ROOT, "inventory", "k8s-training-job.example.yaml")) as fh:
+        docs = [d for d in yaml.safe_load_all(fh) if d]
+    assert [d["kind"] for d in docs] == ["Service", "Job"]
+    for doc in docs:
+        kv.validate(doc, "1.32", strict=True)
+    cm = manifest.env_configmap({"NCCL_SOCKET_IFNAME": "eth1"})
+    env_from = docs[1]["spec"]["template"]["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"]
+    assert env_from == cm["metadata"]["name"]
