@@ -350,6 +350,11 @@ def _k8s_inventory(args: argparse.Namespace) -> Any:
         if missing:
             sys.stderr.write("preflight: note: %s\n" % deploy.describe(missing))
     inv = k8s.inventory(k8s.Target(kubectl, nodes), command_timeout=60.0, gpus_per_node=args.gpus_per_node)
+    bench = (args.command == "check" and (not args.only or "allreduce" in args.only) and "allreduce" not in args.skip) or (
+        args.command == "env" and args.with_allreduce)
+    if bench and any(s.gpus_per_node for s in inv.nodes):
+        sys.stderr.write("preflight: note: the all-reduce runs inside the agent pods, which hold no GPUs in the "
+                         "scheduler's books: where other pods use these GPUs, add --skip allreduce or cordon the nodes first\n")
     if args.master_port is not None:
         if not 0 < args.master_port < 65536:
             raise UsageError("--master-port %d is out of range" % args.master_port, "use 1-65535")

@@ -173,6 +173,15 @@ def test_drain_refused_when_too_many_fail(deployed):
     assert not any(n["spec"].get("unschedulable") for n in api.items("nodes"))
 
 
+def test_exec_refused_by_the_api_server_is_named(deployed):
+    cluster, api = deployed
+    api.kubelet_unreachable("n006")
+    out = _run(api, SELECT + ["--only", "ssh", "--no-progress"])
+    assert out.returncode == 1
+    assert "n006" in out.stdout and "error dialing backend" in out.stdout, out.stdout
+    _no_leftovers(cluster, api)
+
+
 def test_interrupted_run_leaves_nothing(deployed):
     cluster, api = deployed
     cluster.hang_commands("n004")

@@ -211,3 +211,18 @@ def test_training_job_example_validates():
     cm = manifest.env_configmap({"NCCL_SOCKET_IFNAME": "eth1"})
     env_from = docs[1]["spec"]["template"]["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"]
     assert env_from == cm["metadata"]["name"]
+
+
+def test_dry_run_prints_one_patch_per_node_and_runs_nothing():
+    from preflight.k8s.kubectl import Kubectl
+
+    class NoRun(Kubectl):
+        def run(self, *args, **kw):  # a dry run must not call kubectl
+            raise AssertionError("kubectl run during a dry run: %s" % (args,))
+
+    state = {"a": _state("a"), "b": _state("b", unschedulable=True)}
+    findings = [_fail("a"), _pass("b")]
+    acts = nodes.plan(findings, state, drain=True, resume=True, max_fraction=1.0)
+    shown = nodes.apply(acts, NoRun(context="prod"), state, findings, dry_run=True)
+    assert len(shown) == 1 and shown[0].startswith("kubectl --context prod patch node a --type=merge -p '")
+    assert '"unschedulable":true' in shown[0]

@@ -28,7 +28,8 @@ A pod's exec runs the command inside its node's network namespace (`ip netns exe
 bin/ first on PATH and its sysfs root, as the node's sshd and slurmd do: phase 1 runs for real on the
 simulated nodes. Like a container runtime, a dropped exec stream closes the process's stdin and kills
 nothing. Faults: dead_node() (NotReady, its agent pod not Ready, exec refused as the real server does when
-the kubelet cannot be dialled); the SimCluster's own faults (hang_commands, mtu_blackhole) apply as is.
+the kubelet cannot be dialled), kubelet_unreachable() (pods still Ready, exec refused); the SimCluster's
+own faults (hang_commands, mtu_blackhole) apply as is.
 """
 
 from __future__ import annotations
@@ -206,6 +207,7 @@ class KubeAPI:
         self.lock = threading.RLock()
         self.rv = 1000
         self.dead: set = set()
+        self.no_exec: set = set()  # nodes whose kubelet the API server cannot dial, while their pods still look Ready
         self.requests: List[Tuple[str, str]] = []  # (method, path) of every request, for tests
         self.execs: List[subprocess.Popen] = []
         self.server: Optional[socketserver.ThreadingTCPServer] = None
@@ -274,8 +276,15 @@ class KubeAPI:
             self.dead.add(name)
             self._refresh(name)
 
+    def kubelet_unreachable(self, name: str) -> None:
+        """The API server cannot dial the node's kubelet, before the node controller notices: the pods still
+        say Ready, every exec is refused with 500 (what a real API server answers then)."""
+        with self.lock:
+            self.no_exec.add(name)
+
     def revive(self, name: str) -> None:
         with self.lock:
+            self.no_exec.discard(name)
             self.dead.discard(name)
             self._refresh(name)
 
@@ -502,7 +511,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         route = self._route()
         if route is None:
             return self._fail(404, "NotFound", "the server could not find the requested resource")
-        resource, ns, _, _, query = route
+        resource, ns, name, sub, query = route
+        if sub == "exec":
+            return self._exec(ns, name, query)
         obj = self._body()
         name = (obj or {}).get("metadata", {}).get("name")
         if not name:
@@ -632,12 +643,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             pod = copy.deepcopy(kube.store["pods"].get((ns, name)))
         if pod is None:
             return self._fail(404, "NotFound", 'pods "%s" not found' % name)
-        if self.headers.get("Upgrade", "").lower() != "websocket":
-            return self._fail(400, "BadRequest", "Upgrade request required")
-        if pod["spec"].get("nodeName") in kube.dead:
+        if pod["spec"].get("nodeName") in kube.dead | kube.no_exec:
             node = pod["spec"]["nodeName"]
             return self._fail(500, "InternalError", "error dialing backend: dial tcp %s:10250: connect: no route to host"
                               % kube._node_ip(node))
+        if self.headers.get("Upgrade", "").lower() != "websocket":  # kubectl's SPDY fallback (POST) is not served
+            return self._fail(400, "BadRequest", "Upgrade request required")
         offered = [p.strip() for p in self.headers.get("Sec-WebSocket-Protocol", "").split(",")]
         proto = next((p for p in SUBPROTOCOLS if p in offered), None)
         if proto is None:
