@@ -21,6 +21,7 @@ from typing import Any, Iterator, List, Optional
 
 from preflight import __version__
 from preflight.errors import PreflightError, UsageError
+from preflight.k8s import command as k8s_command
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -119,12 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     checks = sub.add_parser("checks", help="list every check with its claim")
     checks.add_argument("--markdown", action="store_true", help="print README.md's check table (claim, why, fix) and check settings table")
 
-    k8s = sub.add_parser("k8s", help="Kubernetes helpers: `preflight k8s manifest` prints the agent and its RBAC")
-    k8s_sub = k8s.add_subparsers(dest="k8s_command", metavar="WHAT", parser_class=_Parser)
-    manifest = k8s_sub.add_parser("manifest", help="print the Namespace, ServiceAccount, RBAC and agent DaemonSet (YAML)")
-    manifest.add_argument("--k8s-namespace", default="preflight", metavar="NS", help="namespace of the agent (default preflight)")
-    manifest.add_argument("--k8s-image", metavar="IMAGE", help="the agent's image (python3, iproute2, ping, util-linux)")
-    manifest.add_argument("--no-rbac", action="store_true", help="leave out the operator ClusterRole and its binding")
+    k8s_command.add_commands(sub, _Parser)
 
     diff = sub.add_parser("diff", help="compare two JSON reports (from --json or --history)")
     diff.add_argument("old")
@@ -148,12 +144,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--python", metavar="PATH", help="with --slurm: the interpreter the nodes run the probe with "
                    "(default python3 on the nodes' PATH under srun)")
     p.add_argument("--alloc-wait", type=float, metavar="SECONDS", help="when preflight allocates Slurm nodes: how long to wait for them (default 120; whole nodes: one running a job is waited for)")
-    p.add_argument("--k8s", action="store_true", help="nodes from Kubernetes (--selector or --nodelist), reached with kubectl exec into preflight's agent pods")
-    p.add_argument("--selector", metavar="LABEL", help="with --k8s: the nodes matching this label selector (e.g. nvidia.com/gpu.present=true)")
-    p.add_argument("--context", metavar="NAME", help="with --k8s: the kubeconfig context (default: kubectl's current one)")
-    p.add_argument("--k8s-namespace", default="preflight", metavar="NS", help="with --k8s: namespace of the agent DaemonSet (default preflight)")
-    p.add_argument("--k8s-deploy", action="store_true", help="with --k8s: apply the agent DaemonSet first and wait for its pods")
-    p.add_argument("--k8s-image", metavar="IMAGE", help="with --k8s-deploy: the agent's image")
+    k8s_command.add_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.add_argument("--debug", action="store_true", help="log transport details to stderr")
 
@@ -179,7 +170,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if args.command in ("check", "env"):
                     return _cmd_check(args)
                 if args.command == "k8s" and args.k8s_command == "manifest":
-                    return _cmd_k8s_manifest(args)
+                    sys.stdout.write(k8s_command.manifest_text(args))
+                    return EXIT_OK
                 parser.print_help(sys.stderr)
                 return EXIT_USAGE
             except PreflightError as exc:
@@ -252,10 +244,9 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 def _load_inventory(args: argparse.Namespace) -> Any:
     from preflight import inventory
 
+    k8s_command.misused(args)
     if getattr(args, "k8s", False):
-        return _k8s_inventory(args)
-    if getattr(args, "selector", None) or getattr(args, "k8s_deploy", False):
-        raise UsageError("--selector/--k8s-deploy apply only with --k8s", "add --k8s")
+        return _master_port(args, k8s_command.inventory(args, lambda text: sys.stderr.write("preflight: note: %s\n" % text)))
     if getattr(args, "slurm", False):
         return _slurm_inventory(args)
     if getattr(args, "nodelist", None) or getattr(args, "partition", None) or getattr(args, "nodes", None):
@@ -268,6 +259,11 @@ def _load_inventory(args: argparse.Namespace) -> Any:
         inv = inventory.load(args.inventory, max_nodes=args.max_nodes)
     else:
         inv = inventory.local_inventory(args.gpus_per_node)
+    return _master_port(args, inv)
+
+
+def _master_port(args: argparse.Namespace, inv: Any) -> Any:
+    """--master-port over the inventory's cluster.master_port."""
     if args.master_port is not None:
         if not 0 < args.master_port < 65536:
             raise UsageError("--master-port %d is out of range" % args.master_port, "use 1-65535")
@@ -318,48 +314,6 @@ def _slurm_inventory(args: argparse.Namespace) -> Any:
     except BaseException:
         alloc.release()
         raise
-    return inv
-
-
-def _cmd_k8s_manifest(args: argparse.Namespace) -> int:
-    from preflight.k8s import manifest
-
-    objects = manifest.agent_objects(args.k8s_namespace, args.k8s_image or manifest.IMAGE)
-    if not args.no_rbac:
-        objects = manifest.operator_rbac(args.k8s_namespace) + objects
-    sys.stdout.write(manifest.dump(objects))
-    return EXIT_OK
-
-
-def _k8s_inventory(args: argparse.Namespace) -> Any:
-    """The Kubernetes nodes (by --selector / --nodelist) as the inventory; --k8s-deploy applies the agent first."""
-    from preflight.k8s import fleet as k8s
-    from preflight.k8s.kubectl import Kubectl
-
-    if getattr(args, "slurm", False) or args.inventory:
-        raise UsageError("--k8s takes its nodes from Kubernetes, not from %s" % ("--slurm" if args.slurm else "an inventory file"),
-                         "drop %s" % ("--slurm" if args.slurm else "the inventory"))
-    if args.partition or args.nodes:
-        raise UsageError("--partition/--nodes are Slurm's", "with --k8s give --selector LABEL or --nodelist NODES")
-    kubectl = Kubectl(context=args.context, namespace=args.k8s_namespace)
-    nodes = k8s.select_nodes(kubectl, args.selector, args.nodelist)
-    if args.k8s_deploy:
-        from preflight.k8s import deploy, manifest
-
-        missing = deploy.deploy(kubectl, nodes, args.k8s_image or manifest.IMAGE)
-        if missing:
-            sys.stderr.write("preflight: note: %s\n" % deploy.describe(missing))
-    inv = k8s.inventory(k8s.Target(kubectl, nodes), command_timeout=60.0, gpus_per_node=args.gpus_per_node)
-    bench = (args.command == "check" and (not args.only or "allreduce" in args.only) and "allreduce" not in args.skip) or (
-        args.command == "env" and args.with_allreduce)
-    if bench and any(s.gpus_per_node for s in inv.nodes):
-        sys.stderr.write("preflight: note: the all-reduce runs inside the agent pods, which hold no GPUs in the "
-                         "scheduler's books: where other pods use these GPUs, add --skip allreduce or cordon the nodes first\n")
-    if args.master_port is not None:
-        if not 0 < args.master_port < 65536:
-            raise UsageError("--master-port %d is out of range" % args.master_port, "use 1-65535")
-        inv.master_port = args.master_port
-        inv.cluster["master_port"] = args.master_port
     return inv
 
 
@@ -429,7 +383,7 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
     if getattr(args, "capture", None):
         _check_capture_dir(args.capture)
     _check_output_paths(args)
-    if inv.transport == "ssh" and not getattr(args, "slurm", False) and any(not s.local for s in inv.nodes):
+    if inv.transport == "ssh" and any(not s.local for s in inv.nodes):
         from preflight.transport import ssh_config
 
         try:
@@ -472,22 +426,6 @@ def _drain(args: argparse.Namespace, inv: Any, result: Any, console: Any) -> Non
                   args.max_drain_fraction, args.dry_run, lambda line: console.print(line, markup=False, highlight=False))
 
 
-def _k8s_actions(args: argparse.Namespace, inv: Any, result: Any, console: Any) -> None:
-    """--drain / --resume on Kubernetes: cordon+taint+annotate, or undo only preflight's (preflight.k8s.nodes)."""
-    if not (getattr(args, "drain", False) or getattr(args, "resume", False)):
-        return
-    from preflight.k8s import nodes as k8s_nodes
-
-    target = inv.allocation
-    actions = k8s_nodes.plan(result.findings, target.nodes, drain=args.drain, resume=args.resume,
-                             max_fraction=args.max_drain_fraction)
-    shown = k8s_nodes.apply(actions, target.kubectl, target.nodes, result.findings, dry_run=args.dry_run)
-    for line in actions.lines():
-        console.print(line, markup=False, highlight=False)
-    for line in shown:
-        console.print("would run: " + line, markup=False, highlight=False)
-
-
 def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: Any) -> None:
     from preflight.output import report
 
@@ -501,13 +439,11 @@ def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: An
 
         _write(args.env_file, envfile.render(result), mode=0o644)
         console.print("env file: %s" % args.env_file, markup=False, highlight=False)
-        if result.inventory.transport == "k8s" and result.env is not None:
-            from preflight.k8s import manifest
-
-            path = os.path.splitext(args.env_file)[0] + ".configmap.yaml"
-            _write(path, manifest.dump([manifest.env_configmap(result.env.as_dict())]), mode=0o644)
-            console.print("env ConfigMap: %s (kubectl apply -f it; mount with envFrom: configMapRef preflight-nccl-env)"
-                          % path, markup=False, highlight=False)
+        configmap = k8s_command.env_configmap(args.env_file, result)
+        if configmap:
+            _write(*configmap, mode=0o644)
+            console.print("env ConfigMap: %s (apply it; envFrom: configMapRef preflight-nccl-env)" % configmap[0],
+                          markup=False, highlight=False)
     if getattr(args, "hostfile", None):
         from preflight.output import hostfile
 
