@@ -96,6 +96,16 @@ def _no_leftovers(cluster, api):
     assert alive == []
 
 
+def test_no_agent_deployed_is_named_per_node(kube):
+    cluster, api = kube
+    with api.lock:  # whatever an earlier test deployed is gone (the next test deploys again)
+        api._delete("namespaces", "", "preflight")
+    out = _run(api, SELECT + ["--only", "ssh", "--no-progress"])
+    assert out.returncode == 1
+    assert "no preflight agent pod on" in out.stdout and "--k8s-deploy" in out.stdout, out.stdout
+    assert not any(m == "GET" and "/exec?" in p for m, p in api.requests)
+
+
 def test_deploy_creates_one_ready_agent_per_node(deployed):
     cluster, api = deployed
     pods = [p for p in api.items("pods") if p["metadata"]["namespace"] == "preflight"]
