@@ -217,6 +217,20 @@ def test_interrupted_run_leaves_nothing(deployed):
     assert after == before  # no node changed: no half-done cordon
 
 
+def test_node_files_are_read_through_the_agents_host_mount(deployed, tmp_path):
+    """The agent reads the node's /etc through / mounted at /host (PREFLIGHT_HOST_ROOT=/host in its pod spec)."""
+    cluster, api = deployed
+    cluster.node("n002").write_host_file("/etc/nccl.conf", "NCCL_SOCKET_IFNAME=eth0\n")
+    try:
+        out, doc = _report(api, SELECT + ["--only", "nccl_env", "--no-progress"], tmp_path)
+    finally:
+        os.unlink(os.path.join(cluster.node("n002").root_dir, "etc", "nccl.conf"))
+    assert out.returncode == 1
+    failed = _findings(doc, "n002")
+    assert [f["check"] for f in failed] == ["nccl_env"] and "/etc/nccl.conf:1" in failed[0]["message"]
+    assert {f["node"] for f in doc["results"] if f["status"] in ("fail", "error") and f.get("node")} == {"n002"}
+
+
 def test_env_file_writes_a_configmap_beside_it(deployed, tmp_path):
     cluster, api = deployed
     env_file = tmp_path / "nccl.env"

@@ -409,12 +409,27 @@ class KubeAPI:
         for container in pod["spec"].get("containers", [])[:1]:
             for item in container.get("env", []):
                 if "value" in item:
-                    env[item["name"]] = item["value"]
+                    env[item["name"]] = self._host_path(node, pod, container, item["value"])
+                elif (item.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName":
+                    env[item["name"]] = node.name
         argv = ["ip", "netns", "exec", node.ns, "env", "-i"] + ["%s=%s" % kv for kv in env.items()] + list(command)
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
         self.execs.append(proc)
         return proc
+
+    @staticmethod
+    def _host_path(node: Any, pod: Dict[str, Any], container: Dict[str, Any], value: str) -> str:
+        """A path in the container's view, as the simulated node has it: a value under the mountPath of a
+        hostPath volume becomes that host path, with the node's "/" being its root_dir and /sys its sysfs."""
+        volumes = {v["name"]: v["hostPath"]["path"] for v in pod["spec"].get("volumes", []) if "hostPath" in v}
+        for mount in sorted(container.get("volumeMounts", []), key=lambda m: -len(m["mountPath"])):
+            root = mount["mountPath"].rstrip("/") or "/"
+            if mount["name"] in volumes and (value == root or value.startswith(root + "/")):
+                host = volumes[mount["name"]]
+                host = {"/": node.root_dir, "/sys": node.sys_dir}.get(host, host)
+                return host + value[len(root):] if root != "/" else os.path.join(host, value.lstrip("/"))
+        return value
 
 
 def _ready(pod: Dict[str, Any]) -> bool:
