@@ -231,6 +231,43 @@ def test_node_files_are_read_through_the_agents_host_mount(deployed, tmp_path):
     assert {f["node"] for f in doc["results"] if f["status"] in ("fail", "error") and f.get("node")} == {"n002"}
 
 
+def test_allreduce_runs_as_an_indexed_job_and_leaves_nothing(deployed, tmp_path):
+    cluster, api = deployed
+    out, doc = _report(api, ["--k8s", "--nodelist", "n[001-002]", "--only", "allreduce", "--no-progress"], tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert doc["transport"]["jobs"] >= 1
+    assert doc["allreduce"] and doc["allreduce"]["busbw_gbps"] > 0, doc["allreduce"]
+    created = [p for m, p in api.requests if m == "POST" and "/jobs" in p]
+    assert len(created) == doc["transport"]["jobs"]
+    assert any(m == "GET" and "/attach?" in p for m, p in api.requests)
+    assert api.items("jobs") == []
+    assert [p["metadata"]["name"] for p in api.items("pods") if "bench" in p["metadata"]["name"]] == []
+    _no_leftovers(cluster, api)
+
+
+def test_allreduce_interrupted_deletes_its_job(deployed):
+    cluster, api = deployed
+    proc = subprocess.Popen([sys.executable, "-m", "preflight", "check", "--k8s", "--nodelist", "n[001-002]", "--only",
+                             "allreduce", "--no-progress"], env=_env(api), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not api.items("jobs"):
+            time.sleep(0.1)
+        assert api.items("jobs"), "no all-reduce Job was created"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err
+    assert api.items("jobs") == []
+    assert not [p for p in api.items("pods") if "bench" in p["metadata"]["name"]]
+    _no_leftovers(cluster, api)
+
+
 def test_env_file_writes_a_configmap_beside_it(deployed, tmp_path):
     cluster, api = deployed
     env_file = tmp_path / "nccl.env"

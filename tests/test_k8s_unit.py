@@ -152,7 +152,8 @@ def test_operator_rbac_has_the_least_verbs():
 
 def test_manifests_validate_against_the_kubernetes_schemas():
     kv = pytest.importorskip("kubernetes_validate")
-    objects = manifest.everything() + [manifest.env_configmap({"NCCL_SOCKET_IFNAME": "eth1"})]
+    objects = manifest.everything() + [manifest.env_configmap({"NCCL_SOCKET_IFNAME": "eth1"}),
+                                       manifest.bench_job("preflight-bench-1", "preflight", ["a", "b"], 8, "img", ["sh"], 200.5)]
     for version in ("1.30", "1.32"):
         for obj in objects:
             kv.validate(obj, version, strict=True)
@@ -226,3 +227,20 @@ def test_dry_run_prints_one_patch_per_node_and_runs_nothing():
     shown = nodes.apply(acts, NoRun(context="prod"), state, findings, dry_run=True)
     assert len(shown) == 1 and shown[0].startswith("kubectl --context prod patch node a --type=merge -p '")
     assert '"unschedulable":true' in shown[0]
+
+
+def test_bench_job_holds_every_gpu_of_exactly_the_given_nodes():
+    job = manifest.bench_job("preflight-bench-1", "preflight", ["gpu-01", "gpu-02"], 8, "img", ["sh"], 200.5)
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 2
+    assert spec["backoffLimit"] == 0 and spec["activeDeadlineSeconds"] == 201 and spec["ttlSecondsAfterFinished"] > 0
+    pod = spec["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": 8}}
+    assert container["stdin"] and container["stdinOnce"] and pod["hostNetwork"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][0]["values"] == ["gpu-01", "gpu-02"]
+    anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert anti["topologyKey"] == "kubernetes.io/hostname"
+    cpu = manifest.bench_job("preflight-bench-2", "preflight", ["cpu-01"], 0, "img", ["sh"], 10)
+    assert "resources" not in cpu["spec"]["template"]["spec"]["containers"][0]  # CPU nodes: no GPU request

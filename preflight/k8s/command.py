@@ -18,7 +18,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", metavar="NAME", help="with --k8s: the kubeconfig context (default: kubectl's current one)")
     p.add_argument("--k8s-namespace", default="preflight", metavar="NS", help="with --k8s: namespace of the agent DaemonSet (default preflight)")
     p.add_argument("--k8s-deploy", action="store_true", help="with --k8s: apply the agent DaemonSet first and wait for its pods")
-    p.add_argument("--k8s-image", metavar="IMAGE", help="with --k8s-deploy: the agent's image")
+    p.add_argument("--k8s-image", metavar="IMAGE", help="with --k8s: the image of the agent (--k8s-deploy) and of the all-reduce Job (needs torch)")
 
 
 def add_commands(sub: Any, parser_class: Any) -> None:
@@ -64,13 +64,10 @@ def inventory(args: argparse.Namespace, note: Callable[[str], None]) -> Any:
         missing = deploy.deploy(kubectl, nodes, args.k8s_image or manifest.IMAGE)
         if missing:
             note(deploy.describe(missing))
-    inv = k8s.inventory(k8s.Target(kubectl, nodes), command_timeout=60.0, gpus_per_node=args.gpus_per_node)
-    bench = (args.command == "check" and (not args.only or "allreduce" in args.only) and "allreduce" not in args.skip) or (
-        args.command == "env" and args.with_allreduce)
-    if bench and any(s.gpus_per_node for s in inv.nodes):
-        note("the all-reduce runs inside the agent pods, which hold no GPUs in the scheduler's books: where other "
-             "pods use these GPUs, add --skip allreduce or cordon the nodes first")
-    return inv
+    from preflight.k8s import manifest as k8s_manifest
+
+    target = k8s.Target(kubectl, nodes, image=args.k8s_image or k8s_manifest.IMAGE)
+    return k8s.inventory(target, command_timeout=60.0, gpus_per_node=args.gpus_per_node)
 
 
 def act(args: argparse.Namespace, inv: Any, result: Any) -> List[str]:

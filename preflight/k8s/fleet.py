@@ -36,15 +36,17 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from preflight.common import expand, fold
 from preflight.errors import UsageError
 from preflight.inventory import NodeSpec
+from preflight.k8s.benchjob import BenchJob, is_bench
+from preflight.k8s.manifest import IMAGE
 from preflight.k8s.kubectl import (AGENT_LABEL, CONTAINER, AgentPod, Kubectl, KubeError, NodeState, parse_agent_pods,
                                    parse_nodes, said)
 from preflight.transport import bundle
-from preflight.transport.fleet import Fleet, Progress
+from preflight.transport.fleet import Fleet, Outcome, Progress
 from preflight.transport.ssh import NodeFailure, RunResult, Session, _Run
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,7 @@ class Target:
     nodes: Dict[str, NodeState]
     pods: Dict[str, AgentPod] = field(default_factory=dict)
     held: Dict[str, str] = field(default_factory=dict)  # (the Slurm recheck hold; always empty here)
+    image: str = IMAGE  # the all-reduce Job's image (preflight.k8s.benchjob)
 
     def release(self) -> None:
         return None
@@ -159,12 +162,20 @@ class _Exec:
 
 class KubeSession(Session):
     """One node's agent pod: a run is one `kubectl exec -i` carrying the bundle on stdin; with then=True
-    the probe process stays after its result and the next phase's config goes down the same stream."""
+    the probe process stays after its result and the next phase's config goes down the same stream.
 
-    def __init__(self, spec: NodeSpec, kubectl: Kubectl, pod: Optional[AgentPod]) -> None:
+    attach=True: the pod's own main process already waits for the bundle on its stdin (a Job pod of
+    preflight.k8s.benchjob); the run is `kubectl attach -i` to it instead of an exec. Its kill is the
+    end of that stream (stdinOnce: the process's stdin closes, its watchdog kills its group) and, for
+    sure, the Job's deletion."""
+
+    def __init__(self, spec: NodeSpec, kubectl: Kubectl, pod: Optional[AgentPod], container: str = CONTAINER,
+                 attach: bool = False) -> None:
         self.spec = spec
         self.kubectl = kubectl
         self.pod = pod
+        self.container = container
+        self.attach = attach
         self.execs = 0
         self._exec: Optional[_Exec] = None  # the one in flight or kept for the next phase
         self._lock = threading.Lock()
@@ -181,11 +192,15 @@ class KubeSession(Session):
 
     def _exec_argv(self, stdin: bool, *command: str) -> List[str]:
         assert self.pod is not None
-        return self.kubectl.argv("exec", *(["-i"] if stdin else []), self.pod.name, "-c", CONTAINER, "--", *command,
+        return self.kubectl.argv("exec", *(["-i"] if stdin else []), self.pod.name, "-c", self.container, "--", *command,
                                  namespaced=True)
 
     def _start(self) -> _Exec:
-        argv = self._exec_argv(True, "setsid", "-w", "sh", "-c", bundle.remote_command(self.spec.python))
+        if self.attach:
+            assert self.pod is not None
+            argv = self.kubectl.argv("attach", "-i", "--quiet", self.pod.name, "-c", self.container, namespaced=True)
+        else:
+            argv = self._exec_argv(True, "setsid", "-w", "sh", "-c", bundle.remote_command(self.spec.python))
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True)
@@ -222,7 +237,7 @@ class KubeSession(Session):
                     raise NodeFailure("cancelled", "interrupted")
                 remaining = end - time.monotonic()
                 if remaining <= 0:
-                    raise NodeFailure("timeout", "timed out: no answer within %g s from agent pod %s; killed the probe%s"
+                    raise NodeFailure("timeout", "timed out: no answer within %g s from pod %s; killed the probe%s"
                                       % (deadline_s, self.pod.name if self.pod else "?",
                                          "" if ex.pid else " (its stdin closed: the probe's watchdog ends it)"))
                 ex.read(run, min(remaining, 0.5))
@@ -240,9 +255,10 @@ class KubeSession(Session):
             rc = self._end(ex, run)
         run.err += ex.err
         result = run.finish(rc, sent_at, started)
-        if result.result is None and run.clock_at is None and rc:
-            raise NodeFailure("unreachable", "kubectl exec into %s failed (rc %s): %s"
-                              % (self.pod.name if self.pod else "?", rc, said(ex.err.decode("utf-8", "replace"))))
+        if result.result is None and run.clock_at is None and rc and not self.attach:
+            raise NodeFailure("unreachable", "kubectl %s %s failed (rc %s): %s"
+                              % ("attach to" if self.attach else "exec into", self.pod.name if self.pod else "?", rc,
+                                 said(ex.err.decode("utf-8", "replace"))))
         return result
 
     def _end(self, ex: _Exec, run: Optional[_Run] = None) -> Optional[int]:
@@ -306,20 +322,39 @@ class KubeSession(Session):
 
 
 class KubeFleet(Fleet):
-    """The SSH fleet's pool over KubeSessions: same run / cancel / close, same Outcome per node."""
+    """The SSH fleet's pool over KubeSessions: same run / cancel / close, same Outcome per node.
+
+    A run of bench configs (the all-reduce) goes to an Indexed Job instead (preflight.k8s.benchjob)."""
 
     def __init__(self, specs: List[NodeSpec], target: Target, parallel: int = 64,
                  progress: Optional[Progress] = None) -> None:
         self.target = target
         super().__init__(specs, parallel, False, progress,
                          connect=lambda spec: KubeSession(spec, target.kubectl, target.pods.get(spec.name)))
+        self.bench = BenchJob(target, self.specs, self.parallel, progress,
+                              lambda spec, pod: KubeSession(spec, target.kubectl, pod, "bench", attach=True))
+
+    def run(self, configs: Dict[str, Dict[str, Any]], deadline_of: Callable[[NodeSpec], float],
+            then: bool = False) -> Dict[str, Outcome]:
+        if not is_bench(configs):
+            return super().run(configs, deadline_of, then)
+        with self._lock:
+            sessions = list(self.sessions.values())
+        for session in sessions:  # no agent process is kept while the Job runs
+            session.end_kept()
+        return self.bench.run(configs, deadline_of)
+
+    def cancel(self) -> None:
+        self.bench.cancel()
+        super().cancel()
 
     def describe(self) -> Dict[str, Any]:
-        """What carried the run: {"kind": "k8s", "context", "namespace", "execs": kubectl exec processes}."""
+        """What carried the run: {"kind": "k8s", "context", "namespace", "execs": kubectl exec processes,
+        "jobs": all-reduce Jobs}."""
         with self._lock:
             execs = sum(getattr(s, "execs", 0) for s in self.sessions.values())
         return {"kind": "k8s", "context": self.target.kubectl.context, "namespace": self.target.kubectl.namespace,
-                "execs": execs}
+                "execs": execs, "jobs": self.bench.jobs}
 
 
 def fleet_for(inv: Any, progress: Optional[Progress] = None, parallel: int = 64) -> KubeFleet:

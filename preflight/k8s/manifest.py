@@ -110,6 +110,42 @@ def everything(namespace: str = NAMESPACE, image: str = IMAGE) -> List[Dict[str,
     return operator_rbac(namespace) + agent_objects(namespace, image)
 
 
+def bench_job(name: str, namespace: str, nodes: List[str], gpus: int, image: str, command: List[str],
+              deadline_s: float, ttl_s: int = 300) -> Dict[str, Any]:
+    """The all-reduce's Indexed Job: one pod per node (required affinity to exactly these nodes, one per
+    node by anti-affinity), each holding all of its node's GPUs so nothing else uses them meanwhile,
+    waiting for the bundle on its stdin (stdinOnce: the end of preflight's attach closes it). hostNetwork:
+    the rendezvous is at the first node's data address, as preflight planned it, so no Service is needed.
+    backoffLimit 0 (a failed rank is a finding, not a retry), activeDeadlineSeconds from preflight's
+    deadline and a TTL: the Job also goes away if preflight is killed before it can delete it."""
+    labels = {"app.kubernetes.io/name": "preflight-bench", "app.kubernetes.io/part-of": "preflight", "preflight/run": name}
+    container: Dict[str, Any] = {
+        "name": "bench", "image": image, "command": command, "stdin": True, "stdinOnce": True,
+        "securityContext": {"privileged": True},  # /dev/infiniband and locked memory for NCCL's IB transport
+        "volumeMounts": [{"name": "infiniband", "mountPath": "/dev/infiniband"}, {"name": "shm", "mountPath": "/dev/shm"}],
+    }
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+    spec = {
+        "completionMode": "Indexed", "completions": len(nodes), "parallelism": len(nodes), "backoffLimit": 0,
+        "activeDeadlineSeconds": max(1, int(deadline_s + 0.999)), "ttlSecondsAfterFinished": ttl_s,
+        "template": {"metadata": {"labels": labels}, "spec": {
+            "restartPolicy": "Never", "hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet",
+            "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 1,
+            "tolerations": [{"operator": "Exists"}],  # a cordoned node being rechecked (--resume) included
+            "affinity": {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": list(nodes)}]}]}},
+                "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": {"preflight/run": name}}, "topologyKey": "kubernetes.io/hostname"}]}},
+            "containers": [container],
+            "volumes": [{"name": "infiniband", "hostPath": {"path": "/dev/infiniband", "type": "DirectoryOrCreate"}},
+                        {"name": "shm", "emptyDir": {"medium": "Memory"}}],
+        }},
+    }
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": dict(_meta(name, namespace), labels=labels), "spec": spec}
+
+
 def env_configmap(variables: Dict[str, str], name: str = "preflight-nccl-env", namespace: str = "default") -> Dict[str, Any]:
     """The recommended NCCL env as a ConfigMap, for a PyTorchJob/JobSet container's `envFrom: [{configMapRef}]`."""
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, namespace), "data": dict(variables)}

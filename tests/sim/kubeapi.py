@@ -13,16 +13,16 @@ preflight's kubectl calls use (plain HTTP on 127.0.0.1; the kubeconfig from kube
                   (the same merge: the fields preflight patches have no patchStrategy; the $-directives
                   kubectl adds are dropped); metadata.resourceVersion in a patch is a precondition
                   (409 Conflict when stale), as in the real server
-    logs          GET .../pods/<pod>/log
-    exec          GET .../pods/<pod>/exec upgraded to WebSocket, subprotocols v5.channel.k8s.io and
-                  v4.channel.k8s.io: every frame's first byte is the channel (0 stdin, 1 stdout, 2 stderr,
-                  3 the final metav1.Status, 4 resize; v5 adds 255 "close channel N", which kubectl 1.30+
-                  sends when its own stdin ends). The exit code travels in the Status's
-                  details.causes[{reason: ExitCode}] (k8s.io/apimachinery remotecommand, KEP-4006).
+    logs          GET .../pods/<pod>/log (a Job pod's output so far)
+    exec, attach  GET .../pods/<pod>/exec or /attach upgraded to WebSocket (tests/sim/kubestream.py: the
+                  channel protocol, v5.channel.k8s.io and v4.channel.k8s.io, the exit code in the final
+                  Status frame)
 
 Controllers, reduced to what a test needs: a DaemonSet gets one pod per node (Running and Ready at once,
-unless the node is dead), deleted with it; deleting a namespace deletes what it holds. Watches are not
-served (preflight polls).
+unless the node is dead), deleted with it; an Indexed Job gets one pod per index, placed by its required
+node affinity on kubernetes.io/hostname, one per node, its main process started at once (Succeeded/Failed
+by its exit status; deleting the Job kills and deletes its pods); deleting a namespace deletes what it
+holds. Watches are not served (preflight polls).
 
 A pod's exec runs the command inside its node's network namespace (`ip netns exec`), with the node's
 bin/ first on PATH and its sysfs root, as the node's sshd and slurmd do: phase 1 runs for real on the
@@ -34,26 +34,21 @@ own faults (hang_commands, mtu_blackhole) apply as is.
 
 from __future__ import annotations
 
-import base64
 import copy
 import datetime
-import hashlib
 import http.server
 import json
 import os
-import socket
 import socketserver
-import struct
 import subprocess
 import threading
 import urllib.parse
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import kubestream
 from .cluster import SESSION_PATH_TAIL, SimCluster
 
-WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-SUBPROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
 SERVER_VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.4", "platform": "linux/amd64",
                   "gitCommit": "0" * 40, "gitTreeState": "clean", "buildDate": "2025-04-22T16:03:56Z",
                   "goVersion": "go1.23.8", "compiler": "gc"}
@@ -143,57 +138,6 @@ def match_fields(obj: Dict[str, Any], selector: str) -> bool:
     return True
 
 
-# --- WebSocket (RFC 6455), server side ------------------------------------------------------------
-
-
-def ws_accept(key: str) -> str:
-    return base64.b64encode(hashlib.sha1(key.encode() + WS_GUID).digest()).decode()
-
-
-def ws_frame(opcode: int, payload: bytes) -> bytes:
-    head = bytes([0x80 | opcode])
-    n = len(payload)
-    if n < 126:
-        head += bytes([n])
-    elif n < 65536:
-        head += bytes([126]) + struct.pack("!H", n)
-    else:
-        head += bytes([127]) + struct.pack("!Q", n)
-    return head + payload
-
-
-def _read_exact(rfile: Any, n: int) -> bytes:
-    data = rfile.read(n)
-    if data is None or len(data) < n:
-        raise EOFError("connection closed")
-    return data
-
-
-def ws_read(rfile: Any) -> Tuple[int, bytes]:
-    """One whole message: (opcode, payload), continuation frames joined, client masking removed."""
-    opcode, parts = None, []
-    while True:
-        b0, b1 = _read_exact(rfile, 2)
-        n = b1 & 0x7F
-        if n == 126:
-            n = struct.unpack("!H", _read_exact(rfile, 2))[0]
-        elif n == 127:
-            n = struct.unpack("!Q", _read_exact(rfile, 8))[0]
-        mask = _read_exact(rfile, 4) if b1 & 0x80 else b""
-        data = _read_exact(rfile, n)
-        if mask and n:  # XOR with the repeated 4-byte key, as one big-integer operation (the bundle is ~300 KB)
-            key = (mask * (n // 4 + 1))[:n]
-            data = (int.from_bytes(data, "big") ^ int.from_bytes(key, "big")).to_bytes(n, "big")
-        op = b0 & 0x0F
-        if op >= 8:  # control frames may come between fragments
-            return op, data
-        if opcode is None:
-            opcode = op
-        parts.append(data)
-        if b0 & 0x80:
-            return opcode, b"".join(parts)
-
-
 # --- the server -----------------------------------------------------------------------------------
 
 
@@ -210,6 +154,7 @@ class KubeAPI:
         self.no_exec: set = set()  # nodes whose kubelet the API server cannot dial, while their pods still look Ready
         self.requests: List[Tuple[str, str]] = []  # (method, path) of every request, for tests
         self.execs: List[subprocess.Popen] = []
+        self.running: Dict[Tuple[str, str], kubestream.PodProcess] = {}  # Job pods' main processes
         self.server: Optional[socketserver.ThreadingTCPServer] = None
         self.dir = os.path.join(cluster.root, "kube")
         os.makedirs(self.dir, exist_ok=True)
@@ -262,6 +207,8 @@ class KubeAPI:
             self.server.shutdown()
             self.server.server_close()
             self.server = None
+        for running in list(self.running.values()):
+            running.kill()
         for proc in self.execs:
             if proc.poll() is None:
                 try:
@@ -334,16 +281,20 @@ class KubeAPI:
         self.store[resource][(namespace, meta["name"])] = obj
         if resource == "daemonsets":
             self._daemonset(obj)
+        if resource == "jobs" and not obj.get("status"):
+            self._job(obj)
         return obj
 
     def _delete(self, resource: str, namespace: str, name: str) -> Optional[Dict[str, Any]]:
         obj = self.store[resource].pop((namespace, name), None)
         if obj is None:
             return None
+        if resource == "pods" and (namespace, name) in self.running:
+            self.running.pop((namespace, name)).kill()
         uid = obj["metadata"]["uid"]
         for key, pod in list(self.store["pods"].items()):  # garbage collection of owned pods
             if any(o.get("uid") == uid for o in pod["metadata"].get("ownerReferences", [])):
-                del self.store["pods"][key]
+                self._delete("pods", key[0], key[1])
         if resource == "namespaces":
             for res, (_, _, namespaced, _) in RESOURCES.items():
                 if namespaced:
@@ -365,6 +316,66 @@ class KubeAPI:
             self._put("pods", ns, pod)
             self._refresh_pod(pod)
         self._ds_status(ds)
+
+    def _job(self, job: Dict[str, Any]) -> None:
+        """An Indexed Job: one pod per index, placed by the template's required node affinity on
+        kubernetes.io/hostname (one per node: the anti-affinity the real scheduler would apply), its main
+        process started at once in its node's namespace; a node that is dead, or none left, leaves the
+        pod Pending (Unschedulable)."""
+        ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        template = job["spec"]["template"]
+        terms = (((template["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+                 .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+        candidates = [v for t in terms for e in t.get("matchExpressions", []) if e.get("key") == "kubernetes.io/hostname"
+                      and e.get("operator") == "In" for v in e.get("values", [])] or [n for _, n in self.store["nodes"]]
+        job["status"] = {"active": 0, "succeeded": 0, "failed": 0}
+        used: set = set()
+        for index in range(int(job["spec"].get("completions") or 1)):
+            node = next((n for n in candidates if n not in used and n not in self.dead and ("", n) in self.store["nodes"]), None)
+            labels = dict(template["metadata"].get("labels") or {}, **{"job-name": name, "batch.kubernetes.io/job-completion-index": str(index)})
+            pod = {"metadata": {"name": "%s-%d-%s" % (name, index, uuid.uuid4().hex[:5]), "labels": labels,
+                                "annotations": {"batch.kubernetes.io/job-completion-index": str(index)},
+                                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name,
+                                                     "uid": job["metadata"]["uid"], "controller": True}]},
+                   "spec": copy.deepcopy(template["spec"]), "status": {}}
+            if node is None:
+                pod["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                 "reason": "Unschedulable", "message": "0/%d nodes are available" % len(self.store["nodes"])}]}
+                self._put("pods", ns, pod)
+                continue
+            used.add(node)
+            pod["spec"]["nodeName"] = node
+            self._put("pods", ns, pod)
+            self._start(ns, pod, job)
+
+    def _start(self, ns: str, pod: Dict[str, Any], job: Dict[str, Any]) -> None:
+        container = pod["spec"]["containers"][0]
+        command = list(container.get("command") or []) + list(container.get("args") or [])
+        key = (ns, pod["metadata"]["name"])
+        proc = self.spawn(pod, command)
+        pod["status"] = {"phase": "Running", "hostIP": self._node_ip(pod["spec"]["nodeName"]),
+                         "conditions": [{"type": "Ready", "status": "True"}],
+                         "containerStatuses": [{"name": container["name"], "ready": True, "restartCount": 0,
+                                                "state": {"running": {"startedAt": _now()}}}]}
+        job["status"]["active"] += 1
+
+        def exited(rc: int) -> None:
+            with self.lock:
+                if self.running.get(key) is None:
+                    return  # deleted (and killed) meanwhile
+                current = self.store["pods"].get(key)
+                if current is not None:
+                    current["status"]["phase"] = "Succeeded" if rc == 0 else "Failed"
+                    current["status"]["conditions"] = [{"type": "Ready", "status": "False", "reason": "PodCompleted"}]
+                    current["status"]["containerStatuses"][0]["state"] = {"terminated": {"exitCode": rc if rc >= 0 else 128 - rc}}
+                    self._bump(current)
+                owner = self.store["jobs"].get((ns, job["metadata"]["name"]))
+                if owner is not None:
+                    owner["status"]["active"] -= 1
+                    owner["status"]["succeeded" if rc == 0 else "failed"] += 1
+                    self._bump(owner)
+
+        self.running[key] = kubestream.PodProcess(proc, command, bool(container.get("stdinOnce")), exited)
 
     def _ds_status(self, ds: Dict[str, Any]) -> None:
         ns, name = ds["metadata"]["namespace"], ds["metadata"]["name"]
@@ -500,8 +511,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if route is None:
             return self._fail(404, "NotFound", "the server could not find the requested resource")
         resource, ns, name, sub, query = route
-        if sub == "exec":
-            return self._exec(ns, name, query)
+        if sub in ("exec", "attach"):
+            return self._exec(ns, name, query) if sub == "exec" else self._attach(ns, name)
         with self.kube.lock:
             if not name:
                 if query.get("watch", ["false"])[0] in ("true", "1"):
@@ -518,7 +529,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return self._fail(404, "NotFound", '%s "%s" not found' % (resource, name),
                                   details={"name": name, "kind": resource})
             if sub == "log":
-                return self._send(200, obj.get("log", "").encode(), "text/plain")
+                running = self.kube.running.get((ns, name))
+                return self._send(200, bytes(running.log) if running else b"", "text/plain")
             return self._send(200, obj)
 
     def do_POST(self) -> None:
@@ -527,8 +539,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if route is None:
             return self._fail(404, "NotFound", "the server could not find the requested resource")
         resource, ns, name, sub, query = route
-        if sub == "exec":
-            return self._exec(ns, name, query)
+        if sub in ("exec", "attach"):
+            return self._exec(ns, name, query) if sub == "exec" else self._attach(ns, name)
         obj = self._body()
         name = (obj or {}).get("metadata", {}).get("name")
         if not name:
@@ -589,6 +601,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if route is None or not route[2]:
             return self._fail(404, "NotFound", "the server could not find the requested resource")
         resource, ns, name, _, _ = route
+        self._body()  # DeleteOptions (propagationPolicy): read, so the connection's next request parses
         with self.kube.lock:
             obj = self.kube._delete(resource, ns, name)
         if obj is None:
@@ -652,6 +665,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                                 "components": {"schemas": {}}})
 
     # ---- exec over WebSocket
+    def _attach(self, ns: str, name: str) -> None:
+        kube = self.kube
+        with kube.lock:
+            running = kube.running.get((ns, name))
+            pod = kube.store["pods"].get((ns, name))
+        if pod is None:
+            return self._fail(404, "NotFound", 'pods "%s" not found' % name)
+        if running is None:
+            return self._fail(400, "BadRequest", "pod %s is not running (phase %s)" % (name, pod["status"].get("phase")))
+        proto = kubestream.upgrade(self)
+        if proto is not None:
+            running.attach(self, proto)
+
     def _exec(self, ns: str, name: str, query: Dict[str, List[str]]) -> None:
         kube = self.kube
         with kube.lock:
@@ -662,91 +688,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             node = pod["spec"]["nodeName"]
             return self._fail(500, "InternalError", "error dialing backend: dial tcp %s:10250: connect: no route to host"
                               % kube._node_ip(node))
-        if self.headers.get("Upgrade", "").lower() != "websocket":  # kubectl's SPDY fallback (POST) is not served
-            return self._fail(400, "BadRequest", "Upgrade request required")
-        offered = [p.strip() for p in self.headers.get("Sec-WebSocket-Protocol", "").split(",")]
-        proto = next((p for p in SUBPROTOCOLS if p in offered), None)
+        proto = kubestream.upgrade(self)
         if proto is None:
-            return self._fail(400, "BadRequest", "no supported subprotocol in %s" % offered)
-        command = query.get("command", [])
-        self.send_response(101, "Switching Protocols")
-        self.send_header("Upgrade", "websocket")
-        self.send_header("Connection", "Upgrade")
-        self.send_header("Sec-WebSocket-Accept", ws_accept(self.headers["Sec-WebSocket-Key"]))
-        self.send_header("Sec-WebSocket-Protocol", proto)
-        self.end_headers()
-        self.wfile.flush()
-        self.close_connection = True
-        out_lock = threading.Lock()
-
-        def send(opcode: int, payload: bytes) -> None:
-            with out_lock:
-                try:
-                    self.wfile.write(ws_frame(opcode, payload))
-                    self.wfile.flush()
-                except OSError:
-                    pass
-
-        try:
-            proc = kube.spawn(pod, command)
-        except OSError as exc:
-            send(2, b"\x03" + json.dumps(_status(500, "InternalError", str(exc))).encode())
-            send(8, struct.pack("!H", 1000))
             return
-
-        def pump(stream: Any, channel: int) -> None:
-            for chunk in iter(lambda: os.read(stream.fileno(), 32768), b""):
-                send(2, bytes([channel]) + chunk)
-
-        pumps = [threading.Thread(target=pump, args=(proc.stdout, 1), daemon=True),
-                 threading.Thread(target=pump, args=(proc.stderr, 2), daemon=True)]
-        for t in pumps:
-            t.start()
-
-        def close_stdin() -> None:
-            try:
-                proc.stdin.close()
-            except OSError:
-                pass
-
-        def reader() -> None:  # the client's frames: stdin data, v5 close of channel 0, pings, close
-            try:
-                while True:
-                    op, data = ws_read(self.rfile)
-                    if op == 8:
-                        break
-                    if op == 9:
-                        send(10, data)
-                        continue
-                    if op not in (1, 2) or not data:
-                        continue
-                    if data[0] == 0 and proc.stdin and not proc.stdin.closed:
-                        try:
-                            proc.stdin.write(data[1:])
-                            proc.stdin.flush()
-                        except OSError:
-                            pass
-                    elif data[0] == 255 and data[1:2] == b"\x00" and proto.startswith("v5"):
-                        close_stdin()
-            except (EOFError, OSError, ValueError):
-                pass
-            close_stdin()  # the stream is gone: like a runtime, EOF on stdin, nothing killed
-
-        threading.Thread(target=reader, daemon=True).start()
-        rc = proc.wait()
-        for t in pumps:
-            t.join()
-        for stream in (proc.stdout, proc.stderr):
-            stream.close()
-        if rc == 0:
-            status = {"metadata": {}, "status": "Success"}
-        else:
-            status = {"metadata": {}, "status": "Failure", "message": "command terminated with non-zero exit code: "
-                      "error executing command [%s], exit code %d" % (" ".join(command[:2]), rc), "reason": "NonZeroExitCode",
-                      "details": {"causes": [{"reason": "ExitCode", "message": str(rc if rc > 0 else 128 - rc)}]}}
-        send(2, b"\x03" + json.dumps(status).encode())
-        send(8, struct.pack("!H", 1000))
         try:
-            self.connection.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
+            proc = kube.spawn(pod, query.get("command", []))
+        except OSError as exc:
+            return kubestream.Stream(self).end(_status(500, "InternalError", str(exc)))
+        kubestream.exec_stream(self, proc, proto, query.get("command", []))

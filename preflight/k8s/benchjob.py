@@ -1,0 +1,153 @@
+"""The all-reduce on Kubernetes: an Indexed Job whose pods hold their nodes' GPUs; the bundle over kubectl attach.
+
+KubeFleet.run hands a run whose configs are all bench configs (mode "bench": the timed all-reduce and its
+localization rounds, preflight/allreduce/run.py) to BenchJob.run; everything else goes over exec into
+the agent pods. One run:
+
+    1. create Job preflight-bench-<token> (manifest.bench_job): one pod per node, pinned by required node
+       affinity (kubernetes.io/hostname) and spread one per node by anti-affinity, each requesting all of
+       its node's nvidia.com/gpu (the scheduler then gives it idle GPUs only), hostNetwork, backoffLimit 0,
+       activeDeadlineSeconds from the run's deadline, a TTL. Its container runs the bundle's bootstrap,
+       which waits for its config and zip on stdin (stdin/stdinOnce).
+    2. wait (at most LAUNCH_WAIT_S; image pulls count) until every node's pod runs; a node whose pod does
+       not (Unschedulable: its GPUs are in use; ImagePullBackOff) is a named failure, the others go on.
+    3. `kubectl attach -i` to each pod with its node's payload, exactly the exec payload (one KubeSession
+       a node with attach=True, driven by the same Fleet pool and deadlines); results come back on the
+       attach stream (they are in the pods' logs too).
+    4. delete the Job (its pods with it), always: after the run, on a timeout, on Ctrl-C/SIGTERM
+       (KubeFleet.cancel). The TTL and activeDeadlineSeconds clean up after a preflight that was SIGKILLed.
+
+The rendezvous needs no Service: the pods use the host network and preflight already planned the
+address (the first node's data address), as over SSH.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from preflight.common import fold
+from preflight.inventory import NodeSpec
+from preflight.k8s import manifest
+from preflight.k8s.kubectl import AgentPod, parse_agent_pods, said
+from preflight.transport import bundle
+from preflight.transport.fleet import Fleet, Outcome, Progress
+from preflight.transport.ssh import NodeFailure
+
+log = logging.getLogger(__name__)
+
+#: how long the Job's pods may take to run (scheduling, image pull) before a node is named
+LAUNCH_WAIT_S = 120.0
+POLL_S = 0.3
+
+
+def is_bench(configs: Dict[str, Dict[str, Any]]) -> bool:
+    return bool(configs) and all(c.get("mode") == "bench" for c in configs.values())
+
+
+class BenchJob:
+    """One all-reduce round at a time as an Indexed Job (see the module docstring)."""
+
+    def __init__(self, target: Any, specs: Dict[str, NodeSpec], parallel: int, progress: Optional[Progress],
+                 attach: Callable[[NodeSpec, AgentPod], Any]) -> None:
+        """attach(spec, pod): the session that attaches to a pod's main process (fleet.KubeSession, attach=True)."""
+        self.target = target
+        self.attach = attach
+        self.specs = specs
+        self.parallel = parallel
+        self.progress = progress
+        self.jobs = 0
+        self._lock = threading.Lock()
+        self._job: Optional[str] = None
+        self._fleet: Optional[Fleet] = None
+        self._cancelled = False
+
+    def run(self, configs: Dict[str, Dict[str, Any]], deadline_of: Callable[[NodeSpec], float]) -> Dict[str, Outcome]:
+        kubectl = self.target.kubectl
+        nodes = list(configs)
+        name = "preflight-bench-" + secrets.token_hex(4)
+        longest = max(deadline_of(self.specs[n]) for n in nodes)
+        python = self.specs[nodes[0]].python
+        job = manifest.bench_job(name, kubectl.namespace, nodes, max(self.specs[n].gpus_per_node for n in nodes),
+                                 self.target.image, ["setsid", "-w", "sh", "-c", bundle.remote_command(python)],
+                                 LAUNCH_WAIT_S + longest + 30)
+        with self._lock:
+            if self._cancelled:
+                raise KeyboardInterrupt
+            self._job = name
+        out = kubectl.run("create", "-f", "-", stdin=json.dumps(job), timeout=60)
+        self.jobs += 1
+        outcomes: Dict[str, Outcome] = {}
+        try:
+            if out.returncode != 0:
+                failure = NodeFailure("unreachable", "cannot create the all-reduce Job: %s" % said(out.stderr))
+                return {n: Outcome(n, failure=failure) for n in nodes}
+            pods, waiting = self._wait_pods(name, nodes)
+            for node, why in waiting.items():
+                outcomes[node] = Outcome(node, failure=NodeFailure("unreachable", "all-reduce pod for %s did not run "
+                                                                   "within %g s: %s" % (node, LAUNCH_WAIT_S, why)))
+            if pods:
+                fleet = Fleet([self.specs[n] for n in pods], self.parallel, False, self.progress,
+                              connect=lambda spec: self.attach(spec, pods[spec.name]))
+                with self._lock:
+                    self._fleet = fleet
+                try:
+                    with fleet:
+                        outcomes.update(fleet.run({n: configs[n] for n in pods}, deadline_of))
+                finally:
+                    with self._lock:
+                        self._fleet = None
+        finally:
+            self._delete(name)
+        return {n: outcomes[n] for n in nodes}
+
+    def _wait_pods(self, name: str, nodes: List[str]) -> Any:
+        """({node: its running pod}, {node: why its pod does not run}) once all run or LAUNCH_WAIT_S passed."""
+        kubectl = self.target.kubectl
+        until = time.monotonic() + LAUNCH_WAIT_S
+        while True:
+            doc = kubectl.json("get", "pods", "-l", "preflight/run=%s" % name, namespaced=True)
+            found = parse_agent_pods(doc)
+            running = {n: p for n, p in found.items() if n in nodes and not p.not_ready}
+            if len(running) == len(nodes) or time.monotonic() >= until or self._cancelled:
+                break
+            time.sleep(POLL_S)
+        waiting = {}
+        pending = [i for i in doc.get("items", []) if not (i.get("spec") or {}).get("nodeName")]
+        for node in nodes:
+            if node in running:
+                continue
+            if node in found:
+                waiting[node] = "pod %s is %s" % (found[node].name, found[node].not_ready)
+            else:
+                conds = [c for i in pending for c in (i.get("status") or {}).get("conditions") or []
+                         if c.get("type") == "PodScheduled" and c.get("status") == "False"]
+                waiting[node] = "not scheduled%s" % (" (%s: %s)" % (conds[0].get("reason"), conds[0].get("message"))
+                                                     if conds else "") + " — are its GPUs in use?"
+        if waiting:
+            log.debug("all-reduce Job %s: no running pod on %s", name, fold(waiting))
+        return {n: AgentPod(n, p.name) for n, p in running.items()}, waiting
+
+    def _delete(self, name: str) -> None:
+        with self._lock:
+            if self._job != name:
+                return
+            self._job = None
+        out = self.target.kubectl.run("delete", "job", name, "--cascade=background", "--wait=false",
+                                      "--ignore-not-found", namespaced=True, timeout=60)
+        if out.returncode != 0:
+            log.warning("could not delete the all-reduce Job %s (its TTL removes it): %s", name, said(out.stderr))
+
+    def cancel(self) -> None:
+        """Ctrl-C: stop the attaches, delete the Job (its pods, their processes)."""
+        with self._lock:
+            self._cancelled = True
+            fleet, name = self._fleet, self._job
+        if fleet is not None:
+            fleet.cancel()
+        if name is not None:
+            self._delete(name)
