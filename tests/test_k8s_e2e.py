@@ -90,6 +90,25 @@ def _findings(doc, node, status=("fail", "error")):
     return [f for f in doc["results"] if f.get("node") == node and f["status"] in status]
 
 
+def _interrupt(api, argv, signum, ready):
+    """Run preflight check ARGV, send it `signum` once ready() holds (or after 60 s); (exit code, stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", "preflight", "check"] + argv, env=_env(api), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not ready():
+            time.sleep(0.1)
+        assert ready(), "the run never reached the point to interrupt"
+        time.sleep(0.5)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err
+
+
 def _no_leftovers(cluster, api):
     assert cluster.leftover_processes(timeout=10) == {}
     alive = [p.args for p in api.execs if p.poll() is None]
@@ -196,22 +215,10 @@ def test_interrupted_run_leaves_nothing(deployed):
     cluster, api = deployed
     cluster.hang_commands("n004")
     before = {n["metadata"]["name"]: n["metadata"]["resourceVersion"] for n in api.items("nodes")}
-    proc = subprocess.Popen([sys.executable, "-m", "preflight", "check"] + SELECT + FAST + ["--timeout", "60", "--drain"],
-                            env=_env(api), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # every node answered but the hung one: phase 1 is waiting on it
-            if any("bin/python3" in cmd or "sleep 100000" in cmd for _, cmd in cluster.processes("n004")):
-                break
-            time.sleep(0.2)
-        time.sleep(1.0)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, err
+    # interrupted while phase 1 waits on the hung node
+    rc, err = _interrupt(api, SELECT + FAST + ["--timeout", "60", "--drain"], signal.SIGINT,
+                         lambda: any("sleep 100000" in cmd for _, cmd in cluster.processes("n004")))
+    assert rc == 130, err
     _no_leftovers(cluster, api)
     after = {n["metadata"]["name"]: n["metadata"]["resourceVersion"] for n in api.items("nodes")}
     assert after == before  # no node changed: no half-done cordon
@@ -247,22 +254,9 @@ def test_allreduce_runs_as_an_indexed_job_and_leaves_nothing(deployed, tmp_path)
 
 def test_allreduce_interrupted_deletes_its_job(deployed):
     cluster, api = deployed
-    proc = subprocess.Popen([sys.executable, "-m", "preflight", "check", "--k8s", "--nodelist", "n[001-002]", "--only",
-                             "allreduce", "--no-progress"], env=_env(api), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not api.items("jobs"):
-            time.sleep(0.1)
-        assert api.items("jobs"), "no all-reduce Job was created"
-        time.sleep(0.5)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 143, err
+    rc, err = _interrupt(api, ["--k8s", "--nodelist", "n[001-002]", "--only", "allreduce", "--no-progress"],
+                         signal.SIGTERM, lambda: bool(api.items("jobs")))
+    assert rc == 143, err
     assert api.items("jobs") == []
     assert not [p for p in api.items("pods") if "bench" in p["metadata"]["name"]]
     _no_leftovers(cluster, api)

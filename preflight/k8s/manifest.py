@@ -4,8 +4,9 @@
     ServiceAccount       preflight-agent: the agent pods' identity; it holds no API rights and mounts no token
     DaemonSet            preflight-agent: one privileged, sleeping pod per node, the target of `kubectl exec`
     ClusterRole          preflight-operator: what the person (or CI account) running preflight needs, and no more:
-                         nodes get/list/patch (cordon, taint, label, annotate), the agent pods get/list,
-                         pods/exec create+get (WebSocket exec is a GET upgraded; 1.31+ authorizes it as create),
+                         nodes get/list/patch (cordon, taint, label, annotate), pods get/list, pods/exec and
+                         pods/attach create+get (WebSocket exec is a GET upgraded; 1.31+ authorizes it as
+                         create), jobs get/list/create/delete (the all-reduce's Job, deleted after the run),
                          daemonsets/serviceaccounts/namespaces get/create/patch for --k8s-deploy
     ClusterRoleBinding   preflight-operator to the group preflight:operators (bind your users or CI account to it)
 
@@ -96,7 +97,8 @@ def operator_rbac(namespace: str = NAMESPACE) -> List[Dict[str, Any]]:
     rules = [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
-        {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
+        {"apiGroups": [""], "resources": ["pods/exec", "pods/attach"], "verbs": ["create", "get"]},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "create", "delete"]},
         {"apiGroups": [""], "resources": ["namespaces", "serviceaccounts"], "verbs": ["get", "create", "patch"]},
         {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list", "create", "patch"]},
     ]

@@ -248,8 +248,32 @@ class PodProcess:
                 self.streams.remove(stream)
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
+        """The pod is deleted: every process it started dies (a runtime kills the container's whole cgroup;
+        here its process tree, which `setsid` may have put in other sessions), and its stdin closes."""
+        for pid in [self.proc.pid] + descendants(self.proc.pid):
             try:
-                os.killpg(self.proc.pid, 9)
+                os.kill(pid, 9)
             except ProcessLookupError:
                 pass
+        _writer(self.proc)[1]()
+
+
+def descendants(pid: int) -> List[int]:
+    """Every live descendant of pid, from /proc/<pid>/task/*/children."""
+    out: List[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir("/proc/%d/task" % parent)
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open("/proc/%d/task/%s/children" % (parent, task)) as fh:
+                    kids = [int(x) for x in fh.read().split()]
+            except OSError:
+                continue
+            out.extend(kids)
+            todo.extend(kids)
+    return out
