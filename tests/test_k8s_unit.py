@@ -240,7 +240,7 @@ def test_bench_job_holds_every_gpu_of_exactly_the_given_nodes():
     assert container["resources"] == {"limits": {"nvidia.com/gpu": 8}}
     assert container["stdin"] and container["stdinOnce"] and pod["hostNetwork"]
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms[0]["matchExpressions"][0]["values"] == ["gpu-01", "gpu-02"]
+    assert terms[0]["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": ["gpu-01", "gpu-02"]}]
     anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
     assert anti["topologyKey"] == "kubernetes.io/hostname"
     cpu = manifest.bench_job("preflight-bench-2", "preflight", ["cpu-01"], 0, "img", ["sh"], 10)

@@ -5,7 +5,7 @@ localization rounds, preflight/allreduce/run.py) to BenchJob.run; everything els
 the agent pods. One run:
 
     1. create Job preflight-bench-<token> (manifest.bench_job): one pod per node, pinned by required node
-       affinity (kubernetes.io/hostname) and spread one per node by anti-affinity, each requesting all of
+       affinity on the node's metadata.name and spread one per node by anti-affinity, each requesting all of
        its node's nvidia.com/gpu (the scheduler then gives it idle GPUs only), hostNetwork, backoffLimit 0,
        activeDeadlineSeconds from the run's deadline, a TTL. Its container runs the bundle's bootstrap,
        which waits for its config and zip on stdin (stdin/stdinOnce).

@@ -114,8 +114,8 @@ def everything(namespace: str = NAMESPACE, image: str = IMAGE) -> List[Dict[str,
 
 def bench_job(name: str, namespace: str, nodes: List[str], gpus: int, image: str, command: List[str],
               deadline_s: float, ttl_s: int = 300) -> Dict[str, Any]:
-    """The all-reduce's Indexed Job: one pod per node (required affinity to exactly these nodes, one per
-    node by anti-affinity), each holding all of its node's GPUs so nothing else uses them meanwhile,
+    """The all-reduce's Indexed Job: one pod per node (required node affinity on metadata.name to exactly
+    these nodes, as the DaemonSet controller pins its pods; one per node by anti-affinity), each holding all of its node's GPUs so nothing else uses them meanwhile,
     waiting for the bundle on its stdin (stdinOnce: the end of preflight's attach closes it). hostNetwork:
     the rendezvous is at the first node's data address, as preflight planned it, so no Service is needed.
     backoffLimit 0 (a failed rank is a finding, not a retry), activeDeadlineSeconds from preflight's
@@ -137,7 +137,7 @@ def bench_job(name: str, namespace: str, nodes: List[str], gpus: int, image: str
             "tolerations": [{"operator": "Exists"}],  # a cordoned node being rechecked (--resume) included
             "affinity": {
                 "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                    {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": list(nodes)}]}]}},
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": list(nodes)}]}]}},
                 "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
                     {"labelSelector": {"matchLabels": {"preflight/run": name}}, "topologyKey": "kubernetes.io/hostname"}]}},
             "containers": [container],

@@ -20,7 +20,7 @@ preflight's kubectl calls use (plain HTTP on 127.0.0.1; the kubeconfig from kube
 
 Controllers, reduced to what a test needs: a DaemonSet gets one pod per node (Running and Ready at once,
 unless the node is dead), deleted with it; an Indexed Job gets one pod per index, placed by its required
-node affinity on kubernetes.io/hostname, one per node, its main process started at once (Succeeded/Failed
+node affinity on metadata.name, one per node, its main process started at once (Succeeded/Failed
 by its exit status; deleting the Job kills and deletes its pods); deleting a namespace deletes what it
 holds. Watches are not served (preflight polls).
 
@@ -318,15 +318,15 @@ class KubeAPI:
         self._ds_status(ds)
 
     def _job(self, job: Dict[str, Any]) -> None:
-        """An Indexed Job: one pod per index, placed by the template's required node affinity on
-        kubernetes.io/hostname (one per node: the anti-affinity the real scheduler would apply), its main
+        """An Indexed Job: one pod per index, placed by the template's required node affinity on the
+        node's metadata.name (matchFields; one per node: the anti-affinity the real scheduler would apply), its main
         process started at once in its node's namespace; a node that is dead, or none left, leaves the
         pod Pending (Unschedulable)."""
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
         template = job["spec"]["template"]
         terms = (((template["spec"].get("affinity") or {}).get("nodeAffinity") or {})
                  .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
-        candidates = [v for t in terms for e in t.get("matchExpressions", []) if e.get("key") == "kubernetes.io/hostname"
+        candidates = [v for t in terms for e in t.get("matchFields", []) if e.get("key") == "metadata.name"
                       and e.get("operator") == "In" for v in e.get("values", [])] or [n for _, n in self.store["nodes"]]
         job["status"] = {"active": 0, "succeeded": 0, "failed": 0}
         used: set = set()
