@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("inventory", nargs="?", help="hosts.yaml; omit for this machine")
     _common(env)
     env.add_argument("--with-allreduce", action="store_true", help="also prove the env with the all-reduce test")
+    k8s_command.extend(sub, _Parser, check, env)  # --k8s and its options; `preflight k8s manifest`
 
     node = sub.add_parser("node", help="this machine alone, fast, log lines and exit code (Slurm HealthCheckProgram / Prolog)")
     node.add_argument("--only", type=_names, metavar="NAMES", help="run only these checks (comma-separated)")
@@ -119,8 +120,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     checks = sub.add_parser("checks", help="list every check with its claim")
     checks.add_argument("--markdown", action="store_true", help="print README.md's check table (claim, why, fix) and check settings table")
-
-    k8s_command.add_commands(sub, _Parser)
 
     diff = sub.add_parser("diff", help="compare two JSON reports (from --json or --history)")
     diff.add_argument("old")
@@ -144,7 +143,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--python", metavar="PATH", help="with --slurm: the interpreter the nodes run the probe with "
                    "(default python3 on the nodes' PATH under srun)")
     p.add_argument("--alloc-wait", type=float, metavar="SECONDS", help="when preflight allocates Slurm nodes: how long to wait for them (default 120; whole nodes: one running a job is waited for)")
-    k8s_command.add_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.add_argument("--debug", action="store_true", help="log transport details to stderr")
 
@@ -167,11 +165,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     from preflight import nodecheck
 
                     return nodecheck.run(args)
-                if args.command in ("check", "env"):
-                    return _cmd_check(args)
-                if args.command == "k8s" and args.k8s_command == "manifest":
-                    sys.stdout.write(k8s_command.manifest_text(args))
-                    return EXIT_OK
+                if args.command in ("check", "env", "k8s"):
+                    return _cmd_check(args) if args.command != "k8s" else k8s_command.run(args)
                 parser.print_help(sys.stderr)
                 return EXIT_USAGE
             except PreflightError as exc:
@@ -244,14 +239,13 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 def _load_inventory(args: argparse.Namespace) -> Any:
     from preflight import inventory
 
-    k8s_command.misused(args)
-    if getattr(args, "k8s", False):
-        return _master_port(args, k8s_command.inventory(args, lambda text: sys.stderr.write("preflight: note: %s\n" % text)))
-    if getattr(args, "slurm", False):
+    if getattr(args, "slurm", False) and not getattr(args, "k8s", False):
         return _slurm_inventory(args)
-    if getattr(args, "nodelist", None) or getattr(args, "partition", None) or getattr(args, "nodes", None):
+    if k8s_command.wanted(args):  # --k8s: the nodes from Kubernetes (its options without it: a usage error)
+        inv = k8s_command.inventory(args)
+    elif getattr(args, "nodelist", None) or getattr(args, "partition", None) or getattr(args, "nodes", None):
         raise UsageError("--nodelist/--partition/--nodes apply only with --slurm", "add --slurm")
-    if args.inventory:
+    elif args.inventory:
         if args.gpus_per_node is not None:
             raise UsageError("--gpus-per-node applies only without an inventory", "set gpus_per_node in the inventory")
         if args.max_nodes is not None and args.max_nodes < 1:
@@ -259,11 +253,6 @@ def _load_inventory(args: argparse.Namespace) -> Any:
         inv = inventory.load(args.inventory, max_nodes=args.max_nodes)
     else:
         inv = inventory.local_inventory(args.gpus_per_node)
-    return _master_port(args, inv)
-
-
-def _master_port(args: argparse.Namespace, inv: Any) -> Any:
-    """--master-port over the inventory's cluster.master_port."""
     if args.master_port is not None:
         if not 0 < args.master_port < 65536:
             raise UsageError("--master-port %d is out of range" % args.master_port, "use 1-65535")
@@ -439,11 +428,6 @@ def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: An
 
         _write(args.env_file, envfile.render(result), mode=0o644)
         console.print("env file: %s" % args.env_file, markup=False, highlight=False)
-        configmap = k8s_command.env_configmap(args.env_file, result)
-        if configmap:
-            _write(*configmap, mode=0o644)
-            console.print("env ConfigMap: %s (apply it; envFrom: configMapRef preflight-nccl-env)" % configmap[0],
-                          markup=False, highlight=False)
     if getattr(args, "hostfile", None):
         from preflight.output import hostfile
 
