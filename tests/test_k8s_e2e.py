@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -133,10 +134,19 @@ def test_deploy_creates_one_ready_agent_per_node(deployed):
     assert ds["spec"]["template"]["spec"]["hostNetwork"] is True
 
 
-def test_healthy_run_exits_0_over_kubectl_exec(deployed, tmp_path):
+def test_healthy_run_exits_0_over_kubectl_exec_and_writes_the_env_configmap(deployed, tmp_path):
     cluster, api = deployed
-    out, doc = _report(api, SELECT + FAST, tmp_path)
+    env_file = tmp_path / "nccl.env"
+    out, doc = _report(api, SELECT + FAST + ["--env-file", str(env_file)], tmp_path)
     assert out.returncode == 0, out.stdout
+    import yaml
+
+    cm = yaml.safe_load((tmp_path / "nccl.configmap.yaml").read_text())
+    assert cm["kind"] == "ConfigMap" and cm["metadata"]["name"] == "preflight-nccl-env"
+    exported = dict(shlex.split(line[len("export "):])[0].split("=", 1) for line in env_file.read_text().splitlines()
+                    if line.startswith("export "))
+    assert exported["NCCL_SOCKET_IFNAME"] == cm["data"]["NCCL_SOCKET_IFNAME"] == "=eth1"
+    assert "MASTER_ADDR" not in cm["data"]  # the launcher's on Kubernetes
     assert doc["transport"]["kind"] == "k8s"
     assert doc["transport"]["execs"] == N  # one exec a node: phase 2 goes down the stream phase 1 kept open
     assert sorted(n["name"] for n in doc["nodes"]) == [n.name for n in cluster.nodes]
@@ -260,15 +270,3 @@ def test_allreduce_interrupted_deletes_its_job(deployed):
     assert api.items("jobs") == []
     assert not [p for p in api.items("pods") if "bench" in p["metadata"]["name"]]
     _no_leftovers(cluster, api)
-
-
-def test_env_file_writes_a_configmap_beside_it(deployed, tmp_path):
-    cluster, api = deployed
-    env_file = tmp_path / "nccl.env"
-    out = _run(api, SELECT + ["--no-progress", "--only", "nic", "--env-file", str(env_file)])
-    assert out.returncode == 0, out.stdout + out.stderr
-    import yaml
-
-    cm = yaml.safe_load((tmp_path / "nccl.configmap.yaml").read_text())
-    assert cm["kind"] == "ConfigMap" and cm["data"]["NCCL_SOCKET_IFNAME"]
-    assert "export NCCL_SOCKET_IFNAME=" in env_file.read_text()

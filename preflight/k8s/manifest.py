@@ -148,9 +148,16 @@ def bench_job(name: str, namespace: str, nodes: List[str], gpus: int, image: str
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": dict(_meta(name, namespace), labels=labels), "spec": spec}
 
 
+#: left out of the ConfigMap: on Kubernetes the launcher (the Job's headless Service, the PyTorchJob/JobSet
+#: operator) owns the rendezvous; the env file's MASTER_ADDR is a node address from preflight's own run
+LAUNCHER_OWNED = ("MASTER_ADDR", "MASTER_PORT")
+
+
 def env_configmap(variables: Dict[str, str], name: str = "preflight-nccl-env", namespace: str = "default") -> Dict[str, Any]:
-    """The recommended NCCL env as a ConfigMap, for a PyTorchJob/JobSet container's `envFrom: [{configMapRef}]`."""
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, namespace), "data": dict(variables)}
+    """The recommended NCCL env as a ConfigMap, for a PyTorchJob/JobSet container's `envFrom: [{configMapRef}]`
+    (a variable the container's own `env:` sets wins over envFrom, as a user's setting does)."""
+    data = {k: v for k, v in variables.items() if k not in LAUNCHER_OWNED}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, namespace), "data": data}
 
 
 def dump(objects: List[Dict[str, Any]]) -> str:
