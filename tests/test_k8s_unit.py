@@ -5,7 +5,9 @@ installed: it bundles them, no network), and the CLI's usage errors."""
 from __future__ import annotations
 
 import copy
+import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -226,8 +228,20 @@ def test_dry_run_prints_one_patch_per_node_and_runs_nothing():
     findings = [_fail("a"), _pass("b")]
     acts = nodes.plan(findings, state, drain=True, resume=True, max_fraction=1.0)
     shown = nodes.apply(acts, NoRun(context="prod"), state, findings, dry_run=True)
-    assert len(shown) == 1 and shown[0].startswith("kubectl --context prod patch node a --type=merge -p '")
-    assert '"unschedulable":true' in shown[0]
+    assert len(shown) == 1 and shown[0].startswith("kubectl --context prod patch node a --type=merge -p ")
+    argv = shlex.split(shown[0])  # pastes back into a shell as the same argv
+    assert json.loads(argv[-1])["spec"]["unschedulable"] is True
+
+
+def test_dry_run_quotes_a_reason_that_holds_quotes():
+    from preflight.k8s.kubectl import Kubectl
+
+    state = {n: _state(n) for n in "abcdef"}
+    findings = [Finding("nic", "a", Status.FAIL, "eth1 'down'; $(reboot)")] + [_pass(n) for n in "bcdef"]
+    acts = nodes.plan(findings, state, drain=True, resume=False)
+    shown = nodes.apply(acts, Kubectl(), state, findings, dry_run=True)
+    patch = json.loads(shlex.split(shown[0])[-1])
+    assert patch["metadata"]["annotations"][nodes.ANNOTATION] == "preflight: nic: eth1 'down'; $(reboot)"
 
 
 def test_bench_job_holds_every_gpu_of_exactly_the_given_nodes():
