@@ -94,7 +94,8 @@ def test_plan_drains_failing_leaves_someone_elses_cordon_and_resumes_only_ours()
     acts = nodes.plan(findings, state, drain=True, resume=True)
     assert acts.plan.drain == {"a": "preflight: mtu: eth1: jumbo frames black-holed"}
     assert acts.plan.resume == ["c"]
-    assert list(acts.plan.left_alone) == ["b"] and "someone else" in acts.plan.left_alone["b"]
+    assert list(acts.plan.left_alone) == ["b"]
+    assert acts.lines()[-1] == "left alone: b (cordoned by someone else: unschedulable without preflight's preflight/drained annotation)"
     assert "b" not in acts.labels and acts.labels["a"] == "fail" and acts.labels["c"] == "pass"
 
 

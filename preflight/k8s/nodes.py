@@ -52,7 +52,7 @@ def as_slurm_state(node: NodeState) -> Dict[str, Any]:
     state = ["DRAIN"] if node.unschedulable else ["IDLE"]
     reason = node.annotations.get(ANNOTATION)
     if node.unschedulable and not policy.ours(reason):
-        reason = "cordoned by someone else%s" % (" (%s)" % reason if reason else "")
+        reason = "unschedulable without preflight's %s annotation" % ANNOTATION
     return {"state": state, "reason": reason}
 
 
