@@ -16,13 +16,17 @@ on stdin EOF or on its deadline) kill the probe and nothing else. kubectl ≥ 1.
 keeps kubectl's stdin open until the result line has arrived; the EOF the node sees then really means the
 controller is done or gone, which is what the bootstrap's watchdog takes it for.
 
-Failures are named per node: a node without a Ready agent pod is not exec'd into ("no ready preflight
-agent pod on gpu-07: not Ready (NodeNotReady)"); a kubectl that fails before the probe started names the
-API server's answer; a node with no result by its deadline is a timeout: kubectl is killed and the probe's
-process group is killed with a second `kubectl exec ... kill -KILL -- -PGID` (a container runtime does not
-kill an exec'd process when its stream drops; the stdin EOF reaches the watchdog as well).
-Each phase is a fresh exec (phase 2 does not reuse phase 1's process, as SSH and Slurm do): simpler, and
-measured in benchmarks/k8s_fanout.py.
+Phase 2 (the pings and the rendezvous port, planned from phase 1's facts) goes down the same stream:
+phase 1's config says `more`, and the node's process waits for the next config line after its result, as
+over SSH, so a run costs one exec a node. The all-reduce is not exec'd into the agents: KubeFleet hands
+bench configs to an Indexed Job whose pods hold the nodes' GPUs (preflight.k8s.benchjob).
+
+Failures are named per node: a node without a Ready agent pod is not exec'd into ("preflight agent pod
+preflight-agent-gpu-07 on gpu-07 is not Ready (NodeNotReady): ..."); a kubectl that fails before the probe
+started names the API server's answer; a node with no result by its deadline is a timeout: kubectl is
+killed and the probe's process group is killed with a second `kubectl exec ... kill -KILL -- -PGID` (a
+container runtime does not kill an exec'd process when its stream drops; the stdin EOF reaches the
+watchdog as well).
 """
 
 from __future__ import annotations
