@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from preflight.k8s import manifest, nodes
-from preflight.k8s.kubectl import NodeState, parse_agent_pods, parse_nodes
+from preflight.k8s.kubectl import NodeState, parse_node_pods, parse_nodes
 from preflight.model import Finding, Status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,12 +58,12 @@ def test_parse_nodes_rejects_what_is_not_a_list():
         parse_nodes({"kind": "Node", "metadata": {"name": "x"}})
 
 
-def test_parse_agent_pods_names_why_a_pod_cannot_be_used():
+def test_parse_node_pods_names_why_a_pod_cannot_be_used():
     doc = {"items": [_pod("a", "agent-a"), _pod("b", "agent-b", ready="False", reason="NodeNotReady"),
                      _pod("c", "agent-c", phase="Pending", ready="False"), _pod("d", "agent-d", deleting=True),
                      _pod("e", "agent-e-old", deleting=True), _pod("e", "agent-e"),
                      {"metadata": {"name": "unscheduled"}, "spec": {}, "status": {"phase": "Pending"}}]}
-    got = parse_agent_pods(doc)
+    got = parse_node_pods(doc)
     assert got["a"].not_ready is None
     assert got["b"].not_ready == "not Ready (NodeNotReady)"
     assert got["c"].not_ready == "phase Pending"

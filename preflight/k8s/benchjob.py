@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List, Optional
 from preflight.common import fold
 from preflight.inventory import NodeSpec
 from preflight.k8s import manifest
-from preflight.k8s.kubectl import AgentPod, parse_agent_pods, said
+from preflight.k8s.kubectl import NodePod, parse_node_pods, said
 from preflight.transport import bundle
 from preflight.transport.fleet import Fleet, Outcome, Progress
 from preflight.transport.ssh import NodeFailure
@@ -53,7 +53,7 @@ class BenchJob:
     """One all-reduce round at a time as an Indexed Job (see the module docstring)."""
 
     def __init__(self, target: Any, specs: Dict[str, NodeSpec], parallel: int, progress: Optional[Progress],
-                 attach: Callable[[NodeSpec, AgentPod], Any]) -> None:
+                 attach: Callable[[NodeSpec, NodePod], Any]) -> None:
         """attach(spec, pod): the session that attaches to a pod's main process (fleet.KubeSession, attach=True)."""
         self.target = target
         self.attach = attach
@@ -111,7 +111,7 @@ class BenchJob:
         until = time.monotonic() + LAUNCH_WAIT_S
         while True:
             doc = kubectl.json("get", "pods", "-l", "preflight/run=%s" % name, namespaced=True)
-            found = parse_agent_pods(doc)
+            found = parse_node_pods(doc)
             running = {n: p for n, p in found.items() if n in nodes and not p.not_ready}
             if len(running) == len(nodes) or time.monotonic() >= until or self._cancelled:
                 break
@@ -130,7 +130,7 @@ class BenchJob:
                                                      if conds else "") + " — are its GPUs in use?"
         if waiting:
             log.debug("all-reduce Job %s: no running pod on %s", name, fold(waiting))
-        return {n: AgentPod(n, p.name) for n, p in running.items()}, waiting
+        return {n: NodePod(n, p.name) for n, p in running.items()}, waiting
 
     def _delete(self, name: str) -> None:
         with self._lock:

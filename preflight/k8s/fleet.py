@@ -47,7 +47,7 @@ from preflight.errors import UsageError
 from preflight.inventory import NodeSpec
 from preflight.k8s.benchjob import BenchJob, is_bench
 from preflight.k8s.manifest import IMAGE
-from preflight.k8s.kubectl import (AGENT_LABEL, CONTAINER, AgentPod, Kubectl, KubeError, NodeState, parse_agent_pods,
+from preflight.k8s.kubectl import (AGENT_LABEL, CONTAINER, NodePod, Kubectl, KubeError, NodeState, parse_node_pods,
                                    parse_nodes, said)
 from preflight.transport import bundle
 from preflight.transport.fleet import Fleet, Outcome, Progress
@@ -70,7 +70,7 @@ class Target:
 
     kubectl: Kubectl
     nodes: Dict[str, NodeState]
-    pods: Dict[str, AgentPod] = field(default_factory=dict)
+    pods: Dict[str, NodePod] = field(default_factory=dict)
     held: Dict[str, str] = field(default_factory=dict)  # (the Slurm recheck hold; always empty here)
     image: str = IMAGE  # the all-reduce Job's image (preflight.k8s.benchjob)
 
@@ -103,10 +103,10 @@ def select_nodes(kubectl: Kubectl, selector: Optional[str] = None, nodelist: Opt
     return nodes
 
 
-def agent_pods(kubectl: Kubectl) -> Dict[str, AgentPod]:
+def agent_pods(kubectl: Kubectl) -> Dict[str, NodePod]:
     """{node: the agent pod there}, from one list of the agent DaemonSet's pods."""
     try:
-        return parse_agent_pods(kubectl.json("get", "pods", "-l", AGENT_LABEL, namespaced=True))
+        return parse_node_pods(kubectl.json("get", "pods", "-l", AGENT_LABEL, namespaced=True))
     except ValueError as exc:
         raise KubeError("cannot read the agent pods: %s" % exc) from None
 
@@ -173,7 +173,7 @@ class KubeSession(Session):
     end of that stream (stdinOnce: the process's stdin closes, its watchdog kills its group) and, for
     sure, the Job's deletion."""
 
-    def __init__(self, spec: NodeSpec, kubectl: Kubectl, pod: Optional[AgentPod], container: str = CONTAINER,
+    def __init__(self, spec: NodeSpec, kubectl: Kubectl, pod: Optional[NodePod], container: str = CONTAINER,
                  attach: bool = False) -> None:
         self.spec = spec
         self.kubectl = kubectl
@@ -368,6 +368,6 @@ def fleet_for(inv: Any, progress: Optional[Progress] = None, parallel: int = 64)
     return KubeFleet(inv.nodes, target, parallel, progress)
 
 
-def not_ready_summary(pods: Dict[str, AgentPod], nodes: Sequence[str]) -> List[str]:
+def not_ready_summary(pods: Dict[str, NodePod], nodes: Sequence[str]) -> List[str]:
     """The nodes among `nodes` without a Ready agent pod (for --k8s-deploy's wait)."""
     return [n for n in nodes if n not in pods or pods[n].not_ready]

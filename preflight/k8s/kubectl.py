@@ -118,21 +118,23 @@ def parse_nodes(doc: Dict[str, Any]) -> Dict[str, NodeState]:
 
 
 @dataclass
-class AgentPod:
-    """The agent pod on one node: its name, or why it cannot be used (not_ready)."""
+class NodePod:
+    """preflight's pod on one node (an agent pod, or an all-reduce Job's): its name, or why it cannot be
+    used (not_ready)."""
 
     node: str
     name: str
     not_ready: Optional[str] = None
 
 
-def parse_agent_pods(doc: Dict[str, Any]) -> Dict[str, AgentPod]:
-    """`kubectl get pods -l AGENT_LABEL -o json` -> {node: AgentPod}; a Ready pod wins over others on a node.
+def parse_node_pods(doc: Dict[str, Any]) -> Dict[str, NodePod]:
+    """`kubectl get pods -l LABEL -o json` (the agent's pods, or a Job's) -> {node: NodePod}; a Ready pod
+    wins over others on a node.
 
     Ready means phase Running, condition Ready True and no deletionTimestamp (a terminating pod)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
         raise ValueError("not a Kubernetes List (no items)")
-    out: Dict[str, AgentPod] = {}
+    out: Dict[str, NodePod] = {}
     for item in doc["items"]:
         meta, spec, status = item.get("metadata") or {}, item.get("spec") or {}, item.get("status") or {}
         node = spec.get("nodeName")
@@ -147,7 +149,7 @@ def parse_agent_pods(doc: Dict[str, Any]) -> Dict[str, AgentPod]:
             why = "phase %s" % phase
         elif not ready or ready[0].get("status") != "True":
             why = "not Ready%s" % (" (%s)" % ready[0]["reason"] if ready and ready[0].get("reason") else "")
-        pod = AgentPod(node, meta.get("name") or "?", why)
+        pod = NodePod(node, meta.get("name") or "?", why)
         if node not in out or (out[node].not_ready and not why):
             out[node] = pod
     return out
