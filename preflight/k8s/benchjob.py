@@ -35,8 +35,8 @@ from preflight.inventory import NodeSpec
 from preflight.k8s import manifest
 from preflight.k8s.kubectl import NodePod, parse_node_pods, said
 from preflight.transport import bundle
-from preflight.transport.fleet import Fleet, Outcome, Progress
-from preflight.transport.ssh import NodeFailure
+from preflight.transport.contract import NodeFailure, Outcome, Progress
+from preflight.transport.fleet import Fleet
 
 log = logging.getLogger(__name__)
 

@@ -50,8 +50,8 @@ from preflight.k8s.manifest import IMAGE
 from preflight.k8s.kubectl import (AGENT_LABEL, CONTAINER, NodePod, Kubectl, KubeError, NodeState, parse_node_pods,
                                    parse_nodes, said)
 from preflight.transport import bundle
-from preflight.transport.fleet import Fleet, Outcome, Progress
-from preflight.transport.ssh import NodeFailure, RunResult, Session, _Run
+from preflight.transport.contract import NodeFailure, Outcome, Progress, RunResult, Session
+from preflight.transport.fleet import Fleet
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class _Exec:
                     pass
         threading.Thread(target=write, name="preflight-kubectl-stdin", daemon=True).start()
 
-    def read(self, run: _Run, timeout: float) -> None:
+    def read(self, run: bundle.ResultReader, timeout: float) -> None:
         ready, _, _ = select.select(list(self.streams), [], [], timeout)
         for fd in ready:
             data = os.read(fd, 65536)
@@ -222,7 +222,7 @@ class KubeSession(Session):
         if ex is not None and ex.proc.poll() is not None:
             self._end(ex)  # the kept process is gone (its wait ran out): start anew
             ex = None
-        run = _Run()
+        run = bundle.ResultReader()
         if ex is None:
             payload = bundle.stdin_payload(config)  # built before the process starts
             ex = self._start()
@@ -265,10 +265,10 @@ class KubeSession(Session):
                                  said(ex.err.decode("utf-8", "replace"))))
         return result
 
-    def _end(self, ex: _Exec, run: Optional[_Run] = None) -> Optional[int]:
+    def _end(self, ex: _Exec, run: Optional[bundle.ResultReader] = None) -> Optional[int]:
         """Close kubectl's stdin (the probe exits: at once after a last result, else through its EOF
         watchdog), read what is left, let kubectl end; killed past EXIT_GRACE_S."""
-        run = run or _Run()
+        run = run or bundle.ResultReader()
         ex.write(b"{}\n" if ex.proc.poll() is None and run.has_result() is False and ex.pid else b"", close=True)
         until = time.monotonic() + EXIT_GRACE_S
         while ex.streams and time.monotonic() < until:
