@@ -126,6 +126,18 @@ def test_no_agent_deployed_is_named_per_node(kube):
     assert not any(m == "GET" and "/exec?" in p for m, p in api.requests)
 
 
+def test_the_double_speaks_kubectls_exec_protocol(deployed):
+    """The simulator's own contract, through the real kubectl: stdin in (its end delivered: v5's close of
+    channel 0), stdout and stderr apart, the exit code from the final status frame, the node's namespace."""
+    cluster, api = deployed
+    out = subprocess.run(["kubectl", "exec", "-i", "-n", "preflight", "preflight-agent-n004", "-c", "agent", "--", "sh", "-c",
+                          "cat; echo to-stderr >&2; ip -o -4 addr show eth0; exit 3"], input="from-stdin\n",
+                         env=api.env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3
+    assert out.stdout.startswith("from-stdin\n") and cluster.node("n004").mgmt_ip in out.stdout
+    assert "to-stderr" in out.stderr and "to-stderr" not in out.stdout
+
+
 def test_deploy_creates_one_ready_agent_per_node(deployed):
     cluster, api = deployed
     pods = [p for p in api.items("pods") if p["metadata"]["namespace"] == "preflight"]
