@@ -79,7 +79,7 @@ def deployed(kube):
             doc["spec"] = {}
             doc["metadata"].pop("annotations", None)
             doc["metadata"]["labels"] = {k: v for k, v in doc["metadata"]["labels"].items() if not k.startswith("preflight/")}
-            api._bump(doc)
+            api.bump(doc)
 
 
 def _env(api):
@@ -133,7 +133,7 @@ def _no_leftovers(cluster, api):
 def test_no_agent_deployed_is_named_per_node(kube):
     cluster, api = kube
     with api.lock:  # whatever an earlier test deployed is gone (the next test deploys again)
-        api._delete("namespaces", "", "preflight")
+        api.delete("namespaces", "", "preflight")
     out = _run(api, SELECT + ["--only", "ssh", "--no-progress"])
     assert out.returncode == 1
     assert "no preflight agent pod on" in out.stdout and "--k8s-deploy" in out.stdout, out.stdout
