@@ -72,6 +72,7 @@ def deployed(kube):
         assert out.returncode == 0, out.stdout + out.stderr
     yield cluster, api
     cluster.heal()
+    api.racing.clear()
     for node in cluster.nodes:
         api.revive(node.name)
         with api.lock:  # back to a clean node object for the next test
@@ -236,6 +237,20 @@ def test_drain_refused_when_too_many_fail(deployed):
     assert out.returncode == 1
     assert "drain: refused" in out.stdout
     assert not any(n["spec"].get("unschedulable") for n in api.items("nodes"))
+
+
+def test_a_node_an_admin_cordons_while_preflight_patches_it_is_left_alone(deployed):
+    """preflight's patch carries the resourceVersion it read; the admin's cordon in between makes the API
+    server answer 409 Conflict, and preflight re-reads the node and leaves it alone instead of overwriting."""
+    cluster, api = deployed
+    api.dead_node("n006")
+    api.cordon_before_next_patch("n006")
+    out = _run(api, SELECT + ["--only", "ssh", "--no-progress", "--drain"])
+    assert out.returncode == 1
+    node = api.get("nodes", "n006")
+    assert node["spec"] == {"unschedulable": True} and "annotations" not in node["metadata"]
+    assert "left alone: n006" in out.stdout and "drain: failed" not in out.stdout, out.stdout
+    assert any(m == "PATCH" and "/nodes/n006" in p for m, p in api.requests)
 
 
 def test_exec_refused_by_the_api_server_is_named(deployed):

@@ -61,6 +61,7 @@ class KubeAPI:
         self.lock = threading.RLock()
         self.rv = 1000
         self.dead: set = set()
+        self.racing: set = set()  # nodes an admin cordons right before their next PATCH
         self.no_exec: set = set()  # nodes whose kubelet the API server cannot dial, while their pods still look Ready
         self.requests: List[Tuple[str, str]] = []  # (method, path) of every request, for tests
         self.execs: List[subprocess.Popen] = []
@@ -153,6 +154,11 @@ class KubeAPI:
     def items(self, resource: str) -> List[Dict[str, Any]]:
         with self.lock:
             return [copy.deepcopy(o) for o in self.store[resource].values()]
+
+    def cordon_before_next_patch(self, name: str) -> None:
+        """An admin cordons the node just before the next PATCH of it arrives (a race with preflight)."""
+        with self.lock:
+            self.racing.add(name)
 
     def cordon_by_hand(self, name: str) -> None:
         """What `kubectl cordon` by an admin leaves: spec.unschedulable, no preflight annotation."""

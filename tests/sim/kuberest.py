@@ -221,53 +221,53 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 return self._send(201, obj)
             return self._send(201, self.kube.put(resource, ns, obj))
 
-    def do_PUT(self) -> None:
-        self.kube.requests.append(("PUT", self.path))
+    def _named(self, method: str) -> Optional[Tuple[str, str, str]]:
+        """(resource, namespace, name) of a request on one object, else None (answered 404)."""
+        self.kube.requests.append((method, self.path))
         route = self._route()
         if route is None or not route[2]:
-            return self._fail(404, "NotFound", "the server could not find the requested resource")
-        resource, ns, name, _, _ = route
-        obj = self._body()
+            self._fail(404, "NotFound", "the server could not find the requested resource")
+            return None
+        return route[0], route[1], route[2]
+
+    def _update(self, resource: str, ns: str, name: str, rv: Optional[str], make: Any) -> None:
+        """PUT and PATCH: the stored object becomes make(old); a stale resourceVersion is a 409 Conflict."""
         with self.kube.lock:
             old = self.kube.store[resource].get((ns, name))
             if old is None:
                 return self._fail(404, "NotFound", '%s "%s" not found' % (resource, name))
-            rv = obj.get("metadata", {}).get("resourceVersion")
             if rv and rv != old["metadata"]["resourceVersion"]:
                 return self._conflict(resource, name)
-            obj["metadata"]["uid"] = old["metadata"]["uid"]
-            return self._send(200, self.kube.put(resource, ns, obj))
+            new = make(old)
+            new["metadata"]["uid"], new["metadata"]["name"] = old["metadata"]["uid"], name
+            return self._send(200, self.kube.put(resource, ns, new))
+
+    def do_PUT(self) -> None:
+        named = self._named("PUT")
+        if named is not None:
+            obj = self._body()
+            self._update(*named, obj.get("metadata", {}).get("resourceVersion"), lambda old: obj)
 
     def do_PATCH(self) -> None:
-        self.kube.requests.append(("PATCH", self.path))
-        route = self._route()
-        if route is None or not route[2]:
-            return self._fail(404, "NotFound", "the server could not find the requested resource")
-        resource, ns, name, _, _ = route
+        named = self._named("PATCH")
+        if named is None:
+            return
         ctype = self.headers.get("Content-Type", "").split(";")[0].strip()
         if ctype not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
             return self._fail(415, "UnsupportedMediaType", "the body of the request was in an unknown format: " + ctype)
         patch = self._body()
         if ctype == "application/strategic-merge-patch+json":
             patch = strip_directives(patch)
-        with self.kube.lock:
-            old = self.kube.store[resource].get((ns, name))
-            if old is None:
-                return self._fail(404, "NotFound", '%s "%s" not found' % (resource, name))
-            rv = (patch.get("metadata") or {}).get("resourceVersion")
-            if rv and rv != old["metadata"]["resourceVersion"]:
-                return self._conflict(resource, name)
-            new = merge_patch(old, patch)
-            new["metadata"]["uid"] = old["metadata"]["uid"]
-            new["metadata"]["name"] = name
-            return self._send(200, self.kube.put(resource, ns, new))
+        if named[0] == "nodes" and named[2] in self.kube.racing:
+            self.kube.racing.discard(named[2])
+            self.kube.cordon_by_hand(named[2])
+        self._update(*named, (patch.get("metadata") or {}).get("resourceVersion"), lambda old: merge_patch(old, patch))
 
     def do_DELETE(self) -> None:
-        self.kube.requests.append(("DELETE", self.path))
-        route = self._route()
-        if route is None or not route[2]:
-            return self._fail(404, "NotFound", "the server could not find the requested resource")
-        resource, ns, name, _, _ = route
+        named = self._named("DELETE")
+        if named is None:
+            return
+        resource, ns, name = named
         self._body()  # DeleteOptions (propagationPolicy): read, so the connection's next request parses
         with self.kube.lock:
             obj = self.kube.delete(resource, ns, name)
