@@ -241,18 +241,17 @@ def _load_inventory(args: argparse.Namespace) -> Any:
 
     if getattr(args, "slurm", False) and not getattr(args, "k8s", False):
         return _slurm_inventory(args)
-    if k8s_command.wanted(args):  # --k8s: the nodes from Kubernetes (its options without it: a usage error)
-        inv = k8s_command.inventory(args)
-    elif getattr(args, "nodelist", None) or getattr(args, "partition", None) or getattr(args, "nodes", None):
+    k8s = k8s_command.wanted(args)  # --k8s: the nodes from Kubernetes (its options without it: a usage error)
+    if not k8s and (getattr(args, "nodelist", None) or getattr(args, "partition", None) or getattr(args, "nodes", None)):
         raise UsageError("--nodelist/--partition/--nodes apply only with --slurm", "add --slurm")
-    elif args.inventory:
+    if args.inventory and not k8s:
         if args.gpus_per_node is not None:
             raise UsageError("--gpus-per-node applies only without an inventory", "set gpus_per_node in the inventory")
         if args.max_nodes is not None and args.max_nodes < 1:
             raise UsageError("--max-nodes must be at least 1", "e.g. --max-nodes 20000")
         inv = inventory.load(args.inventory, max_nodes=args.max_nodes)
     else:
-        inv = inventory.local_inventory(args.gpus_per_node)
+        inv = k8s_command.inventory(args) if k8s else inventory.local_inventory(args.gpus_per_node)
     if args.master_port is not None:
         if not 0 < args.master_port < 65536:
             raise UsageError("--master-port %d is out of range" % args.master_port, "use 1-65535")
@@ -401,7 +400,7 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
     report.render(result, console, verbose=getattr(args, "verbose", False))
     # act on the verdict before writing files: an interrupt or a write error from here on leaves the
     # nodes as the verdict says, never a rechecked node resumed without it
-    _drain(args, inv, result, console)
+    (k8s_command.after_run if inv.transport == "k8s" else _drain)(args, inv, result, console)
     _write_outputs(args, result, doc, console)
     return result.exit_code
 

@@ -89,8 +89,8 @@ def test_plan_drains_failing_leaves_someone_elses_cordon_and_resumes_only_ours()
     state = {"a": _state("a"), "b": _state("b", unschedulable=True),  # b: cordoned by an admin, passing
              "c": _state("c", unschedulable=True, annotation="preflight: mtu: old"),  # ours, passing now
              "d": _state("d", unschedulable=True, annotation="preflight: mtu: old")}  # ours, still failing
-    state.update({n: _state(n) for n in "efghij"})
-    findings = [_fail("a"), _fail("d"), _pass("b"), _pass("c")] + [_pass(n) for n in "efghij"]
+    state.update({n: _state(n) for n in "efghijkl"})
+    findings = [_fail("a"), _fail("d"), _pass("b"), _pass("c")] + [_pass(n) for n in "efghijkl"]
     acts = nodes.plan(findings, state, drain=True, resume=True)
     assert acts.plan.drain == {"a": "preflight: mtu: eth1: jumbo frames black-holed"}
     assert acts.plan.resume == ["c"]

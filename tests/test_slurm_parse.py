@@ -145,7 +145,7 @@ def test_cli_usage_errors_are_one_line(capsys, monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv("SLURM_JOBID", raising=False)
     assert cli.main(["check", "--drain"]) == 2
-    assert "--drain/--resume act on Slurm nodes; add --slurm" in capsys.readouterr().err
+    assert "--drain/--resume act on Slurm or Kubernetes nodes; add --slurm or --k8s" in capsys.readouterr().err
     assert cli.main(["check", "--slurm", "--no-progress"]) == 2
     assert "needs an allocation" in capsys.readouterr().err
 
