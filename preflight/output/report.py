@@ -378,12 +378,18 @@ SLURM_SSH_FIX = ("check the node's slurmd (systemctl status slurmd; its log), wh
 #: fixes alone (the why stays in `preflight checks`), so a many-cause incident still fits one screen
 WHY_MAX = 3
 
+#: ... and when Kubernetes carried it (preflight/k8s): the agent pod, the node's kubelet, the operator's rights.
+K8S_SSH_FIX = ("check the node's preflight agent pod (kubectl -n preflight describe pod POD: events, image), the "
+               "node's kubelet (kubectl describe node NODE: Ready) and your rights (kubectl auth can-i create "
+               "pods/exec -n preflight); python3 must be in the agent's image")
+
 
 def fix_text(report: RunReport, check: str) -> str:
     """A check's fix as printed under the report: the catalogue's, except where the transport changes
     what an operator does about it (an unreachable node under Slurm is slurmd/munge, not sshd/keys)."""
-    if check == "ssh" and (report.transport or {}).get("kind") == "slurm":
-        return SLURM_SSH_FIX
+    kind = (report.transport or {}).get("kind")
+    if check == "ssh" and kind in ("slurm", "k8s"):
+        return SLURM_SSH_FIX if kind == "slurm" else K8S_SSH_FIX
     return catalogue.entry(check).fix
 
 
