@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--junit", metavar="PATH", help="write a JUnit XML report (one test case per check and node)")
     check.add_argument("--prometheus", metavar="PATH", help="write a node_exporter textfile-collector file, atomically")
     check.add_argument("--history", metavar="DIR", help="keep this run's JSON report in DIR for `preflight diff`")
+    check.add_argument("--plan", action="store_true", help="print how long each all-reduce phase should take on this fleet (sizes, rounds, deadlines; with --json: as JSON) and exit; touches no node")
     check.add_argument("--hostfile", metavar="PATH", help="write the nodes that passed, for a launcher")
     check.add_argument("--hostfile-format", choices=("plain", "deepspeed", "mpi", "mpich", "slurm"), default="plain")
     check.add_argument("-v", "--verbose", action="store_true", help="one line per finding, passes included")
@@ -190,11 +191,9 @@ def _cmd_checks(markdown: bool = False) -> int:
         return EXIT_OK
     from rich.console import Console
     from rich.table import Table
-
-    from preflight import checks as catalogue
-
     from rich.text import Text
 
+    from preflight import checks as catalogue
     from preflight.model import ACTION_MEANINGS
 
     table = Table(box=None, header_style="bold")
@@ -316,6 +315,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if not 0 <= getattr(args, "max_drain_fraction", 0.2) <= 1:
         raise UsageError("--max-drain-fraction must be between 0 and 1", "e.g. --max-drain-fraction 0.2")
     inv = _load_inventory(args)
+    if getattr(args, "plan", False):
+        from preflight.allreduce.timeplan import print_plan
+        return print_plan(inv, args.json, print)
     if getattr(args, "dcgm_level", None):
         from preflight import engine
 

@@ -279,12 +279,12 @@ _NCCL_FIXTURES = Path(__file__).parent / "fixtures" / "allreduce"
 def _nccl_view(logs, env=None, ib_ports=None, gpudirect=None):
     """Two nccl nodes that passed the sweep; node n00k's rank logs are logs[k-1] (fixture file names)."""
     docs = eight_ranks_on(2, 1, [GiB], time_s=0.01)
-    for d, name in zip(docs, logs):
-        d["ranks"][0]["nccl_log"] = (_NCCL_FIXTURES / name).read_text()
+    for d, name in zip(docs, logs):  # a fixture's name, or a log's text
+        d["ranks"][0]["nccl_log"] = name if "\n" in name else (_NCCL_FIXTURES / name).read_text()
         d["ranks"][0]["init_s"] = 5.0
     # rails: the controller's usable_hcas() over ib_hca facts (preflight.allreduce.run), one ACTIVE 400G port
     rails = {n: ["mlx5_0:1"] if (ib_ports or {}).get(n) else [] for n in ["n001", "n002"]}
-    view = cluster(docs, gpus=1, env=env or {"NCCL_SOCKET_IFNAME": "=eth1"}, rails=rails)
+    view = cluster(docs, gpus=1, env={"NCCL_SOCKET_IFNAME": "=eth1"} if env is None else env, rails=rails)
     for n in ["n001", "n002"]:
         if gpudirect is not None:
             view.facts[n]["gpudirect"] = gpudirect
@@ -299,6 +299,8 @@ def test_nccl_socket_fallback_with_an_active_hca_fails_the_node():
     view = _nccl_view(["socket_fallback.log", "socket_fallback.log"], ib_ports={"n001": True})
     (f,) = _node_findings(view, "n001")
     assert f.status is Status.FAIL and "fell back to sockets although mlx5_0:1 is ACTIVE" in f.message, f.message
+    assert "NCCL's IB transport found no device" in f.message and '[NCCL: "NET/IB : No device found."]' in f.message
+    assert f.action == "fix_config"
     assert f.message.startswith("NCCL 2.18.5, NET/Socket on eth1"), f.message
     (g,) = _node_findings(view, "n002")  # no ACTIVE HCA there: sockets are what it has
     assert g.status is Status.PASS and "intra-node P2P/IPC" in g.message
@@ -319,12 +321,60 @@ def test_nccl_gdr_disabled_where_gpudirect_should_work_fails_and_is_skipped_with
     (f,) = _node_findings(view, "n001")
     assert f.status is Status.FAIL and "GPUDirect RDMA disabled (mlx5_0,mlx5_1) although gpudirect: " \
         "nvidia_peermem loaded" in f.message, f.message
+    assert "through host memory" in f.message and "GPU Direct RDMA Disabled for HCA 0 'mlx5_0'" in f.message
+    assert f.action == "fix_config"
     (g,) = _node_findings(view, "n002")
     assert g.status is Status.PASS and "GPUDirect RDMA enabled" in g.message and "P2P/CUMEM" in g.message
     view = _nccl_view(["ib_no_gdr.log", "ib_gdr.log"], env={"NCCL_SOCKET_IFNAME": "=eth1,ib0"})
     (f,) = _node_findings(view, "n001")
     assert f.status is Status.PASS and "GPUDirect RDMA not judged: no gpudirect facts" in f.message
     assert f.data["gdr_note"]
+
+
+def test_nccl_sockets_seen_only_in_channel_lines_are_a_worse_path_where_ib_rails_exist():
+    # no "Using network" line (NVIDIA/nccl#1232's excerpt): the transport comes from "via NET/Socket/0"
+    view = _nccl_view(["socket_channels_prefixed.log", "socket_channels_prefixed.log"], ib_ports={"n001": True})
+    (f,) = _node_findings(view, "n001")
+    assert f.status is Status.FAIL and "fell back to sockets although mlx5_0:1 is ACTIVE" in f.message, f.message
+    (g,) = _node_findings(view, "n002")  # the twin: a socket-only node with no IB HCA has no better path
+    assert g.status is Status.PASS and "NET/Socket" in g.message, g.message
+
+
+def test_nccl_traffic_over_a_container_veth_fails_though_the_env_file_names_no_interface():
+    view = _nccl_view(["veth_link_local_timeout.log", "socket_fallback.log"], env={})
+    (f,) = _node_findings(view, "n001")
+    assert f.status is Status.FAIL and f.action == "fix_config", f.message
+    assert "NCCL sent traffic over veth25f2e72: veth25f2e72 is a container/bridge interface and has only an IPv6 " \
+        "link-local address (fe80::380d:bfff:fe5b:54d2)" in f.message, f.message
+    assert "[NCCL: \"NET/Socket : Using [0]eth1:198.19.0.9<0> [1]veth25f2e72:" in f.message
+    assert 'network faults between nodes: "Call to connect returned Connection timed out, retrying"' in f.message
+    (g,) = _node_findings(view, "n002")  # the twin: sockets on a routable eth1, no env file: nothing to say
+    assert g.status is Status.PASS, g.message
+
+
+def test_a_link_local_interface_nccl_only_listed_is_a_warning():
+    text = (_NCCL_FIXTURES / "veth_link_local_timeout.log").read_text()
+    text = "\n".join(line for line in text.replace("NET/Socket/1", "NET/Socket/0").splitlines()
+                      if "timed out" not in line) + "\n"
+    view = _nccl_view([text, "socket_fallback.log"], env={})
+    (f,) = _node_findings(view, "n001")
+    assert f.status is Status.WARN and "NCCL listed for its sockets veth25f2e72" in f.message, f.message
+    assert f.action == "fix_config"
+
+
+def test_network_faults_nccl_survived_are_a_warning_and_a_failure_cites_them():
+    view = _nccl_view(["socket_error_chain.log", "socket_fallback.log"])
+    (f,) = _node_findings(view, "n001")
+    assert f.status is Status.WARN and "NET/Socket" in f.message, f.message  # network read from the error chain
+    assert 'network faults between nodes: "Net : Call to recv from 198.19.0.7<58355> failed : Broken pipe"' \
+        in f.message
+    # a run that hung at init: the wording names the NCCL evidence of a network fault
+    docs = eight_ranks_on(2, 1, [GiB], status={1: hung_entry("init", None, step="group")})
+    docs[1]["ranks"][0]["nccl_log"] = (_NCCL_FIXTURES / "veth_link_local_timeout.log").read_text()
+    g = the(ar.rule(cluster(docs, gpus=1)))
+    assert g.status is Status.FAIL and "NCCL on n002 reported network faults (\"Call to connect returned " \
+        "Connection timed out, retrying\")" in g.message, g.message
+    assert g.data["nccl_net_faults"] == {"n002": ["Call to connect returned Connection timed out, retrying"]}
 
 
 def test_an_unreadable_nccl_log_is_an_error_not_a_pass():

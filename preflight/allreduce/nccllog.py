@@ -31,7 +31,16 @@ from preflight.model import ParseError
 #   Ring 00 : 155[3d000] -> 157[b2000] via P2P/IPC                the same before NCCL 2.6
 #   Connected all rings, use ring PXN 0 GDR 1                     init.cc
 #   NVLS multicast support is available on dev 0                  transport/nvls.cc
-#   NCCL_SOCKET_IFNAME set by environment to eth1                 misc/param.cc
+#   NCCL_SOCKET_IFNAME set by environment to eth1                 misc/param.cc ("set to eth1" in 2.2x+)
+#   comm 0x55.. rank 0 nranks 16 cudaDev 0 ... - Init START        init.cc (2.19+; the communicator's size)
+#   NET/OFI Selected Provider is efa                              aws-ofi-nccl (the libfabric provider)
+#   Call to connect returned Connection timed out, retrying       misc/socket.cc (INFO, yet a network fault:
+#                                                                 the peer's address does not answer)
+# When the log has no "Using" line (an excerpt, or a failure before init ended), the network is read from
+# the channel lines ("via NET/Socket/0") and then from the error chain: "transport/net_socket.cc:368 -> 6"
+# is the socket plugin, "transport/net_ib.cc" / ib_plugin.c / "NET/IB :" WARN the IB one (NCCL prints the
+# source file of every frame an error passes: misc/debug.cc NCCLCHECK). Checked against 15 real logs
+# (../shared/realworld/nccl_info, tests/test_realworld_nccl.py) and fixtures modelled on them.
 # Real logs in these formats are quoted in the NVIDIA/nccl issue tracker; tests/fixtures/allreduce/ holds
 # fixtures modelled on them, each naming its source.
 
@@ -44,7 +53,17 @@ _GDR_HCA = re.compile(r"^NET/(?P<net>\w+) ?: GPU Direct RDMA (?P<state>Enabled|D
 _GDR_OLD = re.compile(r"GPU Direct RDMA (?P<state>Enabled|Disabled) for GPU \S+ / HCA (?P<index>\d+)")
 _CONNECT = re.compile(r"^(?:Channel|Ring) \d+(?:/\d+)? : \d+(?:\[\w+\])? -> \d+(?:\[\w+\])?(?: \[(?:send|receive)\])? via (?P<via>.+?)\s*$")
 _RING_GDR = re.compile(r"Connected all rings.*\bGDR (?P<gdr>\d)")
-_ENV_SET = re.compile(r"^(?P<var>NCCL_\w+) set by environment to (?P<value>.*)$")
+_ENV_SET = re.compile(r"^(?P<var>NCCL_\w+) set (?:by environment )?to (?P<value>.*)$")
+_NRANKS = re.compile(r"\bnranks (?P<n>\d+)\b", re.I)
+_TESTS_RANK = re.compile(r"^#\s+Rank\s+(?P<rank>\d+) Group")
+_PROVIDER = re.compile(r"^NET/OFI Selected Provider is (?P<provider>\S+)")
+_ERR_FRAME = re.compile(r"^(?:transport/)?(?P<file>net_socket|net_ib|ib_plugin|p2p_plugin)\.cc?:\d+ -> \d+")
+# Lines that show the network failing between nodes (NCCL misc/socket.cc, transport/net_ib.cc, ibvwrap.cc).
+NET_FAULTS = ("Connection timed out", "Connection refused", "Connection closed by remote peer", "Broken pipe",
+              "Network is unreachable", "No route to host", "Connection reset by peer", "Got completion from peer")
+# Interfaces NCCL should never carry traffic over between nodes: a container's end of a veth pair, a bridge of
+# a container runtime, loopback (their addresses do not route between hosts).
+_CONTAINER_IFACE = re.compile(r"^(?:veth|docker|br-|cni|flannel|cali|virbr|lo$)")
 
 def _nccl_iface(text: str) -> Dict[str, Any]:
     m = _SOCK_DEV.match(text)
@@ -63,13 +82,34 @@ def _intra_transport(via: str) -> Optional[str]:
     return None
 
 
+def suspect_iface(iface: Mapping[str, Any]) -> Optional[str]:
+    """Why socket traffic over this {"name", "addr"} will not reach other nodes, or None: a container or
+    bridge interface, or an IPv6 link-local address (fe80::/10 routes only on its own link)."""
+    name, addr = str(iface.get("name") or ""), str(iface.get("addr") or "")
+    why = []
+    if _CONTAINER_IFACE.match(name):
+        why.append("is a container/bridge interface")
+    if addr.lower().startswith(("fe8", "fe9", "fea", "feb")):
+        why.append("has only an IPv6 link-local address (%s)" % addr.split("%")[0])
+    return "%s %s" % (name, " and ".join(why)) if why else None
+
+
 def parse_nccl_log(text: str) -> Dict[str, Any]:
     """What NCCL chose, from one rank's NCCL_DEBUG=INFO output (lines of other programs are ignored).
 
-    Returns {"version", "cuda", "plugin", "network", "transport", "devices", "oob", "ib_no_device",
-    "gdr", "gdr_used", "net_paths", "intra", "bootstrap", "env", "warnings", "hosts"}:
+    Returns {"version", "cuda", "plugin", "provider", "network", "network_from", "transport", "devices",
+    "oob", "ib_no_device", "gdr", "gdr_used", "net_paths", "intra", "bootstrap", "env", "warnings",
+    "net_faults", "nranks", "hosts"}:
       network     "IB" | "Socket" | a plugin's name ("IBext_v8", "AWS Libfabric"): "Using network X", else
-                  the network that listed devices (IB before Socket, as NCCL tries them)
+                  the network that listed devices (IB before Socket, as NCCL tries them), else the one of
+                  the NET channel lines, else the net plugin an error passed through
+      network_from "using" | "devices" | "channels" | "error" | None: which of those said it
+      provider    the libfabric provider aws-ofi-nccl selected ("efa"), else None
+      net_faults  up to 10 lines (INFO or WARN) that show the network failing: timed out, refused, closed by
+                  the peer, unreachable, a completion error
+      lines       {"NET/<net>": its "Using" line, "ib_no_device", "gdr_disabled": the first such line}: the
+                  evidence a finding quotes
+      nranks      the communicator's size ("nranks N"), else the nccl-tests header's rank count, else None
       transport   "NET/" + network
       devices     the network's devices: IB "mlx5_0:1/IB" strings, Socket {"name", "addr"} dicts
       gdr         {HCA name: True/False} from "GPU Direct RDMA Enabled/Disabled for HCA"
@@ -84,8 +124,11 @@ def parse_nccl_log(text: str) -> Dict[str, Any]:
     out: Dict[str, Any] = {
         "version": None, "cuda": None, "plugin": None, "network": None, "transport": None, "devices": [],
         "oob": None, "ib_no_device": False, "gdr": {}, "gdr_used": None, "net_paths": [], "intra": [],
-        "bootstrap": [], "env": {}, "warnings": [], "hosts": [],
+        "bootstrap": [], "env": {}, "warnings": [], "hosts": [], "provider": None, "network_from": None,
+        "net_faults": [], "nranks": None, "lines": {},
     }
+    tests_ranks: List[int] = []
+    raised: List[str] = []
     listed: Dict[str, List[Any]] = {}
     chosen = None
     infos = 0
@@ -98,20 +141,43 @@ def parse_nccl_log(text: str) -> Dict[str, Any]:
             out["version"], out["cuda"] = version.group("version"), version.group("cuda")
         m = _NCCL_LINE.search(line)
         if not m:
+            header = _TESTS_RANK.match(line)
+            if header:
+                tests_ranks.append(int(header.group("rank")))
             continue
         host = m.group("host").rsplit(">:", 1)[-1].rsplit("]", 1)[-1]
         if host and host not in hosts:
             hosts.append(host)
         msg = m.group("msg").strip()
+        fault = any(f in msg for f in NET_FAULTS)
+        if fault and len(out["net_faults"]) < 10:
+            out["net_faults"].append(msg[:300])
+        where = re.search(r"\b(\w+)\.cc?:\d+ NCCL WARN", line)
         if m.group("level") == "WARN":
+            if where and where.group(1) in ("ib_plugin", "p2p_plugin", "net_ib", "ibvwrap") or msg.startswith("NET/IB"):
+                raised.append("IB")
+            elif where and where.group(1) == "net_socket":
+                raised.append("Socket")
             if len(out["warnings"]) < 10:
                 out["warnings"].append(msg[:300])
             continue
         infos += 1
+        frame = _ERR_FRAME.match(msg)
+        if frame:
+            raised.append("Socket" if frame.group("file") == "net_socket" else "IB")
+            continue
+        nranks = _NRANKS.search(msg)
+        if nranks and out["nranks"] is None and msg.startswith("comm "):
+            out["nranks"] = int(nranks.group("n"))
+        provider = _PROVIDER.match(msg)
+        if provider:
+            out["provider"] = provider.group("provider")
+            continue
         using = _NET_USING.match(msg)
         if using:
             net = using.group("net")
             devs = [d.group("dev") for d in _NET_DEV.finditer(using.group("devs"))]
+            out["lines"].setdefault("NET/" + net, msg[:300])
             if not devs:
                 raise ParseError("NCCL log line %d: NET/%s 'Using' line names no device: %r" % (number, net, msg[:200]))
             if net == "Socket":
@@ -130,6 +196,7 @@ def parse_nccl_log(text: str) -> Dict[str, Any]:
             continue
         if re.match(r"^NET/IB ?: No device found", msg):
             out["ib_no_device"] = True
+            out["lines"].setdefault("ib_no_device", msg[:300])
             continue
         if msg.startswith("Plugin Path :"):
             out["plugin"] = msg.split(":", 1)[1].strip()
@@ -145,6 +212,8 @@ def parse_nccl_log(text: str) -> Dict[str, Any]:
         gdr = _GDR_HCA.match(msg)
         if gdr:
             out["gdr"][gdr.group("name")] = gdr.group("state") == "Enabled"
+            if gdr.group("state") == "Disabled":
+                out["lines"].setdefault("gdr_disabled", msg[:300])
             continue
         old = _GDR_OLD.search(msg)
         if old:
@@ -177,8 +246,17 @@ def parse_nccl_log(text: str) -> Dict[str, Any]:
     if not infos:
         raise ParseError("NCCL log: no 'NCCL INFO' line (run with NCCL_DEBUG=INFO; NCCL prints to stdout "
                          "unless NCCL_DEBUG_FILE is set)")
-    if chosen is None:  # before NCCL 2.7: the first network that found devices (IB before Socket)
+    if chosen is not None:
+        out["network_from"] = "using"
+    else:  # before NCCL 2.7: the first network that found devices (IB before Socket)
         chosen = next((n for n in listed if n != "Socket"), "Socket" if "Socket" in listed else None)
+        out["network_from"] = "devices" if chosen else None
+    if chosen is None and out["net_paths"]:  # "via NET/Socket/0": the network the connection used
+        chosen, out["network_from"] = out["net_paths"][0].split("/")[1], "channels"
+    if chosen is None and raised:  # the net plugin an error passed through
+        chosen, out["network_from"] = raised[0], "error"
+    if out["nranks"] is None and tests_ranks:
+        out["nranks"] = len(set(tests_ranks))
     out["network"] = chosen
     out["transport"] = "NET/%s" % chosen if chosen else None
     if chosen is not None:
@@ -207,8 +285,15 @@ def nccl_summary(logs: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
             if text not in devices:
                 devices.append(text)
     gdr: Dict[str, bool] = {}
+    lines: Dict[str, str] = {}
+    env: Dict[str, str] = {}
+    faults: List[str] = []
     for log in logs:
         gdr.update(log.get("gdr") or {})
+        for key, line in (log.get("lines") or {}).items():
+            lines.setdefault(key, line)
+        env.update(log.get("env") or {})
+        faults.extend(f for f in log.get("net_faults") or [] if f not in faults)
     return {
         "version": seen("version"), "transport": seen("transport"), "plugin": seen("plugin"), "devices": devices,
         "socket_ifaces": sorted({d["name"] for log in logs if log.get("network") == "Socket"
@@ -218,7 +303,32 @@ def nccl_summary(logs: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
         "intra": sorted({t for log in logs for t in log.get("intra") or []}),
         "net_used": any(log.get("net_paths") for log in logs),
         "ranks": len(logs),
+        "suspect_ifaces": suspect_ifaces(logs), "net_faults": faults[:5], "lines": lines, "env": env,
+        "ib_no_device": any(log.get("ib_no_device") for log in logs),
     }
+
+
+def suspect_ifaces(logs: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """The socket interfaces NCCL listed (its Socket network's devices, or its bootstrap) that cannot carry
+    traffic between nodes (suspect_iface), each {"name", "addr", "reason", "role", "used"}: role "net"
+    (NCCL's socket transport; used: a channel ran "via NET/Socket/<its index>") or "bootstrap"."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for log in logs:
+        roles = [("net", log.get("devices") or [])] if log.get("network") == "Socket" else []
+        roles.append(("bootstrap", log.get("bootstrap") or []))
+        for role, ifaces in roles:
+            for index, iface in enumerate(ifaces):
+                reason = suspect_iface(iface) if isinstance(iface, dict) else None
+                if not reason:
+                    continue
+                used = role == "net" and any(p.split("/")[2:3] == [str(index)] for p in log.get("net_paths") or []
+                                             if p.startswith("NET/Socket/"))
+                if role == "bootstrap" and "net:%s" % iface["name"] in out:
+                    continue
+                entry = out.setdefault("%s:%s" % (role, iface["name"]), {
+                    "name": iface["name"], "addr": iface.get("addr"), "reason": reason, "role": role, "used": False})
+                entry["used"] = entry["used"] or used
+    return sorted(out.values(), key=lambda e: (e["role"] != "net", e["name"]))
 
 
 def ifname_allows(spec: Optional[str], name: str) -> bool:

@@ -198,12 +198,22 @@ def round_deadlines(deadlines: Mapping[str, float], docs: Mapping[str, Any], war
     entries = [e for _n, e in rank_table(docs).values()]
     # init_s, or import_s for a rank that imported torch but hung at the rendezvous
     inits = [float(e.get("init_s") or e["import_s"]) for e in entries if (e.get("init_s") or e.get("import_s"))]
-    init = dl["init_s"]
-    if at_init and entries and len(inits) == len(entries):
-        init = max(LOCALIZE_INIT_MIN_S, LOCALIZE_INIT_FACTOR * max(inits))
+    slowest_init = max(inits) if at_init and entries and len(inits) == len(entries) else None
     steps = [float(s.get("max_s", s.get("time_s", 0.0))) * (warmup + iters + 1) for e in entries
              for s in e.get("sizes") or []]
-    op = max(LOCALIZE_OP_MIN_S, LOCALIZE_OP_FACTOR * max(steps, default=0.0))
+    return round_budget(dl, slowest_init, max(steps, default=0.0), nsizes)
+
+
+def round_budget(deadlines: Mapping[str, float], slowest_init_s: Optional[float], slowest_step_s: float,
+                 nsizes: int = 1) -> Dict[str, float]:
+    """The rounds' deadlines from the sweep's slowest init (None: keep init_s) and slowest size's
+    warm-up + iterations (see LOCALIZE_*); preflight.allreduce.timeplan plans with it before any run."""
+    dl = dict(DEFAULT_DEADLINES)
+    dl.update(deadlines or {})
+    init = dl["init_s"]
+    if slowest_init_s is not None:
+        init = max(LOCALIZE_INIT_MIN_S, LOCALIZE_INIT_FACTOR * slowest_init_s)
+    op = max(LOCALIZE_OP_MIN_S, LOCALIZE_OP_FACTOR * slowest_step_s)
     out = dict(dl, init_s=round(min(dl["init_s"], init), 1), op_s=round(min(dl["op_s"], op), 1))
     out["total_s"] = round(min(dl["total_s"], out["init_s"] + out["op_s"] * (nsizes + 2)), 1)
     return out

@@ -23,7 +23,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from preflight import datanet
-from preflight.allreduce import localize, plan
+from preflight.allreduce import localize, plan, timeplan
 from preflight.allreduce.busbw import threshold_for
 from preflight.transport.contract import Fleet
 from preflight.inventory import Inventory
@@ -60,14 +60,7 @@ def _participants(view: ClusterView, healthy: Sequence[str], inv: Inventory) -> 
 
 
 def _settings(inv: Inventory) -> Dict[str, Any]:
-    raw = dict(inv.cluster.get("allreduce") or {})
-    deadlines = {}
-    for key, name in (("init_timeout", "init_s"), ("op_timeout", "op_s"), ("total_timeout", "total_s")):
-        if key in raw:
-            deadlines[name] = float(raw[key])
-    return {"sizes": raw.get("sizes"), "warmup": raw.get("warmup", 2), "iters": raw.get("iters", 5), "deadlines": deadlines,
-            "slow_fraction": float(raw.get("slow_fraction", localize.SLOW_FRACTION)),
-            "node_round": raw.get("node_round")}
+    return timeplan.settings(dict(inv.cluster.get("allreduce") or {}))
 
 
 def _hardware(view: ClusterView, nodes: Sequence[str], choice: Any) -> Dict[str, Any]:

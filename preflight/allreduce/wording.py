@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from preflight.allreduce.nccllog import NET_FAULTS
 from preflight.common import MiB, fold, fold_ints, human_bytes
 
 
@@ -169,9 +170,32 @@ def explain_failure(meta, docs, missing, table, bad, node_of, points, data, worl
             text = "all-reduce incomplete: " + text
         parts.append(text)
 
+    faults = network_faults(docs)
+    if faults:
+        first = faults[sorted(faults)[0]]
+        parts.append("NCCL on %s reported network faults (\"%s\"): the path between the nodes failed, not the "
+                     "GPUs: check the interface NCCL chose, routes, firewalls and the links" % (fold(faults), first[0]))
+        data["nccl_net_faults"] = faults
+
     data["failed_ranks"] = sorted(bad)
     data["implicated"] = sorted(set(implicated) | set(missing))
     return "; ".join(parts), {name: why for name, why in implicated.items() if name not in missing}
+
+
+def network_faults(docs: Mapping[str, Any]) -> Dict[str, List[str]]:
+    """{node: up to 3 lines of its ranks' NCCL logs that show the network failing} (nccllog.NET_FAULTS:
+    "Call to connect returned Connection timed out, retrying" is NCCL's socket layer failing to reach a
+    peer at INFO level, evidence of a network fault rather than noise)."""
+    out: Dict[str, List[str]] = {}
+    for node, doc in docs.items():
+        for entry in (doc or {}).get("ranks") or []:
+            for line in str(entry.get("nccl_log") or "").splitlines():
+                if "NCCL " in line and any(f in line for f in NET_FAULTS):
+                    text = line.split(" NCCL ", 1)[1].split(" ", 1)[-1].strip()[:200]
+                    lines = out.setdefault(node, [])
+                    if text not in lines and len(lines) < 3:
+                        lines.append(text)
+    return out
 
 
 PEER_ERROR = re.compile(r"Connection (?:closed|reset) by peer|Broken pipe|Connection refused|"

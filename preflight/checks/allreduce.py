@@ -318,10 +318,38 @@ def _gdr_expected(facts: Any) -> Tuple[Optional[bool], str]:
     return True, "gpudirect: %s loaded" % (facts.get("peermem") or "DMA-BUF")
 
 
+def _evidence(facts: Mapping[str, Any], key: str) -> str:
+    line = (facts.get("lines") or {}).get(key)
+    return " [NCCL: \"%s\"]" % line if line else ""
+
+
+def _socket_reason(facts: Mapping[str, Any]) -> str:
+    """Why NCCL took sockets, from its own lines (NCCL src/transport/net_ib.cc, misc/param.cc)."""
+    env = facts.get("env") or {}
+    if env.get("NCCL_IB_DISABLE", "0") not in ("0", ""):
+        return "NCCL_IB_DISABLE=%s is set: unset it" % env["NCCL_IB_DISABLE"]
+    if env.get("NCCL_NET", "").lower() == "socket":
+        return "NCCL_NET=Socket is set: unset it"
+    if facts.get("ib_no_device"):
+        return ("NCCL's IB transport found no device: libibverbs/rdma-core missing where NCCL runs (a "
+                "container without /dev/infiniband?) or NCCL_IB_HCA names none of them" + _evidence(facts, "ib_no_device"))
+    return "NCCL did not say why: run with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET"
+
+
+def _gdr_reason(facts: Mapping[str, Any]) -> str:
+    env = facts.get("env") or {}
+    for var in ("NCCL_NET_GDR_LEVEL", "NCCL_NET_GDR_READ", "NCCL_GDR_DISABLE"):  # NCCL src/graph/paths.cc
+        if var in env:
+            return "%s=%s is set" % (var, env[var])
+    return "NCCL found no peer-memory path from the GPU to the HCA"
+
+
 def nccl_findings(view: ClusterView, meta: Mapping[str, Any], docs: Mapping[str, Mapping[str, Any]]) -> List[Finding]:
     """Per node: what NCCL chose (version, transport, devices, GDR, intra-node transports), and a FAIL when
-    it fell back to sockets although ACTIVE HCAs were found, bound an interface the env file does not
-    name, or ran without GPUDirect RDMA where the gpudirect facts say it should work."""
+    it fell back to sockets although ACTIVE HCAs were found (with NCCL's reason), sent traffic over a
+    container veth or an IPv6 link-local address (whatever the env file says), bound an interface the env
+    file does not name, or ran without GPUDirect RDMA where the gpudirect facts say it should work; a WARN
+    when it only listed such an interface or reported network faults it survived. Action fix_config."""
     from preflight.allreduce.nccllog import ifname_allows, nccl_summary
 
     env = dict(meta.get("env") or {})
@@ -353,16 +381,24 @@ def nccl_findings(view: ClusterView, meta: Mapping[str, Any], docs: Mapping[str,
         if facts["gdr"] and "NET/Socket" not in facts["transport"]:
             what += ", GPUDirect RDMA %s" % ("enabled" if gdr_on else "disabled")
         what += ", intra-node %s" % (",".join(facts["intra"]) or "none")
-        bad: List[str] = []
+        bad: List[str] = []  # FAIL: NCCL ran on a path worse than the node offers, or one that cannot work
+        warn: List[str] = []  # WARN: a path that may not carry traffic, or faults NCCL survived
         active = hcas.get(node) or []
         if "NET/Socket" in facts["transport"] and active and facts["net_used"]:
-            bad.append("fell back to sockets although %s %s ACTIVE" % (
-                ",".join(active), "is" if len(active) == 1 else "are"))
+            bad.append("fell back to sockets although %s %s ACTIVE (%s)" % (
+                ",".join(active), "is" if len(active) == 1 else "are", _socket_reason(facts)))
+        for iface in facts["suspect_ifaces"]:
+            text = "NCCL %s %s: %s, its traffic does not route between nodes (set NCCL_SOCKET_IFNAME to the " \
+                   "data interface)" % ("sent traffic over" if iface["used"] else "listed for its " + (
+                       "bootstrap" if iface["role"] == "bootstrap" else "sockets"), iface["name"], iface["reason"])
+            (bad if iface["used"] else warn).append(text + _evidence(facts, "NET/Socket"))
         if ifspec:
             wrong = [i for i in facts["socket_ifaces"] + facts["oob"] if i and not ifname_allows(ifspec, i)]
             if wrong:
                 bad.append("bound %s, not the interface the env file names (NCCL_SOCKET_IFNAME=%s)" % (
                     ",".join(sorted(set(wrong))), ifspec))
+        if facts["net_faults"]:
+            warn.append("NCCL reported network faults between nodes: \"%s\"" % facts["net_faults"][0])
         gdr_note = None
         if facts["net_used"] and "NET/Socket" not in facts["transport"]:
             should, why = _gdr_expected((view.facts.get(node) or {}).get("gpudirect"))
@@ -370,14 +406,16 @@ def nccl_findings(view: ClusterView, meta: Mapping[str, Any], docs: Mapping[str,
             if should is None:
                 gdr_note = "GPUDirect RDMA not judged: %s" % why
             elif should and not used:
-                bad.append("GPUDirect RDMA disabled (%s) although %s" % (
-                    ",".join(sorted(facts["gdr"])) or "every connection", why))
+                bad.append("GPUDirect RDMA disabled (%s) although %s: NCCL staged every transfer through host "
+                           "memory (%s)%s" % (",".join(sorted(facts["gdr"])) or "every connection", why,
+                                              _gdr_reason(facts), _evidence(facts, "gdr_disabled")))
         data = {"nccl": facts}
         if gdr_note:
             data["gdr_note"] = gdr_note
-        if bad:
-            out.append(Finding(NAME, node, Status.FAIL, "%s: %s" % (what, "; ".join(bad)),
-                               expected="NCCL on the data path preflight chose", actual=what, data=data))
+        if bad or warn:
+            out.append(Finding(NAME, node, Status.FAIL if bad else Status.WARN, "%s: %s" % (what, "; ".join(bad + warn)),
+                               expected="NCCL on the data path preflight chose", actual=what, data=data,
+                               action="fix_config"))
         else:
             out.append(Finding(NAME, node, Status.PASS, what + ("" if not gdr_note else " (%s)" % gdr_note),
                                data=data))
