@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import logging
 import math
 import os
@@ -22,6 +21,7 @@ from typing import Any, Iterator, List, Optional
 from preflight import __version__
 from preflight.errors import PreflightError, UsageError
 from preflight.k8s import command as k8s_command
+from preflight.output import files
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -367,12 +367,12 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
         timeout=args.timeout,
         accept_new_host_keys=args.accept_new_host_keys,
         capture=bool(getattr(args, "capture", None)),
-        previous=_previous_run(getattr(args, "history", None), inv),
+        previous=files.previous_run(getattr(args, "history", None), inv),
     )
     engine.select_checks(opts.only, opts.skip)  # usage errors before any connection
     if getattr(args, "capture", None):
-        _check_capture_dir(args.capture)
-    _check_output_paths(args)
+        files.check_capture_dir(args.capture)
+    files.check_output_paths(args)
     if inv.transport == "ssh" and any(not s.local for s in inv.nodes):
         from preflight.transport import ssh_config
 
@@ -381,7 +381,7 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
         except ssh_config.SSHConfigError as exc:
             raise UsageError(str(exc), "fix the ssh_config (preflight reads it as OpenSSH does, Include included)") from None
     if getattr(args, "hostfile", None):
-        _check_hostfile_names(inv, args.hostfile_format)
+        files.check_hostfile_names(inv, args.hostfile_format)
     progress = None if args.no_progress or not console.is_terminal else _Progress(console, len(inv.nodes))
     opts.progress = progress.event if progress else None
     try:
@@ -403,7 +403,7 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
     # act on the verdict before writing files: an interrupt or a write error from here on leaves the
     # nodes as the verdict says, never a rechecked node resumed without it
     (k8s_command.after_run if inv.transport == "k8s" else _drain)(args, inv, result, console)
-    _write_outputs(args, result, doc, console)
+    files.write_outputs(args, result, doc, lambda line: console.print(line, markup=False, highlight=False))
     return result.exit_code
 
 
@@ -414,157 +414,6 @@ def _drain(args: argparse.Namespace, inv: Any, result: Any, console: Any) -> Non
     if inv.allocation is not None and (getattr(args, "drain", False) or getattr(args, "resume", False) or inv.allocation.held):
         drain.act(result.findings, [s.name for s in inv.nodes], inv.allocation, args.drain, args.resume,
                   args.max_drain_fraction, args.dry_run, lambda line: console.print(line, markup=False, highlight=False))
-
-
-def _write_outputs(args: argparse.Namespace, result: Any, doc: dict, console: Any) -> None:
-    from preflight.output import report
-
-    if getattr(args, "json", None):
-        if args.json == "-":
-            _write_stdout(report.dumps(doc))
-        else:
-            _write(args.json, report.dumps(doc))
-    if getattr(args, "env_file", None):
-        from preflight.output import envfile
-
-        _write(args.env_file, envfile.render(result), mode=0o644)
-        console.print("env file: %s" % args.env_file, markup=False, highlight=False)
-    if getattr(args, "hostfile", None):
-        from preflight.output import hostfile
-
-        # the nodes that passed (worst finding pass/warn/skip); slots = GPUs per node, 1 on CPU-only nodes
-        healthy = [(_hostfile_name(n), max(1, n["gpus"])) for n in doc["nodes"] if n["status"] in ("pass", "warn", "skip")]
-        try:
-            text = hostfile.render_hostfile(healthy, args.hostfile_format)
-        except ValueError as exc:
-            raise UsageError("cannot write the hostfile: %s" % exc, "choose another --hostfile-format") from None
-        _write(args.hostfile, text)
-    if getattr(args, "junit", None):
-        from preflight.output import junit
-
-        with _writing(args.junit):
-            junit.write_junit(doc, args.junit)
-    if getattr(args, "prometheus", None):
-        from preflight.output import prometheus
-
-        with _writing(args.prometheus):
-            prometheus.write_prometheus(doc, args.prometheus)
-    if getattr(args, "history", None):
-        from preflight.output import history
-
-        with _writing(args.history):
-            history.record(doc, args.history)
-    if getattr(args, "capture", None):
-        from preflight.output import capture
-
-        written = capture.write(args.capture, result.captures, result.view.facts, result.started_at)
-        console.print("captured %d probe runs to %s (review before sending: it holds command outputs and "
-                      "addresses)" % (len(written), args.capture), markup=False, highlight=False)
-
-
-def _check_capture_dir(path: str) -> None:
-    """--capture DIR must be a directory we can create or write, and empty: a capture never mixes runs."""
-    from preflight.output import capture
-
-    capture.check_dir(path)  # not a symlink, not another user's
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise UsageError("--capture %s is not a directory" % path, "give a new or empty directory")
-        if os.listdir(path):
-            raise UsageError("--capture directory %s is not empty" % path, "give a new or empty directory")
-        if not os.access(path, os.W_OK):
-            raise UsageError("--capture directory %s is not writable" % path, "give a writable directory")
-    else:
-        parent = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-            raise UsageError("cannot create --capture directory %s" % path, "give a path in a writable directory")
-
-
-def _check_output_paths(args: argparse.Namespace) -> None:
-    """Every output path must be writable before any node is touched (not found after a long run)."""
-    files = [(opt, getattr(args, dest, None)) for opt, dest in (
-        ("--json", "json"), ("--env-file", "env_file"), ("--hostfile", "hostfile"),
-        ("--junit", "junit"), ("--prometheus", "prometheus"))]
-    for opt, path in files:
-        if not path or (opt == "--json" and path == "-"):
-            continue
-        if os.path.isdir(path):
-            raise UsageError("cannot write %s: Is a directory" % path, "give %s a file path" % opt)
-        if os.path.exists(path) and not os.access(path, os.W_OK):
-            _unwritable(path, errno.EACCES)
-        _check_dir(path, os.path.dirname(os.path.abspath(path)))
-    history = getattr(args, "history", None)
-    if history:
-        target = os.path.abspath(history)
-        if os.path.exists(target) and not os.path.isdir(target):
-            raise UsageError("--history %s is not a directory" % history, "give a directory for the run history")
-        while not os.path.exists(target):  # record() creates the missing directories
-            target = os.path.dirname(target)
-        _check_dir(history, target)
-
-
-def _unwritable(path: str, code: int) -> None:
-    raise UsageError("cannot write %s: %s" % (path, os.strerror(code)), "check the directory exists and is writable")
-
-
-def _check_dir(path: str, directory: str) -> None:
-    """`path` is to be written in `directory`: it must be an existing, writable directory."""
-    if not os.path.exists(directory):
-        _unwritable(path, errno.ENOENT)
-    if not os.path.isdir(directory):
-        _unwritable(path, errno.ENOTDIR)
-    if not os.access(directory, os.W_OK | os.X_OK):
-        _unwritable(path, errno.EACCES)
-
-
-def _previous_run(history_dir: Optional[str], inv: Any) -> Optional[dict]:
-    """The last report of this inventory kept in --history DIR (rules compare against it), else None."""
-    if not history_dir:
-        return None
-    from preflight.output import history
-
-    path = history.previous(history_dir, inv.sha256)
-    return history.load(path) if path is not None else None
-
-
-def _hostfile_name(node: dict) -> str:
-    """The name a launcher reaches a node by: its inventory name, else its host."""
-    return node.get("name") or node["host"]
-
-
-def _check_hostfile_names(inv: Any, fmt: str) -> None:
-    """Every inventory node must be writable in the hostfile format: a usage error before any connection."""
-    from preflight.output import hostfile
-
-    for spec in inv.nodes:
-        try:
-            hostfile.validate_host(_hostfile_name({"name": spec.name, "host": spec.host}), fmt)
-        except ValueError as exc:
-            raise UsageError("--hostfile-format %s: %s" % (fmt, exc), "rename the node in the inventory (name:) or choose another format") from None
-
-
-@contextlib.contextmanager
-def _writing(path: str) -> Iterator[None]:
-    """An output file that cannot be written is a one-line usage error (exit 2), never a traceback."""
-    try:
-        yield
-    except OSError as exc:
-        raise UsageError("cannot write %s: %s" % (path, exc.strerror or exc), "check the directory exists and is writable") from None
-
-
-def _write_stdout(text: str) -> None:
-    from preflight.output import report
-
-    with _writing("the standard output"):
-        report.write_stdout(text)
-
-
-def _write(path: str, text: str, mode: int = 0o644) -> None:
-    """Write a file atomically (temp file in the same directory, then rename)."""
-    from preflight.output.history import atomic_write_text
-
-    with _writing(path):
-        atomic_write_text(path, text, mode=mode)
 
 
 class _Progress:
