@@ -23,11 +23,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Runs in the controller namespace: one allocation, then RUNS phases through SlurmFleet.
 RUNS = r'''
 import hashlib, json, sys, time
-from preflight.slurm import fleet as slurm
+from preflight.slurm import allocation, fleet as slurm
 line_max, runs = int(sys.argv[1]), int(sys.argv[2])
 slurm.LINE_MAX = line_max
-alloc = slurm.allocate(nodelist="n[001-002]")
-fleet = slurm.SlurmFleet(slurm.specs_for(alloc), alloc)
+alloc = allocation.allocate(nodelist="n[001-002]")
+try:
+    fleet = slurm.SlurmFleet(allocation.specs_for(alloc), alloc)
+except BaseException:
+    alloc.release()
+    raise
 config = {"mode": "probe", "checks": {"xid": {}}, "probe_timeout_s": 60, "capture": True}
 report = {"failures": [], "logs": [], "seconds": []}
 try:
