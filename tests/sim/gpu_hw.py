@@ -435,6 +435,10 @@ def fabric_bytes(answer: Dict[str, Any]) -> bytes:
     return struct.pack("<16sIIB3x", uuid, answer["status"], answer.get("cliqueId", 0), answer["state"])
 
 
+#: nvidia-ml-py itself, for its return types (a test may put a FakeNVML in sys.modules["pynvml"]).
+import pynvml as _pynvml  # noqa: E402
+
+
 class FakeNVML:
     NVMLError = FakeNVMLError
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
@@ -516,8 +520,51 @@ class FakeNVML:
         return Pci()
 
     def nvmlDeviceGetTotalEccErrors(self, h: int, kind: int, counter: int) -> int:
-        assert kind == 1
-        return self._get(h, "nvmlDeviceGetTotalEccErrors(UNCORRECTED,%s)" % ("VOLATILE", "AGGREGATE")[counter])
+        return self._get(h, "nvmlDeviceGetTotalEccErrors(%s,%s)" % (("CORRECTED", "UNCORRECTED")[kind],
+                                                                     ("VOLATILE", "AGGREGATE")[counter]))
+
+    # --- the health queries (preflight.probe.gpu_health), answered in pynvml's own return types
+
+    def nvmlDeviceGetRowRemapperHistogram(self, h: int) -> Any:
+        """pynvml returns its c_nvmlRowRemapperHistogramValues structure."""
+        return _pynvml.c_nvmlRowRemapperHistogramValues(**self._get(h, "nvmlDeviceGetRowRemapperHistogram"))
+
+    def nvmlDeviceGetRetiredPages(self, h: int, cause: int) -> List[int]:
+        """pynvml returns the page addresses of that cause (0: multiple single-bit, 1: double-bit)."""
+        return self._get(h, "nvmlDeviceGetRetiredPages(%s)" % ("MULTIPLE_SINGLE_BIT", "DOUBLE_BIT")[cause])
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> List[Any]:
+        """pynvml returns nvmlFriendlyObjects of c_nvmlProcessInfo_v3_t (usedGpuMemory None when N/A)."""
+        return [_pynvml.nvmlFriendlyObject(dict({"gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF}, **p))
+                for p in self._get(h, "nvmlDeviceGetComputeRunningProcesses")]
+
+    def nvmlSystemGetProcessName(self, pid: int) -> str:
+        names = self.a.get("processNames") or {}
+        if str(pid) not in names:
+            raise FakeNVMLError(6)  # NVML_ERROR_NOT_FOUND: another PID namespace
+        return names[str(pid)]
+
+    def nvmlDeviceGetApplicationsClock(self, h: int, clock: int) -> int:
+        assert clock == 0  # NVML_CLOCK_GRAPHICS
+        return self._get(h, "nvmlDeviceGetApplicationsClock(GRAPHICS)")
+
+    def nvmlDeviceGetDefaultApplicationsClock(self, h: int, clock: int) -> int:
+        assert clock == 0
+        return self._get(h, "nvmlDeviceGetDefaultApplicationsClock(GRAPHICS)")
+
+    def nvmlDeviceGetFieldValues(self, h: int, ids: List[int]) -> Any:
+        """pynvml returns the c_nvmlFieldValue_t array the C library filled: a field this driver lacks has
+        nvmlReturn NVML_ERROR_NOT_SUPPORTED (the call itself succeeds)."""
+        fields = self._get(h, "nvmlDeviceGetFieldValues")
+        values = (_pynvml.c_nvmlFieldValue_t * len(ids))()
+        for i, fid in enumerate(ids):
+            values[i].fieldId = fid
+            if str(fid) in fields:
+                values[i].valueType = 1  # NVML_VALUE_TYPE_UNSIGNED_INT
+                values[i].value.uiVal = fields[str(fid)]
+            else:
+                values[i].nvmlReturn = 3
+        return values
 
     def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:
         states = self._get(h, "nvmlDeviceGetNvLinkState")
