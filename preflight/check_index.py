@@ -72,6 +72,22 @@ CHECKS = (
         ],
     },
     {
+        'name': 'nvlink_errors',
+        'claim': "No GPU's NVLinks take replay or recovery errors, or CRC errors at 100/s or more, during the run",
+        'why': 'A link that replays or recovers stalls every collective crossing it; CRC errors at a high rate mean a failing lane. Errors counted since boot with none arriving now are history, not a fault; PCIe GPUs and VMs without NVLink are not judged.',
+        'fix': 'Drain the node; nvidia-smi nvlink -e -i N names the link; reseat or replace the GPU baseboard or NVLink cable, then run dcgmi diag -r 2 before returning it to service.',
+        'phase': 1,
+        'action': 'isolate',
+        'order': 23,
+        'reads': "the gpu probe's NVML session: NVLink CRC flit/data, replay and recovery counters (field values), twice",
+        'takes': "the gpu probe's 1 s health window (NVML only)",
+        'needs': ['gpu'],
+        'probes': False,
+        'crossnode': False,
+        'settings': [
+        ],
+    },
+    {
         'name': 'driver',
         'claim': 'Every node runs the same NVIDIA driver, CUDA driver, NCCL and torch versions (or the expected ones)',
         'why': 'Mixed driver or NCCL versions across nodes make NCCL hang or fail at init (protocol mismatch); a torch built for a newer CUDA than the driver cannot use the GPU.',

@@ -262,3 +262,49 @@ def test_realworld_style_blackwell_deprecated_clocks_are_not_judged():
                     "<graphics_clock>Requested functionality has been deprecated</graphics_clock>")
     g = gpu_health.parse_health_xml(xml)["gpus"]["00000000:18:00.0"]
     assert g["apps_clock_mhz"] is None and re.search("deprecated", xml)
+
+
+# --------------------------------------------------------------------------------------- nvlink_errors
+
+
+def links(before, after, **other):
+    """FieldValues answers: the recovery action plus NVLink counters (unsigned long long), read twice."""
+    def one(c):
+        return dict({"230": 0}, **{fid: {"ull": v} for fid, v in zip(("38", "45", "52", "59"), c)})
+    return {"nvmlDeviceGetFieldValues": {"sequence": [one(before), one(after)]}, **other}
+
+
+def test_nvlink_replay_or_crc_storm_isolates_a_few_crc_warn():
+    from preflight.checks import nvlink_errors
+
+    answers = health_answers({i: links((0, 0, 0, 0), (0, 0, 0, 0)) for i in range(8)})
+    answers["devices"][1].update(links((5, 0, 7, 0), (5, 0, 9, 0)))      # 2 replays now
+    answers["devices"][2].update(links((0, 0, 0, 0), (400, 20, 0, 0)))   # 420 CRC in the window
+    answers["devices"][3].update(links((0, 0, 0, 0), (3, 0, 0, 0)))      # a few CRC
+    found = problems(nvlink_errors.rule(view_of(nvml_facts(answers, window_s=0.5))))
+    assert [(s, a) for _, s, a, _ in found] == [(Status.FAIL, "isolate"), (Status.FAIL, "isolate"), (Status.WARN, None)]
+    assert "GPU 1 (0000:2A:00.0): NVLink 2 replay errors in 0.5 s" in found[0][3]
+    assert "GPU 2 (0000:3A:00.0): 420 NVLink CRC errors in 0.5 s" in found[1][3]
+
+
+def test_nvlink_errors_since_boot_with_none_now_pass():
+    from preflight.checks import nvlink_errors
+
+    answers = health_answers({i: links((90000, 10, 3, 1), (90000, 10, 3, 1)) for i in range(8)})
+    [finding] = nvlink_errors.rule(view_of(nvml_facts(answers)))
+    assert finding.status is Status.PASS and "8 GPUs: no NVLink replay" in finding.message
+    assert "90014 NVLink errors since boot, none during the window" in finding.message
+
+
+def test_nvlink_errors_not_judged_without_counters_or_on_nvidia_smi():
+    from preflight.checks import nvlink_errors
+
+    [pcie] = nvlink_errors.rule(view_of(nvml_facts(health_answers())))  # no NVLink fields answered
+    assert pcie.status is Status.SKIP and "no GPU reports NVLink error counters" in pcie.message
+    [smi] = nvlink_errors.rule(view_of(xml_facts(H100_XML)))
+    assert smi.status is Status.SKIP and "nvidia-smi (one sample)" in smi.message
+
+
+def view_of(*node_facts):
+    nodes = [NodeInfo("n%d" % (i + 1), "198.18.0.%d" % (i + 1), len(f["gpus"])) for i, f in enumerate(node_facts)]
+    return ClusterView(nodes, {n.name: {"gpu": f} for n, f in zip(nodes, node_facts)})

@@ -19,6 +19,9 @@ Facts: the gpu facts' "health" entry::
         processes [{pid int, name str|None, used_mib int|None}]|None,  (compute processes; never this one)
         power_limit_w float|None, default_power_limit_w float|None,
         apps_clock_mhz int|None, default_apps_clock_mhz int|None,   (graphics applications clock)
+        nvlink_errors {crc_flit, crc_data, replay, recovery: int (the counters this GPU has)}|None,
+        nvlink_errors_after {same}|None,                       (NVML: the second read; None: no NVLink
+                                                                counters, a PCIe part or a VM)
         recovery_action "None"|"Reset"|"Reboot"|"Drain P2P"|"Drain and Reset"|...|None,
         reset_required bool|None, drain_and_reset bool|None,   (pre-R575 reset status; superseded by the
                                                                 recovery action)
@@ -55,12 +58,15 @@ RECOVERY_ACTIONS = {0: "None", 1: "Reset", 2: "Reboot", 3: "Drain P2P", 4: "Drai
                     5: "Recover IMEX Domain", 6: "Bus Reset", 7: "System Reboot"}
 COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
 FIELD_RECOVERY, FIELD_RESET, FIELD_DRAIN = 230, 226, 227
+#: NVLink error counters, totals over all links (NVML_FI_DEV_NVLINK_*_COUNT_TOTAL). The FEC counters of
+#: Blackwell (NVML_FI_DEV_NVLINK_COUNT_FEC_HISTORY_*) are not read: corrected by design, not errors.
+NVLINK_FIELDS = {38: "crc_flit", 45: "crc_data", 52: "replay", 59: "recovery"}
 HISTOGRAM = ("max", "high", "partial", "low", "none")
 
 
 def empty_health() -> Dict[str, Any]:
     return {"remap": None, "retired_pages": None, "ce_volatile": None, "ce_volatile_after": None,
-            "compute_mode": None, "processes": None, "power_limit_w": None, "default_power_limit_w": None,
+            "compute_mode": None, "nvlink_errors": None, "nvlink_errors_after": None, "processes": None, "power_limit_w": None, "default_power_limit_w": None,
             "apps_clock_mhz": None, "default_apps_clock_mhz": None, "recovery_action": None,
             "reset_required": None, "drain_and_reset": None, "query_errors": []}
 
@@ -83,12 +89,16 @@ def health_from_nvml(nvml: Any, gpus: List[Dict[str, Any]], handles: Dict[int, A
             out["gpus"][g["pci_bus_id"]] = _first_read(nvml, handles[g["index"]])
         by_bus = {g["pci_bus_id"]: handles[g["index"]] for g in readable}
         counted = [bus for bus, health in out["gpus"].items() if health["ce_volatile"] is not None]
-        if not counted:
+        linked = [bus for bus, health in out["gpus"].items() if health["nvlink_errors"]]
+        if not counted and not linked:
             return
         time.sleep(max(0.0, window_s - (time.monotonic() - started)))
         for bus in counted:
             out["gpus"][bus]["ce_volatile_after"] = _ask(nvml, out["gpus"][bus], by_bus[bus],
                                                          "nvmlDeviceGetTotalEccErrors", 0, 0)
+        for bus in linked:
+            fields = _ask(nvml, out["gpus"][bus], by_bus[bus], "nvmlDeviceGetFieldValues", list(NVLINK_FIELDS))
+            out["gpus"][bus]["nvlink_errors_after"] = _counters(fields)
         out["window_s"] = round(time.monotonic() - started, 3)
 
     try:
@@ -138,11 +148,12 @@ def _first_read(nvml: Any, h: Any) -> Dict[str, Any]:
     health["default_power_limit_w"] = None if default is None else default / 1000.0
     health["apps_clock_mhz"] = _ask(nvml, health, h, "nvmlDeviceGetApplicationsClock", 0)  # NVML_CLOCK_GRAPHICS
     health["default_apps_clock_mhz"] = _ask(nvml, health, h, "nvmlDeviceGetDefaultApplicationsClock", 0)
-    fields = _ask(nvml, health, h, "nvmlDeviceGetFieldValues", [FIELD_RECOVERY, FIELD_RESET, FIELD_DRAIN])
+    fields = _ask(nvml, health, h, "nvmlDeviceGetFieldValues", [FIELD_RECOVERY, FIELD_RESET, FIELD_DRAIN] + list(NVLINK_FIELDS))
+    health["nvlink_errors"] = _counters(fields)
     for field in fields or []:
         if int(field.nvmlReturn) != 0:
             continue  # this driver has not that field (R575 added the recovery action)
-        value = int(field.value.uiVal)
+        value = _value(field)
         if field.fieldId == FIELD_RECOVERY:
             health["recovery_action"] = RECOVERY_ACTIONS.get(value, "action %d" % value)
         elif field.fieldId == FIELD_RESET:
@@ -150,6 +161,20 @@ def _first_read(nvml: Any, h: Any) -> Dict[str, Any]:
         elif field.fieldId == FIELD_DRAIN:
             health["drain_and_reset"] = bool(value)
     return health
+
+
+def _value(field: Any) -> int:
+    """A field value by its nvmlValueType_t (0 double, 1 uint, 2 ulong, 3 ulonglong, 4 slonglong, 5 sint)."""
+    kind = int(field.valueType)
+    return int((field.value.dVal, field.value.uiVal, field.value.ulVal, field.value.ullVal, field.value.sllVal,
+                field.value.siVal)[kind] if kind < 6 else field.value.ullVal)
+
+
+def _counters(fields: Any) -> Optional[Dict[str, int]]:
+    """The NVLink error counters among the field values this GPU answered (None: it has none)."""
+    got = {NVLINK_FIELDS[int(f.fieldId)]: _value(f) for f in fields or []
+           if int(f.fieldId) in NVLINK_FIELDS and int(f.nvmlReturn) == 0}
+    return got or None
 
 
 def _process(nvml: Any, health: Dict[str, Any], proc: Any) -> Dict[str, Any]:

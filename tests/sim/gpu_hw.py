@@ -554,14 +554,19 @@ class FakeNVML:
 
     def nvmlDeviceGetFieldValues(self, h: int, ids: List[int]) -> Any:
         """pynvml returns the c_nvmlFieldValue_t array the C library filled: a field this driver lacks has
-        nvmlReturn NVML_ERROR_NOT_SUPPORTED (the call itself succeeds)."""
+        nvmlReturn NVML_ERROR_NOT_SUPPORTED (the call itself succeeds). Answers {"230": 0} (an unsigned int,
+        as the recovery action is) or {"38": {"ull": n}} (an unsigned long long, as the NVLink counters are)."""
         fields = self._get(h, "nvmlDeviceGetFieldValues")
         values = (_pynvml.c_nvmlFieldValue_t * len(ids))()
         for i, fid in enumerate(ids):
             values[i].fieldId = fid
-            if str(fid) in fields:
+            answer = fields.get(str(fid))
+            if isinstance(answer, dict):
+                values[i].valueType = 3  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                values[i].value.ullVal = answer["ull"]
+            elif answer is not None:
                 values[i].valueType = 1  # NVML_VALUE_TYPE_UNSIGNED_INT
-                values[i].value.uiVal = fields[str(fid)]
+                values[i].value.uiVal = answer
             else:
                 values[i].nvmlReturn = 3
         return values
