@@ -234,7 +234,7 @@ CHECKS = (
         'order': 68,
         'reads': '',
         'takes': '',
-        'needs': [],
+        'needs': ['ib_hca'],
         'probes': True,
         'crossnode': False,
         'settings': [
