@@ -210,15 +210,15 @@ CHECKS = (
     },
     {
         'name': 'gpudirect',
-        'claim': 'On nodes with GPUs and RDMA HCAs the GPUDirect RDMA module (nvidia_peermem) is loaded and no PCIe switch port between a GPU and an HCA redirects peer traffic (ACS) on bare metal',
+        'claim': 'On nodes with GPUs and RDMA HCAs GPUDirect RDMA has a path (DMA-BUF on the open kernel module with NCCL 2.19+, or nvidia_peermem loaded) and no PCIe switch port between a GPU and an HCA redirects peer traffic (ACS) on bare metal',
         'why': 'Without GPUDirect RDMA NCCL silently copies every transfer through host memory: the job runs at a fraction of the speed and nothing fails.',
-        'fix': "modprobe nvidia_peermem (and add it to /etc/modules-load.d); disable ACS redirect on the switch ports: BIOS 'ACS' off, or the kernel parameter pci=disable_acs_redir=<bdf>, or setpci at boot as NVIDIA's NCCL troubleshooting guide shows; in VMs leave ACS to the hypervisor.",
+        'fix': "Use the open kernel module on Linux 5.12+ with NCCL 2.19+ (DMA-BUF), or modprobe nvidia_peermem (and add it to /etc/modules-load.d); disable ACS redirect on the switch ports: BIOS 'ACS' off, or the kernel parameter pci=disable_acs_redir=<bdf>, or setpci at boot as NVIDIA's NCCL troubleshooting guide shows; in VMs leave ACS to the hypervisor.",
         'phase': 1,
         'action': 'fix_config',
         'order': 67,
         'reads': '',
         'takes': '',
-        'needs': [],
+        'needs': ['driver'],
         'probes': True,
         'crossnode': False,
         'settings': [
