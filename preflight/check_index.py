@@ -88,6 +88,22 @@ CHECKS = (
         ],
     },
     {
+        'name': 'gpu_pcie',
+        'claim': "No GPU's PCIe link replays during the run, or runs below its maximum generation while the GPU is busy",
+        'why': "A link that replays resends packets: the GPU's host transfers and GPUDirect traffic slow down and the link may drop (Xid 79). A link trained at a lower generation halves the bandwidth under load; at idle the GPU lowers it on purpose, so idle links are not judged.",
+        'fix': "Drain the node, reseat the GPU or replace its riser/cable; check the pcie check's AER counters and lspci -vv LnkSta against LnkCap under load.",
+        'phase': 1,
+        'action': 'isolate',
+        'order': 24,
+        'reads': "the gpu probe's NVML session: PCIe replay counter (field value 94) twice, utilization, link generation",
+        'takes': "the gpu probe's 1 s health window (NVML only)",
+        'needs': ['gpu'],
+        'probes': False,
+        'crossnode': False,
+        'settings': [
+        ],
+    },
+    {
         'name': 'driver',
         'claim': 'Every node runs the same NVIDIA driver, CUDA driver, NCCL and torch versions (or the expected ones)',
         'why': 'Mixed driver or NCCL versions across nodes make NCCL hang or fail at init (protocol mismatch); a torch built for a newer CUDA than the driver cannot use the GPU.',

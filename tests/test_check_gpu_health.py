@@ -97,7 +97,8 @@ def health_answers(per_gpu=None):
             "nvmlDeviceGetPowerManagementDefaultLimit": 700000,
             "nvmlDeviceGetApplicationsClock(GRAPHICS)": 1755,
             "nvmlDeviceGetDefaultApplicationsClock(GRAPHICS)": 1755,
-            "nvmlDeviceGetFieldValues": {"230": 0},
+            "nvmlDeviceGetFieldValues": {"230": 0, "94": 0},
+            "nvmlDeviceGetUtilizationRates": {"gpu": 0, "memory": 0},
         })
         dev.update((per_gpu or {}).get(i, {}))
     return answers
@@ -115,9 +116,9 @@ def test_nvml_and_xml_health_agree_on_the_healthy_node():
     xml = gpu_health.parse_health_xml(H100_XML)["gpus"]
     assert facts["health"]["error"] is None and facts["health"]["window_s"] >= 0.05
     for bus, nvml in facts["health"]["gpus"].items():
-        assert nvml.pop("ce_volatile_after") == 0  # the second read: NVML only
+        assert nvml.pop("ce_volatile_after") == 0 and nvml.pop("pcie_replay_after") == 0  # the second read: NVML only
         want = dict(xml[bus], recovery_action="None", reset_required=None, drain_and_reset=None)
-        del want["ce_volatile_after"]
+        del want["ce_volatile_after"], want["pcie_replay_after"]
         assert nvml == want
 
 
@@ -270,7 +271,7 @@ def test_realworld_style_blackwell_deprecated_clocks_are_not_judged():
 def links(before, after, **other):
     """FieldValues answers: the recovery action plus NVLink counters (unsigned long long), read twice."""
     def one(c):
-        return dict({"230": 0}, **{fid: {"ull": v} for fid, v in zip(("38", "45", "52", "59"), c)})
+        return dict({"230": 0, "94": 0}, **{fid: {"ull": v} for fid, v in zip(("38", "45", "52", "59"), c)})
     return {"nvmlDeviceGetFieldValues": {"sequence": [one(before), one(after)]}, **other}
 
 
@@ -308,3 +309,33 @@ def test_nvlink_errors_not_judged_without_counters_or_on_nvidia_smi():
 def view_of(*node_facts):
     nodes = [NodeInfo("n%d" % (i + 1), "198.18.0.%d" % (i + 1), len(f["gpus"])) for i, f in enumerate(node_facts)]
     return ClusterView(nodes, {n.name: {"gpu": f} for n, f in zip(nodes, node_facts)})
+
+
+# ------------------------------------------------------------------------------------------- gpu_pcie
+
+
+def replays(before, after):
+    return {"nvmlDeviceGetFieldValues": {"sequence": [{"230": 0, "94": before}, {"230": 0, "94": after}]}}
+
+
+def test_pcie_replays_during_the_window_isolate_a_few_warn_old_ones_pass():
+    from preflight.checks import gpu_pcie
+
+    answers = health_answers({1: replays(10, 40), 2: replays(10, 11), 3: replays(5000, 5000)})
+    found = problems(gpu_pcie.rule(view_of(nvml_facts(answers, window_s=0.5))))
+    assert [(s, a) for _, s, a, _ in found] == [(Status.FAIL, "isolate"), (Status.WARN, None)]
+    assert "GPU 1 (0000:2A:00.0): 30 PCIe replays in 0.5 s (40 since boot" in found[0][3]
+    [twin] = gpu_pcie.rule(view_of(nvml_facts(health_answers({3: replays(5000, 5000)}))))
+    assert twin.status is Status.PASS and "5000 PCIe replays since boot, none during the window" in twin.message
+
+
+def test_pcie_generation_judged_under_load_only():
+    from preflight.checks import gpu_pcie
+
+    low = {"nvmlDeviceGetCurrPcieLinkGeneration": 3}
+    busy = health_answers({2: dict(low, nvmlDeviceGetUtilizationRates={"gpu": 97, "memory": 60})})
+    [found] = problems(gpu_pcie.rule(view_of(nvml_facts(busy))))
+    assert found[1] is Status.WARN and "GPU 2 (0000:3A:00.0): PCIe Gen3 while 97% busy (expected Gen5)" in found[3]
+    idle = health_answers({2: low})  # the twin: an idle GPU downshifts its link
+    [twin] = gpu_pcie.rule(view_of(nvml_facts(idle)))
+    assert twin.status is Status.PASS and "PCIe generation not judged at idle" in twin.message

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from preflight.checks import driver, fabric_manager, gpu, gpu_memory, gpu_state
+from preflight.checks import driver, fabric_manager, gpu, gpu_memory, gpu_pcie, gpu_state
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe import gpu_facts, gpu_health, nvidia_smi
 
@@ -196,13 +196,13 @@ EXPLAINED: Dict[str, List[str]] = {
 
 
 def judge_xml(path: str) -> List[Any]:
-    """The gpu rule and the rules judging its health facts (gpu_memory, gpu_state) on one capture."""
+    """The gpu rule and the rules judging its health facts (gpu_memory, gpu_state, gpu_pcie) on one capture."""
     facts = gpu.parse_nvidia_smi_xml(_read(path))
     facts["nvml_error"] = None
     facts["health"] = gpu_health.parse_health_xml(_read(path))
     node = NodeInfo("node01", "198.18.0.1", max(1, len(facts["gpus"])))
     view = ClusterView([node], {"node01": {"gpu": facts, "ssh": {"shm_bytes": 16 << 30}}})
-    return [f for check in (gpu, gpu_memory, gpu_state) for f in check.rule(view) if f.status != Status.PASS]
+    return [f for check in (gpu, gpu_memory, gpu_state, gpu_pcie) for f in check.rule(view) if f.status != Status.PASS]
 
 
 XMLS = _files("nvidia_smi_xml", "*.xml")

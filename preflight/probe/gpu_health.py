@@ -22,6 +22,9 @@ Facts: the gpu facts' "health" entry::
         nvlink_errors {crc_flit, crc_data, replay, recovery: int (the counters this GPU has)}|None,
         nvlink_errors_after {same}|None,                       (NVML: the second read; None: no NVLink
                                                                 counters, a PCIe part or a VM)
+        pcie_replay int|None, pcie_replay_after int|None,     (PCIe replays, first and second read)
+        util_gpu int|None,                                     (percent busy: the PCIe link is judged
+                                                                against its maximum only under load)
         recovery_action "None"|"Reset"|"Reboot"|"Drain P2P"|"Drain and Reset"|...|None,
         reset_required bool|None, drain_and_reset bool|None,   (pre-R575 reset status; superseded by the
                                                                 recovery action)
@@ -61,12 +64,15 @@ FIELD_RECOVERY, FIELD_RESET, FIELD_DRAIN = 230, 226, 227
 #: NVLink error counters, totals over all links (NVML_FI_DEV_NVLINK_*_COUNT_TOTAL). The FEC counters of
 #: Blackwell (NVML_FI_DEV_NVLINK_COUNT_FEC_HISTORY_*) are not read: corrected by design, not errors.
 NVLINK_FIELDS = {38: "crc_flit", 45: "crc_data", 52: "replay", 59: "recovery"}
+#: NVML_FI_DEV_PCIE_REPLAY_COUNTER: the GPU's PCIe link replays since boot (nvidia-smi's <replay_counter>).
+FIELD_PCIE_REPLAY = 94
 HISTOGRAM = ("max", "high", "partial", "low", "none")
 
 
 def empty_health() -> Dict[str, Any]:
     return {"remap": None, "retired_pages": None, "ce_volatile": None, "ce_volatile_after": None,
-            "compute_mode": None, "nvlink_errors": None, "nvlink_errors_after": None, "processes": None, "power_limit_w": None, "default_power_limit_w": None,
+            "compute_mode": None, "pcie_replay": None, "pcie_replay_after": None, "util_gpu": None,
+            "nvlink_errors": None, "nvlink_errors_after": None, "processes": None, "power_limit_w": None, "default_power_limit_w": None,
             "apps_clock_mhz": None, "default_apps_clock_mhz": None, "recovery_action": None,
             "reset_required": None, "drain_and_reset": None, "query_errors": []}
 
@@ -90,15 +96,18 @@ def health_from_nvml(nvml: Any, gpus: List[Dict[str, Any]], handles: Dict[int, A
         by_bus = {g["pci_bus_id"]: handles[g["index"]] for g in readable}
         counted = [bus for bus, health in out["gpus"].items() if health["ce_volatile"] is not None]
         linked = [bus for bus, health in out["gpus"].items() if health["nvlink_errors"]]
-        if not counted and not linked:
+        replays = [bus for bus, health in out["gpus"].items() if health["pcie_replay"] is not None]
+        if not counted and not linked and not replays:
             return
         time.sleep(max(0.0, window_s - (time.monotonic() - started)))
         for bus in counted:
             out["gpus"][bus]["ce_volatile_after"] = _ask(nvml, out["gpus"][bus], by_bus[bus],
                                                          "nvmlDeviceGetTotalEccErrors", 0, 0)
-        for bus in linked:
-            fields = _ask(nvml, out["gpus"][bus], by_bus[bus], "nvmlDeviceGetFieldValues", list(NVLINK_FIELDS))
-            out["gpus"][bus]["nvlink_errors_after"] = _counters(fields)
+        for bus in set(linked) | set(replays):
+            fields = _ask(nvml, out["gpus"][bus], by_bus[bus], "nvmlDeviceGetFieldValues",
+                          list(NVLINK_FIELDS) + [FIELD_PCIE_REPLAY])
+            out["gpus"][bus]["nvlink_errors_after"] = _counters(fields) if bus in linked else None
+            out["gpus"][bus]["pcie_replay_after"] = _field(fields, FIELD_PCIE_REPLAY)
         out["window_s"] = round(time.monotonic() - started, 3)
 
     try:
@@ -148,8 +157,11 @@ def _first_read(nvml: Any, h: Any) -> Dict[str, Any]:
     health["default_power_limit_w"] = None if default is None else default / 1000.0
     health["apps_clock_mhz"] = _ask(nvml, health, h, "nvmlDeviceGetApplicationsClock", 0)  # NVML_CLOCK_GRAPHICS
     health["default_apps_clock_mhz"] = _ask(nvml, health, h, "nvmlDeviceGetDefaultApplicationsClock", 0)
-    fields = _ask(nvml, health, h, "nvmlDeviceGetFieldValues", [FIELD_RECOVERY, FIELD_RESET, FIELD_DRAIN] + list(NVLINK_FIELDS))
+    fields = _ask(nvml, health, h, "nvmlDeviceGetFieldValues", [FIELD_RECOVERY, FIELD_RESET, FIELD_DRAIN, FIELD_PCIE_REPLAY] + list(NVLINK_FIELDS))
     health["nvlink_errors"] = _counters(fields)
+    health["pcie_replay"] = _field(fields, FIELD_PCIE_REPLAY)
+    util = _ask(nvml, health, h, "nvmlDeviceGetUtilizationRates")
+    health["util_gpu"] = None if util is None else int(util.gpu)
     for field in fields or []:
         if int(field.nvmlReturn) != 0:
             continue  # this driver has not that field (R575 added the recovery action)
@@ -175,6 +187,13 @@ def _counters(fields: Any) -> Optional[Dict[str, int]]:
     got = {NVLINK_FIELDS[int(f.fieldId)]: _value(f) for f in fields or []
            if int(f.fieldId) in NVLINK_FIELDS and int(f.nvmlReturn) == 0}
     return got or None
+
+
+def _field(fields: Any, field_id: int) -> Optional[int]:
+    for f in fields or []:
+        if int(f.fieldId) == field_id and int(f.nvmlReturn) == 0:
+            return _value(f)
+    return None
 
 
 def _process(nvml: Any, health: Dict[str, Any], proc: Any) -> Dict[str, Any]:
@@ -266,6 +285,8 @@ def _health_xml(el: Any, where: str) -> Dict[str, Any]:
             known = [p for p in parts if p is not None]
             health["ce_volatile"] = sum(known) if known else None
     health["compute_mode"] = _text(el, "compute_mode")
+    health["pcie_replay"] = _int(el, "pci/replay_counter", where)
+    health["util_gpu"] = _int(el, "utilization/gpu_util", where, "%")
     procs = el.find("processes")
     if procs is not None:
         health["processes"] = [

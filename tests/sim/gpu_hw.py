@@ -552,6 +552,10 @@ class FakeNVML:
         assert clock == 0
         return self._get(h, "nvmlDeviceGetDefaultApplicationsClock(GRAPHICS)")
 
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
+        """pynvml returns its c_nvmlUtilization_t (gpu, memory: percent)."""
+        return _pynvml.c_nvmlUtilization_t(**self._get(h, "nvmlDeviceGetUtilizationRates"))
+
     def nvmlDeviceGetFieldValues(self, h: int, ids: List[int]) -> Any:
         """pynvml returns the c_nvmlFieldValue_t array the C library filled: a field this driver lacks has
         nvmlReturn NVML_ERROR_NOT_SUPPORTED (the call itself succeeds). Answers {"230": 0} (an unsigned int,
