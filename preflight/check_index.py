@@ -127,7 +127,7 @@ CHECKS = (
         'name': 'fabric_manager',
         'claim': 'On NVSwitch nodes nvidia-fabricmanager is active, matches the driver version, and every GPU joined the fabric; on GB200/GB300 trays every GPU joined one NVLink clique and nvidia-imex is active',
         'why': 'Without a running, version-matched fabric manager the NVSwitch fabric is never programmed: CUDA init fails with cudaErrorSystemNotReady or NCCL hangs at init on that node.',
-        'fix': "Install nvidia-fabricmanager of exactly the driver's version, then systemctl enable --now nvidia-fabricmanager; read journalctl -u nvidia-fabricmanager for the cause of a failure. GB200/GB300 trays: systemctl enable --now nvidia-imex (with the rack's nodes_config.cfg); a GPU stuck registering points at the NVLink switch trays' fabric manager.",
+        'fix': "Install nvidia-fabricmanager of exactly the driver's version, then systemctl enable --now nvidia-fabricmanager; read journalctl -u nvidia-fabricmanager for the cause of a failure. GB200/GB300 trays: systemctl enable --now nvidia-imex (with the rack's nodes_config.cfg); a GPU stuck registering points at the NVLink switch trays' fabric manager; fabric bandwidth degraded or route unhealthy: check the switch trays and NVLink cables; no IMEX channel: load nvidia with NVreg_CreateImexChannel0=1 (or nvidia-modprobe -i 0).",
         'phase': 1,
         'action': 'fix_config',
         'order': 40,

@@ -84,6 +84,11 @@ def test_xml_value_it_does_not_understand_is_a_parse_error():
 
 # ---------------------------------------------------------------------------------------------- NVML
 
+#: NVML_GPU_FABRIC_HEALTH_MASK_*: degraded bandwidth, route recovery, route unhealthy, access timeout recovery
+#: FALSE (2 in bits 0-1, 2-3, 4-5, 6-7), incorrect configuration NONE (1 in bits 8-11).
+HEALTHY_MASK = 2 | 2 << 2 | 2 << 4 | 2 << 6 | 1 << 8
+
+
 def health_answers(per_gpu=None):
     """The recorded H100 session plus healthy health answers on every GPU; per_gpu {index: {key: answer}}."""
     answers = nvml_answers()
@@ -99,6 +104,8 @@ def health_answers(per_gpu=None):
             "nvmlDeviceGetDefaultApplicationsClock(GRAPHICS)": 1755,
             "nvmlDeviceGetFieldValues": {"230": 0, "94": 0},
             "nvmlDeviceGetUtilizationRates": {"gpu": 0, "memory": 0},
+            # an R550 driver: nvmlGpuFabricInfo_v2 (no summary); every health bit FALSE, configuration NONE
+            "nvmlDeviceGetGpuFabricInfoV": {"versions": [2], "state": 3, "healthMask": HEALTHY_MASK},
         })
         dev.update((per_gpu or {}).get(i, {}))
     return answers
@@ -339,3 +346,51 @@ def test_pcie_generation_judged_under_load_only():
     idle = health_answers({2: low})  # the twin: an idle GPU downshifts its link
     [twin] = gpu_pcie.rule(view_of(nvml_facts(idle)))
     assert twin.status is Status.PASS and "PCIe generation not judged at idle" in twin.message
+
+
+# ---------------------------------------------------------------------------- fabric health (GB200/GB300)
+
+
+def tray_view(facts, imex_channels=("channel0",)):
+    node = NodeInfo("tray1", "198.18.0.1", len(facts["gpus"]))
+    fm = {"nvswitches": [], "service": None, "service_error": None, "fm_version": None, "driver_version": "570.86.15",
+          "imex": {"LoadState": "loaded", "ActiveState": "active", "SubState": "running"}, "imex_error": None,
+          "imex_channels": list(imex_channels)}
+    return ClusterView([node], {"tray1": {"gpu": facts, "fabric_manager": fm}})
+
+
+def gb200_answers(per_gpu=None, versions=(3, 2)):
+    answers = health_answers()
+    del answers["devices"][4:]
+    for i, dev in enumerate(answers["devices"]):
+        dev["nvmlDeviceGetName"] = "NVIDIA GB200"
+        dev["nvmlDeviceGetGpuFabricInfo"] = {"state": 3, "status": 0, "cliqueId": 32766,
+                                              "clusterUuid": "8f3e2d1c-4b5a-4c6d-9e8f-0a1b2c3d4e5f"}
+        dev["nvmlDeviceGetGpuFabricInfoV"] = {"versions": list(versions), "state": 3, "healthMask": HEALTHY_MASK,
+                                               "healthSummary": 1}
+        dev["nvmlDeviceGetGpuFabricInfoV"].update((per_gpu or {}).get(i, {}))
+    return answers
+
+
+def test_fabric_health_mask_degraded_or_misconfigured_fails_healthy_tray_passes():
+    from preflight.checks import fabric_manager
+
+    bad = gb200_answers({1: {"healthMask": HEALTHY_MASK & ~0x3 | 1, "healthSummary": 3},
+                         2: {"healthMask": HEALTHY_MASK & ~0xF00 | 5 << 8}})
+    facts = nvml_facts(bad)
+    assert facts["health"]["gpus"]["00000000:2A:00.0"]["fabric_health"]["summary"] == "Limited Capacity"
+    found = [(f.status, f.action, f.message) for f in fabric_manager.rule(tray_view(facts)) if f.status is not Status.PASS]
+    assert [(s, a) for s, a, _ in found] == [(Status.FAIL, "isolate"), (Status.FAIL, "fix_config")]
+    assert "GPU 1 (0000:2A:00.0): NVLink fabric bandwidth degraded" in found[0][2]
+    assert "NVLink fabric configuration incorrect: insufficient NVLinks" in found[1][2]
+    # the twin: a driver that only knows v2 (no summary) on a healthy tray
+    good = [f.status for f in fabric_manager.rule(tray_view(nvml_facts(gb200_answers(versions=(2,)))))]
+    assert good == [Status.PASS]
+
+
+def test_mnnvl_tray_without_an_imex_channel_fails():
+    from preflight.checks import fabric_manager
+
+    found = [f for f in fabric_manager.rule(tray_view(nvml_facts(gb200_answers()), imex_channels=()))
+             if f.status is Status.FAIL]
+    assert len(found) == 1 and "no IMEX channel under /dev/nvidia-caps-imex-channels" in found[0].message

@@ -25,6 +25,11 @@ Facts: the gpu facts' "health" entry::
         pcie_replay int|None, pcie_replay_after int|None,     (PCIe replays, first and second read)
         util_gpu int|None,                                     (percent busy: the PCIe link is judged
                                                                 against its maximum only under load)
+        fabric_health {degraded_bw bool, route_unhealthy bool, incorrect_config str|None,
+                       summary "Healthy"|"Unhealthy"|"Limited Capacity"|None}|None,
+                                                               (nvmlDeviceGetGpuFabricInfoV v3, else v2:
+                                                                GB200/GB300 NVLink fabric health; None:
+                                                                not supported, or not registered)
         recovery_action "None"|"Reset"|"Reboot"|"Drain P2P"|"Drain and Reset"|...|None,
         reset_required bool|None, drain_and_reset bool|None,   (pre-R575 reset status; superseded by the
                                                                 recovery action)
@@ -44,6 +49,7 @@ the nvidia-smi XML of drivers 418-590 (tests/fixtures/gpu_health and ../shared/r
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import time
@@ -51,7 +57,7 @@ import xml.etree.ElementTree as ET
 from typing import Any, Dict, List, Optional
 
 from preflight.model import ParseError
-from preflight.probe.nvml import NvmlSlow, NvmlWedged, bounded_nvml, cannot_say, entering, text
+from preflight.probe.nvml import NvmlSlow, NvmlWedged, bounded_nvml, call_c, cannot_say, entering, text
 
 #: Seconds between the two reads of the corrected-error counters: as long as the pcie and ib_errors
 #: windows, which run concurrently with the gpu probe, so the window costs no wall time on such nodes.
@@ -69,10 +75,54 @@ FIELD_PCIE_REPLAY = 94
 HISTOGRAM = ("max", "high", "partial", "low", "none")
 
 
+class FabricInfoV3(ctypes.Structure):
+    """nvmlGpuFabricInfo_v3_t as nvml.h (R550+) declares it (v2 is the same without healthSummary):
+    unsigned int version; unsigned char clusterUuid[16]; nvmlReturn_t status; unsigned int cliqueId;
+    nvmlGpuFabricState_t state (unsigned char); unsigned int healthMask; unsigned char healthSummary.
+    Sizes 40 (v3) and 36 (v2): the version words nvmlGpuFabricInfo_v3 0x3000028 and _v2 0x2000024."""
+
+    _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_ubyte * 16), ("status", ctypes.c_uint),
+                ("cliqueId", ctypes.c_uint), ("state", ctypes.c_ubyte), ("healthMask", ctypes.c_uint),
+                ("healthSummary", ctypes.c_ubyte)]
+
+
+FABRIC_VERSIONS = ((3, 0x3000028), (2, 0x2000024))
+#: NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_* (bits 8-11; 0 not supported, 1 none).
+INCORRECT_CONFIG = {2: "incorrect system GUID", 3: "incorrect chassis serial number", 4: "no partition",
+                    5: "insufficient NVLinks", 6: "incompatible GPU firmware", 7: "invalid location",
+                    8: "invalid GPU state"}
+FABRIC_SUMMARY = {1: "Healthy", 2: "Unhealthy", 3: "Limited Capacity"}
+
+
+def _fabric_health(nvml: Any, health: Dict[str, Any], h: Any) -> Optional[Dict[str, Any]]:
+    """The fabric health mask through nvmlDeviceGetGpuFabricInfoV, v3 then v2 (a driver that knows only v1
+    answers ARGUMENT_VERSION_MISMATCH or FUNCTION_NOT_FOUND: no health, the gpu facts keep the v1 state)."""
+    for version, word in FABRIC_VERSIONS:
+        info = FabricInfoV3()
+        info.version = word
+        entering("nvmlDeviceGetGpuFabricInfoV")
+        try:
+            call_c(nvml, "nvmlDeviceGetGpuFabricInfoV", h, ctypes.pointer(info))
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25):
+                continue
+            if not cannot_say(nvml, exc):
+                health["query_errors"].append("NVML nvmlDeviceGetGpuFabricInfoV failed: %s" % exc)
+            return None
+        if int(info.state) != 3:  # not Completed: the gpu facts' fabric state says so, no health yet
+            return None
+        mask = int(info.healthMask)
+        config = (mask >> 8) & 0xF
+        return {"degraded_bw": (mask & 0x3) == 1, "route_unhealthy": ((mask >> 4) & 0x3) == 1,
+                "incorrect_config": INCORRECT_CONFIG.get(config, "code %d" % config) if config > 1 else None,
+                "summary": FABRIC_SUMMARY.get(int(info.healthSummary)) if version == 3 else None}
+    return None
+
+
 def empty_health() -> Dict[str, Any]:
     return {"remap": None, "retired_pages": None, "ce_volatile": None, "ce_volatile_after": None,
             "compute_mode": None, "pcie_replay": None, "pcie_replay_after": None, "util_gpu": None,
-            "nvlink_errors": None, "nvlink_errors_after": None, "processes": None, "power_limit_w": None, "default_power_limit_w": None,
+            "nvlink_errors": None, "fabric_health": None, "nvlink_errors_after": None, "processes": None, "power_limit_w": None, "default_power_limit_w": None,
             "apps_clock_mhz": None, "default_apps_clock_mhz": None, "recovery_action": None,
             "reset_required": None, "drain_and_reset": None, "query_errors": []}
 
@@ -160,6 +210,7 @@ def _first_read(nvml: Any, h: Any) -> Dict[str, Any]:
     fields = _ask(nvml, health, h, "nvmlDeviceGetFieldValues", [FIELD_RECOVERY, FIELD_RESET, FIELD_DRAIN, FIELD_PCIE_REPLAY] + list(NVLINK_FIELDS))
     health["nvlink_errors"] = _counters(fields)
     health["pcie_replay"] = _field(fields, FIELD_PCIE_REPLAY)
+    health["fabric_health"] = _fabric_health(nvml, health, h)
     util = _ask(nvml, health, h, "nvmlDeviceGetUtilizationRates")
     health["util_gpu"] = None if util is None else int(util.gpu)
     for field in fields or []:
@@ -305,6 +356,14 @@ def _health_xml(el: Any, where: str) -> Dict[str, Any]:
     health["apps_clock_mhz"] = _int(el, "applications_clocks/graphics_clock", where, "MHz")
     health["default_apps_clock_mhz"] = _int(el, "default_applications_clocks/graphics_clock", where, "MHz")
     health["recovery_action"] = _text(el, "gpu_recovery_action")
+    if _text(el, "fabric/state") == "Completed" and el.find("fabric/health") is not None:
+        config = _text(el, "fabric/health/incorrect_configuration")
+        health["fabric_health"] = {
+            "degraded_bw": _text(el, "fabric/health/bandwidth") not in (None, "Full"),
+            "route_unhealthy": _text(el, "fabric/health/route_unhealthy") in ("True", "Yes"),
+            "incorrect_config": None if config in (None, "None") else config,
+            "summary": _text(el, "fabric/health/summary"),
+        }
     health["reset_required"] = _yes(el, "gpu_reset_status/reset_required", where)
     health["drain_and_reset"] = _yes(el, "gpu_reset_status/drain_and_reset_recommended", where)
     return health

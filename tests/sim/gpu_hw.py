@@ -238,6 +238,10 @@ def install_imex(node: Any, state: str = "active") -> None:
         "    ;;\n"
         "esac\n" % show,
     )
+    if state == "active" and hasattr(node, "write_host_file"):
+        # the driver creates the IMEX channel device where IMEX is set up (NVreg_CreateImexChannel0=1): an
+        # empty file stands for the character device under the node's host root
+        node.write_host_file("/dev/nvidia-caps-imex-channels/channel0", "")
 
 
 def install_nccl(node: Any, version: str = "2.21.5") -> str:
@@ -583,6 +587,8 @@ class FakeNVML:
 
     def _nvmlGetFunctionPointer(self, name: str) -> Any:
         """The C entry point: returns an nvmlReturn_t instead of raising, writes into the caller's memory."""
+        if name == "nvmlDeviceGetGpuFabricInfoV":
+            return self._fabric_info_v
         if name != "nvmlDeviceGetGpuFabricInfo":
             raise AssertionError("the fake library has no raw entry point %s" % name)
 
@@ -595,6 +601,27 @@ class FakeNVML:
             return 0
 
         return c_function
+
+    def _fabric_info_v(self, h: int, pointer: Any) -> int:
+        """nvmlDeviceGetGpuFabricInfoV as libnvidia-ml answers: reads the version word the caller set, answers
+        NVML_ERROR_ARGUMENT_VERSION_MISMATCH (25) for a version this driver lacks ("versions": [3, 2]), else
+        writes nvmlGpuFabricInfo_v2_t / _v3_t (version, uuid[16], status, cliqueId, state, 3 pad, healthMask
+        [, healthSummary, 3 pad])."""
+        try:
+            answer = self._get(h, "nvmlDeviceGetGpuFabricInfoV")
+        except FakeNVMLError as exc:
+            return exc.value
+        word = ctypes.cast(pointer, ctypes.POINTER(ctypes.c_uint))[0]
+        version = word >> 24
+        if version not in answer.get("versions", [3, 2]):
+            return 25
+        uuid = bytes.fromhex(answer.get("clusterUuid", "0" * 32).replace("-", ""))
+        data = struct.pack("<I16sIIB3xI", word, uuid, answer.get("status", 0), answer.get("cliqueId", 0),
+                           answer["state"], answer.get("healthMask", 0))
+        if version == 3:
+            data += struct.pack("<B3x", answer.get("healthSummary", 0))
+        ctypes.memmove(pointer, data, len(data))
+        return 0
 
     def nvmlDeviceGetGpuFabricInfo(self, h: int, pointer: Any) -> int:
         """pynvml's wrapper: the C function, raising on an error code."""
