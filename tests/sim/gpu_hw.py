@@ -16,7 +16,8 @@ node's sessions must set ``PREFLIGHT_NVML=off`` for the probes to read the simul
 Faults (per GPU position 0..count-1): missing, ecc, remap_failure, remap_pending, pcie_width, hw_slowdown,
 sw_thermal, persistence_off, nvlink_down, nvlink_all_down (every link down: nvidia-smi prints NVML's message
 on its own line under the GPU header, as it does), hw_slowdown_blip (HW slowdown in the first -q -x only,
-gone when `-q -x -d PERFORMANCE` reads again: a clock change caught mid-way).
+gone when `-q -x -d PERFORMANCE` reads again: a clock change caught mid-way), leftover_process (a compute
+process holding 60 GiB), retired_pages_limit (64 retired pages: the legacy retirement limit).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ FAULTS = (
     "nvlink_down",
     "nvlink_all_down",
     "hw_slowdown_blip",
+    "leftover_process",
+    "retired_pages_limit",
 )
 #: the nvidia-smi message for a GPU whose links are all down (or that has none), on its own line
 ALL_LINKS_DOWN = "\t NVML: Unable to retrieve NVLink information as all links are inActive\n"
@@ -84,6 +87,16 @@ _EDITS = {
     "nvlink_down": [],
     "nvlink_all_down": [],
     "hw_slowdown_blip": [],
+    # a previous job's rank still holding memory, in the <process_info> layout of nvidia-smi 5xx (as in
+    # ../shared/realworld telegraf_dual_a5000-v13.xml)
+    "leftover_process": [(r"<processes>\s*</processes>",
+                          "<processes>\n\t\t\t<process_info>\n\t\t\t\t<gpu_instance_id>N/A</gpu_instance_id>\n"
+                          "\t\t\t\t<compute_instance_id>N/A</compute_instance_id>\n\t\t\t\t<pid>48213</pid>\n"
+                          "\t\t\t\t<type>C</type>\n\t\t\t\t<process_name>python3 train.py</process_name>\n"
+                          "\t\t\t\t<used_memory>61440 MiB</used_memory>\n\t\t\t</process_info>\n\t\t</processes>")],
+    # the legacy page-retirement counts at their limit (32 single-bit + 32 double-bit = 64), the layout of
+    # tests/fixtures/gpu/p100_legacy_ecc_510.xml's <retired_pages>
+    "retired_pages_limit": [(r"(<retired_count>)N/A(</)", r"\g<1>32\2")],
 }
 
 # Node state, keyed by the node's bin directory (one per simulated node).
