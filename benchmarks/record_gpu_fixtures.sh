@@ -19,6 +19,11 @@
 #   dcgmi_diag_r1.{json,rc}      dcgmi diag -r 1 -j where DCGM is installed (the dcgm parser's input), its exit status
 #   aer/<bdf>.<file>             every GPU's and NIC's aer_dev_{correctable,nonfatal,fatal} (the pcie parser's input)
 #   proc_self_limits.txt, dev_shm_df.txt, imex_channels.txt   what the limits probe reads
+#   nvidia_smi_q_d_<SECTION>.txt  nvidia-smi -q -d ROW_REMAPPER / PAGE_RETIREMENT / ECC / COMPUTE / POWER /
+#                                CLOCK / PIDS / PERFORMANCE (the health facts' -q -d layouts, issue 21)
+#   nvidia_smi_nvlink_e.txt      nvidia-smi nvlink -e (NVLink error counters, beside the NVML field values)
+#   health_verdicts.txt          gpu_memory, gpu_state, nvlink_errors, gpu_pcie judged on probe_nvml.json and
+#                                probe_smi.json (the health facts in both probes' "health"; their window_s)
 # The files are ours to commit as fixtures (tests/fixtures/<check>/, with a .json beside each naming the
 # command, the machine and the expected facts); see tests/fixtures/README.md.
 set -u
@@ -38,6 +43,10 @@ echo "nvidia-smi -q -x rc=$rc wall_s=$(took "$t0" "$t1")" | tee "$OUT/timing.txt
 nvidia-smi -q -i 0 > "$OUT/nvidia_smi_q_i0.txt" 2>&1
 nvidia-smi nvlink --status > "$OUT/nvidia_smi_nvlink_status.txt" 2>&1; echo $? > "$OUT/nvidia_smi_nvlink_status.rc"
 nvidia-smi topo -m > "$OUT/nvidia_smi_topo_m.txt" 2>&1
+for section in ROW_REMAPPER PAGE_RETIREMENT ECC COMPUTE POWER CLOCK PIDS PERFORMANCE; do
+  nvidia-smi -q -d "$section" > "$OUT/nvidia_smi_q_d_$section.txt" 2>&1
+done
+nvidia-smi nvlink -e > "$OUT/nvidia_smi_nvlink_e.txt" 2>&1; echo $? > "$OUT/nvidia_smi_nvlink_e.rc"
 for unit in nvidia-fabricmanager nvidia-imex; do
   systemctl show "$unit" --property=$PROPS > "$OUT/systemctl_show_$unit.stdout" 2> "$OUT/systemctl_show_$unit.stderr"
   echo $? > "$OUT/systemctl_show_$unit.rc"
@@ -135,6 +144,19 @@ from preflight.probe.context import NodeContext
 t = time.time(); facts = driver.probe(NodeContext()); took = time.time() - t
 json.dump(facts, open(sys.argv[1], "w"), indent=1, sort_keys=True)
 print("driver probe source=%s wall_s=%.3f" % (facts.get("driver_source"), took))
+EOF
+"$PYTHON" - "$OUT" <<'EOF' | tee "$OUT/health_verdicts.txt"
+import json, os, sys
+from preflight.checks import gpu_memory, gpu_pcie, gpu_state, nvlink_errors
+from preflight.model import ClusterView, NodeInfo
+for name in ("probe_nvml.json", "probe_smi.json"):
+    facts = json.load(open(os.path.join(sys.argv[1], name)))
+    health = facts.get("health") or {}
+    print("%s: health source=%s window_s=%s error=%s" % (name, health.get("source"), health.get("window_s"), health.get("error")))
+    view = ClusterView([NodeInfo("this", "127.0.0.1", len(facts.get("gpus") or []) or 1)], {"this": {"gpu": facts}})
+    for check in (gpu_memory, gpu_state, nvlink_errors, gpu_pcie):
+        for f in check.rule(view):
+            print("  %s %s: %s" % (f.status.value.upper(), f.check, f.message))
 EOF
 "$PYTHON" -c "from preflight.checks import gpu; print('probe budget: probe_timeout_s 30 (runner default), NVML_BUDGET_S %g, nvidia-smi -q -x timeout 60' % gpu.NVML_BUDGET_S)" | tee -a "$OUT/timing.txt"
 echo "--- fabric: nvidia-smi -q -i 0 vs our struct"; cat "$OUT/nvidia_smi_fabric_gpu0.txt" "$OUT/fabric_struct_gpu0.txt"

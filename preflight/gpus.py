@@ -41,6 +41,7 @@ class Gpu:
     fabric: Optional[GpuFabric]
     nvlinks_active: Optional[int]  # None: not reported
     facts: Mapping[str, Any]
+    health: Optional[Mapping[str, Any]] = None  # preflight.probe.gpu_health's per-GPU entry (None: not read)
 
     @property
     def label(self) -> str:
@@ -63,6 +64,9 @@ class NodeGpus:
     cuda_version: Optional[str]
     attached: int
     gpus: Tuple[Gpu, ...]
+    health_source: Optional[str] = None  # "nvml" | "nvidia-smi" | None: no health facts
+    health_window_s: Optional[float] = None  # seconds between the corrected-error reads (NVML only)
+    health_error: Optional[str] = None  # why the health reads stopped (a wedge or slow NVML)
 
     @classmethod
     def from_facts(cls, facts: Any) -> Optional["NodeGpus"]:
@@ -71,6 +75,8 @@ class NodeGpus:
         if not isinstance(facts, dict):
             return None
         gpus = []
+        health = facts.get("health") if isinstance(facts.get("health"), dict) else {}
+        by_bus = health.get("gpus") or {}
         for g in facts.get("gpus") or []:
             fab = g.get("fabric")
             links = g.get("nvlink")
@@ -79,12 +85,14 @@ class NodeGpus:
                 serial=g.get("serial"),
                 fabric=GpuFabric(fab.get("state"), fab.get("status"), fab.get("clique_id"), fab.get("cluster_uuid")) if fab else None,
                 nvlinks_active=links.get("active") if links else None,
-                facts=g,
+                facts=g, health=by_bus.get(g.get("pci_bus_id")),
             ))
         return cls(
             source=facts.get("source"), error=facts.get("error") or facts.get("probe_error"),
             driver_version=facts.get("driver_version"), cuda_version=facts.get("cuda_version"),
             attached=int(facts.get("attached_gpus") or 0), gpus=tuple(gpus),
+            health_source=health.get("source"), health_window_s=health.get("window_s"),
+            health_error=health.get("error"),
         )
 
     @property
@@ -116,3 +124,43 @@ def node_gpus(view: Any, node: str) -> Optional[NodeGpus]:
     if node not in cache:
         cache[node] = NodeGpus.from_facts((view.facts.get(node) or {}).get("gpu"))
     return cache[node]
+
+
+def per_health_node(check: str, view: Any, judge_gpu: Any, summary: Any, report_stopped: bool = True) -> List[Any]:
+    """The findings of a check judging the gpu probe's health facts (preflight.probe.gpu_health: gpu_memory,
+    gpu_state) on every live GPU node. judge_gpu(gpu, record) gives (status, message, expected, actual,
+    action) per problem and (None, note) for what the PASS message should say; summary(record, read GPUs)
+    is that PASS message. CPU-only nodes SKIP; a node without health facts, or none of whose GPUs were
+    read, is an ERROR naming why (the gpu check reports the cause itself); health reads that stopped part
+    way (a wedged or slow NVML) are a WARN beside what was read, from the one check passing report_stopped."""
+    from preflight.model import Finding, Status
+
+    out: List[Any] = []
+    for node in view.live:
+        if node.gpus_per_node == 0:
+            out.append(Finding(check, node.name, Status.SKIP, "CPU-only node (gpus_per_node: 0)"))
+            continue
+        record = node_gpus(view, node.name)
+        read = [g for g in record.gpus if g.health] if record is not None else []
+        if record is None or record.source is None or record.health_source is None or not read:
+            why = "the gpu probe did not run" if record is None else (
+                record.error or record.health_error or "the gpu probe read no health facts")
+            out.append(Finding(check, node.name, Status.ERROR, "GPU health not read: %s (see the gpu check)" % why,
+                               expected="GPU health facts", actual="none", action="retest"))
+            continue
+        if record.health_error and report_stopped:
+            out.append(Finding(check, node.name, Status.WARN, "GPU health reads stopped: %s" % record.health_error,
+                               expected="every GPU read", actual="partial"))
+        found: List[Any] = []
+        notes: List[str] = []
+        for gpu in record.gpus:
+            for item in judge_gpu(gpu, record):
+                if item[0] is None:
+                    notes += [item[1]] if item[1] not in notes else []
+                else:
+                    status, msg, exp, act, action = item
+                    found.append(Finding(check, node.name, status, msg, expected=exp, actual=act, action=action))
+        if not found:
+            found.append(Finding(check, node.name, Status.PASS, summary(record, read) + ("; " + "; ".join(notes) if notes else "")))
+        out.extend(found)
+    return out

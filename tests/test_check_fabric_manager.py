@@ -94,6 +94,7 @@ def test_probe_without_nvswitch_asks_only_for_imex(tmp_path, monkeypatch):
         "driver_version": "550.54.15",
         "imex": None,  # read for GB200/GB300 trays; judged only where the GPUs report fabric state
         "imex_error": "systemctl not found",
+        "imex_channels": [],
     }
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from preflight.checks import driver, gpu
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
-from preflight.probe import gpu_facts, gpu_nvml
+from preflight.probe import gpu_facts, gpu_health, gpu_nvml
 from preflight.probe import nvml as probe_nvml
 from preflight.probe.context import NodeContext
 from tests.builders import StubNode, by_status, fake_nvidia_smi, gpu_expected as expected, gpu_rule as run_rule
@@ -132,6 +132,8 @@ def test_probe_reads_nvidia_smi_when_nvml_is_unavailable(tmp_path, monkeypatch, 
     facts = gpu.probe(NodeContext(sysfs_root=str(tmp_path)))
     assert facts.pop("nvml_error") == "NVML Shared Library Not Found"
     assert facts.pop("nvlink_unreadable") == []
+    # the health facts come from the same XML (judged by gpu_memory / gpu_state: tests/test_check_gpu_health.py)
+    assert facts.pop("health") == gpu_health.parse_health_xml(read(os.path.join(FIX, "h100_hgx_550.xml")))
     assert facts == with_links(expected("h100_hgx_550"), "h100_hgx_550")
     json.dumps(facts)  # facts travel as JSON
 
@@ -281,6 +283,7 @@ def test_sim_install_gpus_healthy_matches_the_recording(tmp_path, monkeypatch, n
     facts = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
     facts.pop("nvml_error")
     assert facts.pop("nvlink_unreadable") == []
+    assert facts.pop("health")["gpus"]["00000000:18:00.0"]["remap"]["histogram"]["max"] == 2551
     assert facts == with_links(expected("h100_hgx_550"), "h100_hgx_550")
     ctx = NodeContext(sysfs_root=node.sys_dir)
     assert ctx.run(["nvidia-smi", "--bogus"]).rc == 2

@@ -23,8 +23,9 @@ def facts_of(node):
     return gpudirect.probe(NodeContext(sysfs_root=node.sys_dir))
 
 
-def judge(facts, gpus=8):
-    return gpudirect.rule(ClusterView([NodeInfo("n001", "n001", gpus)], {"n001": {"gpudirect": facts}}))
+def judge(facts, gpus=8, nccl=None):
+    driver = {"nccl_python": {"version": nccl}} if nccl else {}
+    return gpudirect.rule(ClusterView([NodeInfo("n001", "n001", gpus)], {"n001": {"gpudirect": facts, "driver": driver}}))
 
 
 def test_probe_and_rule_pass_a_healthy_hgx_node(tmp_path, monkeypatch):
@@ -34,7 +35,7 @@ def test_probe_and_rule_pass_a_healthy_hgx_node(tmp_path, monkeypatch):
     assert len(facts["paths"]) == 2  # only GPU 0 and 1 share a switch with an HCA
     out = judge(facts)
     assert [f.status for f in out] == [Status.PASS], out
-    assert out[0].message == "nvidia_peermem loaded; no ACS redirect on the 4 switch ports between GPUs and HCAs; IOMMU off"
+    assert out[0].message == "NCCL uses nvidia_peermem; no ACS redirect on the 4 switch ports between GPUs and HCAs; IOMMU off"
 
 
 def test_acs_redirect_on_a_switch_port_fails(tmp_path, monkeypatch):
@@ -48,7 +49,7 @@ def test_acs_redirect_on_a_switch_port_fails(tmp_path, monkeypatch):
 def test_missing_peermem_fails(tmp_path, monkeypatch):
     out = judge(facts_of(hgx_node(tmp_path, monkeypatch, no_peermem=True)))
     assert [f.status for f in out] == [Status.FAIL]
-    assert "GPUDirect RDMA module not loaded (expected nvidia_peermem or nv_peer_mem)" in out[0].message
+    assert "GPUDirect RDMA module not loaded (expected nvidia_peermem or nv_peer_mem, or DMA-BUF" in out[0].message
 
 
 def test_missing_peermem_only_warns_with_the_open_module_on_a_new_kernel(tmp_path, monkeypatch):
@@ -80,3 +81,27 @@ def test_vm_skips_acs_and_no_hca_skips(tmp_path, monkeypatch):
 def test_cpu_node_skips():
     out = judge({"gpus": [], "hcas": []}, gpus=0)
     assert [f.status for f in out] == [Status.SKIP]
+
+
+def test_dma_buf_is_a_gpudirect_path_and_the_pass_names_the_one_nccl_takes(tmp_path, monkeypatch):
+    """Issue 21.7: the open kernel module on Linux >= 5.12 with NCCL 2.19+ needs no nvidia_peermem."""
+    facts = facts_of(hgx_node(tmp_path, monkeypatch, no_peermem=True))
+    facts.update(dmabuf_possible=True, kernel="6.8.0-45-generic")
+    [found] = judge(facts, nccl="2.21.5")
+    assert found.status is Status.PASS
+    assert found.message.startswith("NCCL uses DMA-BUF (open kernel module, Linux 6.8.0-45-generic, NCCL 2.21.5);")
+    facts["peermem"] = "nvidia_peermem"  # both: NCCL prefers DMA-BUF
+    assert "NCCL uses DMA-BUF" in judge(facts, nccl="2.21.5")[0].message
+    assert "nvidia_peermem loaded too (unused)" in judge(facts, nccl="2.21.5")[0].message
+
+
+def test_dma_buf_possible_but_nccl_too_old_or_unknown(tmp_path, monkeypatch):
+    facts = facts_of(hgx_node(tmp_path, monkeypatch, no_peermem=True))
+    facts.update(dmabuf_possible=True, kernel="6.8.0")
+    [old] = judge(facts, nccl="2.18.3")
+    assert (old.status, old.action) == (Status.FAIL, "fix_config") and "NCCL 2.18.3 predates DMA-BUF (2.19)" in old.message
+    [unknown] = judge(facts)
+    assert unknown.status is Status.WARN and "the NCCL version is unknown" in unknown.message
+    facts["peermem"] = "nvidia_peermem"  # the twin: an old NCCL still has the peer-memory path
+    [twin] = judge(facts, nccl="2.18.3")
+    assert twin.status is Status.PASS and twin.message.startswith("NCCL uses nvidia_peermem")

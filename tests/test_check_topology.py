@@ -98,3 +98,52 @@ def test_rule_without_gpus_is_an_error_and_cpu_nodes_skip():
     view = ClusterView([NodeInfo("n1", "n1", 8), NodeInfo("c1", "c1", 0)],
                        {"n1": {"topology": {"devices": []}}, "c1": {"topology": {"devices": []}}})
     assert [f.status for f in topology.rule(view)] == [Status.ERROR, Status.SKIP]
+
+
+def _view_with_rails(facts_by_node, ports):
+    """Topology facts plus ib_hca facts whose usable ports (preflight.rails) pick NCCL's rails."""
+    nodes = [NodeInfo(n, n, 8) for n in facts_by_node]
+    return ClusterView(nodes, {n: {"topology": f, "ib_hca": {"ports": ports}} for n, f in facts_by_node.items()})
+
+
+def with_storage_port(facts, numa):
+    """The node's facts plus a ninth HCA, mlx5_8, on its own root port (the simulated tree places one HCA
+    per GPU switch): a storage / front-end port."""
+    hca = copy.deepcopy(next(d for d in facts["devices"] if d["kind"] == "hca"))
+    hca.update(name="mlx5_8", bdf="0000:c1:00.0", numa_node=numa, bridges=["0000:c0:01.0"])
+    facts["devices"].append(hca)
+    return facts
+
+
+def test_affinity_counts_only_the_compute_nics(tmp_path):
+    """Issue 21.8: eight InfiniBand rails all on NUMA 0 and a storage port (RoCE, 200 Gb/s) on NUMA 1: the
+    storage port used to give GPUs 4-7 'an HCA on their NUMA node'; NCCL never sends over it."""
+    from tests.builders import ib_port
+
+    facts = with_storage_port(probe(hgx_node(tmp_path, hca_numa={i: 0 for i in range(8)})), numa=1)
+    ports = [ib_port("mlx5_%d" % i) for i in range(8)] + [ib_port("mlx5_8", rate=200, layer="roce")]
+    assert [f.status for f in topology.rule(_view({"n1": facts}))] == [Status.PASS]  # every HCA counted
+    failed = [f for f in topology.rule(_view_with_rails({"n1": facts}, ports)) if f.status is Status.FAIL]
+    assert len(failed) == 4 and "GPU 4 (0000:9a:00.0) on NUMA 1 has no HCA on its NUMA node" in failed[0].message
+    assert "mlx5_8" not in failed[0].message
+
+
+def test_storage_port_beside_balanced_rails_is_not_counted_and_passes(tmp_path):
+    from tests.builders import ib_port
+
+    facts = with_storage_port(probe(hgx_node(tmp_path)), numa=0)
+    ports = [ib_port("mlx5_%d" % i) for i in range(8)] + [ib_port("mlx5_8", rate=200, layer="roce")]
+    [finding] = topology.rule(_view_with_rails({"n1": facts}, ports))
+    assert finding.status is Status.PASS, finding.message
+    assert "each GPU has an HCA on its NUMA node (the 8 HCAs carrying NCCL's rails; mlx5_8 not counted)" in finding.message
+
+
+def test_vm_without_numa_information_is_not_judged_not_passed(tmp_path):
+    facts = probe(hgx_node(tmp_path))
+    for dev in facts["devices"]:
+        dev["numa_node"] = None  # numa_node -1 in sysfs: a VM
+    out = topology.rule(_view({"n1": facts, "n2": copy.deepcopy(facts)}))
+    assert sorted(f.status.value for f in out if f.node == "n1") == ["pass", "skip"]
+    skip = next(f for f in out if f.status is Status.SKIP)
+    assert "GPU↔NIC NUMA affinity not judged: numa_node -1 on 16 devices (a VM" in skip.message
+    assert "NUMA affinity not judged" in next(f for f in out if f.status is Status.PASS).message

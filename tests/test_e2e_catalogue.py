@@ -37,6 +37,11 @@ SCENARIOS = {
     "dcgm": ("test_e2e_catalogue", "test_hardware_fault_is_named", "dcgm_isolate"),
     "pcie": ("test_e2e_catalogue", "test_hardware_fault_is_named", "aer_fatal"),
     "limits": ("test_check_limits", "test_preflight_node_under_an_unlimited_stack_on_an_mnnvl_node", None),
+    "gpu_state": ("test_e2e_catalogue", "test_hardware_fault_is_named", "leftover_process"),
+    "gpu_memory": ("test_e2e_catalogue", "test_hardware_fault_is_named", "retired_pages_limit"),
+    # their FAILs need NVML's two reads (the nvidia-smi simulator gives one sample): through FakeNVML
+    "nvlink_errors": ("test_check_gpu_health", "test_nvlink_replay_or_crc_storm_isolates_a_few_crc_warn", None),
+    "gpu_pcie": ("test_check_gpu_health", "test_pcie_replays_during_the_window_isolate_a_few_warn_old_ones_pass", None),
 }
 
 
@@ -151,6 +156,8 @@ def test_master_port_held_on_head(sim_cluster):
         ("memlock_low", "ib_hca", "n001", [MEMLOCK, "is 8 MiB: RDMA memory registration will fail"]),
         ("dcgm_isolate", "dcgm", "n002", ["GPU 2 memory: Detected 2 volatile double-bit ECC error(s)", "DCGM says isolate"]),
         ("aer_fatal", "pcie", "n003", ["GPU 0000:", "1 fatal PCIe error since boot (SDES 1): the link was reset; reboot"]),
+        ("leftover_process", "gpu_state", "n002", ["GPU 4 (0000:9A:00.0)", "pid 48213 python3 train.py (61440 MiB)"]),
+        ("retired_pages_limit", "gpu_memory", "n003", ["GPU 1 (0000:2A:00.0)", "64 pages retired (32 single-bit, 32 double-bit"]),
     ],
 )
 def test_hardware_fault_is_named(sim_cluster, fault, check, node, words):
@@ -165,6 +172,10 @@ def test_hardware_fault_is_named(sim_cluster, fault, check, node, words):
         ib_hw.install_hcas(target, [{}, {"state": "DOWN", "phys_state": "Disabled"}])
     elif fault == "gpu_missing":
         gpu_hw.install_gpus(target, "h100", count=7)
+    elif fault == "leftover_process":
+        gpu_hw.install_gpus(target, "h100", faults={4: "leftover_process"})
+    elif fault == "retired_pages_limit":
+        gpu_hw.install_gpus(target, "h100", faults={1: "retired_pages_limit"})
     elif fault == "memlock_low":
         pass  # the real limit of every simulated node (see MEMLOCK)
     elif fault == "dcgm_isolate":  # dcgmi everywhere, answering like DCGM 4.x; n002's GPU 2 has double-bit errors

@@ -18,9 +18,9 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from preflight.checks import driver, fabric_manager, gpu
+from preflight.checks import driver, fabric_manager, gpu, gpu_memory, gpu_pcie, gpu_state
 from preflight.model import ClusterView, NodeInfo, Status
-from preflight.probe import gpu_facts, nvidia_smi
+from preflight.probe import gpu_facts, gpu_health, nvidia_smi
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REAL = os.environ.get("PREFLIGHT_REALWORLD") or os.path.normpath(os.path.join(REPO, "..", "shared", "realworld"))
@@ -186,15 +186,23 @@ EXPLAINED: Dict[str, List[str]] = {
     # MIG on (the capture says so); volatile ECC then reads N/A, which the rule must say it cannot judge.
     "netdata_a100-sxm4-mig.xml": ["MIG", "volatile ECC"],
     "telegraf_a100-sxm4-v12.xml": ["MIG", "volatile ECC", "visible"],  # attached_gpus 4, one <gpu> listed
+    # Captured while a workload ran (llama-server, python, a browser): gpu_state names each process holding
+    # GPU memory, which is what it is for (a node so held before a job is not free). Not a false alarm.
+    "telegraf_dual_a5000-v13.xml": ["of GPU memory: pid 100477 /root/src/llama.cpp/build/bin/llama-server"],
+    "telegraf_pro-6000-maxq-blackwell-v13.xml": ["of GPU memory: pid 116860 /root/src/llama.cpp/build/bin/llama-server"],
+    "telegraf_rtx-4000-sff-ada-v13.xml": ["of GPU memory: pid 4937 python (160 MiB), pid 34626 /usr/lib/chromium"],
+    "telegraf_tesla-t4.xml": ["of GPU memory: pid 5762 python (1005 MiB)"],
 }
 
 
 def judge_xml(path: str) -> List[Any]:
+    """The gpu rule and the rules judging its health facts (gpu_memory, gpu_state, gpu_pcie) on one capture."""
     facts = gpu.parse_nvidia_smi_xml(_read(path))
     facts["nvml_error"] = None
+    facts["health"] = gpu_health.parse_health_xml(_read(path))
     node = NodeInfo("node01", "198.18.0.1", max(1, len(facts["gpus"])))
     view = ClusterView([node], {"node01": {"gpu": facts, "ssh": {"shm_bytes": 16 << 30}}})
-    return [f for f in gpu.rule(view) if f.status != Status.PASS]
+    return [f for check in (gpu, gpu_memory, gpu_state, gpu_pcie) for f in check.rule(view) if f.status != Status.PASS]
 
 
 XMLS = _files("nvidia_smi_xml", "*.xml")

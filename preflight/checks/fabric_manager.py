@@ -36,6 +36,13 @@ Rule (reads the gpu check's facts for per-GPU fabric state, Hopper+):
   the GPUs report it (PASS noting it), else WARN.
 - fabric manager version != driver version: FAIL; version unknown: WARN.
 - any GPU whose fabric state is reported and is not Completed/Success: FAIL.
+- GB200/GB300 fabric health (nvmlDeviceGetGpuFabricInfoV v3, else v2, health mask and summary, or the XML's
+  <fabric><health>; read by the gpu probe, preflight.probe.gpu_health): bandwidth degraded, route
+  unhealthy or summary Unhealthy: FAIL isolate; an incorrect configuration (sysguid, chassis serial,
+  partition, NVLinks, firmware, location): FAIL fix_config; summary Limited Capacity: WARN (fabric_health).
+- a tray in a multi-node NVLink cluster with nvidia-imex active but no IMEX channel under
+  /dev/nvidia-caps-imex-channels: FAIL fix_config (CUDA cannot import memory across nodes; the driver
+  creates channel0 with NVreg_CreateImexChannel0=1, or nvidia-modprobe -i 0).
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ NAME = "fabric_manager"
 UNIT = "nvidia-fabricmanager"
 #: The IMEX daemon: multi-node NVLink (GB200/GB300 NVL racks) shares GPU memory across trays through it.
 IMEX_UNIT = "nvidia-imex"
+IMEX_DIR = "/dev/nvidia-caps-imex-channels"
 PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "UnitFileState", "NRestarts")
 NVIDIA_VENDOR = "0x10de"
 NVSWITCH_CLASS = "0x068000"
@@ -76,6 +84,8 @@ def probe(ctx: Any) -> Dict[str, Any]:
     if not switches:
         if facts["driver_version"]:
             facts["imex"], facts["imex_error"] = _unit(ctx, IMEX_UNIT)
+            # the IMEX channels CUDA opens for multi-node NVLink memory (NVIDIA IMEX guide, "IMEX channels")
+            facts["imex_channels"] = [n for n in ctx.listdir(ctx.host_path(IMEX_DIR)) if n.startswith("channel")]
         return facts
     facts["service"], facts["service_error"] = _unit(ctx, UNIT)
     ver = ctx.run(["nv-fabricmanager", "--version"], timeout=15.0)
@@ -166,6 +176,32 @@ def _gpu_fabric(record: Any) -> Tuple[List[str], int]:
     return problems, good
 
 
+def fabric_health(name: str, record: Any) -> List[Finding]:
+    """GB200/GB300 NVLink fabric health (nvmlDeviceGetGpuFabricInfoV's health mask and summary, or the XML's
+    <fabric><health>; the gpu probe's health facts): degraded bandwidth, an unhealthy route or an unhealthy
+    summary FAIL isolate (NVLinks of the GPU lost: the rack's collectives run at its pace); an incorrect
+    configuration FAILs fix_config (the GPU or tray is not where the fabric's configuration says);
+    "Limited Capacity" WARNs."""
+    out: List[Finding] = []
+    for gpu in record.gpus if record is not None else ():
+        fh = (gpu.health or {}).get("fabric_health")
+        if not fh:
+            continue
+        wrong = [w for w, on in (("bandwidth degraded", fh.get("degraded_bw")), ("route unhealthy", fh.get("route_unhealthy"))) if on]
+        if wrong or fh.get("summary") == "Unhealthy":
+            what = ", ".join(wrong) or "summary Unhealthy"
+            out.append(Finding(NAME, name, Status.FAIL, "%s: NVLink fabric %s (expected healthy): check the NVLink switch trays "
+                               "and cables (nvidia-smi -q -i %s, the switch trays' fabric manager log)" % (gpu.label, what, gpu.index),
+                               expected="healthy", actual=what, action="isolate"))
+        if fh.get("incorrect_config"):
+            out.append(Finding(NAME, name, Status.FAIL, "%s: NVLink fabric configuration incorrect: %s (expected none)" % (
+                gpu.label, fh["incorrect_config"]), expected="none", actual=fh["incorrect_config"], action="fix_config"))
+        elif not wrong and fh.get("summary") == "Limited Capacity":
+            out.append(Finding(NAME, name, Status.WARN, "%s: NVLink fabric health summary Limited Capacity" % gpu.label,
+                               expected="Healthy", actual="Limited Capacity"))
+    return out
+
+
 def _node(node: Any, facts: Dict[str, Any], record: Any) -> List[Finding]:
     name = node.name
     switches = facts.get("nvswitches") or []
@@ -234,6 +270,7 @@ def _node(node: Any, facts: Dict[str, Any], record: Any) -> List[Finding]:
         )
     for problem in fabric_problems:
         out.append(Finding(NAME, name, Status.FAIL, problem, expected="Completed/Success"))
+    out.extend(fabric_health(name, record))
     if not out:
         parts = ["%d NVSwitches" % len(switches)]
         if service is not None:
@@ -308,6 +345,12 @@ def _tray(node: Any, facts: Dict[str, Any], record: Any) -> List[Finding]:
         )
     for problem in problems:
         out.append(Finding(NAME, name, Status.FAIL, problem, expected="Completed/Success"))
+    out.extend(fabric_health(name, record))
+    channels = facts.get("imex_channels")
+    if multi_node and channels == [] and (service or {}).get("ActiveState") == "active":
+        out.append(Finding(NAME, name, Status.FAIL, "no IMEX channel under %s: CUDA cannot share memory over multi-node "
+                           "NVLink (expected channel0: load nvidia with NVreg_CreateImexChannel0=1, or "
+                           "nvidia-modprobe -i 0)" % IMEX_DIR, expected="channel0", actual="none", action="fix_config"))
     if not out:
         first = gpus[0].fabric if gpus else None
         if not multi_node:
@@ -336,7 +379,8 @@ CHECK = Check(
     fix="Install nvidia-fabricmanager of exactly the driver's version, then systemctl enable --now "
     "nvidia-fabricmanager; read journalctl -u nvidia-fabricmanager for the cause of a failure. GB200/GB300 trays: "
     "systemctl enable --now nvidia-imex (with the rack's nodes_config.cfg); a GPU stuck registering points at "
-    "the NVLink switch trays' fabric manager.",
+    "the NVLink switch trays' fabric manager; fabric bandwidth degraded or route unhealthy: check the switch trays "
+    "and NVLink cables; no IMEX channel: load nvidia with NVreg_CreateImexChannel0=1 (or nvidia-modprobe -i 0).",
     probe=probe,
     rule=rule,
     needs=("gpu",),

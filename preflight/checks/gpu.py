@@ -9,7 +9,8 @@ Facts: the schema in preflight.probe.gpu_facts (other checks read them as a type
 preflight.gpus.node_gpus), plus, from the probe: virtual (why the node looks like a VM, when it does),
 access ({SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES, ..., cgroup}: when some GPU may not be opened here, or in a
 Slurm job), nvml_open_s (seconds spent opening GPUs, when slow), nvml_slow (NVML ran out of time while
-still answering).
+still answering), health (preflight.probe.gpu_health: memory wear and GPU state, read in the same NVML
+session or parsed from the same XML; judged by gpu_memory and gpu_state).
 
 NVML runs bounded (preflight.probe.nvml): one call may take NVML_BUDGET_S, the sequence NVML_TOTAL_S
 while calls keep returning. A call stuck in the kernel costs only the GPU facts (what was read before it
@@ -69,6 +70,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from preflight.common import fold, human_bytes, majority, plural
 from preflight.model import Check, ClusterView, Finding, Status, per_gpu_node
 from preflight.probe.gpu_facts import bus12, gpu_label, no_gpu_facts
+from preflight.probe.gpu_health import health_from_nvml, parse_health_xml
 from preflight.probe.gpu_nvml import facts_from_nvml, wedged_facts
 from preflight.probe.nvidia_smi import clock_events_by_bus, merge_nvlink, read_nvlink_status
 from preflight.probe.nvidia_smi import parse_nvidia_smi_xml, parse_nvlink_status  # noqa: F401  (the fixtures' parsers)
@@ -112,6 +114,7 @@ def _read_gpus(ctx: Any) -> Dict[str, Any]:
         try:
             facts = bounded_nvml(lambda: facts_from_nvml(nvml, partial), "GPU queries")
             facts["nvml_error"] = None
+            facts["health"] = health_from_nvml(nvml, facts["gpus"], partial.get("handles") or {})
             return facts
         except NvmlSlow as exc:  # every call returned, the GPUs just take long to open: keep what was read
             return wedged_facts(partial, str(exc), slow=True)
@@ -129,6 +132,7 @@ def _read_gpus(ctx: Any) -> Dict[str, Any]:
     if not smi.ok:
         return no_gpu_facts("nvidia-smi failed (%s): %s" % (_why(smi), _first_line(smi)), nvml_error)
     facts = parse_nvidia_smi_xml(smi.stdout)
+    facts["health"] = parse_health_xml(smi.stdout)
     _confirm_hw_reasons(ctx, facts)
     facts["nvlink_unreadable"] = []
     links = ctx.run(["nvidia-smi", "nvlink", "--status"], timeout=30.0)

@@ -22,13 +22,22 @@ Facts schema::
     gpus [bdf], hcas [{name, bdf|None}], peermem "nvidia_peermem"|"nv_peer_mem"|None,
     virtual str|None (why the node looks like a VM), iommu "off"|"passthrough"|"translated"|"on"|None,
     dmabuf_possible bool (open NVIDIA kernel module, module/nvidia/taint without P, on Linux >= 5.12:
-                       NCCL 2.19+ can use DMA-BUF instead),
+                       NCCL 2.19+ can use DMA-BUF instead), kernel str (uname -r),
     paths [{gpu, hca, bridges [bdf]}]   the switch ports between a GPU and an HCA under one switch
     acs {bdf: {"type": str|None, "acs_ctl": {flag: bool}|None, "access_denied": bool}} | None
     lspci_error str|None
 
-Rule (per GPU node; CPU-only nodes SKIP): no HCA: SKIP (GPUDirect RDMA needs one). No peer-memory module:
-FAIL (action fix_config), or WARN where DMA-BUF is possible. On bare metal, a switch port between a GPU and
+Rule (per GPU node; CPU-only nodes SKIP): no HCA: SKIP (GPUDirect RDMA needs one). Two paths give GPUDirect
+RDMA, and the PASS names the one NCCL takes (NCCL's net_ib.cc: with NCCL_DMABUF_ENABLE, default on since
+2.19, it registers GPU memory through DMA-BUF where the kernel and driver support it, else through the
+peer-memory module):
+
+- DMA-BUF: the open NVIDIA kernel module on Linux >= 5.12 (NVIDIA's GPUDirect RDMA documentation and the
+  driver README: nvidia_peermem is no longer needed there, and its use is deprecated upstream) with NCCL
+  2.19 or later (from the driver check's facts). NCCL older than 2.19 without the module: FAIL fix_config;
+  NCCL version unknown without the module: WARN (DMA-BUF possible, not known to be used).
+- nvidia_peermem / nv_peer_mem loaded: PASS on any kernel module.
+- neither: FAIL (action fix_config): NCCL stages every RDMA transfer through host memory. On bare metal, a switch port between a GPU and
 an HCA with ACSCtl ReqRedir+ or CmpltRedir+: FAIL (fix_config); ACS unreadable (lspci missing or not root)
 while such ports exist: ERROR. PASS names the module, the ports checked and the IOMMU mode.
 """
@@ -38,7 +47,7 @@ from __future__ import annotations
 import os
 import platform
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.common import plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, per_gpu_node
@@ -107,6 +116,7 @@ def probe(ctx: Any) -> Dict[str, Any]:
         "virtual": hypervisor(ctx),
         "iommu": _iommu(ctx, gpus),
         "dmabuf_possible": _dmabuf_possible(ctx),
+        "kernel": platform.release()[:64],
         "paths": [],
         "acs": None,
         "lspci_error": None,
@@ -165,21 +175,53 @@ def parse_lspci_acs(text: str) -> Dict[str, Dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------- rule
 
 
-def _judge(node: Any, facts: Dict[str, Any]) -> List[Finding]:
+#: The first NCCL that registers GPU memory through DMA-BUF (NCCL 2.19 release notes: NCCL_DMABUF_ENABLE).
+DMABUF_NCCL = (2, 19)
+
+
+def _nccl(driver: Any) -> Optional[Tuple[int, ...]]:
+    """The oldest NCCL the driver check found on the node (the Python distribution's, the system's)."""
+    if not isinstance(driver, dict):
+        return None
+    found = [(driver.get("nccl_python") or {}).get("version")]
+    found += [lib.get("version") for lib in driver.get("nccl_system") or [] if isinstance(lib, dict)]
+    parsed = [tuple(int(p) for p in re.findall(r"\d+", str(v))[:3]) for v in found if v]
+    return min(parsed) if parsed else None
+
+
+def _path(name: str, facts: Dict[str, Any], nccl: Optional[Tuple[int, ...]]) -> Tuple[Optional[Finding], str]:
+    """(a finding when GPUDirect RDMA has no path, or an unsure one; the path NCCL takes, for the PASS)."""
+    peermem, dmabuf = facts.get("peermem"), facts.get("dmabuf_possible")
+    version = "NCCL %s" % ".".join(map(str, nccl)) if nccl else "NCCL version unknown"
+    if dmabuf and nccl and nccl >= DMABUF_NCCL:
+        also = "; %s loaded too (unused)" % peermem if peermem else ""
+        return None, "NCCL uses DMA-BUF (open kernel module, Linux %s, %s)%s" % (facts.get("kernel") or "?", version, also)
+    if peermem:
+        return None, "NCCL uses %s" % peermem
+    if dmabuf and nccl is None:
+        return Finding(NAME, name, Status.WARN, "%s: GPUDirect RDMA through DMA-BUF is possible (open kernel module, Linux "
+                       "%s) but the NCCL version is unknown (DMA-BUF needs 2.19+) and no nvidia_peermem is loaded"
+                       % (name, facts.get("kernel") or "?"), expected="NCCL >= 2.19 or nvidia_peermem",
+                       actual="unknown"), ""
+    if dmabuf:
+        return Finding(NAME, name, Status.FAIL, "%s: GPUDirect RDMA module not loaded and %s predates DMA-BUF (2.19): NCCL "
+                       "stages every RDMA transfer through host memory; upgrade NCCL or modprobe nvidia_peermem"
+                       % (name, version), expected="NCCL >= 2.19 or nvidia_peermem", actual=version, action="fix_config"), ""
+    return Finding(NAME, name, Status.FAIL, "%s: GPUDirect RDMA module not loaded (expected nvidia_peermem or nv_peer_mem, "
+                   "or DMA-BUF: the open kernel module on Linux >= 5.12): NCCL stages every RDMA transfer through host "
+                   "memory" % name, expected="nvidia_peermem loaded", actual="not loaded", action="fix_config"), ""
+
+
+def _judge(node: Any, facts: Dict[str, Any], driver: Any = None) -> List[Finding]:
     name = node.name
     if not facts.get("gpus"):
         return [Finding(NAME, name, Status.ERROR, "%s: no NVIDIA GPU found in sysfs: GPUDirect RDMA not checked (see the gpu check)" % name)]
     if not facts.get("hcas"):
         return [Finding(NAME, name, Status.SKIP, "no RDMA HCA: GPUDirect RDMA does not apply")]
     out: List[Finding] = []
-    if facts.get("peermem") is None:
-        dmabuf = facts.get("dmabuf_possible")
-        out.append(Finding(
-            NAME, name, Status.WARN if dmabuf else Status.FAIL,
-            "%s: GPUDirect RDMA module not loaded (expected nvidia_peermem or nv_peer_mem)%s" % (
-                name, ": NCCL 2.19+ can use DMA-BUF on this open kernel module instead" if dmabuf
-                else ": NCCL stages every RDMA transfer through host memory"),
-            expected="nvidia_peermem loaded", actual="not loaded", action="fix_config"))
+    missing, path = _path(name, facts, _nccl(driver))
+    if missing is not None:
+        out.append(missing)
     ports = sorted({b for p in facts.get("paths") or [] for b in p["bridges"]})
     if facts.get("virtual"):
         acs_note = "ACS not judged in a VM (%s)" % facts["virtual"]
@@ -204,24 +246,27 @@ def _judge(node: Any, facts: Dict[str, Any]) -> List[Finding]:
                 expected="ReqRedir- CmpltRedir-", actual=flags, data={"bridge": bdf}, action="fix_config"))
         acs_note = "no ACS redirect on the %s between GPUs and HCAs" % plural(len(ports), "switch port")
     if not out:
-        out.append(Finding(NAME, name, Status.PASS, "%s loaded; %s; IOMMU %s" % (facts["peermem"], acs_note, facts.get("iommu") or "unknown")))
+        out.append(Finding(NAME, name, Status.PASS, "%s; %s; IOMMU %s" % (path, acs_note, facts.get("iommu") or "unknown")))
     return out
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    return per_gpu_node(NAME, view, _judge)
+    return per_gpu_node(NAME, view, lambda node, facts: _judge(node, facts, view.facts[node.name].get("driver")))
 
 
 CHECK = Check(
     name=NAME,
-    claim="On nodes with GPUs and RDMA HCAs the GPUDirect RDMA module (nvidia_peermem) is loaded and no PCIe "
+    claim="On nodes with GPUs and RDMA HCAs GPUDirect RDMA has a path (DMA-BUF on the open kernel module with NCCL "
+    "2.19+, or nvidia_peermem loaded) and no PCIe "
     "switch port between a GPU and an HCA redirects peer traffic (ACS) on bare metal",
     why="Without GPUDirect RDMA NCCL silently copies every transfer through host memory: the job runs at a fraction "
     "of the speed and nothing fails.",
-    fix="modprobe nvidia_peermem (and add it to /etc/modules-load.d); disable ACS redirect on the switch ports: "
+    fix="Use the open kernel module on Linux 5.12+ with NCCL 2.19+ (DMA-BUF), or modprobe nvidia_peermem (and add "
+    "it to /etc/modules-load.d); disable ACS redirect on the switch ports: "
     "BIOS 'ACS' off, or the kernel parameter pci=disable_acs_redir=<bdf>, or setpci at boot as NVIDIA's NCCL "
     "troubleshooting guide shows; in VMs leave ACS to the hypervisor.",
     probe=probe,
     rule=rule,
+    needs=("driver",),
     order=67,
 )

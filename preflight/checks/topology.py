@@ -22,11 +22,16 @@ Rule (per GPU node; CPU-only nodes SKIP):
   fleet is built that way): then not reported. With no fleet to compare (one node) it is a WARN.
   Speed below maximum is judged the same way for NICs; not for GPUs, which lower their link speed when
   idle (the gpu check's rule).
+- affinity is judged over the compute NICs only: the HCAs carrying the node's NCCL rails (preflight.rails:
+  the ports ib_hca picks for NCCL_IB_HCA), not storage or management ports; all HCAs where the rails are
+  unknown (no ib_hca facts), said in the message.
 - affinity: for each GPU (in bus order), the HCAs on its NUMA node and the HCAs under the same PCIe switch
   form the node's signature; a node whose signature differs from the strict majority of nodes FAILs (drift:
   NCCL builds different paths there). A tie has no reference: WARN on every differing node.
 - where the node has at least as many HCAs as GPUs and NUMA is known: a GPU without an HCA on its own
   NUMA node FAILs (its traffic crosses the CPU interconnect).
+- NUMA unknown (numa_node -1: a VM, or firmware without NUMA information): the NUMA affinity is not judged,
+  a SKIP finding says so beside the link verdict (never a PASS for what was not judged).
 - otherwise PASS: "8 GPUs and 8 HCAs at full PCIe width; each GPU has an HCA on its NUMA node".
 """
 
@@ -205,18 +210,21 @@ def _link_findings(name: str, dev: Dict[str, Any], label: str, fleet: Dict[Tuple
     return out
 
 
-def _judge(node: Any, facts: Dict[str, Any], fleet: Dict[Tuple[str, str], List[Tuple[Any, Any]]], sigs: Dict[str, Tuple[Any, ...]], nodes: int) -> List[Finding]:
+def _judge(node: Any, facts: Dict[str, Any], fleet: Dict[Tuple[str, str], List[Tuple[Any, Any]]],
+           sigs: Dict[str, Tuple[Any, ...]], nodes: int, rails: Optional[Any] = None) -> List[Finding]:
     name = node.name
     devices = facts.get("devices") or []
     gpus = sorted((d for d in devices if d["kind"] == "gpu"), key=lambda d: d["bdf"])
-    hcas = sorted((d for d in devices if d["kind"] == "hca"), key=lambda d: d["bdf"])
+    every_hca = sorted((d for d in devices if d["kind"] == "hca"), key=lambda d: d["bdf"])
+    hcas = [d for d in compute_devices(every_hca, rails)]  # the compute NICs: affinity is theirs
     if not gpus:
         return [Finding(NAME, name, Status.ERROR, "%s: no NVIDIA GPU found in sysfs (expected %d; see the gpu check)" % (name, node.gpus_per_node))]
     out: List[Finding] = []
     for index, gpu in enumerate(gpus):
         out.extend(_link_findings(name, gpu, _label(gpu, index), fleet, nodes))
-    for hca in hcas:
+    for hca in every_hca:
         out.extend(_link_findings(name, hca, _label(hca), fleet, nodes))
+    numa_known = all(d["numa_node"] is not None for d in gpus + hcas)
     if hcas:
         mine = sigs[name]
         usual, count, strict = majority(list(sigs.values()))
@@ -228,7 +236,6 @@ def _judge(node: Any, facts: Dict[str, Any], fleet: Dict[Tuple[str, str], List[T
         elif usual is None and len(set(sigs.values())) > 1:
             out.append(Finding(NAME, name, Status.WARN, "%s: GPU↔NIC affinity differs between nodes and no layout is held by most: %s" % (
                 name, "; ".join("%s: %s" % kv for kv in mine)), actual="; ".join("%s: %s" % kv for kv in mine)))
-        numa_known = all(d["numa_node"] is not None for d in gpus + hcas)
         if len(hcas) >= len(gpus) and numa_known:
             for index, gpu in enumerate(gpus):
                 if not any(h["numa_node"] == gpu["numa_node"] for h in hcas):
@@ -237,23 +244,38 @@ def _judge(node: Any, facts: Dict[str, Any], fleet: Dict[Tuple[str, str], List[T
                                        "%s GPU %d (%s) on NUMA %d has no HCA on its NUMA node (%s): its RDMA traffic crosses the CPU interconnect" % (
                                            name, index, gpu["bdf"], gpu["numa_node"], where),
                                        expected="an HCA on NUMA %d" % gpu["numa_node"], actual="none", action="fix_config"))
-    if not out:
-        affinity = "no RDMA HCA: affinity not judged"
+    which = ("" if rails is None or len(hcas) == len(every_hca) else
+             " (the %s carrying NCCL's rails; %s not counted)" % (plural(len(hcas), "HCA"),
+                                                                  ", ".join(str(h["name"]) for h in every_hca if h not in hcas)))
+    unknown = [d for d in gpus + hcas if d["numa_node"] is None]
+    if hcas and unknown:
+        out.append(Finding(NAME, name, Status.SKIP, "GPU↔NIC NUMA affinity not judged: numa_node -1 on %s (a VM or "
+                           "firmware without NUMA information)%s" % (plural(len(unknown), "device"), which)))
+    if not [f for f in out if f.status is not Status.SKIP]:
+        affinity = "no RDMA HCA for NCCL: affinity not judged" if every_hca else "no RDMA HCA: affinity not judged"
         if hcas:
-            numa = all(d["numa_node"] is not None for d in gpus + hcas)
-            affinity = ("each GPU has an HCA on its NUMA node" if numa and len(hcas) >= len(gpus) else
-                        "affinity alike on every node")
+            affinity = ("NUMA affinity not judged" if unknown else "each GPU has an HCA on its NUMA node%s" % which
+                        if len(hcas) >= len(gpus) else "affinity alike on every node%s" % which)
         out.append(Finding(NAME, name, Status.PASS, "%s and %s at full PCIe width; %s" % (
-            plural(len(gpus), "GPU"), plural(len(hcas), "HCA"), affinity)))
+            plural(len(gpus), "GPU"), plural(len(every_hca), "HCA"), affinity)))
     return out
 
 
+def compute_devices(devices: Sequence[Dict[str, Any]], rails: Optional[Any]) -> List[Dict[str, Any]]:
+    """The GPUs and the HCAs carrying NCCL's rails (rails: their names; None: unknown, every HCA)."""
+    return [d for d in devices if d["kind"] == "gpu" or rails is None or d.get("name") in rails]
+
+
 def rule(view: ClusterView) -> List[Finding]:
+    from preflight import rails as nccl_rails
+
     valid = {n: f for n, f in view.of(NAME).items() if isinstance(f, dict) and isinstance(f.get("devices"), list)
              and view.node(n).gpus_per_node > 0}
     fleet = _fleet(valid)
-    sigs = {n: signature(f["devices"]) for n, f in valid.items() if any(d["kind"] == "hca" for d in f["devices"])}
-    return per_gpu_node(NAME, view, lambda node, facts: _judge(node, facts, fleet, sigs, len(valid)))
+    rails = {n: nccl_rails.compute_hcas(view, n) for n in valid}
+    sigs = {n: signature(compute_devices(f["devices"], rails[n])) for n, f in valid.items()
+            if any(d["kind"] == "hca" for d in compute_devices(f["devices"], rails[n]))}
+    return per_gpu_node(NAME, view, lambda node, facts: _judge(node, facts, fleet, sigs, len(valid), rails.get(node.name)))
 
 
 CHECK = Check(
@@ -266,5 +288,6 @@ CHECK = Check(
     "put NICs back in the slots the platform guide pairs with each GPU; keep BIOS NUMA settings (NPS, SNC) alike.",
     probe=probe,
     rule=rule,
+    needs=("ib_hca",),
     order=68,
 )

@@ -95,6 +95,7 @@ def facts_from_nvml(nvml: Any, partial: Optional[Dict[str, Any]] = None) -> Dict
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
             finally:
                 seen["open_s"] += time.monotonic() - started
+            seen.setdefault("handles", {})[index] = handle  # reused by the health reads (no second open)
             gpu_from_nvml(nvml, current, handle)
         except nvml.NVMLError as exc:
             if getattr(exc, "value", None) == no_permission and current["name"] is None:

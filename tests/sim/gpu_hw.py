@@ -16,7 +16,8 @@ node's sessions must set ``PREFLIGHT_NVML=off`` for the probes to read the simul
 Faults (per GPU position 0..count-1): missing, ecc, remap_failure, remap_pending, pcie_width, hw_slowdown,
 sw_thermal, persistence_off, nvlink_down, nvlink_all_down (every link down: nvidia-smi prints NVML's message
 on its own line under the GPU header, as it does), hw_slowdown_blip (HW slowdown in the first -q -x only,
-gone when `-q -x -d PERFORMANCE` reads again: a clock change caught mid-way).
+gone when `-q -x -d PERFORMANCE` reads again: a clock change caught mid-way), leftover_process (a compute
+process holding 60 GiB), retired_pages_limit (64 retired pages: the legacy retirement limit).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ FAULTS = (
     "nvlink_down",
     "nvlink_all_down",
     "hw_slowdown_blip",
+    "leftover_process",
+    "retired_pages_limit",
 )
 #: the nvidia-smi message for a GPU whose links are all down (or that has none), on its own line
 ALL_LINKS_DOWN = "\t NVML: Unable to retrieve NVLink information as all links are inActive\n"
@@ -84,6 +87,16 @@ _EDITS = {
     "nvlink_down": [],
     "nvlink_all_down": [],
     "hw_slowdown_blip": [],
+    # a previous job's rank still holding memory, in the <process_info> layout of nvidia-smi 5xx (as in
+    # ../shared/realworld telegraf_dual_a5000-v13.xml)
+    "leftover_process": [(r"<processes>\s*</processes>",
+                          "<processes>\n\t\t\t<process_info>\n\t\t\t\t<gpu_instance_id>N/A</gpu_instance_id>\n"
+                          "\t\t\t\t<compute_instance_id>N/A</compute_instance_id>\n\t\t\t\t<pid>48213</pid>\n"
+                          "\t\t\t\t<type>C</type>\n\t\t\t\t<process_name>python3 train.py</process_name>\n"
+                          "\t\t\t\t<used_memory>61440 MiB</used_memory>\n\t\t\t</process_info>\n\t\t</processes>")],
+    # the legacy page-retirement counts at their limit (32 single-bit + 32 double-bit = 64), the layout of
+    # tests/fixtures/gpu/p100_legacy_ecc_510.xml's <retired_pages>
+    "retired_pages_limit": [(r"(<retired_count>)N/A(</)", r"\g<1>32\2")],
 }
 
 # Node state, keyed by the node's bin directory (one per simulated node).
@@ -238,6 +251,10 @@ def install_imex(node: Any, state: str = "active") -> None:
         "    ;;\n"
         "esac\n" % show,
     )
+    if state == "active" and hasattr(node, "write_host_file"):
+        # the driver creates the IMEX channel device where IMEX is set up (NVreg_CreateImexChannel0=1): an
+        # empty file stands for the character device under the node's host root
+        node.write_host_file("/dev/nvidia-caps-imex-channels/channel0", "")
 
 
 def install_nccl(node: Any, version: str = "2.21.5") -> str:
@@ -435,6 +452,10 @@ def fabric_bytes(answer: Dict[str, Any]) -> bytes:
     return struct.pack("<16sIIB3x", uuid, answer["status"], answer.get("cliqueId", 0), answer["state"])
 
 
+#: nvidia-ml-py itself, for its return types (a test may put a FakeNVML in sys.modules["pynvml"]).
+import pynvml as _pynvml  # noqa: E402
+
+
 class FakeNVML:
     NVMLError = FakeNVMLError
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
@@ -516,8 +537,60 @@ class FakeNVML:
         return Pci()
 
     def nvmlDeviceGetTotalEccErrors(self, h: int, kind: int, counter: int) -> int:
-        assert kind == 1
-        return self._get(h, "nvmlDeviceGetTotalEccErrors(UNCORRECTED,%s)" % ("VOLATILE", "AGGREGATE")[counter])
+        return self._get(h, "nvmlDeviceGetTotalEccErrors(%s,%s)" % (("CORRECTED", "UNCORRECTED")[kind],
+                                                                     ("VOLATILE", "AGGREGATE")[counter]))
+
+    # --- the health queries (preflight.probe.gpu_health), answered in pynvml's own return types
+
+    def nvmlDeviceGetRowRemapperHistogram(self, h: int) -> Any:
+        """pynvml returns its c_nvmlRowRemapperHistogramValues structure."""
+        return _pynvml.c_nvmlRowRemapperHistogramValues(**self._get(h, "nvmlDeviceGetRowRemapperHistogram"))
+
+    def nvmlDeviceGetRetiredPages(self, h: int, cause: int) -> List[int]:
+        """pynvml returns the page addresses of that cause (0: multiple single-bit, 1: double-bit)."""
+        return self._get(h, "nvmlDeviceGetRetiredPages(%s)" % ("MULTIPLE_SINGLE_BIT", "DOUBLE_BIT")[cause])
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> List[Any]:
+        """pynvml returns nvmlFriendlyObjects of c_nvmlProcessInfo_v3_t (usedGpuMemory None when N/A)."""
+        return [_pynvml.nvmlFriendlyObject(dict({"gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF}, **p))
+                for p in self._get(h, "nvmlDeviceGetComputeRunningProcesses")]
+
+    def nvmlSystemGetProcessName(self, pid: int) -> str:
+        names = self.a.get("processNames") or {}
+        if str(pid) not in names:
+            raise FakeNVMLError(6)  # NVML_ERROR_NOT_FOUND: another PID namespace
+        return names[str(pid)]
+
+    def nvmlDeviceGetApplicationsClock(self, h: int, clock: int) -> int:
+        assert clock == 0  # NVML_CLOCK_GRAPHICS
+        return self._get(h, "nvmlDeviceGetApplicationsClock(GRAPHICS)")
+
+    def nvmlDeviceGetDefaultApplicationsClock(self, h: int, clock: int) -> int:
+        assert clock == 0
+        return self._get(h, "nvmlDeviceGetDefaultApplicationsClock(GRAPHICS)")
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
+        """pynvml returns its c_nvmlUtilization_t (gpu, memory: percent)."""
+        return _pynvml.c_nvmlUtilization_t(**self._get(h, "nvmlDeviceGetUtilizationRates"))
+
+    def nvmlDeviceGetFieldValues(self, h: int, ids: List[int]) -> Any:
+        """pynvml returns the c_nvmlFieldValue_t array the C library filled: a field this driver lacks has
+        nvmlReturn NVML_ERROR_NOT_SUPPORTED (the call itself succeeds). Answers {"230": 0} (an unsigned int,
+        as the recovery action is) or {"38": {"ull": n}} (an unsigned long long, as the NVLink counters are)."""
+        fields = self._get(h, "nvmlDeviceGetFieldValues")
+        values = (_pynvml.c_nvmlFieldValue_t * len(ids))()
+        for i, fid in enumerate(ids):
+            values[i].fieldId = fid
+            answer = fields.get(str(fid))
+            if isinstance(answer, dict):
+                values[i].valueType = 3  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                values[i].value.ullVal = answer["ull"]
+            elif answer is not None:
+                values[i].valueType = 1  # NVML_VALUE_TYPE_UNSIGNED_INT
+                values[i].value.uiVal = answer
+            else:
+                values[i].nvmlReturn = 3
+        return values
 
     def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:
         states = self._get(h, "nvmlDeviceGetNvLinkState")
@@ -527,6 +600,8 @@ class FakeNVML:
 
     def _nvmlGetFunctionPointer(self, name: str) -> Any:
         """The C entry point: returns an nvmlReturn_t instead of raising, writes into the caller's memory."""
+        if name == "nvmlDeviceGetGpuFabricInfoV":
+            return self._fabric_info_v
         if name != "nvmlDeviceGetGpuFabricInfo":
             raise AssertionError("the fake library has no raw entry point %s" % name)
 
@@ -539,6 +614,27 @@ class FakeNVML:
             return 0
 
         return c_function
+
+    def _fabric_info_v(self, h: int, pointer: Any) -> int:
+        """nvmlDeviceGetGpuFabricInfoV as libnvidia-ml answers: reads the version word the caller set, answers
+        NVML_ERROR_ARGUMENT_VERSION_MISMATCH (25) for a version this driver lacks ("versions": [3, 2]), else
+        writes nvmlGpuFabricInfo_v2_t / _v3_t (version, uuid[16], status, cliqueId, state, 3 pad, healthMask
+        [, healthSummary, 3 pad])."""
+        try:
+            answer = self._get(h, "nvmlDeviceGetGpuFabricInfoV")
+        except FakeNVMLError as exc:
+            return exc.value
+        word = ctypes.cast(pointer, ctypes.POINTER(ctypes.c_uint))[0]
+        version = word >> 24
+        if version not in answer.get("versions", [3, 2]):
+            return 25
+        uuid = bytes.fromhex(answer.get("clusterUuid", "0" * 32).replace("-", ""))
+        data = struct.pack("<I16sIIB3xI", word, uuid, answer.get("status", 0), answer.get("cliqueId", 0),
+                           answer["state"], answer.get("healthMask", 0))
+        if version == 3:
+            data += struct.pack("<B3x", answer.get("healthSummary", 0))
+        ctypes.memmove(pointer, data, len(data))
+        return 0
 
     def nvmlDeviceGetGpuFabricInfo(self, h: int, pointer: Any) -> int:
         """pynvml's wrapper: the C function, raising on an error code."""
