@@ -95,7 +95,7 @@ def test_node_mode_line_and_drain_reason_escape_node_text():
 
 def test_drain_plan_lines_escape_another_users_reason():
     plan = drain.Plan()
-    plan.left_alone["n003"] = "bad dimm" + CLEAR
+    plan.left_alone["n003"] = "drained by someone else: bad dimm" + CLEAR  # as plan() words it
     assert plan.lines() == ["left alone: n003 (drained by someone else: bad dimm\\x1b[2J\\x1b[H)"]
 
 
