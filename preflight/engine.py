@@ -21,7 +21,7 @@ from preflight.errors import UsageError
 from preflight.transport.contract import Outcome, Progress
 from preflight.transport.fleet import Fleet
 from preflight.inventory import Inventory, NodeSpec
-from preflight.model import ClusterView, Finding, NodeInfo, Status, with_action
+from preflight.model import FAILURE_KINDS, ClusterView, Finding, NodeInfo, Status, with_action
 
 
 @dataclass
@@ -118,12 +118,15 @@ def _probe_config(names: Sequence[str], spec: NodeSpec, deadline: float, per_che
 
 
 def _absorb(view_facts: Dict[str, Dict[str, Any]], outcomes: Dict[str, Outcome], names: Sequence[str],
-            captures: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, str]:
-    """Merge phase results into the facts; {node: failure message} for nodes that gave none."""
+            captures: Optional[Dict[str, Dict[str, Any]]] = None, kinds: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """Merge phase results into the facts; {node: failure message} for nodes that gave none (and, into
+    `kinds`, each one's NodeFailure.kind: the ssh rule tells a damaged result from a dead node by it)."""
     failed: Dict[str, str] = {}
     for name, outcome in outcomes.items():
         if outcome.failure is not None or outcome.result is None:
             failed[name] = str(outcome.failure)
+            if kinds is not None and outcome.failure is not None:
+                kinds[name] = outcome.failure.kind
             continue
         if captures is not None and isinstance(outcome.result.get("capture"), dict):
             captures.setdefault(name, {}).update(outcome.result["capture"])
@@ -180,6 +183,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
     captures: Optional[Dict[str, Dict[str, Any]]] = {} if opts.capture else None
     env: Any = None
     cluster = dict(inv.cluster)
+    cluster[FAILURE_KINDS] = {}  # {node: NodeFailure.kind} of the nodes that gave no phase-1 result
     if opts.previous:
         cluster["previous"] = opts.previous
 
@@ -192,7 +196,8 @@ def run(inv: Inventory, opts: Options) -> RunReport:
             )
             for s in inv.nodes
         }
-        unreachable.update(_absorb(facts, fleet.run(configs, deadline, then=bool(phase2)), phase1, captures))
+        unreachable.update(_absorb(facts, fleet.run(configs, deadline, then=bool(phase2)), phase1, captures,
+                                   cluster[FAILURE_KINDS]))
         times["phase1_s"] = time.monotonic() - t0
 
         view = ClusterView(infos, facts, inv.expect, cluster, unreachable)

@@ -130,6 +130,10 @@ class NodeInfo:
     settings: Dict[str, Any] = field(default_factory=dict)
 
 
+#: view.cluster key: {node: the transport's NodeFailure.kind} for each node in view.unreachable
+FAILURE_KINDS = "failure_kinds"
+
+
 class ClusterView:
     """Everything a rule may read: the nodes, their gathered facts, and the inventory's expectations.
 

@@ -192,3 +192,36 @@ def test_slurm_python_is_validated_before_anything_is_allocated(capsys):
     assert allocation.checked_python(None) == "python3" and allocation.checked_python("/opt/py/bin/python3") == "/opt/py/bin/python3"
     # the job's time limit and the reservation: the wait plus three phases of the per-node deadline plus a minute
     assert allocation.run_budget(20) == 120 and allocation.run_budget(None) == 240
+
+
+def test_a_node_no_check_decided_is_not_drained_and_not_in_the_blast_radius():
+    """Its worst finding is an ERROR with action retest (a result damaged in transit, a probe that could
+    not decide): nothing is known to be broken there, so --drain leaves it in service and says so; its
+    twin, a decided FAIL, is drained as before."""
+    from preflight.model import with_action
+
+    findings = [_f("ssh", n, Status.PASS) for n in NODES if n not in ("a2", "a3")] + [
+        with_action(_f("ssh", "a2", Status.ERROR, "probe bundle exited 0 without a result: result damaged in transit"), "isolate"),
+        with_action(_f("ib_hca", "a3", Status.FAIL, "mlx5_0 port 1: state DOWN (expected ACTIVE)"), "isolate")]
+    p = drain.plan(findings, NODES, _state(), drain=True, resume=False, max_fraction=0.1)
+    assert p.drain == {"a3": "preflight: ib_hca: mlx5_0 port 1: state DOWN (expected ACTIVE)"}  # 1 of 10: within 10%
+    assert p.undecided == ["a2"] and p.refused is None
+    assert "not drained: a2 (no check decided a fault there: retest)" in p.lines()
+    # a preflight-drained node that only errors now is not resumed either: it was not proven healthy
+    p = drain.plan(findings, NODES, _state(a2={"state": ["IDLE", "DRAIN"], "reason": "preflight: gpu: x"}),
+                   drain=False, resume=True)
+    assert p.resume == [] and p.undecided == ["a2"]
+
+
+def test_a_damaged_result_is_a_retest_for_the_ssh_check_and_a_dead_node_still_fails():
+    from preflight.checks import ssh
+    from preflight.model import FAILURE_KINDS, ClusterView, NodeInfo
+
+    nodes = [NodeInfo(name=n, host=n, gpus_per_node=0) for n in ("n1", "n2")]
+    view = ClusterView(nodes, {}, cluster={FAILURE_KINDS: {"n1": "damaged", "n2": "unreachable"}},
+                       unreachable={"n1": "probe bundle exited 0 without a result: result damaged in transit: CRC32 1 expected 2",
+                                    "n2": "unreachable: connection refused (198.18.0.3:22)"})
+    by_node = {f.node: f for f in ssh.rule(view)}
+    assert by_node["n1"].status is Status.ERROR and by_node["n1"].action == "retest"
+    assert "damaged in transit" in by_node["n1"].message
+    assert by_node["n2"].status is Status.FAIL and by_node["n2"].action == "isolate"

@@ -13,7 +13,7 @@ import socket
 import time
 from typing import Any, Dict, List
 
-from preflight.model import Check, ClusterView, Finding, Status, probe_error
+from preflight.model import FAILURE_KINDS, Check, ClusterView, Finding, Status, probe_error
 
 MIN_PYTHON = (3, 8)
 #: Clock skew above this many seconds is a warning: NCCL/gloo timeouts and log correlation suffer.
@@ -66,8 +66,16 @@ def clock_offset(facts: Dict[str, Any]) -> Any:
 
 def rule(view: ClusterView) -> List[Finding]:
     out: List[Finding] = []
+    kinds = view.cluster.get(FAILURE_KINDS) or {}
     for name, why in view.unreachable.items():
-        out.append(Finding(NAME, name, Status.FAIL, why, data={"unreachable": True}, action="isolate"))
+        if kinds.get(name) == "damaged":
+            # the node ran the bundle and answered; frames of its answer were lost on the way: nothing is
+            # known to be wrong with the node, so this is no verdict on it (never a drain)
+            out.append(Finding(NAME, name, Status.ERROR, "%s; the node answered but its result was damaged in transit "
+                               "(run again; if it repeats, check the transport's output handling)" % why,
+                               data={"unreachable": True, "damaged": True}, action="retest"))
+        else:
+            out.append(Finding(NAME, name, Status.FAIL, why, data={"unreachable": True}, action="isolate"))
     for name, facts in view.of(NAME).items():
         err = probe_error(NAME, name, facts)
         if err:

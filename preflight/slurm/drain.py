@@ -1,7 +1,11 @@
 """Drain failing Slurm nodes and return to service the ones preflight drained that now pass.
 
 Decisions:
-- A node is drained when one of its findings is fail or error; the reason is
+- A node is drained when one of its findings is fail or error and a check decided a fault there: a node
+  whose worst finding's action is *retest* (an ERROR: the check could not decide, e.g. a result damaged
+  in transit) is not drained, and is named "not drained ... retest" (a false drain costs a healthy node
+  as surely as a missed fault costs a job); it counts toward neither the blast radius nor --resume. The
+  reason is
   `preflight: <check>: <finding>` cut to REASON_MAX characters (Slurm keeps the reason whole, but
   `sinfo -R` and admins' eyes do not), on one line. The reason names the root cause: a FAIL before an
   ERROR, and never a consequence ("mtu: not tested: no data interface" when nic FAILs on the node).
@@ -83,6 +87,7 @@ class Plan:
     resume: List[str] = field(default_factory=list)
     left_alone: Dict[str, str] = field(default_factory=dict)  # node -> someone else's reason
     refused: Optional[str] = None
+    undecided: List[str] = field(default_factory=list)  # problems only a check that could not decide: not drained
     resumed_already: List[str] = field(default_factory=list)  # in service since the recheck reservation
 
     def commands(self) -> List[List[str]]:
@@ -97,6 +102,8 @@ class Plan:
             out.append("drain: refused: %s" % self.refused)
         if self.drain:
             out.append("drain: %s" % fold(self.drain))
+        if self.undecided:
+            out.append("not drained: %s (no check decided a fault there: retest)" % fold(self.undecided))
         if self.resume:
             out.append("resume: %s" % fold(self.resume))
         for node, why in sorted(self.left_alone.items()):
@@ -127,12 +134,14 @@ def plan(findings: Iterable[Finding], checked: Sequence[str], slurm_state: Dict[
         if node in aside:  # not checked in this run (e.g. drained by preflight, no --resume): as it is
             continue
         if node in worst:
-            if drain and not _drained(info["state"]):
+            if worst[node].action == "retest":  # no check decided a fault: run it again, never drain for it
+                out.undecided.append(node)
+            elif drain and not _drained(info["state"]):
                 out.drain[node] = reason_for(worst[node])
         elif resume and node in seen and _drained(info["state"]) and ours(reason):
             out.resume.append(node)
     judged = [n for n in checked if n not in out.left_alone and n not in aside]
-    failing = [n for n in judged if n in worst]
+    failing = [n for n in judged if n in worst and n not in out.undecided]
     if out.drain and judged and len(failing) > max_fraction * len(judged):
         left_out = len(checked) - len(judged)
         out.refused = ("%s of the %d checked in this run failed (%.0f%% > --max-drain-fraction %.0f%%%s): looks "

@@ -350,7 +350,7 @@ class SlurmFleet:
             if lost:
                 tail = [lost[0].damage] if lost[0].damage else lost[0].stderr.strip().splitlines()[-1:] or [exits.get(name) or "no output"]
                 outcomes[name] = Outcome(name, run=lost[0], failure=NodeFailure(
-                    "protocol", "probe bundle exited without a result: %s" % tail[0][:300]))
+                    "damaged" if lost[0].damage else "protocol", "probe bundle exited without a result: %s" % tail[0][:300]))
             else:
                 outcomes[name] = Outcome(name, result=runner.merge([r.result for r in runs]), run=runs[0])
         whole = step.rc is None and not timed_out and all(o.failure is None for o in outcomes.values())

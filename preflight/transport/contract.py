@@ -52,8 +52,9 @@ class NodeFailure(Exception):
     """A node could not be used. kind: one of KINDS; message names the cause and what to do."""
 
     #: unreachable (no connection / not launched), host_key, auth, timeout (no result within the deadline),
-    #: protocol (the bundle ended without a result), cancelled (Ctrl-C)
-    KINDS = ("unreachable", "host_key", "auth", "timeout", "protocol", "cancelled")
+    #: protocol (the bundle ended without a result), damaged (a result arrived but frames of it were lost or
+    #: damaged in transit: the node answered, nothing is known to be wrong with it), cancelled (Ctrl-C)
+    KINDS = ("unreachable", "host_key", "auth", "timeout", "protocol", "damaged", "cancelled")
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)

@@ -87,7 +87,8 @@ class Fleet:
             return Outcome(name, failure=failure)
         if run.result is None:
             tail = [run.damage] if run.damage else run.stderr.strip().splitlines()[-1:] or ["no output"]
-            failure = NodeFailure("protocol", "probe bundle exited %s without a result: %s" % (run.rc, tail[0][:300]))
+            failure = NodeFailure("damaged" if run.damage else "protocol",
+                                  "probe bundle exited %s without a result: %s" % (run.rc, tail[0][:300]))
             self.progress("failed", name)
             return Outcome(name, run=run, failure=failure)
         self.progress("done", name)
