@@ -208,7 +208,7 @@ def test_training_job_example_validates():
     kv = pytest.importorskip("kubernetes_validate")
     import yaml
 
-    with open(os.path.join(ROOT, "inventory", "k8s-training-job.example.yaml")) as fh:
+    with open(os.path.join(ROOT, "inventory", "k8s-training-job.yaml")) as fh:
         docs = [d for d in yaml.safe_load_all(fh) if d]
     assert [d["kind"] for d in docs] == ["Service", "Job"]
     for doc in docs:
