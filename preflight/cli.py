@@ -21,7 +21,6 @@ from typing import Any, Iterator, List, Optional
 from preflight import __version__
 from preflight.errors import PreflightError, UsageError
 from preflight.k8s import command as k8s_command
-from preflight.output import files
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -350,7 +349,7 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
     from rich.console import Console
 
     from preflight import engine
-    from preflight.output import report
+    from preflight.output import files, report
 
     json_to_stdout = getattr(args, "json", None) == "-"
     console = Console(stderr=json_to_stdout)
