@@ -158,6 +158,12 @@ def printable(text: Any, keep_newlines: bool = True) -> str:
     return _UNPRINTABLE.sub(_escape, text)
 
 
+def one_line(text: Any) -> str:
+    """Text read from a node as one line where no escape may appear (a shell comment, a short message):
+    whitespace runs become one space and every other unprintable character a '?'."""
+    return "".join(c if c.isprintable() else "?" for c in " ".join(str(text).split()))
+
+
 def _escape(match: Any) -> str:
     ch = match.group()
     if ch in _NAMED:

@@ -60,7 +60,7 @@ import re
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from preflight.common import plural
+from preflight.common import one_line, plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, per_gpu_node
 
 NAME = "dcgm"
@@ -158,12 +158,7 @@ def _error(test: str, entity: Optional[str], gpu: Optional[int], message: Any, i
     return {"test": test, "entity": entity, "gpu": gpu, "code": _int(item.get("error_id"), "error_id"),
             "category": _int(item.get("error_category"), "error_category"),
             "severity": SEVERITIES.get(severity, "UNKNOWN") if severity is not None else "UNKNOWN",
-            "message": _text(message)}
-
-
-def _text(value: Any) -> str:
-    """Node-read text as one printable line (no terminal control characters reach the report)."""
-    return "".join(c if c.isprintable() else "?" for c in " ".join(str(value).split()))
+            "message": one_line(message)}
 
 
 def _entity(result: Mapping[str, Any]) -> Tuple[Optional[str], Optional[int]]:
@@ -230,7 +225,7 @@ def parse_dcgmi_diag(stdout: str, stderr: str = "", rc: Optional[int] = 0) -> Di
     out: Dict[str, Any] = {"format": None, "version": None, "driver": None, "rc": rc, "runtime_error": None,
                            "hostengine": True, "gpus": [], "tests": [], "errors": []}
     if doc is None:
-        text = _text((stdout or "") + " " + (stderr or "")).strip()
+        text = one_line((stdout or "") + " " + (stderr or "")).strip()
         if rc == 0 or not text:
             raise ParseError("dcgmi diag -j: no JSON document in the output (exit %s): %.120r" % (rc, text))
         out.update(format="text", runtime_error=text[:400], hostengine=not _HOSTENGINE.search(text))
@@ -253,7 +248,7 @@ def parse_dcgmi_diag(stdout: str, stderr: str = "", rc: Optional[int] = 0) -> Di
         raise ParseError("dcgmi diag -j: %r is not an object" % out["format"])
     if root.get("runtime_error"):
         out["version"] = out["version"] or root.get("version")
-        text = _text(root["runtime_error"])
+        text = one_line(root["runtime_error"])
         out.update(runtime_error=text[:400], hostengine=not _HOSTENGINE.search(text))
         return out
     categories = root.get("test_categories")

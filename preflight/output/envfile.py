@@ -30,6 +30,7 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preflight import __version__, datanet
+from preflight.common import one_line
 from preflight.model import ClusterView, Finding
 from preflight.output import envfabric
 from preflight.output.envvars import (  # noqa: F401  (Derived, EnvVar and quote are this module's API too)
@@ -275,7 +276,7 @@ def render(report: Any) -> str:
         lines.append("")
         lines.extend("# %s" % why for why in var.why)
         lines.append(assignment(var))
-    return "".join(_comment(line) + "\n" if line.startswith("#") else line + "\n" for line in lines)
+    return "".join(one_line(line) + "\n" if line.startswith("#") else line + "\n" for line in lines)
 
 
 def assignment(var: EnvVar) -> str:
@@ -354,11 +355,6 @@ def _proof(report: Any, unreachable: set) -> str:
     if worst is not None and not worst.is_problem and allreduce.get("summary"):
         return "proven: the all-reduce test ran with exactly these variables on %s: %s" % (on, summary)
     return "NOT proven: the all-reduce test with these variables on %s did not pass (%s); see the report" % (on, summary or (worst.value if worst else "no verdict"))
-
-
-def _comment(text: str) -> str:
-    """One comment line whatever the facts hold: whitespace runs become one space, control characters '?'."""
-    return "".join(c if c.isprintable() else "?" for c in " ".join(str(text).split()))
 
 
 def _check_order(name: str) -> int:
