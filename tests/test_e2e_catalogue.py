@@ -36,6 +36,8 @@ SCENARIOS = {
     "allreduce": ("test_e2e_allreduce", "test_mtu_black_hole_hangs_at_a_size_and_the_pairs_name_the_node", None),
     "dcgm": ("test_e2e_catalogue", "test_hardware_fault_is_named", "dcgm_isolate"),
     "pcie": ("test_e2e_catalogue", "test_hardware_fault_is_named", "aer_fatal"),
+    # NVLS never FAILs (a performance feature: never a drain): its WARN end to end on a GB200 tray without IMEX
+    "nvls": ("test_e2e_gb200", "test_gb200_trays_judged_by_fabric_and_imex_and_nvls", None),
     "limits": ("test_check_limits", "test_preflight_node_under_an_unlimited_stack_on_an_mnnvl_node", None),
     "gpu_state": ("test_e2e_catalogue", "test_hardware_fault_is_named", "leftover_process"),
     "gpu_memory": ("test_e2e_catalogue", "test_hardware_fault_is_named", "retired_pages_limit"),
