@@ -29,6 +29,8 @@ What NCCL does (NVIDIA/nccl source, src/transport/nvls.cc, tags v2.17.1-1 to v2.
   manager not being restarted correctly"), NVIDIA/nccl#1672 (NVIDIA: "many system reasons for NVLink SHARP
   not working"; test with nvbandwidth/nvloom multicast). A healthy one: the realworld capture
   nccl_info/nccl1538_h100_nvls_available_nccl2.22.3 ("NVLS multicast support is available on dev N").
+- MIG: "MIG does not support GPU to GPU P2P (either PCIe or NVLink)" (NVIDIA MIG user guide, "Application
+  Considerations"): no NVLink between instances, so no NVLS.
 - Multicast needs the NVSwitch fabric programmed: nvidia-fabricmanager active on HGX/DGX (NVIDIA Fabric
   Manager user guide), each GPU's fabric state Completed/Success (nvmlDeviceGetGpuFabricInfo, R535+), and
   across the trays of an NVL72 rack the IMEX daemon and an IMEX channel (multi-node memory is exported as
@@ -42,7 +44,7 @@ States (NvlsState.kind), what the nvls check makes of them:
                     without NVLink), fewer than 2 GPUs, MIG, a GPU before Hopper (A100's NVSwitch has no
                     NVLink SHARP), a driver before R530 (no CUDA multicast), or NCCL_NVLS_ENABLE=0 set
     not_judged      an NVLS-capable fabric whose readiness the facts cannot tell (fabric manager state
-                    unreadable and no GPU fabric state; GPU model unknown; nvidia-imex state unreadable)
+                    unreadable and no GPU fabric state; driver version unknown; nvidia-imex state unreadable)
     ready           the prerequisites are met (NCCL uses NVLS, with the default 2)
     unusable        NVLS-capable hardware whose prerequisites are not met (unmet lists them)
 
@@ -82,7 +84,7 @@ class NvlsState:
     setting: Optional[Tuple[str, str]] = None  # (NCCL_NVLS_ENABLE value, where it is set) | None: unset (2)
     gpus: int = 0
     fabric_seen: bool = False  # some GPU reported its NVLink fabric state
-    fabric: str = ""  # "4 NVSwitches" | "NVLink fabric of the rack (multi-node)" | ...
+    fabric: str = ""  # "4 NVSwitches" | "NVLink fabric managed outside this OS" | "multi-node NVLink fabric (cluster U)"
 
     @property
     def forced(self) -> bool:
@@ -159,11 +161,9 @@ def assess(view: Any, node: Any) -> NvlsState:
         return state
     if any(g.facts.get("mig_enabled") for g in gpus):
         state.code = "mig"
-        state.reason = "MIG enabled: NCCL does not use NVLS on MIG instances"
+        state.reason = "MIG enabled: MIG instances have no GPU-to-GPU NVLink (MIG user guide), so NCCL has no NVLS"
         return state
-    models = record.models()
-    if not models:
-        return _judged(state, [], ["GPU model unknown"])
+    models = record.models()  # not empty: 2 or more GPUs with a name
     if not any(NVLS_MODEL.search(m) for m in models):
         state.code = "model"
         state.reason = "%s on %s: NVLink SHARP needs a third-generation NVSwitch (Hopper or later)" % (

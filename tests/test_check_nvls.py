@@ -87,7 +87,7 @@ def test_fabric_manager_down_makes_nvls_a_config_warning_never_a_drain(nccl, the
     facts = node_facts(gpu="h100_fabric_in_progress", fm=fm_facts("systemctl_show_failed"), nccl=nccl)
     status, msg, action = one(facts)
     assert (status, action) == (Status.WARN, "fix_config")
-    assert msg.startswith("NVLS (NVLink SHARP) cannot work on this 4 NVSwitches: NVLink fabric not Completed "
+    assert msg.startswith("NVLS (NVLink SHARP) cannot work on this node (4 NVSwitches): NVLink fabric not Completed "
                           "(GPU 0 In Progress, GPU 1 In Progress")
     assert "; nvidia-fabricmanager failed; " in msg and then in msg
     assert msg.endswith("Set NCCL_NVLS_ENABLE=0 (the recommended env file does) or fix the fabric (see fabric_manager)")
@@ -115,7 +115,7 @@ def test_unreadable_service_and_no_gpu_fabric_state_is_not_judged_not_passed():
         for gpu in g["gpus"]:
             gpu["fabric"] = None
     status, msg, _ = one(node_facts(fm=fm_facts(service=None), edit=no_fabric))
-    assert (status, msg) == (Status.SKIP, "NVLS not judged on this 4 NVSwitches: nvidia-fabricmanager state unreadable "
+    assert (status, msg) == (Status.SKIP, "NVLS not judged (4 NVSwitches): nvidia-fabricmanager state unreadable "
                                           "(systemctl not found) and no GPU fabric state")
 
 
@@ -126,6 +126,11 @@ def test_driver_before_r530_has_no_multicast():
             gpu["fabric"] = None
     status, msg, _ = one(node_facts(fm=fm_facts(driver="525.147.05"), edit=old))
     assert status is Status.SKIP and "driver 525.147.05 predates CUDA multicast (R530)" in msg
+
+
+def test_driver_version_unknown_is_not_judged():
+    facts = node_facts(fm=fm_facts(driver=None), edit=lambda g: g.update(driver_version=None))
+    assert one(facts)[:2] == (Status.SKIP, "NVLS not judged (4 NVSwitches): driver version unknown")
 
 
 def test_nccl_before_2_17_has_no_nvls():
@@ -181,7 +186,7 @@ def test_mig_is_not_applicable():
     def mig(g):
         for gpu in g["gpus"]:
             gpu["mig_enabled"] = True
-    assert one(node_facts(edit=mig))[:2] == (Status.SKIP, "not applicable: MIG enabled: NCCL does not use NVLS on MIG instances")
+    assert one(node_facts(edit=mig))[:2] == (Status.SKIP, "not applicable: MIG enabled: MIG instances have no GPU-to-GPU NVLink (MIG user guide), so NCCL has no NVLS")
 
 
 # ---------------------------------------------------------------------------------- GB200 NVL72 trays

@@ -18,7 +18,7 @@ fix_config (the fabric itself, where it is broken, is the fabric_manager check's
 - not applicable (SKIP with the reason): PCIe / NVLink-bridge parts, a VM without NVLink, one GPU, MIG,
   A100's NVSwitch, a driver before R530, NCCL older than 2.17, NCCL_NVLS_ENABLE=0 set.
 - facts that cannot tell (fabric manager state unreadable and no GPU fabric state, nvidia-imex state
-  unreadable, GPU model unknown): SKIP "not judged", never PASS. No gpu/fabric facts: ERROR (retest).
+  unreadable, driver version unknown): SKIP "not judged", never PASS. No gpu/fabric facts: ERROR (retest).
 - prerequisites met: PASS naming the fabric, the NCCL version and that NCCL uses NVLS.
 """
 
@@ -54,7 +54,7 @@ def _unusable(node: str, state: Any) -> Finding:
     else:
         then = "%s falls back without NVLS (slower collectives); NCCL 2.29 and later fail at init on this" % _nccl(state)
     return Finding(NAME, node, Status.WARN,
-                   "NVLS (NVLink SHARP) cannot work on this %s: %s; %s. Set NCCL_NVLS_ENABLE=0 (the recommended env "
+                   "NVLS (NVLink SHARP) cannot work on this node (%s): %s; %s. Set NCCL_NVLS_ENABLE=0 (the recommended env "
                    "file does) or fix the fabric (see fabric_manager)" % (state.fabric, what, then),
                    expected="NVLS prerequisites met", actual=what, action="fix_config")
 
@@ -76,7 +76,7 @@ def _node(view: ClusterView, node: Any) -> List[Finding]:
                             expected="NCCL_NVLS_ENABLE unset, 2 or 0", actual=state.setting[0], action="fix_config")]
         return [Finding(NAME, name, Status.SKIP, "not applicable: %s" % state.reason)]
     if state.kind == "not_judged":
-        return [Finding(NAME, name, Status.SKIP, "NVLS not judged on this %s: %s" % (state.fabric, "; ".join(state.unknown)))]
+        return [Finding(NAME, name, Status.SKIP, "NVLS not judged (%s): %s" % (state.fabric, "; ".join(state.unknown)))]
     if state.kind == "unusable":
         return [_unusable(name, state)]
     uses = "uses it" if state.tried else "uses it from 2.17 on"
