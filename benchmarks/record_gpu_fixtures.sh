@@ -24,6 +24,13 @@
 #   nvidia_smi_nvlink_e.txt      nvidia-smi nvlink -e (NVLink error counters, beside the NVML field values)
 #   health_verdicts.txt          gpu_memory, gpu_state, nvlink_errors, gpu_pcie judged on probe_nvml.json and
 #                                probe_smi.json (the health facts in both probes' "health"; their window_s)
+#   nvidia_smi_q_fabric.txt      every GPU's "Fabric" block of nvidia-smi -q (state, status, clique, cluster, health)
+#   multicast.txt                per CUDA device, through libcuda (ctypes): CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED (132,
+#                                what NCCL asks before NVLS), HANDLE_TYPE_FABRIC_SUPPORTED (128, MNNVL), compute
+#                                capability, and cuInit's wall/CPU time (is it cheap enough for the probe?)
+#   nvls_verdict.txt             the nvls check on this node's gpu, fabric_manager, driver and nccl_env probe facts
+#   nccl_nvls_info.txt           where nccl-tests' all_reduce_perf is on PATH: its NCCL_DEBUG=INFO NVLS lines
+#                                ("NVLS multicast support is (not) available", "Failed to bind ... NVLS")
 # The files are ours to commit as fixtures (tests/fixtures/<check>/, with a .json beside each naming the
 # command, the machine and the expected facts); see tests/fixtures/README.md.
 set -u
@@ -158,7 +165,55 @@ for name in ("probe_nvml.json", "probe_smi.json"):
         for f in check.rule(view):
             print("  %s %s: %s" % (f.status.value.upper(), f.check, f.message))
 EOF
+# NVLS (issue 21.5): the Fabric blocks, the multicast attribute NCCL reads, the nvls verdict, NCCL's own word.
+nvidia-smi -q > "$OUT/nvidia_smi_q.txt" 2>&1
+awk '/^GPU /{print} /^    Fabric$/{p=1; print; next} p && /^    [^ ]/{p=0} p' "$OUT/nvidia_smi_q.txt" > "$OUT/nvidia_smi_q_fabric.txt"
+"$PYTHON" - <<'EOF' | tee "$OUT/multicast.txt"
+import ctypes, resource, time
+try:
+    cuda = ctypes.CDLL("libcuda.so.1")
+except OSError as exc:
+    raise SystemExit("libcuda.so.1 not loadable: %s" % exc)
+t, c = time.time(), resource.getrusage(resource.RUSAGE_SELF)
+rc = cuda.cuInit(0)
+c2 = resource.getrusage(resource.RUSAGE_SELF)
+print("cuInit rc=%d wall_s=%.3f cpu_s=%.3f" % (rc, time.time() - t, c2.ru_utime - c.ru_utime + c2.ru_stime - c.ru_stime))
+count = ctypes.c_int(0)
+print("cuDeviceGetCount rc=%d count=%d" % (cuda.cuDeviceGetCount(ctypes.byref(count)), count.value))
+ver = ctypes.c_int(0)
+cuda.cuDriverGetVersion(ctypes.byref(ver))
+print("cuDriverGetVersion %d" % ver.value)
+for i in range(count.value):
+    dev = ctypes.c_int(0)
+    cuda.cuDeviceGet(ctypes.byref(dev), i)
+    values = []
+    for name, attr in (("multicast", 132), ("fabric_handle", 128), ("cc_major", 75), ("cc_minor", 76)):
+        v = ctypes.c_int(-1)
+        r = cuda.cuDeviceGetAttribute(ctypes.byref(v), attr, dev)
+        values.append("%s=%d%s" % (name, v.value, "" if r == 0 else " (rc %d)" % r))
+    print("device %d: %s" % (i, " ".join(values)))
+EOF
+"$PYTHON" - "$OUT" <<'EOF' | tee "$OUT/nvls_verdict.txt"
+import json, os, sys
+from preflight.checks import fabric_manager, nccl_env, nvls
+from preflight.model import ClusterView, NodeInfo
+from preflight.probe.context import NodeContext
+out = sys.argv[1]
+facts = {"gpu": json.load(open(os.path.join(out, "probe_nvml.json"))),
+         "driver": json.load(open(os.path.join(out, "driver_probe.json"))),
+         "fabric_manager": fabric_manager.probe(NodeContext()), "nccl_env": nccl_env.probe(NodeContext())}
+json.dump(facts["fabric_manager"], open(os.path.join(out, "fabric_manager_probe.json"), "w"), indent=1, sort_keys=True)
+view = ClusterView([NodeInfo("this", "127.0.0.1", len(facts["gpu"].get("gpus") or []) or 1)], {"this": facts})
+for f in nvls.rule(view):
+    print("%s nvls: %s" % (f.status.value.upper(), f.message))
+EOF
+if command -v all_reduce_perf > /dev/null; then
+  NCCL_DEBUG=INFO timeout 120 all_reduce_perf -b 8M -e 64M -g "$(nvidia-smi -L | wc -l)" 2>&1 \
+    | grep -E "NCCL version|NVLS|nvls|Multicast" > "$OUT/nccl_nvls_info.txt"
+  echo "all_reduce_perf NVLS lines: $(wc -l < "$OUT/nccl_nvls_info.txt") (nccl_nvls_info.txt)"
+fi
 "$PYTHON" -c "from preflight.checks import gpu; print('probe budget: probe_timeout_s 30 (runner default), NVML_BUDGET_S %g, nvidia-smi -q -x timeout 60' % gpu.NVML_BUDGET_S)" | tee -a "$OUT/timing.txt"
 echo "--- fabric: nvidia-smi -q -i 0 vs our struct"; cat "$OUT/nvidia_smi_fabric_gpu0.txt" "$OUT/fabric_struct_gpu0.txt"
 echo "--- NVLink"; cat "$OUT/nvlink_counts.txt" 2>/dev/null
+echo "--- NVLS"; cat "$OUT/multicast.txt" "$OUT/nvls_verdict.txt" 2>/dev/null
 echo "# done: $OUT" >&2

@@ -357,6 +357,22 @@ CHECKS = (
         ],
     },
     {
+        'name': 'nvls',
+        'claim': 'Where NCCL would use NVLS (NVLink SHARP), its prerequisites are met: the NVSwitch fabric is programmed, and on multi-node NVLink trays IMEX is up',
+        'why': "NCCL 2.29 and later no longer fall back when NVLS multicast memory cannot be bound: the job fails at init with 'Failed to bind NVLink SHARP (NVLS) Multicast memory' (older NCCL silently ran without NVLS, slower). NCCL_NVLS_ENABLE=1 makes it fail on any node without NVLS hardware.",
+        'fix': "Fix the NVSwitch fabric (fabric_manager's findings: nvidia-fabricmanager, GPU fabric state, nvidia-imex and the IMEX channel on GB200/GB300), or run with NCCL_NVLS_ENABLE=0 (the recommended env file writes it while NVLS cannot work); remove NCCL_NVLS_ENABLE=1 from nodes without NVLS hardware.",
+        'phase': 1,
+        'action': 'fix_config',
+        'order': 88,
+        'reads': 'nothing new: the gpu (model, MIG, NVLink fabric state), fabric_manager, driver (NCCL version) and nccl_env (NCCL_NVLS_ENABLE) facts',
+        'takes': 'no probe (rule only)',
+        'needs': ['gpu', 'fabric_manager', 'driver', 'nccl_env'],
+        'probes': False,
+        'crossnode': False,
+        'settings': [
+        ],
+    },
+    {
         'name': 'allreduce',
         'claim': 'A timed all-reduce across every node completes, returns correct sums and reaches the expected bus bandwidth',
         'why': 'The all-reduce is what a data-parallel job does every step: a rank that cannot join it hangs the job at start, one that stalls hangs it mid-run, and one slow link sets the pace for every GPU.',

@@ -79,6 +79,16 @@ def fold_ints(values: Iterable[int]) -> str:
     return ",".join(out)
 
 
+def version_key(text: Any) -> Optional[Tuple[int, int, int]]:
+    """(2, 21, 5) from '2.21.5' or '2.21.5+cuda12.2'; the oldest of 'A + B' (several system libraries); None if none."""
+    keys = []
+    for part in str(text or "").split("+ "):
+        match = re.match(r"^\s*(\d+)\.(\d+)(?:\.(\d+))?", part)
+        if match:
+            keys.append((int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)))
+    return min(keys) if keys else None
+
+
 def plural(n: int, word: str, many: Optional[str] = None) -> str:
     """plural(1, 'node') -> '1 node'; plural(3, 'node') -> '3 nodes'; plural(2, 'is', 'are')."""
     return "%d %s" % (n, word if n == 1 else (many or word + "s"))

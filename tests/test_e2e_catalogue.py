@@ -36,6 +36,8 @@ SCENARIOS = {
     "allreduce": ("test_e2e_allreduce", "test_mtu_black_hole_hangs_at_a_size_and_the_pairs_name_the_node", None),
     "dcgm": ("test_e2e_catalogue", "test_hardware_fault_is_named", "dcgm_isolate"),
     "pcie": ("test_e2e_catalogue", "test_hardware_fault_is_named", "aer_fatal"),
+    # NVLS never FAILs (a performance feature: never a drain): its WARN end to end on a GB200 tray without IMEX
+    "nvls": ("test_e2e_gb200", "test_gb200_trays_judged_by_fabric_and_imex_and_nvls", None),
     "limits": ("test_check_limits", "test_preflight_node_under_an_unlimited_stack_on_an_mnnvl_node", None),
     "gpu_state": ("test_e2e_catalogue", "test_hardware_fault_is_named", "leftover_process"),
     "gpu_memory": ("test_e2e_catalogue", "test_hardware_fault_is_named", "retired_pages_limit"),
@@ -103,7 +105,8 @@ def test_healthy_cpu_cluster_passes_with_gpu_checks_skipped(sim_cluster):
     assert {r["status"] for r in results(doc, "ib_hca")} == {"skip"}
     assert {r["status"] for r in results(doc, "ib_errors")} == {"skip"}
     assert {r["status"] for r in results(doc, "storage")} == {"skip"}  # no cluster.shared_paths
-    for check, why in (("dcgm", "gpus_per_node: 0"), ("limits", "gpus_per_node: 0"), ("pcie", "no GPU or network controller")):
+    for check, why in (("dcgm", "gpus_per_node: 0"), ("limits", "gpus_per_node: 0"), ("pcie", "no GPU or network controller"),
+                       ("nvls", "gpus_per_node: 0")):
         assert {r["status"] for r in results(doc, check)} == {"skip"}, results(doc, check)
         assert all(why in r["message"] for r in results(doc, check)), results(doc, check)
     assert {r["status"] for r in results(doc, "nccl_env")} == {"pass"}
@@ -199,6 +202,11 @@ def test_hardware_fault_is_named(sim_cluster, fault, check, node, words):
         assert word in text, text
     other = {r["node"] for r in results(doc, check, "fail") if r["node"] and MEMLOCK not in r["message"]} - {node}
     assert not other, "healthy nodes failed %s: %s" % (check, other)
+    if fault == "fabric_manager_stopped":  # NVLS is the consequence, a config warning (never a second drain reason)
+        nvls = {r["node"]: r for r in results(doc, "nvls")}
+        assert (nvls["n002"]["status"], nvls["n002"]["action"]) == ("warn", "fix_config"), nvls
+        assert "nvidia-fabricmanager failed; NCCL 2.21.5 falls back without NVLS" in nvls["n002"]["message"]
+        assert nvls["n001"]["status"] == nvls["n003"]["status"] == "pass", nvls
     print("%s → %s" % (fault, text))
 
 

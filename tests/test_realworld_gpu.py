@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from preflight.checks import driver, fabric_manager, gpu, gpu_memory, gpu_pcie, gpu_state
+from preflight.checks import driver, fabric_manager, gpu, gpu_memory, gpu_pcie, gpu_state, nvls
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe import gpu_facts, gpu_health, nvidia_smi
 
@@ -213,6 +213,50 @@ def test_rule_is_quiet_on_a_healthy_capture(path):
     allowed = EXPLAINED.get(os.path.basename(path), [])
     unexplained = [f.message for f in judge_xml(path) if not any(a in f.message for a in allowed)]
     assert unexplained == []
+
+
+#: fabric_manager facts of an HGX baseboard (4 NVSwitch PCI functions, the service active) and of a machine
+#: without NVSwitch: a capture says nothing about the sysfs beside it, so nvls is judged under both.
+SWITCHED = {"nvswitches": ["0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"],
+            "service": {"LoadState": "loaded", "ActiveState": "active", "SubState": "running"}, "service_error": None,
+            "imex": None, "imex_error": "systemctl not found"}
+NO_SWITCH = {"nvswitches": [], "service": None, "service_error": None, "imex": None, "imex_error": "systemctl not found"}
+
+
+def judge_nvls(facts: Dict[str, Any], fabric: Dict[str, Any], nccl: str = "2.29.2") -> List[Any]:
+    node = NodeInfo("node01", "198.18.0.1", max(1, len(facts["gpus"])))
+    driver_facts = {"nccl_system": [{"soname": "libnccl.so.2", "path": "/usr/lib/libnccl.so." + nccl, "version": nccl}]}
+    node_facts = {"gpu": facts, "fabric_manager": dict(fabric, driver_version=facts.get("driver_version")),
+                  "driver": driver_facts}
+    return nvls.rule(ClusterView([node], {"node01": node_facts}))
+
+
+@pytest.mark.parametrize("path", XMLS, ids=[os.path.basename(p) for p in XMLS])
+def test_nvls_is_quiet_on_every_capture_with_or_without_nvswitches(path):
+    """No capture is an NVLS-capable NVSwitch node (consumer, PCIe, A100 parts): not applicable, never a WARN."""
+    facts = gpu.parse_nvidia_smi_xml(_read(path))
+    for fabric in (NO_SWITCH, SWITCHED):
+        found = [(f.status, f.message) for f in judge_nvls(facts, fabric)]
+        assert [s for s, _ in found] == [Status.SKIP], found
+
+
+def test_nvls_passes_the_hgx_h100_capture_whose_fabric_is_completed():
+    """gpud's 8x H100 `nvidia-smi -q` (R535): every GPU's Fabric State Completed, Status Success. preflight reads
+    XML or NVML, not this text: the product name, driver and fabric lines are taken out here as the XML holds them."""
+    text = _read(os.path.join(REAL, "nvidia_smi_q_d", "gpud_h100x8_535.161.08_full-q.txt"))
+    names = re.findall(r"^    Product Name\s+: (.+)$", text, re.M)
+    fabric = re.findall(r"^    Fabric\n\s+State\s+: (.+)\n\s+Status\s+: (.+)$", text, re.M)
+    assert len(names) == len(fabric) == 8
+    gpus = [dict(gpu_facts.empty_gpu(i), name=n, pci_bus_id="00000000:%02X:00.0" % (0x18 + i), mig_enabled=False,
+                 fabric={"state": st, "status": ss, "clique_id": 0, "cluster_uuid": None})
+            for i, (n, (st, ss)) in enumerate(zip(names, fabric))]
+    facts = {"source": "nvidia-smi", "error": None, "driver_version": re.search(r"Driver Version\s+: (\S+)", text).group(1),
+             "cuda_version": None, "attached_gpus": 8, "gpus": gpus}
+    found = [(f.status, f.message) for f in judge_nvls(facts, SWITCHED)]
+    assert found == [(Status.PASS, "NVLS prerequisites met on 8 GPUs: 4 NVSwitches, every GPU's NVLink fabric Completed; "
+                                   "NCCL 2.29.2 uses it (NCCL_NVLS_ENABLE unset (2: when CUDA reports multicast))")]
+    found = [(f.status, f.message) for f in judge_nvls(facts, dict(SWITCHED, service=dict(SWITCHED["service"], ActiveState="failed")))]
+    assert found[0][0] is Status.WARN and "nvidia-fabricmanager failed" in found[0][1]
 
 
 NVLINKS = [p for p in _files("nvidia_smi_nvlink") if os.path.getsize(p)]

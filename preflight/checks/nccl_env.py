@@ -47,13 +47,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.common import nccl_list, nccl_selects
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
+from preflight.probe.ncclconf import CONF_ENV, HOME_FROM_ENV, PREFIXES, effective, read_by_nccl, relevant  # noqa: F401  (this module's API too)
 
 NAME = "nccl_env"
 SYSTEM_CONF = "/etc/nccl.conf"
 USER_CONF = ".nccl.conf"
-CONF_ENV = "NCCL_CONF_FILE"
-#: Variables NCCL, torch's NCCL process group and gloo read.
-PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "TORCH_DISTRIBUTED_")
 #: Variables whose value must agree across ranks: NCCL picks its transport, protocol, algorithm and
 #: buffer sizes per rank, and ranks that disagree hang at the first collective or fall back to a slow path.
 MUST_MATCH = frozenset(
@@ -82,15 +80,9 @@ MUST_MATCH = frozenset(
 )
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 UNSET = "(unset)"
-#: From this NCCL version ~/.nccl.conf is found through $HOME, before through the account's home directory.
-HOME_FROM_ENV = (2, 30, 3)
 
 
 # ----------------------------------------------------------------------------------------------- parse
-
-
-def relevant(key: str) -> bool:
-    return key.startswith(PREFIXES)
 
 
 def parse_nccl_conf(text: str, path: str = SYSTEM_CONF) -> Dict[str, Any]:
@@ -168,33 +160,6 @@ def probe(ctx: Any) -> Dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------ rule
-
-
-def read_by_nccl(f: Dict[str, Any], version: Optional[Tuple[int, ...]], home_env: Any = True) -> bool:
-    """Whether NCCL `version` reads this conf file: the system file and NCCL_CONF_FILE always; the user file
-    found through $HOME from NCCL 2.30.3 on (while HOME is set), through the account's home before."""
-    via = f.get("via")
-    if f.get("role") != "user" or via is None or CONF_ENV in via:
-        return True
-    lookup = "HOME" if version is not None and tuple(version) >= HOME_FROM_ENV and home_env else "passwd"
-    return lookup in via
-
-
-def effective(facts: Dict[str, Any], version: Optional[Tuple[int, ...]] = None) -> Dict[str, Tuple[str, str]]:
-    """{key: (value, where it is set)} for the relevant variables a job on the node gets, NCCL's order.
-
-    where: "environment" or "/etc/nccl.conf:3". The first setter wins (environment, user file, system file;
-    within a file, NCCL's setenv(..., 0) keeps the first line of a key). version: the node's NCCL
-    ((2, 30, 3)), which decides which ~/.nccl.conf it reads (None: the account's home directory's).
-    """
-    out: Dict[str, Tuple[str, str]] = {}
-    for key, value in sorted((facts.get("environ") or {}).items()):
-        out[key] = (value, "environment")
-    for f in [f for f in facts.get("files") or [] if read_by_nccl(f, version, facts.get("home_env", True))]:
-        for e in f.get("entries") or []:
-            if relevant(e["key"]) and e["key"] not in out:
-                out[e["key"]] = (e["value"], "%s:%d" % (f["path"], e["line"]))
-    return out
 
 
 def selects(spec: str, name: str, port: Optional[int] = None) -> bool:

@@ -1,7 +1,8 @@
-"""The fabric half of the env file: NCCL_IB_HCA / NCCL_IB_DISABLE, the RoCE GID, and NCCL_NET_PLUGIN.
+"""The fabric half of the env file: NCCL_IB_HCA / NCCL_IB_DISABLE, the RoCE GID, NCCL_NVLS_ENABLE, NCCL_NET_PLUGIN.
 
     ib(view, nodes, choice, nccl, derived)   the rails from the ib_hca facts, NCCL_IB_DISABLE=0 beside them
                                              (the environment beats nccl.conf), the RoCE GID per NCCL version
+    nvls(view, nodes, derived)               NCCL_NVLS_ENABLE=0 where NVLS cannot work on a node (preflight.nvls)
     with_proof(derived, logs)                after the all-reduce: NCCL_NET_PLUGIN from what its NCCL log says
 
 The NCCL behaviour these follow (NCCL source, tags 2.18-2.28: src/transport/net_ib.cc ncclIbGetGidIndex,
@@ -105,6 +106,36 @@ def ib(view: ClusterView, nodes: Sequence[str], choice: Any, nccl: Dict[str, Opt
     )
     if layer == "roce":
         gid(view, nodes, hcas, choice, nccl, derived)
+
+
+def nvls(view: ClusterView, nodes: Sequence[str], derived: Derived) -> None:
+    """NCCL_NVLS_ENABLE=0 when NVLS (NVLink SHARP) cannot work on one of the nodes (preflight.nvls.assess:
+    NVLS-capable NVSwitch hardware whose fabric is not programmed); otherwise nothing (NCCL's own default
+    2 uses NVLS where CUDA reports multicast, and that is what the proof measures).
+
+    0 costs nothing where NVLS cannot work, and it must be the same on every rank (NCCL_NVLS_ENABLE is one
+    of the settings nccl_env requires to match): with NCCL 2.29 and later a failed multicast bind fails the
+    job's init instead of falling back (src/transport/nvls.cc; 2.29.2 release notes)."""
+    from preflight.nvls import assess
+
+    by_name = {n.name: n for n in view.live}
+    states = {n: assess(view, by_name[n]) for n in nodes if n in by_name}
+    broken = [n for n, s in states.items() if s.kind == "unusable"]
+    if not broken:
+        return
+    reasons: Dict[str, List[str]] = {}
+    for n in broken:
+        reasons.setdefault("; ".join(states[n].unmet), []).append(n)
+    nccl = sorted({s.nccl for n, s in states.items() if n in broken and s.nccl})
+    why = ["nvls check: NVLS (NVLink SHARP) cannot work on %s" % "; ".join(
+        "%s: %s" % (fold_names(on), what) for what, on in reasons.items()),
+        "NCCL %s: from 2.29 a failed NVLS multicast bind fails the job's init instead of falling back; 0 turns NVLS off "
+        "(ring/tree over NVLink run as before) and must be the same on every rank" % (", ".join(nccl) or "(version unknown)")]
+    ready = [n for n, s in states.items() if s.kind == "ready"]
+    if ready:
+        why.append("this also turns NVLS off on %s, where it works: fix the fabric on %s (fabric_manager) to get it back"
+                   % (fold_names(ready), fold_names(broken)))
+    derived.variables.append(EnvVar("NCCL_NVLS_ENABLE", "0", why))
 
 
 def port_gids(port: Any) -> List[Dict[str, Any]]:

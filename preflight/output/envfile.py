@@ -11,7 +11,7 @@ the user sources is the one that was proven.
     render(report)        -> the file's text: header, then per variable the why and `export K='v'`
 
 The socket, rendezvous and torch variables are derived here; the fabric ones (NCCL_IB_*, the RoCE GID,
-NCCL_NET_PLUGIN) in preflight.output.envfabric; the shared types and value validation in
+NCCL_NVLS_ENABLE, NCCL_NET_PLUGIN) in preflight.output.envfabric; the shared types and value validation in
 preflight.output.envvars.
 
 Which value wins (issue 25, read against NCCL's env parsing, src/misc/param.cc and utils.cc, and torch's
@@ -89,6 +89,7 @@ def derive(view: ClusterView, healthy: Optional[Sequence[str]] = None) -> Derive
     chosen = {n: choice.get(n) for n in nodes}
     _socket(view, choice, chosen, derived)
     envfabric.ib(view, nodes, choice, nccl, derived)
+    envfabric.nvls(view, nodes, derived)
     _rendezvous(view, nodes, chosen, derived)
     _async_error_handling(view, nodes, derived)
     derived.variables.append(

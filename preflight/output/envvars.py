@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from preflight.common import fold
+from preflight.common import fold, version_key  # noqa: F401  (version_key: this module's API too)
 from preflight.model import Finding, Status
 
 #: Interface names NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME can carry. Linux allows almost anything in a
@@ -93,16 +93,6 @@ def _valid(pattern: "re.Pattern[str]") -> Callable[[Any], bool]:
 IFNAME_OK = _valid(IFNAME_RE)
 HCA_OK = _valid(HCA_PORT_RE)
 IFNAME_EXPECTED = "1-15 letters, digits, '.', '_', '-', '@'"
-
-
-def version_key(text: Any) -> Optional[Tuple[int, int, int]]:
-    """(2, 21, 5) from '2.21.5' or '2.21.5+cuda12.2'; the oldest of 'A + B' (several system libraries); None if none."""
-    keys = []
-    for part in str(text or "").split("+ "):
-        match = re.match(r"^\s*(\d+)\.(\d+)(?:\.(\d+))?", part)
-        if match:
-            keys.append((int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)))
-    return min(keys) if keys else None
 
 
 def quote(value: str) -> str:
