@@ -428,6 +428,9 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     action="fix_config",
+    reads="NVML driver and CUDA versions (else nvidia-smi -q -x, else /sys/module/nvidia/version), libnccl in "
+    "ldconfig -p, the nvidia-nccl-cu* wheel's dist-info name and torch/version.py (torch is not imported)",
+    takes="< 0.1 s (nvidia-smi, when NVML is absent, up to a few seconds)",
     order=30,
     settings=tuple(Setting("expect." + key, "version", "the %s every node runs (else the cluster majority)" % what)
                    for key, what in (("driver_version", "NVIDIA driver"), ("cuda_version", "CUDA driver version"),

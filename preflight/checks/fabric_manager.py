@@ -385,5 +385,8 @@ CHECK = Check(
     rule=rule,
     needs=("gpu",),
     action="fix_config",
+    reads="sysfs NVSwitch PCI functions; systemctl show nvidia-fabricmanager (or nvidia-imex on GB200/GB300 trays), "
+    "nv-fabricmanager --version, /dev/nvidia-caps-imex-channels",
+    takes="< 0.5 s (none on nodes without NVSwitches or NVIDIA driver)",
     order=40,
 )

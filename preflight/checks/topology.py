@@ -289,5 +289,7 @@ CHECK = Check(
     probe=probe,
     rule=rule,
     needs=("ib_hca",),
+    reads="sysfs bus/pci/devices/* of GPUs and RDMA HCAs: current/max link speed and width, numa_node, bridge chain",
+    takes="< 0.1 s",
     order=68,
 )

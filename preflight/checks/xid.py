@@ -371,6 +371,8 @@ CHECK = Check(
     "log readable (root, or the systemd-journal/adm group) for the check to run.",
     probe=probe,
     rule=rule,
+    reads="the kernel log since boot (journalctl -k, else dmesg; shared with ib_errors), /proc/uptime",
+    takes="< 1 s (one pass over the log, however long)",
     order=45,
     needs=("gpu",),
     settings=(kernlog.WINDOW,),
