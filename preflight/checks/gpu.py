@@ -53,8 +53,8 @@ Rule (per node; gpus_per_node from the inventory; "the fleet" is every judged GP
 - per node, WARN: nvidia-smi nvlink --status lines not understood (named; the rest is judged); NVML slow
   (GPUs not read named); no GPU accessible to this process; NVML not used because the node's pynvml is
   not nvidia-ml-py's (the controller shipped none).
-- /dev/shm (from the ssh check's facts) below 1 GiB: WARN (Docker's 64 MiB default breaks NCCL's SHM
-  transport).
+- /dev/shm is the limits check's (sized by the node's GPU count: a container's 256 MiB holds 2 GPUs' NCCL
+  segments; a flat 1 GiB here warned on such healthy nodes and double-reported the small ones).
 - otherwise one PASS: "8× NVIDIA H100 80GB HBM3, healthy" plus the shared platform choices.
 
 GPU fabric state (NVSwitch registration; GB200/GB300 clique and cluster) is collected here and judged by
@@ -67,7 +67,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from preflight.common import fold, human_bytes, majority, plural
+from preflight.common import fold, majority, plural
 from preflight.model import Check, ClusterView, Finding, Status, per_gpu_node
 from preflight.probe.gpu_facts import bus12, gpu_label, no_gpu_facts
 from preflight.probe.gpu_health import health_from_nvml, parse_health_xml
@@ -78,8 +78,6 @@ from preflight.probe.nvml import NVML_TOTAL_S, NvmlSlow, NvmlWedged, bounded_nvm
 from preflight.probe.pci import hypervisor
 
 NAME = "gpu"
-#: Below this /dev/shm size NCCL's shared-memory transport fails on multi-GPU nodes.
-MIN_SHM_BYTES = 1 << 30
 #: Clock event reasons that cut clocks hard enough to make this GPU the straggler: FAIL.
 HW_THROTTLE = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 #: Reasons worth a warning: the driver is cooling the GPU down.
@@ -395,7 +393,7 @@ def _notes(gpus: List[Dict[str, Any]], fleet: Fleet) -> List[str]:
     return notes
 
 
-def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any, fleet: Optional[Fleet] = None,
+def _node_findings(node: Any, facts: Dict[str, Any], fleet: Optional[Fleet] = None,
                    topology_facts: Any = None) -> List[Finding]:
     name, expected = node.name, node.gpus_per_node
     fleet = fleet or _alone(node, facts)
@@ -466,18 +464,6 @@ def _node_findings(node: Any, facts: Dict[str, Any], ssh: Any, fleet: Optional[F
         for problem in gpu_problems(gpu, node_max_links, fleet, name, seen, slow, bool(facts.get("virtual"))):
             status, msg, exp, act = problem[:4]
             out.append(Finding(NAME, name, status, msg, expected=exp, actual=act, action=problem[4] if len(problem) > 4 else None))
-    shm = ssh.get("shm_bytes") if isinstance(ssh, dict) else None
-    if shm is not None and shm < MIN_SHM_BYTES:
-        out.append(
-            Finding(
-                NAME,
-                name,
-                Status.WARN,
-                "/dev/shm is %s (expected >= 1 GiB: NCCL's SHM transport needs it; docker --shm-size)" % human_bytes(shm),
-                expected=">= 1 GiB",
-                actual=human_bytes(shm),
-            )
-        )
     if not out:
         notes = _notes(gpus, fleet) + _platform_notes(facts, listed, gpus, expected)
         msg = "%s, healthy%s" % (summary(gpus), "; " + "; ".join(notes) if notes else "")
@@ -557,7 +543,7 @@ def rule(view: ClusterView) -> List[Finding]:
             judged.append((node, facts))
     fleet = Fleet(judged)
     return per_gpu_node(
-        NAME, view, lambda node, facts: _node_findings(node, facts, view.facts[node.name].get("ssh"), fleet,
+        NAME, view, lambda node, facts: _node_findings(node, facts, fleet,
                                                        view.facts[node.name].get("topology"))
     )
 
@@ -566,21 +552,19 @@ CHECK = Check(
     name=NAME,
     claim="Every GPU node shows its gpus_per_node GPUs, each without ECC/remap faults, NVML errors, HW throttling, "
     "a PCIe link narrower than its peers' (when the topology check did not read it from sysfs), or fewer NVLinks than its model has (18 on H100/H200/B200 SXM, 12 on "
-    "A100 SXM); no MIG on a multi-node run; /dev/shm is at least 1 GiB",
-    why="One missing, throttled or faulty GPU makes every collective wait for it or crash; NCCL needs a "
-    "large /dev/shm for its shared-memory transport. Unusual but healthy nodes are not failed: GPUs a job's cgroup "
+    "A100 SXM); no MIG on a multi-node run",
+    why="One missing, throttled or faulty GPU makes every collective wait for it or crash. "
+    "Unusual but healthy nodes are not failed: GPUs a job's cgroup "
     "hides, NVLink a VM was not given, a pending row remap, a slow NVML without persistence mode.",
     fix="Uncorrectable ECC: drain the node and reset the GPU (nvidia-smi -r); remap failure: replace it; remap "
     "pending (warn, action reset_gpu): reset the GPU when it is idle. Missing GPU or narrow PCIe link: check dmesg "
     "for Xid 79, reseat. HW slowdown (seen twice): check cooling and power (nvidia-smi -q -d PERFORMANCE). "
     "Persistence mode off or NVML slow: nvidia-smi -pm 1 or enable nvidia-persistenced. NVML did not return: "
     "check dmesg for Xid, reset the GPU or reboot. Driver/library version mismatch (a driver upgraded under the "
-    "loaded module): reboot. /dev/shm: remount larger or run containers with --shm-size=16g "
-    "(or --ipc=host). MIG: nvidia-smi -mig 0 and reset the GPU. 'NVML not used: pynvml': pip install "
+    "loaded module): reboot. MIG: nvidia-smi -mig 0 and reset the GPU. 'NVML not used: pynvml': pip install "
     "'nvidia-ml-py>=12,<14' on the controller.",
     probe=probe,
     rule=rule,
-    needs=("ssh",),
     action="isolate",
     reads="NVML (pynvml): every GPU's identity, ECC and row-remap state, throttle reasons, PCIe link, NVLink "
     "state, MIG; else nvidia-smi -q -x; /proc/self/cgroup and SLURM_JOB_GPUS when GPUs look hidden",
