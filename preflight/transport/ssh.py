@@ -31,9 +31,11 @@ log = logging.getLogger(__name__)
 #: How often each connection's paramiko reader thread wakes while nothing arrives (paramiko: every 0.1 s,
 #: Transport._active_check_timeout). A wake costs 25-50 us of controller CPU: 256 idle connections at
 #: 0.1 s cost 0.07 CPU-s per second of the run (benchmarks/README.md, "Idle connections"), a quarter of
-#: the controller's CPU in a 40 s 256-node run. Closing is not delayed (Transport.close() closes the
-#: socket and stops waiting for the thread once it is closed); keepalives are sent from these wakes.
-READER_WAKE_S = 1.0
+#: the controller's CPU in a 40 s 256-node run; at 1 s still 1 ms per node in a 60 s run. Closing is not
+#: delayed (Transport.close() closes the socket and stops waiting for the thread once it is closed; the
+#: thread itself ends at its next wake). Keepalives (every connect_timeout of silence) are sent from
+#: these wakes, so they go out up to READER_WAKE_S late: still far inside any NAT or firewall idle timeout.
+READER_WAKE_S = 5.0
 
 
 def quiet(transport: Any) -> None:
