@@ -11,6 +11,7 @@ nodes' CPU is not counted. Medians over the sessions, in ms.
 
     sudo python3 benchmarks/ssh_session_cost.py                        # 4 nodes, 40 sessions
     sudo python3 benchmarks/ssh_session_cost.py --sessions 80 --cipher aes128-ctr --cipher aes128-gcm@openssh.com
+    sudo python3 benchmarks/ssh_session_cost.py --tree /tmp/pf-base        # another checkout's preflight
 
 --cipher (repeatable) offers that cipher first (in place of transport.ssh.PREFERRED_CIPHERS, paramiko's
 own order after it), interleaved session by session, to compare their CPU on the same box at the same
@@ -75,7 +76,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--sessions", type=int, default=40, help="sessions per variant (default 40)")
     p.add_argument("--cipher", action="append", default=[], help="compare ciphers offered first (repeatable)")
+    p.add_argument("--tree", metavar="DIR", help="time the preflight package of another checkout (say the tree "
+                   "before a change; run the two alternately: one process holds one preflight)")
     args = p.parse_args(argv)
+    if args.tree:
+        sys.path.insert(0, os.path.abspath(args.tree))
     if os.geteuid() != 0:
         p.error("needs root (network namespaces)")
     from preflight import inventory
@@ -84,7 +89,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from preflight.transport import ssh
 
     global DEFAULT_PREFERRED
-    DEFAULT_PREFERRED = ssh.PREFERRED_CIPHERS
+    DEFAULT_PREFERRED = getattr(ssh, "PREFERRED_CIPHERS", ())  # () in a tree before it: paramiko's order
     variants = args.cipher or [None]
     rows: Dict[Optional[str], List[Dict[str, float]]] = {v: [] for v in variants}
     with SimCluster(args.nodes) as cluster:
@@ -99,7 +104,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             for i in range(args.sessions):
                 for v in variants:
                     rows[v].append(one_session(specs[i % len(specs)], config1, config2, v))
-    print("controller CPU per SSH session, ms (median of %d; load %.1f)" % (args.sessions, os.getloadavg()[0]))
+    import preflight
+
+    print("controller CPU per SSH session, ms (median of %d; load %.1f; %s)" % (
+        args.sessions, os.getloadavg()[0], os.path.dirname(os.path.dirname(preflight.__file__))))
     print("| offered first | negotiated | %s | total |" % " | ".join(STEPS))
     print("|---" * (len(STEPS) + 3) + "|")
     for v, sessions in rows.items():

@@ -32,9 +32,9 @@ log = logging.getLogger(__name__)
 #: Transport._active_check_timeout). A wake costs 25-50 us of controller CPU: 256 idle connections at
 #: 0.1 s cost 0.07 CPU-s per second of the run (benchmarks/README.md, "Idle connections"), a quarter of
 #: the controller's CPU in a 40 s 256-node run; at 1 s still 1 ms per node in a 60 s run. Closing is not
-#: delayed (Transport.close() closes the socket and stops waiting for the thread once it is closed; the
-#: thread itself ends at its next wake). Keepalives (every connect_timeout of silence) are sent from
-#: these wakes, so they go out up to READER_WAKE_S late: still far inside any NAT or firewall idle timeout.
+#: delayed: hang_up() shuts the socket down, which ends the thread's recv() at once. Keepalives (every
+#: connect_timeout of silence) are sent from these wakes, so they go out up to READER_WAKE_S late: still
+#: far inside any NAT or firewall idle timeout.
 READER_WAKE_S = 5.0
 
 
@@ -418,6 +418,23 @@ class SSHSession(Session):
         if self.conn is not None:
             try:
                 self.end_kept()
-                self.conn.close()
             finally:
-                self.conn = None
+                conn, self.conn = self.conn, None
+                hang_up(conn)
+
+
+def hang_up(conn: Any) -> None:
+    """Close a fabric connection and then its ProxyJump hops (fabric closes only the connection itself),
+    each socket shut down first: paramiko's close() only closes the socket, and while its reader thread
+    sits in recv() on it the kernel keeps the connection up (no FIN) until that read times out
+    (READER_WAKE_S); the node would see its controller leave that much later."""
+    hop = conn
+    while hop is not None and hasattr(hop, "client"):  # a gateway may also be False or a ProxyCommand string
+        sock = getattr(hop.transport, "sock", None)
+        if sock is not None and hasattr(sock, "shutdown"):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError as exc:  # already down: close() below is all there is left to do
+                log.debug("shutting down the connection to %s: %s", getattr(hop, "host", "?"), exc)
+        hop.close()
+        hop = hop.gateway
