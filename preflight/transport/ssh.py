@@ -52,6 +52,7 @@ def quiet(transport: Any) -> None:
 #: paramiko's whole list after these. benchmarks/ssh_session_cost.py compares them.
 PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 
+
 def transport(*args: Any, **kwargs: Any) -> Any:
     """paramiko's Transport offering PREFERRED_CIPHERS first (SSHClient.connect's transport_factory)."""
     import paramiko
