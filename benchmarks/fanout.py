@@ -198,14 +198,16 @@ class Runner:
     """
 
     def __init__(self, cluster: Any, work: str, parallel: int, ansible: Optional[str], selection: List[str],
-                 variants: Optional[Dict[str, List[str]]] = None, gpus_per_node: int = 0) -> None:
+                 variants: Optional[Dict[str, List[str]]] = None, gpus_per_node: int = 0,
+                 connect_timeout: float = 5) -> None:
         self.c = cluster
         self.variants = variants or {}
         self.work = work
         self.parallel = parallel
         self.ansible = ansible
         self.selection = selection
-        self.inv = cluster.inventory(path=os.path.join(work, "hosts.yaml"), gpus_per_node=gpus_per_node)
+        self.inv = cluster.inventory(path=os.path.join(work, "hosts.yaml"), gpus_per_node=gpus_per_node,
+                                     connect_timeout=connect_timeout, command_timeout=max(30, 2 * connect_timeout))
         self.ansible_inv = ansible_inventory(cluster, os.path.join(work, "ansible.ini"))
         self.n = len(cluster.nodes)
         self.time_bin = "/usr/bin/time" if os.access("/usr/bin/time", os.X_OK) else None
@@ -351,7 +353,7 @@ def bench_size(n: int, args: argparse.Namespace, tools: List[str], selection: Li
             if args.hardware == "hgx":
                 present_hgx(cluster)
             runner = Runner(cluster, work, args.parallel, ansible, selection, variants,
-                            gpus_per_node=8 if args.hardware == "hgx" else 0)
+                            gpus_per_node=8 if args.hardware == "hgx" else 0, connect_timeout=args.connect_timeout)
             for _ in range(args.warmup):
                 for tool in tools:
                     runner.measure(tool)
@@ -489,6 +491,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--sweep-parallel", type=_ints, default=[16, 32, 64, 128])
     p.add_argument("--start-timeout", type=float, help="SimCluster start timeout (default max(60, 0.5 s × nodes))")
     p.add_argument("--ansible", help="path of the ansible executable")
+    p.add_argument("--connect-timeout", type=float, default=5,
+                   help="every node's connect_timeout in preflight's inventory (default 5 s; a box loaded by other "
+                        "jobs may need 30: a node that misses it fails the run). command_timeout: twice it, 30 s at least")
     p.add_argument("--hardware", choices=("cpu", "hgx"), default="cpu",
                    help="cpu: CPU-only nodes (default); hgx: every node a simulated HGX H100 (8 GPUs, 2 HCAs)")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=COMMAND",

@@ -39,10 +39,10 @@ import fanout  # noqa: E402  (same directory)
 
 #: (area, regular expression over one frame "function (file:line)"): the first area matched, from the leaf up.
 AREAS: List[Tuple[str, str]] = [
-    ("known_hosts load/parse (paramiko.hostkeys)", r"hostkeys\.py"),
-    ("fabric/invoke Config clone & load", r"(fabric|invoke)/config\.py"),
-    ("probe bundle zip / payload", r"preflight/bundle\.py:\d+\)$|zipfile"),  # noqa: E501
-    ("report rendering (rich)", r"rich/|preflight/report\.py"),
+    ("known_hosts load/parse (paramiko.hostkeys)", r"hostkeys\.py|preflight/transport/known_hosts\.py"),
+    ("fabric/invoke Config clone & load", r"(fabric|invoke)/config\.py|preflight/transport/ssh_config\.py"),
+    ("probe bundle build, payload, result reader", r"preflight/transport/bundle\.py:\d+\)$|zipfile"),  # noqa: E501
+    ("report rendering (rich)", r"rich/|preflight/output/"),
     ("JSON encode/decode", r"json/"),
     ("key exchange / host key / auth crypto", r"paramiko/(kex_|ed25519key|ecdsakey|rsakey|pkey|auth_handler|primes|dsskey)"),
     ("SSH packet I/O (paramiko packet/transport/channel)",
@@ -63,17 +63,23 @@ import cProfile, marshal, sys, threading, time
 out = sys.argv[1]
 sys.argv = sys.argv[2:]
 profiles, lock = [], threading.Lock()
-_run = threading.Thread.run
-def run(self):
-    prof = cProfile.Profile(time.thread_time)
-    with lock:
-        profiles.append(prof)
-    prof.enable()
-    try:
-        _run(self)
-    finally:
-        prof.disable()
-threading.Thread.run = run
+_start = threading.Thread.start
+def start(self):
+    # wraps the instance's own run: a subclass that overrides run() (paramiko's Transport, the reader
+    # thread of every connection: key exchange, packet decryption) is profiled too
+    inner = self.run
+    def run():
+        prof = cProfile.Profile(time.thread_time)
+        with lock:
+            profiles.append(prof)
+        prof.enable()
+        try:
+            inner()
+        finally:
+            prof.disable()
+    self.run = run
+    _start(self)
+threading.Thread.start = start
 main = cProfile.Profile(time.thread_time)
 code = compile(open(sys.argv[0]).read(), sys.argv[0], "exec")
 main.enable()

@@ -111,3 +111,39 @@ def test_the_bundle_is_cached_beside_the_pycs_and_rebuilt_when_a_source_changes(
     shutil.rmtree(pkg / "__pycache__")
     (pkg / "__pycache__").write_text("not a folder")  # cannot be written: built, still returned
     assert bundle._cached_zip() == second and built == [1, 1, 1]
+
+
+def test_node_code_relies_on_no_assert_or_docstring():
+    """The bundle's bytecode is compiled at bundle.OPTIMIZE (python -OO): asserts and docstrings are gone
+    on the nodes. A node-side module that asserts, reads a __doc__ or tests __debug__ would behave
+    differently from its source: run it differently, or lower bundle.OPTIMIZE."""
+    import ast
+
+    assert bundle.OPTIMIZE == 2
+    names = set(zipfile.ZipFile(io.BytesIO(bundle.base_zip())).namelist())
+    found = []
+    for path, name in bundle._sources():
+        if "bytecode/" + name + "c" not in names:
+            continue
+        with open(path, "rb") as fh:
+            tree = ast.parse(fh.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assert):
+                found.append("%s:%d: assert" % (path, node.lineno))
+            elif isinstance(node, ast.Name) and node.id in ("__doc__", "__debug__"):
+                found.append("%s:%d: %s" % (path, node.lineno, node.id))
+            elif isinstance(node, ast.Attribute) and node.attr == "__doc__":
+                found.append("%s:%d: .__doc__" % (path, node.lineno))
+    assert not found, "node-side code that -OO bytecode changes:\n" + "\n".join(found)
+
+
+def test_the_bytecode_has_no_docstrings_and_checks_without_a_probe_stay_home():
+    from preflight import checks
+
+    zf = zipfile.ZipFile(io.BytesIO(bundle.base_zip()))
+    names = set(zf.namelist())
+    code = marshal.loads(zf.read("bytecode/preflight/probe/runner.pyc"))
+    assert not any(isinstance(c, str) and c.startswith("Node-side entry point") for c in code.co_consts)
+    for name, entry in checks.entries().items():
+        sent = "preflight/checks/%s.py" % name in names
+        assert sent == entry.probes, name  # a probe run imports only the checks it probes

@@ -133,8 +133,8 @@ def base_zip() -> bytes:
 
 def _cached_zip() -> bytes:
     """The bundle from preflight's own __pycache__ when its sources have not changed, else built and
-    stored there for the next run: building costs about 0.1 s (deflate, marshal, compiling modules the
-    controller never imports), on every run's first phase.
+    stored there for the next run: building costs about 0.3 s (deflate, marshal, compiling every module
+    at OPTIMIZE), on every run's first phase.
 
     Kept beside the package's .pyc files, with the same trust: whoever can write there can already
     change the code Python runs. The name carries a digest of every source's path, size and mtime and
@@ -142,7 +142,7 @@ def _cached_zip() -> bytes:
     Where the folder is not writable (a system install run by a user) the bundle is built every run.
     """
     sources = _sources()
-    stamp = [importlib.util.MAGIC_NUMBER.hex(), preflight.__version__]
+    stamp = [importlib.util.MAGIC_NUMBER.hex(), preflight.__version__, "optimize=%d" % OPTIMIZE]
     try:
         for path, name in sources:
             st = os.stat(path)
@@ -194,22 +194,30 @@ def _sources() -> List[Tuple[str, str]]:
     return out
 
 
+#: the bundle's bytecode is compiled as `python -OO` would: no docstrings, no asserts (the node-side code
+#: relies on neither: tests/test_bundle_bytecode.py guards it), 7% fewer bytes to every node
+OPTIMIZE = 2
+
+
 def _build_zip(sources: Optional[List[Tuple[str, str]]] = None) -> bytes:
     """The node-side code's sources and, for every module a probe run imports, its code compiled by this
     interpreter (bytecode/<name>c: a marshalled code object; bytecode/MAGIC: this Python's magic number).
 
     A node whose Python has the same magic number executes the code objects instead of compiling the
     source (about 30 ms of CPU per node, 60 ms more where pynvml is imported); any other version
-    compiles the source, as before. Left out (source only): the bench's agent and worker and the checks
-    without a node probe, which a probe run never imports.
+    compiles the source, as before. Source only: the bench's agent and worker (imported by a bench
+    run, not by a probe run). Left out: the checks without a node probe (their rules read other checks'
+    facts), which nothing on a node imports.
     """
     from preflight import checks
 
+    never = {"preflight/checks/%s.py" % n for n, e in checks.entries().items() if not e.probes}
     skip = {"preflight/probe/bench_agent.py", "preflight/probe/bench_worker.py"}
-    skip.update("preflight/checks/%s.py" % n for n, e in checks.entries().items() if not e.probes)  # imports none
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         for path, name in sources if sources is not None else _sources():
+            if name in never:
+                continue
             with open(path, "rb") as fh:
                 source = fh.read()
             zf.writestr(_entry(name), source)
@@ -227,11 +235,12 @@ def _entry(name: str) -> zipfile.ZipInfo:
 
 
 def _code(path: str, name: str, source: bytes) -> CodeType:
-    """The module's code, named bundle/<name>: from the controller's own __pycache__ when that is fresh
-    (the controller has imported most of these modules already), else compiled now."""
+    """The module's code, named bundle/<name>, at OPTIMIZE: from a fresh .opt-2.pyc in __pycache__ when
+    there is one (`python -OO -m compileall` writes them), else compiled now (0.3 s for the whole bundle,
+    once: the bundle is cached, see _cached_zip)."""
     filename = "bundle/" + name
     try:
-        with open(importlib.util.cache_from_source(path), "rb") as fh:
+        with open(importlib.util.cache_from_source(path, optimization=OPTIMIZE or ""), "rb") as fh:
             head, body = fh.read(16), fh.read()
         st = os.stat(path)
     except (OSError, NotImplementedError, ValueError):
@@ -248,7 +257,7 @@ def _code(path: str, name: str, source: bytes) -> CodeType:
             return _renamed(marshal.loads(body), filename)
         except (EOFError, ValueError, TypeError):
             pass
-    return compile(source, filename, "exec", dont_inherit=True)
+    return compile(source, filename, "exec", dont_inherit=True, optimize=OPTIMIZE)
 
 
 def _renamed(code: CodeType, filename: str) -> CodeType:

@@ -33,12 +33,26 @@ class RevokedHostKey(Exception):
         super().__init__("host key of %s (%s %s) is revoked at %s" % (hostname, key.get_name(), fingerprint(key), where))
 
 
-def host_key_policy(accept_new: bool, known_hosts: Optional[str]) -> Any:
-    import paramiko
+_policies: Dict[Any, Any] = {}
+_policies_lock = threading.Lock()
 
-    revoked: Dict[bytes, str] = {}
-    if known_hosts and os.path.isfile(known_hosts):
-        revoked = KnownHosts.of(known_hosts).revoked
+
+def host_key_policy(accept_new: bool, known_hosts: Optional[str]) -> Any:
+    """The policy for keys known_hosts does not list: reject (or record, with accept_new), and refuse a
+    key it marks @revoked. One policy object per (mode, file version), shared by every connection."""
+    table = KnownHosts.of(known_hosts) if known_hosts and os.path.isfile(known_hosts) else None
+    key = (accept_new, known_hosts, table)
+    with _policies_lock:
+        policy = _policies.get(key)
+        if policy is None:
+            if len(_policies) > 16:  # versions of a file accept-new keeps appending to
+                _policies.clear()
+            policy = _policies[key] = _policy(accept_new, known_hosts, table.revoked if table is not None else {})
+        return policy
+
+
+def _policy(accept_new: bool, known_hosts: Optional[str], revoked: Dict[bytes, str]) -> Any:
+    import paramiko
 
     class Reject(paramiko.RejectPolicy):
         def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
@@ -103,6 +117,18 @@ class KnownHosts:
                     self.revoked[entry.key.asbytes()] = "%s:%d" % (path, lineno)
                 else:
                     self.entries.append(entry)
+        # A revoked key is never trusted, whatever other line lists it. Plain names are indexed; hashed
+        # |1| names (salted per line) can only be tried one by one, as OpenSSH does.
+        self._plain: Dict[str, List[Any]] = {}
+        self._hashed: List[Any] = []  # (position, entry) of the lines with a hashed name
+        for position, entry in enumerate(self.entries):
+            if entry.key.asbytes() in self.revoked:
+                continue
+            if any(recorded.startswith("|1|") for recorded in entry.hostnames):
+                self._hashed.append((position, entry))
+            for recorded in entry.hostnames:
+                if not recorded.startswith("|1|"):
+                    self._plain.setdefault(recorded, []).append((position, entry))
 
     @classmethod
     def of(cls, path: str) -> "KnownHosts":
@@ -115,15 +141,12 @@ class KnownHosts:
             return cls._cache[key]
 
     def keys_for(self, name: str) -> List[Any]:
-        """The keys recorded for `name` (host, or [host]:port off port 22)."""
+        """The keys recorded for `name` (host, or [host]:port off port 22), in file order."""
         from paramiko.hostkeys import HostKeys
 
-        found = []
-        for entry in self.entries:
-            if entry.key.asbytes() in self.revoked:
-                continue  # a revoked key is never trusted, whatever other line lists it
-            for recorded in entry.hostnames:
-                if recorded == name or (recorded.startswith("|1|") and HostKeys.hash_host(name, recorded) == recorded):
-                    found.append(entry.key)
-                    break
-        return found
+        found = {position: entry.key for position, entry in self._plain.get(name, ())}
+        for position, entry in self._hashed:
+            if position not in found and any(recorded.startswith("|1|") and HostKeys.hash_host(name, recorded) == recorded
+                                             for recorded in entry.hostnames):
+                found[position] = entry.key
+        return [found[position] for position in sorted(found)]

@@ -23,7 +23,7 @@ from preflight.inventory import NodeSpec
 from preflight.transport import bundle
 from preflight.transport.contract import NodeFailure, RunResult, Session
 from preflight.transport.known_hosts import KnownHosts, RevokedHostKey, fingerprint, host_key_policy
-from preflight.transport.ssh_config import fabric_config
+from preflight.transport.ssh_config import fabric_config, host_options
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +31,11 @@ log = logging.getLogger(__name__)
 #: How often each connection's paramiko reader thread wakes while nothing arrives (paramiko: every 0.1 s,
 #: Transport._active_check_timeout). A wake costs 25-50 us of controller CPU: 256 idle connections at
 #: 0.1 s cost 0.07 CPU-s per second of the run (benchmarks/README.md, "Idle connections"), a quarter of
-#: the controller's CPU in a 40 s 256-node run. Closing is not delayed (Transport.close() closes the
-#: socket and stops waiting for the thread once it is closed); keepalives are sent from these wakes.
-READER_WAKE_S = 1.0
+#: the controller's CPU in a 40 s 256-node run; at 1 s still 1 ms per node in a 60 s run. Closing is not
+#: delayed: hang_up() shuts the socket down, which ends the thread's recv() at once. Keepalives (every
+#: connect_timeout of silence) are sent from these wakes, so they go out up to READER_WAKE_S late: still
+#: far inside any NAT or firewall idle timeout.
+READER_WAKE_S = 5.0
 
 
 def quiet(transport: Any) -> None:
@@ -41,6 +43,61 @@ def quiet(transport: Any) -> None:
     sock = getattr(transport, "sock", None)
     if sock is not None and hasattr(sock, "settimeout"):
         sock.settimeout(READER_WAKE_S)
+
+
+#: Ciphers offered first, before paramiko's own order (aes*-ctr with hmac-sha2 first): AES-GCM is an
+#: AEAD, one C call per packet where CTR+HMAC costs a cipher call, an HMAC and a MAC comparison in Python
+#: (paramiko.util.constant_time_bytes_eq, a loop over the MAC's bytes) per packet. OpenSSH offers both
+#: (its default list: chacha20-poly1305, aes*-ctr, aes*-gcm); a server that accepts neither still gets
+#: paramiko's whole list after these. benchmarks/ssh_session_cost.py compares them.
+PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+
+
+def transport(*args: Any, **kwargs: Any) -> Any:
+    """paramiko's Transport offering PREFERRED_CIPHERS first (SSHClient.connect's transport_factory)."""
+    import paramiko
+
+    made = paramiko.Transport(*args, **kwargs)
+    options = made.get_security_options()
+    offered = tuple(options.ciphers)
+    first = tuple(c for c in PREFERRED_CIPHERS if c in offered)
+    options.ciphers = first + tuple(c for c in offered if c not in first)
+    return made
+
+
+_identities: Dict[Any, Any] = {}
+_identities_lock = threading.Lock()
+
+
+def identity(path: str) -> Any:
+    """The private key in `path` (with its `-cert.pub` certificate when one exists), parsed once per run
+    and file version; None when it cannot be loaded without help (a passphrase, an unknown type):
+    paramiko then tries the file itself as before, and says why it failed.
+
+    Handed to paramiko as a file name, the key was parsed up to three times per connection (paramiko
+    tries RSA, ECDSA, then Ed25519 on every key_filename).
+    """
+    import paramiko
+
+    if path.startswith("~"):
+        return None  # as before: paramiko opens key files by the name given, unexpanded
+    try:
+        st = os.stat(path)
+        cert = os.stat(path + "-cert.pub") if os.path.exists(path + "-cert.pub") else None
+    except OSError:
+        return None
+    key = (path, st.st_mtime_ns, st.st_size, cert and (cert.st_mtime_ns, cert.st_size))
+    with _identities_lock:
+        if key not in _identities:
+            try:
+                loaded = paramiko.PKey.from_path(path)
+            except Exception as exc:  # noqa: BLE001 - paramiko loads it itself below, and reports what fails
+                log.debug("%s: not preloaded (%s: %s); paramiko reads it per connection", path, type(exc).__name__, exc)
+                loaded = None
+            for older in [k for k in _identities if k[0] == path]:  # one version of each file
+                del _identities[older]
+            _identities[key] = loaded
+        return _identities[key]
 
 
 class SSHSession(Session):
@@ -89,6 +146,14 @@ class SSHSession(Session):
             connect_timeout=max(1, int(math.ceil(spec.connect_timeout))),
             connect_kwargs=connect_kwargs,
         )
+        # fabric merged the inventory's identity with the ssh_config's IdentityFile lines; paramiko tries
+        # `pkey` first, then the files: the first one goes as its key, parsed once per run
+        files = list(conn.connect_kwargs.get("key_filename") or [])
+        first = identity(files[0]) if files else None
+        if first is not None:
+            conn.connect_kwargs["pkey"] = first
+            conn.connect_kwargs["key_filename"] = files[1:]
+        conn.connect_kwargs["transport_factory"] = transport
         # fabric defaults to AutoAddPolicy on every hop; preflight verifies host keys on every hop.
         hop = conn
         while hop and not isinstance(hop, str):
@@ -108,10 +173,7 @@ class SSHSession(Session):
         """
         jump = self.spec.proxy_jump
         if not jump:
-            probe = fabric_config(self.spec.ssh_config)
-            import fabric
-
-            found = fabric.Connection(self.spec.host, config=probe).ssh_config.get("proxyjump")
+            found = host_options(self.spec.ssh_config, self.spec.host).get("proxyjump")
             if not found or found.strip().lower() == "none":
                 return None
             jump = found.strip()
@@ -200,7 +262,9 @@ class SSHSession(Session):
                 chan = self.conn.transport.open_session(timeout=self.spec.connect_timeout)
                 sent_at = time.time()
                 chan.exec_command(bundle.remote_command(self.spec.python))
-                chan.sendall(payload)
+                # a view: paramiko's sendall re-slices what is left after every packet (s = s[sent:]),
+                # which copied a 650 KB bundle about 20 times per node
+                chan.sendall(memoryview(payload))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise NodeFailure("unreachable", "connection lost while starting the probe: %s" % (exc or type(exc).__name__)) from None
         end = started + deadline_s
@@ -355,6 +419,23 @@ class SSHSession(Session):
         if self.conn is not None:
             try:
                 self.end_kept()
-                self.conn.close()
             finally:
-                self.conn = None
+                conn, self.conn = self.conn, None
+                hang_up(conn)
+
+
+def hang_up(conn: Any) -> None:
+    """Close a fabric connection and then its ProxyJump hops (fabric closes only the connection itself),
+    each socket shut down first: paramiko's close() only closes the socket, and while its reader thread
+    sits in recv() on it the kernel keeps the connection up (no FIN) until that read times out
+    (READER_WAKE_S); the node would see its controller leave that much later."""
+    hop = conn
+    while hop is not None and hasattr(hop, "client"):  # a gateway may also be False or a ProxyCommand string
+        sock = getattr(hop.transport, "sock", None)
+        if sock is not None and hasattr(sock, "shutdown"):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError as exc:  # already down: close() below is all there is left to do
+                log.debug("shutting down the connection to %s: %s", getattr(hop, "host", "?"), exc)
+        hop.close()
+        hop = hop.gateway

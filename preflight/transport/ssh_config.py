@@ -76,13 +76,8 @@ _fabric_configs: Dict[Optional[str], Any] = {}
 _fabric_lock = threading.Lock()
 
 
-def fabric_config(ssh_config: Optional[str]) -> Any:
-    """One fabric Config per ssh_config file (parsing it once, not once per node).
-
-    The SSHConfig is handed to fabric as an explicit object: fabric's Config.clone() re-reads the
-    ssh_config files *into the original* on every clone unless it was given one, so the rule list
-    grew by a file's worth per connection and every clone deep-copied it (O(nodes^2) at 256 nodes).
-    """
+def _base_config(ssh_config: Optional[str]) -> Any:
+    """The fabric Config of an ssh_config file (None: ~/.ssh/config then /etc/ssh/ssh_config), built once."""
     import fabric
     import paramiko
 
@@ -96,13 +91,32 @@ def fabric_config(ssh_config: Optional[str]) -> Any:
                 if os.path.isfile(path):
                     parsed.parse(io.StringIO(read_ssh_config(path, system)))
             _fabric_configs[ssh_config] = fabric.Config(ssh_config=parsed)
-        return _fabric_configs[ssh_config].clone()
+        return _fabric_configs[ssh_config]
+
+
+def fabric_config(ssh_config: Optional[str]) -> Any:
+    """A fabric Config for one connection, cloned from the one parsed per ssh_config file.
+
+    The SSHConfig is handed to fabric as an explicit object: fabric's Config.clone() re-reads the
+    ssh_config files *into the original* on every clone unless it was given one, so the rule list
+    grew by a file's worth per connection and every clone deep-copied it (O(nodes^2) at 256 nodes).
+    Each connection gets its own clone (0.25 ms): fabric.Connection writes into the Config it is given
+    (its inline_ssh_env setting goes through invoke's config merge), which a Config shared by 64
+    threads connecting at once would see half-merged.
+    """
+    return _base_config(ssh_config).clone()
+
+
+def host_options(ssh_config: Optional[str], host: str) -> Dict[str, Any]:
+    """The ssh_config options for `host` (lower-case keys: "proxyjump", "hostname", ...), as fabric's
+    Connection looks them up, without building a Connection (1.5 ms of CPU each)."""
+    return _base_config(ssh_config).base_ssh_config.lookup(host)
 
 
 def load_ssh_configs(paths: Any) -> None:
     """Parse every ssh_config the nodes use, before any connection. Raises SSHConfigError (file:line)."""
     for path in sorted(set(paths), key=str):
         try:
-            fabric_config(path)
+            _base_config(path)
         except OSError as exc:
             raise SSHConfigError("cannot read ssh_config %s: %s" % (exc.filename or path, exc.strerror)) from None
