@@ -58,6 +58,16 @@ def _in_uts(hostname: str, argv: Sequence[str]) -> List[str]:
     return ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', hostname, *argv]
 
 
+def _as_node(hostname: str, shm: str, argv: Sequence[str]) -> List[str]:
+    """argv run as a node's daemon: its own UTS namespace (hostname) and its own mount namespace in which
+    `shm` (a directory of this node's, mode 1777) is mounted on /dev/shm. Real nodes each have their own
+    node-local tmpfs there; the simulated ones would otherwise share the host's, so a file one node's
+    slurmd writes (sbcast) would appear on all of them. Everything slurmd starts (slurmstepd, the tasks,
+    the file broadcast's writer) inherits the namespace."""
+    return ["unshare", "--uts", "--mount", "--propagation", "private", "--", "sh", "-c",
+            'hostname "$0" && mount --bind "$1" /dev/shm && shift && exec "$@"', hostname, shm, *argv]
+
+
 class SimSlurm:
     """The Slurm daemons of one SimCluster. Built by SimCluster(slurm=True); see the module docstring."""
 
@@ -93,6 +103,8 @@ class SimSlurm:
         write_file(os.path.join(self.munge_dir, "munge.key"), os.urandom(1024), 0o400)
         for node in self.cluster.nodes:
             os.makedirs(os.path.join(self.dir, "spool", node.name), exist_ok=True)
+            os.makedirs(self.shm(node), exist_ok=True)
+            os.chmod(self.shm(node), 0o1777)  # world-writable and sticky, like a real /dev/shm
         prolog = os.path.join(self.dir, "task_prolog")
         # TaskProlog's stdout lines `export NAME=value` set the task's environment (slurm.conf(5)).
         write_file(prolog, "#!/bin/sh\n"
@@ -182,6 +194,10 @@ class SimSlurm:
         self.wait_idle([n.name for n in c.nodes], timeout)
         return self
 
+    def shm(self, node) -> str:
+        """The directory mounted on the node's /dev/shm for its slurmd and every task it starts."""
+        return os.path.join(self.cluster.node(node).dir, "shm")
+
     def _log(self, name: str):
         return open(os.path.join(self.log_dir, name), "ab")
 
@@ -189,7 +205,7 @@ class SimSlurm:
         out = self._log("slurmd-%s.out" % node.name)
         try:
             self.slurmd[node.name] = self.cluster._spawn(
-                ["ip", "netns", "exec", node.ns] + _in_uts(node.name, [SLURMD, "-D", "-N", node.name]),
+                ["ip", "netns", "exec", node.ns] + _as_node(node.name, self.shm(node), [SLURMD, "-D", "-N", node.name]),
                 env=self.env(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         finally:
             out.close()
