@@ -59,14 +59,15 @@ if REPO not in sys.path:
 
 MODES = ("floor", "slurm", "ssh")
 VARIANTS: Dict[str, str] = {}  # slurm-LABEL -> the preflight tree it runs (--variant)
+EXTRA: List[str] = []  # options every preflight run gets (--timeout)
 
 
-def _load() -> float:
+def load1() -> float:
     with open("/proc/loadavg") as fh:
         return float(fh.read().split()[0])
 
 
-def _cpu_s() -> float:
+def machine_cpu_s() -> float:
     """CPU seconds this machine has spent so far (user, nice, system, irq, softirq: every core, every
     process: the controller, srun, slurmd/slurmstepd, sshd and every node's probe)."""
     with open("/proc/stat") as fh:
@@ -74,7 +75,7 @@ def _cpu_s() -> float:
     return sum(int(x) for x in fields[1:4] + fields[6:8]) / os.sysconf("SC_CLK_TCK")
 
 
-def _net_bytes(cluster: Any) -> Tuple[int, int]:
+def net_bytes(cluster: Any) -> Tuple[int, int]:
     """(sent, received) bytes so far on the controller namespace's interfaces (lo left out)."""
     out = cluster.ctl(["ip", "-j", "-s", "link", "show"])
     sent = received = 0
@@ -85,7 +86,7 @@ def _net_bytes(cluster: Any) -> Tuple[int, int]:
     return sent, received
 
 
-def _hwm_mib(pid: int) -> float:
+def hwm_mib(pid: int) -> float:
     try:
         with open("/proc/%d/status" % pid) as fh:
             for line in fh:
@@ -120,22 +121,26 @@ def run_one(cluster: Any, mode: str, n: int, inv: str, out_dir: str) -> Dict[str
     else:
         env["PYTHONPATH"] = VARIANTS.get(mode, REPO)
         argv = [sys.executable, "-m", "preflight", "check"] + (["--slurm", "--nodelist", nodes] if mode != "ssh" else [inv]) + [
-            "--skip", "allreduce", "--no-progress", "--json", report]
-    load = _load()
-    net0 = _net_bytes(cluster)
-    c0, t0, r0 = _cpu_s(), time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = cluster.ctl_popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            "--skip", "allreduce", "--no-progress", "--json", report] + EXTRA
+    load = load1()
+    net0 = net_bytes(cluster)
+    c0, t0, r0 = machine_cpu_s(), time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    # cwd: not this checkout (python -m puts the working directory first on sys.path, before PYTHONPATH)
+    proc = cluster.ctl_popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out_dir)
     hwm, out_err = 0.0, ["", ""]
     reader = threading.Thread(target=lambda: out_err.__setitem__(slice(0, 2), proc.communicate(timeout=900)), daemon=True)
     reader.start()
     while reader.is_alive():
-        hwm = max(hwm, _hwm_mib(proc.pid))
+        hwm = max(hwm, hwm_mib(proc.pid))
         reader.join(0.1)
-    wall, cpu, r1 = time.monotonic() - t0, _cpu_s() - c0, resource.getrusage(resource.RUSAGE_CHILDREN)
-    net1 = _net_bytes(cluster)
+    wall, cpu, r1 = time.monotonic() - t0, machine_cpu_s() - c0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    net1 = net_bytes(cluster)
     # the command's own process tree (preflight and its srun, or srun alone): the controller's CPU
     ctl_cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     why = ""
+    said = [line for line in (out_err[1] or "").splitlines() if "warning" in line or "refused" in line]
+    if said:
+        print("    %s said: %s" % (mode, " | ".join(said[:3])[:600]), flush=True)
     if proc.returncode != 0:
         why = "rc %s: %s" % (proc.returncode, (out_err[1] or out_err[0] or "").strip()[-300:])
     phases: Dict[str, float] = {}
@@ -146,6 +151,7 @@ def run_one(cluster: Any, mode: str, n: int, inv: str, out_dir: str) -> Dict[str
         phases = dict(doc.get("phase_times_s") or {}, engine_s=doc.get("duration_s"))
         if (doc.get("transport") or {}).get("steps") is not None:
             phases["srun_steps"] = doc["transport"]["steps"]
+            phases["bundle_on_stdin"] = len(doc["transport"].get("bundle_on_stdin") or ())
     cluster.slurm.wait_idle([node.name for node in cluster.nodes], 120)  # not counted
     return {"mode": mode, "nodes": n, "wall_s": round(wall, 3), "cpu_s": round(cpu, 2), "ctl_cpu_s": round(ctl_cpu, 2),
             "ctl_ms_per_node": round(1000 * ctl_cpu / n, 1), "ctl_tx_mb": round((net1[0] - net0[0]) / 1e6, 2),
@@ -165,7 +171,7 @@ def bench(n: int, repeats: int, modes: Sequence[str]) -> List[Dict[str, Any]]:
             pin_neighbours(cluster, mesh=True)  # slurmd forwards launches node to node (TreeWidth)
         except ImportError:
             pass
-        print("# %d nodes: cluster up in %.1f s (load %.1f)" % (n, time.monotonic() - t0, _load()), flush=True)
+        print("# %d nodes: cluster up in %.1f s (load %.1f)" % (n, time.monotonic() - t0, load1()), flush=True)
         inv = cluster.inventory(command_timeout=120)
         run_one(cluster, "floor", n, inv, out_dir)  # warm-up (page cache, munge, first job), not counted
         for r in range(repeats):
@@ -208,8 +214,12 @@ def main() -> int:
     parser.add_argument("--modes", default=",".join(MODES), help="which of floor,slurm,ssh to run (default all)")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=DIR",
                         help="also run the preflight tree in DIR through Slurm, as row slurm-LABEL (repeatable)")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="preflight --timeout (per node; from 256 nodes on 2 cores phase 1 alone takes ~100 s)")
     parser.add_argument("--json", metavar="PATH", help="write every run's row here")
     args = parser.parse_args()
+    if args.timeout:
+        EXTRA.extend(["--timeout", "%g" % args.timeout])
     try:
         sizes = [int(x) for x in args.nodes.split(",") if x.strip()]
     except ValueError:

@@ -45,7 +45,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.slurm_fanout import _cpu_s, _hwm_mib, _load, _net_bytes  # noqa: E402
+from benchmarks.slurm_fanout import machine_cpu_s, hwm_mib, load1, net_bytes  # noqa: E402
 
 PORT = 29500
 
@@ -104,21 +104,21 @@ def _ctld_pid(cluster: Any) -> int:
 
 def timed(cluster: Any, argv: List[str], env: Dict[str, str], timeout: float) -> Dict[str, Any]:
     """Run argv in the controller namespace: wall, whole-machine CPU, its own CPU, traffic, peak RSS."""
-    load, mem0 = _load(), _mem_available_mib()
-    net0, c0, t0 = _net_bytes(cluster), _cpu_s(), time.monotonic()
+    load, mem0 = load1(), _mem_available_mib()
+    net0, c0, t0 = net_bytes(cluster), machine_cpu_s(), time.monotonic()
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = cluster.ctl_popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = cluster.ctl_popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
     out: List[str] = ["", ""]
     reader = threading.Thread(target=lambda: out.__setitem__(slice(0, 2), proc.communicate(timeout=timeout)), daemon=True)
     reader.start()
     hwm, ctld_hwm, mem_low = 0.0, 0.0, _mem_available_mib()
     while reader.is_alive():
-        hwm = max(hwm, _hwm_mib(proc.pid))
+        hwm = max(hwm, hwm_mib(proc.pid))
         ctld_hwm = max(ctld_hwm, _rss_mib([_ctld_pid(cluster)]))
         mem_low = min(mem_low, _mem_available_mib())
         reader.join(0.1)
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    wall, cpu, net1 = time.monotonic() - t0, _cpu_s() - c0, _net_bytes(cluster)
+    wall, cpu, net1 = time.monotonic() - t0, machine_cpu_s() - c0, net_bytes(cluster)
     return {"rc": proc.returncode, "stdout": out[0], "stderr": out[1], "wall_s": round(wall, 2), "cpu_s": round(cpu, 1),
             "ctl_cpu_s": round((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), 2),
             "ctl_tx_mb": round((net1[0] - net0[0]) / 1e6, 2), "ctl_rx_mb": round((net1[1] - net0[1]) / 1e6, 2),
@@ -195,7 +195,7 @@ def main() -> int:
         row["slurmctld_rss_idle_mib"] = round(_rss_mib([_ctld_pid(cluster)]), 1)
         print("# %d nodes: sshd cluster %.0f s, pin %s %.0f s, slurm %.0f s; slurmd RSS %.0f MiB in all, slurmctld %.0f MiB; load %.1f"
               % (n, row["sshd_cluster_s"], args.pin, row["pin_s"], row["slurm_start_s"], row["slurmd_rss_mib_total"],
-                 row["slurmctld_rss_idle_mib"], _load()), flush=True)
+                 row["slurmctld_rss_idle_mib"], load1()), flush=True)
         names = [node.name for node in cluster.nodes]
         head, mtu_node, down_node = names[0], names[n // 2], names[(3 * n) // 4]
         env = cluster.slurm.env()

@@ -60,6 +60,9 @@ from preflight.transport.contract import NodeFailure, Outcome, Progress
 
 log = logging.getLogger(__name__)
 
+#: how long squeue/scancel may take to cancel a step (a loaded slurmctld at 1,000 nodes answers late)
+SCANCEL_WAIT_S = 60.0
+
 #: srun cuts task output lines at 1024 bytes (slurmstepd's buffer); the result JSON travels in shorter parts.
 LINE_MAX = 900
 
@@ -435,15 +438,23 @@ class SlurmFleet:
                 stream.close()
 
     def _scancel(self, step_name: Optional[str]) -> None:
-        """Cancel our step (found by its unique name) so no task outlives the deadline."""
+        """Cancel our step (found by its unique name) so no task outlives the deadline.
+
+        A slurmctld too busy to answer within SCANCEL_WAIT_S does not end the run (the nodes' verdicts
+        are in): _end then kills srun, whose tasks' bootstraps see their stdin end and kill their own
+        process groups, so nothing outlives the run either way; a warning says so."""
         if not step_name:
             return
-        out = run([SQUEUE, "-h", "-s", "-j", self.alloc.job_id, "-o", "%i %j"], timeout=15)
-        for line in out.stdout.splitlines():
-            parts = line.split()
-            if len(parts) == 2 and parts[1] == step_name:
-                run([SCANCEL, "--signal=KILL", parts[0]], timeout=15)
-                run([SCANCEL, parts[0]], timeout=15)
+        try:
+            out = run([SQUEUE, "-h", "-s", "-j", self.alloc.job_id, "-o", "%i %j"], timeout=SCANCEL_WAIT_S)
+            for line in out.stdout.splitlines():
+                parts = line.split()
+                if len(parts) == 2 and parts[1] == step_name:
+                    run([SCANCEL, "--signal=KILL", parts[0]], timeout=SCANCEL_WAIT_S)
+                    run([SCANCEL, parts[0]], timeout=SCANCEL_WAIT_S)
+        except SlurmError as exc:
+            log.warning("could not cancel step %s of job %s (%s): ending its srun instead; each task ends "
+                        "when its stdin does", step_name, self.alloc.job_id, exc.args[0] if exc.args else exc)
 
 
 def fleet_for(inv: Any, progress: Optional[Progress] = None) -> SlurmFleet:
