@@ -106,7 +106,13 @@ def _ok_report(path: str, n: int) -> str:
         return "no report: %s" % exc
     bad = [node["name"] for node in doc["nodes"] if node["status"] in ("fail", "error")]
     if len(doc["nodes"]) != n or bad:
-        return "%d nodes in the report, failed: %s" % (len(doc["nodes"]), ",".join(bad) or "-")
+        causes: Dict[str, int] = {}
+        for r in doc["results"]:
+            if r["status"] in ("fail", "error") and not r["message"].startswith(("not checked", "not tested")):
+                key = "%s: %s" % (r["check"], r["message"].replace(r["node"] or "", "NODE")[:160])
+                causes[key] = causes.get(key, 0) + 1
+        return "%d nodes in the report, failed: %s; causes: %s" % (
+            len(doc["nodes"]), ",".join(bad[:10]) or "-", " | ".join("%d x %s" % (c, k) for k, c in sorted(causes.items(), key=lambda kv: -kv[1])[:4]))
     return ""
 
 
@@ -144,7 +150,7 @@ def run_one(cluster: Any, mode: str, n: int, inv: str, out_dir: str) -> Dict[str
     if proc.returncode != 0:
         why = "rc %s: %s" % (proc.returncode, (out_err[1] or out_err[0] or "").strip()[-300:])
     phases: Dict[str, float] = {}
-    if mode != "floor" and not why:
+    if mode != "floor" and (not why or proc.returncode == 1):
         why = _ok_report(report, n)
         with open(report) as fh:
             doc = json.load(fh)

@@ -48,6 +48,9 @@ if REPO not in sys.path:
 from benchmarks.slurm_fanout import machine_cpu_s, hwm_mib, load1, net_bytes  # noqa: E402
 
 PORT = 29500
+#: the run is interrupted when the machine's available memory falls below this (the simulated nodes
+#: share its RAM: the kernel's OOM killer would pick any process, also one outside the benchmark)
+MEM_FLOOR_MIB = 1536
 
 
 def _rss_mib(pids: List[int]) -> float:
@@ -111,11 +114,15 @@ def timed(cluster: Any, argv: List[str], env: Dict[str, str], timeout: float) ->
     out: List[str] = ["", ""]
     reader = threading.Thread(target=lambda: out.__setitem__(slice(0, 2), proc.communicate(timeout=timeout)), daemon=True)
     reader.start()
-    hwm, ctld_hwm, mem_low = 0.0, 0.0, _mem_available_mib()
+    hwm, ctld_hwm, mem_low, stopped = 0.0, 0.0, _mem_available_mib(), False
     while reader.is_alive():
         hwm = max(hwm, hwm_mib(proc.pid))
         ctld_hwm = max(ctld_hwm, _rss_mib([_ctld_pid(cluster)]))
         mem_low = min(mem_low, _mem_available_mib())
+        if mem_low < MEM_FLOOR_MIB and not stopped and proc.poll() is None:  # before the OOM killer picks a victim
+            print("memory: %d MiB available, stopping the run (SIGINT)" % mem_low, flush=True)
+            proc.send_signal(2)
+            stopped = True
         reader.join(0.1)
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall, cpu, net1 = time.monotonic() - t0, machine_cpu_s() - c0, net_bytes(cluster)
