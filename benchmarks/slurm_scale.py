@@ -228,6 +228,10 @@ def main() -> int:
                 doc = json.load(fh)
         except (OSError, ValueError) as exc:
             print("no report (rc %s): %s\n%s" % (run["rc"], exc, run["stderr"][-3000:]))
+            print("run: %s" % json.dumps(row["run"]))
+            if args.json:
+                with open(args.json, "w") as fh:
+                    json.dump(dict(row, stderr_tail=run["stderr"][-6000:]), fh, indent=2)
             return 1
         row["transport"] = doc.get("transport")
         row["phase_times_s"] = doc.get("phase_times_s")
