@@ -1,6 +1,6 @@
 """The probe bundle on Slurm: broadcast once per run with sbcast, so srun's stdin carries only its name.
 
-Without it, `srun --input=all` copies the whole zipped bundle (about 650 KB) to every task: 650 MB
+Without it, `srun --input=all` copies the whole zipped bundle (about 600 KB) to every task: 600 MB
 leaving the controller at 1,000 nodes, each byte handed from srun to each node's slurmstepd in 1 KB I/O
 messages. With it, one `sbcast` sends the file along slurmd's own tree (each slurmd forwards the block to
 others: the controller sends it a few times, not once per node), and the step's stdin carries one line,
@@ -20,7 +20,7 @@ O_EXCL. Where a previous run left the same version (same name: same user, same d
 "File exists" and keeps it: the next run sends nothing to that node (its cost is one small RPC) and the
 bootstrap verifies the file before it uses it. The file is kept after the run for that reuse; what
 bounds it: one file per user and preflight version per node (the bootstrap removes the user's other
-versions once it has verified the current one), about 650 KB of RAM, gone at reboot, and with the job
+versions once it has verified the current one), about 600 KB of RAM, gone at reboot, and with the job
 where /dev/shm is per job. An interrupted sbcast can leave a short file at the name: the bootstrap finds
 its digest wrong, removes it (only its owner could have written it) and the node gets its bundle over
 stdin in this run; the next run's sbcast writes it whole.
