@@ -225,3 +225,33 @@ def test_a_damaged_result_is_a_retest_for_the_ssh_check_and_a_dead_node_still_fa
     assert by_node["n1"].status is Status.ERROR and by_node["n1"].action == "retest"
     assert "damaged in transit" in by_node["n1"].message
     assert by_node["n2"].status is Status.FAIL and by_node["n2"].action == "isolate"
+
+
+def test_sbcast_per_node_errors_are_read_from_its_stderr():
+    """sbcast 22.05's stderr (recorded on the simulator: a second sbcast without --force, one node's copy
+    removed; a missing destination folder; a dead slurmd): File exists is a node that keeps its copy."""
+    from preflight.slurm.broadcast import parse_sbcast_errors
+
+    said = ("sbcast: error: REQUEST_FILE_BCAST(n003): File exists\n"
+            "sbcast: error: REQUEST_FILE_BCAST(n004): File exists\n"
+            "sbcast: error: REQUEST_FILE_BCAST(n001): No such file or directory\n"
+            "sbcast: error: REQUEST_FILE_BCAST(n193): Communication connection failure\n"
+            "sbcast: error: something else entirely\n")
+    assert parse_sbcast_errors(said) == {"n003": "File exists", "n004": "File exists",
+                                         "n001": "No such file or directory", "n193": "Communication connection failure"}
+    assert parse_sbcast_errors("") == {}
+
+
+@pytest.mark.parametrize("text, count, ends", [
+    ("n[001-1000]", 1000, ["n001", "n1000"]),  # squeue -o %N on the 1,000-node simulator (Slurm 22.05)
+    ("n[001-003,0999-1001]", 6, ["n001", "n1001"]),
+    ("gpu-[1-12]", 12, ["gpu-1", "gpu-12"]),
+    ("rack[1-2]-n[098-100]", 6, ["rack1-n098", "rack2-n100"]),
+    ("n-01-100", 1, ["n-01-100", "n-01-100"]),  # a plain name: only ranges in brackets are read
+])
+def test_slurm_host_lists_expand_as_slurm_prints_them(text, count, ends):
+    from preflight.slurm.scontrol import hostnames
+
+    names = hostnames(text)
+    assert len(names) == count and [names[0], names[-1]] == ends
+    assert len(set(names)) == count

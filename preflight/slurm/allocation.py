@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from preflight.common import expand, fold
 from preflight.errors import UsageError
 from preflight.inventory import NodeSpec
-from preflight.slurm.scontrol import (BUSY_STATES, GRANTED_RE, SALLOC, SCANCEL, SCONTROL, SQUEUE, SlurmError,
+from preflight.slurm.scontrol import (BUSY_STATES, hostnames, GRANTED_RE, SALLOC, SCANCEL, SCONTROL, SQUEUE, SlurmError,
                                       bad_state, job_gpus, node_info, ours, run)
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ def current_allocation(environ: Optional[Dict[str, str]] = None) -> Allocation:
         raise UsageError("--slurm without --nodelist/--partition needs an allocation (SLURM_JOB_ID is not set)",
                          "run inside salloc/sbatch, or give --nodelist gpu-[001-064] or --partition P --nodes N")
     try:
-        nodes = expand(nodelist)
+        nodes = hostnames(nodelist)
     except ValueError as exc:
         raise SlurmError("SLURM_JOB_NODELIST %r: %s" % (nodelist, exc)) from None
     return Allocation(job, nodes)
@@ -227,7 +227,7 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
         pending.job_id, pending.owned = job, True
         got = run([SQUEUE, "-h", "-j", job, "-o", "%N"])
         try:
-            names = expand(got.stdout.strip())
+            names = hostnames(got.stdout.strip())
         except ValueError:
             raise SlurmError("cannot read the nodes of job %s: %r" % (job, got.stdout.strip())) from None
     except BaseException:

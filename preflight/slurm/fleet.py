@@ -14,7 +14,9 @@ The all-reduce's steps have one task per rank instead (--ntasks-per-node=k --ove
 
 slurmd's own tree fan-out carries the launch. `--input=all` hands srun's stdin to every task: one
 payload holds every node's config (`bundle.broadcast_config`: nodes with equal configs share one entry;
-the bootstrap picks its own by SLURMD_NODENAME) and the zipped bundle, exactly as over SSH; stdin then
+the bootstrap picks its own by SLURMD_NODENAME) and the line naming the zipped bundle, which `sbcast`
+put on every node once for the run (preflight.slurm.broadcast; where sbcast fails, or a node refuses
+the file, the zip itself goes on stdin as over SSH, and those nodes are re-run so); stdin then
 stays open, so the bootstrap's EOF watchdog fires if preflight goes away. `--label` prefixes each output
 line with the task id; the task's first line names its node. Phase 1's configs say `more`: after its
 result each task waits for the next line on stdin, phase 2's configs (plans made from phase 1's facts),
@@ -50,12 +52,16 @@ from preflight.common import fold
 from preflight.errors import UsageError
 from preflight.inventory import NodeSpec
 from preflight.probe import runner
+from preflight.slurm import broadcast
 from preflight.slurm.allocation import ALLOC_WAIT_S, Allocation, allocate
 from preflight.slurm.scontrol import SCANCEL, SQUEUE, SRUN, SlurmError, parse_srun_stderr, run
 from preflight.transport import bundle
 from preflight.transport.contract import NodeFailure, Outcome, Progress
 
 log = logging.getLogger(__name__)
+
+#: how long squeue/scancel may take to cancel a step (a loaded slurmctld at 1,000 nodes answers late)
+SCANCEL_WAIT_S = 60.0
 
 #: srun cuts task output lines at 1024 bytes (slurmstepd's buffer); the result JSON travels in shorter parts.
 LINE_MAX = 900
@@ -159,6 +165,8 @@ class SlurmFleet:
         self.steps: List[int] = []  # tasks of every srun step launched (the report, the benchmark and the tests read it)
         self._step: Optional[_Step] = None  # the step in flight, or the one kept for the next phase
         self._lock = threading.Lock()
+        self.delivery: Optional[broadcast.Delivery] = None  # the run's sbcast of the bundle (first launch)
+        self.on_stdin: Dict[str, str] = {}  # nodes that refused the broadcast file: {node: why}; stdin for them
         pythons = {s.python for s in specs}
         if len(pythons) > 1:
             raise UsageError("nodes name different pythons (%s)" % ", ".join(sorted(pythons)),
@@ -205,9 +213,14 @@ class SlurmFleet:
                 self._next_phase(step, by_node)
             else:
                 step = self._launch(todo, by_node, per_node, gpus)
-            got, launch_failed, whole = self._collect(step, todo, deadlines, started, sent_at)
+            got, launch_failed, whole, refused = self._collect(step, todo, deadlines, started, sent_at)
             if launch_failed or not then or not whole:
                 self._end(step)
+            if refused:  # those nodes never ran: again, with the bundle on stdin (other nodes' outcomes stand)
+                self._refused(refused)
+                outcomes.update(got)
+                todo = [n for n in todo if n in refused]
+                continue
             for name, why in launch_failed.items():
                 failure = NodeFailure("unreachable", "slurmd on %s did not take the task launch: %s" % (name, why))
                 self.dead[name] = failure
@@ -231,8 +244,11 @@ class SlurmFleet:
             self._end(step)
 
     def describe(self) -> Dict[str, Any]:
-        """What carried the run, for the report: {"kind": "slurm", "job": J, "steps": srun steps launched}."""
-        return {"kind": "slurm", "job": self.alloc.job_id, "steps": len(self.steps), "step_tasks": list(self.steps)}
+        """What carried the run, for the report: {"kind": "slurm", "job": J, "steps": srun steps launched,
+        "bundle": "sbcast" | "stdin", "bundle_on_stdin": nodes sent the bundle on stdin after all}."""
+        how = "sbcast" if self.delivery is not None and self.delivery.file else "stdin"
+        return {"kind": "slurm", "job": self.alloc.job_id, "steps": len(self.steps), "step_tasks": list(self.steps),
+                "bundle": how, "bundle_on_stdin": sorted(self.on_stdin)}
 
     def close(self) -> None:
         with self._lock:
@@ -272,8 +288,40 @@ class SlurmFleet:
         self.steps.append(len(names) * per_node)
         with self._lock:
             self._step = step
-        self._write(step, bundle.stdin_payload(bundle.broadcast_config(by_node)))
+        self._write(step, bundle.stdin_payload(bundle.broadcast_config(by_node), self._bundle_file(names)))
         return step
+
+    def _bundle_file(self, names: Sequence[str]) -> Optional[Tuple[str, str]]:
+        """(path, sha256) of the bundle broadcast to the nodes (sbcast once per run, at the first launch),
+        or None: send it on stdin (sbcast failed, or one of these nodes refused the file before)."""
+        if any(n in self.on_stdin for n in names):
+            log.debug("bundle on stdin for %s: %s refused the broadcast file", fold(names),
+                      fold([n for n in names if n in self.on_stdin]))
+            return None
+        if self.delivery is None:
+            started = time.monotonic()
+            self.delivery = broadcast.deliver(self.alloc.job_id, list(self.alloc.nodes), bundle.base_zip())
+            d = self.delivery
+            if d.file is None:
+                log.debug("bundle on stdin to every node: %s", d.why)
+            else:
+                log.debug("bundle broadcast with sbcast as %s in %.2f s (%d of %d nodes had it already)%s",
+                          d.file[0], time.monotonic() - started, d.kept, len(self.alloc.nodes),
+                          "; sbcast failed on %s: %s" % (fold(d.node_errors), next(iter(d.node_errors.values())))
+                          if d.node_errors else "")
+        return self.delivery.file
+
+    def _refused(self, refused: Dict[str, str]) -> None:
+        """Log the nodes that refused the broadcast file (by reason) and send them the bundle on stdin from now on."""
+        self.on_stdin.update(refused)
+        by_why: Dict[str, List[str]] = {}
+        for name, why in refused.items():
+            by_why.setdefault(why.split(": ", 1)[-1], []).append(name)
+        for why, names in by_why.items():
+            # a missing file is sbcast's failure there (said with --debug); anything else was put there
+            level = logging.DEBUG if "No such file" in why else logging.WARNING
+            log.log(level, "%s refused the broadcast probe bundle (%s: %s): sent on stdin instead",
+                    fold(names), self.delivery.file[0] if self.delivery and self.delivery.file else "?", why)
 
     def _next_phase(self, step: _Step, by_node: Dict[str, Dict[str, Any]]) -> None:
         """The kept step's processes get the next phase's config (nodes not named in it exit)."""
@@ -304,9 +352,10 @@ class SlurmFleet:
         threading.Thread(target=write, name="preflight-srun-stdin", daemon=True).start()
 
     def _collect(self, step: _Step, names: Sequence[str], deadlines: Dict[str, float], started: float,
-                 sent_at: float) -> Tuple[Dict[str, Outcome], Dict[str, str], bool]:
-        """This phase's outcomes, {node: launch failure}, and whether the step is whole (every node
-        answered; none timed out, the step was not cancelled and srun still runs)."""
+                 sent_at: float) -> Tuple[Dict[str, Outcome], Dict[str, str], bool, Dict[str, str]]:
+        """This phase's outcomes, {node: launch failure}, whether the step is whole (every node
+        answered; none timed out, the step was not cancelled and srun still runs), and {node: why} of
+        the nodes that refused the broadcast bundle file (no outcome: they ran nothing)."""
         end = started + max(deadlines.values())
         timed_out: Dict[str, float] = {}
         while step.streams:
@@ -327,11 +376,16 @@ class SlurmFleet:
         launch, exits = parse_srun_stderr(said)
         srun_said = [line for line in said.splitlines() if "error:" in line]
         if launch:
-            return {}, {n: why for n, why in launch.items() if n in names}, False
+            return {}, {n: why for n, why in launch.items() if n in names}, False, {}
         by_node = step.by_node()
         outcomes: Dict[str, Outcome] = {}
+        refused: Dict[str, str] = {}
         for name in names:
             tasks = by_node.get(name, [])
+            why_not = next((t.run.refused for t in tasks if t.run.refused), None)
+            if why_not and name not in timed_out:
+                refused[name] = why_not
+                continue
             if name in timed_out:
                 outcomes[name] = Outcome(name, failure=NodeFailure(
                     "timeout", "timed out: no answer within %g s; cancelled the Slurm step" % timed_out[name]))
@@ -353,11 +407,11 @@ class SlurmFleet:
                     "damaged" if lost[0].damage else "protocol", "probe bundle exited without a result: %s" % tail[0][:300]))
             else:
                 outcomes[name] = Outcome(name, result=runner.merge([r.result for r in runs]), run=runs[0])
-        whole = step.rc is None and not timed_out and all(o.failure is None for o in outcomes.values())
+        whole = step.rc is None and not timed_out and not refused and all(o.failure is None for o in outcomes.values())
         log.debug("step %s: %d of %d nodes answered in %.2f s%s", step.name, len(names) - sum(
             1 for o in outcomes.values() if o.failure), len(names), time.monotonic() - started,
                   "; srun said: " + " / ".join(srun_said[-3:]) if srun_said else "")
-        return outcomes, {}, whole
+        return outcomes, {}, whole, refused
 
     def _end(self, step: _Step) -> None:
         """Close the step's stdin (its tasks exit: an unfinished one through its EOF watchdog), read
@@ -384,15 +438,23 @@ class SlurmFleet:
                 stream.close()
 
     def _scancel(self, step_name: Optional[str]) -> None:
-        """Cancel our step (found by its unique name) so no task outlives the deadline."""
+        """Cancel our step (found by its unique name) so no task outlives the deadline.
+
+        A slurmctld too busy to answer within SCANCEL_WAIT_S does not end the run (the nodes' verdicts
+        are in): _end then kills srun, whose tasks' bootstraps see their stdin end and kill their own
+        process groups, so nothing outlives the run either way; a warning says so."""
         if not step_name:
             return
-        out = run([SQUEUE, "-h", "-s", "-j", self.alloc.job_id, "-o", "%i %j"], timeout=15)
-        for line in out.stdout.splitlines():
-            parts = line.split()
-            if len(parts) == 2 and parts[1] == step_name:
-                run([SCANCEL, "--signal=KILL", parts[0]], timeout=15)
-                run([SCANCEL, parts[0]], timeout=15)
+        try:
+            out = run([SQUEUE, "-h", "-s", "-j", self.alloc.job_id, "-o", "%i %j"], timeout=SCANCEL_WAIT_S)
+            for line in out.stdout.splitlines():
+                parts = line.split()
+                if len(parts) == 2 and parts[1] == step_name:
+                    run([SCANCEL, "--signal=KILL", parts[0]], timeout=SCANCEL_WAIT_S)
+                    run([SCANCEL, parts[0]], timeout=SCANCEL_WAIT_S)
+        except SlurmError as exc:
+            log.warning("could not cancel step %s of job %s (%s): ending its srun instead; each task ends "
+                        "when its stdin does", step_name, self.alloc.job_id, exc.args[0] if exc.args else exc)
 
 
 def fleet_for(inv: Any, progress: Optional[Progress] = None) -> SlurmFleet:

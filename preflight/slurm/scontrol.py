@@ -18,7 +18,7 @@ import subprocess
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from preflight.common import fold
+from preflight.common import expand, fold
 from preflight.errors import PreflightError
 
 SRUN = "srun"
@@ -118,6 +118,34 @@ def job_gpus(text: str) -> int:
 def bad_state(state: Sequence[str]) -> bool:
     """True when a node in this state (list of base state and flags) must not be launched on."""
     return any(s.rstrip("*") in BAD_STATES for s in state) or any(s.endswith("*") for s in state)
+
+
+_WIDENING_RE = re.compile(r"(?<![0-9])(0[0-9]*)-([0-9]+)(?![0-9])")
+
+
+def hostnames(text: str) -> List[str]:
+    """A Slurm host list (squeue's %N, SLURM_JOB_NODELIST) as node names, the way Slurm expands it.
+
+    Slurm pads a range to its first bound's width and lets later numbers grow past it: nodes n001 ...
+    n1000 are `n[001-1000]` (squeue -o %N, recorded on the 1,000-node simulator: Slurm 22.05's
+    hostlist.c prints each number with `%0*d` of the range's width). ClusterShell refuses a range whose
+    bounds differ in width ("padding length mismatch"), so such a range is cut where the width grows
+    (001-999,1000) before it is expanded. Raises ValueError for what is no host list.
+    """
+    def split(match: "re.Match[str]") -> str:
+        lo, hi = match.group(1), match.group(2)
+        if len(lo) < 2 or len(hi) <= len(lo):
+            return match.group(0)
+        parts, start, width = [], int(lo), len(lo)
+        while width < len(hi):
+            top = 10 ** width - 1
+            if start <= top:
+                parts.append("%0*d-%d" % (width, start, top) if start < top else "%0*d" % (width, start))
+            start, width = max(start, top + 1), width + 1
+        parts.append("%d-%s" % (start, hi) if start < int(hi) else hi)
+        return ",".join(parts)
+
+    return expand(re.sub(r"\[[^\]]*\]", lambda m: _WIDENING_RE.sub(split, m.group(0)), text))
 
 
 def parse_srun_stderr(text: str) -> Tuple[Dict[str, str], Dict[str, str]]:

@@ -1,9 +1,18 @@
 """The probe bundle: the node-side code, zipped once, sent on stdin, imported from memory on the node.
 
-Nothing is written to the node's disk: the bootstrap below reads the zip from stdin and serves its
-modules from memory, so there is no temp file to clean up even if the process is killed.
+Over SSH nothing is written to the node's disk: the bootstrap below reads the zip from stdin and serves
+its modules from memory, so there is no temp file to clean up even if the process is killed. Under
+Slurm the zip is broadcast once per run as a file (preflight.slurm.broadcast: sbcast to a node-local,
+content-addressed path) and stdin names it instead of carrying it: the second line is then
+`@SHA256 PATH`. The bootstrap opens PATH with O_NOFOLLOW and uses it only if it is a regular file owned
+by the user, not writable by group or others, whose SHA-256 is the one named, read once into memory and
+imported from there; anything else prints `preflight-bundle-refused PATH: WHY` and exits 3 without
+running a byte of it (a file with the wrong digest, which only the user can have written there, is
+removed so the next broadcast can write it). Once the file is verified, the user's other versions beside
+it (same name up to the digest) are removed: one bundle per user and version stays on a node.
 
-Wire protocol (stdin → node):   one line of JSON config, one line with the zip's length, the zip bytes;
+Wire protocol (stdin → node):   one line of JSON config, one line with the zip's length, the zip bytes
+                                (or the line `@SHA256 PATH`, above);
                                 stdin then stays open: its EOF means the controller is gone. Under
                                 Slurm every task reads the same stdin: the config is then
                                 {"groups": [[[node, ...], config], ...]} (broadcast_config: nodes
@@ -62,7 +71,29 @@ from preflight.transport.contract import RunResult
 BOOTSTRAP = r"""
 import sys,os,io,json,time,signal,threading,queue,zipfile,importlib.util,marshal,zlib,base64
 sys.stdout.write('preflight-clock %r\n'%time.time());sys.stdout.flush()
-_in=sys.stdin.buffer;_c=json.loads(_in.readline());_zb=_in.read(int(_in.readline()))
+_in=sys.stdin.buffer;_c=json.loads(_in.readline());_h=_in.readline()
+def _file(h):
+    import hashlib,stat,errno
+    d,p=h[1:].decode().split(' ',1);p=p.strip();q,b=os.path.split(p);u=os.getuid()
+    def no(w):sys.stdout.write('preflight-bundle-refused %s: %s\n'%(p,w));sys.stdout.flush();os._exit(3)
+    try:f=os.open(p,os.O_RDONLY|os.O_NOFOLLOW|os.O_NONBLOCK)
+    except OSError as e:no('a symbolic link' if e.errno==errno.ELOOP else e.strerror)
+    s=os.fstat(f)
+    if not stat.S_ISREG(s.st_mode):no('not a regular file')
+    if s.st_uid!=u:no('owned by uid %d, not %d'%(s.st_uid,u))
+    if s.st_mode&0o022:no('writable by group or others (mode %o)'%(s.st_mode&0o777))
+    with os.fdopen(f,'rb') as fh:z=fh.read()
+    if hashlib.sha256(z).hexdigest()!=d:
+        try:os.unlink(p)
+        except OSError:pass
+        no('SHA-256 %s, expected %s (removed)'%(hashlib.sha256(z).hexdigest()[:16],d[:16]))
+    for o in os.listdir(q):
+        if o!=b and o.startswith(b[:b.rindex('-')+1]):
+            try:
+                if os.lstat(os.path.join(q,o)).st_uid==u:os.unlink(os.path.join(q,o))
+            except OSError:pass
+    return z
+_zb=_file(_h) if _h[:1]==b'@' else _in.read(int(_h))
 _z=zipfile.ZipFile(io.BytesIO(_zb));_S={};_N=set(_z.namelist())
 _B='bytecode/MAGIC' in _N and _z.read('bytecode/MAGIC')==importlib.util.MAGIC_NUMBER
 for _n in _N:
@@ -265,10 +296,23 @@ def _renamed(code: CodeType, filename: str) -> CodeType:
     return code.replace(co_filename=filename, co_consts=consts)
 
 
-def stdin_payload(config: Dict[str, Any]) -> bytes:
-    """What the bootstrap reads on stdin for one run."""
+def stdin_payload(config: Dict[str, Any], file: Optional[Tuple[str, str]] = None) -> bytes:
+    """What the bootstrap reads on stdin for one run: the config and the zip, or, with file=(path,
+    sha256), the config and the line naming the zip already on the node (see the module docstring)."""
+    head = json.dumps(config, separators=(",", ":")).encode() + b"\n"
+    if file is not None:
+        path, digest = file
+        if not re.fullmatch(r"[0-9a-f]{64}", digest) or not path.startswith("/") or any(c in path for c in "\n\r"):
+            raise ValueError("bundle file %r / %r: an absolute path and a SHA-256 in hex" % (path, digest))
+        return head + ("@%s %s\n" % (digest, path)).encode()
     blob = base_zip()
-    return json.dumps(config, separators=(",", ":")).encode() + b"\n" + str(len(blob)).encode() + b"\n" + blob
+    return head + str(len(blob)).encode() + b"\n" + blob
+
+
+def file_name(uid: int, digest: str) -> str:
+    """The bundle's name on a node: the user's, and its content's (the bootstrap removes the user's
+    other versions by the part before the digest)."""
+    return "preflight-%d-bundle-%s.zip" % (uid, digest)
 
 
 #: a broadcast config longer than this travels deflated (base64 in {"z": ...})
@@ -300,6 +344,7 @@ def remote_command(python: str) -> str:
 
 _PID_RE = re.compile(rb"preflight-pid (\d+)$")
 _CLOCK_RE = re.compile(rb"preflight-clock (\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)$")
+_REFUSED_RE = re.compile(rb"preflight-bundle-refused (.*)$")
 #: a part or result frame, wherever it starts in a line (a line joined to the one before it, or after a
 #: shell start-up file's output without a newline)
 _FRAME_RE = re.compile(rb"preflight-(part|result) ")
@@ -334,6 +379,7 @@ class ResultReader:
         self.clock_at: Optional[float] = None
         self.result: Optional[Dict[str, Any]] = None
         self.damage: Optional[str] = None  # why a result frame that arrived gives no document
+        self.refused: Optional[str] = None  # why the bootstrap refused the bundle file it was named (no run)
         self.size = 0  # stdout bytes fed
         self._line: List[bytes] = []  # the pieces of the line not ended yet
         self._frames: Dict[int, List[bytes]] = {}
@@ -397,6 +443,10 @@ class ResultReader:
             self._frame(line[begin:marks[i + 1] if i + 1 < len(marks) else len(line)])
 
     def _meta(self, line: bytes) -> None:
+        match = _REFUSED_RE.search(line)
+        if match:  # nothing more will come: the bootstrap exits without running anything
+            self.refused, self._done = match.group(1).decode("utf-8", "replace")[:300], True
+            return
         match = _PID_RE.search(line)
         if match:
             if self.pid is None:

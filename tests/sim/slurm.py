@@ -14,7 +14,9 @@ root directory, never /etc/slurm or /etc/munge:
 
 Each daemon runs inside its node's network namespace (`ip netns exec`, which also mounts that
 namespace's own sysfs) and its own UTS namespace whose hostname is the node name (ctl for the
-controller). NodeAddr is the node's management address (198.18.x.y), so Slurm's RPCs travel on the
+controller). Each slurmd also has its own mount namespace in which the node's directory shm/ is
+mounted on /dev/shm (root/nNNN/shm, mode 1777): a real node's /dev/shm is its own tmpfs, so what
+sbcast writes there, and what a test plants there, is per node (see SimSlurm.shm). NodeAddr is the node's management address (198.18.x.y), so Slurm's RPCs travel on the
 management bridge; the data network (MTU 9000) and docker0 are the SSH simulator's. The ports are the
 Slurm defaults (6817/6818): every namespace is private, so nothing else can hold them.
 
@@ -58,10 +60,20 @@ def _in_uts(hostname: str, argv: Sequence[str]) -> List[str]:
     return ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', hostname, *argv]
 
 
+def _as_node(hostname: str, shm: str, argv: Sequence[str]) -> List[str]:
+    """argv run as a node's daemon: its own UTS namespace (hostname) and its own mount namespace in which
+    `shm` (a directory of this node's, mode 1777) is mounted on /dev/shm. Real nodes each have their own
+    node-local tmpfs there; the simulated ones would otherwise share the host's, so a file one node's
+    slurmd writes (sbcast) would appear on all of them. Everything slurmd starts (slurmstepd, the tasks,
+    the file broadcast's writer) inherits the namespace."""
+    return ["unshare", "--uts", "--mount", "--propagation", "private", "--", "sh", "-c",
+            'hostname "$0" && mount --bind "$1" /dev/shm && shift && exec "$@"', hostname, shm, *argv]
+
+
 class SimSlurm:
     """The Slurm daemons of one SimCluster. Built by SimCluster(slurm=True); see the module docstring."""
 
-    def __init__(self, cluster, message_timeout: int = 5, gpus: int = 0) -> None:
+    def __init__(self, cluster, message_timeout: int = 5, gpus: int = 0, tree_width: Optional[int] = None) -> None:
         self.cluster = cluster
         self.gpus = gpus  # Gres=gpu:N per node, the devices being char-device stand-ins (see _gres)
         self.dir = os.path.join(cluster.root, "slurm")
@@ -70,6 +82,7 @@ class SimSlurm:
         self.socket = os.path.join(self.dir, "sock", "munge.sock")
         self.log_dir = os.path.join(self.dir, "log")
         self.message_timeout = message_timeout
+        self.tree_width = tree_width  # slurm.conf TreeWidth (None: Slurm's default, 50 in 22.05); benchmarks at scale
         self.munged: Optional[subprocess.Popen] = None
         self.ctld: Optional[subprocess.Popen] = None
         self.slurmd: Dict[str, subprocess.Popen] = {}
@@ -93,6 +106,8 @@ class SimSlurm:
         write_file(os.path.join(self.munge_dir, "munge.key"), os.urandom(1024), 0o400)
         for node in self.cluster.nodes:
             os.makedirs(os.path.join(self.dir, "spool", node.name), exist_ok=True)
+            os.makedirs(self.shm(node), exist_ok=True)
+            os.chmod(self.shm(node), 0o1777)  # world-writable and sticky, like a real /dev/shm
         prolog = os.path.join(self.dir, "task_prolog")
         # TaskProlog's stdout lines `export NAME=value` set the task's environment (slurm.conf(5)).
         write_file(prolog, "#!/bin/sh\n"
@@ -130,6 +145,7 @@ class SimSlurm:
             "ReturnToService=2\n"
             "MpiDefault=none\n"
             "MessageTimeout=%(msg_timeout)d\n"
+            "%(tree_width)s"
             "SlurmdTimeout=120\n"
             "KillWait=2\n"
             "SlurmctldDebug=info\n"
@@ -140,7 +156,8 @@ class SimSlurm:
             "PartitionName=%(part)s Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
         ) % {"ctl": CTL_HOSTNAME, "ctl_ip": self.cluster.ctl_mgmt_ip, "ctld_port": CTLD_PORT,
              "slurmd_port": SLURMD_PORT, "sock": self.socket, "dir": self.dir, "nodes": nodes,
-             "part": PARTITION, "msg_timeout": self.message_timeout})
+             "part": PARTITION, "msg_timeout": self.message_timeout,
+             "tree_width": "TreeWidth=%d\n" % self.tree_width if self.tree_width else ""})
 
     def _gres(self) -> None:
         """gres.conf (read from SLURM_CONF's folder) giving every node `gpus` GPU devices: character
@@ -182,6 +199,10 @@ class SimSlurm:
         self.wait_idle([n.name for n in c.nodes], timeout)
         return self
 
+    def shm(self, node) -> str:
+        """The directory mounted on the node's /dev/shm for its slurmd and every task it starts."""
+        return os.path.join(self.cluster.node(node).dir, "shm")
+
     def _log(self, name: str):
         return open(os.path.join(self.log_dir, name), "ab")
 
@@ -189,7 +210,7 @@ class SimSlurm:
         out = self._log("slurmd-%s.out" % node.name)
         try:
             self.slurmd[node.name] = self.cluster._spawn(
-                ["ip", "netns", "exec", node.ns] + _in_uts(node.name, [SLURMD, "-D", "-N", node.name]),
+                ["ip", "netns", "exec", node.ns] + _as_node(node.name, self.shm(node), [SLURMD, "-D", "-N", node.name]),
                 env=self.env(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         finally:
             out.close()
