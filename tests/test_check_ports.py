@@ -11,6 +11,7 @@ import pytest
 from preflight.checks import ports
 from preflight.model import ParseError, Status
 from preflight.probe import portclaim
+from preflight.output import report
 from preflight.probe.context import NodeContext
 from tests.builders import data_node, names, view
 from tests.fixture_cases import fixture_dir, read
@@ -256,7 +257,10 @@ def test_rule_busy_port_message():
     findings = {f.node: f for f in ports.rule(cluster(2, {"n001": busy, "n002": refused}))}
     assert findings["n001"].status == Status.FAIL
     assert findings["n001"].message == "n001: port 29500 is held by pid 4242 (python3); try --master-port 29501 (free)"
-    assert findings["n002"].status == Status.ERROR
+    # n002 is not at fault: not tested, its status its own (not 'fail'), so it stays in the hostfile
+    assert findings["n002"].status == Status.SKIP
+    assert findings["n002"].message == "not tested: the head n001 could not listen on port 29500 (its finding says why)"
+    assert report.node_statuses(list(findings.values()), ["n001", "n002"]) == {"n001": "fail", "n002": "pass"}
 
 
 def test_rule_port_held_by_another_preflight_run_is_a_retest_for_no_node():
