@@ -221,33 +221,43 @@ def _fleet_findings(view: ClusterView, meta: Mapping[str, Any]) -> Tuple[List[Fi
     the status they imply, data). Node rounds name a node on its own; pair rounds beside a known-good node
     (preflight.allreduce.localize); both judge against the fleet median (meta["slow_fraction"])."""
     from preflight.allreduce.busbw import gbps
-    from preflight.allreduce.localize import SLOW_FRACTION, judge_nodes, judged_gbps, verdict_localization
+    from preflight.allreduce.judge import SLOW_FRACTION, judge_nodes, judged_gbps, reference, warn_fraction
+    from preflight.allreduce.localize import verdict_localization
 
     frac = float(meta.get("slow_fraction") or SLOW_FRACTION)
     named: Dict[str, List[str]] = {}
+    warned: Dict[str, List[str]] = {}
     notes: List[str] = []
     status = Status.PASS
-    data: Dict[str, Any] = {"slow_fraction": frac}
+    data: Dict[str, Any] = {"slow_fraction": frac, "warn_fraction": warn_fraction(frac)}
     for rnd in meta.get("node_rounds") or []:
         results = rnd.get("results") or []
         if not results:
             continue
-        rfrac = frac
-        bad = judge_nodes(results, None, rfrac, bool(rnd.get("by_bandwidth", True)))
-        measured = [judged_gbps(g) for g in results if not g.get("failure") and judged_gbps(g) is not None]
-        median = statistics.median(measured) if measured else None
-        for n, why in bad.items():
-            named.setdefault(n, []).append("alone (%s): %s" % (rnd.get("what") or rnd.get("name"), why))
+        verdict = judge_nodes(results, None, frac, bool(rnd.get("by_bandwidth", True)))
+        median = reference([g for g in results if int(g.get("pass", 0)) == 0])
+        median = median.get("best_gbps", median.get("busbw_gbps"))
+        what = "alone (%s): " % (rnd.get("what") or rnd.get("name"))
+        for n, why in verdict["fail"].items():
+            named.setdefault(n, []).append(what + why)
+        for n, why in verdict["warn"].items():
+            warned.setdefault(n, []).append(what + why)
         where = " at %s" % human_bytes(int(rnd["sizes"][0])) if rnd.get("sizes") else ""
+        bad = dict(verdict["fail"], **verdict["warn"])
         if bad:
             notes.append("node round %s%s: %s" % (rnd.get("name"), where, fold(list(bad))))
         elif not rnd.get("by_bandwidth", True):
             notes.append("node round %s%s: every node completed alone" % (rnd.get("name"), where))
         else:
             notes.append("node round %s%s: every node within %d%% of the fleet median %s" % (
-                rnd.get("name"), where, round(100 * rfrac), gbps(median) if median is not None else "(none measured)"))
+                rnd.get("name"), where, round(100 * warn_fraction(frac)),
+                gbps(median) if median is not None else "(none measured)"))
+        if verdict["not_confirmed"]:
+            notes.append("node round %s: %s" % (rnd.get("name"), "; ".join(
+                "%s %s" % kv for kv in verdict["not_confirmed"].items())))
         data.setdefault("node_rounds", []).append({"name": rnd.get("name"), "what": rnd.get("what"),
-                                                   "median_gbps": median, "named": bad, "results": results})
+                                                   "median_gbps": median, "named": bad,
+                                                   "not_confirmed": verdict["not_confirmed"], "results": results})
     loc = meta.get("localization") or {}
     if loc.get("results"):
         results = loc["results"]
@@ -255,14 +265,21 @@ def _fleet_findings(view: ClusterView, meta: Mapping[str, Any]) -> Tuple[List[Fi
                                        meta.get("nodes"), frac)
         for n, why in verdict["bad"].items():
             named.setdefault(n, []).append("pair test: %s" % why)
+        for n, why in verdict["warn"].items():
+            warned.setdefault(n, []).append("pair test: %s" % why)
         notes.append("pair test: " + verdict["message"])
         if verdict["shared_fault"]:
             status = Status.FAIL
-        elif verdict["undecided"]:
+        elif verdict["undecided"] or verdict["warn"]:
             status = Status.WARN
-        data["localization"] = {k: verdict[k] for k in ("bad", "good", "undecided")}
+        data["localization"] = {k: verdict[k] for k in ("bad", "warn", "good", "undecided", "not_confirmed")}
         data["groups"] = list(results)
     findings = [Finding(NAME, n, Status.FAIL, "; ".join(whys), data={"fleet": whys}) for n, whys in named.items()]
+    # a node 10-20% below the fleet, confirmed: a WARN (retest it; it stays in the hostfile)
+    findings += [Finding(NAME, n, Status.WARN, "; ".join(whys), action="retest", data={"fleet": whys})
+                 for n, whys in warned.items() if n not in named]
+    if warned and status is Status.PASS:
+        status = Status.WARN
     if named:
         status = Status.FAIL
     return findings, notes, status, data
@@ -292,7 +309,9 @@ def _with_fleet(out: List[Finding], view: ClusterView, meta: Mapping[str, Any]) 
     for f in extra:
         if f.node in by_node:
             old = out[by_node[f.node]]
-            out[by_node[f.node]] = dataclasses.replace(old, message=old.message + "; " + f.message)
+            worse = f if f.status.rank > old.status.rank else old
+            out[by_node[f.node]] = dataclasses.replace(old, message=old.message + "; " + f.message,
+                                                       status=worse.status, action=worse.action)
         else:
             out.append(f)
     return out
