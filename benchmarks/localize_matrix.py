@@ -74,7 +74,6 @@ def part_throttled(sizes, rate, record):
     for n in sizes:
         for where, idx in positions(n).items():
             with SimCluster(n, prefix="locmx") as cluster:
-                cluster.start()
                 cluster.throttle(idx, rate=rate)
                 wall, rc, named, section = check(cluster, write_inventory(cluster))
                 want = "n%03d" % idx
@@ -85,7 +84,8 @@ def part_throttled(sizes, rate, record):
                     wall, load())
                 print(line, flush=True)
                 record.append({"part": "throttled", "nodes": n, "where": where, "throttled": [want], "named": named,
-                               "ok": ok, "rounds": loc.get("rounds"), "wall_s": round(wall, 1), "load": load()})
+                               "ok": ok, "rounds": loc.get("rounds"), "wall_s": round(wall, 1), "load": load(),
+                               "timings_s": section.get("timings_s"), "localization": loc})
 
 
 def part_two(rate, record):

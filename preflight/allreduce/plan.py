@@ -234,6 +234,18 @@ def round_deadlines(deadlines: Mapping[str, float], docs: Mapping[str, Any], war
     return round_budget(dl, slowest_init, max(steps, default=0.0), nsizes)
 
 
+def round_iters(docs: Mapping[str, Any], sizes: Sequence[int], warmup: int, wanted: int, least: int,
+                op_s: float) -> int:
+    """Timed iterations for the rounds: `wanted`, fewer when warm-up, iterations and the check at the
+    slowest per-iteration time the sweep saw at these sizes would pass half of op_s; never below `least`."""
+    per_op = [float(s.get("time_s", 0.0)) for _n, e in rank_table(docs).values() for s in e.get("sizes") or []
+              if int(s.get("bytes", -1)) in set(int(b) for b in sizes)]
+    if not per_op or max(per_op) <= 0:
+        return wanted
+    fit = int(0.5 * op_s / max(per_op)) - warmup - 1
+    return max(least, min(wanted, fit))
+
+
 def round_budget(deadlines: Mapping[str, float], slowest_init_s: Optional[float], slowest_step_s: float,
                  nsizes: int = 1) -> Dict[str, float]:
     """The rounds' deadlines from the sweep's slowest init (None: keep init_s) and slowest size's

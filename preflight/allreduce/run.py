@@ -233,6 +233,10 @@ def _measure(result: BenchResult, fleet: Fleet, view: ClusterView, nodes: List[N
         short = dict(settings, sizes=wanted["sizes"], iters=iters, deadlines=plan.round_deadlines(
             meta["deadlines"], first["docs"], settings["warmup"], iters, len(wanted["sizes"]),
             at_init=bool(wanted.get("at_init"))))
+        # no more iterations than fit half the rounds' op deadline at the pace the sweep measured there
+        # (a slow link's pair must end as a slow measurement, not as a hang), as the in-process pairs do
+        short["iters"] = plan.round_iters(first["docs"], wanted["sizes"], settings["warmup"], iters,
+                                          settings["iters"], short["deadlines"]["op_s"])
         timings["rounds_s"] = []
 
         def run_groups(groups: List[List[str]], extra_env=None, local_ranks=None, sync=True) -> List[Dict[str, Any]]:

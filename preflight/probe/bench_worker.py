@@ -324,10 +324,15 @@ def _pair_phase(torch, dist, device, gpu, rank, last, cfg):
     emit("pairs_done")
 
 
+#: The node phase's second pass re-measures at most this many suspects (one at a time).
+MAX_CONFIRM = 16
+
+
 def _node_phase(torch, dist, device, gpu, rank, nbytes, cfg, spec):
     """The partner-free tests, in the sweep's own processes: every node alone, all nodes at once (pass 0),
     then each node more than `warn` below the median re-measured beside a known-good node measured at the
-    same moment (pass 1, the confirmation; preflight.allreduce.judge.judge_nodes reads both).
+    same moment, one suspect at a time (pass 1, the confirmation; preflight.allreduce.judge.judge_nodes
+    reads both).
 
     spec: {"kind": "loopback" | "local", "nodes": [[global ranks of node 0], ...], "warn": 0.1}.
     "local" (nccl): the node's own ranks as a sub-group: its GPUs over NVLink/NVSwitch (or PCIe P2P).
@@ -365,14 +370,17 @@ def _node_phase(torch, dist, device, gpu, rank, nbytes, cfg, spec):
     warn = float(spec.get("warn", 0.1))
     suspects = [i for i in range(nn) if ratio[i] < 1.0 - warn]
     good = sorted((i for i in range(nn) if i not in suspects), key=lambda i: vals[nn + i])
-    for start in range(0, len(suspects) if good else 0, len(good) or 1):
-        batch = list(zip(suspects[start:start + len(good)], good))
+    # one suspect at a time, beside the next known-good node: the two share the moment and nothing else
+    # runs (on a shared machine many pairs at once would spread as much as the first pass did); the
+    # slowest MAX_CONFIRM only: more suspects than that is a fleet-wide spread, not one node
+    suspects = sorted(suspects, key=lambda i: ratio[i])[:MAX_CONFIRM] if good else []
+    for k, s in enumerate(suspects):
+        g = good[k % len(good)]
         dist.barrier()
-        for s, g in batch:
-            if mine == s:
-                emit("node", **dict(measure("p1-%d" % s), node=mine, beside=g, **{"pass": 1}))
-            elif mine == g:
-                emit("node", **dict(measure("p1-%d" % s), node=mine, control_for=s, **{"pass": 1}))
+        if mine == s:
+            emit("node", **dict(measure("p1-%d" % s), node=mine, beside=g, **{"pass": 1}))
+        elif mine == g:
+            emit("node", **dict(measure("p1-%d" % s), node=mine, control_for=s, **{"pass": 1}))
     dist.barrier()
     emit("node_done")
 
