@@ -242,3 +242,25 @@ def test_three_nodes_the_slow_middle_one_is_named_though_its_pairs_are_the_major
     verdict = localize.localize(names, lambda groups: calls.append(groups) or [],
                                 results=localize.pair_results(docs, configs, rot))
     assert verdict["bad"] == {}, verdict
+
+
+def test_a_node_test_names_a_node_only_when_every_confirmation_beside_a_known_good_node_is_low():
+    from preflight.allreduce import judge
+
+    def g(node, bw, pas=0, **kw):
+        return dict({"nodes": [node], "busbw_gbps": bw, "best_gbps": bw, "failure": None, "pass": pas}, **kw)
+
+    first = [g("a", 1.0), g("b", 1.02), g("c", 0.98), g("d", 0.6)]
+    assert judge.node_suspects(first) == (["d"], ["b", "a", "c"])
+    both_low = first + [g("d", 0.5, 1, beside="b"), g("b", 1.0, 1, control_for="d"),
+                        g("d", 0.55, 1, beside="a"), g("a", 1.1, 1, control_for="d")]
+    verdict = judge.judge_nodes(both_low)
+    assert list(verdict["fail"]) == ["d"] and "below b measured beside it" in verdict["fail"]["d"]
+    assert "below a measured beside it" in verdict["fail"]["d"]
+    one_fine = first + [g("d", 0.5, 1, beside="b"), g("b", 1.0, 1, control_for="d"),
+                        g("d", 1.05, 1, beside="a"), g("a", 1.1, 1, control_for="d")]
+    verdict = judge.judge_nodes(one_fine)
+    assert verdict["fail"] == {} and verdict["warn"] == {} and verdict["not_confirmed"]["d"].startswith("not confirmed")
+    # the whole machine slowed during the confirmation (the control as much as the suspect): not named
+    loaded = first + [g("d", 0.3, 1, beside="b"), g("b", 0.31, 1, control_for="d")]
+    assert judge.judge_nodes(loaded)["fail"] == {}

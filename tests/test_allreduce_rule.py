@@ -447,7 +447,7 @@ def test_no_threshold_a_healthy_fleet_passes_and_a_slow_node_is_named():
     assert main.status is Status.FAIL and "node round nvlink at 4 MiB: n003" in main.message
     n3 = the(findings, "n003")
     assert n3.status is Status.FAIL and "alone (two local ranks): slow: busbw 0.70 GB/s" in n3.message
-    assert "confirmed beside n004: slow: busbw 0.60 GB/s, 44% below n004 measured beside it 1.08 GB/s" in n3.message
+    assert "confirmed slow: busbw 0.60 GB/s, 44% below n004 measured beside it 1.08 GB/s" in n3.message
     assert [f.node for f in findings if f.status is Status.FAIL] == [None, "n003"]
     # 10-20% below, confirmed: a warning for the node (retest), not a failure
     low = _node_round(dict(even, n003=0.9), "nvlink", again={"n003": (0.93, "n004", 1.08)})

@@ -155,8 +155,9 @@ def judge_nodes(results: Sequence[GroupResult], threshold: Optional[float] = Non
                 slow_fraction: float = SLOW_FRACTION, by_bandwidth: bool = True) -> Dict[str, Dict[str, str]]:
     """{"fail": {node: why}, "warn": {node: why}, "not_confirmed": {node: why}} for one node round.
 
-    A node is named only when it is low in the first pass *and* low beside a known-good node in the
-    second; a failed node (did not complete) is named on the spot. by_bandwidth=False: completion only.
+    A node is named only when it is low in the first pass *and* low beside every known-good node it was
+    re-measured beside (each against that node, timed at the same moment: bench_worker.CONFIRMATIONS
+    of them); a failed node (did not complete) is named on the spot. by_bandwidth=False: completion only.
     """
     out: Dict[str, Dict[str, str]] = {"fail": {}, "warn": {}, "not_confirmed": {}}
     first = [g for g in results if int(g.get("pass", 0)) == 0]
@@ -170,17 +171,21 @@ def judge_nodes(results: Sequence[GroupResult], threshold: Optional[float] = Non
         if g.get("failure") or not by_bandwidth:
             out["fail"][node] = why
             continue
-        again = next((a for a in second if a["nodes"][0] == node and a.get("beside")), None)
-        if again is None:
+        again = [a for a in second if a["nodes"][0] == node and a.get("beside")]
+        if not again:
             out["not_confirmed"][node] = "%s; not confirmed (no second measurement)" % why
             continue
-        beside = again["beside"]
-        controls = [c for c in second if c.get("control_for") == node]
-        level2, why2 = grade(again, control_reference(controls) or ref, threshold, slow_fraction,
-                             ref_name="%s measured beside it" % beside)
-        if level2 == OK:
-            out["not_confirmed"][node] = "not confirmed: %s at first, %s beside %s" % (why, why2, beside)
+        levels, fine, low = [level], [], []
+        for a in again:
+            beside = a["beside"]
+            controls = [c for c in second if c.get("control_for") == node and c["nodes"][0] == beside]
+            level2, why2 = grade(a, control_reference(controls) or ref, threshold, slow_fraction,
+                                 ref_name="%s measured beside it" % beside)
+            levels.append(level2)
+            (fine if level2 == OK else low).append("%s beside %s" % (why2, beside))
+        if fine:
+            out["not_confirmed"][node] = "not confirmed: %s at first, %s" % (why, "; ".join(fine))
         else:
-            out[severity([level, level2])][node] = "%s; confirmed beside %s: %s" % (why, beside, why2)
+            out[severity(levels)][node] = "%s; confirmed %s" % (why, "; ".join(low))
     return out
 

@@ -324,8 +324,10 @@ def _pair_phase(torch, dist, device, gpu, rank, last, cfg):
     emit("pairs_done")
 
 
-#: The node phase's second pass re-measures at most this many suspects (one at a time).
+#: The node phase's second pass re-measures at most this many suspects (one at a time), each beside
+#: CONFIRMATIONS different known-good nodes (preflight.allreduce.judge.judge_nodes wants every one low).
 MAX_CONFIRM = 16
+CONFIRMATIONS = 2
 
 
 def _node_phase(torch, dist, device, gpu, rank, nbytes, cfg, spec):
@@ -375,12 +377,13 @@ def _node_phase(torch, dist, device, gpu, rank, nbytes, cfg, spec):
     # slowest MAX_CONFIRM only: more suspects than that is a fleet-wide spread, not one node
     suspects = sorted(suspects, key=lambda i: ratio[i])[:MAX_CONFIRM] if good else []
     for k, s in enumerate(suspects):
-        g = good[k % len(good)]
-        dist.barrier()
-        if mine == s:
-            emit("node", **dict(measure("p1-%d" % s), node=mine, beside=g, **{"pass": 1}))
-        elif mine == g:
-            emit("node", **dict(measure("p1-%d" % s), node=mine, control_for=s, **{"pass": 1}))
+        for j in range(min(CONFIRMATIONS, len(good))):  # beside different known-good nodes, one after another
+            g = good[(k + j) % len(good)]
+            dist.barrier()
+            if mine == s:
+                emit("node", **dict(measure("p1-%d-%d" % (s, j)), node=mine, beside=g, **{"pass": 1}))
+            elif mine == g:
+                emit("node", **dict(measure("p1-%d-%d" % (s, j)), node=mine, control_for=s, **{"pass": 1}))
     dist.barrier()
     emit("node_done")
 
