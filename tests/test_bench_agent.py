@@ -333,7 +333,8 @@ def test_the_node_test_of_gpu_nodes_is_each_nodes_own_ranks_as_a_sub_group():
     assert_no_leftovers(doc)
     per_node = {"n001": dict(doc, ranks=doc["ranks"][:2]), "n002": dict(doc, ranks=doc["ranks"][2:])}
     alone = [g for g in localize.node_results(per_node, configs) if g["pass"] == 0]
-    assert [g["nodes"] for g in alone] == [["n001"], ["n002"]] and all(g["busbw_gbps"] > 0 for g in alone), alone
+    assert [g["nodes"] for g in alone] == [["n001"], ["n002"]], alone
+    assert all(g["failure"] is None and g["bytes"] == SMALL[0] and g["best_gbps"] is not None for g in alone), alone
 
 
 def test_a_failing_pair_phase_leaves_the_sweep_standing_and_says_why():

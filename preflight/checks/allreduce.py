@@ -18,7 +18,13 @@ every participating node at once (see that module for the config and result docu
         nic_gbps     per-node aggregate line rate of the NICs the collective uses, Gb/s (multi-node profile)
         localization {"results": [group result, ...], "by_bandwidth": bool, "threshold_gbps": ...} from the
                      pair rounds (see preflight.allreduce.localize.localize(); by_bandwidth false when localizing a
-                     hang or an error)
+                     hang or an error); each group result carries its "round" (0: the screening) and
+                     "control": true for a round's control pair
+        node_rounds  [{"name": "loopback" | "nvlink" | "nic", "what", "results": [node result, ...],
+                     "by_bandwidth", "sizes"}]: the partner-free tests, one result per node and "pass" (0: all
+                     alone at once; 1: a suspect "beside" a known-good node, or that node as "control_for" it);
+                     judged by preflight.allreduce.judge.judge_nodes (named only once confirmed)
+        slow_fraction  a confirmed node this share below the fleet FAILs, half of it WARNs (judge.py)
         skip         a reason: the test deliberately did not run (the rule then SKIPs)
         held         {node: {"pid", "uid"}}: another preflight run on this machine was testing these nodes,
                      so the test did not run (an ERROR, action retest; no node is judged)
@@ -37,7 +43,7 @@ stage, the ranks and the nodes (preflight.allreduce.wording).
 Per node, what NCCL chose (preflight.allreduce.nccllog) is judged against the data path preflight chose.
 
 The controller half is the package preflight.allreduce: plan (launch, deadlines), run (over a fleet),
-localize (pair rounds; the rule reports their verdict). Imports point one way: this module imports from
+localize (pair rounds; the rule reports their verdict), judge (how a measurement is judged and confirmed). Imports point one way: this module imports from
 that package (inside the rule functions), never the reverse. It has no probe half: the node bundle
 carries its source, which no node imports.
 """
