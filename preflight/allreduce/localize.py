@@ -4,7 +4,7 @@ Pure planning; the controller (preflight.allreduce.run) runs the rounds and pref
 grades each group. localization_plan() says whether rounds can add anything after the whole-cluster run
 and which single size they run; plan_pairs() the screening pairs when the run did not time its own
 (pair_results(): the gloo in-process rotations); plan_round() the next round; verdict_localization() names
-the nodes; localize() drives it in at most max_rounds(n) = ceil(log2 n) + 1 rounds after the screening.
+the nodes; localize() drives it in at most max_rounds(n) = ceil(log2 n) + 2 rounds after the screening.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from preflight.common import fold, human_bytes
 #     k to a group when there are more of them than known-good nodes, k halving every round; bandwidth
 #     rounds add a control pair of known-good nodes measured at the same moment (the round's reference).
 # A node that passes anywhere is good. A node that fails (hangs, errors) beside known-good partners is
-# bad; a node slow beside known-good partners is named only once confirmed (judge.py: two partners, one
-# in a later round). If no group passes, the fault is shared (a switch, the fabric, the configuration)
+# bad; a node slow beside known-good partners is named only once confirmed (two partners, and
+# CONFIRM_ROUNDS later rounds each against its own control). If no group passes, the fault is shared (a switch, the fabric, the configuration)
 # and no node is named; what is left is "could not localize", never a guess. Pairs cross the
 # inventory's halves (i with i + n/2) so that, with rack-ordered inventories, each pair goes through
 # the spine as the real job does.
@@ -160,10 +160,16 @@ def group_result(nodes: Sequence[str], docs: Mapping[str, Any], backend: str = "
     return out
 
 
+#: Later measurements (each in its own round, against that round's control) a bandwidth verdict needs
+#: beyond the screening: on a machine shared by hundreds of threads one round can spoil a healthy pair
+#: against its control (seen once: 8 nodes, load 374); two rounds apart cannot both by chance.
+CONFIRM_ROUNDS = 2
+
+
 def max_rounds(n: int) -> int:
     """The most rounds the localization runs after its screening for n nodes: ceil(log2 n) group halvings
-    and one confirmation (at least 2). See plan_round()."""
-    return max(2, math.ceil(math.log2(max(2, n))) + 1)
+    and CONFIRM_ROUNDS confirmations (at least 3). See plan_round()."""
+    return max(3, math.ceil(math.log2(max(2, n))) + CONFIRM_ROUNDS)
 
 
 def _judged(results, threshold, by_bandwidth, slow_fraction):
@@ -208,9 +214,9 @@ def _assess(results, threshold, by_bandwidth=True, slow_fraction=SLOW_FRACTION):
 def _decide(evidence, by_bandwidth) -> Tuple[Dict[str, str], Dict[str, str], Dict[str, str]]:
     """({FAIL node: why}, {WARN node: why}, {unconfirmed node: why}) from the evidence beside known-good
     partners. A failure (hang, error, wrong sums) beside a known-good partner decides at once. A bandwidth
-    verdict needs two measurements beside two different known-good partners, one of them from a
-    confirmation round (measured later than the screening, with its own control): one disturbed moment on
-    a shared machine can spoil every group measured together, never two moments apart."""
+    verdict needs measurements beside two different known-good partners and CONFIRM_ROUNDS of them from
+    confirmation rounds (measured later than the screening, each against its own control): one disturbed
+    moment on a shared machine can spoil every group measured together, not several moments apart."""
     bad: Dict[str, str] = {}
     warn: Dict[str, str] = {}
     waiting: Dict[str, str] = {}
@@ -222,7 +228,7 @@ def _decide(evidence, by_bandwidth) -> Tuple[Dict[str, str], Dict[str, str], Dic
             continue
         partners = {frozenset(e[3]) for e in ev}
         later = [e for e in ev if int(e[0].get("round", 0)) > 0]
-        if len(ev) >= 2 and len(partners) >= 2 and later:
+        if len(partners) >= 2 and len({int(e[0]["round"]) for e in later}) >= CONFIRM_ROUNDS:
             why = first + "; confirmed beside %s: %s" % (fold(later[-1][3]), later[-1][2])
             (bad if severity([e[1] for e in ev]) == FAIL else warn)[n] = why
         else:
@@ -240,7 +246,7 @@ def plan_round(
     suspects too) goes beside a distinct known-good node, a partner it has not had when one is free.
     With more of them than known-good nodes they share partners, k to a group (group halving): a group
     that passes clears all its k nodes, one that fails is split in halves next round (k halves every
-    round), so n nodes are decided in at most ceil(log2 n) rounds plus one confirmation (max_rounds()).
+    round), so n nodes are decided in at most ceil(log2 n) rounds plus the confirmations (max_rounds()).
     Bandwidth rounds add a control pair of two spare known-good nodes, measured at the same moment: the
     round's own expected rate. With no known-good node at all, an untested node goes beside a suspect, and
     in a cluster of three the suspects are paired in a way not tried yet.
@@ -255,14 +261,19 @@ def plan_round(
     if not todo:
         return out
     if good:
-        had = {n: {m for g in results if n in g["nodes"] for m in g["nodes"]} for n in todo}
+        had: Dict[str, Dict[str, int]] = {n: {} for n in todo}  # how often each node sat beside each other
+        for g in results:
+            for n in g["nodes"]:
+                if n in had:
+                    for m in g["nodes"]:
+                        had[n][m] = had[n].get(m, 0) + 1
         k = -(-len(todo) // len(good))
         if last_chunk:
             k = min(k, max(1, last_chunk // 2))
         free = list(good)
         for start in range(0, min(len(todo), k * len(good)), k):
             chunk = todo[start:start + k]
-            partner = next((p for p in free if not any(p in had[c] for c in chunk)), free[0])
+            partner = min(free, key=lambda p: sum(had[c].get(p, 0) for c in chunk))  # the least met
             free.remove(partner)
             out["groups"].append(chunk + [partner])
         out["chunk"] = k

@@ -21,8 +21,8 @@ The model (each figure an assumption, printed with the plan):
   busbw       between nodes: expect.busbw_gbps, else expect.ib_hcas * ib_rate_gbps / 8 * LINE_RATE_FRACTION;
               inside a node: the NVLink profile of the GPU (busbw.NVLINK_PROFILES); gloo: CPU_GBPS
   rounds      the pair rounds run every group at once: one launch and one size each, whatever the node
-              count; at most localize.max_rounds(n) = ceil(log2 n) + 1 of them after the screening (group
-              halving, then one confirmation); a healthy fleet runs none on gloo, the screening on nccl
+              count; at most localize.max_rounds(n) = ceil(log2 n) + 2 of them after the screening (group
+              halving, then two confirmations); a healthy fleet runs none on gloo, the screening on nccl
 """
 
 from __future__ import annotations
@@ -147,8 +147,8 @@ def time_plan(gpus_per_node: Sequence[int], raw_settings: Mapping[str, Any], exp
         pair_world = 2 * per_node
         in_process = backend == "gloo"
         one = launch_s(pair_world, launch, per_doubling) + runs * op_s(verdict, pair_world, net, hop)
-        phase("pair rounds", "screening: every node beside %s (%s); then at most %d rounds (ceil(log2 %d) + 1: "
-              "group halving and one confirmation) while a node is undecided" % (
+        phase("pair rounds", "screening: every node beside %s (%s); then at most %d rounds (ceil(log2 %d) + 2: "
+              "group halving and two confirmations) while a node is undecided" % (
                   "up to %d partners" % plan.PAIR_ROTATIONS if in_process else "one partner",
                   "in the sweep's own processes" if in_process else "one launch", most, n),
               0 if in_process else 1, pair_world, net, [verdict], round_budget)
@@ -229,7 +229,7 @@ def render(tp: Mapping[str, Any]) -> List[str]:
         r["net_gbps"] if tp["backend"] == "nccl" else min(r["net_gbps"], CPU_GBPS), r["net_from"], nvlink))
     a = tp["assumptions"]
     lines.append("  model: launch %gs + %gs x log2(ranks); one all-reduce = %s (hop %g us); pair rounds after "
-                 "the screening: at most %d (ceil(log2 n) = %d halvings + 1 confirmation)" % (
+                 "the screening: at most %d (ceil(log2 n) = %d halvings + 2 confirmations)" % (
                      a["launch_s"], a["launch_per_doubling_s"], a["op"], a["hop_latency_s"] * 1e6,
                      tp["rounds"]["planned_max"], tp["rounds"]["log2_bound"]))
     return lines
