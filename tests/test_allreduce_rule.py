@@ -534,5 +534,5 @@ def test_the_check_imports_the_controller_package_only_when_its_rule_runs():
                          env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent.parent)))
     assert out.stdout.strip() == "ok", out.stderr
     names = zipfile.ZipFile(io.BytesIO(bundle.base_zip())).namelist()
-    assert "preflight/checks/allreduce.py" in names
-    assert not [n for n in names if n.startswith("preflight/allreduce/")]
+    # the check has no node probe: since main's b6918d3 the bundle leaves its source out too
+    assert not [n for n in names if n.startswith("preflight/allreduce/") or "checks/allreduce" in n]
