@@ -43,9 +43,9 @@ stage, the ranks and the nodes (preflight.allreduce.wording).
 Per node, what NCCL chose (preflight.allreduce.nccllog) is judged against the data path preflight chose.
 
 The controller half is the package preflight.allreduce: plan (launch, deadlines), run (over a fleet),
-localize (pair rounds; the rule reports their verdict), judge (how a measurement is judged and confirmed). Imports point one way: this module imports from
-that package (inside the rule functions), never the reverse. It has no probe half: the node bundle
-carries its source, which no node imports.
+localize (pair rounds; the rule reports their verdict), judge (how a measurement is judged and
+confirmed). Imports point one way: this module imports from that package (inside the rule functions),
+never the reverse. It has no probe half, so the node bundle leaves it out.
 """
 
 from __future__ import annotations
