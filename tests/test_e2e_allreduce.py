@@ -447,7 +447,10 @@ def test_a_hang_is_localized_by_completion_not_by_bandwidth():
               {"nodes": ["n003", "n004"], "busbw_gbps": None, "failure": "hung at 16 KiB"}]
     verdict = localize.verdict_localization(groups, threshold=0.1, by_bandwidth=False)
     assert list(verdict["bad"]) == ["n003"] and verdict["undecided"] == {}
-    assert sorted(localize.verdict_localization(groups, threshold=0.1)["bad"]) != ["n003"]  # by bandwidth: wrong
+    # by bandwidth the small size's figure would leave n004 under suspicion (below 0.1 GB/s beside known-good
+    # n002: not named before confirmation, but undecided): wrong for a hang
+    by_bw = localize.verdict_localization(groups, threshold=0.1)
+    assert "n004" in by_bw["undecided"] and "not yet confirmed" in by_bw["undecided"]["n004"], by_bw
 
 
 def test_cpu_default_deadlines_are_shorter_than_gpu_ones():
