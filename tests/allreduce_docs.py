@@ -59,8 +59,9 @@ def hung_entry(stage="size", nbytes=2 * KiB, step=None):
             "error": "no progress within the op deadline (20 s)"}
 
 
-def fake_round(bad, slow=(), slow_gbps=10.0):
-    """run_round for localize(): a group fails when it holds a bad node, is slow with a slow one."""
+def fake_round(bad, slow=(), slow_gbps=10.0, healthy_gbps=40.0, scale=1.0):
+    """run_round for localize(): a group fails when it holds a bad node, is slow with a slow one.
+    scale: every figure of the round times this (a loaded machine slows the whole round)."""
     calls = []
 
     def run_round(groups):
@@ -70,7 +71,8 @@ def fake_round(bad, slow=(), slow_gbps=10.0):
             if any(n in bad for n in g):
                 out.append({"nodes": g, "busbw_gbps": None, "failure": "hung at init"})
             else:
-                out.append({"nodes": g, "busbw_gbps": slow_gbps if any(n in slow for n in g) else 40.0, "failure": None})
+                bw = slow_gbps if any(n in slow for n in g) else healthy_gbps
+                out.append({"nodes": g, "busbw_gbps": bw * scale, "failure": None})
         return out
 
     return run_round, calls

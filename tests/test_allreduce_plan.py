@@ -5,7 +5,7 @@ from __future__ import annotations
 from preflight.allreduce import localize, plan
 from preflight.model import NodeInfo
 
-from tests.allreduce_docs import GiB, KiB, MiB
+from tests.allreduce_docs import GiB, KiB, MiB, doc
 
 
 def test_make_configs_and_cluster_meta():
@@ -40,3 +40,12 @@ def test_pair_rotations_give_every_node_distinct_cross_half_partners():
     assert plan.pair_rotations(["a", "b", "c"]) == [[["a", "b"]], [["a", "c"]], [["b", "c"]]]
     assert plan.pair_spec({"a": {"rank_offset": 0, "local_world_size": 2}, "b": {"rank_offset": 2,
                                 "local_world_size": 2}}, [[["a", "b"]]], 20) == {"rotations": [[[0, 1, 2, 3]]], "iters": 20}
+
+
+def test_round_iterations_fit_half_the_op_deadline_at_the_pace_the_sweep_measured():
+    docs = {"n001": doc(0, [0], [KiB, MiB], time_s=0.5, backend="gloo", world=2),
+            "n002": doc(1, [1], [KiB, MiB], time_s=0.5, backend="gloo", world=2)}
+    # 1 MiB at 0.5 s an iteration: 2 warm-up + check + k iterations within 5 s -> 7
+    assert plan.round_iters(docs, [MiB], 2, 20, 5, 10.0) == 7
+    assert plan.round_iters(docs, [KiB], 2, 20, 5, 10.0) == 20  # fast size: as many as asked
+    assert plan.round_iters(docs, [MiB], 2, 20, 5, 2.0) == 5  # never below the configured iterations

@@ -25,23 +25,30 @@ def test_one_size_is_latency_plus_bytes_over_busbw():
 
 def test_the_plan_follows_the_phases_run_py_runs_with_their_deadlines():
     tp = timeplan.time_plan([8] * 4, {"sizes": [GiB], "warmup": 1, "iters": 3}, {"busbw_gbps": 100})
-    assert [p["phase"] for p in tp["phases"]] == ["sweep", "node round: nvlink", "node round: nic", "pair rounds"]
+    assert [p["phase"] for p in tp["phases"]] == ["sweep", "node tests", "node round: nic", "pair rounds"]
+    assert tp["phases"][1]["runs"] == 0 and tp["phases"][2]["worst_runs"] == 2  # NVLink in the sweep's processes
     sweep = tp["phases"][0]
     assert sweep["expected_s"] == round(timeplan.launch_s(32) + 4 * timeplan.op_s(GiB, 32, 100.0), 1)
     assert sweep["budget_s"] == plan.outer_deadline({"deadlines": plan.default_deadlines("nccl")})
     pairs = tp["phases"][-1]
-    assert pairs["worst_runs"] == localize.MAX_ROUNDS and pairs["ranks"] == 16
+    # nccl: the screening pairs are a launch, then at most ceil(log2 4) + 2 = 4 rounds
+    assert pairs["worst_runs"] == 1 + localize.max_rounds(4) == 5 and pairs["ranks"] == 16
     assert tp["rates"]["net_gbps"] == 100.0 and tp["rates"]["net_from"] == "expect.busbw_gbps"
     assert tp["expected_s"] == pytest.approx(sum(p["expected_s"] for p in tp["phases"]), abs=0.05)
-    assert tp["rounds"] == {"planned_max": localize.MAX_ROUNDS, "log2_bound": 2}
+    assert tp["rounds"] == {"planned_max": 4, "log2_bound": 2}
+    assert "at most 4 rounds (ceil(log2 4) + 2" in pairs["what"]
 
 
 def test_cpu_fleets_plan_no_node_round_and_two_nodes_no_pair_round():
     tp = timeplan.time_plan([0, 0], {}, {})
-    assert tp["backend"] == "gloo" and [p["phase"] for p in tp["phases"]] == ["sweep"]
+    assert tp["backend"] == "gloo" and [p["phase"] for p in tp["phases"]] == ["sweep", "node tests"]
     tp = timeplan.time_plan([0] * 5, {}, {})
-    assert [p["phase"] for p in tp["phases"]] == ["sweep", "pair rounds"]
-    assert tp["phases"][1]["runs"] == 0  # gloo pairs ride on the sweep's processes: no launch
+    assert [p["phase"] for p in tp["phases"]] == ["sweep", "node tests", "pair rounds"]
+    # the gloo loopback and pairs ride on the sweep's processes: no launch
+    assert tp["phases"][1]["runs"] == 0 and tp["phases"][2]["runs"] == 0
+    assert tp["phases"][2]["worst_runs"] == localize.max_rounds(5) == 5
+    assert [p["phase"] for p in timeplan.time_plan([0] * 5, {"node_round": False}, {})["phases"]] == [
+        "sweep", "pair rounds"]
     assert tp["rounds"]["log2_bound"] == math.ceil(math.log2(5))
 
 

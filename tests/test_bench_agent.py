@@ -283,23 +283,58 @@ def test_nccl_debug_lines_are_kept_apart_from_the_error_tail():
 
 
 def test_pair_rotations_run_in_the_same_processes_after_the_sweep():
-    # four "nodes" as four local ranks: the sweep, then two rotations of disjoint pairs as sub-groups
+    # four "nodes" as four local ranks: the sweep, then every node alone (the gloo loopback: two gloo ranks
+    # in each rank's process), then two rotations of disjoint pairs as sub-groups
     port = free_port()
     names = ["n001", "n002", "n003", "n004"]
     rotations = plan.pair_rotations(names)
-    configs = {n: {"rank_offset": i, "local_world_size": 1} for i, n in enumerate(names)}
-    cfg = dict(config(port, 4, local=4), pairs=plan.pair_spec(configs, rotations, 4))
+    configs = {n: {"node_rank": i, "rank_offset": i, "local_world_size": 1, "backend": "gloo"}
+               for i, n in enumerate(names)}
+    node = plan.node_spec(configs, 4, 0.2)
+    assert node == {"kind": "loopback", "nodes": [[0], [1], [2], [3]], "warn": 0.1, "iters": 4}
+    cfg = dict(config(port, 4, local=4), pairs=plan.pair_spec(configs, rotations, 4), node=node)
     (doc,) = run_all((cfg,))
     assert doc["deadline"] is None and doc.get("pairs_deadline") is None, doc
     for r in doc["ranks"]:
-        assert r["status"] == "ok" and r["pairs_error"] is None, r
+        assert r["status"] == "ok" and r["pairs_error"] is None and r["node_error"] is None, r
         assert [s["bytes"] for s in r["sizes"]] == SMALL
         assert [(p["rotation"], p["bytes"], p["ok"]) for p in r["pairs"]] == [(0, SMALL[-1], True), (1, SMALL[-1], True)]
+        first = [m for m in r["nodes"] if m["pass"] == 0]
+        assert [(m["node"], m["bytes"], m["ranks"], m["ok"], m["iface"]) for m in first] == [
+            (r["rank"], SMALL[-1], 2, True, "lo")], r["nodes"]
     assert_no_leftovers(doc)
     per_node = {n: dict(doc, ranks=[doc["ranks"][i]]) for i, n in enumerate(names)}
     groups = localize.pair_results(per_node, configs, rotations)
     assert [g["nodes"] for g in groups] == [["n001", "n003"], ["n002", "n004"], ["n001", "n004"], ["n002", "n003"]]
     assert all(g["failure"] is None and g["busbw_gbps"] > 0 and g["best_gbps"] >= g["busbw_gbps"] for g in groups), groups
+    alone = localize.node_results(per_node, configs)
+    assert [g["nodes"] for g in alone if g["pass"] == 0] == [[n] for n in names]
+    assert all(g["failure"] is None and g["best_gbps"] >= g["busbw_gbps"] > 0 for g in alone), alone
+    # a second pass, where there is one, is each suspect beside a known-good node timed at the same moment
+    for g in alone:
+        if g["pass"] == 1:
+            assert ("beside" in g) != ("control_for" in g), g
+
+
+def test_the_node_test_of_gpu_nodes_is_each_nodes_own_ranks_as_a_sub_group():
+    """The NVLink test's code path ("local": a node's ranks as a sub-group of the sweep's world), run here
+    with gloo: two "nodes" of two ranks each. On GPUs the same sub-group is NCCL over NVLink (unproven
+    here: no GPU)."""
+    port = free_port()
+    configs = {n: {"node_rank": i, "rank_offset": 2 * i, "local_world_size": 2, "backend": "nccl"}
+               for i, n in enumerate(["n001", "n002"])}
+    node = plan.node_spec(configs, 3, 0.2)
+    assert node == {"kind": "local", "nodes": [[0, 1], [2, 3]], "warn": 0.1, "iters": 3}
+    assert plan.node_spec(dict(configs, n002=dict(configs["n002"], local_world_size=1)), 3, 0.2) is None
+    (doc,) = run_all((dict(config(port, 4, local=4, sizes=SMALL[:1]), node=node),))
+    for r in doc["ranks"]:
+        assert r["status"] == "ok" and r["node_error"] is None, r
+        assert [(m["pass"], m["node"], m["ranks"], m["ok"]) for m in r["nodes"]][:1] == [(0, r["rank"] // 2, 2, True)]
+    assert_no_leftovers(doc)
+    per_node = {"n001": dict(doc, ranks=doc["ranks"][:2]), "n002": dict(doc, ranks=doc["ranks"][2:])}
+    alone = [g for g in localize.node_results(per_node, configs) if g["pass"] == 0]
+    assert [g["nodes"] for g in alone] == [["n001"], ["n002"]], alone
+    assert all(g["failure"] is None and g["bytes"] == SMALL[0] and g["best_gbps"] is not None for g in alone), alone
 
 
 def test_a_failing_pair_phase_leaves_the_sweep_standing_and_says_why():

@@ -1,48 +1,42 @@
 """Which node to exclude when the whole-cluster all-reduce failed or was slow: pair rounds and their verdict.
 
-Pure planning and judging; the controller (preflight.allreduce.run) runs the rounds. localization_plan()
-says whether rounds can add anything after the whole-cluster run and which single size they run;
-plan_pairs() puts every node in one disjoint pair for round 1; plan_suspects() pairs each node of a
-failing group with a node that passed; verdict_localization() names the nodes to exclude; localize()
-drives it, at most MAX_ROUNDS rounds, starting from the in-process pair rotations when the
-whole-cluster run timed them (pair_results(): gloo). judge_nodes() judges the partner-free node rounds.
+Pure planning; the controller (preflight.allreduce.run) runs the rounds and preflight.allreduce.judge
+grades each group. localization_plan() says whether rounds can add anything after the whole-cluster run
+and which single size they run; plan_pairs() the screening pairs when the run did not time its own
+(pair_results(): the gloo in-process rotations); plan_round() the next round; verdict_localization() names
+the nodes; localize() drives it in at most max_rounds(n) = ceil(log2 n) + 2 rounds after the screening.
 """
 
 from __future__ import annotations
 
-import statistics
+import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from preflight.allreduce.busbw import best_busbw, busbw_factor, curve, gbps, rank_table, verdict_point, wrong_values
+from preflight.allreduce.judge import (
+    FAIL, OK, SLOW_FRACTION, control_reference, grade, judged_gbps, reference, severity,
+)
 from preflight.allreduce.plan import pair_spec
 from preflight.allreduce.wording import contention, doc_problem, peer_error, position, stage_name
 from preflight.common import fold, human_bytes
 
-
-#: Localization: at most this many rounds of concurrent pair tests.
-MAX_ROUNDS = 3
-
-#: The gloo loopback round (two local ranks) is CPU-bound: its figure moves with whatever else the node's
-#: CPUs do. On the simulated cluster, where every "node" shares two cores, identical nodes spread 2-3x
-#: even on their best of 20 iterations, so this round names a node only when it cannot complete (its
-#: figures are reported); the NCCL node rounds, and every pair round, are judged by bandwidth.
-#: A group (node, pair) whose busbw is more than this share below the fleet median is slow, whatever the
-#: absolute figure (cluster.allreduce.slow_fraction). SuperBench's and NCCL's own diagnostics judge a node
-#: against its peers the same way; 20% is well outside the run-to-run spread of a healthy fabric.
-SLOW_FRACTION = 0.2
-
 #
-# When the whole-cluster run hangs or is slow and no node stands out, the controller localizes:
-#   round 1: every node in one disjoint pair, all pairs at once (plan_pairs; an odd node makes a triple);
-#   round 2: each node of a failing group with a node that passed (plan_suspects), one pair per good node;
-#   round 3: the suspects round 2 had no partner for (more suspects than good nodes).
-# A node that fails beside a known-good partner is bad; a node that passes anywhere is good; the rest
-# are undecided. If no group passes, the fault is shared (a switch, the fabric, the configuration) and
-# no node is named. Pairs cross the inventory's halves (i with i + n/2) so that, with rack-ordered
-# inventories, each pair goes through the spine as the real job does.
+# When the whole-cluster run hangs or is slow, or to judge every node against the fleet, the controller
+# localizes:
+#   screening (round 0): every node beside up to plan.PAIR_ROTATIONS partners, timed in the sweep's own
+#     processes (gloo), or one round of disjoint pairs (plan_pairs);
+#   rounds 1..max_rounds(n) (plan_round): every node still to decide beside a distinct known-good node,
+#     k to a group when there are more of them than known-good nodes, k halving every round; bandwidth
+#     rounds add a control pair of known-good nodes measured at the same moment (the round's reference).
+# A node that passes anywhere is good. A node that fails (hangs, errors) beside known-good partners is
+# bad; a node slow beside known-good partners is named only once confirmed (two partners, and
+# CONFIRM_ROUNDS later rounds each against its own control). If no group passes, the fault is shared (a switch, the fabric, the configuration)
+# and no node is named; what is left is "could not localize", never a guess. Pairs cross the
+# inventory's halves (i with i + n/2) so that, with rack-ordered inventories, each pair goes through
+# the spine as the real job does.
 #
-# A group result is {"nodes": [...], "busbw_gbps": float | None, "failure": str | None};
-# group_result() builds one from the group's agent documents.
+# A group result is {"nodes": [...], "busbw_gbps": float | None, "best_gbps": float | None,
+# "failure": str | None, "round": int, "control": bool}; group_result() builds one from agent documents.
 
 GroupResult = Dict[str, Any]
 
@@ -92,6 +86,46 @@ def pair_results(docs: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any
     return out
 
 
+def node_results(docs: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]]) -> Optional[List[GroupResult]]:
+    """The partner-free tests the whole-cluster run's ranks timed in-process (bench_worker._node_phase) as
+    node-round results (judge.judge_nodes): one per node and pass, a node's figure its slowest rank's;
+    pass 1 with "beside" (the suspect) or "control_for" (the known-good node timed with it). None when no
+    rank ran them (the sweep did not complete, or an agent without the phase answered)."""
+    table = rank_table({n: d for n, d in docs.items() if isinstance(d, dict) and not doc_problem(d)})
+    if not any(e.get("nodes") is not None for _n, e in table.values()):
+        return None
+    names = [name for name, _c in sorted(configs.items(), key=lambda kv: kv[1]["node_rank"])]
+    found: Dict[Tuple[int, int, Any, Any], List[Dict[str, Any]]] = {}
+    errors: Dict[str, str] = {}
+    for node, e in table.values():
+        if e.get("node_error"):
+            errors.setdefault(node, e["node_error"])
+        for m in e.get("nodes") or []:
+            key = (int(m.get("pass", 0)), int(m["node"]), m.get("beside"), m.get("control_for"))
+            found.setdefault(key, []).append(m)
+    out: List[GroupResult] = []
+    keys = set(found) | {(0, i, None, None) for i in range(len(names))}
+    for key in sorted(keys, key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2], -1 if k[3] is None else k[3])):
+        pas, i = key[0], key[1]
+        name = names[i]
+        entries = found.get(key) or []
+        result: GroupResult = {"nodes": [name], "busbw_gbps": None, "failure": None, "pass": pas}
+        if not entries:
+            result["failure"] = "the test alone did not complete (%s)" % errors.get(name, "no result")
+        elif not all(m.get("ok", False) for m in entries):
+            result["failure"] = "wrong sums at %s" % human_bytes(int(entries[0]["bytes"]))
+        else:
+            nbytes, factor = int(entries[0]["bytes"]), busbw_factor(int(entries[0].get("ranks") or 2))
+            result["bytes"] = nbytes
+            result["busbw_gbps"] = round(nbytes / max(max(float(m["time_s"]) for m in entries), 1e-12) / 1e9 * factor, 4)
+            result["best_gbps"] = round(nbytes / max(max(float(m["min_s"]) for m in entries), 1e-12) / 1e9 * factor, 4)
+        for key in ("beside", "control_for"):
+            if entries and entries[0].get(key) is not None:
+                result[key] = names[int(entries[0][key])]
+        out.append(result)
+    return out
+
+
 def group_result(nodes: Sequence[str], docs: Mapping[str, Any], backend: str = "nccl") -> GroupResult:
     """One group's outcome from its agent documents: busbw at the verdict size, or why it failed."""
     failure = None
@@ -126,198 +160,247 @@ def group_result(nodes: Sequence[str], docs: Mapping[str, Any], backend: str = "
     return out
 
 
-def judged_gbps(g: Mapping[str, Any]) -> Optional[float]:
-    """The figure a group is compared on: its best iteration's busbw, else its median busbw."""
-    return g.get("best_gbps") if g.get("best_gbps") is not None else g.get("busbw_gbps")
+#: Later measurements (each in its own round, against that round's control) a bandwidth verdict needs
+#: beyond the screening: on a machine shared by hundreds of threads one round can spoil a healthy pair
+#: against its control (seen once: 8 nodes, load 374); two rounds apart cannot both by chance.
+CONFIRM_ROUNDS = 2
 
 
-def judge(
-    results: Sequence[GroupResult], threshold: Optional[float] = None, by_bandwidth: bool = True,
-    slow_fraction: float = SLOW_FRACTION,
-) -> List[Tuple[GroupResult, bool, str]]:
-    """(group, passed, reason): failed outright, below the threshold, or more than slow_fraction below the
-    fleet median (fleet_median(): groups of the same kind, pairs with pairs, nodes with nodes).
+def max_rounds(n: int) -> int:
+    """The most rounds the localization runs after its screening for n nodes: ceil(log2 n) group halvings
+    and CONFIRM_ROUNDS confirmations (at least 3). See plan_round()."""
+    return max(3, math.ceil(math.log2(max(2, n))) + CONFIRM_ROUNDS)
 
-    by_bandwidth=False (localizing a hang or an error): a group passes when it completed; its busbw,
-    measured at one small size, says nothing and is not compared.
-    """
-    median = fleet_median(results) if by_bandwidth else None
-    if not by_bandwidth:
-        threshold = None
-    out = []
+
+def _judged(results, threshold, by_bandwidth, slow_fraction):
+    """[(group, level, why)]: round 0 (the screening) against its own fleet median; a later round against
+    its control groups measured at the same moment when it has one, else the screening's median."""
+    by_round: Dict[int, List[GroupResult]] = {}
     for g in results:
-        bw = judged_gbps(g)
-        if g.get("failure"):
-            out.append((g, False, str(g["failure"])))
-        elif threshold is not None and bw is not None and bw < threshold:
-            out.append((g, False, "busbw %s below %g GB/s" % (gbps(bw), threshold)))
-        elif median and bw is not None and bw < (1.0 - slow_fraction) * median:
-            out.append((g, False, "slow: busbw %s, %d%% below the fleet median %s (limit %d%%)" % (
-                gbps(bw), round(100 * (1 - bw / median)), gbps(median), round(100 * slow_fraction))))
-        else:
-            out.append((g, True, "busbw %s" % gbps(bw) if bw is not None else "ok"))
+        by_round.setdefault(int(g.get("round", 0)), []).append(g)
+    screen = reference(by_round.get(0, []))
+    out = []
+    for r in sorted(by_round):
+        groups = by_round[r]
+        controls = [g for g in groups if g.get("control")]
+        ref, name = screen, "the fleet median"
+        if r > 0 and control_reference(controls):
+            ref = control_reference(controls)
+            name = "the control %s measured beside it" % " & ".join("+".join(c["nodes"]) for c in controls)
+        for g in groups:
+            level, why = grade(g, ref, threshold, slow_fraction, by_bandwidth, ref_name=name)
+            out.append((g, level, why))
     return out
 
 
-def fleet_median(results: Sequence[GroupResult]) -> Optional[float]:
-    """The fleet's figure groups are judged against: the median over nodes of each node's median group
-    figure (None with fewer than two groups measured). A node round (one node a group) gives the median
-    of the groups; with pairs a slow node cannot drag it down however many of the pairs it sits in (three
-    nodes: two of the three pairs hold it, and the median of the pairs would be its slow figure)."""
-    by_node: Dict[str, List[float]] = {}
-    measured = 0
-    for g in results:
-        bw = judged_gbps(g)
-        if g.get("failure") is None and bw is not None:
-            measured += 1
-            for n in g["nodes"]:
-                by_node.setdefault(n, []).append(bw)
-    if measured < 2:
-        return None
-    return statistics.median(statistics.median(v) for v in by_node.values())
-
-
-def _good_and_suspects(results, threshold, by_bandwidth=True, slow_fraction=SLOW_FRACTION):
-    judged = judge(results, threshold, by_bandwidth, slow_fraction)
-    good = []
-    for g, ok, _why in judged:
-        if ok:
+def _assess(results, threshold, by_bandwidth=True, slow_fraction=SLOW_FRACTION):
+    """(judged, good nodes, {node: [(group, level, why, partners)]} evidence beside known-good partners)."""
+    judged = _judged(results, threshold, by_bandwidth, slow_fraction)
+    good: List[str] = []
+    for g, level, _why in judged:
+        if level == OK:
             good.extend(n for n in g["nodes"] if n not in good)
-    suspects = []
-    for g, ok, _why in judged:
-        if not ok:
-            suspects.extend(n for n in g["nodes"] if n not in good and n not in suspects)
-    return judged, good, suspects
-
-
-def plan_suspects(
-    results: Sequence[GroupResult],
-    suspects: Optional[Sequence[str]] = None,
-    good: Optional[Sequence[str]] = None,
-    threshold: Optional[float] = None,
-    by_bandwidth: bool = True,
-    nodes: Optional[Sequence[str]] = None,
-    slow_fraction: float = SLOW_FRACTION,
-) -> List[List[str]]:
-    """The next round: each undecided suspect, and each node not yet tested (the odd one out), paired with
-    a distinct known-good node ([] when done).
-
-    suspects and good default to what results say. A suspect already tested beside a known-good node is
-    decided and not tested again. With more suspects than good nodes, the rest wait for the next round.
-    With no known-good node at all, an untested node is paired with a suspect, and in a cluster of three
-    the suspects are paired in a way not tried yet: whichever pair passes clears both its nodes.
-    """
-    judged, found_good, found_suspects = _good_and_suspects(results, threshold, by_bandwidth, slow_fraction)
-    good = list(good if good is not None else found_good)
-    suspects = [s for s in (suspects if suspects is not None else found_suspects) if s not in good]
-    tested = {n for g in results for n in g["nodes"]}
-    untested = [n for n in nodes or [] if n not in tested]
-    decided = set(_verdicts(judged, set(good))[0])
-    waiting = [s for s in suspects if s not in decided] + untested
-    pairs = []
-    if good:
-        partners = iter(good)
-        for s in waiting:
-            partner = next(partners, None)
-            if partner is None:
-                break
-            pairs.append([s, partner])
-        return pairs
-    tried = {frozenset(g["nodes"]) for g in results}
-    free = list(suspects)
-    for n in untested:
-        partner = next((s for s in free if frozenset((n, s)) not in tried), None)
-        if partner is not None:
-            free.remove(partner)
-            pairs.append([n, partner])
-    if not untested and len(set(nodes or tested)) <= 3:
-        for i, a in enumerate(free):
-            b = next((x for x in free[i + 1:] if frozenset((a, x)) not in tried), None)
-            if b is not None:
-                pairs.append([a, b])
-                break
-    return pairs
-
-
-def _verdicts(judged, good) -> Tuple[Dict[str, str], Dict[str, str]]:
-    """({bad node: why}, {undecided node: why}) from judged groups and the known-good set."""
-    bad: Dict[str, str] = {}
-    undecided: Dict[str, str] = {}
-    for g, ok, why in judged:
-        if ok:
+    evidence: Dict[str, List[Tuple[GroupResult, str, str, List[str]]]] = {}
+    for g, level, why in judged:
+        if level == OK:
             continue
-        others_good = [n for n in g["nodes"] if n in good]
         for n in g["nodes"]:
-            if n in good:
-                continue
             partners = [m for m in g["nodes"] if m != n]
-            if partners and all(m in good for m in partners):
-                bad.setdefault(n, "failed beside known-good %s: %s" % (fold(others_good), why))
-            else:
-                undecided.setdefault(n, "failed with %s: %s" % (fold(partners), why))
-    for n in bad:
-        undecided.pop(n, None)
-    return bad, undecided
+            if n not in good and partners and all(m in good for m in partners):
+                evidence.setdefault(n, []).append((g, level, why, partners))
+    return judged, good, evidence
+
+
+def _decide(evidence, by_bandwidth) -> Tuple[Dict[str, str], Dict[str, str], Dict[str, str]]:
+    """({FAIL node: why}, {WARN node: why}, {unconfirmed node: why}) from the evidence beside known-good
+    partners. A failure (hang, error, wrong sums) beside a known-good partner decides at once. A bandwidth
+    verdict needs measurements beside two different known-good partners and CONFIRM_ROUNDS of them from
+    confirmation rounds (measured later than the screening, each against its own control): one disturbed
+    moment on a shared machine can spoil every group measured together, not several moments apart."""
+    bad: Dict[str, str] = {}
+    warn: Dict[str, str] = {}
+    waiting: Dict[str, str] = {}
+    for n, ev in evidence.items():
+        first = "failed beside known-good %s: %s" % (fold(ev[0][3]), ev[0][2])
+        hard = [e for e in ev if e[0].get("failure") or not by_bandwidth]
+        if hard:
+            bad[n] = "failed beside known-good %s: %s" % (fold(hard[0][3]), hard[0][2])
+            continue
+        partners = {frozenset(e[3]) for e in ev}
+        later = [e for e in ev if int(e[0].get("round", 0)) > 0]
+        if len(partners) >= 2 and len({int(e[0]["round"]) for e in later}) >= CONFIRM_ROUNDS:
+            why = first + "; confirmed beside %s: %s" % (fold(later[-1][3]), later[-1][2])
+            (bad if severity([e[1] for e in ev]) == FAIL else warn)[n] = why
+        else:
+            waiting[n] = first + "; not yet confirmed beside another known-good partner"
+    return bad, warn, waiting
+
+
+def plan_round(
+    results: Sequence[GroupResult], nodes: Optional[Sequence[str]] = None, threshold: Optional[float] = None,
+    by_bandwidth: bool = True, slow_fraction: float = SLOW_FRACTION, last_chunk: int = 0,
+) -> Dict[str, Any]:
+    """The next round: {"groups": [[node, ...], ...], "controls": [[good, good]], "chunk": k}.
+
+    Every node still to decide (a suspect not confirmed, a node not yet tested, a node whose partners were
+    suspects too) goes beside a distinct known-good node, a partner it has not had when one is free.
+    With more of them than known-good nodes they share partners, k to a group (group halving): a group
+    that passes clears all its k nodes, one that fails is split in halves next round (k halves every
+    round), so n nodes are decided in at most ceil(log2 n) rounds plus the confirmations (max_rounds()).
+    Bandwidth rounds add a control pair of two spare known-good nodes, measured at the same moment: the
+    round's own expected rate. With no known-good node at all, an untested node goes beside a suspect, and
+    in a cluster of three the suspects are paired in a way not tried yet.
+    """
+    judged, good, evidence = _assess(results, threshold, by_bandwidth, slow_fraction)
+    bad, warn, _waiting = _decide(evidence, by_bandwidth)
+    tested = {n for g in results for n in g["nodes"]}
+    everyone = list(nodes) if nodes else sorted(tested)
+    todo = [n for n in everyone if n in tested and n not in good and n not in bad and n not in warn]
+    todo += [n for n in everyone if n not in tested]
+    out: Dict[str, Any] = {"groups": [], "controls": [], "chunk": 0}
+    if not todo:
+        return out
+    if good:
+        had: Dict[str, Dict[str, int]] = {n: {} for n in todo}  # how often each node sat beside each other
+        for g in results:
+            for n in g["nodes"]:
+                if n in had:
+                    for m in g["nodes"]:
+                        had[n][m] = had[n].get(m, 0) + 1
+        k = -(-len(todo) // len(good))
+        if last_chunk:
+            k = min(k, max(1, last_chunk // 2))
+        free = list(good)
+        for start in range(0, min(len(todo), k * len(good)), k):
+            chunk = todo[start:start + k]
+            partner = min(free, key=lambda p: sum(had[c].get(p, 0) for c in chunk))  # the least met
+            free.remove(partner)
+            out["groups"].append(chunk + [partner])
+        out["chunk"] = k
+        if by_bandwidth and len(free) >= 2:
+            out["controls"].append(free[:2])
+        return out
+    tried = {frozenset(g["nodes"]) for g in results}
+    suspects = [n for n in todo if n in tested]
+    for n in [n for n in todo if n not in tested]:
+        partner = next((s for s in suspects if frozenset((n, s)) not in tried), None)
+        if partner is not None:
+            suspects.remove(partner)
+            out["groups"].append([n, partner])
+    if len(out["groups"]) == 0 and len(set(everyone)) <= 3:
+        for i, a in enumerate(suspects):
+            b = next((x for x in suspects[i + 1:] if frozenset((a, x)) not in tried), None)
+            if b is not None:
+                out["groups"].append([a, b])
+                break
+    return out
+
+
+def plan_suspects(results: Sequence[GroupResult], nodes: Optional[Sequence[str]] = None,
+                  threshold: Optional[float] = None, by_bandwidth: bool = True,
+                  slow_fraction: float = SLOW_FRACTION) -> List[List[str]]:
+    """The next round's groups to decide (plan_round() without its control pair)."""
+    return plan_round(results, nodes, threshold, by_bandwidth, slow_fraction)["groups"]
 
 
 def verdict_localization(
     results: Sequence[GroupResult], threshold: Optional[float] = None, by_bandwidth: bool = True,
     nodes: Optional[Sequence[str]] = None, slow_fraction: float = SLOW_FRACTION,
 ) -> Dict[str, Any]:
-    """{"bad": {node: why}, "good": [...], "undecided": {node: why}, "shared_fault": bool, "message": str}.
+    """{"bad": {node: why} (FAIL), "warn": {node: why} (WARN), "good": [...], "undecided": {node: why},
+    "not_confirmed": {node: why}, "shared_fault": bool, "message": str}.
 
-    nodes: every node the rounds were for; one that no group held is undecided (no partner)."""
-    judged, good, _suspects = _good_and_suspects(results, threshold, by_bandwidth, slow_fraction)
-    bad, undecided = _verdicts(judged, set(good))
+    nodes: every node the rounds were for; one that no group held is undecided (no partner).
+    not_confirmed: nodes measured low beside a known-good partner once that measured fine elsewhere:
+    not named (their evidence says so)."""
+    judged, good, evidence = _assess(results, threshold, by_bandwidth, slow_fraction)
+    bad, warn, undecided = _decide(evidence, by_bandwidth)
+    for g, level, why in judged:
+        if level == OK:
+            continue
+        for n in g["nodes"]:
+            if n not in good and n not in bad and n not in warn:
+                undecided.setdefault(n, "failed with %s: %s" % (fold([m for m in g["nodes"] if m != n]), why))
     tested = {n for g in results for n in g["nodes"]}
     for n in nodes or []:
         if n not in tested:
             undecided.setdefault(n, "not tested: no partner was free")
+    # suspects after the screening that a later round cleared: not named, and the evidence says so
+    not_confirmed: Dict[str, str] = {}
+    screened = [g for g in results if int(g.get("round", 0)) == 0]
+    _j, screen_good, _e = _assess(screened, threshold, by_bandwidth, slow_fraction)
+    for n in [n for n in good if n not in screen_good] if by_bandwidth else []:
+        low = next(((g, why) for g, level, why in judged if level != OK and n in g["nodes"]), None)
+        fine = next((g for g, level, _w in judged if level == OK and n in g["nodes"]), None)
+        if low and fine:
+            not_confirmed[n] = "not confirmed: %s beside %s, then busbw %s beside %s" % (
+                low[1], fold([m for m in low[0]["nodes"] if m != n]), gbps(judged_gbps(fine)),
+                fold([m for m in fine["nodes"] if m != n]))
     all_nodes = [n for g in results for n in g["nodes"]]
     shared = bool(results) and not good
+    parts = []
     if shared:
-        message = "every group failed (%s): the fault is shared (switch, fabric or configuration), not one node" % (
-            fold(all_nodes))
-    elif bad:
-        message = "exclude %s: %s" % (fold(list(bad)), "; ".join("%s %s" % (n, w) for n, w in bad.items()))
-    elif undecided:
-        message = "could not localize %s: undecided after %d groups (not enough known-good partners)" % (
-            fold(list(undecided)), len(results))
-    else:
-        message = "every group passed: no node stands out"
-    return {"bad": bad, "good": sorted(good), "undecided": undecided, "shared_fault": shared, "message": message}
+        parts.append("every group failed (%s): the fault is shared (switch, fabric or configuration), not one node"
+                     % fold(all_nodes))
+    if bad:
+        parts.append("exclude %s: %s" % (fold(list(bad)), "; ".join("%s %s" % (n, w) for n, w in bad.items())))
+    if warn:
+        parts.append("%s below the fleet: %s" % (fold(list(warn)), "; ".join("%s %s" % (n, w) for n, w in warn.items())))
+    if undecided and not shared:
+        parts.append("could not localize %s: undecided after %d groups (%s)" % (
+            fold(list(undecided)), len(results), "; ".join("%s %s" % (n, w) for n, w in undecided.items())))
+    if not parts:
+        parts.append("every group passed: no node stands out" if not not_confirmed else "no node stands out")
+    if not_confirmed and not shared:
+        parts.append("; ".join("%s %s" % (n, w) for n, w in not_confirmed.items()))
+    return {"bad": bad, "warn": warn, "good": sorted(good), "undecided": undecided, "not_confirmed": not_confirmed,
+            "shared_fault": shared, "message": "; ".join(parts)}
 
 
 def localize(
     nodes: Sequence[str],
     run_round: Callable[[List[List[str]]], List[GroupResult]],
     threshold: Optional[float] = None,
-    max_rounds: int = MAX_ROUNDS,
+    max_rounds_: Optional[int] = None,
     by_bandwidth: bool = True,
     slow_fraction: float = SLOW_FRACTION,
     results: Optional[Sequence[GroupResult]] = None,
+    may_start: Optional[Callable[[], bool]] = None,
 ) -> Dict[str, Any]:
     """Drive the rounds: run_round(groups) runs those groups concurrently and returns their results.
 
-    results: groups already measured (the in-process pair rotations): the rounds start from them, with
-    suspects beside known-good nodes, and run only when something is left to decide.
-    Returns verdict_localization() plus "results" (every group result) and "rounds" (how many ran).
+    may_start(): asked before each round after the screening; False (the localization's time budget
+    would be overrun) stops there, and what is left undecided is said so.
+
+    results: groups already measured (the in-process pair rotations): they are the screening (round 0);
+    otherwise the screening is one round of disjoint pairs (plan_pairs). Then at most max_rounds(n)
+    rounds of plan_round(), each only while something is left to decide.
+    Returns verdict_localization() plus "results" (every group result, each with its "round", control
+    groups with "control": true) and "rounds" (how many rounds were launched).
     """
+    limit = max_rounds(len(nodes)) if max_rounds_ is None else max_rounds_
     rounds = 0
     if results is not None:
-        results = list(results)
-        groups = plan_suspects(results, threshold=threshold, by_bandwidth=by_bandwidth, nodes=nodes,
-                               slow_fraction=slow_fraction)
+        results = [dict(g, round=int(g.get("round", 0))) for g in results]
     else:
-        results = []
-        groups = plan_pairs(nodes)
-    while groups and rounds < max_rounds:
-        results.extend(run_round(groups))
+        results = [dict(g, round=0) for g in run_round(plan_pairs(nodes))] if len(nodes) >= 2 else []
+        rounds = 1
+    chunk = 0
+    stopped = False
+    for r in range(1, limit + 1):
+        planned = plan_round(results, nodes, threshold, by_bandwidth, slow_fraction, chunk)
+        if not planned["groups"]:
+            break
+        if may_start is not None and not may_start():
+            stopped = True
+            break
+        chunk = planned["chunk"]
+        done = run_round(planned["groups"] + planned["controls"])
+        ngroups = len(planned["groups"])
+        results.extend(dict(g, round=r, **({"control": True} if i >= ngroups else {})) for i, g in enumerate(done))
         rounds += 1
-        groups = plan_suspects(results, threshold=threshold, by_bandwidth=by_bandwidth, nodes=nodes,
-                               slow_fraction=slow_fraction)
     verdict = verdict_localization(results, threshold, by_bandwidth, nodes, slow_fraction)
-    verdict.update(results=results, rounds=rounds)
+    verdict.update(results=results, rounds=rounds, out_of_time=stopped)
     return verdict
 
 
@@ -380,10 +463,3 @@ def localization_plan(
         return {"mode": "check", "sizes": [at["bytes"]], "why": "every node judged against the fleet at %s"
                 % human_bytes(at["bytes"])}
     return None
-
-
-def judge_nodes(results: Sequence[GroupResult], threshold: Optional[float] = None,
-                slow_fraction: float = SLOW_FRACTION, by_bandwidth: bool = True) -> Dict[str, str]:
-    """{node: why} for the nodes a node round names: failed, or slow against the fleet (one node a group).
-    by_bandwidth=False (the round re-ran a small size a hang stopped at): completion only."""
-    return {g["nodes"][0]: why for g, ok, why in judge(results, threshold, by_bandwidth, slow_fraction) if not ok}

@@ -7,8 +7,8 @@ judges what came back.
 make_configs() gives every node its preflight.probe.bench_agent config (backend, ranks, the size sweep,
 deadlines); cluster_meta() the skeleton of view.cluster["allreduce"] the rule reads; outer_deadline()
 how long the controller waits for one agent; pair_rotations() and pair_spec() the node pairs the
-whole-cluster run's ranks time in-process after their sweep (gloo); node_rounds() the partner-free
-rounds; round_deadlines() keeps the rounds' deadlines to what the whole-cluster run measured.
+whole-cluster run's ranks time in-process after their sweep (gloo); node_spec() the partner-free tests
+in the same processes, node_rounds() those that need a launch of their own; round_deadlines() keeps the rounds' deadlines to what the whole-cluster run measured.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from preflight.allreduce.busbw import rank_table
+from preflight.allreduce.judge import warn_fraction
 from preflight.common import KiB, MiB
 from preflight.model import NodeInfo
 
@@ -49,6 +50,11 @@ LOCALIZE_OP_FACTOR = 10.0
 #: saw, at least LOCALIZE_INIT_MIN_S, at most the init deadline. Import time varies a lot with load.
 LOCALIZE_INIT_MIN_S = 30.0
 LOCALIZE_INIT_FACTOR = 4.0
+
+#: The pair rounds start no round that could end after this many seconds from their start (each round
+#: counted at its outer deadline): a fleet with many undecided nodes ends with "could not localize" for
+#: them rather than with a run longer than the time plan says (localize.localize's may_start).
+LOCALIZE_BUDGET_S = 300.0
 
 
 # ------------------------------------------------------------------------------------------------ launch
@@ -169,22 +175,46 @@ def pair_spec(configs: Mapping[str, Mapping[str, Any]], rotations: Sequence[Sequ
     return {"rotations": [[ranks(a) + ranks(b) for a, b in rotation] for rotation in rotations], "iters": int(iters)}
 
 
-def node_rounds(nodes: Sequence[NodeInfo], backend: str) -> List[Dict[str, Any]]:
-    """The partner-free rounds: every node alone, all nodes at once, judged against each other.
+def node_spec(configs: Mapping[str, Mapping[str, Any]], iters: int, slow_fraction: float) -> Optional[Dict[str, Any]]:
+    """The whole-cluster run's "node" config (bench_worker._node_phase): the partner-free tests in the
+    sweep's own processes, or None where there are none. gloo (one rank a node): "loopback", two gloo
+    ranks in the rank's process through the node's data-NIC address; nccl with 2+ GPUs on every node:
+    "local", the node's GPUs alone (NVLink/NVSwitch or PCIe P2P). warn: the share below the median that
+    sends a node to the confirmation pass (judge.warn_fraction)."""
+    ordered = sorted(configs.items(), key=lambda kv: kv[1]["node_rank"])
+    if len(ordered) < 2:
+        return None
+    backend = ordered[0][1]["backend"]
+    local = [int(c.get("local_world_size", 1)) for _n, c in ordered]
+    if backend == "nccl" and min(local) < 2:
+        return None
+    nodes = [list(range(int(c.get("rank_offset", 0)), int(c.get("rank_offset", 0)) + n))
+             for (_n, c), n in zip(ordered, local)]
+    return {"kind": "local" if backend == "nccl" else "loopback", "nodes": nodes,
+            "warn": warn_fraction(slow_fraction), "iters": int(iters)}
 
-    nccl, nodes with 2+ GPUs: "nvlink" (the node's GPUs alone: NVLink/NVSwitch or PCIe P2P) and "nic"
-    (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1: the same traffic crosses the node's own NICs and comes back);
-    gloo: "loopback" (two local ranks: the node's CPU, memory and TCP stack; judged on completion, see
-    above). Each is {"name", "what", "env": {...}, "local_ranks": int | None[, "by_bandwidth": False]}.
+
+#: What each partner-free test measures (the report's words).
+NODE_TESTS = {
+    "loopback": "two local gloo ranks through its own data-NIC address (CPU, memory, TCP stack)",
+    "local": "its GPUs alone (NVLink/P2P)",
+    "nic": "its GPUs through its own NICs (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)",
+}
+
+
+def node_rounds(nodes: Sequence[NodeInfo], backend: str) -> List[Dict[str, Any]]:
+    """The partner-free rounds that need a launch of their own: every node alone, all nodes at once,
+    judged against each other (then suspects again beside known-good nodes: run.py).
+
+    nccl, nodes with 2+ GPUs: "nic" (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1: the node's GPUs exchange
+    through its own NICs and back; NCCL reads these variables once, at its first communicator, so this
+    cannot ride on the sweep's processes as the NVLink test does). gloo: none (the loopback rides on
+    the sweep, node_spec()). Each is {"name", "what", "env": {...}, "local_ranks": None}.
     """
-    if backend == "nccl":
-        if min((n.gpus_per_node for n in nodes), default=0) < 2:
-            return []
-        return [{"name": "nvlink", "what": "its GPUs alone (NVLink/P2P)", "env": {}, "local_ranks": None},
-                {"name": "nic", "what": "its GPUs through its own NICs (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)",
-                 "env": {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}, "local_ranks": None}]
-    return [{"name": "loopback", "what": "two local ranks (CPU, memory, TCP stack)", "env": {}, "local_ranks": 2,
-             "by_bandwidth": False}]
+    if backend == "nccl" and min((n.gpus_per_node for n in nodes), default=0) >= 2:
+        return [{"name": "nic", "what": NODE_TESTS["nic"], "env": {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"},
+                 "local_ranks": None}]
+    return []
 
 
 def round_deadlines(deadlines: Mapping[str, float], docs: Mapping[str, Any], warmup: int, iters: int,
@@ -202,6 +232,18 @@ def round_deadlines(deadlines: Mapping[str, float], docs: Mapping[str, Any], war
     steps = [float(s.get("max_s", s.get("time_s", 0.0))) * (warmup + iters + 1) for e in entries
              for s in e.get("sizes") or []]
     return round_budget(dl, slowest_init, max(steps, default=0.0), nsizes)
+
+
+def round_iters(docs: Mapping[str, Any], sizes: Sequence[int], warmup: int, wanted: int, least: int,
+                op_s: float) -> int:
+    """Timed iterations for the rounds: `wanted`, fewer when warm-up, iterations and the check at the
+    slowest per-iteration time the sweep saw at these sizes would pass half of op_s; never below `least`."""
+    per_op = [float(s.get("time_s", 0.0)) for _n, e in rank_table(docs).values() for s in e.get("sizes") or []
+              if int(s.get("bytes", -1)) in set(int(b) for b in sizes)]
+    if not per_op or max(per_op) <= 0:
+        return wanted
+    fit = int(0.5 * op_s / max(per_op)) - warmup - 1
+    return max(least, min(wanted, fit))
 
 
 def round_budget(deadlines: Mapping[str, float], slowest_init_s: Optional[float], slowest_step_s: float,

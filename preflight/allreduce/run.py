@@ -23,7 +23,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from preflight import datanet
-from preflight.allreduce import localize, plan, timeplan
+from preflight.allreduce import judge, localize, plan, timeplan
 from preflight.allreduce.busbw import threshold_for
 from preflight.transport.contract import Fleet
 from preflight.inventory import Inventory
@@ -102,10 +102,12 @@ def _run_groups(
     env: Dict[str, str],
     settings: Dict[str, Any],
     pairs: Optional[Sequence[Sequence[Sequence[str]]]] = None,
+    node_phase: bool = False,
 ) -> Dict[str, Any]:
     """Run one all-reduce per group, all groups at once. {"configs", "docs", "unanswered"}.
 
-    pairs: node-pair rotations the (single) group's ranks time after their sweep (plan.pair_rotations)."""
+    pairs: node-pair rotations the (single) group's ranks time after their sweep (plan.pair_rotations);
+    node_phase: the partner-free tests they time first (plan.node_spec)."""
     configs: Dict[str, Dict[str, Any]] = {}
     metas = []
     for group in groups:
@@ -128,6 +130,11 @@ def _run_groups(
             spec = plan.pair_spec(cfgs, pairs, settings.get("pair_iters") or settings["iters"])
             for cfg in cfgs.values():
                 cfg["pairs"] = spec
+        node = plan.node_spec(cfgs, settings.get("pair_iters") or settings["iters"],
+                              settings["slow_fraction"]) if node_phase else None
+        if node:
+            for cfg in cfgs.values():
+                cfg["node"] = node
         metas.append(plan.cluster_meta(cfgs))
         configs.update(cfgs)
     # "tasks": a transport that launches one task per rank (srun) splits the node's ranks across them
@@ -191,8 +198,12 @@ def _measure(result: BenchResult, fleet: Fleet, view: ClusterView, nodes: List[N
     # plan.PAIR_ROTATIONS. nccl keeps them as separate rounds, beside its node rounds.
     gloo = not all(n.gpus_per_node > 0 for n in nodes)
     rotations = plan.pair_rotations([n.name for n in nodes]) if gloo and len(nodes) >= 3 else None
-    first = _run_groups(fleet, [nodes], addr_of, port, env_vars, dict(settings, pair_iters=ROUND_MIN_ITERS),
-                        pairs=rotations)
+    # the partner-free tests ride on the sweep too (gloo loopback; nccl NVLink): cluster.allreduce.node_round
+    # false turns them off with the separate NIC round
+    node_phase = settings["node_round"] is not False
+    first = _run_groups(fleet, [nodes], addr_of, port, env_vars,
+                        dict(settings, pair_iters=ROUND_MIN_ITERS if gloo else settings["iters"]),
+                        pairs=rotations, node_phase=node_phase)
     timings: Dict[str, Any] = {"run_s": round(time.monotonic() - t0, 3)}
     timings.update(_slowest_start(first["docs"]))
     result.docs = first["docs"]
@@ -201,6 +212,12 @@ def _measure(result: BenchResult, fleet: Fleet, view: ClusterView, nodes: List[N
     meta["env"] = env_vars
     meta["timings_s"] = timings
     meta.update(_hardware(view, [n.name for n in nodes], choice))
+    alone = localize.node_results(first["docs"], first["configs"]) if node_phase else None
+    if alone:
+        kind = next(iter(first["configs"].values())).get("node", {}).get("kind", "loopback")
+        meta["node_rounds"] = [{"name": "loopback" if kind == "loopback" else "nvlink", "what": plan.NODE_TESTS[kind],
+                                "results": alone, "by_bandwidth": True, "in_process": True,
+                                "sizes": [alone[0]["bytes"]] if alone[0].get("bytes") else []}]
 
     threshold = threshold_for(view, meta, [n.name for n in nodes], meta["backend"])
     limit = threshold[0] if threshold else None
@@ -216,6 +233,10 @@ def _measure(result: BenchResult, fleet: Fleet, view: ClusterView, nodes: List[N
         short = dict(settings, sizes=wanted["sizes"], iters=iters, deadlines=plan.round_deadlines(
             meta["deadlines"], first["docs"], settings["warmup"], iters, len(wanted["sizes"]),
             at_init=bool(wanted.get("at_init"))))
+        # no more iterations than fit half the rounds' op deadline at the pace the sweep measured there
+        # (a slow link's pair must end as a slow measurement, not as a hang), as the in-process pairs do
+        short["iters"] = plan.round_iters(first["docs"], wanted["sizes"], settings["warmup"], iters,
+                                          settings["iters"], short["deadlines"]["op_s"])
         timings["rounds_s"] = []
 
         def run_groups(groups: List[List[str]], extra_env=None, local_ranks=None, sync=True) -> List[Dict[str, Any]]:
@@ -235,28 +256,37 @@ def _measure(result: BenchResult, fleet: Fleet, view: ClusterView, nodes: List[N
             timings["rounds_s"].append(round(time.monotonic() - started, 3))
             return [localize.group_result(g, {n: docs.get(n) for n in g}, meta["backend"]) for g in groups]
 
-        # partner-free: every node alone, all at once; a slow node is named in this one round
-        # default: on for nccl (NVLink and NIC paths); off for gloo, whose loopback round is judged on
-        # completion only and costs a whole round of torch imports (cluster.allreduce.node_round: true)
-        node_round = settings["node_round"] if settings["node_round"] is not None else meta["backend"] == "nccl"
-        if node_round:
-            meta["node_rounds"] = []
+        # partner-free rounds that need their own launch (nccl: the NIC loopback): every node alone, all
+        # at once, then the suspects again, each beside a known-good node timed at the same moment
+        if node_phase:
             for spec in plan.node_rounds(nodes, meta["backend"]):
-                judged = by_bandwidth and spec.get("by_bandwidth", True)
-                results = run_groups([[n.name] for n in nodes], spec["env"], spec["local_ranks"], sync=judged)
-                meta["node_rounds"].append(dict(spec, results=results, sizes=wanted["sizes"], by_bandwidth=judged))
+                results = [dict(g, **{"pass": 0}) for g in run_groups([[n.name] for n in nodes], spec["env"],
+                                                                       spec["local_ranks"], sync=by_bandwidth)]
+                suspects, good = judge.node_suspects(results, settings["slow_fraction"]) if by_bandwidth else ([], [])
+                pairs = list(zip(suspects, good))
+                if pairs:
+                    again = run_groups([[s] for s, _g in pairs] + [[g] for _s, g in pairs], spec["env"],
+                                       spec["local_ranks"])
+                    results += [dict(r, beside=pairs[i][1], **{"pass": 1}) for i, r in enumerate(again[:len(pairs)])]
+                    results += [dict(r, control_for=pairs[i][0], **{"pass": 1})
+                                for i, r in enumerate(again[len(pairs):])]
+                meta.setdefault("node_rounds", []).append(dict(spec, results=results, sizes=wanted["sizes"],
+                                                               by_bandwidth=by_bandwidth))
         # pairs: the path between nodes, which only a partner can test
         if len(nodes) >= 3:
             # the in-process rotations stand for the first rounds when the sweep completed (they judge
             # bandwidth); a hang or an error is localized by separate rounds at the size it stopped at
             done = localize.pair_results(first["docs"], first["configs"], rotations) if (
                 rotations and by_bandwidth) else None
+            begun, one_round = time.monotonic(), plan.outer_deadline({"deadlines": short["deadlines"]})
             verdict = localize.localize([n.name for n in nodes], run_groups, threshold=limit if by_bandwidth else None,
                                         by_bandwidth=by_bandwidth, slow_fraction=settings["slow_fraction"],
-                                        results=done)
+                                        results=done, may_start=lambda: time.monotonic() - begun + one_round
+                                        <= plan.LOCALIZE_BUDGET_S)
             meta["localization"] = {
                 "results": verdict["results"], "rounds": verdict["rounds"],
                 "in_process_rotations": len(rotations) if done is not None else 0,
+                "out_of_time": verdict["out_of_time"],
                 "threshold_gbps": limit if by_bandwidth else None, "by_bandwidth": by_bandwidth, "mode": wanted["mode"],
                 "why": wanted["why"], "sizes": wanted["sizes"], "deadlines": short["deadlines"],
             }
@@ -271,9 +301,10 @@ def _slowest_start(docs: Dict[str, Dict[str, Any]]) -> Dict[str, Optional[float]
     for key in ("import_s", "init_s"):
         values = [e.get(key) for e in entries]
         out["slowest_" + key] = max(values) if values and None not in values else None
-    pairs = [e["pairs_s"] for e in entries if e.get("pairs_s") is not None]
-    if pairs:  # the in-process pair rotations (part of run_s)
-        out["slowest_pairs_s"] = max(pairs)
+    for key in ("sweep_s", "node_s", "pairs_s"):  # the sweep, the node tests, node tests + pairs (in run_s)
+        values = [e[key] for e in entries if e.get(key) is not None]
+        if values:
+            out["slowest_" + key] = max(values)
     return out
 
 

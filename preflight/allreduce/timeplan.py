@@ -2,8 +2,9 @@
 
 Controller only, pure: `preflight check --plan` and the JSON report's "allreduce_plan" show it, and
 benchmarks/allreduce_plan_model.py runs it for 128 nodes / 1,024 GPUs. It follows what
-preflight.allreduce.run does (one whole-cluster sweep; for nccl the partner-free node rounds, NVLink
-then NIC loopback; pair rounds up to localize.MAX_ROUNDS) with the sizes, iterations and deadlines
+preflight.allreduce.run does (one whole-cluster sweep, with the partner-free node tests and, on gloo, the
+screening pairs in its own processes; for nccl the NIC loopback round; pair rounds up to
+localize.max_rounds(n)) with the sizes, iterations and deadlines
 plan.py gives, and states two figures per phase:
 
   expected_s  a healthy run, from the model below
@@ -19,9 +20,9 @@ The model (each figure an assumption, printed with the plan):
   a sweep     (warmup + iters) runs of every size
   busbw       between nodes: expect.busbw_gbps, else expect.ib_hcas * ib_rate_gbps / 8 * LINE_RATE_FRACTION;
               inside a node: the NVLink profile of the GPU (busbw.NVLINK_PROFILES); gloo: CPU_GBPS
-  rounds      the pair rounds run every pair at once: one launch and one size each, whatever the node
-              count; the plan states ceil(log2 n) as the bound a bisection of a failed group needs and
-              localize.MAX_ROUNDS as what the code runs at most
+  rounds      the pair rounds run every group at once: one launch and one size each, whatever the node
+              count; at most localize.max_rounds(n) = ceil(log2 n) + 2 of them after the screening (group
+              halving, then two confirmations); a healthy fleet runs none on gloo, the screening on nccl
 """
 
 from __future__ import annotations
@@ -124,25 +125,39 @@ def time_plan(gpus_per_node: Sequence[int], raw_settings: Mapping[str, Any], exp
     slowest = max((runs + 1) * op_s(s, ranks, gbps_world, hop) for s in sizes) if sizes else 0.0
     rdl = plan.round_budget(dl, None, slowest, 1)
     round_budget = plan.outer_deadline({"deadlines": rdl})
-    node_round = cfg["node_round"] if cfg["node_round"] is not None else backend == "nccl"
-    if n >= 2 and node_round:
+    node_tests = cfg["node_round"] is not False and n >= 2
+    if node_tests and (backend == "gloo" or per_node >= 2):
+        # in the sweep's own processes: every node alone at once, then the suspects beside known-good
+        # nodes (the worst case: one more pass); no launch
+        world = 2 if backend == "gloo" else per_node
+        gbps = CPU_GBPS if backend == "gloo" else rate["nvlink_gbps"]
+        phase("node tests", "every node alone, in the sweep's processes: %s; suspects again beside a "
+              "known-good node" % plan.NODE_TESTS["loopback" if backend == "gloo" else "local"], 0, world, gbps,
+              [verdict], 0.0)
+        phases[-1]["expected_s"] = round(2 * runs * op_s(verdict, world, gbps, hop), 1)
+    if node_tests:
         for spec in plan.node_rounds([_Node(g) for g in gpus_per_node], backend):
-            world = per_node if backend == "nccl" else int(spec["local_ranks"] or 2)
-            gbps = rate["nvlink_gbps"] if spec["name"] == "nvlink" else (net if spec["name"] == "nic" else CPU_GBPS)
-            phase("node round: " + spec["name"], "every node alone, at once: " + spec["what"], 1, world, gbps,
-                  [verdict], round_budget)
+            phase("node round: " + spec["name"], "every node alone, at once: %s; suspects again beside a "
+                  "known-good node (a second launch)" % spec["what"], 1, per_node, net, [verdict], 2 * round_budget)
+            phases[-1]["worst_runs"] = 2
+            phases[-1]["expected_worst_s"] = round(2 * phases[-1]["expected_s"], 1)
     log2_bound = math.ceil(math.log2(n)) if n >= 2 else 0
+    most = localize.max_rounds(n) if n >= 3 else 0
     if n >= 3:
         pair_world = 2 * per_node
         in_process = backend == "gloo"
-        phase("pair rounds", "every node beside a partner, all pairs at once (%s); up to %d rounds when a "
-              "node is suspect" % ("in the sweep's own processes" if in_process else "one launch a round",
-                                   localize.MAX_ROUNDS),
+        one = launch_s(pair_world, launch, per_doubling) + runs * op_s(verdict, pair_world, net, hop)
+        phase("pair rounds", "screening: every node beside %s (%s); then at most %d rounds (ceil(log2 %d) + 2: "
+              "group halving and two confirmations) while a node is undecided" % (
+                  "up to %d partners" % plan.PAIR_ROTATIONS if in_process else "one partner",
+                  "in the sweep's own processes" if in_process else "one launch", most, n),
               0 if in_process else 1, pair_world, net, [verdict], round_budget)
-        phases[-1]["budget_s"] = round(localize.MAX_ROUNDS * round_budget, 1)
-        phases[-1]["worst_runs"] = localize.MAX_ROUNDS
-        phases[-1]["expected_worst_s"] = round(localize.MAX_ROUNDS * (
-            launch_s(pair_world, launch, per_doubling) + runs * op_s(verdict, pair_world, net, hop)), 1)
+        worst = most + (0 if in_process else 1)
+        # the rounds start none that could end past plan.LOCALIZE_BUDGET_S (the screening launch aside)
+        phases[-1]["budget_s"] = round(min(worst * round_budget, (0 if in_process else round_budget) +
+                                           max(plan.LOCALIZE_BUDGET_S, round_budget)), 1)
+        phases[-1]["worst_runs"] = worst
+        phases[-1]["expected_worst_s"] = round(worst * one, 1)
         if in_process:
             phases[-1]["expected_s"] = round(len(plan.pair_rotations(["n%d" % i for i in range(n)])) * runs *
                                              op_s(verdict, pair_world, net, hop), 1)
@@ -158,7 +173,7 @@ def time_plan(gpus_per_node: Sequence[int], raw_settings: Mapping[str, Any], exp
         # every pair round the code may run (a suspect in each): the full run with localization
         "expected_with_localization_s": round(sum(p.get("expected_worst_s", p["expected_s"]) for p in phases), 1),
         "sweep_op_s": round(sweep_step, 3),
-        "rounds": {"planned_max": localize.MAX_ROUNDS, "log2_bound": log2_bound},
+        "rounds": {"planned_max": most, "log2_bound": log2_bound},
     }
 
 
@@ -213,8 +228,8 @@ def render(tp: Mapping[str, Any]) -> List[str]:
     lines.append("  busbw assumed: between nodes %.0f GB/s (%s)%s" % (
         r["net_gbps"] if tp["backend"] == "nccl" else min(r["net_gbps"], CPU_GBPS), r["net_from"], nvlink))
     a = tp["assumptions"]
-    lines.append("  model: launch %gs + %gs x log2(ranks); one all-reduce = %s (hop %g us); pair rounds: at "
-                 "most %d (a bisection would need ceil(log2 n) = %d)" % (
+    lines.append("  model: launch %gs + %gs x log2(ranks); one all-reduce = %s (hop %g us); pair rounds after "
+                 "the screening: at most %d (ceil(log2 n) = %d halvings + 2 confirmations)" % (
                      a["launch_s"], a["launch_per_doubling_s"], a["op"], a["hop_latency_s"] * 1e6,
                      tp["rounds"]["planned_max"], tp["rounds"]["log2_bound"]))
     return lines

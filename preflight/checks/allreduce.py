@@ -18,7 +18,13 @@ every participating node at once (see that module for the config and result docu
         nic_gbps     per-node aggregate line rate of the NICs the collective uses, Gb/s (multi-node profile)
         localization {"results": [group result, ...], "by_bandwidth": bool, "threshold_gbps": ...} from the
                      pair rounds (see preflight.allreduce.localize.localize(); by_bandwidth false when localizing a
-                     hang or an error)
+                     hang or an error); each group result carries its "round" (0: the screening) and
+                     "control": true for a round's control pair
+        node_rounds  [{"name": "loopback" | "nvlink" | "nic", "what", "results": [node result, ...],
+                     "by_bandwidth", "sizes"}]: the partner-free tests, one result per node and "pass" (0: all
+                     alone at once; 1: a suspect "beside" a known-good node, or that node as "control_for" it);
+                     judged by preflight.allreduce.judge.judge_nodes (named only once confirmed)
+        slow_fraction  a confirmed node this share below the fleet FAILs, half of it WARNs (judge.py)
         skip         a reason: the test deliberately did not run (the rule then SKIPs)
         held         {node: {"pid", "uid"}}: another preflight run on this machine was testing these nodes,
                      so the test did not run (an ERROR, action retest; no node is judged)
@@ -37,9 +43,9 @@ stage, the ranks and the nodes (preflight.allreduce.wording).
 Per node, what NCCL chose (preflight.allreduce.nccllog) is judged against the data path preflight chose.
 
 The controller half is the package preflight.allreduce: plan (launch, deadlines), run (over a fleet),
-localize (pair rounds; the rule reports their verdict). Imports point one way: this module imports from
-that package (inside the rule functions), never the reverse. It has no probe half: the node bundle
-carries its source, which no node imports.
+localize (pair rounds; the rule reports their verdict), judge (how a measurement is judged and
+confirmed). Imports point one way: this module imports from that package (inside the rule functions),
+never the reverse. It has no probe half, so the node bundle leaves it out.
 """
 
 from __future__ import annotations
@@ -221,33 +227,43 @@ def _fleet_findings(view: ClusterView, meta: Mapping[str, Any]) -> Tuple[List[Fi
     the status they imply, data). Node rounds name a node on its own; pair rounds beside a known-good node
     (preflight.allreduce.localize); both judge against the fleet median (meta["slow_fraction"])."""
     from preflight.allreduce.busbw import gbps
-    from preflight.allreduce.localize import SLOW_FRACTION, judge_nodes, judged_gbps, verdict_localization
+    from preflight.allreduce.judge import SLOW_FRACTION, judge_nodes, judged_gbps, reference, warn_fraction
+    from preflight.allreduce.localize import verdict_localization
 
     frac = float(meta.get("slow_fraction") or SLOW_FRACTION)
     named: Dict[str, List[str]] = {}
+    warned: Dict[str, List[str]] = {}
     notes: List[str] = []
     status = Status.PASS
-    data: Dict[str, Any] = {"slow_fraction": frac}
+    data: Dict[str, Any] = {"slow_fraction": frac, "warn_fraction": warn_fraction(frac)}
     for rnd in meta.get("node_rounds") or []:
         results = rnd.get("results") or []
         if not results:
             continue
-        rfrac = frac
-        bad = judge_nodes(results, None, rfrac, bool(rnd.get("by_bandwidth", True)))
-        measured = [judged_gbps(g) for g in results if not g.get("failure") and judged_gbps(g) is not None]
-        median = statistics.median(measured) if measured else None
-        for n, why in bad.items():
-            named.setdefault(n, []).append("alone (%s): %s" % (rnd.get("what") or rnd.get("name"), why))
+        verdict = judge_nodes(results, None, frac, bool(rnd.get("by_bandwidth", True)))
+        median = reference([g for g in results if int(g.get("pass", 0)) == 0])
+        median = median.get("best_gbps", median.get("busbw_gbps"))
+        what = "alone (%s): " % (rnd.get("what") or rnd.get("name"))
+        for n, why in verdict["fail"].items():
+            named.setdefault(n, []).append(what + why)
+        for n, why in verdict["warn"].items():
+            warned.setdefault(n, []).append(what + why)
         where = " at %s" % human_bytes(int(rnd["sizes"][0])) if rnd.get("sizes") else ""
+        bad = dict(verdict["fail"], **verdict["warn"])
         if bad:
             notes.append("node round %s%s: %s" % (rnd.get("name"), where, fold(list(bad))))
         elif not rnd.get("by_bandwidth", True):
             notes.append("node round %s%s: every node completed alone" % (rnd.get("name"), where))
         else:
             notes.append("node round %s%s: every node within %d%% of the fleet median %s" % (
-                rnd.get("name"), where, round(100 * rfrac), gbps(median) if median is not None else "(none measured)"))
+                rnd.get("name"), where, round(100 * warn_fraction(frac)),
+                gbps(median) if median is not None else "(none measured)"))
+        if verdict["not_confirmed"]:
+            notes.append("node round %s: %s" % (rnd.get("name"), "; ".join(
+                "%s %s" % kv for kv in verdict["not_confirmed"].items())))
         data.setdefault("node_rounds", []).append({"name": rnd.get("name"), "what": rnd.get("what"),
-                                                   "median_gbps": median, "named": bad, "results": results})
+                                                   "median_gbps": median, "named": bad,
+                                                   "not_confirmed": verdict["not_confirmed"], "results": results})
     loc = meta.get("localization") or {}
     if loc.get("results"):
         results = loc["results"]
@@ -255,14 +271,21 @@ def _fleet_findings(view: ClusterView, meta: Mapping[str, Any]) -> Tuple[List[Fi
                                        meta.get("nodes"), frac)
         for n, why in verdict["bad"].items():
             named.setdefault(n, []).append("pair test: %s" % why)
+        for n, why in verdict["warn"].items():
+            warned.setdefault(n, []).append("pair test: %s" % why)
         notes.append("pair test: " + verdict["message"])
         if verdict["shared_fault"]:
             status = Status.FAIL
-        elif verdict["undecided"]:
+        elif verdict["undecided"] or verdict["warn"]:
             status = Status.WARN
-        data["localization"] = {k: verdict[k] for k in ("bad", "good", "undecided")}
+        data["localization"] = {k: verdict[k] for k in ("bad", "warn", "good", "undecided", "not_confirmed")}
         data["groups"] = list(results)
     findings = [Finding(NAME, n, Status.FAIL, "; ".join(whys), data={"fleet": whys}) for n, whys in named.items()]
+    # a node 10-20% below the fleet, confirmed: a WARN (retest it; it stays in the hostfile)
+    findings += [Finding(NAME, n, Status.WARN, "; ".join(whys), action="retest", data={"fleet": whys})
+                 for n, whys in warned.items() if n not in named]
+    if warned and status is Status.PASS:
+        status = Status.WARN
     if named:
         status = Status.FAIL
     return findings, notes, status, data
@@ -292,7 +315,9 @@ def _with_fleet(out: List[Finding], view: ClusterView, meta: Mapping[str, Any]) 
     for f in extra:
         if f.node in by_node:
             old = out[by_node[f.node]]
-            out[by_node[f.node]] = dataclasses.replace(old, message=old.message + "; " + f.message)
+            worse = f if f.status.rank > old.status.rank else old
+            out[by_node[f.node]] = dataclasses.replace(old, message=old.message + "; " + f.message,
+                                                       status=worse.status, action=worse.action)
         else:
             out.append(f)
     return out

@@ -30,6 +30,9 @@ Config (built by the controller)::
       "pairs": {"rotations": [[[0, 4], [1, 5], ...], ...], "iters": 20},
                                        # optional: after the sweep, the same ranks time these disjoint
                                        # sub-groups at the sweep's last size (bench_worker._pair_phase)
+      "node": {"kind": "loopback" | "local", "nodes": [[0], [1], ...], "warn": 0.1, "iters": 20},
+                                       # optional: before those pairs, every node alone, then suspects
+                                       # beside known-good nodes (bench_worker._node_phase)
       "run_id": "9f2c...",             # optional: this launch's id; a rank whose store answers with
                                        # another id is at another preflight run's store (bench_worker)
     }
@@ -80,7 +83,11 @@ Result document::
          "nccl_log": null | "...",   # nccl: the rank's NCCL_DEBUG=INFO lines (first NCCL_LOG_MAX bytes)
          "pairs": null | [{"rotation": 0, "ranks": [0, 4], "bytes": N, "time_s": .., "min_s": .., "ok": true}],
          "pairs_error": null | "...",  # the pair phase failed or hung; the sweep's results (status) stand
-         "pairs_s": null | 1.9}        # seconds from the pair phase's start to its end
+         "pairs_s": null | 1.9,        # seconds from the pair phase's start to its end
+         "nodes": null | [{"pass": 0, "node": 0, "ranks": 2, "bytes": N, "time_s": .., "min_s": .., "ok": true}],
+         "node_error": null | "...",   # the partner-free tests of the same phase (bench_worker._node_phase)
+         "sweep_s": null | 0.9,        # seconds from init_done to the pair phase's start (the sweep)
+         "node_s": null | 0.4}         # seconds of that phase spent in the partner-free tests
       ]
     }
 
@@ -166,6 +173,11 @@ class _Rank:
         self.pairs_error = None  # type: Optional[str]
         self.pairs_t0 = None  # type: Optional[float]
         self.pairs_s = None  # type: Optional[float]
+        self.nodes = []  # type: List[Dict[str, Any]]
+        self.node_error = None  # type: Optional[str]
+        self.init_at = None  # type: Optional[float]
+        self.sweep_s = None  # type: Optional[float]
+        self.node_s = None  # type: Optional[float]
 
     @property
     def settled(self) -> bool:
@@ -226,6 +238,10 @@ class _Rank:
             "pairs": self.pairs if self.pairs_state else None,
             "pairs_error": self.pairs_error,
             "pairs_s": self.pairs_s,
+            "nodes": self.nodes if self.pairs_state else None,
+            "node_error": self.node_error,
+            "sweep_s": self.sweep_s,
+            "node_s": self.node_s,
         }
 
     def settle_in_pairs(self, why: str) -> bool:
@@ -465,6 +481,7 @@ def _spawn(cfg: Dict[str, Any], rank: _Rank, sel: selectors.BaseSelector) -> Non
         "size_budget_s": cfg["size_budget_s"],
         "start_at": cfg.get("start_at"),
         "pairs": cfg.get("pairs"),
+        "node": cfg.get("node"),
         "run_id": cfg.get("run_id"),
     }
     rank.started = rank.last_progress = time.monotonic()
@@ -582,6 +599,7 @@ def _on_event(rank: _Rank, event: Dict[str, Any], sizes: List[int]) -> None:
     elif kind == "init_done":
         rank.init_done, rank.step, rank.last_progress = True, None, now
         rank.init_s = round(now - rank.started, 3)
+        rank.init_at = now
     elif kind == "size":
         entry = {k: v for k, v in event.items() if k not in ("event", "t")}
         rank.sizes.append(entry)
@@ -591,10 +609,19 @@ def _on_event(rank: _Rank, event: Dict[str, Any], sizes: List[int]) -> None:
         rank.last_progress = now
     elif kind == "pairs_start":
         rank.pairs_state, rank.last_progress, rank.pairs_t0 = "running", now, now
+        rank.sweep_s = round(now - rank.init_at, 3) if rank.init_at is not None else None
     elif kind == "pair":
         rank.pairs.append({k: v for k, v in event.items() if k not in ("event", "t")})
         rank.last_progress = now
-    elif kind == "pairs_ready":  # a rotation's sub-groups are made
+    elif kind in ("pairs_ready", "node_ready"):  # a rotation's (or the node phase's) sub-groups are made
+        rank.last_progress = now
+    elif kind == "node":
+        rank.nodes.append({k: v for k, v in event.items() if k not in ("event", "t")})
+        rank.last_progress = now
+    elif kind in ("node_done", "node_error"):
+        if kind == "node_error":
+            rank.node_error = str(event.get("error") or "unknown error")
+        rank.node_s = round(now - rank.pairs_t0, 3) if rank.pairs_t0 is not None else None
         rank.last_progress = now
     elif kind in ("pairs_done", "pairs_error"):
         rank.pairs_state, rank.last_progress = "done", now
