@@ -9,6 +9,10 @@ The nodes are Slurm node names in an inventory with `transport: slurm` (what `--
 allocation), so the sweep and its deadlines come from `cluster.allreduce`: two sizes and a short op
 deadline keep the whole run to a few rank launches. No timing is asserted (a rank's torch import on two
 shared cores takes 2 to 30 s); the test prints its time to verdict.
+
+Both tests use one 3-node Slurm cluster (the `cluster` fixture): the hang test's MTU black hole is healed
+(and the nodes checked idle) before the next test, so the second test sees the same fresh cluster it
+would get from a boot of its own, without a second munged, slurmctld and three slurmds running beside it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import re
 import sys
 import time
 
+import pytest
 import yaml
 
 PREFLIGHT = os.path.join(os.path.dirname(sys.executable), "preflight")
@@ -26,6 +31,27 @@ N = 3
 #: 1 KiB to 64 KiB, doubling: 1 KiB fits a 1500-byte frame, the larger sizes need jumbo frames. Doubling
 #: steps keep each size within the sweep's budget (a size predicted to overrun half the op deadline is not run).
 SIZES = [1024 << i for i in range(7)]
+#: Deadlines, not waits: a healthy run ends long before them. The rounds' init deadline is 4x the sweep's
+#: slowest torch import capped by init_timeout; with a 60 s cap the node round (two ranks importing torch
+#: on each node at once) timed out on a starved 2-core box (load 80-400) and named every node. The cap
+#: that matters here is the CPU's, not the test's: init_timeout only bounds a real hang at init.
+INIT_TIMEOUT = 180
+TOTAL_TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def cluster(slurm_cluster):
+    return slurm_cluster(N)
+
+
+@pytest.fixture(autouse=True)
+def healed(cluster):
+    """Every test leaves the shared cluster as it found it: faults healed, no job, every node idle."""
+    yield
+    cluster.heal()
+    for job in cluster.slurm.jobs():
+        cluster.slurm.run(["scancel", job.split()[0]])
+    cluster.slurm.wait_idle([n.name for n in cluster.nodes], 90)
 
 
 def _inventory(cluster, allreduce):
@@ -37,14 +63,13 @@ def _inventory(cluster, allreduce):
     return path
 
 
-def test_allreduce_hang_through_srun_is_named_and_nothing_is_left(slurm_cluster):
-    cluster = slurm_cluster(N)
+def test_allreduce_hang_through_srun_is_named_and_nothing_is_left(cluster):
     cluster.mtu_blackhole("n003")
-    settings = {"sizes": SIZES, "warmup": 1, "iters": 2, "init_timeout": 60, "op_timeout": 4,
-                "total_timeout": 120, "slow_fraction": 0.6}
+    settings = {"sizes": SIZES, "warmup": 1, "iters": 2, "init_timeout": INIT_TIMEOUT, "op_timeout": 4,
+                "total_timeout": TOTAL_TIMEOUT, "slow_fraction": 0.6}
     t0 = time.monotonic()
     out = cluster.ctl([PREFLIGHT, "check", _inventory(cluster, settings), "--only", "allreduce", "--no-progress",
-                       "--json", "-"], env=cluster.slurm.env(), timeout=300)
+                       "--json", "-"], env=cluster.slurm.env(), timeout=600)
     wall = time.monotonic() - t0
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     assert out.returncode == 1, (out.returncode, out.stderr[-3000:])
@@ -74,15 +99,14 @@ def test_allreduce_hang_through_srun_is_named_and_nothing_is_left(slurm_cluster)
     assert not cluster.slurm.run(["squeue", "-h"]).stdout.strip()
 
 
-def test_one_srun_task_per_rank_and_every_phase_in_one_step(slurm_cluster):
+def test_one_srun_task_per_rank_and_every_phase_in_one_step(cluster):
     """The gloo node round puts two ranks on every node: srun launches them as two tasks a node (one per
     rank, as training launches one per GPU) and their documents are merged per node; phases 1 and 2
     share one step before the all-reduce's own steps."""
-    cluster = slurm_cluster(N)
-    settings = {"sizes": [1024, 4096], "warmup": 1, "iters": 2, "init_timeout": 60, "op_timeout": 20,
-                "total_timeout": 120, "node_round": True}
+    settings = {"sizes": [1024, 4096], "warmup": 1, "iters": 2, "init_timeout": INIT_TIMEOUT, "op_timeout": 20,
+                "total_timeout": TOTAL_TIMEOUT, "node_round": True}
     out = cluster.ctl([PREFLIGHT, "check", _inventory(cluster, settings), "--only", "allreduce,mtu", "--no-progress",
-                       "--json", "-"], env=cluster.slurm.env(), timeout=300)
+                       "--json", "-"], env=cluster.slurm.env(), timeout=600)
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     doc = json.loads(out.stdout)
     assert out.returncode == 0, [r for r in doc["results"] if r["status"] != "pass"]
