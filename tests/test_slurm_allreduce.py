@@ -100,9 +100,9 @@ def test_allreduce_hang_through_srun_is_named_and_nothing_is_left(cluster):
 
 
 def test_one_srun_task_per_rank_and_every_phase_in_one_step(cluster):
-    """The gloo node round puts two ranks on every node: srun launches them as two tasks a node (one per
-    rank, as training launches one per GPU) and their documents are merged per node; phases 1 and 2
-    share one step before the all-reduce's own steps."""
+    """One srun task per rank (one rank a node on CPU nodes, as training launches one per GPU); phases 1
+    and 2 share one step before the all-reduce's; the partner-free node test (two gloo ranks through each
+    node's data-NIC address) rides in the sweep's own processes: no step of its own."""
     settings = {"sizes": [1024, 4096], "warmup": 1, "iters": 2, "init_timeout": INIT_TIMEOUT, "op_timeout": 20,
                 "total_timeout": TOTAL_TIMEOUT, "node_round": True}
     out = cluster.ctl([PREFLIGHT, "check", _inventory(cluster, settings), "--only", "allreduce,mtu", "--no-progress",
@@ -111,11 +111,13 @@ def test_one_srun_task_per_rank_and_every_phase_in_one_step(cluster):
     doc = json.loads(out.stdout)
     assert out.returncode == 0, [r for r in doc["results"] if r["status"] != "pass"]
     tasks = doc["transport"]["step_tasks"]
-    # phase 1 + 2 in one step (one task a node); the whole-cluster sweep (one rank a node); the loopback
-    # node round: two ranks on every node, launched as two srun tasks a node
-    assert tasks[:2] == [N, N] and 2 * N in tasks[2:], tasks
-    (loopback,) = doc["allreduce"]["node_rounds"] if "node_rounds" in doc["allreduce"] else [None]
-    assert loopback is not None, doc["allreduce"]
+    # phase 1 + 2 in one step (one task a node); the whole-cluster sweep (one rank a node), which also
+    # ran every node's loopback test: no step had more than one task a node
+    assert tasks[:2] == [N, N] and set(tasks) == {N}, tasks
+    (loopback,) = doc["allreduce"].get("node_rounds") or [None]
+    assert loopback is not None and loopback["name"] == "loopback", doc["allreduce"]
+    assert loopback["named"] == [] and sorted(loopback["nodes"]) == sorted(n.name for n in cluster.nodes), loopback
+    assert all(v and v > 0 for v in loopback["nodes"].values()), loopback
     assert cluster.leftover_processes() == {}
     assert cluster.slurm.leftover_steps() == []
     assert not cluster.slurm.run(["squeue", "-h"]).stdout.strip()
