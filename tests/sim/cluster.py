@@ -270,8 +270,11 @@ class SimCluster(FaultInjection):
 
     def _register_owner(self) -> None:
         os.makedirs(BASE_DIR, exist_ok=True)
-        write_file(self._owner_file, json.dumps({"pid": os.getpid(), "start": proc_starttime(os.getpid()),
-                                             "root": self.root}))
+        # written whole under another name, then renamed: another test process's cleanup_stale() (pytest-xdist
+        # workers run side by side) must never read a half-written owner record and take a live cluster for stale
+        partial = self._owner_file + ".%d.tmp" % os.getpid()
+        write_file(partial, json.dumps({"pid": os.getpid(), "start": proc_starttime(os.getpid()), "root": self.root}))
+        os.rename(partial, self._owner_file)
 
     def _write_files(self) -> None:
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
