@@ -227,6 +227,36 @@ def test_a_damaged_result_is_a_retest_for_the_ssh_check_and_a_dead_node_still_fa
     assert by_node["n2"].status is Status.FAIL and by_node["n2"].action == "isolate"
 
 
+def test_srun_failing_for_the_controller_is_no_verdict_on_the_nodes():
+    """srun's stderr when slurmctld answers too late (recorded at 512 simulated nodes on 2 cores): every node
+    of the step would have read 'probe bundle gave no result' FAIL isolate; it is a retest naming Slurm's
+    controller. The twin: a task that a node's slurmd failed to launch still names that node."""
+    from preflight.checks import ssh
+    from preflight.model import FAILURE_KINDS, ClusterView, NodeInfo
+    from preflight.slurm.scontrol import controller_failure
+
+    said = ("srun: error: Unable to confirm allocation for job 1: Socket timed out on send/recv operation\n"
+            "srun: Check SLURM_JOB_ID environment variable. Expired or invalid job 1\n")
+    assert controller_failure(said) == "Unable to confirm allocation for job 1: Socket timed out on send/recv operation"
+    assert controller_failure("srun: error: Unable to create step for job 7: Job/step already completing or "
+                              "completed\n").startswith("Unable to create step for job 7: Job/step")
+    node_side = "srun: error: Task launch for StepId=1.2 failed on node n385: Communication connection failure\n"
+    assert controller_failure(node_side) is None and parse_srun_stderr(node_side)[0] == {
+        "n385": "Communication connection failure"}
+    nodes = [NodeInfo(name=n, host=n, gpus_per_node=0) for n in ("n1", "n2")]
+    view = ClusterView(nodes, {}, cluster={FAILURE_KINDS: {"n1": "scheduler", "n2": "protocol"}},
+                       unreachable={"n1": "not checked: srun could not run the step (Unable to confirm allocation "
+                                          "for job 1: Socket timed out on send/recv operation): Slurm's controller "
+                                          "did not answer, not this node",
+                                    "n2": "probe bundle gave no result: no output from the task (srun rc 1)"})
+    by_node = {f.node: f for f in ssh.rule(view)}
+    assert by_node["n1"].status is Status.ERROR and by_node["n1"].action == "retest"
+    assert "Slurm's controller" in by_node["n1"].message
+    assert by_node["n2"].status is Status.FAIL and by_node["n2"].action == "isolate"
+    plan = drain.plan(list(by_node.values()), ["n1", "n2"], _state(), drain=True, resume=False, max_fraction=1.0)
+    assert "n1" not in plan.drain and plan.undecided == ["n1"]
+
+
 def test_sbcast_per_node_errors_are_read_from_its_stderr():
     """sbcast 22.05's stderr (recorded on the simulator: a second sbcast without --force, one node's copy
     removed; a missing destination folder; a dead slurmd): File exists is a node that keeps its copy."""

@@ -54,7 +54,7 @@ from preflight.inventory import NodeSpec
 from preflight.probe import runner
 from preflight.slurm import broadcast
 from preflight.slurm.allocation import ALLOC_WAIT_S, Allocation, allocate
-from preflight.slurm.scontrol import SCANCEL, SQUEUE, SRUN, SlurmError, parse_srun_stderr, run
+from preflight.slurm.scontrol import SCANCEL, SQUEUE, SRUN, SlurmError, controller_failure, parse_srun_stderr, run
 from preflight.transport import bundle
 from preflight.transport.contract import NodeFailure, Outcome, Progress
 
@@ -378,6 +378,7 @@ class SlurmFleet:
         if launch:
             return {}, {n: why for n, why in launch.items() if n in names}, False, {}
         by_node = step.by_node()
+        controller = controller_failure(said)
         outcomes: Dict[str, Outcome] = {}
         refused: Dict[str, str] = {}
         for name in names:
@@ -389,6 +390,13 @@ class SlurmFleet:
             if name in timed_out:
                 outcomes[name] = Outcome(name, failure=NodeFailure(
                     "timeout", "timed out: no answer within %g s; cancelled the Slurm step" % timed_out[name]))
+                continue
+            if len(tasks) < step.per_node and not by_node and controller:
+                # srun never ran the step anywhere, for a reason of slurmctld's: no verdict on any node (469
+                # node FAILs for one starved slurmctld at 512 simulated nodes before this)
+                outcomes[name] = Outcome(name, failure=NodeFailure(
+                    "scheduler", "not checked: srun could not run the step (%s): Slurm's controller did not answer, "
+                                 "not this node" % controller))
                 continue
             if len(tasks) < step.per_node:
                 why = exits.get(name) or "no output from %s (srun rc %s%s)" % (

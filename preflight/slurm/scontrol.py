@@ -37,6 +37,12 @@ BUSY_STATES = ("ALLOCATED", "MIXED", "COMPLETING")
 LAUNCH_FAIL_RE = re.compile(r"Task launch for \S+ failed on node (\S+?):\s*(.+)$")
 EXIT_RE = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$")
 GRANTED_RE = re.compile(r"Granted job allocation (\d+)")
+#: srun failing for a reason of the controller's, not of any node (Slurm src/srun/libsrun/allocate.c: "Unable
+#: to confirm allocation for job %u: %m"; launch.c / step_ctx.c: "Unable to create step for job %u: %m";
+#: "Unable to contact slurm controller" from the API): seen at 512 and 1,000 simulated nodes with slurmctld
+#: starved of CPU ("Unable to confirm allocation for job 1: Socket timed out on send/recv operation").
+CONTROLLER_FAIL_RE = re.compile(r"(Unable to confirm allocation for job \S+|Unable to create step for job \S+|"
+                                r"Unable to contact slurm controller)(?::\s*(.*))?$", re.M)
 
 
 #: How a drain reason preflight wrote begins (preflight.slurm.drain): only such drains are preflight's to undo.
@@ -161,6 +167,14 @@ def parse_srun_stderr(text: str) -> Tuple[Dict[str, str], Dict[str, str]]:
         if m:
             exits[m.group(1)] = m.group(3).strip()
     return launch, exits
+
+def controller_failure(text: str) -> Optional[str]:
+    """The first srun error line that blames Slurm's controller (not a node), shortened; else None."""
+    m = CONTROLLER_FAIL_RE.search(text)
+    if not m:
+        return None
+    return (m.group(1) + (": " + m.group(2).strip() if m.group(2) else ""))[:200]
+
 
 # --- running Slurm commands ----------------------------------------------------------------------
 

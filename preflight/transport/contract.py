@@ -53,8 +53,10 @@ class NodeFailure(Exception):
 
     #: unreachable (no connection / not launched), host_key, auth, timeout (no result within the deadline),
     #: protocol (the bundle ended without a result), damaged (a result arrived but frames of it were lost or
-    #: damaged in transit: the node answered, nothing is known to be wrong with it), cancelled (Ctrl-C)
-    KINDS = ("unreachable", "host_key", "auth", "timeout", "protocol", "damaged", "cancelled")
+    #: damaged in transit: the node answered, nothing is known to be wrong with it), scheduler (the scheduler
+    #: could not run the step at all, for a reason of its own controller's: no verdict on the node), cancelled
+    #: (Ctrl-C)
+    KINDS = ("unreachable", "host_key", "auth", "timeout", "protocol", "damaged", "scheduler", "cancelled")
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
