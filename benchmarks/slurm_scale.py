@@ -158,6 +158,25 @@ def verdict(doc: Dict[str, Any], mtu_node: str, down_node: str, head: str) -> Li
     return wrong
 
 
+def _pids_of(root: str, programs: tuple) -> list:
+    """PIDs of the named programs whose command line or environment (SLURM_CONF) names the simulator's
+    Slurm folder."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as fh:
+                argv = fh.read().split(b"\0")
+            if not argv or os.path.basename(argv[0].decode(errors="replace")) not in programs:
+                continue
+            with open("/proc/%s/environ" % pid, "rb") as fh:
+                env = fh.read()
+        except OSError:
+            continue
+        if root.encode() in b" ".join(argv) or root.encode() in env:
+            out.append(int(pid))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=256)
@@ -165,6 +184,10 @@ def main() -> int:
     parser.add_argument("--tree-width", type=int, default=None)
     parser.add_argument("--message-timeout", type=int, default=60)
     parser.add_argument("--timeout", type=int, default=900, help="preflight --timeout (per node, s)")
+    parser.add_argument("--ctld-nice", type=int, default=0, metavar="N",
+                        help="renice slurmctld and munged by N (e.g. -15) once Slurm is up: on this simulator every "
+                             "node shares the controller's cores, and a starved slurmctld times out srun (a real "
+                             "slurmctld has its own host)")
     parser.add_argument("--floor", action="store_true")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
@@ -198,6 +221,10 @@ def main() -> int:
         cluster.slurm = slurm.SimSlurm(cluster, message_timeout=args.message_timeout, tree_width=args.tree_width)
         cluster.slurm.start(timeout=900)
         row["slurm_start_s"] = round(time.monotonic() - t2, 1)
+        if args.ctld_nice:
+            row["ctld_nice"] = args.ctld_nice
+            for pid in _pids_of(cluster.slurm.dir, ("slurmctld", "munged")):
+                os.setpriority(os.PRIO_PROCESS, pid, args.ctld_nice)
         row["slurmd_rss_mib_total"] = round(_rss_mib(_slurmd_pids(cluster)), 0)
         row["slurmctld_rss_idle_mib"] = round(_rss_mib([_ctld_pid(cluster)]), 1)
         print("# %d nodes: sshd cluster %.0f s, pin %s %.0f s, slurm %.0f s; slurmd RSS %.0f MiB in all, slurmctld %.0f MiB; load %.1f"
