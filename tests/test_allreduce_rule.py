@@ -463,19 +463,17 @@ def test_no_threshold_a_healthy_fleet_passes_and_a_slow_node_is_named():
     assert [f.node for f in named if f.status is Status.FAIL] == [None, "n003"]
 
 
-def test_the_gloo_loopback_alone_warns_a_slow_node_and_fails_only_one_that_did_not_complete():
-    """The CPU loopback stays in the node's kernel (its data address is local): a confirmed slow loopback is
-    a retest WARN, never a drain (a healthy node was confirmed slow in 2 of 12 throttled 8-node simulator
-    runs); its twin, the same figures in a GPU node round (NVLink), still fails the node; a loopback that did
-    not complete still fails it."""
+def test_the_gloo_loopback_is_judged_on_completion_only():
+    """The CPU loopback stays in the node's kernel (its data address is local), so its figure is the node's
+    CPU: a healthy node confirmed "slow" there under CI's two test workers. A slow loopback names nobody (the
+    pair test judges bandwidth); its twin, the same figures in a GPU node round (NVLink), still fails the
+    node; a loopback that did not complete still fails it."""
     docs = eight_ranks_on(4, 1, ar_cpu_sizes(), backend="gloo")
     slow = {"n001": 1.02, "n002": 1.04, "n003": 0.7, "n004": 1.08}
     again = {"n003": (0.6, "n004", 1.08)}
     findings = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[_node_round(slow, "loopback", again=again)]))
-    n3 = the(findings, "n003")
-    assert n3.status is Status.WARN and n3.action == "retest" and "the pair test decides" in n3.message
-    assert the(findings).status is Status.WARN
-    assert not [f for f in findings if f.status is Status.FAIL]
+    assert [f.status for f in findings] == [Status.PASS]
+    assert "node round loopback at 4 MiB: every node completed alone" in the(findings).message
     findings = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[_node_round(slow, "nvlink", again=again)]))
     assert the(findings, "n003").status is Status.FAIL
     broken = _node_round(slow, "loopback")

@@ -240,28 +240,25 @@ def _fleet_findings(view: ClusterView, meta: Mapping[str, Any]) -> Tuple[List[Fi
         results = rnd.get("results") or []
         if not results:
             continue
-        verdict = judge_nodes(results, None, frac, bool(rnd.get("by_bandwidth", True)))
+        # The gloo loopback (CPU nodes) is judged on completion only: its traffic stays in the node's kernel
+        # (the data address is local), so its figure measures the node's CPU, not its NIC, and a healthy node
+        # was confirmed "slow" there when other work took the CPU (CI with two test workers; 2 of 12 throttled
+        # 8-node simulator runs). The pair test, beside known-good partners with a control pair, judges
+        # a CPU node's bandwidth. GPU node rounds (NVLink, the NIC loopback) keep their bandwidth verdicts.
+        by_bandwidth = bool(rnd.get("by_bandwidth", True)) and rnd.get("name") != "loopback"
+        verdict = judge_nodes(results, None, frac, by_bandwidth)
         median = reference([g for g in results if int(g.get("pass", 0)) == 0])
         median = median.get("best_gbps", median.get("busbw_gbps"))
         what = "alone (%s): " % (rnd.get("what") or rnd.get("name"))
-        failed = {g["nodes"][0] for g in results if g.get("failure")}
         for n, why in verdict["fail"].items():
-            if n in failed or not rnd.get("by_bandwidth", True) or rnd.get("name") != "loopback":
-                named.setdefault(n, []).append(what + why)
-            else:
-                # The gloo loopback's bandwidth verdict is a warning (retest), never a drain: its traffic stays
-                # in the node's kernel (the data address is local), so it measures the node's CPU, not its NIC,
-                # and on 8 simulated nodes with another node's link throttled a healthy node's loopback was
-                # confirmed slow in 2 of 12 runs (0 false names in 50 healthy runs). The pair test, beside
-                # known-good partners with a control pair, stays the bandwidth verdict that fails a CPU node.
-                warned.setdefault(n, []).append(what + why + " (the loopback alone: retest; the pair test decides)")
+            named.setdefault(n, []).append(what + why)
         for n, why in verdict["warn"].items():
             warned.setdefault(n, []).append(what + why)
         where = " at %s" % human_bytes(int(rnd["sizes"][0])) if rnd.get("sizes") else ""
         bad = dict(verdict["fail"], **verdict["warn"])
         if bad:
             notes.append("node round %s%s: %s" % (rnd.get("name"), where, fold(list(bad))))
-        elif not rnd.get("by_bandwidth", True):
+        elif not by_bandwidth:
             notes.append("node round %s%s: every node completed alone" % (rnd.get("name"), where))
         else:
             notes.append("node round %s%s: every node within %d%% of the fleet median %s" % (
