@@ -49,9 +49,7 @@ def healed(cluster):
     """Every test leaves the shared cluster as it found it: faults healed, no job, every node idle."""
     yield
     cluster.heal()
-    for job in cluster.slurm.jobs():
-        cluster.slurm.run(["scancel", job.split()[0]])
-    cluster.slurm.wait_idle([n.name for n in cluster.nodes], 90)
+    cluster.slurm.settle(90)
 
 
 def _inventory(cluster, allreduce):

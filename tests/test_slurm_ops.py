@@ -33,15 +33,8 @@ def cluster(slurm_cluster):
 @pytest.fixture(autouse=True)
 def healed(cluster):
     yield
-    s = cluster.slurm
     cluster.heal()
-    for job in s.jobs():
-        s.run(["scancel", job.split()[0]])
-    for resv in s.reservations():
-        s.run(["scontrol", "delete", "reservation=%s" % resv])
-    for node in s.reasons():
-        s.run(["scontrol", "update", "nodename=%s" % node, "state=resume"])
-    s.wait_idle([n.name for n in cluster.nodes], 90)
+    cluster.slurm.settle(90)
 
 
 def _run(cluster, argv, timeout=180, **kw):

@@ -243,6 +243,17 @@ class SimSlurm:
         self._wait(lambda: want <= {n for n, s in self.states().items() if s == "idle"}, timeout,
                    "idle nodes", lambda: "states %s; slurmctld log: %s" % (self.states(), self.logs("slurmctld")))
 
+    def settle(self, timeout: float = 90.0) -> None:
+        """Put the shared cluster back as a test found it: every job cancelled, every reservation deleted,
+        every drained or down node resumed, then wait until all nodes are idle."""
+        for job in self.jobs():
+            self.run(["scancel", job.split()[0]])
+        for resv in self.reservations():
+            self.run(["scontrol", "delete", "reservation=%s" % resv])
+        for node in self.reasons():
+            self.run(["scontrol", "update", "nodename=%s" % node, "state=resume"])
+        self.wait_idle([n.name for n in self.cluster.nodes], timeout)
+
     def logs(self, daemon: str) -> str:
         """The tail of a daemon's log: 'slurmctld', 'munged' or a node name (its slurmd)."""
         if daemon == "munged":
