@@ -23,17 +23,21 @@ def start(node: str) -> subprocess.Popen:
 
 
 def next_result(proc: subprocess.Popen, timeout: float = 60.0) -> dict:
+    """The next result the process prints. Read from the fd, not with a buffered readline after select():
+    two lines that arrive together (the clock line and a quick result) would leave the second in Python's
+    buffer, where select() never sees it."""
     end = time.monotonic() + timeout
-    buf = b""
+    reader = bundle.ResultReader()
     while time.monotonic() < end:
         ready, _, _ = select.select([proc.stdout], [], [], 0.5)
         if not ready:
             continue
-        line = proc.stdout.readline()
-        assert line, "the bootstrap exited before its result: %s" % proc.stderr.read().decode()[-2000:]
-        buf += line
-        if line.startswith(b"preflight-result "):
-            return bundle.parse_output(buf)["result"]
+        data = os.read(proc.stdout.fileno(), 65536)
+        assert data, "the bootstrap exited before its result: %s" % proc.stderr.read().decode()[-2000:]
+        reader.feed(data)
+        if reader.has_result():
+            assert reader.result is not None, reader.damage
+            return reader.result
     raise AssertionError("no result within %g s" % timeout)
 
 

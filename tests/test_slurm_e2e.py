@@ -75,7 +75,8 @@ def test_slurm_inside_salloc_and_from_outside_match_ssh(cluster):
     assert inside["inventory"].startswith("slurm job ")
     # phase 1 and phase 2 (mtu pings, rendezvous port) ran in one srun step
     assert inside["transport"]["steps"] == outside["transport"]["steps"] == 1
-    assert ssh["transport"] == {"kind": "ssh", "connections": N}
+    assert (ssh["transport"]["kind"], ssh["transport"]["connections"]) == ("ssh", N)
+    assert sum(ssh["transport"]["bundle"].values()) == N  # each node sent the zip or used its kept copy
     assert cluster.slurm.leftover_steps() == []
     assert not cluster.slurm.run(["squeue", "-h"]).stdout.strip()  # the --nodelist allocation was released
 

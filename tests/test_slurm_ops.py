@@ -159,6 +159,82 @@ def test_reservation_lasts_the_wait_plus_the_run_not_30_minutes(cluster):
     assert "Duration=00:03:00" in shown, shown
 
 
+def test_a_node_that_goes_down_mid_run_does_not_end_the_run_for_the_others(cluster):
+    """n003 hangs, then Slurm sets it DOWN while the step runs (as slurmctld does when its slurmd stops
+    answering for SlurmdTimeout). By default Slurm would end the step and the job for every node (at 1,000
+    simulated nodes: 999 nodes 'Slurm job 1 has expired'); with --no-kill the others' verdicts stand and
+    n003 is named by its own timeout."""
+    s = cluster.slurm
+    cluster.hang_commands("n003")
+    proc = cluster.ctl_popen([PREFLIGHT, "check", "--slurm", "--nodelist", ALL, "--only", "ssh", "--timeout", "25",
+                              "--json", "-", "--no-progress"], env=s.env(), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait("the step running", lambda: s.leftover_steps(), timeout=60)
+        time.sleep(2)  # the other nodes' tasks are under way
+        down = s.run(["scontrol", "update", "nodename=n003", "state=down", "reason=preflight-test: slurmd lost"])
+        assert down.returncode == 0, down.stderr
+        out, err = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    doc = json.loads(out)
+    ssh = {r["node"]: r for r in doc["results"] if r["check"] == "ssh"}
+    assert {n: ssh[n]["status"] for n in ("n001", "n002", "n004")} == dict.fromkeys(("n001", "n002", "n004"), "pass"), err
+    assert ssh["n003"]["status"] in ("fail", "error") and "has expired" not in ssh["n003"]["message"], ssh["n003"]
+    assert "has expired" not in err
+    assert s.leftover_steps() == []
+    assert not s.run(["squeue", "-h"]).stdout.strip()
+
+
+def test_a_node_whose_task_dies_is_named_from_srun_at_once_not_at_its_deadline(cluster):
+    """n002's python3 is killed as it starts (as the OOM killer would). srun says so ("n002: task 1:
+    Killed") while the other tasks wait for the next phase in the same step: the phase ends then, n002
+    named by what srun said, not 'timed out' after --timeout."""
+    cluster.crash_commands("n002")
+    proc = _run(cluster, ["check", "--slurm", "--nodelist", ALL, "--skip", "allreduce", "--timeout", "120",
+                          "--json", "-"])
+    doc = json.loads(proc.stdout)
+    ssh = {r["node"]: r for r in doc["results"] if r["check"] == "ssh"}
+    assert ssh["n002"]["status"] == "fail" and "Killed" in ssh["n002"]["message"], ssh["n002"]
+    assert "timed out" not in ssh["n002"]["message"]
+    assert all(ssh[n]["status"] == "pass" for n in ("n001", "n003", "n004")), proc.stderr[-2000:]
+    assert cluster.slurm.leftover_steps() == []
+
+
+_RELEASE = ("import logging, sys\n"
+            "logging.basicConfig(format='%(message)s')\n"
+            "from preflight.slurm.allocation import Allocation\n"
+            "a = Allocation(sys.argv[1], [], owned=True, minutes=3)\n"
+            "a.CANCEL_WAITS_S = tuple(float(w) for w in sys.argv[2:])\n"
+            "a.release_job()\n")
+
+
+def test_a_cancel_slurmctld_does_not_answer_is_a_warning_and_the_job_ends_at_its_limit(cluster):
+    """The release of preflight's own job, when slurmctld answers no scancel (stopped here with SIGSTOP;
+    at 1,000 nodes a busy one): two tries, then a warning naming the job, its time limit and the command,
+    and no error exit (the run's verdict stands); awake, the same release cancels it."""
+    s = cluster.slurm
+    granted = s.run(["salloc", "--no-shell", "-N", "1", "-t", "3", "-J", "preflight-test"], timeout=60)
+    job = granted.stderr.split("Granted job allocation ")[1].split()[0]
+    env = dict(s.env(), PYTHONPATH=REPO)
+    limit = s.run(["squeue", "-h", "-j", job, "-o", "%l"]).stdout.strip()
+    assert limit == "3:00", limit  # what the warning promises: Slurm ends it then
+    os.kill(s.ctld.pid, signal.SIGSTOP)
+    try:
+        stuck = cluster.ctl([sys.executable, "-c", _RELEASE, job, "1", "2"], env=env, timeout=60)
+    finally:
+        os.kill(s.ctld.pid, signal.SIGCONT)
+    assert stuck.returncode == 0, stuck.stderr
+    assert ("could not cancel job %s (scancel %s did not answer within 2 s" % (job, job)) in stuck.stderr, stuck.stderr
+    assert "ends it at its 3-minute time limit; cancel it now: scancel %s" % job in stuck.stderr, stuck.stderr
+    # awake, the release cancels it (or says nothing if the unanswered scancel was taken after all)
+    awake = cluster.ctl([sys.executable, "-c", _RELEASE, job, "30"], env=env, timeout=60)
+    assert awake.returncode == 0 and "could not cancel" not in awake.stderr, awake.stderr
+    _wait("job %s cancelled" % job, lambda: not any(line.split()[0] == job for line in s.jobs()))
+
+
 # --- 3. the root cause names the drain, not its consequence -------------------------------------------
 
 

@@ -240,6 +240,8 @@ def test_srun_failing_for_the_controller_is_no_verdict_on_the_nodes():
     assert controller_failure(said) == "Unable to confirm allocation for job 1: Socket timed out on send/recv operation"
     assert controller_failure("srun: error: Unable to create step for job 7: Job/step already completing or "
                               "completed\n").startswith("Unable to create step for job 7: Job/step")
+    # the job ended under the step (recorded at 1,000 simulated nodes: Slurm ended it for one DOWN node)
+    assert controller_failure("srun: error: Slurm job 1 has expired\n") == "Slurm job 1 has expired"
     node_side = "srun: error: Task launch for StepId=1.2 failed on node n385: Communication connection failure\n"
     assert controller_failure(node_side) is None and parse_srun_stderr(node_side)[0] == {
         "n385": "Communication connection failure"}

@@ -44,6 +44,7 @@ class Allocation:
     state: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # Slurm's view of every node before the run
     held: Dict[str, str] = field(default_factory=dict)  # preflight-drained nodes resumed into our reservation
     reservation: Optional[str] = None
+    minutes: int = 0  # the job's time limit (salloc -t) when preflight made it: it ends then whatever happens
     _gpus: Optional[int] = field(default=None, repr=False)  # gpus_held(), once asked
 
     def gpus_held(self) -> int:
@@ -63,11 +64,30 @@ class Allocation:
         return ("job %s holds none of its nodes' GPUs (Gres gpu:%d): where Slurm constrains devices the GPU "
                 "checks see none; allocate them (salloc --gpus-per-node=%d --exclusive)" % (self.job_id, gres[-1], gres[-1]))
 
+    #: scancel's answer waits, one per try: a slurmctld busy with a large step's end (1,000 nodes on a
+    #: loaded controller) may take longer than the first; scancel of a job already gone is harmless
+    CANCEL_WAITS_S = (30.0, 90.0)
+
     def release_job(self) -> None:
-        """Cancel the job preflight made (the fleet's close: its steps are over)."""
-        if self.owned:
-            self.owned = False
-            run([SCANCEL, self.job_id])
+        """Cancel the job preflight made (the fleet's close: its steps are over). A slurmctld that does not
+        answer gets a second, longer try; if it still does not, the run's verdict stands and a warning
+        names the job and its time limit, at which Slurm ends it anyway (allocate() sets it to the run's
+        longest duration)."""
+        if not self.owned:
+            return
+        self.owned = False
+        why = ""
+        for wait in self.CANCEL_WAITS_S:
+            try:
+                out = run([SCANCEL, self.job_id], timeout=wait)
+            except SlurmError as exc:
+                why = exc.message
+                continue
+            if out.returncode == 0 or "invalid job id" in out.stderr.lower():
+                return
+            why = out.stderr.strip()[:200] or "scancel rc %d" % out.returncode
+        log.warning("could not cancel job %s (%s); Slurm ends it at its %d-minute time limit; cancel it now: "
+                    "scancel %s", self.job_id, why, self.minutes, self.job_id)
 
     def settle(self) -> None:
         """The held nodes are decided (drained again or returned by --drain/--resume's plan): release()
@@ -174,7 +194,9 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
     # whole nodes: the bandwidth test and the rendezvous port must not share them with a running job;
     # a name of its own, so an interrupted wait can cancel exactly this request
     name = "preflight-" + secrets.token_hex(4)
-    argv = [SALLOC, "--no-shell", "-J", name, "-t", str(minutes), "--immediate=%d" % int(timeout), "--exclusive"]
+    argv = [SALLOC, "--no-shell", "-J", name, "-t", str(minutes), "--immediate=%d" % int(timeout), "--exclusive",
+            # a node that fails mid-run (the dead one it is there to find) must not end the job for all
+            "--no-kill"]
     excluded: Dict[str, Dict[str, Any]] = {}
     info: Dict[str, Dict[str, Any]] = {}
     pending = Allocation("", [])  # what to undo if this call does not return: the reservation, held nodes
@@ -224,7 +246,7 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
             raise SlurmError("salloc failed: %s" % said, "check the partition and node names (sinfo); preflight takes "
                              "whole idle nodes (--exclusive), --alloc-wait SECONDS waits longer for them")
         job = m.group(1)
-        pending.job_id, pending.owned = job, True
+        pending.job_id, pending.owned, pending.minutes = job, True, minutes
         got = run([SQUEUE, "-h", "-j", job, "-o", "%N"])
         try:
             names = hostnames(got.stdout.strip())
@@ -233,7 +255,7 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
     except BaseException:
         pending.release()  # the job, then every held node drained again, then the reservation
         raise
-    return Allocation(job, names, True, excluded, info, pending.held, pending.reservation)
+    return Allocation(job, names, True, excluded, info, pending.held, pending.reservation, minutes)
 
 
 def _salloc(argv: List[str], name: str, timeout: float) -> Tuple[int, str]:

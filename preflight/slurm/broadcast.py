@@ -48,7 +48,13 @@ log = logging.getLogger(__name__)
 SBCAST = "sbcast"
 #: node-local on every Linux node (tmpfs), sticky and world-writable; see the module docstring
 BUNDLE_DIR = "/dev/shm"
+#: how long sbcast may take before the bundle goes on srun's stdin instead: SBCAST_TIMEOUT_S, plus
+#: SBCAST_PER_NODE_S for every node. sbcast's time grows with the nodes where slurmctld and the slurmds
+#: are busy (58.8 s for 1,000 simulated nodes sharing 2 cores, where 60 s flat was then missed in the
+#: next run), and the fallback is dearer than waiting: 600 KB per node through srun (600 MB and ~30 ms
+#: of controller CPU per node at 1,000; on the simulator the nodes' slurmstepds ran it out of memory).
 SBCAST_TIMEOUT_S = 60.0
+SBCAST_PER_NODE_S = 0.15
 
 # sbcast's per-node errors: "sbcast: error: REQUEST_FILE_BCAST(n003): File exists"
 _NODE_ERROR_RE = re.compile(r"REQUEST_FILE_BCAST\(([^)]+)\):\s*(.*)$")
@@ -77,11 +83,14 @@ def parse_sbcast_errors(text: str) -> Dict[str, str]:
 
 
 def deliver(job_id: str, nodes: List[str], blob: bytes, env: Optional[Dict[str, str]] = None,
-            timeout: float = SBCAST_TIMEOUT_S) -> Delivery:
-    """sbcast `blob` to every node of job `job_id` as BUNDLE_DIR/preflight-UID-bundle-SHA256.zip.
+            timeout: Optional[float] = None) -> Delivery:
+    """sbcast `blob` to every node of job `job_id` as BUNDLE_DIR/preflight-UID-bundle-SHA256.zip, within
+    `timeout` (default SBCAST_TIMEOUT_S + SBCAST_PER_NODE_S per node).
 
     Never raises for a failed broadcast: the Delivery says to use stdin and why.
     """
+    if timeout is None:
+        timeout = SBCAST_TIMEOUT_S + SBCAST_PER_NODE_S * len(nodes)
     digest = hashlib.sha256(blob).hexdigest()
     path = os.path.join(BUNDLE_DIR, bundle.file_name(os.getuid(), digest))
     fd, src = tempfile.mkstemp(prefix="preflight-bundle-", suffix=".zip")

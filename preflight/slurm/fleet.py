@@ -5,9 +5,16 @@ engine, the rules, the report and the bench never know which engine carried the 
 
 One job step across all the nodes carries every phase of a run, one task per node:
 
-    srun --jobid J -N n -n n --ntasks-per-node=1 -w NODES --kill-on-bad-exit=0 --label --input=all \
+    srun --jobid J -N n -n n --ntasks-per-node=1 -w NODES --kill-on-bad-exit=0 --no-kill --label --input=all \
          --overlap --cpu-bind=none -J preflight-TOKEN \
          /bin/sh -c 'echo preflight-node $SLURMD_NODENAME; echo preflight-pid $$; exec python3 -c BOOTSTRAP'
+
+--no-kill (srun(1), salloc(1)): by default Slurm ends the whole step, and the whole job, when one of its
+nodes fails (slurmd not responding for SlurmdTimeout, or set DOWN): every other node's result would be
+lost to the one dead node this run is there to name (seen at 1,000 simulated nodes: the node whose slurmd
+was stopped went DOWN mid-run, and srun ended with "Slurm job 1 has expired" for all 999 others). With it,
+the step goes on without that node, which is named by its own timeout. The job preflight makes with
+salloc carries it too; where preflight runs inside a job of the user's, that job's setting stands.
 
 The all-reduce's steps have one task per rank instead (--ntasks-per-node=k --overcommit, and
 --gpus-per-task=1 where the job holds GPUs): see SlurmFleet.run.
@@ -54,7 +61,8 @@ from preflight.inventory import NodeSpec
 from preflight.probe import runner
 from preflight.slurm import broadcast
 from preflight.slurm.allocation import ALLOC_WAIT_S, Allocation, allocate
-from preflight.slurm.scontrol import SCANCEL, SQUEUE, SRUN, SlurmError, controller_failure, parse_srun_stderr, run
+from preflight.slurm.scontrol import (EXIT_RE, SCANCEL, SQUEUE, SRUN, SlurmError, controller_failure, parse_srun_stderr,
+                                      run)
 from preflight.transport import bundle
 from preflight.transport.contract import NodeFailure, Outcome, Progress
 
@@ -99,6 +107,9 @@ class _Step:
         self.streams = [proc.stdout.fileno(), proc.stderr.fileno()]
         self.rc: Optional[int] = None
         self.stdin_lock = threading.Lock()  # writes in order: the payload, then each next phase's line
+        #: nodes srun said a task of ended while the step runs ("srun: error: n087: task 86: Killed"):
+        #: a node that has not answered by then never will, and the phase need not wait for its deadline
+        self.ended: Dict[str, str] = {}
 
     def by_node(self) -> Dict[str, List[_Task]]:
         out: Dict[str, List[_Task]] = {}
@@ -134,6 +145,9 @@ class _Step:
         if not m:
             if not is_stdout:
                 self.srun_err += line + b"\n"
+                ended = EXIT_RE.match(line.decode("utf-8", "replace").strip())
+                if ended:
+                    self.ended.setdefault(ended.group(1), ended.group(3).strip())
             return
         task = self.tasks.setdefault(int(m.group(1)), _Task())
         text = m.group(2)
@@ -267,7 +281,7 @@ class SlurmFleet:
     def _argv(self, names: Sequence[str], step_name: str, per_node: int = 1, gpus: bool = False) -> List[str]:
         shell = "echo preflight-node $SLURMD_NODENAME; " + bundle.remote_command(self.python)
         return [SRUN, "--jobid=%s" % self.alloc.job_id, "-N", str(len(names)), "-n", str(len(names) * per_node),
-                "--ntasks-per-node=%d" % per_node, "-w", fold(names), "--kill-on-bad-exit=0", "--label", "--input=all",
+                "--ntasks-per-node=%d" % per_node, "-w", fold(names), "--kill-on-bad-exit=0", "--no-kill", "--label", "--input=all",
                 # no CPU binding (task/affinity would pin each task, its probe threads or its rank and
                 # NCCL's proxy threads, to one core); several tasks a node may outnumber the job's CPUs
                 "--overlap", "--cpu-bind=none", "-J", step_name] + (["--overcommit"] if per_node > 1 else []) + (
@@ -363,6 +377,8 @@ class SlurmFleet:
             answered = step.answered(names)
             if len(answered) == len(names):
                 break
+            if len(answered) + sum(1 for n in names if n in step.ended and n not in answered) == len(names):
+                break  # the rest ended without a result (srun said so): no deadline to wait for
             for name in names:  # a node past its own deadline without a result is a timeout
                 if name not in answered and now - started > deadlines[name]:
                     timed_out.setdefault(name, deadlines[name])
@@ -391,12 +407,16 @@ class SlurmFleet:
                 outcomes[name] = Outcome(name, failure=NodeFailure(
                     "timeout", "timed out: no answer within %g s; cancelled the Slurm step" % timed_out[name]))
                 continue
-            if len(tasks) < step.per_node and not by_node and controller:
-                # srun never ran the step anywhere, for a reason of slurmctld's: no verdict on any node (469
-                # node FAILs for one starved slurmctld at 512 simulated nodes before this)
-                outcomes[name] = Outcome(name, failure=NodeFailure(
-                    "scheduler", "not checked: srun could not run the step (%s): Slurm's controller did not answer, "
-                                 "not this node" % controller))
+            ended = controller is not None and controller.endswith("has expired")
+            if len(tasks) < step.per_node and controller and (ended or not by_node) and name not in exits:
+                # srun never ran the step anywhere, for a reason of slurmctld's, or the job ended under the
+                # step: no verdict on the nodes that had not answered (469 node FAILs for one starved
+                # slurmctld at 512 simulated nodes, 999 for one DOWN node at 1,000, before this)
+                outcomes[name] = Outcome(name, failure=NodeFailure("scheduler", (
+                    "not checked: Slurm ended job %s before this node answered (%s): Slurm's doing, not this "
+                    "node's; rerun (scontrol show job %s says why)" % (self.alloc.job_id, controller, self.alloc.job_id))
+                    if ended else "not checked: srun could not run the step (%s): Slurm's controller did not answer, "
+                                  "not this node" % controller))
                 continue
             if len(tasks) < step.per_node:
                 why = exits.get(name) or "no output from %s (srun rc %s%s)" % (
@@ -415,7 +435,9 @@ class SlurmFleet:
                     "damaged" if lost[0].damage else "protocol", "probe bundle exited without a result: %s" % tail[0][:300]))
             else:
                 outcomes[name] = Outcome(name, result=runner.merge([r.result for r in runs]), run=runs[0])
-        whole = step.rc is None and not timed_out and not refused and all(o.failure is None for o in outcomes.values())
+        # a node whose task ended (srun said so) has no process left in the step: the others' step goes on
+        whole = step.rc is None and not timed_out and not refused and all(
+            o.failure is None or n in step.ended for n, o in outcomes.items())
         log.debug("step %s: %d of %d nodes answered in %.2f s%s", step.name, len(names) - sum(
             1 for o in outcomes.values() if o.failure), len(names), time.monotonic() - started,
                   "; srun said: " + " / ".join(srun_said[-3:]) if srun_said else "")

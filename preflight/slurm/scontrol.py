@@ -41,8 +41,11 @@ GRANTED_RE = re.compile(r"Granted job allocation (\d+)")
 #: to confirm allocation for job %u: %m"; launch.c / step_ctx.c: "Unable to create step for job %u: %m";
 #: "Unable to contact slurm controller" from the API): seen at 512 and 1,000 simulated nodes with slurmctld
 #: starved of CPU ("Unable to confirm allocation for job 1: Socket timed out on send/recv operation").
+#: Also the job itself ending under the step ("srun: error: Slurm job 1 has expired", seen at 1,000 simulated
+#: nodes when Slurm ended the job for one failed node, before --no-kill; also its time limit or a scancel by
+#: someone): nothing is known of the nodes whose results had not arrived.
 CONTROLLER_FAIL_RE = re.compile(r"(Unable to confirm allocation for job \S+|Unable to create step for job \S+|"
-                                r"Unable to contact slurm controller)(?::\s*(.*))?$", re.M)
+                                r"Unable to contact slurm controller|Slurm job \S+ has expired)(?::\s*(.*))?$", re.M)
 
 
 #: How a drain reason preflight wrote begins (preflight.slurm.drain): only such drains are preflight's to undo.

@@ -1,8 +1,8 @@
 """The probe bundle: the node-side code, zipped once, sent on stdin, imported from memory on the node.
 
-Over SSH nothing is written to the node's disk: the bootstrap below reads the zip from stdin and serves
-its modules from memory, so there is no temp file to clean up even if the process is killed. Under
-Slurm the zip is broadcast once per run as a file (preflight.slurm.broadcast: sbcast to a node-local,
+The bootstrap below reads the zip (from stdin, or from a verified file) into memory and serves its
+modules from there: nothing is unpacked, so there is no temp file to clean up even if the process is
+killed. Under Slurm the zip is broadcast once per run as a file (preflight.slurm.broadcast: sbcast to a node-local,
 content-addressed path) and stdin names it instead of carrying it: the second line is then
 `@SHA256 PATH`. The bootstrap opens PATH with O_NOFOLLOW and uses it only if it is a regular file owned
 by the user, not writable by group or others, whose SHA-256 is the one named, read once into memory and
@@ -11,8 +11,18 @@ running a byte of it (a file with the wrong digest, which only the user can have
 removed so the next broadcast can write it). Once the file is verified, the user's other versions beside
 it (same name up to the digest) are removed: one bundle per user and version stays on a node.
 
+Over SSH the zip is kept on the node between runs, in the same place and under the same checks: the
+second line is `?SHA256 LENGTH`. The bootstrap uses /dev/shm/preflight-UID-bundle-SHA256.zip when it
+passes the checks above; otherwise it prints `preflight-bundle-send PATH: WHY` and reads LENGTH bytes of
+zip from stdin (the controller sends them when it sees that line), checks their SHA-256, and saves them
+there (a temporary file opened O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600, renamed into place) for the next
+run, pruning the user's older versions. Where it cannot save (no /dev/shm, a read-only or full one,
+another user's file at the name in the sticky folder) it says `preflight-bundle-unsaved PATH: WHY` and
+runs from memory as before. A second run to the same node then sends ~100 bytes instead of ~600 KB.
+
 Wire protocol (stdin → node):   one line of JSON config, one line with the zip's length, the zip bytes
-                                (or the line `@SHA256 PATH`, above);
+                                (or the line `@SHA256 PATH`, or `?SHA256 LENGTH` and the zip only
+                                if the node asks for it: above);
                                 stdin then stays open: its EOF means the controller is gone. Under
                                 Slurm every task reads the same stdin: the config is then
                                 {"groups": [[[node, ...], config], ...]} (broadcast_config: nodes
@@ -72,28 +82,58 @@ BOOTSTRAP = r"""
 import sys,os,io,json,time,signal,threading,queue,zipfile,importlib.util,marshal,zlib,base64
 sys.stdout.write('preflight-clock %r\n'%time.time());sys.stdout.flush()
 _in=sys.stdin.buffer;_c=json.loads(_in.readline());_h=_in.readline()
-def _file(h):
+def _file(p,d,ask=False):
     import hashlib,stat,errno
-    d,p=h[1:].decode().split(' ',1);p=p.strip();q,b=os.path.split(p);u=os.getuid()
-    def no(w):sys.stdout.write('preflight-bundle-refused %s: %s\n'%(p,w));sys.stdout.flush();os._exit(3)
+    q,b=os.path.split(p);u=os.getuid()
+    def no(w):
+        if ask:_why.append(w);return None
+        sys.stdout.write('preflight-bundle-refused %s: %s\n'%(p,w));sys.stdout.flush();os._exit(3)
     try:f=os.open(p,os.O_RDONLY|os.O_NOFOLLOW|os.O_NONBLOCK)
-    except OSError as e:no('a symbolic link' if e.errno==errno.ELOOP else e.strerror)
+    except OSError as e:return no('a symbolic link' if e.errno==errno.ELOOP else e.strerror)
     s=os.fstat(f)
-    if not stat.S_ISREG(s.st_mode):no('not a regular file')
-    if s.st_uid!=u:no('owned by uid %d, not %d'%(s.st_uid,u))
-    if s.st_mode&0o022:no('writable by group or others (mode %o)'%(s.st_mode&0o777))
+    if not stat.S_ISREG(s.st_mode) or s.st_uid!=u or s.st_mode&0o022:
+        os.close(f)
+        if not stat.S_ISREG(s.st_mode):return no('not a regular file')
+        if s.st_uid!=u:return no('owned by uid %d, not %d'%(s.st_uid,u))
+        return no('writable by group or others (mode %o)'%(s.st_mode&0o777))
     with os.fdopen(f,'rb') as fh:z=fh.read()
     if hashlib.sha256(z).hexdigest()!=d:
         try:os.unlink(p)
         except OSError:pass
-        no('SHA-256 %s, expected %s (removed)'%(hashlib.sha256(z).hexdigest()[:16],d[:16]))
+        return no('SHA-256 %s, expected %s (removed)'%(hashlib.sha256(z).hexdigest()[:16],d[:16]))
+    _prune(q,b,u)
+    return z
+def _prune(q,b,u):
     for o in os.listdir(q):
         if o!=b and o.startswith(b[:b.rindex('-')+1]):
             try:
                 if os.lstat(os.path.join(q,o)).st_uid==u:os.unlink(os.path.join(q,o))
             except OSError:pass
+_why=[]
+def _ask(h):
+    import hashlib
+    d,n=h[1:].decode().split();p='/dev/shm/preflight-%d-bundle-%s.zip'%(os.getuid(),d)
+    z=_file(p,d,True)
+    if z is not None:return z
+    sys.stdout.write('preflight-bundle-send %s: %s\n'%(p,_why[-1]));sys.stdout.flush();z=_in.read(int(n))
+    if hashlib.sha256(z).hexdigest()!=d:
+        sys.stdout.write('preflight-bundle-refused stdin: %d bytes with SHA-256 %s, expected %s\n'%(len(z),hashlib.sha256(z).hexdigest()[:16],d[:16]));sys.stdout.flush();os._exit(3)
+    t='%s.%d.tmp'%(p,os.getpid())
+    try:
+        f=os.open(t,os.O_WRONLY|os.O_CREAT|os.O_EXCL|os.O_NOFOLLOW,0o600)
+        try:
+            v=memoryview(z)
+            while v:v=v[os.write(f,v):]
+        finally:os.close(f)
+        os.rename(t,p);_prune(*os.path.split(p),os.getuid())
+    except OSError as e:
+        try:os.unlink(t)
+        except OSError:pass
+        sys.stdout.write('preflight-bundle-unsaved %s: %s\n'%(p,e.strerror));sys.stdout.flush()
     return z
-_zb=_file(_h) if _h[:1]==b'@' else _in.read(int(_h))
+def _at(h):
+    d,p=h[1:].decode().split(' ',1);return _file(p.strip(),d)
+_zb=_at(_h) if _h[:1]==b'@' else _ask(_h) if _h[:1]==b'?' else _in.read(int(_h))
 _z=zipfile.ZipFile(io.BytesIO(_zb));_S={};_N=set(_z.namelist())
 _B='bytecode/MAGIC' in _N and _z.read('bytecode/MAGIC')==importlib.util.MAGIC_NUMBER
 for _n in _N:
@@ -296,15 +336,31 @@ def _renamed(code: CodeType, filename: str) -> CodeType:
     return code.replace(co_filename=filename, co_consts=consts)
 
 
-def stdin_payload(config: Dict[str, Any], file: Optional[Tuple[str, str]] = None) -> bytes:
+def digest() -> str:
+    """The bundle's SHA-256 (hex), computed once per run."""
+    blob = base_zip()
+    with _zip_lock:
+        if not _digest or _digest[0][0] is not blob:
+            _digest[:] = [(blob, hashlib.sha256(blob).hexdigest())]
+        return _digest[0][1]
+
+
+_digest: List[Tuple[bytes, str]] = []
+
+
+def stdin_payload(config: Dict[str, Any], file: Optional[Tuple[str, str]] = None, ask: bool = False) -> bytes:
     """What the bootstrap reads on stdin for one run: the config and the zip, or, with file=(path,
-    sha256), the config and the line naming the zip already on the node (see the module docstring)."""
+    sha256), the config and the line naming the zip already on the node, or, with ask=True, the config
+    and the line `?SHA256 LENGTH`: the node uses the zip it kept from an earlier run, else asks for it
+    (ResultReader.wants_bundle) and the caller sends base_zip() (see the module docstring)."""
     head = json.dumps(config, separators=(",", ":")).encode() + b"\n"
+    if ask:
+        return head + ("?%s %d\n" % (digest(), len(base_zip()))).encode()
     if file is not None:
-        path, digest = file
-        if not re.fullmatch(r"[0-9a-f]{64}", digest) or not path.startswith("/") or any(c in path for c in "\n\r"):
-            raise ValueError("bundle file %r / %r: an absolute path and a SHA-256 in hex" % (path, digest))
-        return head + ("@%s %s\n" % (digest, path)).encode()
+        path, sha = file
+        if not re.fullmatch(r"[0-9a-f]{64}", sha) or not path.startswith("/") or any(c in path for c in "\n\r"):
+            raise ValueError("bundle file %r / %r: an absolute path and a SHA-256 in hex" % (path, sha))
+        return head + ("@%s %s\n" % (sha, path)).encode()
     blob = base_zip()
     return head + str(len(blob)).encode() + b"\n" + blob
 
@@ -345,6 +401,8 @@ def remote_command(python: str) -> str:
 _PID_RE = re.compile(rb"preflight-pid (\d+)$")
 _CLOCK_RE = re.compile(rb"preflight-clock (\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)$")
 _REFUSED_RE = re.compile(rb"preflight-bundle-refused (.*)$")
+_SEND_RE = re.compile(rb"preflight-bundle-send (.*)$")
+_UNSAVED_RE = re.compile(rb"preflight-bundle-unsaved (.*)$")
 #: a part or result frame, wherever it starts in a line (a line joined to the one before it, or after a
 #: shell start-up file's output without a newline)
 _FRAME_RE = re.compile(rb"preflight-(part|result) ")
@@ -380,6 +438,8 @@ class ResultReader:
         self.result: Optional[Dict[str, Any]] = None
         self.damage: Optional[str] = None  # why a result frame that arrived gives no document
         self.refused: Optional[str] = None  # why the bootstrap refused the bundle file it was named (no run)
+        self.wants_bundle: Optional[str] = None  # `?` mode: the node has no usable copy (why): send the zip
+        self.unsaved: Optional[str] = None  # `?` mode: the node could not keep the zip it was sent (why)
         self.size = 0  # stdout bytes fed
         self._line: List[bytes] = []  # the pieces of the line not ended yet
         self._frames: Dict[int, List[bytes]] = {}
@@ -446,6 +506,14 @@ class ResultReader:
         match = _REFUSED_RE.search(line)
         if match:  # nothing more will come: the bootstrap exits without running anything
             self.refused, self._done = match.group(1).decode("utf-8", "replace")[:300], True
+            return
+        match = _SEND_RE.search(line)
+        if match:
+            self.wants_bundle = match.group(1).decode("utf-8", "replace")[:300]
+            return
+        match = _UNSAVED_RE.search(line)
+        if match:
+            self.unsaved = match.group(1).decode("utf-8", "replace")[:300]
             return
         match = _PID_RE.search(line)
         if match:

@@ -163,10 +163,15 @@ class Fleet:
             time.sleep(0.05)
 
     def describe(self) -> Dict[str, Any]:
-        """What carried the run, for the report: {"kind": "ssh" (or "local"), "connections": N}."""
+        """What carried the run, for the report: {"kind": "ssh" (or "local"), "connections": N}, over SSH
+        with "bundle": {"sent": nodes the zip went to, "kept": nodes that used their copy of it}."""
         with self._lock:
             local = all(s.local for s in self.specs.values())
-            return {"kind": "local" if local else "ssh", "connections": len(self.sessions)}
+            out: Dict[str, Any] = {"kind": "local" if local else "ssh", "connections": len(self.sessions)}
+            ways = [getattr(s, "bundle", None) for s in self.sessions.values()]
+            if any(ways):
+                out["bundle"] = {"sent": ways.count("sent"), "kept": ways.count("kept")}
+            return out
 
     def close(self) -> None:
         with self._lock:

@@ -124,6 +124,9 @@ class SSHSession(Session):
         self._pid: Optional[int] = None
         self._lock = threading.Lock()
         self._kept: Optional[Tuple[Any, Optional[int]]] = None  # (channel, pid) waiting for a next phase
+        #: the probe bundle on this node: None (not started yet), "kept" (the node's copy from an earlier
+        #: run was used), "sent" (the zip went over this connection)
+        self.bundle: Optional[str] = None
 
     # connection ---------------------------------------------------------------------------------
     def _connection(self, host: str, user: Optional[str], port: Optional[int], gateway: Any) -> Any:
@@ -247,6 +250,7 @@ class SSHSession(Session):
         run = bundle.ResultReader()
         # a kept process waits for the next phase as long as this phase may last on the slowest node
         config = dict(config, deadline_s=deadline_s + 5, more=then, wait_s=deadline_s + bundle.NEXT_PHASE_SLACK_S)
+        blob: Optional[bytes] = None  # the zip, until the node asks for it (it has none kept) or finishes
         kept, self._kept = self._kept, None
         if kept is not None and (kept[0].closed or kept[0].exit_status_ready()):
             kept = None  # the kept process is gone (its wait for this phase ran out): start anew
@@ -258,13 +262,13 @@ class SSHSession(Session):
             else:
                 # The payload is built before the remote command starts: until its pid arrives a Ctrl-C
                 # cannot kill it, so nothing slow (the first bundle build) may sit between the two.
-                payload = bundle.stdin_payload(config)
+                payload = bundle.stdin_payload(config, ask=True)
+                blob = bundle.base_zip()
                 chan = self.conn.transport.open_session(timeout=self.spec.connect_timeout)
                 sent_at = time.time()
                 chan.exec_command(bundle.remote_command(self.spec.python))
-                # a view: paramiko's sendall re-slices what is left after every packet (s = s[sent:]),
-                # which copied a 650 KB bundle about 20 times per node
-                chan.sendall(memoryview(payload))
+                chan.sendall(payload)
+                self.bundle = self.bundle or "kept"  # until the node asks for the zip
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise NodeFailure("unreachable", "connection lost while starting the probe: %s" % (exc or type(exc).__name__)) from None
         end = started + deadline_s
@@ -309,6 +313,9 @@ class SSHSession(Session):
                 while chan.recv_stderr_ready():
                     run.err += chan.recv_stderr(65536)
                     got = True
+                if run.wants_bundle is not None and blob is not None:
+                    self._send_bundle(chan, run, blob)
+                    blob = None
                 if then and run.has_result() and not chan.exit_status_ready():
                     keep = True  # the process waits for the next phase's config
                     break
@@ -316,6 +323,10 @@ class SSHSession(Session):
                     break
                 if chan.closed and not got:
                     break
+            if run.refused and run.damage is None:  # the zip it asked for failed its SHA-256 on arrival
+                run.damage = "the probe bundle arrived damaged (%s)" % run.refused
+            if run.unsaved:
+                log.debug("%s: could not keep the probe bundle (%s): it is sent again next run", self.spec.name, run.unsaved)
             if keep:
                 self._kept = (chan, run.pid)
                 return run.finish(None, sent_at, started)
@@ -355,6 +366,18 @@ class SSHSession(Session):
             if not keep:
                 chan.close()
         return run.finish(rc, sent_at, started)
+
+    def _send_bundle(self, chan: Any, run: bundle.ResultReader, blob: bytes) -> None:
+        """The node kept no usable copy of this bundle (`run.wants_bundle` says why): send the zip."""
+        why = run.wants_bundle or ""
+        # a missing copy is a first run (or a reboot); anything else was put there: said as the Slurm
+        # transport says a refused broadcast file (another user's, a symlink, group-writable, a wrong digest)
+        level = logging.DEBUG if why.endswith(": No such file or directory") else logging.WARNING
+        log.log(level, "%s: no usable probe bundle kept on the node (%s): sent it", self.spec.name, why)
+        self.bundle = "sent"
+        # a view: paramiko's sendall re-slices what is left after every packet (s = s[sent:]), which
+        # copied a 650 KB bundle about 20 times per node
+        chan.sendall(memoryview(blob))
 
     def end_kept(self) -> None:
         """The kept process gets an empty config (it exits 0), then its channel is closed (were it not

@@ -81,6 +81,26 @@ def _child_setup() -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+def as_node(shm: str, argv: Sequence[str], hostname: Optional[str] = None,
+            binds: Sequence[Tuple[str, str]] = ()) -> List[str]:
+    """argv run as a node's daemon: in its own mount namespace in which `shm` (the node's directory, mode
+    1777) is mounted on /dev/shm, each (source, target) of `binds` is bind-mounted too, and, given a
+    hostname, in its own UTS namespace with that hostname (no shell interpolation of any of them). Real
+    nodes each have their own node-local tmpfs on /dev/shm; the simulated ones would otherwise share the
+    host's, so a file one node's daemon or task writes there (sbcast, the probe bundle kept over SSH, a
+    test's planted file) would appear on all of them. Everything the daemon starts inherits the namespace."""
+    script = ['hostname "$0"'] if hostname else []
+    script.append('mount --bind "$1" /dev/shm')
+    paths = [shm]
+    for source, target in binds:
+        script.append('mount --bind "$%d" "$%d"' % (len(paths) + 1, len(paths) + 2))
+        paths += [source, target]
+    script.append("shift %d" % len(paths))
+    script.append('exec "$@"')
+    return ["unshare", *(["--uts"] if hostname else []), "--mount", "--propagation", "private", "--", "sh", "-c",
+            " && ".join(script), hostname or "node", *paths, *argv]
+
+
 class SimNode:
     """One simulated node: its namespace, addresses, directory and the hooks for fake hardware."""
 
@@ -105,6 +125,8 @@ class SimNode:
         # the node's shell start-up file: bash sources $BASH_ENV before every command sshd runs, as it
         # sources ~/.bashrc on a real node; empty unless a fault writes into it
         self.shell_rc = os.path.join(self.dir, "shellrc")
+        # mounted on /dev/shm for the node's daemons (as_node): a real node's /dev/shm is its own tmpfs
+        self.shm_dir = os.path.join(self.dir, "shm")
         self.docker0 = False
         self.sshd: Optional[subprocess.Popen] = None
         self.host_pubkey = b""
@@ -171,9 +193,10 @@ class SimCluster(FaultInjection):
 
     def __init__(self, n: int, *, prefix: Optional[str] = None, docker0: Union[bool, Iterable] = False,
                  root: Optional[str] = None, keep_root: bool = False, start_timeout: float = 60.0,
-                 slurm: bool = False, slurm_gpus: int = 0) -> None:
+                 slurm: bool = False, slurm_gpus: int = 0, sshd: bool = True) -> None:
         if not 1 <= n < MAX_NODES:
             raise ValueError("n must be between 1 and %d" % (MAX_NODES - 1))
+        self.want_sshd = sshd
         self.prefix = prefix or "%s%s" % (PREFIX_BASE, secrets.token_hex(3))
         if not re.match(r"^[A-Za-z0-9_]{1,20}$", self.prefix):
             raise ValueError("prefix must be 1-20 characters of [A-Za-z0-9_]")
@@ -252,10 +275,11 @@ class SimCluster(FaultInjection):
             t1 = time.monotonic()
             self._build_network()
             t2 = time.monotonic()
-            for node in self.nodes:
-                self._spawn_sshd(node)
-            self._wait_listening(self.nodes)
-            self._wait_links_up(self.nodes)
+            if self.want_sshd:  # sshd=False: a Slurm-only benchmark's nodes (1,000 sshd are ~2 GB)
+                for node in self.nodes:
+                    self._spawn_sshd(node)
+                self._wait_listening(self.nodes)
+                self._wait_links_up(self.nodes)  # read through sshd's mount namespace (Slurm waits its own way)
             t3 = time.monotonic()
             if self.want_slurm:
                 from .slurm import SimSlurm
@@ -287,8 +311,9 @@ class SimCluster(FaultInjection):
         known = []
         for node in self.nodes:
             for d in (node.bin_dir, os.path.join(node.sys_dir, "class"), os.path.join(node.sys_dir, "bus/pci/devices"),
-                      os.path.join(node.root_dir, "etc")):
+                      os.path.join(node.root_dir, "etc"), node.shm_dir):
                 os.makedirs(d, exist_ok=True)
+            os.chmod(node.shm_dir, 0o1777)  # world-writable and sticky, like a real /dev/shm
             net = os.path.join(node.sys_dir, "class", "net")
             if not os.path.lexists(net):
                 os.symlink("/sys/class/net", net)  # inside `ip netns exec`, /sys is the namespace's sysfs
@@ -426,9 +451,8 @@ class SimCluster(FaultInjection):
     def _spawn_sshd(self, node: SimNode) -> None:
         log = open(node.sshd_log, "ab")
         try:
-            argv = [SSHD, "-D", "-e", "-f", node.sshd_config]
-            if self.want_slurm:
-                argv = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', node.name] + argv
+            argv = as_node(node.shm_dir, [SSHD, "-D", "-e", "-f", node.sshd_config],
+                           hostname=node.name if self.want_slurm else None)
             node.sshd = self._spawn(["ip", "netns", "exec", node.ns] + argv,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         finally:
@@ -598,15 +622,16 @@ class SimCluster(FaultInjection):
     def processes(self, node: NodeRef) -> List[Tuple[int, str]]:
         """(pid, cmdline) of every process in the node's network namespace except its sshd listener.
 
-        Listeners started by hold_port() and the node's slurmd are left out too; sshd session processes
+        Listeners started by hold_port() and the node's slurmd and munged are left out too; sshd session processes
         of a connection that just closed may still show for a few milliseconds (see leftover_processes).
         """
         node = self.node(node)
         key = netns_id(node.ns)
         listener = node.sshd.pid if node.sshd is not None and node.sshd.poll() is None else None
         held = {pid for pid, p in self._held.items() if p.poll() is None}
-        if self.slurm is not None:  # the node's slurmd daemon is infrastructure, like its sshd listener
-            held |= {p.pid for name, p in self.slurm.slurmd.items() if name == node.name and p.poll() is None}
+        if self.slurm is not None:  # the node's slurmd and munged are infrastructure, like its sshd listener
+            for daemons in (self.slurm.slurmd, self.slurm.node_munged):
+                held |= {p.pid for name, p in daemons.items() if name == node.name and p.poll() is None}
         return [(pid, cmdline(pid)) for pid in sorted(pids_by_netns([key])[key])
                 if pid != listener and pid not in held]
 

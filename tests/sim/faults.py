@@ -64,6 +64,12 @@ class FaultInjection:
         node.install_executable("python3", "#!/bin/sh\nexec sleep 100000\n")
         self._push_undo(node, lambda: self._install_python(node))
 
+    def crash_commands(self, node: NodeRef) -> None:
+        """Every `python3` on the node is killed at once (SIGKILL, as the kernel's OOM killer ends a process)."""
+        node = self.node(node)
+        node.install_executable("python3", "#!/bin/sh\nkill -KILL $$\n")
+        self._push_undo(node, lambda: self._install_python(node))
+
     def _shell_rc(self, node: SimNode, text: str) -> None:
         write_file(node.shell_rc, text)
         self._push_undo(node, lambda: write_file(node.shell_rc, ""))

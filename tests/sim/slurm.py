@@ -6,7 +6,9 @@ root directory, never /etc/slurm or /etc/munge:
     root/slurm/slurm.conf     read by every daemon and client through SLURM_CONF (see env())
     root/slurm/cgroup.conf    cgroup/v1 at /sys/fs/cgroup (unused: proctrack/linuxproc, task/none)
     root/slurm/munge/         private key, pid, seed, log (mode 0700)
-    root/slurm/sock/          munged's socket; slurm.conf's AuthInfo=socket= points every party at it
+    root/slurm/sock/          the controller's munged socket; slurm.conf's AuthInfo=socket= points every
+                              party at it (on the nodes, the node's own munged: below)
+    root/nNNN/munge/          a node's munged: pid, seed, log; sock/ its socket
     root/slurm/spool/NODE/    SlurmdSpoolDir (%n), state/ is StateSaveLocation, log/ the daemon logs
     root/slurm/task_prolog    TaskProlog: puts the node's bin/ first on PATH and sets PREFLIGHT_SYSFS_ROOT,
                               like the SetEnv line of the node's sshd (a site's TaskProlog is the real
@@ -20,7 +22,14 @@ sbcast writes there, and what a test plants there, is per node (see SimSlurm.shm
 management bridge; the data network (MTU 9000) and docker0 are the SSH simulator's. The ports are the
 Slurm defaults (6817/6818): every namespace is private, so nothing else can hold them.
 
-munged runs in the controller namespace; its socket is a path, reachable from every namespace.
+munged runs per node, as on a real cluster: the controller's in the controller namespace (for
+slurmctld, srun, scontrol), each node's in its node namespace with its own socket (root/nNNN/munge/),
+bind-mounted over root/slurm/sock/ in that node's slurmd mount namespace, so slurm.conf's one
+AuthInfo=socket= path reaches the node's own munged. All share one key. Past MAX_NODE_MUNGED nodes,
+consecutive nodes share one (the first node's of the group): at 1,000 nodes a munged each is 4 GB of this
+machine's memory. With a single munged for every node, 1,000 slurmstepds asking it at once overflow its
+socket's backlog and srun fails with "Munge encode failed ... Resource temporarily unavailable" (seen at
+1,000 nodes): a simulator artifact, not Slurm's.
 All daemons are children of the SimCluster and live in its namespaces, so its stop() (atexit,
 signals, cleanup_stale()) kills them and removes everything, also when a test fails.
 """
@@ -35,11 +44,13 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from .base import SimError, tail, write_file
-from .cluster import SimNode
+from .cluster import SimNode, as_node
 
 SLURMCTLD = "/usr/sbin/slurmctld"
 SLURMD = "/usr/sbin/slurmd"
 MUNGED = "/usr/sbin/munged"
+#: node munged daemons at most (4 MB each); past this many nodes, consecutive nodes share one
+MAX_NODE_MUNGED = 64
 CTLD_PORT = 6817
 SLURMD_PORT = 6818
 PARTITION = "sim"
@@ -60,16 +71,6 @@ def _in_uts(hostname: str, argv: Sequence[str]) -> List[str]:
     return ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', hostname, *argv]
 
 
-def _as_node(hostname: str, shm: str, argv: Sequence[str]) -> List[str]:
-    """argv run as a node's daemon: its own UTS namespace (hostname) and its own mount namespace in which
-    `shm` (a directory of this node's, mode 1777) is mounted on /dev/shm. Real nodes each have their own
-    node-local tmpfs there; the simulated ones would otherwise share the host's, so a file one node's
-    slurmd writes (sbcast) would appear on all of them. Everything slurmd starts (slurmstepd, the tasks,
-    the file broadcast's writer) inherits the namespace."""
-    return ["unshare", "--uts", "--mount", "--propagation", "private", "--", "sh", "-c",
-            'hostname "$0" && mount --bind "$1" /dev/shm && shift && exec "$@"', hostname, shm, *argv]
-
-
 class SimSlurm:
     """The Slurm daemons of one SimCluster. Built by SimCluster(slurm=True); see the module docstring."""
 
@@ -84,6 +85,7 @@ class SimSlurm:
         self.message_timeout = message_timeout
         self.tree_width = tree_width  # slurm.conf TreeWidth (None: Slurm's default, 50 in 22.05); benchmarks at scale
         self.munged: Optional[subprocess.Popen] = None
+        self.node_munged: Dict[str, subprocess.Popen] = {}
         self.ctld: Optional[subprocess.Popen] = None
         self.slurmd: Dict[str, subprocess.Popen] = {}
 
@@ -106,8 +108,6 @@ class SimSlurm:
         write_file(os.path.join(self.munge_dir, "munge.key"), os.urandom(1024), 0o400)
         for node in self.cluster.nodes:
             os.makedirs(os.path.join(self.dir, "spool", node.name), exist_ok=True)
-            os.makedirs(self.shm(node), exist_ok=True)
-            os.chmod(self.shm(node), 0o1777)  # world-writable and sticky, like a real /dev/shm
         prolog = os.path.join(self.dir, "task_prolog")
         # TaskProlog's stdout lines `export NAME=value` set the task's environment (slurm.conf(5)).
         write_file(prolog, "#!/bin/sh\n"
@@ -183,13 +183,17 @@ class SimSlurm:
         self._write_files()
         c = self.cluster
         env = self.env()
-        self.munged = c._spawn(["ip", "netns", "exec", c.ctl_ns, MUNGED, "-F", "--socket=" + self.socket,
-                                "--key-file=" + os.path.join(self.munge_dir, "munge.key"),
-                                "--pid-file=" + os.path.join(self.munge_dir, "munged.pid"),
-                                "--seed-file=" + os.path.join(self.munge_dir, "munged.seed"),
-                                "--log-file=" + os.path.join(self.munge_dir, "munged.log")],
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log("munged.out"))
-        self._wait(lambda: os.path.exists(self.socket), timeout, "munged socket",
+        self.munged = self._spawn_munged(c.ctl_ns, self.munge_dir, self.socket, "munged.out")
+        for node in c.nodes:
+            if self.node_munge_dir(node) != os.path.join(node.dir, "munge"):
+                continue  # its group's first node runs the munged it uses
+            os.makedirs(os.path.join(self.node_munge_dir(node), "sock"), mode=0o755, exist_ok=True)
+            os.chmod(self.node_munge_dir(node), 0o755)  # munged: every folder above its socket searchable by all
+            self.node_munged[node.name] = self._spawn_munged(
+                node.ns, self.node_munge_dir(node), os.path.join(self.node_munge_dir(node), "sock", "munge.sock"),
+                "munged-%s.out" % node.name)
+        sockets = [self.socket] + [os.path.join(self.node_munge_dir(n), "sock", "munge.sock") for n in c.nodes]
+        self._wait(lambda: all(os.path.exists(p) for p in sockets), timeout, "munged sockets",
                    lambda: self._tail(os.path.join(self.munge_dir, "munged.log")))
         self.ctld = c._spawn(["ip", "netns", "exec", c.ctl_ns] + _in_uts(CTL_HOSTNAME, [SLURMCTLD, "-D", "-i"]),
                              env=env, stdin=subprocess.DEVNULL, stdout=self._log("slurmctld.out"),
@@ -199,9 +203,30 @@ class SimSlurm:
         self.wait_idle([n.name for n in c.nodes], timeout)
         return self
 
+    def _spawn_munged(self, ns: str, folder: str, socket: str, out: str) -> subprocess.Popen:
+        err = self._log(out)
+        try:
+            return self.cluster._spawn(["ip", "netns", "exec", ns, MUNGED, "-F", "--socket=" + socket,
+                                        "--key-file=" + os.path.join(self.munge_dir, "munge.key"),
+                                        "--pid-file=" + os.path.join(folder, "munged.pid"),
+                                        "--seed-file=" + os.path.join(folder, "munged.seed"),
+                                        "--log-file=" + os.path.join(folder, "munged.log")],
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        finally:
+            err.close()
+
+    def node_munge_dir(self, node) -> str:
+        """The folder of the munged a node uses: its pid, seed and log, and sock/ (bind-mounted over
+        root/slurm/sock/ for the node's slurmd and everything it starts). Its own, up to MAX_NODE_MUNGED
+        nodes; past that, its group's first node's."""
+        nodes = self.cluster.nodes
+        per = -(-len(nodes) // MAX_NODE_MUNGED)  # nodes a munged serves
+        index = nodes.index(self.cluster.node(node))
+        return os.path.join(nodes[index - index % per].dir, "munge")
+
     def shm(self, node) -> str:
         """The directory mounted on the node's /dev/shm for its slurmd and every task it starts."""
-        return os.path.join(self.cluster.node(node).dir, "shm")
+        return self.cluster.node(node).shm_dir
 
     def _log(self, name: str):
         return open(os.path.join(self.log_dir, name), "ab")
@@ -210,7 +235,9 @@ class SimSlurm:
         out = self._log("slurmd-%s.out" % node.name)
         try:
             self.slurmd[node.name] = self.cluster._spawn(
-                ["ip", "netns", "exec", node.ns] + _as_node(node.name, self.shm(node), [SLURMD, "-D", "-N", node.name]),
+                ["ip", "netns", "exec", node.ns] + as_node(self.shm(node), [SLURMD, "-D", "-N", node.name], hostname=node.name,
+                                                        binds=[(os.path.join(self.node_munge_dir(node), "sock"),
+                                                                os.path.dirname(self.socket))]),
                 env=self.env(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         finally:
             out.close()
