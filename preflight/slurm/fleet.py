@@ -71,6 +71,9 @@ log = logging.getLogger(__name__)
 #: how long squeue/scancel may take to cancel a step (a loaded slurmctld at 1,000 nodes answers late)
 SCANCEL_WAIT_S = 60.0
 
+#: how long after srun says a node's task ended its last output may still be on the way (see _collect)
+ENDED_GRACE_S = 1.0
+
 #: srun cuts task output lines at 1024 bytes (slurmstepd's buffer); the result JSON travels in shorter parts.
 LINE_MAX = 900
 
@@ -110,6 +113,7 @@ class _Step:
         #: nodes srun said a task of ended while the step runs ("srun: error: n087: task 86: Killed"):
         #: a node that has not answered by then never will, and the phase need not wait for its deadline
         self.ended: Dict[str, str] = {}
+        self.ended_at: Dict[str, float] = {}  # when srun said so (its stdout, a separate pipe, may lag)
 
     def by_node(self) -> Dict[str, List[_Task]]:
         out: Dict[str, List[_Task]] = {}
@@ -146,8 +150,9 @@ class _Step:
             if not is_stdout:
                 self.srun_err += line + b"\n"
                 ended = EXIT_RE.match(line.decode("utf-8", "replace").strip())
-                if ended:
-                    self.ended.setdefault(ended.group(1), ended.group(3).strip())
+                if ended and ended.group(1) not in self.ended:
+                    self.ended[ended.group(1)] = ended.group(3).strip()
+                    self.ended_at[ended.group(1)] = time.monotonic()
             return
         task = self.tasks.setdefault(int(m.group(1)), _Task())
         text = m.group(2)
@@ -377,8 +382,11 @@ class SlurmFleet:
             answered = step.answered(names)
             if len(answered) == len(names):
                 break
-            if len(answered) + sum(1 for n in names if n in step.ended and n not in answered) == len(names):
-                break  # the rest ended without a result (srun said so): no deadline to wait for
+            # the rest ended without a result (srun said so on stderr ENDED_GRACE_S ago: what the task printed
+            # last travels on srun's stdout, a separate pipe, and may come after): no deadline to wait for
+            gone = sum(1 for n in names if n not in answered and now - step.ended_at.get(n, now) >= ENDED_GRACE_S)
+            if gone and len(answered) + gone == len(names):
+                break
             for name in names:  # a node past its own deadline without a result is a timeout
                 if name not in answered and now - started > deadlines[name]:
                     timed_out.setdefault(name, deadlines[name])
