@@ -110,10 +110,10 @@ class _Step:
         self.streams = [proc.stdout.fileno(), proc.stderr.fileno()]
         self.rc: Optional[int] = None
         self.stdin_lock = threading.Lock()  # writes in order: the payload, then each next phase's line
-        #: nodes srun said a task of ended while the step runs ("srun: error: n087: task 86: Killed"):
-        #: a node that has not answered by then never will, and the phase need not wait for its deadline
-        self.ended: Dict[str, str] = {}
-        self.ended_at: Dict[str, float] = {}  # when srun said so (its stdout, a separate pipe, may lag)
+        #: {node: when} srun said a task of it ended while the step runs ("srun: error: n087: task 86:
+        #: Killed"): a node that has not answered by then never will, and the phase need not wait for its
+        #: deadline (what srun said is read again from srun_err with the rest, by parse_srun_stderr)
+        self.ended_at: Dict[str, float] = {}
 
     def by_node(self) -> Dict[str, List[_Task]]:
         out: Dict[str, List[_Task]] = {}
@@ -150,9 +150,8 @@ class _Step:
             if not is_stdout:
                 self.srun_err += line + b"\n"
                 ended = EXIT_RE.match(line.decode("utf-8", "replace").strip())
-                if ended and ended.group(1) not in self.ended:
-                    self.ended[ended.group(1)] = ended.group(3).strip()
-                    self.ended_at[ended.group(1)] = time.monotonic()
+                if ended:
+                    self.ended_at.setdefault(ended.group(1), time.monotonic())
             return
         task = self.tasks.setdefault(int(m.group(1)), _Task())
         text = m.group(2)
@@ -405,6 +404,7 @@ class SlurmFleet:
         controller = controller_failure(said)
         outcomes: Dict[str, Outcome] = {}
         refused: Dict[str, str] = {}
+        job_ended = controller is not None and controller.endswith("has expired")
         for name in names:
             tasks = by_node.get(name, [])
             why_not = next((t.run.refused for t in tasks if t.run.refused), None)
@@ -415,15 +415,14 @@ class SlurmFleet:
                 outcomes[name] = Outcome(name, failure=NodeFailure(
                     "timeout", "timed out: no answer within %g s; cancelled the Slurm step" % timed_out[name]))
                 continue
-            ended = controller is not None and controller.endswith("has expired")
-            if len(tasks) < step.per_node and controller and (ended or not by_node) and name not in exits:
+            if len(tasks) < step.per_node and controller and (job_ended or not by_node) and name not in exits:
                 # srun never ran the step anywhere, for a reason of slurmctld's, or the job ended under the
                 # step: no verdict on the nodes that had not answered (469 node FAILs for one starved
                 # slurmctld at 512 simulated nodes, 999 for one DOWN node at 1,000, before this)
                 outcomes[name] = Outcome(name, failure=NodeFailure("scheduler", (
                     "not checked: Slurm ended job %s before this node answered (%s): Slurm's doing, not this "
                     "node's; rerun (scontrol show job %s says why)" % (self.alloc.job_id, controller, self.alloc.job_id))
-                    if ended else "not checked: srun could not run the step (%s): Slurm's controller did not answer, "
+                    if job_ended else "not checked: srun could not run the step (%s): Slurm's controller did not answer, "
                                   "not this node" % controller))
                 continue
             if len(tasks) < step.per_node:
@@ -445,7 +444,7 @@ class SlurmFleet:
                 outcomes[name] = Outcome(name, result=runner.merge([r.result for r in runs]), run=runs[0])
         # a node whose task ended (srun said so) has no process left in the step: the others' step goes on
         whole = step.rc is None and not timed_out and not refused and all(
-            o.failure is None or n in step.ended for n, o in outcomes.items())
+            o.failure is None or n in step.ended_at for n, o in outcomes.items())
         log.debug("step %s: %d of %d nodes answered in %.2f s%s", step.name, len(names) - sum(
             1 for o in outcomes.values() if o.failure), len(names), time.monotonic() - started,
                   "; srun said: " + " / ".join(srun_said[-3:]) if srun_said else "")

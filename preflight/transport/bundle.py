@@ -225,15 +225,15 @@ def _renamed(code: CodeType, filename: str) -> CodeType:
 
 
 def digest() -> str:
-    """The bundle's SHA-256 (hex), computed once per run."""
+    """The bundle's SHA-256 (hex), computed once per run (base_zip() is built once per run)."""
     blob = base_zip()
     with _zip_lock:
-        if not _digest or _digest[0][0] is not blob:
-            _digest[:] = [(blob, hashlib.sha256(blob).hexdigest())]
-        return _digest[0][1]
+        if not _digest:
+            _digest.append(hashlib.sha256(blob).hexdigest())
+        return _digest[0]
 
 
-_digest: List[Tuple[bytes, str]] = []
+_digest: List[str] = []
 
 
 def stdin_payload(config: Dict[str, Any], file: Optional[Tuple[str, str]] = None, ask: bool = False) -> bytes:

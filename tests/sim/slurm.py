@@ -185,7 +185,7 @@ class SimSlurm:
         env = self.env()
         self.munged = self._spawn_munged(c.ctl_ns, self.munge_dir, self.socket, "munged.out")
         for node in c.nodes:
-            if self.node_munge_dir(node) != os.path.join(node.dir, "munge"):
+            if self._munge_host(node) is not node:
                 continue  # its group's first node runs the munged it uses
             os.makedirs(os.path.join(self.node_munge_dir(node), "sock"), mode=0o755, exist_ok=True)
             os.chmod(self.node_munge_dir(node), 0o755)  # munged: every folder above its socket searchable by all
@@ -219,10 +219,14 @@ class SimSlurm:
         """The folder of the munged a node uses: its pid, seed and log, and sock/ (bind-mounted over
         root/slurm/sock/ for the node's slurmd and everything it starts). Its own, up to MAX_NODE_MUNGED
         nodes; past that, its group's first node's."""
+        return os.path.join(self._munge_host(node).dir, "munge")
+
+    def _munge_host(self, node) -> SimNode:
+        """The node whose munged `node` uses: itself, or past MAX_NODE_MUNGED nodes its group's first."""
         nodes = self.cluster.nodes
         per = -(-len(nodes) // MAX_NODE_MUNGED)  # nodes a munged serves
         index = nodes.index(self.cluster.node(node))
-        return os.path.join(nodes[index - index % per].dir, "munge")
+        return nodes[index - index % per]
 
     def shm(self, node) -> str:
         """The directory mounted on the node's /dev/shm for its slurmd and every task it starts."""
