@@ -123,6 +123,28 @@ def test_jumbo_frames_and_mtu_blackhole(sim_cluster):
     assert _ping(c, n1, n3.data_ip, 8972).returncode == 0
 
 
+def _inet6(cluster, node, dev):
+    out = cluster.node_exec(node, ["ip", "-j", "-6", "addr", "show", "dev", dev]).stdout
+    return [a["local"] for link in json.loads(out or "[]") for a in link.get("addr_info", [])]
+
+
+def test_link_local_off_sends_no_multicast_and_keeps_jumbo_paths(sim_cluster):
+    """link_local=False (the benchmarks past 256 nodes): no IPv6 link-local address, so no start-up multicast
+    for the one software bridge to copy to every port; IPv4 and jumbo frames work as before. The switch has no
+    IPv6 of its own either way."""
+    quiet = sim_cluster(2, sshd=False, link_local=False)
+    assert _inet6(quiet, "n001", "eth1") == [] and _inet6(quiet, "n001", "eth0") == []
+    assert _ping(quiet, "n001", quiet.node("n002").data_ip, 8972).returncode == 0
+    stats = subprocess.run(["ip", "-n", quiet.switch_ns, "-j", "-s", "link", "show", "br-data"],
+                           capture_output=True, text=True, check=True).stdout
+    assert json.loads(stats)[0]["stats64"]["rx"]["multicast"] == 0, stats
+    usual = sim_cluster(2, sshd=False)
+    deadline = time.monotonic() + 10
+    while not any(a.startswith("fe80:") for a in _inet6(usual, "n001", "eth1")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert any(a.startswith("fe80:") for a in _inet6(usual, "n001", "eth1")), _inet6(usual, "n001", "eth1")
+
+
 def test_docker0_same_address_on_every_node(sim_cluster):
     c = sim_cluster(3, docker0=["n001", "n002"])
     addrs = []

@@ -193,10 +193,16 @@ class SimCluster(FaultInjection):
 
     def __init__(self, n: int, *, prefix: Optional[str] = None, docker0: Union[bool, Iterable] = False,
                  root: Optional[str] = None, keep_root: bool = False, start_timeout: float = 60.0,
-                 slurm: bool = False, slurm_gpus: int = 0, sshd: bool = True) -> None:
+                 slurm: bool = False, slurm_gpus: int = 0, sshd: bool = True, link_local: bool = True) -> None:
         if not 1 <= n < MAX_NODES:
             raise ValueError("n must be between 1 and %d" % (MAX_NODES - 1))
         self.want_sshd = sshd
+        # link_local=False: the nodes' eth0/eth1 get no IPv6 link-local address (addrgenmode none), so they send
+        # none of IPv6's start-up multicast (DAD, router solicitation, MLD reports). One Linux bridge copies each
+        # such frame to every port in software: at 1,000 nodes that is ~100,000 frames a second dropped by the
+        # kernel's input backlog (/proc/net/softnet_stat), and real pings with them. A real switch does not drop
+        # like that; the benchmarks past 256 nodes turn it off (benchmarks/README.md, the knobs table).
+        self.link_local = link_local
         self.prefix = prefix or "%s%s" % (PREFIX_BASE, secrets.token_hex(3))
         if not re.match(r"^[A-Za-z0-9_]{1,20}$", self.prefix):
             raise ValueError("prefix must be 1-20 characters of [A-Za-z0-9_]")
@@ -377,6 +383,9 @@ class SimCluster(FaultInjection):
         self._created_ns = names
         ip_batch(["netns add %s" % n for n in names])
 
+        # the switch is layer 2 only: no IPv6 of its own (its bridges and ports would send multicast too)
+        subprocess.run(["ip", "netns", "exec", self.switch_ns, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
+                        "net.ipv6.conf.default.disable_ipv6=1"], check=True)
         sw = [
             "link set lo up",
             # MTU set after creation, so the bridge keeps it when a port's MTU changes (mtu_blackhole)
@@ -397,13 +406,15 @@ class SimCluster(FaultInjection):
                 sw.append(self._docker0_port_line(node))
         ip_batch(sw, ns=self.switch_ns)
 
-        jobs = [(self.ctl_ns, self._host_lines(self.ctl_mgmt_ip, self.ctl_data_ip, False))]
-        jobs += [(node.ns, self._host_lines(node.mgmt_ip, node.data_ip, node.docker0)) for node in self.nodes]
+        jobs = [(self.ctl_ns, self._host_lines(self.ctl_mgmt_ip, self.ctl_data_ip, False, self.link_local))]
+        jobs += [(node.ns, self._host_lines(node.mgmt_ip, node.data_ip, node.docker0, self.link_local))
+                 for node in self.nodes]
         self._parallel_batches(jobs)
 
     @staticmethod
-    def _host_lines(mgmt_ip: str, data_ip: str, docker0: bool) -> List[str]:
-        lines = [
+    def _host_lines(mgmt_ip: str, data_ip: str, docker0: bool, link_local: bool = True) -> List[str]:
+        lines = [] if link_local else ["link set eth0 addrgenmode none", "link set eth1 addrgenmode none"]
+        lines += [
             "link set lo up",
             "addr add %s/16 dev eth0" % mgmt_ip,
             "link set eth0 up",
