@@ -149,19 +149,26 @@ def test_probe_pings_localhost_for_real():
     json.dumps(facts)
 
 
-def test_older_iputils_refusing_a_fast_interval_gets_the_slow_one(tmp_path, monkeypatch):
-    """iputils before 20210202 refuses -i under 0.2 to users: the probe pings again at 0.2 s (a `ping`
-    on PATH that answers as such an iputils does, then runs the real one)."""
+def _lossy_ping(tmp_path, monkeypatch, script):
+    """A `ping` on PATH that runs `script` (sh, with $big set when the payload is over 1000 bytes) before, or
+    instead of, the real one; every call's argv is logged."""
     real = shutil.which("ping")
     if real is None:
         pytest.skip("no ping here")
     log = tmp_path / "argv.log"
     fake = tmp_path / "ping"
-    fake.write_text('#!/bin/sh\necho "$*" >> %s\ncase " $* " in *" -i 0.05 "*)\n'
-                    '  echo "ping: cannot flood; minimal interval allowed for user is 200ms" >&2; exit 2;;\nesac\n'
-                    'exec %s "$@"\n' % (log, real))
+    fake.write_text('#!/bin/sh\necho "$*" >> %s\nbig=; case " $* " in *" -s 1472 "*) big=1;; esac\n%s\nexec %s "$@"\n'
+                    % (log, script, real))
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ["PATH"]))
+    return log
+
+
+def test_older_iputils_refusing_a_fast_interval_gets_the_slow_one(tmp_path, monkeypatch):
+    """iputils before 20210202 refuses -i under 0.2 to users: the probe pings again at 0.2 s (a `ping`
+    on PATH that answers as such an iputils does, then runs the real one)."""
+    log = _lossy_ping(tmp_path, monkeypatch, 'case " $* " in *" -i 0.05 "*)\n'
+                      '  echo "ping: cannot flood; minimal interval allowed for user is 200ms" >&2; exit 2;;\nesac')
     cfg = {"iface": "lo", "source_ip": "127.0.0.1", "mtu": 1500, "size": 1472, "small_size": 56, "count": 2,
            "targets": [{"peer": "self", "ip": "127.0.0.1"}]}
     facts = mtu.probe(NodeContext(cfg))
@@ -171,6 +178,74 @@ def test_older_iputils_refusing_a_fast_interval_gets_the_slow_one(tmp_path, monk
     assert t["jumbo_ok"] and t["small_ok"] and t["loss_pct"] == 0.0, t
     intervals = sorted(line.split(" -i ")[1].split()[0] for line in log.read_text().splitlines())
     assert intervals == ["0.05", "0.05", "0.2", "0.2"]  # each ping refused fast, then run at 0.2 s
+
+
+#: what iputils prints when no reply came back (ping 127.0.0.1 with the packets dropped), exit 1
+LOST = ('echo "PING 127.0.0.1 (127.0.0.1) 1472(1500) bytes of data."; echo; echo "--- 127.0.0.1 ping statistics ---"; '
+        'echo "3 packets transmitted, 0 received, 100% packet loss, time 102ms"; exit 1')
+LO_CFG = {"iface": "lo", "source_ip": "127.0.0.1", "mtu": 1500, "size": 1472, "small_size": 56, "count": 3,
+          "targets": [{"peer": "n002", "ip": "127.0.0.1"}]}
+
+
+def _judged(t):
+    facts = ring_facts(2)
+    facts["n001"]["targets"][0] = dict(t, peer="n002")
+    return [f for f in mtu.rule(cluster(2, mtu_facts=facts)) if f.node == "n001" or f.status != Status.PASS]
+
+
+def test_a_burst_of_loss_is_confirmed_by_a_slower_second_ping_before_any_verdict(tmp_path, monkeypatch):
+    """The healthy-but-unusual twin of a black hole: the first full-size ping loses all three packets (a busy
+    moment), the second, slower one gets its replies: the path passes, the first try kept in the facts."""
+    log = _lossy_ping(tmp_path, monkeypatch, 'if [ -n "$big" ] && [ ! -e %s/once ]; then : > %s/once; %s; fi'
+                      % (tmp_path, tmp_path, LOST))
+    t = mtu.probe(NodeContext(dict(LO_CFG)))["targets"][0]
+    if t["error"] and "permitted" in str(t["error"]):
+        pytest.skip("ping is not permitted here: %s" % t["error"])
+    assert t["jumbo_ok"] and t["small_ok"] and t["loss_pct"] == 0.0, t
+    assert t["first_try"] == {"loss_pct": 100.0, "error": "3 of 3 replies lost"} and "small_first_try" not in t, t
+    calls = log.read_text().splitlines()
+    big = [c for c in calls if " -s 1472 " in " %s " % c]
+    assert len(big) == 2 and " -i 0.05 " in big[0] and " -i 0.2 " in big[1] and " -W 2 " in big[1], calls
+    (passed,) = _judged(t)
+    assert passed.status == Status.PASS and passed.message.endswith("(n002 answered the second, slower try only)")
+
+
+def test_a_black_hole_loses_both_tries_and_fails(tmp_path, monkeypatch):
+    _lossy_ping(tmp_path, monkeypatch, 'if [ -n "$big" ]; then %s; fi' % LOST)
+    t = mtu.probe(NodeContext(dict(LO_CFG)))["targets"][0]
+    if t["small_error"] and "permitted" in str(t["small_error"]):
+        pytest.skip("ping is not permitted here: %s" % t["small_error"])
+    assert not t["jumbo_ok"] and t["small_ok"] and t["first_try"]["loss_pct"] == 100.0, t
+    (fail,) = [f for f in _judged(t) if f.status == Status.FAIL]
+    assert fail.message.startswith("n001 → n002: 1472-byte DF ping lost on two tries (56-byte ping ok): jumbo "
+                                   "frames black-holed"), fail.message
+
+
+def test_no_time_left_for_a_second_try_keeps_the_first_and_says_so(tmp_path, monkeypatch):
+    """A --timeout too short for the confirmation: the first try's loss stands (as before there was a second
+    try), and the evidence says there was none."""
+    import time
+
+    log = _lossy_ping(tmp_path, monkeypatch, 'if [ -n "$big" ]; then %s; fi' % LOST)
+    t = mtu.probe(NodeContext(dict(LO_CFG), deadline=time.monotonic() + 2.0))["targets"][0]
+    if t["small_error"] and "permitted" in str(t["small_error"]):
+        pytest.skip("ping is not permitted here: %s" % t["small_error"])
+    assert not t["jumbo_ok"] and "first_try" not in t and "; no second try (" in t["error"], t
+    assert sum(1 for c in log.read_text().splitlines() if " -s 1472 " in " %s " % c) == 1
+    (fail,) = [f for f in _judged(t) if f.status == Status.FAIL]
+    assert "lost (56-byte ping ok)" in fail.message
+
+
+def test_a_ping_that_outruns_its_own_schedule_is_not_tested_not_failed(tmp_path, monkeypatch):
+    """ping ends on its own schedule whatever the network does: one still running PING_SLACK_S later is a
+    starved node (1,000 simulated nodes on two cores), not evidence against the path: ERROR, retest."""
+    monkeypatch.setattr(mtu, "PING_SLACK_S", 0.3)
+    _lossy_ping(tmp_path, monkeypatch, 'if [ -n "$big" ]; then exec sleep 30; fi')
+    t = mtu.probe(NodeContext(dict(LO_CFG)))["targets"][0]
+    assert t["unfinished"] and not t["jumbo_ok"] and t["error"].startswith("ping did not finish within"), t
+    (err,) = _judged(t)
+    assert err.status == Status.ERROR and err.action == "retest" and "not tested" in err.message, err
+    assert not [f for f in _judged(t) if f.status == Status.FAIL]
 
 
 def test_probe_skip_and_bad_config():

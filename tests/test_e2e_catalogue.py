@@ -134,7 +134,7 @@ def test_mtu_black_hole_names_the_node(sim_cluster):
     assert {r["node"] for r in failed} == {"n003"}, failed
     messages = " | ".join(r["message"] for r in failed)
     assert "n003 is the common end of 2 failing paths" in messages, messages
-    assert "n002 → n003: 8972-byte DF ping lost (1000-byte ping ok): jumbo frames black-holed" in messages, messages
+    assert "n002 → n003: 8972-byte DF ping lost on two tries (1000-byte ping ok): jumbo frames black-holed" in messages, messages
     print(messages)
 
 

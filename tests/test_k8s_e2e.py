@@ -193,7 +193,7 @@ def test_faults_named_and_drain_cordons_only_the_failing_nodes(deployed, tmp_pat
     out, doc = _report(api, SELECT + ONLY_NET + ["--timeout", "8", "--drain", "--max-drain-fraction", "0.5"], tmp_path)
     assert out.returncode == 1
     mtu = _findings(doc, "n003")
-    assert {f["check"] for f in mtu} == {"mtu"} and any("black-holed" in f["message"] for f in mtu)
+    assert {f["check"] for f in mtu} == {"mtu"} and any("black-holed" in f["message"] for f in mtu), mtu
     dead = [f for f in _findings(doc, "n005") if f["check"] == "ssh"]
     assert dead and "not Ready" in dead[0]["message"] and "preflight-agent-n005" in dead[0]["message"]
     hung = [f for f in _findings(doc, "n007") if f["check"] == "ssh"]
