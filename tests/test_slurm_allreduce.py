@@ -111,7 +111,11 @@ def test_one_srun_task_per_rank_and_every_phase_in_one_step(cluster):
     tasks = doc["transport"]["step_tasks"]
     # phase 1 + 2 in one step (one task a node); the whole-cluster sweep (one rank a node), which also
     # ran every node's loopback test: no step had more than one task a node
-    assert tasks[:2] == [N, N] and set(tasks) == {N}, tasks
+    # a node that measured low in the sweep (a busy moment on the CI machine's two cores) is re-measured
+    # beside a known-good partner: one step of two nodes for each such confirmation round, and no other step
+    loc = doc["allreduce"].get("localization") or {}
+    confirmations = {g["round"] for g in loc.get("groups") or [] if g.get("round")}
+    assert tasks[:2] == [N, N] and len(tasks) == 2 + len(confirmations) and max(tasks) == N, (tasks, loc)
     (loopback,) = doc["allreduce"].get("node_rounds") or [None]
     assert loopback is not None and loopback["name"] == "loopback", doc["allreduce"]
     assert loopback["named"] == [] and sorted(loopback["nodes"]) == sorted(n.name for n in cluster.nodes), loopback

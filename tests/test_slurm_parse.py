@@ -8,7 +8,8 @@ import pytest
 
 from preflight.slurm import drain
 from preflight.model import Finding, Status
-from preflight.slurm.scontrol import gres_gpus, bad_state, job_gpus, parse_show_node, parse_srun_stderr
+from preflight.slurm.scontrol import (LAUNCH_REFUSED_RE, bad_state, gres_gpus, job_gpus, parse_show_node,
+                                      parse_srun_stderr)
 
 HERE = os.path.join(os.path.dirname(__file__), "fixtures", "slurm")
 
@@ -287,3 +288,15 @@ def test_slurm_host_lists_expand_as_slurm_prints_them(text, count, ends):
     names = hostnames(text)
     assert len(names) == count and [names[0], names[-1]] == ends
     assert len(set(names)) == count
+
+
+def test_which_launch_failures_are_about_the_node_itself():
+    """srun's launch failures as recorded at 1,000 simulated nodes: a slurmd that is not running (the node's
+    own connection refused) against a timeout, which Slurm's forwarding gives every node of a late
+    forwarder's subtree (n[104-153] and seven more runs of 50 there, all healthy)."""
+    said = ("srun: error: Task launch for StepId=1.0 failed on node n751: Communication connection failure\n"
+            "srun: error: Task launch for StepId=2.1 failed on node n104: Socket timed out on send/recv operation\n"
+            "srun: error: Application launch failed: Socket timed out on send/recv operation\n")
+    launch, _ = parse_srun_stderr(said)
+    assert launch == {"n751": "Communication connection failure", "n104": "Socket timed out on send/recv operation"}
+    assert LAUNCH_REFUSED_RE.search(launch["n751"]) and not LAUNCH_REFUSED_RE.search(launch["n104"])

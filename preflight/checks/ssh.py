@@ -75,10 +75,11 @@ def rule(view: ClusterView) -> List[Finding]:
                                "(run again; if it repeats, check the transport's output handling)" % why,
                                data={"unreachable": True, "damaged": True}, action="retest"))
         elif kinds.get(name) == "scheduler":
-            # the scheduler's controller could not run the step (srun: "Unable to confirm allocation"): the node
-            # was never asked, so nothing is known about it (never a drain)
-            out.append(Finding(NAME, name, Status.ERROR, "%s; run again when slurmctld answers (sdiag, slurmctld's "
-                               "log)" % why, data={"unreachable": True, "scheduler": True}, action="retest"))
+            # Slurm could not run the step there (srun: "Unable to confirm allocation", the job ended under it, a
+            # launch that timed out twice): nothing is known about the node (never a drain); the message says
+            # where to look (preflight.slurm.fleet)
+            out.append(Finding(NAME, name, Status.ERROR, why, data={"unreachable": True, "scheduler": True},
+                               action="retest"))
         else:
             out.append(Finding(NAME, name, Status.FAIL, why, data={"unreachable": True}, action="isolate"))
     for name, facts in view.of(NAME).items():

@@ -35,6 +35,11 @@ BAD_STATES = ("DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RE
 BUSY_STATES = ("ALLOCATED", "MIXED", "COMPLETING")
 
 LAUNCH_FAIL_RE = re.compile(r"Task launch for \S+ failed on node (\S+?):\s*(.+)$")
+#: launch failures that are about the node itself: its slurmd refused or could not be reached at all (Slurm's
+#: SLURM_COMMUNICATIONS_CONNECTION_ERROR, "Communication connection failure", marks only that node in
+#: forward.c; a timeout marks a forwarder's whole subtree: see preflight.slurm.fleet)
+LAUNCH_REFUSED_RE = re.compile(r"Communication connection failure|Connection refused|No route to host|"
+                               r"Network is unreachable|Unable to resolve|Invalid node name", re.I)
 EXIT_RE = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$")
 GRANTED_RE = re.compile(r"Granted job allocation (\d+)")
 #: srun failing for a reason of the controller's, not of any node (Slurm src/srun/libsrun/allocate.c: "Unable

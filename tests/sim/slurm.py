@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import stat
 import subprocess
 import time
@@ -307,6 +308,14 @@ class SimSlurm:
             proc.kill()
             proc.wait()
         self.cluster._push_undo(node, lambda: self.start_slurmd(node))
+
+    def freeze_slurmd(self, node) -> None:
+        """Stop the node's slurmd with SIGSTOP: its kernel still accepts connections, nothing answers them (srun:
+        'Task launch ... failed on node N: Socket timed out on send/recv operation'); undone by heal()."""
+        node = self.cluster.node(node)
+        pid = self.slurmd[node.name].pid
+        os.kill(pid, signal.SIGSTOP)
+        self.cluster._push_undo(node, lambda: os.kill(pid, signal.SIGCONT))
 
     def start_slurmd(self, node, timeout: float = 30.0) -> None:
         """(Re)start the node's slurmd and wait until it wrote its pid file (it then serves RPCs)."""
