@@ -213,6 +213,10 @@ def main() -> int:
                              "past that). On: every node's IPv6 start-up multicast is copied by the one software "
                              "bridge to every port; at 1,000 nodes the kernel drops ~100,000 frames a second "
                              "(/proc/net/softnet_stat) and the mtu check's pings with them")
+    parser.add_argument("--proctrack", choices=("linuxproc", "pgid"), default=None,
+                        help="slurm.conf ProctrackType (default: linuxproc up to 256 nodes, pgid past that). linuxproc "
+                             "walks /proc, which on this simulator holds all the nodes' processes: at 1,000 nodes "
+                             "each slurmstepd reads ~3,000 entries when a step ends (hundreds of tasks in D state)")
     parser.add_argument("--no-faults", action="store_true",
                         help="inject no fault (a healthy cluster: every node must pass; for the cost against --floor)")
     parser.add_argument("--floor", action="store_true")
@@ -262,7 +266,10 @@ def _main(args: argparse.Namespace) -> int:
             pin_head_data(cluster)
         row["pin_s"] = round(time.monotonic() - t1, 1)
         t2 = time.monotonic()
-        cluster.slurm = slurm.SimSlurm(cluster, message_timeout=args.message_timeout, tree_width=args.tree_width)
+        proctrack = args.proctrack or ("linuxproc" if n <= 256 else "pgid")
+        row["proctrack"] = proctrack
+        cluster.slurm = slurm.SimSlurm(cluster, message_timeout=args.message_timeout, tree_width=args.tree_width,
+                                       proctrack=proctrack)
         cluster.slurm.start(timeout=900)
         row["slurm_start_s"] = round(time.monotonic() - t2, 1)
         if args.ctld_nice:

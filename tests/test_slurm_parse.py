@@ -300,3 +300,14 @@ def test_which_launch_failures_are_about_the_node_itself():
     launch, _ = parse_srun_stderr(said)
     assert launch == {"n751": "Communication connection failure", "n104": "Socket timed out on send/recv operation"}
     assert LAUNCH_REFUSED_RE.search(launch["n751"]) and not LAUNCH_REFUSED_RE.search(launch["n104"])
+
+
+def test_a_job_that_lost_a_node_is_slurms_doing():
+    """srun's words when the step names more nodes than the job still holds (recorded at 1,000 simulated
+    nodes: slurmctld set one DOWN mid-run and --no-kill kept the job): no task ran anywhere, and before this
+    every one of the 999 nodes was a FAIL isolate, 'probe bundle gave no result'."""
+    from preflight.slurm.scontrol import controller_failure
+
+    said = "srun: error: Only allocated 998 nodes asked for 999\n"
+    assert controller_failure(said) == "Only allocated 998 nodes asked for 999"
+    assert parse_srun_stderr(said) == ({}, {})

@@ -74,6 +74,11 @@ SCANCEL_WAIT_S = 60.0
 #: how long after srun says a node's task ended its last output may still be on the way (see _collect)
 ENDED_GRACE_S = 1.0
 
+#: how many times a run launches a step again for nodes whose launch only timed out (see _launch_failure):
+#: each relaunch costs every node a task start, and at 1,000 simulated nodes new timeouts came with each one
+#: (four relaunches of 999 tasks before this bound)
+MAX_TIMEOUT_RELAUNCHES = 1
+
 #: srun cuts task output lines at 1024 bytes (slurmstepd's buffer); the result JSON travels in shorter parts.
 LINE_MAX = 900
 
@@ -184,6 +189,7 @@ class SlurmFleet:
         self._step: Optional[_Step] = None  # the step in flight, or the one kept for the next phase
         self._lock = threading.Lock()
         self.launch_retried: Dict[str, str] = {}  # {node: its first launch timeout} (see _launch_failure)
+        self.timeout_relaunches = 0  # steps launched again for launch timeouts (at most MAX_TIMEOUT_RELAUNCHES)
         self.delivery: Optional[broadcast.Delivery] = None  # the run's sbcast of the bundle (first launch)
         self.on_stdin: Dict[str, str] = {}  # nodes that refused the broadcast file: {node: why}; stdin for them
         pythons = {s.python for s in specs}
@@ -240,11 +246,15 @@ class SlurmFleet:
                 outcomes.update(got)
                 todo = [n for n in todo if n in refused]
                 continue
+            retried = False
             for name, why in launch_failed.items():
                 failure = self._launch_failure(name, why)
-                if failure is not None:
+                if failure is None:
+                    retried = True
+                else:
                     self.dead[name] = failure
                     outcomes[name] = Outcome(name, failure=failure)
+            self.timeout_relaunches += retried
             if launch_failed:  # a failed launch aborts the whole step: run it again without the nodes judged
                 todo = [n for n in todo if n not in outcomes]
                 continue
@@ -266,14 +276,15 @@ class SlurmFleet:
         one is no verdict on the node (retest; Slurm marks a slurmd that stays silent NOT_RESPONDING itself)."""
         if LAUNCH_REFUSED_RE.search(why):
             return NodeFailure("unreachable", "slurmd on %s did not take the task launch: %s" % (name, why))
-        if name not in self.launch_retried:
+        if name not in self.launch_retried and self.timeout_relaunches < MAX_TIMEOUT_RELAUNCHES:
             self.launch_retried[name] = why
             log.debug("task launch on %s failed (%s): retried once in the next step", name, why)
             return None
         return NodeFailure("scheduler", (
-            "not checked: Slurm could not start the task on %s, twice (%s): a launch that times out is no evidence "
+            "not checked: Slurm could not start the task on %s%s (%s): a launch that times out is no evidence "
             "against the node (one late slurmd times out its whole forwarding subtree); if it repeats, read slurmd's "
-            "log there and `scontrol show node %s`") % (name, why, name))
+            "log there and `scontrol show node %s`") % (
+                name, ", twice" if name in self.launch_retried else " (the step was relaunched already)", why, name))
 
     def cancel(self) -> None:
         """Cancel the step in flight (Ctrl-C): scancel, then kill srun."""
@@ -442,11 +453,7 @@ class SlurmFleet:
                 # srun never ran the step anywhere, for a reason of slurmctld's, or the job ended under the
                 # step: no verdict on the nodes that had not answered (469 node FAILs for one starved
                 # slurmctld at 512 simulated nodes, 999 for one DOWN node at 1,000, before this)
-                outcomes[name] = Outcome(name, failure=NodeFailure("scheduler", (
-                    "not checked: Slurm ended job %s before this node answered (%s): Slurm's doing, not this "
-                    "node's; rerun (scontrol show job %s says why)" % (self.alloc.job_id, controller, self.alloc.job_id))
-                    if job_ended else "not checked: srun could not run the step (%s): Slurm's controller did not answer, "
-                                  "not this node; run again when slurmctld answers (sdiag, slurmctld's log)" % controller))
+                outcomes[name] = Outcome(name, failure=NodeFailure("scheduler", self._not_run(controller, job_ended)))
                 continue
             if len(tasks) < step.per_node:
                 why = exits.get(name) or "no output from %s (srun rc %s%s)" % (
@@ -472,6 +479,19 @@ class SlurmFleet:
             1 for o in outcomes.values() if o.failure), len(names), time.monotonic() - started,
                   "; srun said: " + " / ".join(srun_said[-3:]) if srun_said else "")
         return outcomes, {}, whole, refused
+
+    def _not_run(self, controller: str, job_ended: bool) -> str:
+        """Why a node got no task from a step srun could not run, for a reason of Slurm's (never the node's)."""
+        job = self.alloc.job_id
+        if job_ended:
+            return ("not checked: Slurm ended job %s before this node answered (%s): Slurm's doing, not this node's; "
+                    "rerun (scontrol show job %s says why)" % (job, controller, job))
+        if controller.startswith("Only allocated"):
+            return ("not checked: srun could not run the step (%s): Slurm's job %s holds fewer nodes than the step "
+                    "named (slurmctld took one out during the run), not this node's fault; rerun (scontrol show job %s)"
+                    % (controller, job, job))
+        return ("not checked: srun could not run the step (%s): Slurm's controller did not answer, not this node; "
+                "run again when slurmctld answers (sdiag, slurmctld's log)" % controller)
 
     def _end(self, step: _Step) -> None:
         """Close the step's stdin (its tasks exit: an unfinished one through its EOF watchdog), read

@@ -48,9 +48,12 @@ GRANTED_RE = re.compile(r"Granted job allocation (\d+)")
 #: starved of CPU ("Unable to confirm allocation for job 1: Socket timed out on send/recv operation").
 #: Also the job itself ending under the step ("srun: error: Slurm job 1 has expired", seen at 1,000 simulated
 #: nodes when Slurm ended the job for one failed node, before --no-kill; also its time limit or a scancel by
-#: someone): nothing is known of the nodes whose results had not arrived.
+#: someone): nothing is known of the nodes whose results had not arrived. And the job holding fewer nodes than
+#: the step names ("srun: error: Only allocated 998 nodes asked for 999", seen at 1,000 simulated nodes when
+#: slurmctld set a node whose slurmd it could not reach DOWN during the run; --no-kill kept the job).
 CONTROLLER_FAIL_RE = re.compile(r"(Unable to confirm allocation for job \S+|Unable to create step for job \S+|"
-                                r"Unable to contact slurm controller|Slurm job \S+ has expired)(?::\s*(.*))?$", re.M)
+                                r"Unable to contact slurm controller|Slurm job \S+ has expired|"
+                                r"Only allocated \d+ nodes asked for \d+)(?::\s*(.*))?$", re.M)
 
 
 #: How a drain reason preflight wrote begins (preflight.slurm.drain): only such drains are preflight's to undo.

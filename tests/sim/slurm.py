@@ -75,7 +75,8 @@ def _in_uts(hostname: str, argv: Sequence[str]) -> List[str]:
 class SimSlurm:
     """The Slurm daemons of one SimCluster. Built by SimCluster(slurm=True); see the module docstring."""
 
-    def __init__(self, cluster, message_timeout: int = 5, gpus: int = 0, tree_width: Optional[int] = None) -> None:
+    def __init__(self, cluster, message_timeout: int = 5, gpus: int = 0, tree_width: Optional[int] = None,
+                 proctrack: str = "linuxproc") -> None:
         self.cluster = cluster
         self.gpus = gpus  # Gres=gpu:N per node, the devices being char-device stand-ins (see _gres)
         self.dir = os.path.join(cluster.root, "slurm")
@@ -85,6 +86,11 @@ class SimSlurm:
         self.log_dir = os.path.join(self.dir, "log")
         self.message_timeout = message_timeout
         self.tree_width = tree_width  # slurm.conf TreeWidth (None: Slurm's default, 50 in 22.05); benchmarks at scale
+        # ProctrackType: linuxproc finds a step's processes by walking /proc, which here holds every node's
+        # processes (one pid namespace): 1,000 slurmstepds each reading ~3,000 entries' stat (the mm lock of
+        # each) at step ends put hundreds of tasks in D state (do_task_stat, dup_mmap). pgid (the step's
+        # process groups) walks nothing; benchmarks past 256 nodes use it, the suite keeps linuxproc.
+        self.proctrack = proctrack
         self.munged: Optional[subprocess.Popen] = None
         self.node_munged: Dict[str, subprocess.Popen] = {}
         self.ctld: Optional[subprocess.Popen] = None
@@ -138,7 +144,7 @@ class SimSlurm:
             "SlurmdPidFile=%(dir)s/spool/%%n/slurmd.pid\n"
             "SlurmctldLogFile=%(dir)s/log/slurmctld.log\n"
             "SlurmdLogFile=%(dir)s/log/slurmd-%%n.log\n"
-            "ProctrackType=proctrack/linuxproc\n"
+            "ProctrackType=proctrack/%(proctrack)s\n"
             "TaskPlugin=task/none\n"
             "TaskProlog=%(dir)s/task_prolog\n"
             "SelectType=select/cons_tres\n"
@@ -157,7 +163,7 @@ class SimSlurm:
             "PartitionName=%(part)s Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
         ) % {"ctl": CTL_HOSTNAME, "ctl_ip": self.cluster.ctl_mgmt_ip, "ctld_port": CTLD_PORT,
              "slurmd_port": SLURMD_PORT, "sock": self.socket, "dir": self.dir, "nodes": nodes,
-             "part": PARTITION, "msg_timeout": self.message_timeout,
+             "part": PARTITION, "msg_timeout": self.message_timeout, "proctrack": self.proctrack,
              "tree_width": "TreeWidth=%d\n" % self.tree_width if self.tree_width else ""})
 
     def _gres(self) -> None:
