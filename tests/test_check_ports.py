@@ -2,7 +2,9 @@
 
 import json
 import os
+import shutil
 import socket
+import subprocess
 import threading
 import time
 
@@ -120,6 +122,81 @@ def test_connect_to_foreign_listener_is_not_a_handshake():
         srv.close()
     assert res["connected"] and not res["handshake"]
     assert res["error"] == "the listener did not answer as preflight" and res["reply"].startswith("SSH-2.0")
+
+
+def test_a_hello_nobody_answered_is_sent_again_not_failed():
+    """The healthy-but-unusual twin of a foreign listener: the head accepted the connection but did not
+    answer in time (its accept queue overflowed while 999 peers connected at once, at 1,000 simulated
+    nodes: 972 healthy nodes FAILed 'connected, then timed out'). The node connects again within its retry
+    window, and the second hello is answered."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    port = srv.getsockname()[1]
+
+    def serve():
+        silent, _ = srv.accept()  # the first connection: accepted, never answered, closed late
+        conn, _ = srv.accept()
+        data = b""
+        while not data.endswith(b"\n"):
+            data += conn.recv(512)
+        conn.sendall(ports.REPLY + b"n001\n")
+        conn.close()
+        time.sleep(3.5)
+        silent.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        res = ports.connect({"host": "127.0.0.1", "port": port, "name": "n002", "retry_s": 8})
+    finally:
+        srv.close()
+    assert res["handshake"] and res["attempts"] == 2 and res["error"] is None, res
+
+
+def test_rule_silence_after_connecting_is_a_retest_a_foreign_reply_a_fail():
+    silent = dict(connected(4), handshake=False, reply="", elapsed_s=10.2, error="connected, then timed out")
+    foreign = dict(connected(1), handshake=False, reply="SSH-2.0-OpenSSH_9.6",
+                   error="the listener did not answer as preflight")
+    found = {f.node: f for f in ports.rule(cluster(3, {"n002": silent, "n003": foreign}))}
+    assert (found["n002"].status, found["n002"].action) == (Status.ERROR, "retest"), found["n002"]
+    assert found["n002"].message == ("n002 → n001 198.19.0.1:29500: connected, but the head did not answer within "
+                                     "10.2s (connected, then timed out): not tested; retest")
+    assert found["n003"].status == Status.FAIL and "did not answer as preflight" in found["n003"].message
+
+
+def test_most_nodes_unreached_is_the_heads_end_a_few_are_their_own():
+    """Five of six nodes cannot reach the listening head: one FAIL on the head (a firewall there, or a listener
+    too busy), the five not tested; its twin, one node of six failing, is that node's own path."""
+    head = {"role": "listen", "port": 29500, "bind_ip": "0.0.0.0", "listening": True,
+            "peers": [{"ip": "198.19.0.2", "name": "n002", "at_s": 0.1}]}
+    lost = dict(connected(3), connected=False, handshake=False, reply="", errno="timeout", error="timed out")
+    facts = {"n001": head, "n002": connected(1)}
+    facts.update({n: dict(lost) for n in ("n003", "n004", "n005", "n006", "n007")})
+    found = ports.rule(cluster(7, facts))
+    fails = [f for f in found if f.status == Status.FAIL]
+    assert [f.node for f in fails] == ["n001"], fails
+    assert fails[0].message.startswith("5 of 6 nodes could not reach or hear the head n001 on port 29500 (n[003-007])")
+    assert {f.node for f in found if f.status == Status.SKIP} == {"n003", "n004", "n005", "n006", "n007"}
+    few = {"n001": head, **{n: connected(1) for n in ("n002", "n003", "n004", "n005", "n006")}, "n007": dict(lost)}
+    found = {f.node: f for f in ports.rule(cluster(7, few))}
+    assert found["n007"].status == Status.FAIL and found["n001"].status == Status.PASS
+
+
+def test_the_listener_backlog_holds_every_expected_peer():
+    """listen(backlog) sized to the peers (ss shows a listener's backlog as its Send-Q)."""
+    if not shutil.which("ss"):
+        pytest.skip("no ss (iproute2) here")
+    port = free_port()
+    thread, box = run_listener({"port": port, "bind_ip": "127.0.0.1", "name": "n001",
+                                "expect_names": ["n%04d" % i for i in range(2, 1001)], "window_s": 3})
+    deadline = time.monotonic() + 5
+    backlog = None
+    while backlog is None and time.monotonic() < deadline:
+        out = subprocess.run(["ss", "-ltnH", "sport = :%d" % port], capture_output=True, text=True).stdout.split()
+        backlog = int(out[2]) if len(out) > 2 else None
+        time.sleep(0.05)
+    thread.join(10)
+    assert backlog is not None and backlog >= 999, backlog
 
 
 @pytest.mark.parametrize("wildcard", [False, True])
