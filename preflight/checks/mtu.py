@@ -210,24 +210,22 @@ def _ping(ctx: Any, cfg: Dict[str, Any], size: int, target: str, interval: float
     return out
 
 
-def _confirmed(ctx: Any, cfg: Dict[str, Any], size: int, target: str, first: Dict[str, Any]) -> Dict[str, Any]:
-    """A ping that got no reply at all (and was not refused for its size) is sent again, slower and waiting
-    longer, before the path is judged on it: three packets lost in 0.1 s on a busy moment must not drain a
-    node, while a black hole loses these too. The second try decides; the first is kept under "first_try"."""
+def _ping_confirmed(ctx: Any, cfg: Dict[str, Any], size: int, target: str) -> Dict[str, Any]:
+    """One ping; one that got no reply at all (and was not refused for its size) is sent again, slower and
+    waiting longer, before the path is judged on it: three packets lost in 0.1 s on a busy moment must not
+    drain a node, while a black hole loses these too. The second try decides; the first is kept under
+    "first_try"."""
+    first = _ping(ctx, cfg, size, target)
     if first["received"] > 0 or first["too_long"] or first["path_mtu"] is not None:
         return first
     need = int(cfg.get("count", COUNT)) * SLOW_INTERVAL + CONFIRM_WAIT_S + 0.5
-    left = ctx.remaining() if hasattr(ctx, "remaining") else None
+    left = ctx.remaining()
     if left is not None and left < need:  # a --timeout too short for it: the first try stands, and says so
         first["error"] = "%s; no second try (%.1f s of the probe's time left)" % (first["error"], max(left, 0.0))
         return first
     again = _ping(ctx, cfg, size, target, SLOW_INTERVAL, CONFIRM_WAIT_S)
     again["first_try"] = {"loss_pct": first["loss_pct"], "error": first["error"]}
     return again
-
-
-def _ping_confirmed(ctx: Any, cfg: Dict[str, Any], size: int, target: str) -> Dict[str, Any]:
-    return _confirmed(ctx, cfg, size, target, _ping(ctx, cfg, size, target))
 
 
 def probe(ctx: Any) -> Dict[str, Any]:

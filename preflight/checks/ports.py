@@ -317,7 +317,6 @@ def connect(cfg: Dict[str, Any]) -> Dict[str, Any]:
         if not handshake and not data and time.time() - started + POLL_S < retry:
             # nothing came back (the head's accept queue was full, or its listener busy): not an answer from
             # some other program, so try again while this node's retry window lasts
-            last_error, last_errno = problem or "the listener did not answer", "timeout"
             time.sleep(POLL_S)
             continue
         return {

@@ -53,7 +53,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from preflight.common import fold
 from preflight.errors import UsageError
@@ -188,7 +188,7 @@ class SlurmFleet:
         self.steps: List[int] = []  # tasks of every srun step launched (the report, the benchmark and the tests read it)
         self._step: Optional[_Step] = None  # the step in flight, or the one kept for the next phase
         self._lock = threading.Lock()
-        self.launch_retried: Dict[str, str] = {}  # {node: its first launch timeout} (see _launch_failure)
+        self.launch_retried: Set[str] = set()  # nodes whose launch timed out once (see _launch_failure)
         self.timeout_relaunches = 0  # steps launched again for launch timeouts (at most MAX_TIMEOUT_RELAUNCHES)
         self.delivery: Optional[broadcast.Delivery] = None  # the run's sbcast of the bundle (first launch)
         self.on_stdin: Dict[str, str] = {}  # nodes that refused the broadcast file: {node: why}; stdin for them
@@ -277,7 +277,7 @@ class SlurmFleet:
         if LAUNCH_REFUSED_RE.search(why):
             return NodeFailure("unreachable", "slurmd on %s did not take the task launch: %s" % (name, why))
         if name not in self.launch_retried and self.timeout_relaunches < MAX_TIMEOUT_RELAUNCHES:
-            self.launch_retried[name] = why
+            self.launch_retried.add(name)
             log.debug("task launch on %s failed (%s): retried once in the next step", name, why)
             return None
         return NodeFailure("scheduler", (
