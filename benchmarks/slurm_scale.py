@@ -75,6 +75,12 @@ def softnet_dropped() -> int:
         return sum(int(line.split()[1], 16) for line in fh if line.strip())
 
 
+def oom_kills() -> int:
+    """Processes the kernel's OOM killer (global or a memory cgroup's) has killed since boot (/proc/vmstat)."""
+    with open("/proc/vmstat") as fh:
+        return next((int(line.split()[1]) for line in fh if line.startswith("oom_kill ")), 0)
+
+
 def pin_head_data(cluster: Any) -> None:
     """Permanent ARP entries between the head (first node) and every node on the data network: the
     ports check has every node connect to the head's data address. Dynamic entries of every namespace
@@ -296,13 +302,14 @@ def _main(args: argparse.Namespace) -> int:
             cluster.hold_port(head, PORT)
             cluster.slurm.stop_slurmd(down_node)
         report = os.path.join(out_dir, "report.json")
-        drops_before = softnet_dropped()
+        drops_before, ooms_before = softnet_dropped(), oom_kills()
         run = timed(cluster, [sys.executable, "-m", "preflight", "check", "--slurm", "--nodelist", fold(names),
                               *(["--only", args.only] if args.only else ["--skip", "allreduce"]),
                               "--timeout", str(args.timeout), "--no-progress", "--debug",
                               "--json", report], env, 3 * args.timeout, args.mem_floor_mib)
         row["run"] = {k: v for k, v in run.items() if k not in ("stdout", "stderr")}
         row["run"]["kernel_dropped_packets"] = softnet_dropped() - drops_before
+        row["run"]["oom_kills"] = oom_kills() - ooms_before  # a task "Killed" with none of these: not the OOM killer
         debug = [line for line in run["stderr"].splitlines() if "bundle" in line or "step " in line][:12]
         print("\n".join(debug))
         try:
@@ -319,6 +326,12 @@ def _main(args: argparse.Namespace) -> int:
         row["phase_times_s"] = doc.get("phase_times_s")
         wrong = verdict(doc, mtu_node, down_node, head, not args.no_faults)
         row["wrong"] = wrong
+        blamed = sorted({r["node"] for r in doc["results"] if r["status"] == "fail" and r["node"] not in (
+            mtu_node, down_node, head)})[:3]
+        for node in blamed:  # what the node's slurmd said of a false failure (why a task was killed)
+            said = [line for line in cluster.slurm.logs(node).splitlines() if "error" in line.lower()][-6:]
+            row.setdefault("slurmd_said", {})[node] = said
+            print("  slurmd on %s said: %s" % (node, " / ".join(said) or "(no error)"))
         echoes: Dict[str, List[str]] = {}
         for r in doc["results"]:
             if _consequence(r):

@@ -320,6 +320,44 @@ def test_black_holed_node_is_named_as_common_end():
     assert "blamed on n004" in passes["n003"].message
 
 
+def _untested(peer, ip):
+    return dict(target(peer, ip, jumbo=False, small=False, error="ping did not finish within 17.6s"), unfinished=True)
+
+
+def test_one_failing_path_is_blamed_on_the_end_that_carries_no_full_frame_elsewhere():
+    """Recorded at 1,000 simulated nodes: n501 black-holed, its own ping to n502 not tested (too busy), so
+    n500 → n501 was the one failing path, and it was FAILed on n500, a healthy node whose path from n499
+    carried full-size frames both ways. The fault is at n501's end."""
+    facts = ring_facts(5, bad="n003")
+    facts["n003"]["targets"][0] = _untested("n004", "198.19.0.4")
+    findings = mtu.rule(cluster(5, mtu_facts=facts))
+    fail = [f for f in findings if f.status == Status.FAIL]
+    assert [f.node for f in fail] == ["n003"], [(f.node, f.message) for f in fail]
+    assert fail[0].message.endswith("(n002 carries full-size frames on another path: the fault is at n003's end)")
+    status = {f.node: f.status for f in findings}
+    assert status["n002"] == Status.PASS and status["n004"] == Status.PASS
+    assert "blamed on n003" in next(f.message for f in findings if f.node == "n002")
+    assert [f.node for f in findings if f.status == Status.ERROR] == ["n003"]  # its untested path: retest
+
+
+def test_and_the_pinger_is_blamed_when_it_is_the_end_without_a_full_frame_elsewhere():
+    facts = ring_facts(5, bad="n002")  # n001 → n002 and n002 → n003 lose jumbo frames
+    facts["n001"]["targets"][0] = _untested("n002", "198.19.0.2")
+    findings = mtu.rule(cluster(5, mtu_facts=facts))
+    fail = [f for f in findings if f.status == Status.FAIL]
+    assert [f.node for f in fail] == ["n002"]
+    assert fail[0].message.endswith("(n003 carries full-size frames on another path: the fault is at n002's end)")
+
+
+def test_one_failing_path_between_two_ends_that_both_carry_full_frames_stays_either_end():
+    """Both ends pass full-size frames with their other neighbours: the fault is between them (or a route on
+    one), and nothing says which end; unchanged: either end."""
+    facts = ring_facts(4)
+    facts["n002"]["targets"][0] = target("n003", "198.19.0.3", jumbo=False)
+    fail = [f for f in mtu.rule(cluster(4, mtu_facts=facts)) if f.status == Status.FAIL]
+    assert [f.node for f in fail] == ["n002"] and "either end" in fail[0].message
+
+
 def test_no_route_told_apart_from_black_hole():
     view = cluster(3, mtu_facts=ring_facts(3, bad="n002", small=False))
     messages = [f.message for f in mtu.rule(view) if f.status == Status.FAIL]

@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -222,6 +223,44 @@ def test_a_launch_that_times_out_twice_is_retested_not_drained(cluster):
     assert doc["transport"]["step_tasks"] == [4, 4, 3], doc["transport"]  # the first launch, again, then without n002
     assert s.reasons() == {}, s.reasons()  # nobody drained
     assert proc.returncode == 1
+
+
+def test_a_step_srun_aborts_for_an_io_error_is_run_again_not_a_verdict_on_its_nodes(cluster, tmp_path):
+    """n003 and n004 are still in phase 2 (their first `ping` sleeps) when srun's I/O connection to n003's
+    slurmstepd is reset. Slurm 22.05's srun then aborts the whole step ("step_launch_notify_io_failure:
+    aborting, io error with slurmstepd on node 2") and reports every unfinished task "Killed", n004's too: no
+    evidence against either node. The nodes that had answered keep their results; the other two run again
+    in a new step, and every node passes. Its twin, a task really killed on its node (as the OOM killer does),
+    stays a FAIL (test_a_node_whose_task_dies_is_named_from_srun_at_once_not_at_its_deadline)."""
+    planted = []
+    for name in ("n003", "n004"):
+        flag = tmp_path / name
+        planted.append(cluster.node(name).install_executable(
+            "ping", "#!/bin/sh\n[ -e %s ] || { touch %s; sleep 40; }\nexec %s \"$@\"\n" % (flag, flag, shutil.which("ping"))))
+    try:
+        proc = cluster.ctl_popen([PREFLIGHT, "check", "--slurm", "--nodelist", ALL, "--only", "ssh,nic,mtu",
+                                  "--timeout", "120", "--json", "-", "--debug", "--no-progress"],
+                                 env=cluster.slurm.env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE)
+        _wait("the slow pings", lambda: (tmp_path / "n003").exists() and (tmp_path / "n004").exists(), timeout=120)
+        time.sleep(1)  # n001 and n002 answer phase 2 and end
+        reset = cluster.slurm.break_step_io("n003")
+        if not reset:
+            proc.kill()
+            proc.communicate()
+            pytest.skip("could not reset a slurmstepd connection here (ss -K needs CONFIG_INET_DIAG_DESTROY)")
+        out, err = proc.communicate(timeout=180)
+    finally:
+        for path in planted:
+            os.unlink(path)
+    err = err.decode()
+    doc = json.loads(out)
+    bad = {(r["check"], r["node"]): r["message"] for r in doc["results"] if r["status"] != "pass"}
+    assert not bad and len(doc["results"]) == 12, (bad, err[-3000:])
+    assert "aborting, io error with slurmstepd" in err and "n[003-004] run again in a new step" in err, err[-3000:]
+    assert doc["transport"]["step_tasks"] == [4, 2], doc["transport"]
+    assert proc.returncode == 0
+    assert cluster.slurm.leftover_steps() == []
 
 
 _RELEASE = ("import logging, sys\n"

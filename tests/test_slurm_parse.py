@@ -311,3 +311,36 @@ def test_a_job_that_lost_a_node_is_slurms_doing():
     said = "srun: error: Only allocated 998 nodes asked for 999\n"
     assert controller_failure(said) == "Only allocated 998 nodes asked for 999"
     assert parse_srun_stderr(said) == ({}, {})
+
+
+def test_srun_aborting_a_step_for_an_io_error_names_the_node_index_and_no_launch_failure():
+    """srun 22.05's words, recorded when one slurmstepd's I/O connection was reset (tests/test_slurm_ops.py):
+    the whole step ends and every unfinished task reads "Killed", which alone would blame each node."""
+    from preflight.slurm.scontrol import STEP_ABORT_RE
+
+    said = ("srun: error: _server_read: fd 13 error reading header: Connection reset by peer\n"
+            "srun: error: step_launch_notify_io_failure: aborting, io error with slurmstepd on node 1\n"
+            "srun: Job step aborted: Waiting up to 4 seconds for job step to finish.\n"
+            "srun: error: n003: task 2: Killed\n"
+            "srun: error: n002: task 1: Killed\n")
+    assert STEP_ABORT_RE.search(said).group(1) == "1"
+    assert STEP_ABORT_RE.search("srun: error: Aborting, io error and missing step on node 7\n").group(1) == "7"
+    launch, exits = parse_srun_stderr(said)
+    assert launch == {} and exits == {"n003": "Killed", "n002": "Killed"}
+    # its twin: a task killed on its node (the OOM killer) with the step going on says no such line
+    assert STEP_ABORT_RE.search("srun: error: n227: task 226: Killed\n") is None
+
+
+def test_sbcast_meeting_a_dropped_connection_names_that_node_instead_of_dying_of_sigpipe(tmp_path):
+    """At 1,000 simulated nodes sbcast died of SIGPIPE (rc -13) writing to a slurmd that had dropped its
+    connection, and the bundle went on srun's stdin to all 999 nodes (680 MB). An `sbcast` on PATH here gets
+    the same signal (kill -PIPE itself): run as preflight runs it, it lives on and names the node, and the
+    broadcast file is used for the rest."""
+    from preflight.slurm import broadcast
+
+    fake = tmp_path / "sbcast"
+    fake.write_text("#!/bin/sh\nkill -PIPE $$\necho 'sbcast: error: REQUEST_FILE_BCAST(n002): Broken pipe' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    got = broadcast.deliver("7", ["n001", "n002", "n003"], b"zip", env=dict(os.environ, PATH="%s:%s" % (tmp_path, os.environ["PATH"])))
+    assert got.file is not None and got.why == "", got.why
+    assert got.node_errors == {"n002": "Broken pipe"}

@@ -98,8 +98,12 @@ def deliver(job_id: str, nodes: List[str], blob: bytes, env: Optional[Dict[str, 
         with os.fdopen(fd, "wb") as fh:
             fh.write(blob)
         try:
+            # restore_signals=False: sbcast inherits Python's SIGPIPE ignored, so a slurmd that drops its
+            # connection is an error sbcast reports for that node ("REQUEST_FILE_BCAST(n1): ..."); with SIGPIPE's
+            # default, sbcast died of it (rc -13, seen at 1,000 simulated nodes) and every node fell back to stdin
             out = subprocess.run([SBCAST, "--jobid=%s" % job_id, src, path], stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout, env=env)
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout, env=env,
+                                 restore_signals=False)
         except FileNotFoundError:
             return Delivery(None, "sbcast not found on PATH")
         except subprocess.TimeoutExpired:

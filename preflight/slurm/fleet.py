@@ -61,7 +61,7 @@ from preflight.inventory import NodeSpec
 from preflight.probe import runner
 from preflight.slurm import broadcast
 from preflight.slurm.allocation import ALLOC_WAIT_S, Allocation, allocate
-from preflight.slurm.scontrol import (EXIT_RE, LAUNCH_REFUSED_RE, SCANCEL, SQUEUE, SRUN, SlurmError, controller_failure,
+from preflight.slurm.scontrol import (EXIT_RE, LAUNCH_REFUSED_RE, STEP_ABORT_RE, SCANCEL, SQUEUE, SRUN, SlurmError, controller_failure,
                                       parse_srun_stderr, run)
 from preflight.transport import bundle
 from preflight.transport.contract import NodeFailure, Outcome, Progress
@@ -74,10 +74,13 @@ SCANCEL_WAIT_S = 60.0
 #: how long after srun says a node's task ended its last output may still be on the way (see _collect)
 ENDED_GRACE_S = 1.0
 
-#: how many times a run launches a step again for nodes whose launch only timed out (see _launch_failure):
-#: each relaunch costs every node a task start, and at 1,000 simulated nodes new timeouts came with each one
-#: (four relaunches of 999 tasks before this bound)
+#: how many times a run launches a step again for nodes whose launch only timed out, or whose step srun aborted
+#: (see _launch_failure): each relaunch costs every node a task start, and at 1,000 simulated nodes new timeouts
+#: came with each one (four relaunches of 999 tasks before this bound)
 MAX_TIMEOUT_RELAUNCHES = 1
+
+#: how a node's "launch failure" begins when srun aborted the step under it (see _collect, _launch_failure)
+ABORTED = "srun aborted the step"
 
 #: srun cuts task output lines at 1024 bytes (slurmstepd's buffer); the result JSON travels in shorter parts.
 LINE_MAX = 900
@@ -241,32 +244,29 @@ class SlurmFleet:
             got, launch_failed, whole, refused = self._collect(step, todo, deadlines, started, sent_at)
             if launch_failed or not then or not whole:
                 self._end(step)
+            outcomes.update(got)  # (none when a launch failed; those that answered when srun aborted the step)
             if refused:  # those nodes never ran: again, with the bundle on stdin (other nodes' outcomes stand)
                 self._refused(refused)
-                outcomes.update(got)
-                todo = [n for n in todo if n in refused]
-                continue
-            retried = False
+            retried = []
             for name, why in launch_failed.items():
                 failure = self._launch_failure(name, why)
                 if failure is None:
-                    retried = True
+                    retried.append(name)
                 else:
                     self.dead[name] = failure
                     outcomes[name] = Outcome(name, failure=failure)
-            self.timeout_relaunches += retried
-            if launch_failed:  # a failed launch aborts the whole step: run it again without the nodes judged
-                todo = [n for n in todo if n not in outcomes]
-                continue
-            outcomes.update(got)
-            todo = []
+            if retried:
+                self.timeout_relaunches += 1
+                log.debug("%s run again in a new step (%s)", fold(retried), next(iter(launch_failed.values())))
+            # a failed launch (or srun's abort) ended the whole step: run it again for the nodes not judged
+            todo = [n for n in todo if n not in outcomes] if launch_failed or refused else []
         for name, outcome in outcomes.items():
             self.progress("done" if outcome.failure is None else "failed", name)
         return {name: outcomes[name] for name in configs}
 
     def _launch_failure(self, name: str, why: str) -> Optional[NodeFailure]:
-        """What a failed task launch on `name` says of the node: None the first time it is only a timeout (the
-        node goes into the next step again).
+        """What a failed task launch on `name` says of the node: None the first time it is only a timeout, or srun
+        aborted the step before the node answered (the node goes into the next step again).
 
         slurmd's forwarding (Slurm's forward.c): a node whose slurmd refuses the connection is marked alone and
         the forwarder moves on ("Communication connection failure": evidence about that node), but a forwarder
@@ -274,17 +274,23 @@ class SlurmFleet:
         (TreeWidth 50, load 540): 408 healthy nodes in runs of 50 said "Socket timed out on send/recv
         operation". A frozen slurmd says the same for itself alone. So a timeout is retried once, and a second
         one is no verdict on the node (retest; Slurm marks a slurmd that stays silent NOT_RESPONDING itself)."""
-        if LAUNCH_REFUSED_RE.search(why):
+        aborted = why.startswith(ABORTED)
+        if LAUNCH_REFUSED_RE.search(why) and not aborted:
             return NodeFailure("unreachable", "slurmd on %s did not take the task launch: %s" % (name, why))
         if name not in self.launch_retried and self.timeout_relaunches < MAX_TIMEOUT_RELAUNCHES:
             self.launch_retried.add(name)
-            log.debug("task launch on %s failed (%s): retried once in the next step", name, why)
+            if not aborted:
+                log.debug("task launch on %s failed (%s): retried once in the next step", name, why)
             return None
+        again = ", twice" if name in self.launch_retried else " (the step was relaunched already)"
+        if aborted:
+            return NodeFailure("scheduler", (
+                "not checked: %s%s before %s answered: Slurm's transport, no evidence against the node; rerun (if it "
+                "repeats, the network between this host and the nodes, and slurmd's log there)") % (why, again, name))
         return NodeFailure("scheduler", (
             "not checked: Slurm could not start the task on %s%s (%s): a launch that times out is no evidence "
             "against the node (one late slurmd times out its whole forwarding subtree); if it repeats, read slurmd's "
-            "log there and `scontrol show node %s`") % (
-                name, ", twice" if name in self.launch_retried else " (the step was relaunched already)", why, name))
+            "log there and `scontrol show node %s`") % (name, again, why, name))
 
     def cancel(self) -> None:
         """Cancel the step in flight (Ctrl-C): scancel, then kill srun."""
@@ -405,9 +411,10 @@ class SlurmFleet:
 
     def _collect(self, step: _Step, names: Sequence[str], deadlines: Dict[str, float], started: float,
                  sent_at: float) -> Tuple[Dict[str, Outcome], Dict[str, str], bool, Dict[str, str]]:
-        """This phase's outcomes, {node: launch failure}, whether the step is whole (every node
-        answered; none timed out, the step was not cancelled and srun still runs), and {node: why} of
-        the nodes that refused the broadcast bundle file (no outcome: they ran nothing)."""
+        """This phase's outcomes, {node: launch failure} (or, when srun aborted the step, {node: why} of the nodes
+        it killed unfinished: no outcome, they run again), whether the step is whole (every node answered; none
+        timed out, the step was not cancelled and srun still runs), and {node: why} of the nodes that refused
+        the broadcast bundle file (no outcome: they ran nothing)."""
         end = started + max(deadlines.values())
         timed_out: Dict[str, float] = {}
         while step.streams:
@@ -435,11 +442,22 @@ class SlurmFleet:
         if launch:
             return {}, {n: why for n, why in launch.items() if n in names}, False, {}
         by_node = step.by_node()
+        abort = STEP_ABORT_RE.search(said)
+        if abort:  # every unfinished task was killed with the step: those nodes run again (the others' results stand)
+            index = int(abort.group(1))
+            task = step.tasks.get(index * step.per_node)
+            why = "%s: its I/O connection to %s's slurmstepd broke" % (
+                ABORTED, task.node if task and task.node else "node %d of the step" % index)
+            answered = set(step.answered(names))
+            log.debug("step %s: %s", step.name, abort.group(0))
+            again = {n: why for n in names if n not in answered and n not in timed_out}
+        else:
+            again = {}
         controller = controller_failure(said)
         outcomes: Dict[str, Outcome] = {}
         refused: Dict[str, str] = {}
         job_ended = controller is not None and controller.endswith("has expired")
-        for name in names:
+        for name in (n for n in names if n not in again):
             tasks = by_node.get(name, [])
             why_not = next((t.run.refused for t in tasks if t.run.refused), None)
             if why_not and name not in timed_out:
@@ -478,7 +496,7 @@ class SlurmFleet:
         log.debug("step %s: %d of %d nodes answered in %.2f s%s", step.name, len(names) - sum(
             1 for o in outcomes.values() if o.failure), len(names), time.monotonic() - started,
                   "; srun said: " + " / ".join(srun_said[-3:]) if srun_said else "")
-        return outcomes, {}, whole, refused
+        return outcomes, again, whole and not again, refused
 
     def _not_run(self, controller: str, job_ended: bool) -> str:
         """Why a node got no task from a step srun could not run, for a reason of Slurm's (never the node's)."""

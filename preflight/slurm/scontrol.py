@@ -41,6 +41,12 @@ LAUNCH_FAIL_RE = re.compile(r"Task launch for \S+ failed on node (\S+?):\s*(.+)$
 LAUNCH_REFUSED_RE = re.compile(r"Communication connection failure|Connection refused|No route to host|"
                                r"Network is unreachable|Unable to resolve|Invalid node name", re.I)
 EXIT_RE = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$")
+#: srun ending the whole step because its I/O connection to one node's slurmstepd broke (Slurm 22.05
+#: src/api/step_launch.c, step_launch_notify_io_failure: "aborting, io error with slurmstepd on node %d", or
+#: "Aborting, io error and missing step on node %d"; the number is the node's index in the step). Every task
+#: not yet finished is then reported "Killed" (reproduced in tests/test_slurm_ops.py by resetting one
+#: slurmstepd's TCP connection): nothing is known against those nodes.
+STEP_ABORT_RE = re.compile(r"(?:aborting, io error with slurmstepd|Aborting, io error and missing step) on node (\d+)")
 GRANTED_RE = re.compile(r"Granted job allocation (\d+)")
 #: srun failing for a reason of the controller's, not of any node (Slurm src/srun/libsrun/allocate.c: "Unable
 #: to confirm allocation for job %u: %m"; launch.c / step_ctx.c: "Unable to create step for job %u: %m";

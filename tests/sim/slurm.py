@@ -323,6 +323,21 @@ class SimSlurm:
         os.kill(pid, signal.SIGSTOP)
         self.cluster._push_undo(node, lambda: os.kill(pid, signal.SIGCONT))
 
+    def break_step_io(self, node) -> int:
+        """Reset the TCP connections between the node's slurmstepds and srun (their I/O streams), as a flapping
+        link or a middlebox's reset would: the kernel destroys the sockets (`ss -K`, CONFIG_INET_DIAG_DESTROY).
+        Slurm 22.05's srun then aborts the whole step ("step_launch_notify_io_failure: aborting, io error with
+        slurmstepd on node K"). Returns how many connections were reset (0: none open, or ss -K unsupported)."""
+        node = self.cluster.node(node)
+        listing = self.cluster.node_exec(node, ["ss", "-Htnp", "state", "established"]).stdout
+        ports = [line.split()[2].rsplit(":", 1)[1] for line in listing.splitlines()
+                 if '"slurmstepd"' in line and len(line.split()) > 3]
+        for port in ports:
+            self.cluster.node_exec(node, ["ss", "-K", "-tn", "state", "established", "sport", "=", ":" + port])
+        after = self.cluster.node_exec(node, ["ss", "-Htn", "state", "established"]).stdout
+        return sum(1 for port in ports if not any(line.split()[2].endswith(":" + port) for line in after.splitlines()
+                                                  if len(line.split()) > 2))
+
     def start_slurmd(self, node, timeout: float = 30.0) -> None:
         """(Re)start the node's slurmd and wait until it wrote its pid file (it then serves RPCs)."""
         node = self.cluster.node(node)
