@@ -38,7 +38,7 @@ LAUNCH = '''\
 # launch.sh NODE_RANK NNODES: torchrun starts one gloo rank on this node, with the env preflight verified
 set -euo pipefail
 source {env}
-exec python3 -m torch.distributed.run --nnodes="$2" --node_rank="$1" --nproc_per_node=1 \\
+exec python3 -m torch.distributed.run --nnodes="$2" --node_rank="$1" --nproc_per_node=1 --log-dir={logs} \\
     --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" {worker}
 '''
 
@@ -151,7 +151,8 @@ def test_env_file_hostfile_and_a_launch_that_sources_it(sim_cluster, tmp_path):
     # a launch script as users write it: source the env file, start one rank per hostfile line over ssh
     worker, launch = tmp_path / "worker.py", tmp_path / "launch.sh"
     worker.write_text(WORKER)
-    launch.write_text(LAUNCH.format(env=shlex.quote(str(env_path)), worker=shlex.quote(str(worker))))
+    launch.write_text(LAUNCH.format(env=shlex.quote(str(env_path)), worker=shlex.quote(str(worker)),
+                                    logs=shlex.quote(str(tmp_path / "torchrun-logs"))))  # not /tmp/torchelastic_*
     with open(hosts) as fh:
         nodes = [line.split()[0] for line in fh if line.strip()]
     procs = [
@@ -226,7 +227,7 @@ SRUN_LAUNCH = '''\
 set -euo pipefail
 source {env}
 exec python3 -m torch.distributed.run --nnodes="$SLURM_NNODES" --node_rank="$SLURM_NODEID" --nproc_per_node=1 \\
-    --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" {worker}
+    --log-dir={logs} --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT" {worker}
 '''
 
 
@@ -254,7 +255,8 @@ def test_env_file_from_a_slurm_run_drives_torchrun_under_srun(slurm_cluster, tmp
 
     worker, launch = tmp_path / "worker.py", tmp_path / "launch.sh"
     worker.write_text(WORKER)
-    launch.write_text(SRUN_LAUNCH.format(env=shlex.quote(str(env_path)), worker=shlex.quote(str(worker))))
+    launch.write_text(SRUN_LAUNCH.format(env=shlex.quote(str(env_path)), worker=shlex.quote(str(worker)),
+                                         logs=shlex.quote(str(tmp_path / "torchrun-logs"))))
     run = cluster.slurm.run(["srun", "-N3", "--ntasks-per-node=1", "--nodelist=" + nodelist, "bash", str(launch)], timeout=300)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     results = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]

@@ -125,13 +125,24 @@ def _ssh_server_ip() -> Optional[str]:
     return None
 
 
+#: how long one `ip` may take (it is tried twice where the probe's deadline leaves room)
+IP_TIMEOUT_S = 30.0
+
+
 def probe(ctx: Any) -> Dict[str, Any]:
     """The node's interfaces with their state, MTU, speed, kind and addresses."""
     results = {}
     for key, argv in (("addr", ["ip", "-j", "addr", "show"]), ("link", ["ip", "-j", "-d", "link", "show"])):
         # ip answers in milliseconds; 30 s is for a starved node (10 s was missed by 5 of 1,000 simulated nodes
         # sharing 2 cores at load 1,000), where a shorter limit says nothing about the interfaces
-        res = ctx.run(argv, timeout=30.0)
+        res = ctx.run(argv, timeout=IP_TIMEOUT_S)
+        left = ctx.remaining()
+        if res.timed_out and (left is None or left > IP_TIMEOUT_S + 10):
+            # once more, as long again, when the probe's deadline leaves room: 30 s was still missed by 62 of
+            # 1,000 simulated nodes at load 900 (and 373 in another run); a node whose ip hangs twice is an error
+            res = ctx.run(argv, timeout=IP_TIMEOUT_S)
+            if res.timed_out:
+                raise RuntimeError("%s timed out twice, after %gs each" % (" ".join(argv), IP_TIMEOUT_S))
         if not res.ok:
             raise RuntimeError(
                 "%s failed (rc %s): %s" % (" ".join(argv), res.rc, (res.stderr or res.stdout).strip()[:200])
