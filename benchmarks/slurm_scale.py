@@ -159,8 +159,16 @@ def verdict(doc: Dict[str, Any], mtu_node: str, down_node: str, head: str, fault
     status = {n["name"]: n["status"] for n in doc["nodes"]}
     causes = {(r["check"], r["node"]): r for r in doc["results"]
               if r["status"] in ("fail", "error") and not _consequence(r)}
+    def healthy(exclude: tuple) -> List[str]:  # false FAILs (unsafe to act on) apart from errors to retest
+        said = []
+        for level, what in (("fail", "false failures"), ("error", "errors (not tested, retest)")):
+            nodes = sorted({node for (_, node), r in causes.items() if r["status"] == level and node not in exclude}, key=str)
+            if nodes:
+                said.append("%s on %s" % (what, nodes[:20]))
+        return said
+
     if not faults:
-        return ["false failures on %s" % sorted({node for (_, node) in causes}, key=str)[:20]] if causes else []
+        return healthy(())
     if ("mtu", mtu_node) not in causes:
         wrong.append("no mtu failure on %s" % mtu_node)
     if ("ssh", down_node) not in causes and status.get(down_node) != "unavailable":
@@ -168,10 +176,7 @@ def verdict(doc: Dict[str, Any], mtu_node: str, down_node: str, head: str, fault
     ports = causes.get(("ports", head))
     if ports is None or "port %d is held by pid" % PORT not in ports["message"]:
         wrong.append("no ports failure naming the holder on %s" % head)
-    others = sorted({node for (_, node) in causes if node not in (mtu_node, down_node, head)}, key=str)
-    if others:
-        wrong.append("false failures on %s" % others[:20])
-    return wrong
+    return wrong + healthy((mtu_node, down_node, head))
 
 
 def _pids_of(root: str, programs: tuple) -> list:

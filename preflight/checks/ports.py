@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.common import fold, plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
-from preflight.probe import portclaim
+from preflight.probe import listenq, portclaim
 
 NAME = "ports"
 DEFAULT_PORT = 29500
@@ -220,6 +220,7 @@ def _listen_claimed(cfg: Dict[str, Any], result: Dict[str, Any], addr: str, port
             result["free_ports"] = free_ports_above(addr, port)
         return result
     result["listening"] = True
+    overflows = listenq.listen_overflows()  # the kernel's drops for a full accept queue: overload evidence
     started = time.time()
     lock = threading.Lock()
     workers: List[threading.Thread] = []
@@ -269,9 +270,12 @@ def _listen_claimed(cfg: Dict[str, Any], result: Dict[str, Any], addr: str, port
             worker.start()
             workers.append(worker)
     finally:
+        result["queued"] = listenq.accept_queue(sock)  # completed connections the listener never took
         sock.close()
         for worker in workers:
             worker.join(timeout=3.5)
+    after = listenq.listen_overflows()
+    result["overflows"] = after - overflows if after is not None and overflows is not None else None
     result["elapsed_s"] = round(time.time() - started, 3)
     return result
 
@@ -455,13 +459,14 @@ def rule(view: ClusterView) -> List[Finding]:
     unreached = sorted((n for n, f in connecting.items() if not f.get("handshake") and not f.get("reply")), key=str)
     head_unreached = head_ok and len(unreached) >= 2 and 2 * len(unreached) > len(connecting)
     if head_unreached:
+        busy = _overload(head_facts, unreached)
+        why = ("its listener, preflight's own, could not keep up (%s): the head overloaded, not a firewall; not "
+               "tested, retest" % busy) if busy else "the head's end (a firewall on it dropping them), not theirs"
         out.append(Finding(
-            NAME, head, Status.FAIL,
-            "%s of %s nodes could not reach or hear the head %s on port %d (%s): the head's end (a firewall on "
-            "it, or its listener too busy to answer), not theirs" % (
-                len(unreached), len(connecting), head, port, fold(unreached)),
+            NAME, head, Status.ERROR if busy else Status.FAIL, "%s of %s nodes could not reach or hear the head %s on "
+            "port %d (%s): %s" % (len(unreached), len(connecting), head, port, fold(unreached), why),
             expected="every node connects and hears preflight's reply", actual="%d unreached" % len(unreached),
-            data={"unreached": unreached}))
+            data={"unreached": unreached}, action="retest" if busy else None))
     for name, f in facts.items():
         if name == head:
             continue
@@ -483,75 +488,42 @@ def rule(view: ClusterView) -> List[Finding]:
             # The fault is the head's (its FAIL names it); this node is not at fault and nothing here was
             # judged: SKIP, so the node's status stays its own (255 healthy nodes of a 256-node run read
             # 'fail' and left the hostfile when this was an ERROR: issue 22's 256-node run).
-            out.append(
-                Finding(
-                    NAME, name, Status.SKIP,
-                    "not tested: the head %s could not listen on port %d (its finding says why)" % (head, port),
-                )
-            )
+            out.append(Finding(NAME, name, Status.SKIP,
+                               "not tested: the head %s could not listen on port %d (its finding says why)" % (head, port)))
             continue
         if f.get("handshake"):
-            out.append(
-                Finding(NAME, name, Status.PASS, "connected to %s on %s (%s)" % (head, target, _attempts(f)))
-            )
+            out.append(Finding(NAME, name, Status.PASS, "connected to %s on %s (%s)" % (head, target, _attempts(f))))
         elif f.get("connected") and not f.get("reply"):
             # the head accepted the connection and said nothing, every try within the node's retry window: its
             # listener too busy to answer (at 1,000 simulated nodes on 2 shared cores, 199 healthy nodes), which
             # says nothing against this node; a foreign reply (below) does
-            out.append(
-                Finding(
-                    NAME,
-                    name,
-                    Status.ERROR,
-                    "%s → %s %s: connected, but the head did not answer within %ss (%s): not tested; retest"
-                    % (name, head, target, f.get("elapsed_s"), f.get("error") or "no reply"),
-                    action="retest",
-                )
-            )
+            out.append(Finding(NAME, name, Status.ERROR, "%s → %s %s: connected, but the head did not answer within "
+                               "%ss (%s): not tested; retest" % (name, head, target, f.get("elapsed_s"),
+                                                                 f.get("error") or "no reply"), action="retest"))
         elif f.get("connected"):
-            out.append(
-                Finding(
-                    NAME,
-                    name,
-                    Status.FAIL,
-                    "%s → %s %s: connected, but %s" % (name, head, target, f.get("error") or "no preflight reply"),
-                    expected="preflight's listener",
-                    actual=f.get("reply") or "no reply",
-                )
-            )
+            out.append(Finding(NAME, name, Status.FAIL, "%s → %s %s: connected, but %s" % (
+                name, head, target, f.get("error") or "no preflight reply"), expected="preflight's listener",
+                actual=f.get("reply") or "no reply"))
         else:
-            out.append(
-                Finding(
-                    NAME,
-                    name,
-                    Status.FAIL,
-                    "%s → %s %s: %s after %ss (%s)"
-                    % (
-                        name,
-                        head,
-                        target,
-                        _connect_hint(f.get("error"), f.get("errno")),
-                        f.get("elapsed_s"),
-                        f.get("error"),
-                    ),
-                    expected="a TCP connection to the rendezvous port",
-                    actual=f.get("errno") or f.get("error"),
-                )
-            )
+            out.append(Finding(NAME, name, Status.FAIL, "%s → %s %s: %s after %ss (%s)" % (
+                name, head, target, _connect_hint(f.get("error"), f.get("errno")), f.get("elapsed_s"), f.get("error")),
+                expected="a TCP connection to the rendezvous port", actual=f.get("errno") or f.get("error")))
     if head_ok and not head_unreached:
         peers = head_facts.get("peers") or []
         names = sorted({p["name"] for p in peers if p.get("name")})
-        out.append(
-            Finding(
-                NAME,
-                head,
-                Status.PASS,
-                "listened on port %d; %s connected%s"
-                % (port, plural(len(names), "peer"), " (%s)" % fold(names) if names else ""),
-                actual=str(port),
-            )
-        )
+        out.append(Finding(NAME, head, Status.PASS, "listened on port %d; %s connected%s" % (
+            port, plural(len(names), "peer"), " (%s)" % fold(names) if names else ""), actual=str(port)))
     return out
+
+
+def _overload(head: Dict[str, Any], unreached: List[str]) -> str:
+    """The head's listener's traces of overload (preflight.probe.listenq), as text; '' when it left none."""
+    late = sorted(set(unreached) & {p.get("name") for p in head.get("peers") or []}, key=str)
+    parts = [text % n for text, n in (
+        ("%d connections still waiting to be accepted when its window closed", head.get("queued")),
+        ("%d handshakes dropped for a full accept queue", head.get("overflows")),
+        ("%d nodes answered after they had given up", len(late))) if n]
+    return ", ".join(parts)
 
 
 def _attempts(f: Dict[str, Any]) -> str:
