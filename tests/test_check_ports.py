@@ -203,6 +203,29 @@ def test_most_nodes_unreached_by_a_head_whose_listener_could_not_keep_up_is_a_re
     assert {f.node for f in found if f.status == Status.SKIP} == {"n003", "n004", "n005", "n006", "n007"}
 
 
+def test_a_refusal_before_the_head_listened_is_not_tested_and_one_after_is_a_fail():
+    """At 1,000 simulated nodes 6 healthy nodes FAILed 'refused ... after 10s': the head's starved probe bound
+    the port after their retry window had closed. The head says when it began listening and each node when it
+    stopped trying; with the ssh check's clock offsets between them, a node refused before the head listened
+    was not tested (retest); its twin, refused while the head listened (a REJECT rule), still FAILs."""
+    head = dict(listening("n002"), from_t=1000.0)
+    refused = dict(connected(40), connected=False, handshake=False, errno="ECONNREFUSED", error="Connection refused",
+                   elapsed_s=10.0, until_t=995.0)
+    found = {f.node: f for f in ports.rule(cluster(3, {"n001": head, "n002": connected(1), "n003": refused}))}
+    assert (found["n003"].status, found["n003"].action) == (Status.ERROR, "retest"), found["n003"]
+    assert "the head began listening only 5.0s after this node's last try" in found["n003"].message
+    during = dict(refused, until_t=1009.0)
+    found = {f.node: f for f in ports.rule(cluster(3, {"n001": head, "n002": connected(1), "n003": during}))}
+    assert found["n003"].status == Status.FAIL and "refused" in found["n003"].message, found["n003"]
+    # clocks: n003's runs 10 s behind the controller's, so its 995.0 is the controller's 1005.0: it tried while
+    # the head listened (the ssh check measured the offset: the clock read in the middle of the window sent)
+    facts = {n: {"nic": data_node(i), "ports": f} for i, (n, f) in enumerate(
+        (("n001", head), ("n002", connected(1)), ("n003", refused)), 1)}
+    facts["n003"]["ssh"] = {"time": 1490.0, "window": [1499.9, 1500.1]}
+    found = {f.node: f for f in ports.rule(view(facts))}
+    assert found["n003"].status == Status.FAIL, found["n003"]
+
+
 def test_the_kernel_traces_of_a_listener_that_does_not_keep_up():
     """A real listening socket that accepts nothing: its accept queue fills (TCP_INFO's tcpi_unacked) and the
     kernel counts the handshakes it drops (/proc/net/netstat ListenOverflows, this network namespace)."""
