@@ -343,7 +343,8 @@ def _main(args: argparse.Namespace) -> int:
                 echoes.setdefault("%s %s: %s" % (r["status"].upper(), r["check"], r["message"] if r["node"] not in (
                     down_node,) else "not checked (node unreachable)"), []).append(r["node"])
             elif r["status"] in ("fail", "error") or (r["node"] == down_node and r["status"] != "pass"):
-                print("  %s %s %s: %s" % (r["status"].upper(), r["check"], r["node"], r["message"][:200]))
+                text = r["message"] if len(r["message"]) <= 460 else r["message"][:200] + " ... " + r["message"][-250:]
+                print("  %s %s %s: %s" % (r["status"].upper(), r["check"], r["node"], text))
         for what, where in echoes.items():
             print("  consequence on %d nodes (%s): %s" % (len(where), fold([w for w in where if w]) or "-", what[:160]))
         # paths whose first ping got no reply and whose second did (the mtu check's confirmation)
