@@ -61,8 +61,8 @@ from preflight.inventory import NodeSpec
 from preflight.probe import runner
 from preflight.slurm import broadcast
 from preflight.slurm.allocation import ALLOC_WAIT_S, Allocation, allocate
-from preflight.slurm.scontrol import (EXIT_RE, LAUNCH_REFUSED_RE, STEP_ABORT_RE, SCANCEL, SQUEUE, SRUN, SlurmError, controller_failure,
-                                      parse_srun_stderr, run)
+from preflight.slurm.scontrol import (EXIT_RE, LAUNCH_REFUSED_RE, SCANCEL, SQUEUE, SRUN, STEP_ABORT_RE, SlurmError,
+                                      controller_failure, parse_srun_stderr, run)
 from preflight.transport import bundle
 from preflight.transport.contract import NodeFailure, Outcome, Progress
 
