@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, Hashable, Iterable, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple, TypeVar
 
 T = TypeVar("T", bound=Hashable)
 
@@ -179,3 +179,17 @@ def _escape(match: Any) -> str:
     if ch in _NAMED:
         return _NAMED[ch]
     return "\\x%02x" % ord(ch) if ord(ch) < 0x100 else "\\u%04x" % ord(ch)
+
+
+def clock_offset(facts: Dict[str, Any]) -> Any:
+    """(offset, uncertainty) of the node clock against the controller's, in seconds, or None, from the ssh check's
+    facts (the ssh rule judges the skew; the ports rule compares times taken on two nodes).
+
+    The controller stamps the window in which the node read its clock ("window": [sent, received]);
+    the offset is measured from the window's midpoint, with half the window as its uncertainty.
+    """
+    window = facts.get("window")
+    if not window or facts.get("time") is None:
+        return None
+    sent, received = window
+    return facts["time"] - (sent + received) / 2.0, (received - sent) / 2.0

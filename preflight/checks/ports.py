@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.common import fold, plural
+from preflight.common import clock_offset, fold, plural
 from preflight.model import Check, ClusterView, Finding, ParseError, Status, probe_error
 from preflight.probe import listenq, portclaim
 
@@ -528,8 +528,6 @@ def _late_head(view: ClusterView, head: str, head_facts: Any, name: str, f: Dict
     the controller's by the ssh check's offsets, their uncertainty counted in the head's favour), or None: a
     refusal that says nothing listened because nothing listened yet (at 1,000 simulated nodes on 2 cores, 6
     healthy nodes FAILed 'refused' while the head's starved probe had not bound the port)."""
-    from preflight.checks.ssh import clock_offset
-
     if f.get("errno") != "ECONNREFUSED" or not isinstance(head_facts, dict) or None in (
             head_facts.get("from_t"), f.get("until_t")):
         return None

@@ -13,6 +13,7 @@ import socket
 import time
 from typing import Any, Dict, List
 
+from preflight.common import clock_offset
 from preflight.model import FAILURE_KINDS, Check, ClusterView, Finding, Status, probe_error
 
 MIN_PYTHON = (3, 8)
@@ -49,19 +50,6 @@ def _user() -> str:
         return pwd.getpwuid(os.getuid()).pw_name
     except (ImportError, KeyError):
         return str(os.getuid())
-
-
-def clock_offset(facts: Dict[str, Any]) -> Any:
-    """(offset, uncertainty) of the node clock against the controller's, in seconds, or None.
-
-    The controller stamps the window in which the node read its clock ("window": [sent, received]);
-    the offset is measured from the window's midpoint, with half the window as its uncertainty.
-    """
-    window = facts.get("window")
-    if not window or facts.get("time") is None:
-        return None
-    sent, received = window
-    return facts["time"] - (sent + received) / 2.0, (received - sent) / 2.0
 
 
 def rule(view: ClusterView) -> List[Finding]:
