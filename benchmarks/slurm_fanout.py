@@ -210,6 +210,29 @@ def summarise(rows: List[Dict[str, Any]]) -> List[str]:
                 "%.2fx" % (cpu / floor["cpu_s"]) if floor and floor["cpu_s"] else "-", med(mode, "ctl_cpu_s"),
                 med(mode, "ctl_ms_per_node"), med(mode, "ctl_tx_mb"), med(mode, "ctl_rx_mb"), med(mode, "peak_rss_mib"),
                 med(mode, "load1")))
+    lines += _model(rows)
+    return lines
+
+
+def _model(rows: List[Dict[str, Any]]) -> List[str]:
+    """The real-cluster model: on a cluster each node runs its probe on its own cores, so preflight costs the
+    floor at N nodes plus what it adds to the floor where the nodes do not queue for these 2 cores: the smallest
+    size measured, if 4 nodes or fewer (run `--nodes 2,64,...`). One line per size and preflight mode."""
+    def med(n: int, mode: str) -> float:
+        return statistics.median([r["wall_s"] for r in rows if r["nodes"] == n and r["mode"] == mode])
+
+    have = {(r["nodes"], r["mode"]) for r in rows}
+    small = min((r["nodes"] for r in rows), default=0)
+    if not small or small > 4 or (small, "floor") not in have:
+        return []
+    lines = ["modelled real-cluster wall = floor(N) + (preflight - floor) at %d nodes, where they do not queue "
+             "for the cores:" % small]
+    for mode in [m for m in dict.fromkeys(r["mode"] for r in rows) if m != "floor" and (small, m) in have]:
+        add = med(small, mode) - med(small, "floor")
+        for n in sorted({r["nodes"] for r in rows if r["nodes"] > small and (r["nodes"], "floor") in have}):
+            floor = med(n, "floor")
+            lines.append("%5d  %-12s floor %.2f s + %.2f s = %.2f s  (%.2fx floor)" % (
+                n, mode, floor, add, floor + add, (floor + add) / floor))
     return lines
 
 
