@@ -197,8 +197,8 @@ def test_most_nodes_unreached_by_a_head_whose_listener_could_not_keep_up_is_a_re
     assert verdict.message == (
         "5 of 6 nodes could not reach or hear the head n001 on port 29500 (n[003-007]): its listener, preflight's "
         "own, could not keep up (37 connections still waiting to be accepted when its window closed, 512 handshakes "
-        "dropped for a full accept queue, 1 nodes answered after they had given up): the head overloaded, not a "
-        "firewall; not tested, retest")
+        "dropped for a full accept queue, 1 node answered after giving up): the head overloaded, not a firewall; "
+        "not tested, retest")
     assert not [f for f in found if f.status == Status.FAIL]
     assert {f.node for f in found if f.status == Status.SKIP} == {"n003", "n004", "n005", "n006", "n007"}
 

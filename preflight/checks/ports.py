@@ -506,11 +506,10 @@ def rule(view: ClusterView) -> List[Finding]:
             out.append(Finding(NAME, name, Status.FAIL, "%s → %s %s: connected, but %s" % (
                 name, head, target, f.get("error") or "no preflight reply"), expected="preflight's listener",
                 actual=f.get("reply") or "no reply"))
-        elif _late_head(view, head, head_facts, name, f) is not None:
+        elif (late := _late_head(view, head, head_facts, name, f)) is not None:
             out.append(Finding(NAME, name, Status.ERROR, "%s → %s %s: refused for %ss, and the head began listening only "
                                "%.1fs after this node's last try (its probe started late: the head too busy): not "
-                               "tested; retest" % (name, head, target, f.get("elapsed_s"),
-                                                   _late_head(view, head, head_facts, name, f)), action="retest"))
+                               "tested; retest" % (name, head, target, f.get("elapsed_s"), late), action="retest"))
         else:
             out.append(Finding(NAME, name, Status.FAIL, "%s → %s %s: %s after %ss (%s)" % (
                 name, head, target, _connect_hint(f.get("error"), f.get("errno")), f.get("elapsed_s"), f.get("error")),
@@ -539,12 +538,12 @@ def _late_head(view: ClusterView, head: str, head_facts: Any, name: str, f: Dict
 
 def _overload(head: Dict[str, Any], unreached: List[str], early: int) -> str:
     """The head's listener's traces of overload (preflight.probe.listenq), as text; '' when it left none."""
-    late = sorted(set(unreached) & {p.get("name") for p in head.get("peers") or []}, key=str)
-    parts = [text % n for text, n in (
-        ("%d connections still waiting to be accepted when its window closed", head.get("queued")),
-        ("%d handshakes dropped for a full accept queue", head.get("overflows")),
-        ("%d nodes answered after they had given up", len(late)),
-        ("%d nodes stopped trying before it began listening", early)) if n]
+    late = set(unreached) & {p.get("name") for p in head.get("peers") or []}
+    parts = [plural(n, word) + text for word, text, n in (
+        ("connection", " still waiting to be accepted when its window closed", head.get("queued")),
+        ("handshake", " dropped for a full accept queue", head.get("overflows")),
+        ("node", " answered after giving up", len(late)),
+        ("node", " stopped trying before it began listening", early)) if n]
     return ", ".join(parts)
 
 

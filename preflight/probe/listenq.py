@@ -8,7 +8,9 @@ too busy to take the connections its kernel completed. Only the second leaves tr
   TCP_INFO reports its accept queue's length in `tcpi_unacked` (and the queue's limit in `tcpi_sacked`):
   Linux net/ipv4/tcp.c, tcp_get_info(), "if (sk->sk_state == TCP_LISTEN)";
 - handshakes the kernel dropped because that queue was full: TcpExt `ListenOverflows` in
-  /proc/net/netstat (per network namespace; Linux net/ipv4/proc.c, LINUX_MIB_LISTENOVERFLOWS).
+  /proc/net/netstat (per network namespace; Linux net/ipv4/proc.c, LINUX_MIB_LISTENOVERFLOWS). Another
+  listener of the same namespace overflowing in the window counts too: the head's finding is then an error
+  to retest rather than a FAIL, the side that drains nothing.
 
 Seen at 1,000 simulated nodes on 2 shared cores: the head's listener, starved, answered 156 of 999 nodes
 and was FAILed as "a firewall on it"; a real head with its own cores is not starved, and a run where it is
