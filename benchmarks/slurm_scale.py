@@ -224,6 +224,8 @@ def main() -> int:
                              "past that). On: every node's IPv6 start-up multicast is copied by the one software "
                              "bridge to every port; at 1,000 nodes the kernel drops ~100,000 frames a second "
                              "(/proc/net/softnet_stat) and the mtu check's pings with them")
+    parser.add_argument("--tree", metavar="DIR", help="run the preflight package in DIR (e.g. a patched copy: git archive "
+                        "HEAD preflight | tar -x -C DIR) instead of this checkout's")
     parser.add_argument("--proctrack", choices=("linuxproc", "pgid"), default=None,
                         help="slurm.conf ProctrackType (default: linuxproc up to 256 nodes, pgid past that). linuxproc "
                              "walks /proc, which on this simulator holds all the nodes' processes: at 1,000 nodes "
@@ -295,7 +297,7 @@ def _main(args: argparse.Namespace) -> int:
         names = [node.name for node in cluster.nodes]
         head, mtu_node, down_node = names[0], names[n // 2], names[(3 * n) // 4]
         env = cluster.slurm.env()
-        env["PYTHONPATH"] = REPO
+        env["PYTHONPATH"] = os.path.abspath(args.tree) if args.tree else REPO
         if args.floor:
             healthy = [x for x in names if args.no_faults or x != down_node]
             floor = timed(cluster, ["srun", "-N%d" % len(healthy), "-w", fold(healthy), "python3", "-c", "pass"], env, 900)

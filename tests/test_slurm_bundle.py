@@ -153,6 +153,40 @@ def test_stdin_fallback_when_sbcast_is_unavailable(cluster, tmp_path):
     assert all(_bundles(cluster, node) == {} for node in cluster.nodes)
 
 
+def test_without_sbcast_a_stopped_slurmd_is_named_from_the_launch_and_the_step_runs_again_without_it(cluster, tmp_path):
+    """Where sbcast cannot tell (not installed here), srun's launch fails on n002 ("Communication connection
+    failure"), which aborts the whole step: n002 FAILs and the step runs again on the other two."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("srun", "salloc", "scontrol", "squeue", "scancel", "sinfo"):
+        os.symlink("/usr/bin/" + tool, bin_dir / tool)
+    env = dict(cluster.slurm.env(), PATH="%s:%s" % (bin_dir, "/usr/local/sbin:/usr/sbin:/sbin"))
+    cluster.slurm.stop_slurmd("n002")
+    try:
+        out = cluster.ctl([PREFLIGHT, "check", "--slurm", "--nodelist", NODES, "--only", "ssh", "--no-progress",
+                           "--json", "-"], env=env, timeout=180)
+    finally:
+        cluster.heal()
+        _settle(cluster)
+    doc = json.loads(out.stdout)
+    ssh = {r["node"]: r for r in doc["results"]}
+    assert ssh["n002"]["status"] == "fail" and "did not take the task launch: Communication connection failure" in \
+        ssh["n002"]["message"], ssh["n002"]
+    assert ssh["n001"]["status"] == ssh["n003"]["status"] == "pass"
+    assert doc["transport"]["step_tasks"] == [3, 2], doc["transport"]
+
+
+def _settle(cluster):
+    """The aborted step's job stays COMPLETING on the node whose slurmd was dead and on the step's first node
+    until slurmctld resends TERMINATE_JOB (60 s): an operator's DOWN then RESUME clears it at once."""
+    s = cluster.slurm
+    stuck = [n for n, st in s.states().items() if "comp" in st or "down" in st or "*" in st or n == "n002"]
+    for name in stuck:
+        s.run(["scontrol", "update", "nodename=%s" % name, "state=down", "reason=test: clear the completing job"])
+        s.run(["scontrol", "update", "nodename=%s" % name, "state=resume"])
+    s.wait_idle([n.name for n in cluster.nodes], 60)
+
+
 def test_an_interrupted_run_leaves_only_the_bundle_which_the_next_run_reuses(cluster):
     """n003's python hangs; the run is interrupted while its step waits: the step and the job end, each
     node holds this version's bundle and nothing else of preflight's, and the next run sends nothing."""
