@@ -456,12 +456,13 @@ def rule(view: ClusterView) -> List[Finding]:
     # Most nodes failing to reach the listening head (no foreign reply among them) is the head's end: a firewall
     # there, or a listener too busy to answer (1,000 simulated nodes on 2 cores: 606 connect timeouts, 380
     # silences). One finding on the head, those nodes not tested; a minority failing is each node's own path.
+    ssh = view.of("ssh")  # the clock offsets _late_head corrects with
     connecting = {n: f for n, f in facts.items() if n != head and isinstance(f, dict) and f.get("role") == "connect"}
     unreached = sorted((n for n, f in connecting.items() if not f.get("handshake") and not f.get("reply")), key=str)
     head_unreached = head_ok and len(unreached) >= 2 and 2 * len(unreached) > len(connecting)
     if head_unreached:
         busy = _overload(head_facts, unreached, sum(
-            1 for n in unreached if _late_head(view, head, head_facts, n, connecting[n]) is not None))
+            1 for n in unreached if _late_head(ssh, head, head_facts, n, connecting[n]) is not None))
         why = ("its listener, preflight's own, could not keep up (%s): the head overloaded, not a firewall; not "
                "tested, retest" % busy) if busy else "the head's end (a firewall on it dropping them), not theirs"
         out.append(Finding(
@@ -506,7 +507,7 @@ def rule(view: ClusterView) -> List[Finding]:
             out.append(Finding(NAME, name, Status.FAIL, "%s → %s %s: connected, but %s" % (
                 name, head, target, f.get("error") or "no preflight reply"), expected="preflight's listener",
                 actual=f.get("reply") or "no reply"))
-        elif (late := _late_head(view, head, head_facts, name, f)) is not None:
+        elif (late := _late_head(ssh, head, head_facts, name, f)) is not None:
             out.append(Finding(NAME, name, Status.ERROR, "%s → %s %s: refused for %ss, and the head began listening only "
                                "%.1fs after this node's last try (its probe started late: the head too busy): not "
                                "tested; retest" % (name, head, target, f.get("elapsed_s"), late), action="retest"))
@@ -522,15 +523,14 @@ def rule(view: ClusterView) -> List[Finding]:
     return out
 
 
-def _late_head(view: ClusterView, head: str, head_facts: Any, name: str, f: Dict[str, Any]) -> Optional[float]:
+def _late_head(ssh: Dict[str, Any], head: str, head_facts: Any, name: str, f: Dict[str, Any]) -> Optional[float]:
     """Seconds by which the head began listening after this node's last refused try (both clocks taken back to
     the controller's by the ssh check's offsets, their uncertainty counted in the head's favour), or None: a
     refusal that says nothing listened because nothing listened yet (at 1,000 simulated nodes on 2 cores, 6
-    healthy nodes FAILed 'refused' while the head's starved probe had not bound the port)."""
+    healthy nodes FAILed 'refused' while the head's starved probe had not bound the port). `ssh`: view.of("ssh")."""
     if f.get("errno") != "ECONNREFUSED" or not isinstance(head_facts, dict) or None in (
             head_facts.get("from_t"), f.get("until_t")):
         return None
-    ssh = view.of("ssh")
     (head_off, head_err), (off, err) = (clock_offset(ssh.get(n) or {}) or (0.0, 0.0) for n in (head, name))
     late = (head_facts["from_t"] - head_off) - (f["until_t"] - off)
     return late if late + head_err + err > 0 else None

@@ -277,8 +277,8 @@ class SlurmFleet:
         stays in (a launch timeout is then retried as ever). The nodes left to run."""
         suspects = [n for n, why in self._deliver().node_errors.items() if n in todo and LAUNCH_REFUSED_RE.search(why)]
         for name, why in self._try_launch(suspects).items():
-            if LAUNCH_REFUSED_RE.search(why):
-                self.dead[name] = NodeFailure("unreachable", "slurmd on %s did not take the task launch: %s" % (name, why))
+            if LAUNCH_REFUSED_RE.search(why):  # (only a refusal: a timeout here must not spend the run's relaunch)
+                self.dead[name] = self._launch_failure(name, why)
                 outcomes[name] = Outcome(name, failure=self.dead[name])
         return [n for n in todo if n not in outcomes]
 
@@ -286,10 +286,8 @@ class SlurmFleet:
         """{node: launch failure} of `srun ... true` on these nodes (none for no nodes, or when srun did not answer)."""
         if not names:
             return {}
-        argv = [SRUN, "--jobid=%s" % self.alloc.job_id, "-N", str(len(names)), "-n", str(len(names)), "-w", fold(names),
-                "--kill-on-bad-exit=0", "--no-kill", "--overlap", "--cpu-bind=none", "-J", "preflight-launch-check", "true"]
         try:
-            said = run(argv, timeout=SCANCEL_WAIT_S).stderr
+            said = run(self._argv(names, "preflight-launch-check", command=["true"]), timeout=SCANCEL_WAIT_S).stderr
         except SlurmError as exc:
             log.debug("launch check on %s: %s", fold(names), exc.args[0] if exc.args else exc)
             return {}
@@ -355,14 +353,16 @@ class SlurmFleet:
         self.close()
 
     # one step ------------------------------------------------------------------------------------
-    def _argv(self, names: Sequence[str], step_name: str, per_node: int = 1, gpus: bool = False) -> List[str]:
+    def _argv(self, names: Sequence[str], step_name: str, per_node: int = 1, gpus: bool = False,
+              command: Optional[List[str]] = None) -> List[str]:
+        """srun's argv for a step on `names` running the bootstrap (or `command`)."""
         shell = "echo preflight-node $SLURMD_NODENAME; " + bundle.remote_command(self.python)
         return [SRUN, "--jobid=%s" % self.alloc.job_id, "-N", str(len(names)), "-n", str(len(names) * per_node),
                 "--ntasks-per-node=%d" % per_node, "-w", fold(names), "--kill-on-bad-exit=0", "--no-kill", "--label", "--input=all",
                 # no CPU binding (task/affinity would pin each task, its probe threads or its rank and
                 # NCCL's proxy threads, to one core); several tasks a node may outnumber the job's CPUs
                 "--overlap", "--cpu-bind=none", "-J", step_name] + (["--overcommit"] if per_node > 1 else []) + (
-                ["--gpus-per-task=1"] if gpus else []) + ["/bin/sh", "-c", shell]
+                ["--gpus-per-task=1"] if gpus else []) + (command or ["/bin/sh", "-c", shell])
 
     def _launch(self, names: Sequence[str], by_node: Dict[str, Dict[str, Any]], per_node: int = 1,
                 gpus: bool = False) -> _Step:
