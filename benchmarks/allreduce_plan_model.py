@@ -3,7 +3,7 @@
     python3 benchmarks/allreduce_plan_model.py                      # 128 x 8 H100, 8x NDR 400G, NVLink4
     python3 benchmarks/allreduce_plan_model.py --nodes 16 --launch 30 --json -
 
-No node is touched: preflight.allreduce.timeplan plans the phases run.py would run (whole-cluster sweep,
+No node is touched: preflight.checks.allreduce.timeplan plans the phases run.py would run (whole-cluster sweep,
 NVLink and NIC node rounds, pair rounds up to localize.MAX_ROUNDS) with plan.py's default sizes,
 iterations and deadlines. Assumptions (each a flag):
   line rates  NDR InfiniBand 400 Gb/s per HCA, --hcas 8 per node, LINE_RATE_FRACTION of it as busbw
@@ -26,7 +26,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from preflight.allreduce import timeplan  # noqa: E402
+from preflight.checks.allreduce import timeplan  # noqa: E402
 
 GOAL_S = 600.0
 

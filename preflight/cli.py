@@ -198,7 +198,7 @@ def _cmd_checks(markdown: bool = False) -> int:
     table = Table(box=None, header_style="bold")
     for column in ("check", "claim", "reads on each node", "takes", "on fail"):
         table.add_column(column)
-    for name, check in catalogue.entries().items():  # the index: no check module imported
+    for name, check in catalogue.entries().items():  # the declarations: no check code imported
         table.add_row(*(Text(cell) for cell in (name, check.claim, check.reads or "(not declared)", check.takes or "?", check.action)))
     console = Console()
     console.print(table, markup=False)
@@ -315,7 +315,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         raise UsageError("--max-drain-fraction must be between 0 and 1", "e.g. --max-drain-fraction 0.2")
     inv = _load_inventory(args)
     if getattr(args, "plan", False):
-        from preflight.allreduce.timeplan import print_plan
+        from preflight.checks.allreduce.timeplan import print_plan
         return print_plan(inv, args.json, print)
     if getattr(args, "dcgm_level", None):
         from preflight import engine

@@ -2,7 +2,7 @@
 
     phase 1   local facts on every node (ssh basics, gpu, driver, fabric manager, nic, ib)
     phase 2   network facts planned from phase 1 (jumbo pings to ring neighbours, rendezvous port)
-    crossnode the checks declaring Check.crossnode (the timed all-reduce, preflight.allreduce.run) on the nodes
+    crossnode the checks declaring Check.crossnode (the timed all-reduce, preflight.checks.allreduce.stage) on the nodes
               that passed
     rules     pure functions over the gathered facts → findings
 
@@ -75,16 +75,15 @@ def dcgm_timeout(level: int, timeout: Optional[float]) -> Optional[float]:
     """The per-node deadline a `--dcgm-level` run needs. Level 1 fits any deadline (the probe kills dcgmi
     before it); level 2 raises an unset deadline to fit DCGM's medium run; level 3 (DCGM's long stress run,
     about 30 minutes) runs only with an explicit --timeout that fits it, never by accident."""
-    from preflight.checks import dcgm
-
+    from preflight.checks.dcgm import probe as dcgm_probe
     if level <= 1:
         return timeout
-    need = dcgm.LEVEL_BUDGET_S[level] + 2 * dcgm.DEADLINE_SLACK_S + 10.0  # + the bundle's start and answer
+    need = dcgm_probe.LEVEL_BUDGET_S[level] + 2 * dcgm_probe.DEADLINE_SLACK_S + 10.0  # + the bundle's start and answer
     if timeout is None and level == 2:
         return need
     if timeout is None or timeout < need:
         raise UsageError("--dcgm-level %d runs `dcgmi diag -r %d` for up to %.0f s; %s" % (
-            level, level, dcgm.LEVEL_BUDGET_S[level], "no --timeout given" if timeout is None else "--timeout %g is shorter" % timeout),
+            level, level, dcgm_probe.LEVEL_BUDGET_S[level], "no --timeout given" if timeout is None else "--timeout %g is shorter" % timeout),
             "give --timeout %.0f or more" % need)
     return timeout
 
@@ -144,7 +143,7 @@ def _derive(view: ClusterView) -> Dict[str, Any]:
     """The facts derived from every node's phase-1 facts, once (ClusterView.derive): the data-network
     choice that phase 2's plans, the nic/mtu/ports/nccl_env rules, the env file and the bench read.
     Later phases add facts of other checks only, so the later views carry these values unchanged."""
-    from preflight import datanet
+    from preflight.derived import datanet
 
     datanet.of(view)
     return view.derived

@@ -180,7 +180,7 @@ class ClusterView:
     def derive(self, name: str, compute: Callable[["ClusterView"], Any]) -> Any:
         """A fact derived from every node's facts, computed once and carried on the view: compute(view)
         on first use, the stored value after (`derived[name]`). What several rules, the env file and the
-        bench read (the data-network choice: preflight.datanet.of) is derived here, never recomputed.
+        bench read (the data-network choice: preflight.derived.datanet.of) is derived here, never recomputed.
         The engine computes them right after gathering and hands them to the later phases' views
         (ClusterView(..., derived=...)), so a value must only depend on facts later phases do not change.
         """
@@ -234,7 +234,10 @@ class Setting:
 
 @dataclass(frozen=True)
 class Check:
-    """A check's declaration: the catalogue entry every module in preflight.checks exports as CHECK.
+    """A check's declaration: what every folder in preflight.checks exports as CHECK in its __init__.py.
+
+    The declaration is data: probe, rule, plan, prepare and crossnode stay None there, and the catalogue
+    (preflight.checks.get) binds them from the folder's probe.py, rule.py and stage.py on the controller.
 
     name    stable CLI name (ssh, gpu, driver, fabric_manager, nic, ib_hca, mtu, ports, allreduce)
     claim   one line: what is true when it passes
@@ -252,7 +255,7 @@ class Check:
     action  what to do about a FAIL finding that names no action of its own (one of ACTIONS); an
             ERROR finding without one gets "retest" (the check could not decide)
     order   where it runs and is reported among the checks (lower first); the catalogue is every
-            module in preflight.checks, sorted by order, so adding a check edits no list
+            folder in preflight.checks, sorted by order, so adding a check edits no list
     crossnode  a test run across the nodes that passed the node checks (CrossNode), e.g. the all-reduce;
             its rule is judged after it ran
     reads   what the probe reads or runs on a node (files, commands, libraries), for `preflight checks`
@@ -265,8 +268,8 @@ class Check:
     claim: str
     why: str
     fix: str
-    probe: Optional[ProbeFn]
-    rule: RuleFn
+    probe: Optional[ProbeFn] = None
+    rule: Optional[RuleFn] = None
     phase: int = 1
     plan: Optional[PlanFn] = None
     needs: Sequence[str] = ()

@@ -31,7 +31,7 @@ from preflight.model import Finding, Status
 def node_checks() -> List[str]:
     """The checks one node can answer alone: phase-1 probes, and rules that judge only their facts (gpu_memory
     reads the gpu probe's), no cross-node test."""
-    return [name for name, e in catalogue.entries().items() if e.phase == 1 and not e.crossnode]
+    return [name for name, e in catalogue.entries().items() if e.phase == 1 and not catalogue.has_stage(name)]
 
 
 def select(only: Optional[Sequence[str]], skip: Sequence[str]) -> List[str]:

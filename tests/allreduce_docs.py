@@ -1,6 +1,6 @@
 """Agent result documents and views that the all-reduce tests build (preflight.probe.bench_agent's layout).
 
-One place for the test modules that mirror preflight/allreduce/ and the check, so they never import
+One place for the test modules that mirror preflight/checks/allreduce/ and the check, so they never import
 from each other.
 """
 

@@ -152,10 +152,9 @@ def nvml_answers(case: str = "nvml_h100_hgx_550") -> Dict[str, Any]:
 
 def gpu_rule(facts: Dict[str, Any], gpus_per_node: int = 8, shm: int = 16 << 30) -> list:
     """The gpu rule on one node holding facts (and a roomy /dev/shm)."""
-    from preflight.checks import gpu
-
+    from preflight.checks.gpu import rule as gpu_rule
     node = NodeInfo("gpu-001", "198.18.0.1", gpus_per_node)
-    return gpu.rule(ClusterView([node], {"gpu-001": {"gpu": facts, "ssh": {"shm_bytes": shm}}}))
+    return gpu_rule.rule(ClusterView([node], {"gpu-001": {"gpu": facts, "ssh": {"shm_bytes": shm}}}))
 
 
 def by_status(findings: list) -> Dict[Any, list]:

@@ -1,7 +1,8 @@
 """The fixture format: one JSON file per parser case, under tests/fixtures/<check>/<case>.json.
 
     {
-      "parser":  "parse_ping",            a function of preflight.checks.<check> (parse_*, probe, ...)
+      "parser":  "parse_ping",            a function of the check's folder, preflight/checks/<check>/ (probe.py
+                                         first, then rule.py, stage.py: parse_*, probe, ...)
       "command": "ping -M do -s 8972 ...", what produced the input on a node
       "source":  "...",                    where the format / the sample comes from
       "description": "...",                optional: what the case shows
@@ -134,10 +135,30 @@ def install_replay(snapshot: str, bindir: str) -> List[str]:
     return names
 
 
+def check_modules(check: str) -> List[Any]:
+    """The modules of check `check`'s folder that may hold a parser, node half first: probe.py, rule.py,
+    stage.py (those that exist)."""
+    from preflight import checks
+
+    return [importlib.import_module("preflight.checks.%s.%s" % (check, part))
+            for part in checks.PARTS if checks.has_part(check, part)]
+
+
+def find_parser(check: str, name: str) -> Tuple[Any, Any]:
+    """(module, function) for parser `name` of check `check`, looked up in its folder (check_modules); (None,
+    None) when no module there defines it."""
+    for module in check_modules(check):
+        fn = getattr(module, name, None)
+        if callable(fn):
+            return module, fn
+    return None, None
+
+
 def prepare(path: str, doc: Dict[str, Any], bindir: str) -> Tuple[Any, List[Any], Dict[str, str]]:
     """(the parser function, its arguments, environment variables to set) for one case."""
-    module = importlib.import_module("preflight.checks." + check_of(path))
-    parser = getattr(module, doc["parser"])
+    module, parser = find_parser(check_of(path), doc["parser"])
+    if parser is None:
+        raise LookupError("%s: no %s in preflight/checks/%s/" % (path, doc["parser"], check_of(path)))
     extra = resolve_args(module, doc.get("args") or [])
     env: Dict[str, str] = {}
     if "input" in doc:

@@ -1,10 +1,10 @@
-"""preflight.allreduce.busbw: nccl-tests' busbw, the curve over the ranks' timings, the built-in profiles."""
+"""preflight.checks.allreduce.busbw: nccl-tests' busbw, the curve over the ranks' timings, the built-in profiles."""
 
 from __future__ import annotations
 
 import pytest
 
-from preflight.allreduce import busbw
+from preflight.checks.allreduce import busbw
 
 from tests.allreduce_docs import GiB, KiB, MiB, eight_ranks_on
 

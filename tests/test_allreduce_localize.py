@@ -1,4 +1,4 @@
-"""preflight.allreduce.localize: pair rounds that name the node to exclude, and groups read from agent documents."""
+"""preflight.checks.allreduce.localize: pair rounds that name the node to exclude, and groups read from agent documents."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from preflight.allreduce import localize, plan
+from preflight.checks.allreduce import localize, plan
 
 from tests.allreduce_docs import GiB, eight_ranks_on, fake_round, hung_entry
 
@@ -248,7 +248,7 @@ def test_three_nodes_the_slow_middle_one_is_named_though_its_pairs_are_the_major
 
 
 def test_a_node_test_names_a_node_only_when_every_confirmation_beside_a_known_good_node_is_low():
-    from preflight.allreduce import judge
+    from preflight.checks.allreduce import judge
 
     def g(node, bw, pas=0, **kw):
         return dict({"nodes": [node], "busbw_gbps": bw, "best_gbps": bw, "failure": None, "pass": pas}, **kw)

@@ -1,4 +1,4 @@
-"""preflight.allreduce.nccllog: what the NCCL log fixtures must cover, and NCCL_SOCKET_IFNAME's syntax.
+"""preflight.checks.allreduce.nccllog: what the NCCL log fixtures must cover, and NCCL_SOCKET_IFNAME's syntax.
 
 Every case under tests/fixtures/allreduce runs through parse_nccl_log in tests/test_fixtures.py.
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from preflight.allreduce import nccllog
+from preflight.checks.allreduce import nccllog
 
 
 _NCCL_FIXTURES = Path(__file__).parent / "fixtures" / "allreduce"

@@ -1,8 +1,8 @@
-"""preflight.allreduce.plan: the agents' configs, the cluster metadata skeleton, sweeps, pair rotations."""
+"""preflight.checks.allreduce.plan: the agents' configs, the cluster metadata skeleton, sweeps, pair rotations."""
 
 from __future__ import annotations
 
-from preflight.allreduce import localize, plan
+from preflight.checks.allreduce import localize, plan
 from preflight.model import NodeInfo
 
 from tests.allreduce_docs import GiB, KiB, MiB, doc

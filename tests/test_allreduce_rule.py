@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from preflight.allreduce import localize, plan
-from preflight.allreduce.busbw import busbw_factor
-from preflight.checks import allreduce as ar
+from preflight.checks.allreduce import localize, plan
+from preflight.checks.allreduce.busbw import busbw_factor
+from preflight.checks.allreduce import rule as ar_rule
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.transport import bundle
 
@@ -28,20 +28,20 @@ from tests.allreduce_docs import GiB, KiB, MiB, cluster, doc, eight_ranks_on, fa
 def test_pass_and_fail_against_expect():
     sizes = [MiB << i for i in range(13)]  # up to 4 GiB
     docs = eight_ranks_on(2, 8, sizes, time_s=0.05)  # 4 GiB in 50 ms: algbw 85.9, busbw 161 GB/s
-    ok = ar.rule(cluster(docs, expect={"busbw_gbps": 150}))
+    ok = ar_rule.rank_findings(cluster(docs, expect={"busbw_gbps": 150}))
     f = the(ok)
     assert f.status is Status.PASS and "busbw 161.06 GB/s" in f.message and "at 4 GiB across 16 ranks on 2 nodes" in f.message
     assert f.expected == "busbw >= 150 GB/s (expect.busbw_gbps)"
     assert len(f.data["curve"]) == 13 and f.data["verdict_bytes"] == 4 * GiB
 
-    bad = the(ar.rule(cluster(eight_ranks_on(2, 8, sizes, time_s=0.05, slow={11: 3.0}), expect={"busbw_gbps": 150})))
+    bad = the(ar_rule.rank_findings(cluster(eight_ranks_on(2, 8, sizes, time_s=0.05, slow={11: 3.0}), expect={"busbw_gbps": 150})))
     assert bad.status is Status.FAIL and "below 150 GB/s" in bad.message
     assert "slowest rank 11 (n002) at 3.0x the median rank" in bad.message
 
 
 def test_gpu_verdict_needs_a_size_of_at_least_1_gib():
     """Issue 23 item 4: a sweep that ends below the size that proves bandwidth is not a pass (exit 1)."""
-    f = the(ar.rule(cluster(eight_ranks_on(1, 8, [MiB, 512 * MiB]), expect={"busbw_gbps": 1})))
+    f = the(ar_rule.rank_findings(cluster(eight_ranks_on(1, 8, [MiB, 512 * MiB]), expect={"busbw_gbps": 1})))
     assert f.status is Status.ERROR and "below 1 GiB" in f.message and f.action == "fix_config"
     assert "add a size of at least 1 GiB to cluster.allreduce.sizes" in f.message
 
@@ -52,30 +52,30 @@ def test_a_sparse_size_list_cut_early_proves_nothing(backend, sizes, cut_at):
     FAIL of a healthy fleet nor a pass at a latency-bound size."""
     cut = {"cut": {"bytes": cut_at, "took_s": 0.9, "projected_s": 3686.4, "budget_s": 15.0}}
     docs = eight_ranks_on(2, 1, sizes[:1], backend=backend, status={0: cut, 1: cut})
-    f = the(ar.rule(cluster(docs, gpus=1 if backend == "nccl" else 0, expect={"busbw_gbps": 0.001})))
+    f = the(ar_rule.rank_findings(cluster(docs, gpus=1 if backend == "nccl" else 0, expect={"busbw_gbps": 0.001})))
     assert f.status is Status.ERROR and f.action == "fix_config", f.message
     assert f.message.startswith("all-reduce bandwidth not proven across 2 ranks on 2 nodes: sweep stopped before ")
     assert "a 4096x step" in f.message and "doubling steps" in f.message
     # the twin: a cut one doubling step ahead is a measurement (a slow link), judged as before
     near = {"cut": dict(cut["cut"], bytes=2 * sizes[0])}
     docs = eight_ranks_on(2, 1, sizes[:1], backend=backend, status={0: near, 1: near})
-    f = the(ar.rule(cluster(docs, gpus=1 if backend == "nccl" else 0, expect={"busbw_gbps": 0.001})))
+    f = the(ar_rule.rank_findings(cluster(docs, gpus=1 if backend == "nccl" else 0, expect={"busbw_gbps": 0.001})))
     assert f.status is Status.FAIL and "sweep stopped before" in f.message, f.message  # too slow: judged
 
 
 def test_cpu_verdict_uses_the_largest_size_and_warns_without_threshold():
     sizes = plan.CPU_SIZES
     docs = [doc(i, [i], sizes, time_s=0.004, world=2, backend="gloo") for i in range(2)]
-    f = the(ar.rule(cluster(docs, gpus=0)))
+    f = the(ar_rule.rank_findings(cluster(docs, gpus=0)))
     assert f.status is Status.WARN and "no threshold applies" in f.message and "at 4 MiB" in f.message
-    passed = the(ar.rule(cluster(docs, gpus=0, expect={"busbw_gbps": 0.5})))
+    passed = the(ar_rule.rank_findings(cluster(docs, gpus=0, expect={"busbw_gbps": 0.5})))
     assert passed.status is Status.PASS
 
 
 def test_builtin_profiles_judge_the_rule():
     sizes = [GiB]
     docs = eight_ranks_on(1, 8, sizes, time_s=0.01)  # busbw 187.9 GB/s: below the H100 profile
-    f = the(ar.rule(cluster(docs, gpu_model="NVIDIA H100 80GB HBM3")))
+    f = the(ar_rule.rank_findings(cluster(docs, gpu_model="NVIDIA H100 80GB HBM3")))
     assert f.status is Status.FAIL and "H100 SXM 8-GPU NVLink4 profile" in f.message
 
 
@@ -84,7 +84,7 @@ def test_wrong_sums_fail():
                              "mismatches": 4}]}}
     docs = [doc(0, list(range(4)), [KiB], world=8, backend="gloo", status=status),
             doc(1, list(range(4, 8)), [KiB], world=8, backend="gloo")]
-    f = the(ar.rule(cluster(docs, gpus=0)))
+    f = the(ar_rule.rank_findings(cluster(docs, gpus=0)))
     assert f.status is Status.FAIL
     assert f.message == "all-reduce returned wrong sums at 1 KiB on rank 3 (n001): expected 36, got 35 (4 elements)"
 
@@ -100,7 +100,7 @@ def test_hang_names_the_rank_and_node_that_did_not_finish():
             for i in range(3)]
     docs.append(doc(3, [3], sizes, world=4, backend="gloo", deadline={"kind": "op", "limit_s": 20},
                     status={3: dict(hung_entry(), sizes=[{"bytes": KiB, "time_s": 1e-4, "ok": True}])}))
-    findings = ar.rule(cluster(docs, gpus=0))
+    findings = ar_rule.rank_findings(cluster(docs, gpus=0))
     f = the(findings)
     assert f.status is Status.FAIL
     assert f.message.startswith("all-reduce hung at 2 KiB: rank 3 (n004) did not finish within 20 s")
@@ -113,7 +113,7 @@ def test_everyone_stuck_above_one_frame_hints_at_mtu():
     sizes = [KiB, 2 * KiB]
     docs = [doc(i, [i], sizes, world=2, backend="gloo", deadline={"kind": "op", "limit_s": 20},
                 status={i: dict(hung_entry(), sizes=[{"bytes": KiB, "time_s": 1e-4, "ok": True}])}) for i in range(2)]
-    findings = ar.rule(cluster(docs, gpus=0))
+    findings = ar_rule.rank_findings(cluster(docs, gpus=0))
     f = the(findings)
     assert f.message.startswith("all-reduce hung at 2 KiB: ranks 0-1 (n[001-002]) did not finish within 20 s")
     assert "sizes up to 1 KiB completed" in f.message and "MTU mismatch" in f.message
@@ -128,7 +128,7 @@ def test_init_hang_names_ranks_that_never_reached_the_rendezvous():
             None]
     view = cluster(docs, gpus=0, world_size=4, ranks={"n001": [0, 1], "n002": [2, 3]},
                    unanswered={"n002": "no answer within 150 s (outer deadline)"})
-    findings = ar.rule(view)
+    findings = ar_rule.rank_findings(view)
     f = the(findings)
     assert f.message == ("all-reduce hung at init: ranks 2-3 (n002) never reached the rendezvous at "
                          "198.19.0.2:29500 within 30 s; no result from n002 (ranks 2-3)")
@@ -140,7 +140,7 @@ def test_init_hang_after_everyone_arrived_points_at_the_interfaces():
     docs = [doc(i, [i], [KiB], world=2, backend="gloo", deadline={"kind": "init", "limit_s": 30},
                 status={i: init}) for i in range(2)]
     docs[0]["rendezvous"] = {"addr": "10.0.0.1", "port": 29500, "arrived": [0, 1]}
-    f = the(ar.rule(cluster(docs, gpus=0)))
+    f = the(ar_rule.rank_findings(cluster(docs, gpus=0)))
     assert "reached the rendezvous but the process group did not form within 30 s" in f.message
     assert "GLOO_SOCKET_IFNAME" in f.message
 
@@ -150,7 +150,7 @@ def test_error_is_led_by_the_rank_that_died():
     peer = {"status": "error", "stage": "size", "bytes": 4 * KiB, "error": "RuntimeError: Connection closed by peer"}
     docs = [doc(0, [0, 1], [KiB], world=4, backend="gloo", status={0: peer, 1: peer}),
             doc(1, [2, 3], [KiB], world=4, backend="gloo", status={2: peer, 3: dead})]
-    findings = ar.rule(cluster(docs, gpus=0))
+    findings = ar_rule.rank_findings(cluster(docs, gpus=0))
     f = the(findings)
     assert f.message == ("all-reduce failed at 4 KiB: rank 3 (n002): rank process killed by signal 9; "
                          "ranks 0-2 (n[001-002]) stopped too")
@@ -168,7 +168,7 @@ def test_init_error_is_led_by_the_earliest_step_not_the_peer_that_noticed():
     docs = [doc(0, [0], [KiB], world=3, backend="gloo", status={0: store}),
             doc(1, [1], [KiB], world=3, backend="gloo", status={1: waiting}),
             doc(2, [2], [KiB], world=3, backend="gloo", status={2: no_torch})]
-    findings = ar.rule(cluster(docs, gpus=0))
+    findings = ar_rule.rank_findings(cluster(docs, gpus=0))
     assert the(findings).message.startswith("all-reduce failed at init: rank 2 (n003): ModuleNotFoundError: "
                                             "No module named 'torch'; ranks 0-1 (n[001-002]) stopped too")
     assert [x.node for x in findings if x.node and x.status is Status.FAIL] == ["n003"]
@@ -176,9 +176,9 @@ def test_init_error_is_led_by_the_earliest_step_not_the_peer_that_noticed():
 
 def test_no_results_at_all_is_an_error_and_skip_needs_a_reason():
     view = ClusterView([NodeInfo("n001", "n001", 8)], {"n001": {}})
-    assert the(ar.rule(view)).status is Status.ERROR
+    assert the(ar_rule.rank_findings(view)).status is Status.ERROR
     view = ClusterView([NodeInfo("n001", "n001", 8)], {"n001": {}}, cluster={"allreduce": {"skip": "one node only"}})
-    assert the(ar.rule(view)).status is Status.SKIP
+    assert the(ar_rule.rank_findings(view)).status is Status.SKIP
 
 
 def test_agent_error_document_is_a_node_failure():
@@ -186,7 +186,7 @@ def test_agent_error_document_is_a_node_failure():
     names = ["n001", "n002"]
     view = ClusterView([NodeInfo(n, n, 0) for n in names], {n: {"allreduce": d} for n, d in zip(names, docs)},
                        cluster={"allreduce": {"backend": "gloo", "world_size": 2, "nodes": names}})
-    findings = ar.rule(view)
+    findings = ar_rule.rank_findings(view)
     assert the(findings, "n002").message == "bench agent failed: did not finish within 30 s"
     assert the(findings).status is Status.FAIL
 
@@ -197,7 +197,7 @@ def test_a_stall_blames_no_rank_that_only_reported_the_reset():
     stopped = {"status": "timeout", "stage": "size", "bytes": 2 * MiB, "error": "no progress within the op deadline (20 s)"}
     status = {0: reset, 1: reset, 2: reset, 3: stopped}
     docs = eight_ranks_on(4, 1, [MiB], backend="gloo", status=status)
-    findings = ar.rule(cluster(docs, gpus=0))
+    findings = ar_rule.rank_findings(cluster(docs, gpus=0))
     (main,) = findings  # no node finding: the ranks that saw the reset did not cause it
     assert main.status is Status.FAIL and main.message.startswith(
         "all-reduce stalled at 2 MiB: rank 3 (n004) made no progress within the 20 s op deadline"), main.message
@@ -213,7 +213,7 @@ def test_a_node_that_vanished_mid_sweep_is_the_only_one_named():
     docs[3] = None
     view = cluster(docs, gpus=0, world_size=4, ranks={"n%03d" % (i + 1): [i, i] for i in range(4)},
                    unanswered={"n004": "no all-reduce result: connection closed"})
-    findings = ar.rule(view)
+    findings = ar_rule.rank_findings(view)
     assert [f.node for f in findings if f.status is Status.FAIL] == ["n004", None]
     assert the(findings).message == ("all-reduce failed at 4 KiB: ranks 0-2 (n[001-003]) lost the connection to a "
                                      "node that vanished mid-run (RuntimeError: Connection closed by peer "
@@ -223,7 +223,7 @@ def test_a_node_that_vanished_mid_sweep_is_the_only_one_named():
     # the twin: every node answered and one rank died on its own: the same wording as before names it
     died = dict(lost, error="rank process killed by signal 9")
     docs = eight_ranks_on(4, 1, [KiB], backend="gloo", status={0: lost, 1: lost, 2: lost, 3: died})
-    findings = ar.rule(cluster(docs, gpus=0))
+    findings = ar_rule.rank_findings(cluster(docs, gpus=0))
     assert [f.node for f in findings if f.status is Status.FAIL] == [None, "n004"]
 
 
@@ -256,7 +256,7 @@ def test_another_run_holding_the_rendezvous_is_a_retest_never_a_node_failure(cas
         docs = [doc(0, [0], [KiB], world=2, backend="gloo", status={0: _PORT_TAKEN}),
                 doc(1, [1], [KiB], world=2, backend="gloo", status={1: hung_entry("init", None, "store")})]
     view = cluster(docs, gpus=0, **meta)
-    (f,) = ar.CHECK.rule(view)
+    (f,) = ar_rule.rule(view)
     assert (f.node, f.status, f.action) == (None, Status.ERROR, "retest"), f
     assert f.message.startswith("all-reduce not run: ") and words in f.message, f.message
     names = view.cluster["allreduce"]["nodes"]
@@ -267,7 +267,7 @@ def test_a_rank_that_cannot_reach_its_own_store_still_names_its_node():
     """The twin: a store error that is not another run's store nor a taken port keeps its node verdict."""
     refused = dict(_OTHER_STORE, error="DistNetworkError: failed to connect to 198.19.0.3:29500 (Connection refused)")
     docs = [doc(0, [0], [KiB], world=2, backend="gloo"), doc(1, [1], [KiB], world=2, backend="gloo", status={1: refused})]
-    findings = ar.rule(cluster(docs, gpus=0))
+    findings = ar_rule.rank_findings(cluster(docs, gpus=0))
     assert [f.node for f in findings if f.status is Status.FAIL] == [None, "n002"]
 
 # ------------------------------------------------------------------------------------ what NCCL chose (rule)
@@ -282,7 +282,7 @@ def _nccl_view(logs, env=None, ib_ports=None, gpudirect=None):
     for d, name in zip(docs, logs):  # a fixture's name, or a log's text
         d["ranks"][0]["nccl_log"] = name if "\n" in name else (_NCCL_FIXTURES / name).read_text()
         d["ranks"][0]["init_s"] = 5.0
-    # rails: the controller's usable_hcas() over ib_hca facts (preflight.allreduce.run), one ACTIVE 400G port
+    # rails: the controller's usable_hcas() over ib_hca facts (preflight.checks.allreduce.stage), one ACTIVE 400G port
     rails = {n: ["mlx5_0:1"] if (ib_ports or {}).get(n) else [] for n in ["n001", "n002"]}
     view = cluster(docs, gpus=1, env={"NCCL_SOCKET_IFNAME": "=eth1"} if env is None else env, rails=rails)
     for n in ["n001", "n002"]:
@@ -292,7 +292,7 @@ def _nccl_view(logs, env=None, ib_ports=None, gpudirect=None):
 
 
 def _node_findings(view, node):
-    return [f for f in ar.CHECK.rule(view) if f.node == node and f.data and "nccl" in f.data]
+    return [f for f in ar_rule.rule(view) if f.node == node and f.data and "nccl" in f.data]
 
 
 def test_nccl_socket_fallback_with_an_active_hca_fails_the_node():
@@ -371,7 +371,7 @@ def test_network_faults_nccl_survived_are_a_warning_and_a_failure_cites_them():
     # a run that hung at init: the wording names the NCCL evidence of a network fault
     docs = eight_ranks_on(2, 1, [GiB], status={1: hung_entry("init", None, step="group")})
     docs[1]["ranks"][0]["nccl_log"] = (_NCCL_FIXTURES / "veth_link_local_timeout.log").read_text()
-    g = the(ar.rule(cluster(docs, gpus=1)))
+    g = the(ar_rule.rank_findings(cluster(docs, gpus=1)))
     assert g.status is Status.FAIL and "NCCL on n002 reported network faults (\"Call to connect returned " \
         "Connection timed out, retrying\")" in g.message, g.message
     assert g.data["nccl_net_faults"] == {"n002": ["Call to connect returned Connection timed out, retrying"]}
@@ -379,7 +379,7 @@ def test_network_faults_nccl_survived_are_a_warning_and_a_failure_cites_them():
 
 def test_an_unreadable_nccl_log_is_an_error_not_a_pass():
     view = _nccl_view(["warn_only.log", "ib_gdr.log"], env={"NCCL_SOCKET_IFNAME": "ib"})
-    (f,) = [x for x in ar.CHECK.rule(view) if x.node == "n001"]
+    (f,) = [x for x in ar_rule.rule(view) if x.node == "n001"]
     assert f.status is Status.ERROR and "no 'NCCL INFO' line" in f.message
 
 
@@ -387,10 +387,10 @@ def test_sku_profiles_warn_below_the_published_figure_above_the_fail_floor():
     # 8x H100, one node at 340 GB/s busbw: above the 315 GB/s FAIL floor, below 80% of the published 460
     t = GiB / (340e9 / busbw_factor(8))
     docs = eight_ranks_on(1, 8, [GiB], time_s=t)
-    f = the(ar.rule(cluster(docs, gpu_model="NVIDIA H100 80GB HBM3")))
+    f = the(ar_rule.rank_findings(cluster(docs, gpu_model="NVIDIA H100 80GB HBM3")))
     assert f.status is Status.WARN and "below 368 GB/s" in f.message and f.data["warn_gbps"] == 368.0, f.message
     docs = eight_ranks_on(1, 8, [GiB], time_s=GiB / (470e9 / busbw_factor(8)))
-    assert the(ar.rule(cluster(docs, gpu_model="NVIDIA H100 80GB HBM3"))).status is Status.PASS
+    assert the(ar_rule.rank_findings(cluster(docs, gpu_model="NVIDIA H100 80GB HBM3"))).status is Status.PASS
 
 
 # ------------------------------------------------------------------------- fleet judgement (rounds -> rule)
@@ -402,7 +402,7 @@ def test_rule_reports_the_localization_from_cluster_metadata():
     verdict = localize.localize(nodes, run_round)
     docs = eight_ranks_on(4, 1, [KiB], backend="gloo")
     view = cluster(docs, gpus=0, localization={"results": verdict["results"]})
-    findings = ar.CHECK.rule(view)
+    findings = ar_rule.rule(view)
     (main,) = [f for f in findings if f.node is None]  # one cluster verdict, the pair test folded in
     assert main.status is Status.FAIL and "pair test: exclude n002" in main.message, main.message
     assert the([f for f in findings if f.message.startswith("pair test")], "n002").status is Status.FAIL
@@ -427,21 +427,21 @@ def test_no_threshold_a_healthy_fleet_passes_and_a_slow_node_is_named():
     docs = eight_ranks_on(4, 1, ar_cpu_sizes(), backend="gloo")
     even = {"n%03d" % i: 1.0 + 0.02 * i for i in range(1, 5)}
     view = cluster(docs, gpus=0, node_rounds=[_node_round(even, "nvlink")])
-    (main,) = ar.CHECK.rule(view)
+    (main,) = ar_rule.rule(view)
     assert main.status is Status.PASS, main.message
     assert "no absolute threshold set: judged against the fleet" in main.message
     assert "node round nvlink at 4 MiB: every node within 10% of the fleet median" in main.message
     slow = dict(even, n003=0.7)  # 33% below the median of the others
     # alone, once: a suspect, not named (one moment on a shared machine proves nothing)
-    (main,) = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[_node_round(slow, "nvlink")]))
+    (main,) = ar_rule.rule(cluster(docs, gpus=0, node_rounds=[_node_round(slow, "nvlink")]))
     assert main.status is Status.PASS and "n003 slow: busbw 0.70 GB/s" in main.message
     assert "not confirmed (no second measurement)" in main.message, main.message
     # beside a known-good node timed at the same moment, fine: not named, and said so
     fine = _node_round(slow, "nvlink", again={"n003": (1.05, "n004", 1.08)})
-    (main,) = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[fine]))
+    (main,) = ar_rule.rule(cluster(docs, gpus=0, node_rounds=[fine]))
     assert main.status is Status.PASS and "n003 not confirmed: slow: busbw 0.70 GB/s" in main.message, main.message
     # slow again beside it: named
-    findings = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[_node_round(slow, "nvlink",
+    findings = ar_rule.rule(cluster(docs, gpus=0, node_rounds=[_node_round(slow, "nvlink",
                                                                              again={"n003": (0.6, "n004", 1.08)})]))
     main = the(findings)
     assert main.status is Status.FAIL and "node round nvlink at 4 MiB: n003" in main.message
@@ -451,15 +451,15 @@ def test_no_threshold_a_healthy_fleet_passes_and_a_slow_node_is_named():
     assert [f.node for f in findings if f.status is Status.FAIL] == [None, "n003"]
     # 10-20% below, confirmed: a warning for the node (retest), not a failure
     low = _node_round(dict(even, n003=0.9), "nvlink", again={"n003": (0.93, "n004", 1.08)})
-    findings = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[low]))
+    findings = ar_rule.rule(cluster(docs, gpus=0, node_rounds=[low]))
     assert the(findings).status is Status.WARN and the(findings, "n003").status is Status.WARN
     assert the(findings, "n003").action == "retest" and "low: busbw 0.90 GB/s" in the(findings, "n003").message
     # judged on completion only: a slow figure names nobody, a failure does
     loose = dict(_node_round(slow), by_bandwidth=False)
-    assert [f.status for f in ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[loose]))] == [Status.PASS]
+    assert [f.status for f in ar_rule.rule(cluster(docs, gpus=0, node_rounds=[loose]))] == [Status.PASS]
     broken = dict(loose, results=loose["results"][:2] + [{"nodes": ["n003"], "busbw_gbps": None,
                                                           "failure": "failed at 4 MiB (rank 0: boom)"}])
-    named = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[broken]))
+    named = ar_rule.rule(cluster(docs, gpus=0, node_rounds=[broken]))
     assert [f.node for f in named if f.status is Status.FAIL] == [None, "n003"]
 
 
@@ -471,32 +471,32 @@ def test_the_gloo_loopback_is_judged_on_completion_only():
     docs = eight_ranks_on(4, 1, ar_cpu_sizes(), backend="gloo")
     slow = {"n001": 1.02, "n002": 1.04, "n003": 0.7, "n004": 1.08}
     again = {"n003": (0.6, "n004", 1.08)}
-    findings = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[_node_round(slow, "loopback", again=again)]))
+    findings = ar_rule.rule(cluster(docs, gpus=0, node_rounds=[_node_round(slow, "loopback", again=again)]))
     assert [f.status for f in findings] == [Status.PASS]
     assert "node round loopback at 4 MiB: every node completed alone" in the(findings).message
-    findings = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[_node_round(slow, "nvlink", again=again)]))
+    findings = ar_rule.rule(cluster(docs, gpus=0, node_rounds=[_node_round(slow, "nvlink", again=again)]))
     assert the(findings, "n003").status is Status.FAIL
     broken = _node_round(slow, "loopback")
     broken["results"][2] = {"nodes": ["n003"], "busbw_gbps": None, "failure": "failed at 4 MiB (rank 0: boom)",
                             "pass": 0}
-    assert the(ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[broken])), "n003").status is Status.FAIL
+    assert the(ar_rule.rule(cluster(docs, gpus=0, node_rounds=[broken])), "n003").status is Status.FAIL
 
 
 def test_a_rank_slowest_at_most_sizes_is_named_a_straggler():
     sizes = [KiB << i for i in range(6)]
     docs = eight_ranks_on(4, 1, sizes, backend="gloo", slow={2: 1.6})
-    main = the(ar.rule(cluster(docs, gpus=0)))
+    main = the(ar_rule.rank_findings(cluster(docs, gpus=0)))
     assert "straggler: rank 2 (n003) slowest at 6 of 6 sizes, 1.6x the median rank" in main.message, main.message
     assert main.data["straggler"]["node"] == "n003" and len(main.data["slowest_per_size"]) == 6
     even = eight_ranks_on(4, 1, sizes, backend="gloo", slow={2: 1.1})
-    assert "straggler" not in the(ar.rule(cluster(even, gpus=0))).message  # within 20% of the median rank
+    assert "straggler" not in the(ar_rule.rank_findings(cluster(even, gpus=0))).message  # within 20% of the median rank
 
 
 def test_half_the_fleet_slow_in_a_node_round_is_still_named_by_the_healthy_majority():
     docs = eight_ranks_on(5, 1, ar_cpu_sizes(), backend="gloo")
     figures = {"n001": 10.0, "n002": 10.2, "n003": 9.9, "n004": 4.0, "n005": 4.1}  # 2 of 5 slow
     again = {"n004": (4.2, "n001", 10.1), "n005": (3.9, "n002", 9.8)}
-    findings = ar.CHECK.rule(cluster(docs, gpus=0, node_rounds=[_node_round(figures, "nic", again=again)]))
+    findings = ar_rule.rule(cluster(docs, gpus=0, node_rounds=[_node_round(figures, "nic", again=again)]))
     assert sorted(f.node for f in findings if f.node and f.status is Status.FAIL) == ["n004", "n005"]
 
 
@@ -506,7 +506,7 @@ def test_a_failed_run_and_its_localization_print_one_cluster_verdict():
     groups = [{"nodes": ["n001", "n003"], "busbw_gbps": 0.1, "failure": None},
               {"nodes": ["n002", "n004"], "busbw_gbps": 0.1, "failure": None}]
     view = cluster(docs, gpus=0, localization={"results": groups, "by_bandwidth": False})
-    cluster_findings = [f for f in ar.CHECK.rule(view) if f.node is None]
+    cluster_findings = [f for f in ar_rule.rule(view) if f.node is None]
     assert len(cluster_findings) == 1 and cluster_findings[0].status is Status.FAIL
     assert "pair test: every group passed: no node stands out" in cluster_findings[0].message
 
@@ -529,29 +529,29 @@ def _imports(path):
                 yield a.name, []
 
 
-def test_the_check_imports_the_allreduce_package_one_way_and_no_private_name():
-    root = Path(__file__).parent.parent / "preflight"
-    check = root / "checks" / "allreduce.py"
-    for module, names in _imports(check):
-        assert not (module.startswith("preflight.checks") or (module == "preflight" and "checks" in names)), \
-            "the allreduce check imports another check (%s %s): carry what it needs on the view" % (module, names)
-        assert not [n for n in names if n.startswith("_")], (module, names)
-    for path in sorted((root / "allreduce").glob("*.py")):
+def test_the_allreduce_folder_imports_one_way():
+    """rule.py and stage.py use the folder's library (busbw, judge, localize, nccllog, plan, timeplan, wording);
+    the library never imports them back (tests/test_structure.py guards the rest: no other check, no private name)."""
+    folder = Path(__file__).parent.parent / "preflight" / "checks" / "allreduce"
+    top = {"preflight.checks.allreduce.rule", "preflight.checks.allreduce.stage"}
+    for path in sorted(folder.glob("*.py")):
+        if path.name in ("__init__.py", "rule.py", "stage.py"):
+            continue
         for module, names in _imports(path):
-            back = module == "preflight.checks.allreduce" or (module == "preflight.checks" and "allreduce" in names)
-            assert not back, "%s imports the check: the package must not import its rule" % path.name
-            assert not [n for n in names if n.startswith("_") and n != "__future__"], (path.name, module, names)
+            back = module in top or (module == "preflight.checks.allreduce" and {"rule", "stage"} & set(names))
+            assert not back, "%s imports %s %s: the library must not import the rule or the stage" % (
+                path.name, module, names)
 
 
 def test_the_check_imports_the_controller_package_only_when_its_rule_runs():
-    """The check module sits in the node bundle's folder: importing it loads no preflight.allreduce module,
-    and the bundle carries none."""
+    """The check's declaration travels in the node bundle: importing it loads none of the folder's controller
+    modules (rule, stage, the all-reduce's planning and judging), and the bundle carries none."""
     code = ("import sys; import preflight.checks.allreduce as ar; "
-            "assert not [m for m in sys.modules if m.startswith('preflight.allreduce')], sorted(sys.modules); "
-            "ar.CHECK.rule; print('ok')")
+            "assert not [m for m in sys.modules if m.startswith('preflight.checks.allreduce.')], sorted(sys.modules); "
+            "ar.CHECK.name; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent.parent)))
     assert out.stdout.strip() == "ok", out.stderr
     names = zipfile.ZipFile(io.BytesIO(bundle.base_zip())).namelist()
     # the check has no node probe: since main's b6918d3 the bundle leaves its source out too
-    assert not [n for n in names if n.startswith("preflight/allreduce/") or "checks/allreduce" in n]
+    assert not [n for n in names if n.startswith("preflight/checks/allreduce/") or "checks/allreduce" in n]

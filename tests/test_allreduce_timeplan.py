@@ -1,4 +1,4 @@
-"""preflight.allreduce.timeplan: the bench's phases and their durations, planned before any node is touched."""
+"""preflight.checks.allreduce.timeplan: the bench's phases and their durations, planned before any node is touched."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from preflight.allreduce import localize, plan, timeplan
+from preflight.checks.allreduce import localize, plan, timeplan
 from preflight.common import GiB
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from preflight.allreduce import localize, plan
-from preflight.allreduce.nccllog import parse_nccl_log
-from preflight.checks import allreduce
+from preflight.checks.allreduce import localize, plan
+from preflight.checks.allreduce.nccllog import parse_nccl_log
+from preflight.checks.allreduce import rule as allreduce_rule
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe import bench_agent, portclaim
 
@@ -107,7 +107,7 @@ def rule_over(docs, nodes, backend="gloo"):
                                    for n, d in zip(nodes, docs)})
     infos = [NodeInfo(n, n, 0) for n in nodes]
     view = ClusterView(infos, {n: {"allreduce": d} for n, d in zip(nodes, docs)}, cluster={"allreduce": meta})
-    return allreduce.rule(view)
+    return allreduce_rule.rank_findings(view)
 
 
 def test_two_agents_as_two_nodes_sweep_the_cpu_sizes():
@@ -167,7 +167,7 @@ def test_missing_rank_is_an_init_timeout_within_the_deadline():
     meta = {"backend": "gloo", "world_size": 3, "nodes": ["n001", "n002"], "ranks": {"n001": [0, 1], "n002": [2, 2]},
             "unanswered": {"n002": "no answer within 60 s"}}
     view = ClusterView(infos, {"n001": {"allreduce": doc}}, cluster={"allreduce": meta})
-    cluster = [f for f in allreduce.rule(view) if f.node is None][0]
+    cluster = [f for f in allreduce_rule.rank_findings(view) if f.node is None][0]
     assert cluster.status is Status.FAIL
     assert "hung at init: rank 2 (n002) never reached the rendezvous at 127.0.0.1:%d within 10 s" % port in cluster.message
 

@@ -54,7 +54,7 @@ def test_bundle_carries_bytecode_for_this_python():
         if module in names:
             code = marshal.loads(zf.read("bytecode/" + module + "c"))
             assert code.co_filename == "bundle/" + module
-    assert "bytecode/preflight/checks/allreduce.pyc" not in names  # no node probe: never imported by a probe run
+    assert "bytecode/preflight/checks/allreduce/__init__.pyc" not in names  # no node probe: never imported by a probe run
     assert all(n[len("bytecode/"):-1] in names for n in names if n.endswith(".pyc"))  # the source is always there
 
 
@@ -70,14 +70,12 @@ def test_node_with_another_python_compiles_the_source():
     assert result["facts"]["ssh"].get("python")
 
 
-def test_the_bundle_is_cached_beside_the_pycs_and_rebuilt_when_a_source_changes(tmp_path, monkeypatch):
-    """Building the zip costs about 0.1 s each run; the cache is keyed, like a .pyc, by every source's
-    size and mtime: an edited source gives a new bundle (the old one removed), an unwritable folder only
-    means building every run."""
+def test_the_bundle_is_cached_in_the_users_cache_and_rebuilt_when_a_source_changes(tmp_path, monkeypatch):
+    """Building the zip costs about 0.1 s each run; the cache (the user's, mode 0700, files 0600) is keyed, like
+    a .pyc, by every source's size and mtime: an edited source gives a new bundle (the old one removed), an
+    unusable folder only means building every run."""
     import os
     import shutil
-
-    import preflight
 
     src = tmp_path / "src"
     src.mkdir()
@@ -86,17 +84,17 @@ def test_the_bundle_is_cached_beside_the_pycs_and_rebuilt_when_a_source_changes(
         copy = src / name.replace("/", "_")
         shutil.copy(path, copy)
         sources.append((str(copy), name))
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    monkeypatch.setattr(preflight, "__file__", str(pkg / "__init__.py"))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("PREFLIGHT_CACHE_DIR", str(cache))
     monkeypatch.setattr(bundle, "_sources", lambda: sources)
     built = []
     real_build = bundle._build_zip
     monkeypatch.setattr(bundle, "_build_zip", lambda s=None: built.append(1) or real_build(s))
 
     first = bundle._cached_zip()
-    cached = sorted(os.listdir(pkg / "__pycache__"))
+    cached = sorted(os.listdir(cache))
     assert len(cached) == 1 and cached[0].startswith("bundle-") and built == [1]
+    assert (os.stat(cache).st_mode & 0o777, os.stat(cache / cached[0]).st_mode & 0o777) == (0o700, 0o600)
     assert bundle._cached_zip() == first and built == [1]  # read back, not rebuilt
 
     edited = next(p for p, n in sources if n == "preflight/probe/runner.py")
@@ -105,12 +103,58 @@ def test_the_bundle_is_cached_beside_the_pycs_and_rebuilt_when_a_source_changes(
     second = bundle._cached_zip()
     assert built == [1, 1] and second != first
     assert b"# edited" in zipfile.ZipFile(io.BytesIO(second)).read("preflight/probe/runner.py")
-    now = sorted(os.listdir(pkg / "__pycache__"))
+    now = sorted(os.listdir(cache))
     assert len(now) == 1 and now != cached  # the stale bundle is gone
 
-    shutil.rmtree(pkg / "__pycache__")
-    (pkg / "__pycache__").write_text("not a folder")  # cannot be written: built, still returned
+    shutil.rmtree(cache)
+    cache.write_text("not a folder")  # cannot be used: built, still returned
     assert bundle._cached_zip() == second and built == [1, 1, 1]
+
+
+def test_the_cache_refuses_a_planted_symlink_or_a_folder_others_can_write(tmp_path, monkeypatch):
+    """A cache folder that is a symlink (planted where a user's cache would be) or that group/others can write
+    is not used: the bundle is built in memory, and nothing is read from or written through it."""
+    import os
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    link = tmp_path / "cache"
+    link.symlink_to(elsewhere)
+    monkeypatch.setenv("PREFLIGHT_CACHE_DIR", str(link))
+    assert bundle.cache_dir() is None
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    monkeypatch.setenv("PREFLIGHT_CACHE_DIR", str(shared))
+    assert bundle.cache_dir() is None
+    monkeypatch.setenv("PREFLIGHT_CACHE_DIR", "")  # caching off
+    assert bundle.cache_dir() is None
+    monkeypatch.delenv("PREFLIGHT_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert bundle.cache_dir() == str(tmp_path / "xdg" / "preflight")
+
+
+def test_nothing_is_written_into_the_installed_package(tmp_path):
+    """A run's bundle goes to the user's cache, never into the package folder (a read-only install works, and
+    an uninstall leaves no stray __pycache__/bundle-*.zip that would shadow a later install)."""
+    import os
+    import subprocess
+    import sys
+
+    import preflight
+
+    pkg = os.path.dirname(preflight.__file__)
+    before = {n for n in os.listdir(os.path.join(pkg, "__pycache__")) if n.startswith("bundle-")} \
+        if os.path.isdir(os.path.join(pkg, "__pycache__")) else set()
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    env.pop("PREFLIGHT_CACHE_DIR", None)
+    done = subprocess.run([sys.executable, "-c", "from preflight.transport import bundle; bundle.base_zip()"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    after = {n for n in os.listdir(os.path.join(pkg, "__pycache__")) if n.startswith("bundle-")} \
+        if os.path.isdir(os.path.join(pkg, "__pycache__")) else set()
+    assert after == before
+    assert [n for n in os.listdir(tmp_path / "xdg" / "preflight") if n.startswith("bundle-")]
 
 
 def test_node_code_relies_on_no_assert_or_docstring():
@@ -144,6 +188,8 @@ def test_the_bytecode_has_no_docstrings_and_checks_without_a_probe_stay_home():
     names = set(zf.namelist())
     code = marshal.loads(zf.read("bytecode/preflight/probe/runner.pyc"))
     assert not any(isinstance(c, str) and c.startswith("Node-side entry point") for c in code.co_consts)
-    for name, entry in checks.entries().items():
-        sent = "preflight/checks/%s.py" % name in names
-        assert sent == entry.probes, name  # a probe run imports only the checks it probes
+    for name in checks.entries():
+        sent = "preflight/checks/%s/probe.py" % name in names
+        assert sent == checks.has_probe(name), name  # a probe run imports only the checks it probes
+        assert ("preflight/checks/%s/__init__.py" % name in names) == sent, name  # the probe's package
+        assert "preflight/checks/%s/rule.py" % name not in names, name  # rules run on the controller

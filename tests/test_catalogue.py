@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import difflib
 import importlib
 import os
@@ -23,9 +24,9 @@ def test_every_module_declares_a_check_named_after_it():
         module = importlib.import_module("preflight.checks." + name)
         check = getattr(module, "CHECK", None)
         if not isinstance(check, Check):
-            wrong.append("checks/%s.py exports no CHECK = Check(...)" % name)
+            wrong.append("checks/%s/__init__.py exports no CHECK = Check(...)" % name)
         elif check.name != name:
-            wrong.append("checks/%s.py declares CHECK.name %r: it must be the module's name" % (name, check.name))
+            wrong.append("checks/%s/__init__.py declares CHECK.name %r: it must be the folder's name" % (name, check.name))
     assert not wrong, "\n".join(wrong)
 
 
@@ -38,22 +39,40 @@ def test_check_names_are_the_modules_in_declared_order():
     assert checks.CHECK_NAMES[0] == "ssh"  # nothing is known of a node without it
 
 
-def test_the_index_is_written_from_the_declarations():
-    """preflight/check_index.py (what the controller reads before importing any check) says what CHECK says."""
-    declared = checks.declared()
-    with open(checks.index_path()) as fh:
-        have = fh.read()
-    if have != checks.index_text(declared):
-        stale = [e.name for e in declared if checks.entries().get(e.name) != e]
-        stale += sorted(set(checks.entries()) - {e.name for e in declared})
-        raise AssertionError(
-            "preflight/check_index.py is stale (checks: %s); rewrite it with "
-            "`python3 -c 'import preflight.checks as c; c.write_index()'`" % (", ".join(stale) or "order/format"))
-    assert list(checks.entries().values()) == declared
+def test_a_declaration_is_data_and_the_folder_holds_the_code():
+    """CHECK in checks/<name>/__init__.py binds no code (the catalogue binds it from the folder) and imports only
+    the vocabulary (and the node-side library, where two checks share one Setting), so reading every declaration
+    stays cheap; rule.py has rule(), probe.py probe(), stage.py run()."""
+    wrong = []
+    for name in checks.module_names():
+        declared = checks.entry(name)
+        for field in ("probe", "rule", "plan", "prepare", "crossnode"):
+            if getattr(declared, field) is not None:
+                wrong.append("checks/%s/__init__.py: CHECK.%s is set; define it in the folder's %s.py instead" % (
+                    name, field, {"probe": "probe", "crossnode": "stage"}.get(field, "rule")))
+        folder = os.path.join(REPO, "preflight", "checks", name)
+        with open(os.path.join(folder, "__init__.py")) as fh:
+            tree = ast.parse(fh.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module not in ("__future__", "preflight.model", "preflight.probe"):
+                wrong.append("checks/%s/__init__.py:%d imports %s: a declaration imports only preflight.model and preflight.probe" % (
+                    name, node.lineno, node.module))
+            elif isinstance(node, ast.Import):
+                wrong.append("checks/%s/__init__.py:%d imports %s: a declaration imports only preflight.model" % (
+                    name, node.lineno, ", ".join(a.name for a in node.names)))
+        bound = checks.get(name)
+        if not os.path.isfile(os.path.join(folder, "rule.py")):
+            wrong.append("checks/%s has no rule.py with rule(view)" % name)
+        if checks.has_probe(name) != (bound.probe is not None):
+            wrong.append("checks/%s/probe.py defines no probe(ctx)" % name)
+        if checks.has_stage(name) != (bound.crossnode is not None):
+            wrong.append("checks/%s/stage.py defines no run(...)" % name)
+    assert not wrong, "\n".join(wrong)
 
 
 def test_help_and_node_import_only_the_checks_they_run(tmp_path):
-    """`preflight --help` and `preflight checks` import no check module; `preflight node --only ssh` ssh's alone."""
+    """`preflight --help` and `preflight checks` import no check's code (declarations only); `preflight node --only
+    ssh` ssh's alone."""
     script = tmp_path / "mods.py"
     script.write_text(
         "import runpy, sys\n"
@@ -62,11 +81,11 @@ def test_help_and_node_import_only_the_checks_they_run(tmp_path):
         "    runpy.run_module('preflight', run_name='__main__')\n"
         "except SystemExit:\n"
         "    pass\n"
-        "sys.stderr.write('MODS %s\\n' % ','.join(sorted(m for m in sys.modules if m.startswith('preflight.checks.'))))\n")
+        "sys.stderr.write('MODS %s\\n' % ','.join(sorted(m for m in sys.modules if m.count('.') > 2 and m.startswith('preflight.checks.'))))\n")
     bundle.base_zip()  # built once per source change (it reads every probe); what is measured is a run
     env = dict(os.environ, PYTHONPATH=REPO)
     for argv, want in ((["--help"], ""), (["checks"], ""), (["checks", "--markdown"], ""),
-                       (["node", "--only", "ssh"], "preflight.checks.ssh")):
+                       (["node", "--only", "ssh"], "preflight.checks.ssh.probe,preflight.checks.ssh.rule")):
         out = subprocess.run([sys.executable, str(script)] + argv, env=env, capture_output=True, text=True, timeout=120)
         mods = [line for line in out.stderr.splitlines() if line.startswith("MODS ")]
         assert mods == ["MODS " + want], (argv, out.stderr[-2000:])
@@ -142,7 +161,7 @@ def test_every_bundled_module_imports_with_the_standard_library_alone(tmp_path):
 
 def test_the_bundle_holds_no_controller_only_module():
     names = zipfile.ZipFile(__import__("io").BytesIO(bundle.base_zip())).namelist()
-    for controller in ("preflight/datanet.py", "preflight/allreduce/plan.py", "preflight/allreduce/run.py", "preflight/cli.py"):
+    for controller in ("preflight/derived/datanet.py", "preflight/checks/allreduce/plan.py", "preflight/checks/allreduce/stage.py", "preflight/cli.py"):
         assert controller not in names
 
 
@@ -218,15 +237,18 @@ def test_every_inventory_key_a_check_reads_is_declared_on_it():
     pattern = re.compile(r"""\b(view\.expect|view\.cluster|cluster)(?:\.get\(|\[)\s*["'](\w+)["']""")
     wrong = []
     for name, check in checks.catalogue().items():
-        path = os.path.join(REPO, "preflight", "checks", name + ".py")
-        with open(path) as fh:
-            source = fh.read()
+        folder = os.path.join(REPO, "preflight", "checks", name)
+        source = ""
+        for part in sorted(os.listdir(folder)):
+            if part.endswith(".py"):
+                with open(os.path.join(folder, part)) as fh:
+                    source += fh.read()
         declared = {s.key for s in check.settings}
         for holder, key in sorted(set(pattern.findall(source))):
             full = "expect." + key if holder.endswith("expect") else key
             if full.startswith("expect.") or (key not in inventory.CLUSTER_KEYS and key not in ENGINE_KEYS):
                 if full not in declared:
-                    wrong.append("checks/%s.py reads %s but its CHECK declares no Setting(%r, ...)" % (name, full, full))
+                    wrong.append("checks/%s reads %s but its CHECK declares no Setting(%r, ...)" % (name, full, full))
     assert not wrong, "\n".join(wrong)
 
 

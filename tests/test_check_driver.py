@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from preflight.checks import driver
+from preflight.checks.driver import probe as driver_probe
+from preflight.checks.driver import rule as driver_rule
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe.context import NodeContext
 from tests.fixture_cases import fixture_dir, read
@@ -34,7 +35,7 @@ GPU_FIX = fixture_dir("gpu")
     ],
 )
 def test_nccl_version_from_filename(path, version):
-    assert driver.nccl_version_from_filename(path) == version
+    assert driver_probe.nccl_version_from_filename(path) == version
 
 
 # ------------------------------------------------------------------------------------------------ probe
@@ -81,7 +82,7 @@ def node_env(tmp_path, monkeypatch):
 
 
 def test_probe_reads_all_versions_without_importing_torch(node_env):
-    facts = driver.probe(NodeContext(sysfs_root=str(node_env / "sys")))
+    facts = driver_probe.probe(NodeContext(sysfs_root=str(node_env / "sys")))
     assert "torch" not in sys.modules
     assert facts["driver_version"] == "550.54.15" and facts["driver_source"] == "nvidia-smi"
     assert facts["cuda_version"] == "12.4"
@@ -91,7 +92,7 @@ def test_probe_reads_all_versions_without_importing_torch(node_env):
     ]
     assert facts["nccl_python"] == {"distribution": "nvidia-nccl-cu12", "version": "2.20.5"}
     assert facts["torch"] == {"version": "2.3.0+cu121", "cuda": "12.1", "path": str(node_env / "site" / "torch")}
-    assert driver.nccl_version(facts) == "2.20.5"  # the wheel's NCCL is the one torch loads
+    assert driver_rule.nccl_version(facts) == "2.20.5"  # the wheel's NCCL is the one torch loads
     json.dumps(facts)
 
 
@@ -100,11 +101,11 @@ def test_probe_falls_back_to_sysfs_then_proc(node_env, monkeypatch):
     sysroot = node_env / "sys"
     (sysroot / "module" / "nvidia").mkdir(parents=True)
     (sysroot / "module" / "nvidia" / "version").write_text("535.129.03\n")
-    facts = driver.probe(NodeContext(sysfs_root=str(sysroot)))
+    facts = driver_probe.probe(NodeContext(sysfs_root=str(sysroot)))
     assert (facts["driver_version"], facts["driver_source"], facts["cuda_version"]) == ("535.129.03", "sysfs", None)
     os.unlink(str(sysroot / "module" / "nvidia" / "version"))
-    monkeypatch.setattr(driver, "PROC_VERSION", os.path.join(FIX, "proc_version_550_open.txt"))
-    facts = driver.probe(NodeContext(sysfs_root=str(sysroot)))
+    monkeypatch.setattr(driver_probe, "PROC_VERSION", os.path.join(FIX, "proc_version_550_open.txt"))
+    facts = driver_probe.probe(NodeContext(sysfs_root=str(sysroot)))
     assert (facts["driver_version"], facts["driver_source"]) == ("550.54.15", "proc")
 
 
@@ -113,10 +114,10 @@ def test_probe_on_a_node_without_driver_nccl_or_torch(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pynvml, "nvmlInit", lambda: (_ for _ in ()).throw(pynvml.NVMLError(12)))
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(driver, "PROC_VERSION", str(tmp_path / "absent"))
-    monkeypatch.setattr(driver, "LDCONFIG_CANDIDATES", ("ldconfig",))
-    monkeypatch.setattr(driver, "_torch", lambda: None)
-    facts = driver.probe(NodeContext(sysfs_root=str(tmp_path)))
+    monkeypatch.setattr(driver_probe, "PROC_VERSION", str(tmp_path / "absent"))
+    monkeypatch.setattr(driver_probe, "LDCONFIG_CANDIDATES", ("ldconfig",))
+    monkeypatch.setattr(driver_probe, "_torch", lambda: None)
+    facts = driver_probe.probe(NodeContext(sysfs_root=str(tmp_path)))
     assert facts["driver_version"] is None and facts["nccl_system"] == [] and facts["torch"] is None
 
 
@@ -127,7 +128,7 @@ def test_probe_reads_the_real_torch_of_this_python():
         want = metadata.version("torch")
     except metadata.PackageNotFoundError:
         pytest.skip("torch not installed here")
-    assert driver._torch()["version"] == want
+    assert driver_probe._torch()["version"] == want
 
 
 # ------------------------------------------------------------------------------------------------- rule
@@ -155,7 +156,7 @@ def statuses(findings):
 
 
 def test_rule_passes_identical_nodes():
-    found = driver.rule(view({"gpu-%03d" % i: facts() for i in range(1, 4)}))
+    found = driver_rule.rule(view({"gpu-%03d" % i: facts() for i in range(1, 4)}))
     assert statuses(found) == [
         ("gpu-%03d" % i, Status.PASS, "driver 550.54.15, CUDA 12.4, NCCL 2.21.5, torch 2.3.0+cu121") for i in range(1, 4)
     ]
@@ -164,7 +165,7 @@ def test_rule_passes_identical_nodes():
 def test_rule_names_the_driver_outlier_and_the_majority():
     per_node = {"gpu-%03d" % i: facts() for i in range(1, 64)}
     per_node["gpu-064"] = facts(drv="535.104.05", cuda="12.2")
-    found = driver.rule(view(per_node))
+    found = driver_rule.rule(view(per_node))
     fails = [f for f in found if f.status is Status.FAIL]
     assert statuses(fails[:2]) == [
         ("gpu-064", Status.FAIL, "driver 535.104.05 (majority 550.54.15 on 63 nodes)"),
@@ -180,7 +181,7 @@ def test_rule_names_the_driver_outlier_and_the_majority():
 
 
 def test_rule_compares_with_expect():
-    found = driver.rule(view({"a": facts(), "b": facts()}, expect={"nccl_version": "2.21.5", "torch_version": "2.4.0+cu121"}))
+    found = driver_rule.rule(view({"a": facts(), "b": facts()}, expect={"nccl_version": "2.21.5", "torch_version": "2.4.0+cu121"}))
     assert statuses(found) == [
         ("a", Status.FAIL, "torch 2.3.0+cu121 (expected 2.4.0+cu121)"),
         ("b", Status.FAIL, "torch 2.3.0+cu121 (expected 2.4.0+cu121)"),
@@ -188,7 +189,7 @@ def test_rule_compares_with_expect():
 
 
 def test_rule_tie_has_no_majority():
-    found = driver.rule(view({"a": facts(nccl="2.18.3"), "b": facts(nccl="2.21.5")}))
+    found = driver_rule.rule(view({"a": facts(nccl="2.18.3"), "b": facts(nccl="2.21.5")}))
     assert [m for _, s, m in statuses(found) if s is Status.FAIL and _] == [
         "NCCL 2.18.3 (no majority: 2.21.5 on b)",
         "NCCL 2.21.5 (no majority: 2.18.3 on a)",
@@ -196,7 +197,7 @@ def test_rule_tie_has_no_majority():
 
 
 def test_rule_fails_gpu_node_without_driver_and_missing_torch():
-    found = driver.rule(view({"a": facts(), "b": facts(), "c": facts(drv=None, cuda=None, torch=None)}))
+    found = driver_rule.rule(view({"a": facts(), "b": facts(), "c": facts(drv=None, cuda=None, torch=None)}))
     assert [m for n, s, m in statuses(found) if n == "c"] == [
         "no NVIDIA driver found (expected one for 8 GPUs)",
         "torch not found (majority 2.3.0+cu121 on 2 nodes)",
@@ -204,7 +205,7 @@ def test_rule_fails_gpu_node_without_driver_and_missing_torch():
 
 
 def test_rule_not_found_is_never_the_reference():
-    found = driver.rule(view({"a": facts(torch=None), "b": facts(torch=None), "c": facts()}))
+    found = driver_rule.rule(view({"a": facts(torch=None), "b": facts(torch=None), "c": facts()}))
     assert [(n, m) for n, s, m in statuses(found) if s is Status.FAIL and n] == [
         ("a", "torch not found (most common: 2.3.0+cu121 on 1 node)"),
         ("b", "torch not found (most common: 2.3.0+cu121 on 1 node)"),
@@ -213,21 +214,21 @@ def test_rule_not_found_is_never_the_reference():
 
 def test_rule_cpu_only_nodes_compare_torch_public_version():
     per_node = {"gpu-1": facts(), "gpu-2": facts(), "cpu-1": facts(drv=None, cuda=None, nccl=None, torch="2.3.0+cpu", torch_cuda=None)}
-    found = driver.rule(view(per_node, gpus={"cpu-1": 0}))
+    found = driver_rule.rule(view(per_node, gpus={"cpu-1": 0}))
     assert statuses(found)[-1] == ("cpu-1", Status.PASS, "torch 2.3.0 (CPU-only node: driver, CUDA and NCCL do not apply)")
     assert all(s is Status.PASS for _, s, _ in statuses(found))
     per_node["cpu-1"]["torch"]["version"] = "2.2.2+cpu"
-    found = driver.rule(view(per_node, gpus={"cpu-1": 0}))
+    found = driver_rule.rule(view(per_node, gpus={"cpu-1": 0}))
     assert ("cpu-1", Status.FAIL, "torch 2.2.2 (majority 2.3.0 on 2 nodes)") in statuses(found)
 
 
 def test_rule_cpu_only_without_torch_skips():
-    found = driver.rule(view({"cpu-1": facts(drv=None, cuda=None, nccl=None, torch=None)}, gpus={"cpu-1": 0}))
+    found = driver_rule.rule(view({"cpu-1": facts(drv=None, cuda=None, nccl=None, torch=None)}, gpus={"cpu-1": 0}))
     assert statuses(found) == [("cpu-1", Status.SKIP, "CPU-only node (gpus_per_node: 0) without torch: nothing to compare")]
 
 
 def test_rule_fails_torch_built_for_newer_cuda_major_than_driver():
-    found = driver.rule(view({"a": facts(cuda="11.8", torch="2.3.0+cu121", torch_cuda="12.1")}))
+    found = driver_rule.rule(view({"a": facts(cuda="11.8", torch="2.3.0+cu121", torch_cuda="12.1")}))
     assert statuses(found) == [
         ("a", Status.FAIL, "torch 2.3.0+cu121 is built for CUDA 12.1 but the driver supports CUDA 11.8 (expected a driver for CUDA 12.x)")
     ]
@@ -235,7 +236,7 @@ def test_rule_fails_torch_built_for_newer_cuda_major_than_driver():
 
 def test_rule_errors_on_missing_or_failed_probe():
     nodes = [NodeInfo("a", "a", 8), NodeInfo("b", "b", 8), NodeInfo("c", "c", 8)]
-    found = driver.rule(ClusterView(nodes, {"a": {"driver": {"probe_error": "boom"}}, "b": {}, "c": {"driver": facts()}}))
+    found = driver_rule.rule(ClusterView(nodes, {"a": {"driver": {"probe_error": "boom"}}, "b": {}, "c": {"driver": facts()}}))
     assert statuses(found) == [
         ("a", Status.ERROR, "probe failed: boom"),
         ("b", Status.ERROR, "no facts gathered for this check"),
@@ -246,14 +247,14 @@ def test_rule_errors_on_missing_or_failed_probe():
 def test_rule_uses_system_nccl_without_wheel():
     f = facts(nccl=None)
     f["nccl_system"] = [{"soname": "libnccl.so.2", "path": "/usr/lib/libnccl.so.2.19.3", "version": "2.19.3"}]
-    found = driver.rule(view({"a": f}))
+    found = driver_rule.rule(view({"a": f}))
     assert "NCCL 2.19.3" in found[0].message
 
 
 def test_nccl_wheel_found_by_its_dist_info_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", [str(tmp_path / "missing"), str(tmp_path)])
-    assert driver._nccl_python() is None
+    assert driver_probe._nccl_python() is None
     (tmp_path / "nvidia_nccl_cu11-2.14.3.dist-info").mkdir()
-    assert driver._nccl_python() == {"distribution": "nvidia-nccl-cu11", "version": "2.14.3"}
+    assert driver_probe._nccl_python() == {"distribution": "nvidia-nccl-cu11", "version": "2.14.3"}
     (tmp_path / "nvidia_nccl_cu12-2.21.5.dist-info").mkdir()  # cu12 is looked for first
-    assert driver._nccl_python() == {"distribution": "nvidia-nccl-cu12", "version": "2.21.5"}
+    assert driver_probe._nccl_python() == {"distribution": "nvidia-nccl-cu12", "version": "2.21.5"}

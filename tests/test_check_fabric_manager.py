@@ -10,6 +10,8 @@ import os
 import pytest
 
 from preflight.checks import fabric_manager as fm
+from preflight.checks.fabric_manager import probe as fm_probe
+from preflight.checks.fabric_manager import rule as fm_rule
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
 from tests.fixture_cases import fixture_dir, meta
@@ -38,12 +40,12 @@ def test_systemctl_fixtures_ran_the_command_the_probe_runs():
         with open(path) as fh:
             case = json.load(fh)
         assert case["command"].startswith("systemctl show nvidia-fabricmanager --property=")
-        assert case["command"].endswith(",".join(fm.PROPERTIES))
+        assert case["command"].endswith(",".join(fm_probe.PROPERTIES))
 
 
 def test_systemctl_show_without_states_is_a_parse_error():
     with pytest.raises(ParseError, match="no LoadState"):
-        fm.parse_systemctl_show("Result=success\n")
+        fm_probe.parse_systemctl_show("Result=success\n")
 
 
 # ------------------------------------------------------------------------------------------------ probe
@@ -74,7 +76,7 @@ def test_probe_on_nvswitch_node(tmp_path, monkeypatch, tree, show, version, want
     fake_tools(str(tmp_path), show, version)
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % tmp_path)
     root = os.path.join(FIX, "sysfs", tree)
-    facts = fm.probe(NodeContext(sysfs_root=root))
+    facts = fm_probe.probe(NodeContext(sysfs_root=root))
     assert facts["nvswitches"] == meta(root + ".json")["expected"]
     assert facts["driver_version"] == TREE_DRIVER[tree]
     assert facts["service"] == meta(os.path.join(FIX, show + ".txt"))["expected"]
@@ -85,7 +87,7 @@ def test_probe_on_nvswitch_node(tmp_path, monkeypatch, tree, show, version, want
 
 def test_probe_without_nvswitch_asks_only_for_imex(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # neither systemctl nor nv-fabricmanager exists
-    facts = fm.probe(NodeContext(sysfs_root=os.path.join(FIX, "sysfs", "pcie_h100")))
+    facts = fm_probe.probe(NodeContext(sysfs_root=os.path.join(FIX, "sysfs", "pcie_h100")))
     assert facts == {
         "nvswitches": [],
         "service": None,
@@ -100,7 +102,7 @@ def test_probe_without_nvswitch_asks_only_for_imex(tmp_path, monkeypatch):
 
 def test_probe_without_systemctl(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    facts = fm.probe(NodeContext(sysfs_root=os.path.join(FIX, "sysfs", "hgx_h100")))
+    facts = fm_probe.probe(NodeContext(sysfs_root=os.path.join(FIX, "sysfs", "hgx_h100")))
     assert facts["service"] is None and facts["service_error"] == "systemctl not found" and facts["fm_version"] is None
 
 
@@ -125,7 +127,7 @@ def run(facts, gpu="h100_hgx_550", gpus_per_node=8):
     entry = {"fabric_manager": facts}
     if gpu:
         entry["gpu"] = gpu_facts(gpu)
-    return [(f.status, f.message) for f in fm.rule(ClusterView([node], {"gpu-001": entry}))]
+    return [(f.status, f.message) for f in fm_rule.rule(ClusterView([node], {"gpu-001": entry}))]
 
 
 def test_rule_passes_healthy_h100():
@@ -186,7 +188,7 @@ def test_rule_warns_unknown_version():
 
 def test_rule_errors_without_facts():
     nodes = [NodeInfo("a", "a", 8), NodeInfo("b", "b", 8)]
-    found = fm.rule(ClusterView(nodes, {"a": {"fabric_manager": {"probe_error": "boom"}}, "b": {}}))
+    found = fm_rule.rule(ClusterView(nodes, {"a": {"fabric_manager": {"probe_error": "boom"}}, "b": {}}))
     assert [(f.node, f.status) for f in found] == [("a", Status.ERROR), ("b", Status.ERROR)]
 
 
@@ -198,7 +200,7 @@ def test_check_declaration():
 
 
 def test_sim_fabric_manager_failed_and_driver_outlier(tmp_path, monkeypatch):
-    from preflight.checks import gpu
+    from preflight.checks.gpu import probe as gpu_probe
     from tests.sim import gpu_hw
     from tests.builders import StubNode
 
@@ -213,10 +215,10 @@ def test_sim_fabric_manager_failed_and_driver_outlier(tmp_path, monkeypatch):
     ctx = NodeContext(sysfs_root=node.sys_dir)
 
     def judge():
-        facts = {"fabric_manager": fm.probe(ctx), "gpu": gpu.probe(ctx)}
-        return [(f.status, f.message) for f in fm.rule(ClusterView([NodeInfo("n001", "h", 8)], {"n001": facts}))]
+        facts = {"fabric_manager": fm_probe.probe(ctx), "gpu": gpu_probe.probe(ctx)}
+        return [(f.status, f.message) for f in fm_rule.rule(ClusterView([NodeInfo("n001", "h", 8)], {"n001": facts}))]
 
-    assert fm.find_nvswitches(ctx) == switches
+    assert fm_probe.find_nvswitches(ctx) == switches
     assert judge() == [
         (Status.PASS, "4 NVSwitches, nvidia-fabricmanager active (running), version 550.54.15, fabric Completed on 8 GPUs")
     ]

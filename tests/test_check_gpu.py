@@ -15,9 +15,13 @@ import time
 
 import pytest
 
-from preflight.checks import driver, gpu
+from preflight import checks
+from preflight.checks import gpu
+from preflight.checks.driver import probe as driver_probe
+from preflight.checks.gpu import probe as gpu_probe
+from preflight.checks.gpu import rule as gpu_rule
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
-from preflight.probe import gpu_facts, gpu_health, gpu_nvml
+from preflight.probe import gpu_facts, gpu_health, gpu_nvml, nvidia_smi
 from preflight.probe import nvml as probe_nvml
 from preflight.probe.context import NodeContext
 from tests.builders import StubNode, by_status, fake_nvidia_smi, gpu_expected as expected, gpu_rule as run_rule
@@ -65,18 +69,18 @@ def test_unknown_flag_value_is_a_parse_error():
         "<persistence_mode>Enabled</persistence_mode>", "<persistence_mode>Maybe</persistence_mode>", 1
     )
     with pytest.raises(ParseError, match="persistence_mode is 'Maybe'"):
-        gpu.parse_nvidia_smi_xml(text)
+        nvidia_smi.parse_nvidia_smi_xml(text)
 
 
 def test_wrong_root_is_a_parse_error():
     with pytest.raises(ParseError, match="root element is <html>"):
-        gpu.parse_nvidia_smi_xml("<html><body/></html>")
+        nvidia_smi.parse_nvidia_smi_xml("<html><body/></html>")
 
 
 def test_unknown_link_state_is_a_parse_error():
     text = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-65a98dec-49a9-1ada-b55d-8ca4a509be39)\n\t Link 0: Degraded\n"
     with pytest.raises(ParseError, match="line 2: 'Link 0: Degraded'"):
-        gpu.parse_nvlink_status(text)
+        nvidia_smi.parse_nvlink_status(text)
 
 
 # ------------------------------------------------------------------------------------------------- NVML
@@ -129,7 +133,7 @@ def no_nvml(monkeypatch, tmp_path):
 def test_probe_reads_nvidia_smi_when_nvml_is_unavailable(tmp_path, monkeypatch, no_nvml):
     fake_nvidia_smi(str(tmp_path / "bin"), os.path.join(FIX, "h100_hgx_550.xml"), os.path.join(FIX, "h100_hgx_550.nvlink.txt"))
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % (tmp_path / "bin"))
-    facts = gpu.probe(NodeContext(sysfs_root=str(tmp_path)))
+    facts = gpu_probe.probe(NodeContext(sysfs_root=str(tmp_path)))
     assert facts.pop("nvml_error") == "NVML Shared Library Not Found"
     assert facts.pop("nvlink_unreadable") == []
     # the health facts come from the same XML (judged by gpu_memory / gpu_state: tests/test_check_gpu_health.py)
@@ -148,7 +152,7 @@ def test_nvml_is_not_loaded_without_an_nvidia_driver(tmp_path, monkeypatch):
 def test_probe_without_nvlink_answer_leaves_links_unknown(tmp_path, monkeypatch, no_nvml):
     fake_nvidia_smi(str(tmp_path / "bin"), os.path.join(FIX, "a100_hgx_535.xml"))
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % (tmp_path / "bin"))
-    facts = gpu.probe(NodeContext(sysfs_root=str(tmp_path)))
+    facts = gpu_probe.probe(NodeContext(sysfs_root=str(tmp_path)))
     assert [g["nvlink"] for g in facts["gpus"]] == [None] * 8
     assert facts["source"] == "nvidia-smi"
 
@@ -157,14 +161,14 @@ def test_probe_env_switch_skips_nvml(tmp_path, monkeypatch):
     fake_nvidia_smi(str(tmp_path / "bin"), os.path.join(FIX, "a100_hgx_535.xml"))
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % (tmp_path / "bin"))
     monkeypatch.setenv("PREFLIGHT_NVML", "off")
-    facts = gpu.probe(NodeContext(sysfs_root=str(tmp_path)))
+    facts = gpu_probe.probe(NodeContext(sysfs_root=str(tmp_path)))
     assert facts["nvml_error"] == "disabled by PREFLIGHT_NVML" and facts["source"] == "nvidia-smi"
 
 
 def test_probe_without_nvidia_smi_or_nvml(tmp_path, monkeypatch, no_nvml):
     (tmp_path / "empty").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    facts = gpu.probe(NodeContext(sysfs_root=str(tmp_path)))
+    facts = gpu_probe.probe(NodeContext(sysfs_root=str(tmp_path)))
     assert facts["source"] is None and facts["gpus"] == []
     assert facts["error"] == "nvidia-smi not found and NVML unavailable"
 
@@ -173,7 +177,7 @@ def test_probe_with_driver_not_loaded(tmp_path, monkeypatch, no_nvml):
     case = meta(os.path.join(FIX, "driver_not_loaded.xml"))
     fake_nvidia_smi(str(tmp_path / "bin"), os.path.join(FIX, "driver_not_loaded.xml"), rc=case["rc"])
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % (tmp_path / "bin"))
-    facts = gpu.probe(NodeContext(sysfs_root=str(tmp_path)))
+    facts = gpu_probe.probe(NodeContext(sysfs_root=str(tmp_path)))
     assert facts["error"].startswith("nvidia-smi failed (rc 9): NVIDIA-SMI has failed because it couldn't communicate")
 
 
@@ -181,7 +185,7 @@ def test_probe_raises_on_truncated_output(tmp_path, monkeypatch, no_nvml):
     fake_nvidia_smi(str(tmp_path / "bin"), os.path.join(FIX, "h100_truncated.xml"))
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % (tmp_path / "bin"))
     with pytest.raises(ParseError, match="not well-formed XML"):
-        gpu.probe(NodeContext(sysfs_root=str(tmp_path)))
+        gpu_probe.probe(NodeContext(sysfs_root=str(tmp_path)))
 
 
 # ------------------------------------------------------------------------------------------------- rule
@@ -255,7 +259,7 @@ def test_rule_warns_extra_gpus_and_leaves_shm_to_the_limits_check():
 def test_rule_skips_cpu_only_and_errors_without_facts():
     nodes = [NodeInfo("cpu-1", "h1", 0), NodeInfo("gpu-1", "h2", 8), NodeInfo("gpu-2", "h3", 8)]
     facts = {"cpu-1": {}, "gpu-1": {"gpu": {"probe_error": "ParseError: truncated"}}, "gpu-2": {}}
-    findings = gpu.rule(ClusterView(nodes, facts))
+    findings = gpu_rule.rule(ClusterView(nodes, facts))
     assert [(f.node, f.status) for f in findings] == [
         ("cpu-1", Status.SKIP),
         ("gpu-1", Status.ERROR),
@@ -279,7 +283,7 @@ def test_sim_install_gpus_healthy_matches_the_recording(tmp_path, monkeypatch, n
     node = StubNode(tmp_path)
     gpu_hw.install_gpus(node, "h100")
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % node.bin_dir)
-    facts = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
+    facts = gpu_probe.probe(NodeContext(sysfs_root=node.sys_dir))
     facts.pop("nvml_error")
     assert facts.pop("nvlink_unreadable") == []
     assert facts.pop("health")["gpus"]["00000000:18:00.0"]["remap"]["histogram"]["max"] == 2551
@@ -297,7 +301,7 @@ def test_sim_install_gpus_with_faults(tmp_path, monkeypatch, no_nvml):
         node, "a100", count=8, faults={1: "missing", 3: ["ecc", "pcie_width"], 5: "nvlink_down", 6: "hw_slowdown"}
     )
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % node.bin_dir)
-    facts = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
+    facts = gpu_probe.probe(NodeContext(sysfs_root=node.sys_dir))
     assert len(facts["gpus"]) == 7 and facts["attached_gpus"] == 7
     found = by_status(run_rule(facts))
     assert found[Status.FAIL] == [
@@ -328,7 +332,7 @@ def _topology_facts(gpu_bdfs, width=16):
 def _rule_with_topology(facts, topology):
     node = NodeInfo("gpu-001", "10.0.0.1", 8)
     entry = {"gpu": facts, "ssh": {"shm_bytes": 16 * GiB}, "topology": topology}
-    return gpu.rule(ClusterView([node], {"gpu-001": entry}))
+    return gpu_rule.rule(ClusterView([node], {"gpu-001": entry}))
 
 
 def test_narrow_pcie_link_is_left_to_topology_when_it_read_the_gpu():
@@ -437,7 +441,7 @@ def test_all_links_inactive_line_on_sxm_gpu_fails():
             out.append(line)
         elif not skip:
             out.append(line)
-    gpu.merge_nvlink(facts, gpu.parse_nvlink_status("\n".join(out) + "\n"))
+    nvidia_smi.merge_nvlink(facts, nvidia_smi.parse_nvlink_status("\n".join(out) + "\n"))
     fails = by_status(run_rule(facts))[Status.FAIL]
     assert len(fails) == 1 and fails[0].startswith("GPU 2 (0000:3A:00.0): 0/18 NVLinks active (expected 18 on NVIDIA H100 80GB HBM3; NVML: Unable to retrieve NVLink information as all links are inActive)")
 
@@ -452,21 +456,21 @@ def test_same_links_lost_on_every_gpu_fails_against_the_model():
 
 
 def test_pcie_gpu_without_nvlink_is_not_judged():
-    links = gpu.parse_nvlink_status(open(os.path.join(FIX, "h100_pcie_no_nvlink.nvlink.txt")).read())
+    links = nvidia_smi.parse_nvlink_status(open(os.path.join(FIX, "h100_pcie_no_nvlink.nvlink.txt")).read())
     facts = expected("h100_hgx_550")
     facts["gpus"] = facts["gpus"][:2]
     for g, uuid in zip(facts["gpus"], links):
         g["name"], g["uuid"] = "NVIDIA H100 PCIe", uuid
-    gpu.merge_nvlink(facts, links)
+    nvidia_smi.merge_nvlink(facts, links)
     assert by_status(run_rule(facts, gpus_per_node=2)) .keys() == {Status.PASS}
 
 
 def test_model_link_counts():
-    assert gpu.model_nvlinks("NVIDIA H100 80GB HBM3") == 18
-    assert gpu.model_nvlinks("NVIDIA H200") == 18
-    assert gpu.model_nvlinks("NVIDIA A100-SXM4-80GB") == 12
-    assert gpu.model_nvlinks("NVIDIA H100 PCIe") is None
-    assert gpu.model_nvlinks("NVIDIA A10G") is None
+    assert gpu_rule.model_nvlinks("NVIDIA H100 80GB HBM3") == 18
+    assert gpu_rule.model_nvlinks("NVIDIA H200") == 18
+    assert gpu_rule.model_nvlinks("NVIDIA A100-SXM4-80GB") == 12
+    assert gpu_rule.model_nvlinks("NVIDIA H100 PCIe") is None
+    assert gpu_rule.model_nvlinks("NVIDIA A10G") is None
 
 
 # ------------------------------------------------------------------------------- 15.5 wedged NVML
@@ -515,12 +519,12 @@ def test_wedged_nvml_call_costs_only_the_gpu_facts(tmp_path, monkeypatch, fake_p
     (tmp_path / "bin" / "nvidia-smi").chmod(0o755)
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % (tmp_path / "bin"))
     ctx = NodeContext(sysfs_root=str(tmp_path))
-    facts = _bounded(gpu.probe, ctx)
+    facts = _bounded(gpu_probe.probe, ctx)
     assert [g["index"] for g in facts["gpus"]] == [0, 1, 2, 3, 4, 5]  # what was read is kept
     assert "nvmlDeviceGetNvLinkState did not return within" in facts["gpus"][5]["error"]
     fails = by_status(run_rule(facts))[Status.FAIL]
     assert any("GPU 5" in m and "did not return" in m for m in fails)
-    drv = _bounded(driver.probe, ctx)  # the node's other facts still arrive
+    drv = _bounded(driver_probe.probe, ctx)  # the node's other facts still arrive
     assert drv["driver_version"] == "550.54.15" and drv["driver_source"] == "sysfs"
     assert drv["torch"] is not None and drv["torch"]["version"]
     assert "did not return within" in drv["nvml_error"]
@@ -538,7 +542,7 @@ def test_one_unreadable_nvlink_line_keeps_the_xml_facts(tmp_path, monkeypatch):
     fake_nvidia_smi(str(tmp_path / "bin"), os.path.join(FIX, "h100_hgx_550.xml"), str(odd))
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % (tmp_path / "bin"))
     monkeypatch.setenv("PREFLIGHT_NVML", "off")
-    facts = gpu.probe(NodeContext(sysfs_root=str(tmp_path)))
+    facts = gpu_probe.probe(NodeContext(sysfs_root=str(tmp_path)))
     assert facts["source"] == "nvidia-smi" and len(facts["gpus"]) == 8
     assert facts["nvlink_unreadable"] == ["line 7: 'Link 5: 26.562 GB/s (degraded)'"]
     assert facts["gpus"][0]["nvlink"] == {"active": 17, "inactive": 0, "unreadable": 1}
@@ -554,10 +558,10 @@ def test_one_unreadable_nvlink_line_keeps_the_xml_facts(tmp_path, monkeypatch):
 
 
 def test_legacy_ecc_layout_is_judged():
-    facts = gpu.parse_nvidia_smi_xml(open(os.path.join(FIX, "p100_legacy_ecc_510.xml")).read())
+    facts = nvidia_smi.parse_nvidia_smi_xml(open(os.path.join(FIX, "p100_legacy_ecc_510.xml")).read())
     assert facts["gpus"][0]["ecc_uncorrectable_volatile"] == 0
     assert facts["gpus"][0]["ecc_uncorrectable_aggregate"] == 1
-    bad = gpu.parse_nvidia_smi_xml(open(os.path.join(FIX, "p100_legacy_ecc_dbe.xml")).read())
+    bad = nvidia_smi.parse_nvidia_smi_xml(open(os.path.join(FIX, "p100_legacy_ecc_dbe.xml")).read())
     assert bad["gpus"][0]["ecc_uncorrectable_volatile"] == 2
     fails = by_status(run_rule(bad, gpus_per_node=1))[Status.FAIL]
     assert fails == ["GPU 0 (0000:04:00.0): 2 uncorrectable ECC errors since boot (expected 0)"]
@@ -572,18 +576,18 @@ def _view(facts_by_node):
 
 
 def test_mig_recorded_and_judged():
-    mig = gpu.parse_nvidia_smi_xml(open(os.path.join(FIX, "a100_mig_enabled.xml")).read())
+    mig = nvidia_smi.parse_nvidia_smi_xml(open(os.path.join(FIX, "a100_mig_enabled.xml")).read())
     g = mig["gpus"][0]
     assert g["mig_enabled"] is True and g["ecc_enabled"] is True and g["ecc_uncorrectable_volatile"] is None
     # one node alone: MIG is recorded, the unreadable volatile ECC counters are said, not passed silently
-    alone = by_status(gpu.rule(_view({"node01": mig})))
+    alone = by_status(gpu_rule.rule(_view({"node01": mig})))
     assert alone[Status.WARN] == [
         "GPU 0 (0000:00:05.0): volatile ECC counters read N/A (MIG mode on): uncorrectable errors since boot unknown"
     ]
     # a multi-node job: MIG on is a launch problem, and it differs from the other nodes (drift)
     plain = expected("a100_hgx_535")
     plain["gpus"] = plain["gpus"][:1]
-    found = gpu.rule(_view({"node01": mig, "node02": plain, "node03": plain}))
+    found = gpu_rule.rule(_view({"node01": mig, "node02": plain, "node03": plain}))
     fails = [(f.node, f.message) for f in found if f.status is Status.FAIL]
     assert fails == [
         (
@@ -607,7 +611,7 @@ def _narrow(facts, width, which=None):
 def test_pcie_width_shared_by_the_fleet_is_not_a_warning():
     a = _narrow(with_links(expected("h100_hgx_550"), "h100_hgx_550"), 8)
     b = _narrow(with_links(expected("h100_hgx_550"), "h100_hgx_550"), 8)
-    found = gpu.rule(_view({"node01": a, "node02": b}))
+    found = gpu_rule.rule(_view({"node01": a, "node02": b}))
     assert [f.status for f in found] == [Status.PASS, Status.PASS]
     assert "PCIe x8 on every NVIDIA H100 80GB HBM3 (max x16)" in found[0].message
 
@@ -615,7 +619,7 @@ def test_pcie_width_shared_by_the_fleet_is_not_a_warning():
 def test_pcie_width_below_its_peers_still_warns():
     a = _narrow(with_links(expected("h100_hgx_550"), "h100_hgx_550"), 8, which={3})
     b = with_links(expected("h100_hgx_550"), "h100_hgx_550")
-    found = [(f.node, f.status, f.message) for f in gpu.rule(_view({"node01": a, "node02": b})) if f.status is not Status.PASS]
+    found = [(f.node, f.status, f.message) for f in gpu_rule.rule(_view({"node01": a, "node02": b})) if f.status is not Status.PASS]
     assert found == [("node01", Status.WARN, "GPU 3 (0000:5D:00.0): PCIe link Gen5 x8 (expected Gen5 x16)")]
 
 
@@ -765,7 +769,7 @@ def test_slow_nvml_without_persistence_is_not_a_wedge(tmp_path, monkeypatch, fak
         dev["nvmlDeviceGetPersistenceMode"] = 0
     monkeypatch.setattr(gpu_nvml, "SLOW_OPEN_S", 0.25)  # 1 s per GPU at real scale, as the budget is 1 s of 10
     fake_pynvml(answers)
-    facts = _bounded(gpu.probe, NodeContext(sysfs_root=str(tmp_path)))
+    facts = _bounded(gpu_probe.probe, NodeContext(sysfs_root=str(tmp_path)))
     assert len(facts["gpus"]) == 8 and not any(g["error"] for g in facts["gpus"])
     assert facts["nvml_open_s"] >= 8 * 0.3 and facts["nvml_error"] is None
     found = by_status(run_rule(facts))
@@ -782,7 +786,7 @@ def test_nvml_slower_than_the_probe_budget_reads_what_it_can(tmp_path, monkeypat
     for dev in answers["devices"]:
         dev["nvmlDeviceGetHandleByIndex"] = {"delay": 0.4, "value": None}
     fake_pynvml(answers)
-    facts = _bounded(gpu.probe, NodeContext(sysfs_root=str(tmp_path)))
+    facts = _bounded(gpu_probe.probe, NodeContext(sysfs_root=str(tmp_path)))
     assert 1 <= len(facts["gpus"]) < 8 and facts["attached_gpus"] == 8 and "slow, not stuck" in facts["nvml_slow"]
     found = run_rule(facts)
     assert [f.status for f in found if f.status is Status.FAIL] == []
@@ -798,7 +802,7 @@ def test_gpus_this_process_may_not_open_are_not_broken(tmp_path, monkeypatch, fa
     fake_pynvml(answers)
     monkeypatch.setenv("SLURM_JOB_GPUS", "0,1")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    facts = _bounded(gpu.probe, NodeContext(sysfs_root=str(tmp_path)))
+    facts = _bounded(gpu_probe.probe, NodeContext(sysfs_root=str(tmp_path)))
     assert [bool(g.get("inaccessible")) for g in facts["gpus"]] == [False] * 2 + [True] * 6
     assert facts["access"]["SLURM_JOB_GPUS"] == "0,1"
     found = run_rule(facts)
@@ -829,13 +833,13 @@ def test_partial_gpu_vm_without_nvlink_passes_and_bare_metal_twin_fails(tmp_path
     NVML's all-links-inactive message under each GPU header). The same output on bare metal is an H100
     SXM with every link down: FAIL."""
     node = _sim_node(tmp_path, monkeypatch, count=2, faults={0: "nvlink_all_down", 1: "nvlink_all_down"})
-    bare = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
+    bare = gpu_probe.probe(NodeContext(sysfs_root=node.sys_dir))
     assert bare["gpus"][0]["nvlink"] == {"active": 0, "inactive": 0, "error": NVLINK_ALL_INACTIVE}
     assert bare["nvlink_unreadable"] == []
     fails = by_status(run_rule(bare, gpus_per_node=2))[Status.FAIL]
     assert fails[0] == "GPU 0 (0000:18:00.0): 0/18 NVLinks active (expected 18 on NVIDIA H100 80GB HBM3; %s)" % NVLINK_ALL_INACTIVE
     node.write_sys("class/dmi/id/sys_vendor", "QEMU\n")
-    vm = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
+    vm = gpu_probe.probe(NodeContext(sysfs_root=node.sys_dir))
     assert vm["virtual"] == "DMI sys_vendor 'QEMU'"
     found = run_rule(vm, gpus_per_node=2)
     assert [f.status for f in found] == [Status.PASS]
@@ -862,7 +866,7 @@ def test_one_hw_slowdown_sample_is_re_read_nvml():
 
 def test_one_hw_slowdown_sample_is_re_read_nvidia_smi(tmp_path, monkeypatch, no_nvml):
     node = _sim_node(tmp_path, monkeypatch, faults={2: "hw_slowdown_blip", 6: "hw_slowdown"})
-    facts = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
+    facts = gpu_probe.probe(NodeContext(sysfs_root=node.sys_dir))
     assert "hw_slowdown" not in facts["gpus"][2]["clock_events"]
     assert _problems(run_rule(facts)) == [
         (Status.FAIL, "GPU 6 (0000:BA:00.0): clocks throttled by hw_slowdown, hw_thermal_slowdown (expected none active)", None)]
@@ -872,7 +876,7 @@ def test_pending_row_remap_is_a_reset_at_convenience_failed_remap_isolates(tmp_p
     """26.5: NVIDIA: a pending remap takes effect at the next reset, future work unaffected: WARN, reset_gpu.
     A failed remap (or uncorrectable volatile ECC) is the GPU to replace: FAIL with the check's isolate."""
     node = _sim_node(tmp_path, monkeypatch, faults={1: "remap_pending", 4: "remap_failure", 5: "ecc"})
-    facts = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
+    facts = gpu_probe.probe(NodeContext(sysfs_root=node.sys_dir))
     assert _problems(run_rule(facts)) == [
         (Status.WARN, "GPU 1 (0000:2A:00.0): row remapping pending (expected none): reset the GPU when it is idle "
                       "(nvidia-smi -r); running work is unaffected", "reset_gpu"),
@@ -893,7 +897,7 @@ def test_hung_nvml_init_names_it_without_running_nvidia_smi(tmp_path, monkeypatc
     (tmp_path / "bin" / "nvidia-smi").chmod(0o755)
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % (tmp_path / "bin"))
     started = time.monotonic()
-    facts = _bounded(gpu.probe, NodeContext(sysfs_root=str(tmp_path)))
+    facts = _bounded(gpu_probe.probe, NodeContext(sysfs_root=str(tmp_path)))
     assert time.monotonic() - started < 20  # the budget is 1 s here; the old code waited on nvidia-smi (60 s)
     assert not marker.exists()
     assert facts["source"] is None and facts["error"].startswith("nvmlInit did not return within 1 s")
@@ -933,7 +937,7 @@ def test_node_without_a_usable_pynvml_warns(tmp_path, monkeypatch, no_nvml):
 
     monkeypatch.setitem(sys.modules, "pynvml", types.ModuleType("pynvml"))
     node = _sim_node(tmp_path, monkeypatch)
-    facts = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
+    facts = gpu_probe.probe(NodeContext(sysfs_root=node.sys_dir))
     assert facts["source"] == "nvidia-smi" and "is not nvidia-ml-py's" in facts["nvml_error"]
     warn = [f.message for f in run_rule(facts) if f.status is Status.WARN]
     assert len(warn) == 1 and warn[0].startswith("NVML not used: pynvml at ")
@@ -943,21 +947,24 @@ def test_node_without_a_usable_pynvml_warns(tmp_path, monkeypatch, no_nvml):
 def test_healthy_but_unusual_matrix_gives_no_fail(tmp_path, monkeypatch, no_nvml):
     """26 matrix: MIG on a single node, a PCIe node without NVSwitch or NVLink, a VM whose devices have
     numa_node -1: no FAIL or ERROR (hence no drain) from gpu, fabric_manager or topology."""
-    from preflight.checks import fabric_manager, gpudirect, topology
+    from preflight.checks.fabric_manager import probe as fabric_manager_probe
+    from preflight.checks.fabric_manager import rule as fabric_manager_rule
+    from preflight.checks.gpudirect import probe as gpudirect_probe
+    from preflight.checks.topology import probe as topology_probe
     from tests.sim import ib_hw, pci_hw
 
-    mig = gpu.parse_nvidia_smi_xml(read(os.path.join(FIX, "a100_mig_enabled.xml")))
+    mig = nvidia_smi.parse_nvidia_smi_xml(read(os.path.join(FIX, "a100_mig_enabled.xml")))
     assert [f.message for f in run_rule(mig, gpus_per_node=len(mig["gpus"])) if f.status.is_problem] == []
     pcie = expected("h100_hgx_550")
     pcie["gpus"] = pcie["gpus"][:2]
-    links = gpu.parse_nvlink_status(read(os.path.join(FIX, "h100_pcie_no_nvlink.nvlink.txt")))
+    links = nvidia_smi.parse_nvlink_status(read(os.path.join(FIX, "h100_pcie_no_nvlink.nvlink.txt")))
     for g, uuid in zip(pcie["gpus"], links):
         g["name"], g["uuid"], g["nvlink"], g["fabric"] = "NVIDIA H100 PCIe", uuid, links[uuid], None
     node = NodeInfo("gpu-001", "198.18.0.1", 2)
     view = ClusterView([node], {"gpu-001": {"gpu": pcie, "ssh": {"shm_bytes": 16 * GiB},
                                             "fabric_manager": {"nvswitches": []}}})
-    assert [f.status for f in gpu.rule(view)] == [Status.PASS]
-    assert [f.status for f in fabric_manager.rule(view)] == [Status.SKIP]
+    assert [f.status for f in gpu_rule.rule(view)] == [Status.PASS]
+    assert [f.status for f in fabric_manager_rule.rule(view)] == [Status.SKIP]
     sim = _sim_node(tmp_path, monkeypatch)
     ib_hw.install_hcas(sim, [{}] * 2)
     pci_hw.install_pcie(sim, vm=True)
@@ -966,12 +973,12 @@ def test_healthy_but_unusual_matrix_gives_no_fail(tmp_path, monkeypatch, no_nvml
         if os.path.exists(os.path.join(devices, bdf, "numa_node")):
             sim.write_sys("bus/pci/devices/%s/numa_node" % bdf, "-1\n")
     ctx = NodeContext(sysfs_root=sim.sys_dir)
-    facts = {"gpu": gpu.probe(ctx), "topology": topology.probe(ctx), "fabric_manager": fabric_manager.probe(ctx),
-             "gpudirect": gpudirect.probe(ctx), "ssh": {"shm_bytes": 16 * GiB}}
+    facts = {"gpu": gpu_probe.probe(ctx), "topology": topology_probe.probe(ctx), "fabric_manager": fabric_manager_probe.probe(ctx),
+             "gpudirect": gpudirect_probe.probe(ctx), "ssh": {"shm_bytes": 16 * GiB}}
     assert facts["gpu"]["virtual"] and all(d["numa_node"] is None for d in facts["topology"]["devices"])
     vm = ClusterView([NodeInfo("gpu-001", "198.18.0.1", 8)], {"gpu-001": facts})
-    for check in (gpu, topology, fabric_manager, gpudirect):  # fail or error would drain: neither
-        assert [f.message for f in check.rule(vm) if f.status.is_problem] == [], check.NAME
+    for check in map(checks.get, ("gpu", "topology", "fabric_manager", "gpudirect")):  # fail or error would drain
+        assert [f.message for f in check.rule(vm) if f.status.is_problem] == [], check.name
 
 
 def test_slurm_job_holding_some_gpus_on_the_nvidia_smi_path(tmp_path, monkeypatch, no_nvml):
@@ -979,13 +986,13 @@ def test_slurm_job_holding_some_gpus_on_the_nvidia_smi_path(tmp_path, monkeypatc
     all there: no FAIL, said in the PASS. One of them missing (the job holds 3, 2 listed): FAIL as before."""
     node = _sim_node(tmp_path, monkeypatch, count=2)
     monkeypatch.setenv("SLURM_JOB_GPUS", "0,1")
-    facts = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
+    facts = gpu_probe.probe(NodeContext(sysfs_root=node.sys_dir))
     found = run_rule(facts)
     assert [f.status for f in found] == [Status.PASS]
     assert "the job holds 2 of the node's 8 GPUs (a cgroup or container device limit" in found[0].message
     assert "SLURM_JOB_GPUS=0,1" in found[0].message
     monkeypatch.setenv("SLURM_JOB_GPUS", "0,1,2")
-    facts = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
+    facts = gpu_probe.probe(NodeContext(sysfs_root=node.sys_dir))
     assert by_status(run_rule(facts))[Status.FAIL] == ["2 GPUs visible (expected 8)"]
 
 
@@ -1025,7 +1032,7 @@ def test_driver_library_mismatch_is_a_reboot_not_an_isolate(tmp_path, monkeypatc
                              ("No devices were found", 6, None)):
         smi.write_text("#!/bin/sh\necho '%s'\nexit %d\n" % (said, rc))
         smi.chmod(0o755)
-        facts = gpu.probe(NodeContext(sysfs_root=str(tmp_path)))
+        facts = gpu_probe.probe(NodeContext(sysfs_root=str(tmp_path)))
         found = run_rule(facts)
         assert [(f.status, f.action) for f in found] == [(Status.FAIL, action)], found
         assert found[0].message.startswith("nvidia-smi failed (rc %d): %s (expected 8 GPUs)" % (rc, said))

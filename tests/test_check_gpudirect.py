@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from preflight.checks import gpudirect
+from preflight.checks.gpudirect import probe as gpudirect_probe
+from preflight.checks.gpudirect import rule as gpudirect_rule
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe.context import NodeContext
 from tests.builders import StubNode
@@ -20,12 +21,12 @@ def hgx_node(tmp_path, monkeypatch, hcas=2, vm=False, **faults):
 
 
 def facts_of(node):
-    return gpudirect.probe(NodeContext(sysfs_root=node.sys_dir))
+    return gpudirect_probe.probe(NodeContext(sysfs_root=node.sys_dir))
 
 
 def judge(facts, gpus=8, nccl=None):
     driver = {"nccl_python": {"version": nccl}} if nccl else {}
-    return gpudirect.rule(ClusterView([NodeInfo("n001", "n001", gpus)], {"n001": {"gpudirect": facts, "driver": driver}}))
+    return gpudirect_rule.rule(ClusterView([NodeInfo("n001", "n001", gpus)], {"n001": {"gpudirect": facts, "driver": driver}}))
 
 
 def test_probe_and_rule_pass_a_healthy_hgx_node(tmp_path, monkeypatch):
@@ -55,7 +56,7 @@ def test_missing_peermem_fails(tmp_path, monkeypatch):
 def test_missing_peermem_only_warns_with_the_open_module_on_a_new_kernel(tmp_path, monkeypatch):
     node = hgx_node(tmp_path, monkeypatch, no_peermem=True)
     node.write_sys("module/nvidia/taint", "OE\n")  # open module: out-of-tree, unsigned, not proprietary
-    monkeypatch.setattr(gpudirect.platform, "release", lambda: "6.8.0-45-generic")
+    monkeypatch.setattr(gpudirect_probe.platform, "release", lambda: "6.8.0-45-generic")
     out = judge(facts_of(node))
     assert [f.status for f in out] == [Status.WARN] and "DMA-BUF" in out[0].message
     node.write_sys("module/nvidia/taint", "POE\n")  # the proprietary module

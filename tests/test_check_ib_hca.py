@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks import ib_hca
+from preflight.checks.ib_hca import probe as ib_hca_probe
+from preflight.checks.ib_hca import rule as ib_hca_rule
 from preflight.model import ParseError, Status
 from preflight.probe.context import NodeContext
 from tests import fixture_cases as fc
@@ -41,27 +42,27 @@ def test_fixture_trees_match_the_writer():
 
 
 def test_no_infiniband_class_means_no_ports(tmp_path):
-    assert ib_hca.probe(NodeContext(sysfs_root=str(tmp_path))) == {"hcas": {}, "ports": []}
+    assert ib_hca_probe.probe(NodeContext(sysfs_root=str(tmp_path))) == {"hcas": {}, "ports": []}
 
 
 @pytest.mark.parametrize(
     "text, table, expected",
     [
-        ("4: ACTIVE", ib_hca.STATES, "ACTIVE"),
-        ("1: DOWN\n", ib_hca.STATES, "DOWN"),
-        ("5: LinkUp", ib_hca.PHYS_STATES, "LinkUp"),
-        ("3: Disabled", ib_hca.PHYS_STATES, "Disabled"),
-        ("2: Polling", ib_hca.PHYS_STATES, "Polling"),
+        ("4: ACTIVE", ib_hca_probe.STATES, "ACTIVE"),
+        ("1: DOWN\n", ib_hca_probe.STATES, "DOWN"),
+        ("5: LinkUp", ib_hca_probe.PHYS_STATES, "LinkUp"),
+        ("3: Disabled", ib_hca_probe.PHYS_STATES, "Disabled"),
+        ("2: Polling", ib_hca_probe.PHYS_STATES, "Polling"),
     ],
 )
 def test_parse_numbered(text, table, expected):
-    assert ib_hca.parse_numbered(text, table, "x") == expected
+    assert ib_hca_probe.parse_numbered(text, table, "x") == expected
 
 
 @pytest.mark.parametrize("text", ["ACTIVE", "4: DOWN", "9: WEIRD", "", None, "four: ACTIVE"])
 def test_parse_numbered_rejects(text):
     with pytest.raises(ParseError):
-        ib_hca.parse_numbered(text, ib_hca.STATES, "mlx5_0 port 1 state")
+        ib_hca_probe.parse_numbered(text, ib_hca_probe.STATES, "mlx5_0 port 1 state")
 
 
 @pytest.mark.parametrize(
@@ -75,31 +76,31 @@ def test_parse_numbered_rejects(text):
     ],
 )
 def test_parse_rate(text, expected):
-    assert ib_hca.parse_rate(text, "rate") == expected
+    assert ib_hca_probe.parse_rate(text, "rate") == expected
 
 
 @pytest.mark.parametrize("text", ["fast", "400 Gbps", "", None, "400 Gb/sec (NDR)"])
 def test_parse_rate_rejects(text):
     with pytest.raises(ParseError):
-        ib_hca.parse_rate(text, "rate")
+        ib_hca_probe.parse_rate(text, "rate")
 
 
 def test_parse_link_layer_and_gid():
-    assert ib_hca.parse_link_layer("InfiniBand\n", "x") == "ib"
-    assert ib_hca.parse_link_layer("Ethernet", "x") == "roce"
+    assert ib_hca_probe.parse_link_layer("InfiniBand\n", "x") == "ib"
+    assert ib_hca_probe.parse_link_layer("Ethernet", "x") == "roce"
     with pytest.raises(ParseError):
-        ib_hca.parse_link_layer("Omni-Path", "x")
-    assert ib_hca.parse_roce_gid("RoCE v2", "0000:0000:0000:0000:0000:ffff:c613:0003") == "198.19.0.3"
-    assert ib_hca.parse_roce_gid("RoCE v2", "::ffff:198.19.0.3") == "198.19.0.3"
-    assert ib_hca.parse_roce_gid("IB/RoCE v1", "0000:0000:0000:0000:0000:ffff:c613:0003") is None
-    assert ib_hca.parse_roce_gid("RoCE v2", "fe80:0000:0000:0000:b8ce:f603:00a1:b200") is None
+        ib_hca_probe.parse_link_layer("Omni-Path", "x")
+    assert ib_hca_probe.parse_roce_gid("RoCE v2", "0000:0000:0000:0000:0000:ffff:c613:0003") == "198.19.0.3"
+    assert ib_hca_probe.parse_roce_gid("RoCE v2", "::ffff:198.19.0.3") == "198.19.0.3"
+    assert ib_hca_probe.parse_roce_gid("IB/RoCE v1", "0000:0000:0000:0000:0000:ffff:c613:0003") is None
+    assert ib_hca_probe.parse_roce_gid("RoCE v2", "fe80:0000:0000:0000:b8ce:f603:00a1:b200") is None
     with pytest.raises(ParseError):
-        ib_hca.parse_roce_gid("RoCE v2", "not-a-gid")
+        ib_hca_probe.parse_roce_gid("RoCE v2", "not-a-gid")
 
 
 def test_natural_order_of_hcas(tmp_path):
     ib_hw.write_tree(str(tmp_path), ib_hw.cluster_files([{}] * 11))
-    facts = ib_hca.probe(NodeContext(sysfs_root=str(tmp_path)))
+    facts = ib_hca_probe.probe(NodeContext(sysfs_root=str(tmp_path)))
     assert [p["hca"] for p in facts["ports"]][:3] == ["mlx5_0", "mlx5_1", "mlx5_2"]
     assert facts["ports"][-1]["hca"] == "mlx5_10"
 
@@ -128,7 +129,7 @@ def test_install_hcas_is_read_back_by_the_probe(tmp_path):
         ],
     )
     assert names == ["mlx5_0", "mlx5_1", "mlx5_2"]
-    ports = ib_hca.probe(NodeContext(sysfs_root=node.sys_dir))["ports"]
+    ports = ib_hca_probe.probe(NodeContext(sysfs_root=node.sys_dir))["ports"]
     assert [(p["state"], p["phys_state"], p["rate_gbps"], p["link_layer"]) for p in ports] == [
         ("ACTIVE", "LinkUp", 400, "ib"),
         ("DOWN", "Polling", 10, "ib"),
@@ -171,25 +172,25 @@ def by_status(findings, status):
 
 
 def test_all_healthy_passes():
-    findings = ib_hca.rule(view_of({"n001": healthy(), "n002": healthy()}))
+    findings = ib_hca_rule.rule(view_of({"n001": healthy(), "n002": healthy()}))
     assert [f.status for f in findings] == [Status.PASS, Status.PASS]
     assert findings[0].message == "4 ports ACTIVE at 400 Gb/s (ib): mlx5_0:1, mlx5_1:1, mlx5_2:1, mlx5_3:1"
 
 
 def test_no_hca_anywhere_skips():
-    findings = ib_hca.rule(view_of({"n001": {"hcas": {}, "ports": []}, "n002": {"hcas": {}, "ports": []}}))
+    findings = ib_hca_rule.rule(view_of({"n001": {"hcas": {}, "ports": []}, "n002": {"hcas": {}, "ports": []}}))
     assert [(f.status, f.message) for f in findings] == [(Status.SKIP, "no InfiniBand/RoCE HCA")] * 2
 
 
 @pytest.mark.parametrize("expect", [{"ib_hcas": 8}, {"ib_rate_gbps": 400}])
 def test_no_hca_but_expected_fails(expect):
-    findings = ib_hca.rule(view_of({"n001": {"hcas": {}, "ports": []}}, expect=expect))
+    findings = ib_hca_rule.rule(view_of({"n001": {"hcas": {}, "ports": []}}, expect=expect))
     assert [f.status for f in findings] == [Status.FAIL]
     assert "no InfiniBand/RoCE HCA (expected" in findings[0].message
 
 
 def test_node_without_hcas_among_nodes_with_them_fails():
-    findings = ib_hca.rule(view_of({"n001": healthy(), "n002": {"hcas": {}, "ports": []}, "n003": healthy()}))
+    findings = ib_hca_rule.rule(view_of({"n001": healthy(), "n002": {"hcas": {}, "ports": []}, "n003": healthy()}))
     fail = by_status(findings, Status.FAIL)
     assert [f.node for f in fail] == ["n002"] and "n[001,003] have them" in fail[0].message
 
@@ -197,7 +198,7 @@ def test_node_without_hcas_among_nodes_with_them_fails():
 def test_down_port_fails_with_expected_vs_actual():
     facts = healthy()
     facts["ports"][3] = port("mlx5_3", state="DOWN", phys="Disabled", rate=10)
-    findings = ib_hca.rule(view_of({"n001": healthy(), "n007": facts, "n003": healthy()}))
+    findings = ib_hca_rule.rule(view_of({"n001": healthy(), "n007": facts, "n003": healthy()}))
     fail = by_status(findings, Status.FAIL)
     assert fail[0].node == "n007"
     assert fail[0].message == "n007 mlx5_3 port 1: state DOWN, Disabled (expected ACTIVE at 400 Gb/s)"
@@ -207,7 +208,7 @@ def test_down_port_fails_with_expected_vs_actual():
 def test_spare_down_port_only_warns_when_expected_count_is_met():
     facts = healthy(count=5)
     facts["ports"][4] = port("mlx5_4", state="DOWN", phys="Polling", rate=10)
-    findings = ib_hca.rule(view_of({"n001": facts}, expect={"ib_hcas": 4}))
+    findings = ib_hca_rule.rule(view_of({"n001": facts}, expect={"ib_hcas": 4}))
     assert [f.status for f in findings] == [Status.WARN]
     assert "not needed" in findings[0].message
 
@@ -215,17 +216,17 @@ def test_spare_down_port_only_warns_when_expected_count_is_met():
 def test_rate_against_majority_and_expectation():
     slow = healthy()
     slow["ports"][1] = port("mlx5_1", rate=200)
-    findings = ib_hca.rule(view_of({"n001": healthy(), "n002": slow, "n003": healthy()}))
+    findings = ib_hca_rule.rule(view_of({"n001": healthy(), "n002": slow, "n003": healthy()}))
     fail = by_status(findings, Status.FAIL)
     assert fail[0].node == "n002"
     assert fail[0].message == "n002 mlx5_1 port 1: rate 200 Gb/s (expected 400 Gb/s, the cluster majority)"
-    findings = ib_hca.rule(view_of({"n001": healthy()}, expect={"ib_rate_gbps": 200}))
+    findings = ib_hca_rule.rule(view_of({"n001": healthy()}, expect={"ib_rate_gbps": 200}))
     assert {f.status for f in findings} == {Status.FAIL}
     assert "(expected 200 Gb/s)" in findings[0].message
 
 
 def test_fewer_active_ports_than_expected_count_fails():
-    findings = ib_hca.rule(view_of({"n001": healthy(count=7)}, expect={"ib_hcas": 8}))
+    findings = ib_hca_rule.rule(view_of({"n001": healthy(count=7)}, expect={"ib_hcas": 8}))
     assert [f.message for f in by_status(findings, Status.FAIL)] == ["n001: 7 usable HCA ports (expected 8)"]
 
 
@@ -234,43 +235,43 @@ def test_fewer_active_ports_than_expected_count_fails():
     [(None, Status.PASS), (8 << 20, Status.FAIL), (64 * 1024, Status.FAIL), (2 * GIB, Status.WARN)],
 )
 def test_memlock_limit(limit, status):
-    findings = ib_hca.rule(view_of({"n001": healthy()}, memlock={"n001": limit}))
+    findings = ib_hca_rule.rule(view_of({"n001": healthy()}, memlock={"n001": limit}))
     assert [f.status for f in findings] == [status]
     if status == Status.FAIL:
         assert "ulimit -l" in findings[0].message and findings[0].expected == "unlimited"
 
 
 def test_memlock_unknown_is_error():
-    findings = ib_hca.rule(view_of({"n001": healthy()}, ssh=False))
+    findings = ib_hca_rule.rule(view_of({"n001": healthy()}, ssh=False))
     assert [f.status for f in findings] == [Status.ERROR]
 
 
 def test_probe_error_is_error():
-    findings = ib_hca.rule(view_of({"n001": {"probe_error": "ParseError: mlx5_0 port 1 state"}, "n002": healthy()}))
+    findings = ib_hca_rule.rule(view_of({"n001": {"probe_error": "ParseError: mlx5_0 port 1 state"}, "n002": healthy()}))
     assert {f.node: f.status for f in findings} == {"n001": Status.ERROR, "n002": Status.PASS}
 
 
 def test_usable_hcas_uniform_ib():
     facts = healthy()
     facts["ports"][2] = port("mlx5_2", state="DOWN", phys="Disabled", rate=10)
-    usable = ib_hca.usable_hcas(view_of({"n001": healthy(), "n002": facts}))
+    usable = ib_hca_rule.usable_hcas(view_of({"n001": healthy(), "n002": facts}))
     assert usable["nodes"]["n001"] == ["mlx5_0:1", "mlx5_1:1", "mlx5_2:1", "mlx5_3:1"]
     assert usable["nodes"]["n002"] == ["mlx5_0:1", "mlx5_1:1", "mlx5_3:1"]
     assert usable["uniform"] is False and usable["link_layer"] == "ib" and usable["gid_index"] is None
-    same = ib_hca.usable_hcas(view_of({"n001": healthy(), "n002": healthy()}))
+    same = ib_hca_rule.usable_hcas(view_of({"n001": healthy(), "n002": healthy()}))
     assert same["uniform"] is True and same["rate_gbps"] == {"ib": 400}
 
 
 def test_usable_hcas_roce_gid_index():
     roce = {"hcas": {}, "ports": [port("mlx5_0", rate=200, layer="roce", gid=3)]}
-    usable = ib_hca.usable_hcas(view_of({"n001": roce, "n002": roce}))
+    usable = ib_hca_rule.usable_hcas(view_of({"n001": roce, "n002": roce}))
     assert usable["link_layer"] == "roce" and usable["gid_index"] == 3 and usable["uniform"]
     other = {"hcas": {}, "ports": [port("mlx5_0", rate=200, layer="roce", gid=1)]}
-    assert ib_hca.usable_hcas(view_of({"n001": roce, "n002": other}))["gid_index"] is None
+    assert ib_hca_rule.usable_hcas(view_of({"n001": roce, "n002": other}))["gid_index"] is None
 
 
 def test_usable_hcas_leaves_out_failed_probes():
-    usable = ib_hca.usable_hcas(view_of({"n001": healthy(), "n002": {"probe_error": "x"}}))
+    usable = ib_hca_rule.usable_hcas(view_of({"n001": healthy(), "n002": {"probe_error": "x"}}))
     assert list(usable["nodes"]) == ["n001"]
 
 
@@ -278,7 +279,7 @@ def test_rule_on_fixture_facts():
     """ndr_active_and_down across two nodes: the DOWN port is named, the healthy node passes."""
     down = fc.expected("ib_hca", "ndr_active_and_down")
     polling = fc.expected("ib_hca", "ndr_polling")
-    findings = ib_hca.rule(view_of({"n001": down, "n002": polling}))
+    findings = ib_hca_rule.rule(view_of({"n001": down, "n002": polling}))
     messages = [f.message for f in by_status(findings, Status.FAIL)]
     assert "n001 mlx5_1 port 1: state DOWN, Disabled (expected ACTIVE at 400 Gb/s)" in messages
     assert "n002 mlx5_2 port 1: state DOWN, Polling (expected ACTIVE at 400 Gb/s)" in messages
@@ -289,7 +290,7 @@ def h100_bf3():
 
 
 def test_usable_hcas_mixed_layers_picks_the_majority_layer_and_says_what_it_left_out():
-    usable = ib_hca.usable_hcas(view_of({"n001": h100_bf3(), "n002": h100_bf3()}))
+    usable = ib_hca_rule.usable_hcas(view_of({"n001": h100_bf3(), "n002": h100_bf3()}))
     assert usable["nodes"] == {"n001": H100_RAILS, "n002": H100_RAILS}
     assert usable["uniform"] is True and usable["link_layer"] == "ib"
     assert usable["left_out"] == {
@@ -302,12 +303,12 @@ def test_usable_hcas_tied_layers_pick_nothing():
     """Two InfiniBand and two RoCE ports per node: no majority (the one tie rule), no rails chosen."""
     facts = {"hcas": {}, "ports": [port("mlx5_0"), port("mlx5_1"), port("mlx5_2", rate=200, layer="roce"),
                                    port("mlx5_3", rate=200, layer="roce")]}
-    usable = ib_hca.usable_hcas(view_of({"n001": facts, "n002": facts}))
+    usable = ib_hca_rule.usable_hcas(view_of({"n001": facts, "n002": facts}))
     assert usable["link_layer"] is None
 
 
 def test_mixed_layers_pass_and_name_the_port_left_out_of_nccl():
-    findings = ib_hca.rule(view_of({"n001": h100_bf3(), "n002": h100_bf3()}))
+    findings = ib_hca_rule.rule(view_of({"n001": h100_bf3(), "n002": h100_bf3()}))
     assert [f.status for f in findings] == [Status.PASS, Status.PASS]
     assert findings[0].message.startswith("8 ports ACTIVE at 400 Gb/s (ib): mlx5_0:1, mlx5_1:1, mlx5_4:1")
     assert findings[0].message.endswith(
@@ -317,18 +318,18 @@ def test_mixed_layers_pass_and_name_the_port_left_out_of_nccl():
 
 def test_rate_tie_has_no_majority_and_fails_every_port_naming_the_split():
     # n001 at 400, n002 at 200: equally common, so neither is the reference (the old rule took 400).
-    findings = ib_hca.rule(view_of({"n001": healthy(count=2), "n002": healthy(count=2, rate=200)}))
+    findings = ib_hca_rule.rule(view_of({"n001": healthy(count=2), "n002": healthy(count=2, rate=200)}))
     fail = by_status(findings, Status.FAIL)
     assert {f.node for f in fail} == {"n001", "n002"} and len(fail) == 4
     assert fail[0].message == (
         "n001 mlx5_0 port 1: rate 400 Gb/s (no majority: 400 Gb/s on 2 ports · 200 Gb/s on 2 ports; "
         "set expect.ib_rate_gbps)"
     )
-    assert ib_hca.expected_rates(view_of({"n001": healthy(count=2), "n002": healthy(count=2, rate=200)})) == {"ib": None}
+    assert ib_hca_rule.expected_rates(view_of({"n001": healthy(count=2), "n002": healthy(count=2, rate=200)})) == {"ib": None}
 
 
 def test_port_count_tie_has_no_majority_and_fails_every_node():
-    findings = ib_hca.rule(view_of({"n001": healthy(count=4), "n002": healthy(count=3)}))
+    findings = ib_hca_rule.rule(view_of({"n001": healthy(count=4), "n002": healthy(count=3)}))
     fail = by_status(findings, Status.FAIL)
     assert [f.message for f in fail] == [
         "n001: 4 usable HCA ports (no majority: 4 on n001 · 3 on n002; set expect.ib_hcas)",

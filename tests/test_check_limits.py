@@ -7,7 +7,8 @@ import resource
 import subprocess
 import sys
 
-from preflight.checks import limits
+from preflight.checks.limits import probe as limits_probe
+from preflight.checks.limits import rule as limits_rule
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe.context import NodeContext
 from tests.builders import view
@@ -31,14 +32,14 @@ def _judge(facts, gpus=8, driver=None):
     node = {"limits": facts}
     if driver is not None:
         node["driver"] = driver
-    return limits.rule(view({"n001": node}, gpus=gpus))
+    return limits_rule.rule(view({"n001": node}, gpus=gpus))
 
 
 def test_probe_reads_this_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("PREFLIGHT_HOST_ROOT", str(tmp_path))
     (tmp_path / "dev" / "nvidia-caps-imex-channels").mkdir(parents=True)
     (tmp_path / "dev" / "nvidia-caps-imex-channels" / "channel0").write_text("")
-    facts = limits.probe(NodeContext())
+    facts = limits_probe.probe(NodeContext())
     soft = resource.getrlimit(resource.RLIMIT_STACK)[0]
     assert facts["stack"]["soft"] == (None if soft == resource.RLIM_INFINITY else soft)
     assert facts["shm"]["total_bytes"] > 0 and facts["imex_channels"] == ["channel0"]
@@ -93,8 +94,8 @@ def test_no_shm_fails():
 
 def test_cpu_only_nodes_skip_and_missing_facts_error():
     cpu = ClusterView([NodeInfo("c1", "c1", 0)], {"c1": {"limits": _facts(stack=None, total=64 * MiB)}})
-    assert [f.status for f in limits.rule(cpu)] == [Status.SKIP]
-    assert [f.status for f in limits.rule(view({"n001": {}}))] == [Status.ERROR]
+    assert [f.status for f in limits_rule.rule(cpu)] == [Status.SKIP]
+    assert [f.status for f in limits_rule.rule(view({"n001": {}}))] == [Status.ERROR]
 
 
 def test_preflight_node_under_an_unlimited_stack_on_an_mnnvl_node(tmp_path):

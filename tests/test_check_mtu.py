@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks import mtu
+from preflight.checks.mtu import probe as mtu_probe
+from preflight.checks.mtu import rule as mtu_rule
 from preflight.model import ParseError, Status
 from preflight.probe.context import NodeContext
 from tests.builders import data_node, names, view
@@ -43,7 +44,7 @@ def test_parse_frag_needed_from_a_router():
         "--- 10.0.1.12 ping statistics ---\n"
         "3 packets transmitted, 0 received, +1 errors, 100% packet loss, time 2046ms\n"
     )
-    parsed = mtu.parse_ping(out, "", 1)
+    parsed = mtu_probe.parse_ping(out, "", 1)
     assert parsed["path_mtu"] == 1500 and parsed["too_long"] and parsed["errors"] == 1
 
 
@@ -52,7 +53,7 @@ def test_partial_loss():
         "--- x ping statistics ---\n3 packets transmitted, 2 received, 33.3333% packet loss, time 404ms\n"
         "rtt min/avg/max/mdev = 0.050/0.060/0.070/0.010 ms\n"
     )
-    parsed = mtu.parse_ping(out)
+    parsed = mtu_probe.parse_ping(out)
     assert (
         parsed["received"] == 2
         and parsed["loss_pct"] == pytest.approx(33.3333)
@@ -71,11 +72,11 @@ def test_partial_loss():
 )
 def test_parse_rejects_output_it_does_not_understand(stdout, stderr):
     with pytest.raises(ParseError):
-        mtu.parse_ping(stdout, stderr, 1)
+        mtu_probe.parse_ping(stdout, stderr, 1)
 
 
 def test_ping_argv_keeps_hostile_interface_name_as_one_argument():
-    argv = mtu.ping_argv("eth$(reboot) x", 8972, "198.19.0.4")
+    argv = mtu_probe.ping_argv("eth$(reboot) x", 8972, "198.19.0.4")
     assert argv == [
         "ping",
         "-M",
@@ -107,7 +108,7 @@ def cluster(n=4, mtus=None, down=(), mtu_facts=None, **kw):
 
 
 def test_plan_ring_over_chosen_interfaces():
-    plan = mtu.plan(cluster(4, down=("n003",)))
+    plan = mtu_rule.plan(cluster(4, down=("n003",)))
     assert plan["n003"] == {"skip": "no data interface (see the nic check)"}
     assert [t["peer"] for t in plan["n001"]["targets"]] == ["n002"]
     assert [t["peer"] for t in plan["n002"]["targets"]] == ["n004"]  # n003 has no data interface
@@ -119,12 +120,12 @@ def test_plan_ring_over_chosen_interfaces():
 
 
 def test_plan_full_mesh():
-    plan = mtu.plan(cluster(3, cluster={"mtu_full_mesh": True}))
+    plan = mtu_rule.plan(cluster(3, cluster={"mtu_full_mesh": True}))
     assert [t["peer"] for t in plan["n002"]["targets"]] == ["n001", "n003"]
 
 
 def test_plan_single_node_has_no_targets():
-    assert mtu.plan(cluster(1))["n001"]["targets"] == []
+    assert mtu_rule.plan(cluster(1))["n001"]["targets"] == []
 
 
 # ----------------------------------------------------------------------------------------------- probe
@@ -141,7 +142,7 @@ def test_probe_pings_localhost_for_real():
         "count": 2,
         "targets": [{"peer": "self", "ip": "127.0.0.1"}],
     }
-    facts = mtu.probe(NodeContext(cfg))
+    facts = mtu_probe.probe(NodeContext(cfg))
     if facts["targets"][0]["error"] and "permitted" in facts["targets"][0]["error"]:
         pytest.skip("ping is not permitted here: %s" % facts["targets"][0]["error"])
     t = facts["targets"][0]
@@ -171,7 +172,7 @@ def test_older_iputils_refusing_a_fast_interval_gets_the_slow_one(tmp_path, monk
                       '  echo "ping: cannot flood; minimal interval allowed for user is 200ms" >&2; exit 2;;\nesac')
     cfg = {"iface": "lo", "source_ip": "127.0.0.1", "mtu": 1500, "size": 1472, "small_size": 56, "count": 2,
            "targets": [{"peer": "self", "ip": "127.0.0.1"}]}
-    facts = mtu.probe(NodeContext(cfg))
+    facts = mtu_probe.probe(NodeContext(cfg))
     t = facts["targets"][0]
     if t["error"] and "permitted" in t["error"]:
         pytest.skip("ping is not permitted here: %s" % t["error"])
@@ -190,7 +191,7 @@ LO_CFG = {"iface": "lo", "source_ip": "127.0.0.1", "mtu": 1500, "size": 1472, "s
 def _judged(t):
     facts = ring_facts(2)
     facts["n001"]["targets"][0] = dict(t, peer="n002")
-    return [f for f in mtu.rule(cluster(2, mtu_facts=facts)) if f.node == "n001" or f.status != Status.PASS]
+    return [f for f in mtu_rule.rule(cluster(2, mtu_facts=facts)) if f.node == "n001" or f.status != Status.PASS]
 
 
 def test_a_burst_of_loss_is_confirmed_by_a_slower_second_ping_before_any_verdict(tmp_path, monkeypatch):
@@ -198,7 +199,7 @@ def test_a_burst_of_loss_is_confirmed_by_a_slower_second_ping_before_any_verdict
     moment), the second, slower one gets its replies: the path passes, the first try kept in the facts."""
     log = _lossy_ping(tmp_path, monkeypatch, 'if [ -n "$big" ] && [ ! -e %s/once ]; then : > %s/once; %s; fi'
                       % (tmp_path, tmp_path, LOST))
-    t = mtu.probe(NodeContext(dict(LO_CFG)))["targets"][0]
+    t = mtu_probe.probe(NodeContext(dict(LO_CFG)))["targets"][0]
     if t["error"] and "permitted" in str(t["error"]):
         pytest.skip("ping is not permitted here: %s" % t["error"])
     assert t["jumbo_ok"] and t["small_ok"] and t["loss_pct"] == 0.0, t
@@ -212,7 +213,7 @@ def test_a_burst_of_loss_is_confirmed_by_a_slower_second_ping_before_any_verdict
 
 def test_a_black_hole_loses_both_tries_and_fails(tmp_path, monkeypatch):
     _lossy_ping(tmp_path, monkeypatch, 'if [ -n "$big" ]; then %s; fi' % LOST)
-    t = mtu.probe(NodeContext(dict(LO_CFG)))["targets"][0]
+    t = mtu_probe.probe(NodeContext(dict(LO_CFG)))["targets"][0]
     if t["small_error"] and "permitted" in str(t["small_error"]):
         pytest.skip("ping is not permitted here: %s" % t["small_error"])
     assert not t["jumbo_ok"] and t["small_ok"] and t["first_try"]["loss_pct"] == 100.0, t
@@ -227,7 +228,7 @@ def test_no_time_left_for_a_second_try_keeps_the_first_and_says_so(tmp_path, mon
     import time
 
     log = _lossy_ping(tmp_path, monkeypatch, 'if [ -n "$big" ]; then %s; fi' % LOST)
-    t = mtu.probe(NodeContext(dict(LO_CFG), deadline=time.monotonic() + 2.0))["targets"][0]
+    t = mtu_probe.probe(NodeContext(dict(LO_CFG), deadline=time.monotonic() + 2.0))["targets"][0]
     if t["small_error"] and "permitted" in str(t["small_error"]):
         pytest.skip("ping is not permitted here: %s" % t["small_error"])
     assert not t["jumbo_ok"] and "first_try" not in t and "; no second try (" in t["error"], t
@@ -239,9 +240,9 @@ def test_no_time_left_for_a_second_try_keeps_the_first_and_says_so(tmp_path, mon
 def test_a_ping_that_outruns_its_own_schedule_is_not_tested_not_failed(tmp_path, monkeypatch):
     """ping ends on its own schedule whatever the network does: one still running PING_SLACK_S later is a
     starved node (1,000 simulated nodes on two cores), not evidence against the path: ERROR, retest."""
-    monkeypatch.setattr(mtu, "PING_SLACK_S", 0.3)
+    monkeypatch.setattr(mtu_probe, "PING_SLACK_S", 0.3)
     _lossy_ping(tmp_path, monkeypatch, 'if [ -n "$big" ]; then exec sleep 30; fi')
-    t = mtu.probe(NodeContext(dict(LO_CFG)))["targets"][0]
+    t = mtu_probe.probe(NodeContext(dict(LO_CFG)))["targets"][0]
     assert t["unfinished"] and not t["jumbo_ok"] and t["error"].startswith("ping did not finish within"), t
     (err,) = _judged(t)
     assert err.status == Status.ERROR and err.action == "retest" and "not tested" in err.message, err
@@ -249,9 +250,9 @@ def test_a_ping_that_outruns_its_own_schedule_is_not_tested_not_failed(tmp_path,
 
 
 def test_probe_skip_and_bad_config():
-    assert mtu.probe(NodeContext({"skip": "no data interface"})) == {"skipped": "no data interface"}
+    assert mtu_probe.probe(NodeContext({"skip": "no data interface"})) == {"skipped": "no data interface"}
     with pytest.raises(ValueError):
-        mtu.probe(NodeContext({}))
+        mtu_probe.probe(NodeContext({}))
 
 
 # ------------------------------------------------------------------------------------------------ rule
@@ -288,27 +289,27 @@ def ring_facts(n, bad=None, **bad_kw):
 
 
 def test_all_paths_ok_pass():
-    findings = mtu.rule(cluster(4, mtu_facts=ring_facts(4)))
+    findings = mtu_rule.rule(cluster(4, mtu_facts=ring_facts(4)))
     assert [f.status for f in findings] == [Status.PASS] * 4
     assert findings[0].message == "eth1 mtu 9000: 8972-byte DF pings reach n002"
 
 
 def test_mtu_mismatch_names_the_minority():
     view = cluster(4, mtus={"n003": 1500}, mtu_facts=ring_facts(4))
-    fail = [f for f in mtu.rule(view) if f.status == Status.FAIL]
+    fail = [f for f in mtu_rule.rule(view) if f.status == Status.FAIL]
     assert [f.node for f in fail] == ["n003"]
     assert fail[0].message == "n003 eth1: mtu 1500 (n[001-002,004]: 9000)"
 
 
 def test_mtu_against_expectation():
     view = cluster(2, mtu_facts=ring_facts(2), expect={"mtu": 4200})
-    fail = [f for f in mtu.rule(view) if f.status == Status.FAIL]
+    fail = [f for f in mtu_rule.rule(view) if f.status == Status.FAIL]
     assert {f.node for f in fail} == {"n001", "n002"} and "expected 4200" in fail[0].message
 
 
 def test_black_holed_node_is_named_as_common_end():
     view = cluster(5, mtu_facts=ring_facts(5, bad="n004"))
-    findings = mtu.rule(view)
+    findings = mtu_rule.rule(view)
     fail = [f for f in findings if f.status == Status.FAIL]
     assert {f.node for f in fail} == {"n004"}
     messages = [f.message for f in fail]
@@ -330,7 +331,7 @@ def test_one_failing_path_is_blamed_on_the_end_that_carries_no_full_frame_elsewh
     carried full-size frames both ways. The fault is at n501's end."""
     facts = ring_facts(5, bad="n003")
     facts["n003"]["targets"][0] = _untested("n004", "198.19.0.4")
-    findings = mtu.rule(cluster(5, mtu_facts=facts))
+    findings = mtu_rule.rule(cluster(5, mtu_facts=facts))
     fail = [f for f in findings if f.status == Status.FAIL]
     assert [f.node for f in fail] == ["n003"], [(f.node, f.message) for f in fail]
     assert fail[0].message.endswith("(n002 carries full-size frames on another path: the fault is at n003's end)")
@@ -343,7 +344,7 @@ def test_one_failing_path_is_blamed_on_the_end_that_carries_no_full_frame_elsewh
 def test_and_the_pinger_is_blamed_when_it_is_the_end_without_a_full_frame_elsewhere():
     facts = ring_facts(5, bad="n002")  # n001 → n002 and n002 → n003 lose jumbo frames
     facts["n001"]["targets"][0] = _untested("n002", "198.19.0.2")
-    findings = mtu.rule(cluster(5, mtu_facts=facts))
+    findings = mtu_rule.rule(cluster(5, mtu_facts=facts))
     fail = [f for f in findings if f.status == Status.FAIL]
     assert [f.node for f in fail] == ["n002"]
     assert fail[0].message.endswith("(n003 carries full-size frames on another path: the fault is at n002's end)")
@@ -354,13 +355,13 @@ def test_one_failing_path_between_two_ends_that_both_carry_full_frames_stays_eit
     one), and nothing says which end; unchanged: either end."""
     facts = ring_facts(4)
     facts["n002"]["targets"][0] = target("n003", "198.19.0.3", jumbo=False)
-    fail = [f for f in mtu.rule(cluster(4, mtu_facts=facts)) if f.status == Status.FAIL]
+    fail = [f for f in mtu_rule.rule(cluster(4, mtu_facts=facts)) if f.status == Status.FAIL]
     assert [f.node for f in fail] == ["n002"] and "either end" in fail[0].message
 
 
 def test_no_route_told_apart_from_black_hole():
     view = cluster(3, mtu_facts=ring_facts(3, bad="n002", small=False))
-    messages = [f.message for f in mtu.rule(view) if f.status == Status.FAIL]
+    messages = [f.message for f in mtu_rule.rule(view) if f.status == Status.FAIL]
     assert any(
         "n001 → n002: no reply to 1000-byte pings either: no route, host down or firewall" in m for m in messages
     )
@@ -371,7 +372,7 @@ def test_locally_refused_big_ping():
     facts["n001"]["targets"][0] = target(
         "n002", "198.19.0.2", jumbo=False, too_long=True, path_mtu=1500, error="message too long, mtu=1500"
     )
-    fail = [f for f in mtu.rule(cluster(3, mtu_facts=facts)) if f.status == Status.FAIL]
+    fail = [f for f in mtu_rule.rule(cluster(3, mtu_facts=facts)) if f.status == Status.FAIL]
     assert len(fail) == 1 and fail[0].node == "n001"
     assert fail[0].message.startswith("n001 → n002: 8972-byte DF ping refused as too big (message too long, mtu=1500)")
     assert "either end" in fail[0].message
@@ -379,7 +380,7 @@ def test_locally_refused_big_ping():
 
 def test_two_node_ring_failing_both_ways_blames_no_one():
     view = cluster(2, mtu_facts=ring_facts(2, bad="n002"))
-    fail = [f for f in mtu.rule(view) if f.status == Status.FAIL]
+    fail = [f for f in mtu_rule.rule(view) if f.status == Status.FAIL]
     assert {f.node for f in fail} == {"n001", "n002"}
     assert not any("common end" in f.message for f in fail)
 
@@ -387,7 +388,7 @@ def test_two_node_ring_failing_both_ways_blames_no_one():
 def test_partial_loss_warns():
     facts = ring_facts(2)
     facts["n001"]["targets"][0] = target("n002", "198.19.0.2", loss=33.3)
-    warn = [f for f in mtu.rule(cluster(2, mtu_facts=facts)) if f.status == Status.WARN]
+    warn = [f for f in mtu_rule.rule(cluster(2, mtu_facts=facts)) if f.status == Status.WARN]
     assert [f.node for f in warn] == ["n001"] and "33.3% loss" in warn[0].message
 
 
@@ -396,15 +397,15 @@ def test_probe_error_skip_and_missing():
     facts["n001"] = {"probe_error": "RuntimeError: ping is not installed"}
     facts["n002"] = {"skipped": "no data interface (see the nic check)"}
     del facts["n003"]
-    found = {f.node: f.status for f in mtu.rule(cluster(3, mtu_facts=facts))}
+    found = {f.node: f.status for f in mtu_rule.rule(cluster(3, mtu_facts=facts))}
     assert found == {"n001": Status.ERROR, "n002": Status.ERROR, "n003": Status.ERROR}
 
 
 def test_common_end():
-    assert mtu.common_end([("a", "b"), ("b", "c")]) == "b"
-    assert mtu.common_end([("a", "b")]) is None
-    assert mtu.common_end([("a", "b"), ("b", "a")]) is None
-    assert mtu.common_end([("a", "b"), ("c", "d")]) is None
+    assert mtu_rule.common_end([("a", "b"), ("b", "c")]) == "b"
+    assert mtu_rule.common_end([("a", "b")]) is None
+    assert mtu_rule.common_end([("a", "b"), ("b", "a")]) is None
+    assert mtu_rule.common_end([("a", "b"), ("c", "d")]) is None
 
 
 @pytest.mark.parametrize(
@@ -418,7 +419,7 @@ def test_common_end():
 )
 def test_message_too_long_in_every_iputils_spelling(line, path_mtu):
     out = "--- x ping statistics ---\n3 packets transmitted, 0 received, +3 errors, 100% packet loss, time 4ms\n"
-    parsed = mtu.parse_ping(out, line + "\n", 1)
+    parsed = mtu_probe.parse_ping(out, line + "\n", 1)
     assert parsed["too_long"] is True and parsed["path_mtu"] == path_mtu
 
 
@@ -426,7 +427,7 @@ def test_mtu_tie_has_no_majority_and_fails_every_node_naming_the_split():
     # Two nodes at 9000, two at 1500: no reference value (preflight.common.majority), so no side is
     # silently taken (the old rule picked the larger MTU and failed only the 1500 nodes).
     view = cluster(4, mtus={"n003": 1500, "n004": 1500}, mtu_facts=ring_facts(4))
-    fail = [f for f in mtu.rule(view) if f.status == Status.FAIL and "no majority" in f.message]
+    fail = [f for f in mtu_rule.rule(view) if f.status == Status.FAIL and "no majority" in f.message]
     assert [f.node for f in fail] == ["n001", "n002", "n003", "n004"]
     assert fail[2].message == "n003 eth1: mtu 1500 (no majority: 9000 on n[001-002] · 1500 on n[003-004]; set expect.mtu)"
     assert fail[0].expected == "one MTU on every node"

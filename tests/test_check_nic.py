@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from preflight import datanet
-from preflight.checks import nic
+from preflight.derived import datanet
+from preflight.checks.nic import probe as nic_probe
+from preflight.checks.nic import rule as nic_rule
 from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
 from tests import fixture_cases as fc
@@ -52,26 +53,26 @@ def test_gpu_node_kinds_and_speeds():
 )
 def test_parse_ip_addr_rejects_bad_output(text):
     with pytest.raises(ParseError):
-        nic.parse_ip_addr(text)
+        nic_probe.parse_ip_addr(text)
 
 
 def test_parse_ip_link_rejects_truncated():
     with pytest.raises(ParseError):
-        nic.parse_ip_link((FIXTURES / "gpu_node" / "ip-link.json").read_text()[:-40])
+        nic_probe.parse_ip_link((FIXTURES / "gpu_node" / "ip-link.json").read_text()[:-40])
 
 
 def test_parse_int_attr():
-    assert nic.parse_int_attr("100000\n", "speed") == 100000
-    assert nic.parse_int_attr("-1", "speed") is None
-    assert nic.parse_int_attr(None, "speed") is None  # EINVAL on a virtual link
+    assert nic_probe.parse_int_attr("100000\n", "speed") == 100000
+    assert nic_probe.parse_int_attr("-1", "speed") is None
+    assert nic_probe.parse_int_attr(None, "speed") is None  # EINVAL on a virtual link
     with pytest.raises(ParseError):
-        nic.parse_int_attr("fast", "speed")
+        nic_probe.parse_int_attr("fast", "speed")
 
 
 def test_probe_fails_clearly_without_ip(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(RuntimeError, match="ip -j addr show failed"):
-        nic.probe(NodeContext(sysfs_root=str(tmp_path)))
+        nic_probe.probe(NodeContext(sysfs_root=str(tmp_path)))
 
 
 def _slow_ip(tmp_path, monkeypatch, first_only):
@@ -83,14 +84,14 @@ def _slow_ip(tmp_path, monkeypatch, first_only):
     (tmp_path / "ip").write_text("#!/bin/sh\necho \"$*\" >> %s/calls\n%s\nexec %s \"$@\"\n" % (tmp_path, hang, real))
     (tmp_path / "ip").chmod(0o755)
     monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ["PATH"]))
-    monkeypatch.setattr(nic, "IP_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(nic_probe, "IP_TIMEOUT_S", 1.0)
 
 
 def test_an_ip_starved_once_is_run_again_and_its_answer_used(tmp_path, monkeypatch):
     """At 1,000 simulated nodes at load 900, 62 healthy nodes' `ip` missed 30 s: the node is busy, not its
     interfaces. A second try, as long, within the probe's deadline, answers."""
     _slow_ip(tmp_path, monkeypatch, first_only=True)
-    facts = nic.probe(NodeContext(sysfs_root="/sys"))
+    facts = nic_probe.probe(NodeContext(sysfs_root="/sys"))
     assert any(i["name"] == "lo" for i in facts["interfaces"])
     assert (tmp_path / "calls").read_text().splitlines()[:2] == ["-j addr show", "-j addr show"]
 
@@ -98,10 +99,10 @@ def test_an_ip_starved_once_is_run_again_and_its_answer_used(tmp_path, monkeypat
 def test_an_ip_that_hangs_twice_is_an_error_and_one_without_time_left_is_not_tried_again(tmp_path, monkeypatch):
     _slow_ip(tmp_path, monkeypatch, first_only=False)
     with pytest.raises(RuntimeError, match=r"ip -j addr show timed out twice, after 1s each"):
-        nic.probe(NodeContext(sysfs_root="/sys"))
+        nic_probe.probe(NodeContext(sysfs_root="/sys"))
     (tmp_path / "calls").unlink()
     with pytest.raises(RuntimeError, match=r"ip -j addr show failed \(rc -1\): timed out after 1s"):
-        nic.probe(NodeContext(sysfs_root="/sys", deadline=time.monotonic() + 5))
+        nic_probe.probe(NodeContext(sysfs_root="/sys", deadline=time.monotonic() + 5))
     assert len((tmp_path / "calls").read_text().splitlines()) == 1
 
 
@@ -151,7 +152,7 @@ def test_choose_picks_data_veth_over_management_and_docker():
 
 
 def test_rule_pass_message_names_interface_speed_mtu_and_skips():
-    findings = nic.rule(view_of(three_sim()))
+    findings = nic_rule.rule(view_of(three_sim()))
     assert [f.status for f in findings] == [Status.PASS] * 3
     assert (
         findings[0].message
@@ -222,7 +223,7 @@ def test_one_node_with_data_nic_down_fails_alone():
     assert {e["iface"] for e in choice.nodes.values()} == {"ib0"}
     why = choice.missing["gpu-003"]
     assert "10.30.0.0/16" in why and "data NIC down: ib0 10.30.0.13/16 is down (operstate DOWN)" in why
-    findings = {f.node: f for f in nic.rule(view) if f.node}
+    findings = {f.node: f for f in nic_rule.rule(view) if f.node}
     assert findings["gpu-003"].status == Status.FAIL
     assert findings["gpu-001"].status == Status.PASS
 
@@ -267,7 +268,7 @@ def test_pinned_interface_is_honoured_even_if_slower():
     choice = datanet.choose(view_of(facts, settings=settings))
     assert {e["iface"] for e in choice.nodes.values()} == {"eth0"}
     assert all(e["pinned"] for e in choice.nodes.values())
-    findings = nic.rule(view_of(facts, settings=settings))
+    findings = nic_rule.rule(view_of(facts, settings=settings))
     assert "pinned by data_interface" in findings[0].message
 
 
@@ -284,7 +285,7 @@ def test_pinned_interface_absent_down_or_addressless_fails(pin, expect):
     choice = datanet.choose(view)
     assert "n002" not in choice.nodes
     assert expect in choice.missing["n002"] and pin in choice.missing["n002"]
-    failing = [f for f in nic.rule(view) if f.status == Status.FAIL]
+    failing = [f for f in nic_rule.rule(view) if f.status == Status.FAIL]
     assert [f.node for f in failing] == ["n002"]
 
 
@@ -296,7 +297,7 @@ def test_names_differ_warns_with_socket_ifname_list():
     view = view_of(facts)
     choice = datanet.choose(view)
     assert not choice.uniform and choice.socket_ifname() == "=ens1f0,eth1"
-    warns = [f for f in nic.rule(view) if f.status == Status.WARN]
+    warns = [f for f in nic_rule.rule(view) if f.status == Status.WARN]
     assert len(warns) == 1 and warns[0].node is None
     assert "ens1f0 on n003" in warns[0].message and "eth1 on n[001-002]" in warns[0].message
 
@@ -304,7 +305,7 @@ def test_names_differ_warns_with_socket_ifname_list():
 def test_slower_node_warns():
     facts = three_sim()
     facts["n002"]["interfaces"][2]["speed_mbps"] = 1000
-    warns = [f for f in nic.rule(view_of(facts)) if f.status == Status.WARN]
+    warns = [f for f in nic_rule.rule(view_of(facts)) if f.status == Status.WARN]
     assert [f.node for f in warns] == ["n002"]
     assert "1 Gb/s" in warns[0].message and "n[001,003]: 10 Gb/s" in warns[0].message
 
@@ -314,7 +315,7 @@ def test_no_qualifying_interface_fails_every_node():
         "a": {"interfaces": [lo(), iface("docker0", "172.17.0.1", 16, kind="bridge")], "ssh_ip": None},
         "b": {"interfaces": [lo(), iface("docker0", "172.17.0.1", 16, kind="bridge")], "ssh_ip": None},
     }
-    findings = nic.rule(view_of(facts))
+    findings = nic_rule.rule(view_of(facts))
     assert [f.status for f in findings] == [Status.FAIL, Status.FAIL]
     assert "no up interface with an IPv4 address" in findings[0].message
     assert "docker0 (container bridge)" in findings[0].message
@@ -339,7 +340,7 @@ def test_probe_error_is_error_never_pass():
     facts = three_sim()
     facts["n002"] = {"probe_error": "RuntimeError: ip -j addr show failed (rc 1)"}
     view = view_of(facts)
-    findings = {f.node: f for f in nic.rule(view)}
+    findings = {f.node: f for f in nic_rule.rule(view)}
     assert findings["n002"].status == Status.ERROR
     assert findings["n001"].status == Status.PASS  # quorum of the rest still picks eth1
     assert "n002" in datanet.choose(view).missing
@@ -347,7 +348,7 @@ def test_probe_error_is_error_never_pass():
 
 def test_missing_facts_are_error():
     view = ClusterView([NodeInfo("a", "a", 8)], {"a": {}})
-    findings = nic.rule(view)
+    findings = nic_rule.rule(view)
     assert [f.status for f in findings] == [Status.ERROR]
 
 
@@ -366,7 +367,7 @@ def test_speed_tie_has_no_majority_and_warns_once_naming_the_split():
     facts = {"n%03d" % i: sim_node(i) for i in (1, 2, 3, 4)}
     for name in ("n003", "n004"):
         facts[name]["interfaces"][2]["speed_mbps"] = 1000
-    warns = [f for f in nic.rule(view_of(facts)) if f.status == Status.WARN]
+    warns = [f for f in nic_rule.rule(view_of(facts)) if f.status == Status.WARN]
     assert [f.node for f in warns] == [None]
     assert warns[0].message == (
         "data interface speeds split evenly with no majority: 10 Gb/s on n[001-002] · 1 Gb/s on n[003-004]; "
@@ -394,7 +395,7 @@ def test_data_nic_down_on_half_the_nodes_fails_them_instead_of_moving_to_managem
     for i in down:
         why = choice.missing["n%03d" % i]
         assert "eth1 198.19.0.%d/16 is down" % (10 + i) in why and "198.19.0.0/16" in why
-    findings = nic.rule(view)
+    findings = nic_rule.rule(view)
     statuses = _statuses(findings)
     assert [name for name, s in sorted(statuses.items()) if s == Status.FAIL] == ["n%03d" % i for i in down]
     assert all(s == Status.PASS for name, s in statuses.items() if int(name[1:]) not in down)
@@ -407,7 +408,7 @@ def test_data_nic_down_everywhere_with_a_fast_management_network_still_fails():
         for entry in f["interfaces"]:
             if entry["name"] == "eth1":
                 entry["speed_mbps"] = None  # an administratively down link reports no speed
-    findings = nic.rule(view_of(facts))
+    findings = nic_rule.rule(view_of(facts))
     assert _statuses(findings) == {"n001": Status.FAIL, "n002": Status.FAIL}
 
 
@@ -421,7 +422,7 @@ def test_data_address_conflict_between_two_nodes_is_a_named_failure():
     assert set(choice.nodes) == {"n001"}
     for node, other in (("n002", "n003"), ("n003", "n002")):
         assert "address conflict: 198.19.0.12 on eth1 is also on %s" % other in choice.missing[node]
-    statuses = _statuses(nic.rule(view))
+    statuses = _statuses(nic_rule.rule(view))
     assert statuses == {"n001": Status.PASS, "n002": Status.FAIL, "n003": Status.FAIL}
 
 
@@ -444,4 +445,4 @@ def test_two_node_cluster_with_one_data_address_on_both_physical_nics_is_a_confl
     choice = datanet.choose(view_of(facts))
     assert choice.subnet == "198.19.0.0/16" and choice.nodes == {}
     assert "address conflict: 198.19.0.11 on eth1 is also on n002" in choice.missing["n001"]
-    assert _statuses(nic.rule(view_of(facts))) == {"n001": Status.FAIL, "n002": Status.FAIL}
+    assert _statuses(nic_rule.rule(view_of(facts))) == {"n001": Status.FAIL, "n002": Status.FAIL}

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from preflight.checks import nccl_env
-from preflight.checks import nvls as check
+from preflight.checks.nccl_env import probe as nccl_env_probe
+from preflight.checks.nvls import rule as check_rule
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.output import envfile
 from tests.builders import gpu_expected
@@ -44,7 +44,7 @@ def driver_facts(nccl):
 
 def env_facts(conf="", environ=None):
     """nccl_env facts with /etc/nccl.conf holding `conf` (nccl_env's parser reads it as NCCL does)."""
-    system = dict(nccl_env.parse_nccl_conf(conf), path="/etc/nccl.conf", role="system", exists=bool(conf), error=None)
+    system = dict(nccl_env_probe.parse_nccl_conf(conf), path="/etc/nccl.conf", role="system", exists=bool(conf), error=None)
     return {"environ": dict(environ or {}), "user": "root", "home": "/root", "home_env": "/root", "files": [system]}
 
 
@@ -58,7 +58,7 @@ def node_facts(gpu="h100_hgx_550", fm=None, nccl="2.29.2", conf="", environ=None
 
 def judge(facts, gpus_per_node=8):
     view = ClusterView([NodeInfo("n001", "n001", gpus_per_node)], {"n001": facts})
-    return [(f.status, f.message, f.action) for f in check.rule(view)]
+    return [(f.status, f.message, f.action) for f in check_rule.rule(view)]
 
 
 def one(facts, gpus_per_node=8):
@@ -224,7 +224,7 @@ def test_gb200_tray_whose_imex_state_is_unreadable_is_not_judged():
 def test_cpu_node_skips_and_missing_facts_are_an_error_to_retest():
     view = ClusterView([NodeInfo("c", "c", 0), NodeInfo("g", "g", 8)],
                        {"c": {}, "g": {"gpu": {"probe_error": "boom"}, "fabric_manager": fm_facts()}})
-    found = [(f.node, f.status, f.action) for f in check.rule(view)]
+    found = [(f.node, f.status, f.action) for f in check_rule.rule(view)]
     assert found == [("c", Status.SKIP, None), ("g", Status.ERROR, "retest")]
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import time
 
-from preflight.checks import pcie
+from preflight.checks.pcie import probe as pcie_probe
+from preflight.checks.pcie import rule as pcie_rule
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe.context import NodeContext
 from tests.builders import StubNode, view
@@ -51,7 +52,7 @@ def test_probe_reads_device_and_port_and_the_errors_of_the_window(tmp_path):
                     install_aer(node, GPU, correctable={"RxErr": 40}, nonfatal={"CmpltTO": 1})
             return NodeContext.read(path)
 
-    facts = pcie.probe(Storm({"window_s": 1.5}, sysfs_root=node.sys_dir))
+    facts = pcie_probe.probe(Storm({"window_s": 1.5}, sysfs_root=node.sys_dir))
     devs = {d["bdf"]: d for d in facts["devices"]}
     gpu = devs[GPU]
     assert gpu["kind"] == "gpu" and gpu["port"] == PORT and gpu["rate"] == [32.0, 16]
@@ -60,7 +61,7 @@ def test_probe_reads_device_and_port_and_the_errors_of_the_window(tmp_path):
     assert gpu["counts"] == {"RxErr": 40, "BadDLLP": 1, "CmpltTO": 1}
     assert devs[NIC]["kind"] == "nic" and devs[NIC]["delta"] == {"correctable": 0, "nonfatal": 0, "fatal": 0}
     assert facts["uptime_s"] > 0 and facts["window_s"] == 1.5
-    out = pcie.rule(view({"n001": {"pcie": facts}}))
+    out = pcie_rule.rule(view({"n001": {"pcie": facts}}))
     assert [(f.status, f.action) for f in out] == [(Status.FAIL, "isolate")]
     assert "n001 GPU 0000:18:00.0: 0 fatal, 1 non-fatal uncorrectable PCIe errors during the 1.5s check" in out[0].message
 
@@ -68,9 +69,9 @@ def test_probe_reads_device_and_port_and_the_errors_of_the_window(tmp_path):
 def test_probe_window_fits_the_deadline_and_a_tree_without_aer_is_skipped(tmp_path):
     node = _tree(tmp_path, aer=False)
     t0 = time.monotonic()
-    facts = pcie.probe(NodeContext({"window_s": 30}, sysfs_root=node.sys_dir, deadline=time.monotonic() + 2))
+    facts = pcie_probe.probe(NodeContext({"window_s": 30}, sysfs_root=node.sys_dir, deadline=time.monotonic() + 2))
     assert time.monotonic() - t0 < 2 and all(d["total"] is None for d in facts["devices"])
-    out = pcie.rule(view({"n001": {"pcie": facts}}))
+    out = pcie_rule.rule(view({"n001": {"pcie": facts}}))
     assert [f.status for f in out] == [Status.SKIP] and "no AER statistics in sysfs for its 2 GPUs/NICs" in out[0].message
 
 
@@ -86,7 +87,7 @@ def test_a_port_above_two_functions_counts_once(tmp_path):
                os.path.join(node.sys_dir, "bus", "pci", "devices", second))
     install_aer(node, second)
     install_aer(node, NIC_PORT, correctable={"BadDLLP": 5})
-    devs = {d["bdf"]: d for d in pcie.probe(NodeContext({"window_s": 0}, sysfs_root=node.sys_dir))["devices"]}
+    devs = {d["bdf"]: d for d in pcie_probe.probe(NodeContext({"window_s": 0}, sysfs_root=node.sys_dir))["devices"]}
     assert devs[NIC]["port"] == NIC_PORT and devs[NIC]["total"]["correctable"] == 5
     assert devs[second]["port"] is None and devs[second]["total"]["correctable"] == 0
 
@@ -96,11 +97,11 @@ def test_a_port_above_two_functions_counts_once(tmp_path):
 
 def _dev(kind="gpu", bdf=GPU, total=(0, 0, 0), delta=(0, 0, 0), counts=None, rate=(32.0, 16)):
     return {"kind": kind, "bdf": bdf, "port": PORT, "rate": list(rate) if rate else None,
-            "total": dict(zip(pcie.KINDS, total)), "delta": dict(zip(pcie.KINDS, delta)), "counts": counts or {}}
+            "total": dict(zip(pcie_probe.KINDS, total)), "delta": dict(zip(pcie_probe.KINDS, delta)), "counts": counts or {}}
 
 
 def _judge(*devices, uptime=86400.0, window=2.0, gpus=8):
-    return pcie.rule(view({"n001": {"pcie": {"uptime_s": uptime, "window_s": window, "devices": list(devices)}}}, gpus=gpus))
+    return pcie_rule.rule(view({"n001": {"pcie": {"uptime_s": uptime, "window_s": window, "devices": list(devices)}}}, gpus=gpus))
 
 
 def test_a_clean_node_passes():
@@ -150,13 +151,13 @@ def test_old_nonfatal_errors_warn_and_new_ones_fail():
 def test_cpu_only_nodes_are_judged_for_their_nics_and_missing_facts_error():
     cpu = ClusterView([NodeInfo("c1", "c1", 0)], {"c1": {"pcie": {"uptime_s": 10.0, "window_s": 2.0,
                                                                   "devices": [_dev("nic", NIC, total=(0, 0, 2))]}}})
-    assert [f.status for f in pcie.rule(cpu)] == [Status.FAIL]
-    assert [f.status for f in pcie.rule(view({"n001": {}}))] == [Status.ERROR]
-    assert [f.status for f in pcie.rule(view({"n001": {"pcie": {"probe_error": "x"}}}))] == [Status.ERROR]
+    assert [f.status for f in pcie_rule.rule(cpu)] == [Status.FAIL]
+    assert [f.status for f in pcie_rule.rule(view({"n001": {}}))] == [Status.ERROR]
+    assert [f.status for f in pcie_rule.rule(view({"n001": {"pcie": {"probe_error": "x"}}}))] == [Status.ERROR]
 
 
 def test_budget_follows_dcgm_per_generation_and_width():
-    assert pcie.budget_per_min([32.0, 16]) == 31  # Gen5 x16: ceil(1.92 x 16)
-    assert pcie.budget_per_min([16.0, 16]) == 16  # Gen4 x16: ceil(0.96 x 16)
-    assert pcie.budget_per_min([8.0, 8]) == 4     # Gen3 x8: ceil(0.48 x 8)
-    assert pcie.budget_per_min(None) is None
+    assert pcie_rule.budget_per_min([32.0, 16]) == 31  # Gen5 x16: ceil(1.92 x 16)
+    assert pcie_rule.budget_per_min([16.0, 16]) == 16  # Gen4 x16: ceil(0.96 x 16)
+    assert pcie_rule.budget_per_min([8.0, 8]) == 4     # Gen3 x8: ceil(0.48 x 8)
+    assert pcie_rule.budget_per_min(None) is None

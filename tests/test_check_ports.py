@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from preflight.checks import ports
+from preflight.checks.ports import probe as ports_probe
+from preflight.checks.ports import rule as ports_rule
 from preflight.model import ParseError, Status
 from preflight.probe import portclaim
 from preflight.output import report
@@ -34,23 +35,23 @@ def free_port():
 
 
 def test_parse_proc_net_tcp():
-    rows = ports.parse_proc_net_tcp(PROC_NET_TCP)
+    rows = ports_probe.parse_proc_net_tcp(PROC_NET_TCP)
     assert rows[0] == {"local_ip": "0.0.0.0", "local_port": 29500, "state": "0A", "uid": 0, "inode": 259424}
     assert rows[1]["local_ip"] == "127.0.0.1" and rows[1]["state"] == "01"
     assert rows[2]["local_port"] == 0xDAD0 and rows[2]["uid"] == 1001
-    rows6 = ports.parse_proc_net_tcp(PROC_NET_TCP6)
+    rows6 = ports_probe.parse_proc_net_tcp(PROC_NET_TCP6)
     assert rows6 == [{"local_ip": "::1", "local_port": 29501, "state": "0A", "uid": 0, "inode": 259425}]
 
 
 @pytest.mark.parametrize("text", ["", "garbage", PROC_NET_TCP + "   9: nonsense\n", PROC_NET_TCP.split("\n", 1)[1]])
 def test_parse_proc_net_tcp_rejects(text):
     with pytest.raises(ParseError):
-        ports.parse_proc_net_tcp(text)
+        ports_probe.parse_proc_net_tcp(text)
 
 
 def test_parse_real_proc_net_tcp():
     with open("/proc/net/tcp") as handle:
-        ports.parse_proc_net_tcp(handle.read())
+        ports_probe.parse_proc_net_tcp(handle.read())
 
 
 # ---------------------------------------------------------------------------------------- real sockets
@@ -58,7 +59,7 @@ def test_parse_real_proc_net_tcp():
 
 def run_listener(cfg):
     box = {}
-    thread = threading.Thread(target=lambda: box.update(result=ports.listen(cfg)), daemon=True)
+    thread = threading.Thread(target=lambda: box.update(result=ports_probe.listen(cfg)), daemon=True)
     thread.start()
     return thread, box
 
@@ -75,7 +76,7 @@ def test_listen_and_connect_handshake():
             "window_s": 10,
         }
     )
-    res = ports.connect({"host": "127.0.0.1", "port": port, "name": "n002", "source_ip": "127.0.0.1", "retry_s": 5})
+    res = ports_probe.connect({"host": "127.0.0.1", "port": port, "name": "n002", "source_ip": "127.0.0.1", "retry_s": 5})
     thread.join(10)
     assert res["connected"] and res["handshake"] and res["error"] is None and res["reply"] == "preflight-ok n001"
     head = box["result"]
@@ -90,17 +91,17 @@ def test_connector_retries_until_listener_comes_up():
 
     def late():
         time.sleep(0.8)
-        box["result"] = ports.listen({"port": port, "bind_ip": "127.0.0.1", "expect_names": ["n002"], "window_s": 10})
+        box["result"] = ports_probe.listen({"port": port, "bind_ip": "127.0.0.1", "expect_names": ["n002"], "window_s": 10})
 
     thread = threading.Thread(target=late, daemon=True)
     thread.start()
-    res = ports.connect({"host": "127.0.0.1", "port": port, "name": "n002", "retry_s": 6})
+    res = ports_probe.connect({"host": "127.0.0.1", "port": port, "name": "n002", "retry_s": 6})
     thread.join(10)
     assert res["handshake"] and res["attempts"] > 1
 
 
 def test_connect_refused_reports_errno():
-    res = ports.connect({"host": "127.0.0.1", "port": free_port(), "retry_s": 0.6})
+    res = ports_probe.connect({"host": "127.0.0.1", "port": free_port(), "retry_s": 0.6})
     assert not res["connected"] and res["errno"] == "ECONNREFUSED" and res["attempts"] >= 2
 
 
@@ -117,7 +118,7 @@ def test_connect_to_foreign_listener_is_not_a_handshake():
 
     threading.Thread(target=serve, daemon=True).start()
     try:
-        res = ports.connect({"host": "127.0.0.1", "port": port, "retry_s": 2})
+        res = ports_probe.connect({"host": "127.0.0.1", "port": port, "retry_s": 2})
     finally:
         srv.close()
     assert res["connected"] and not res["handshake"]
@@ -140,14 +141,14 @@ def test_a_hello_nobody_answered_is_sent_again_not_failed():
         data = b""
         while not data.endswith(b"\n"):
             data += conn.recv(512)
-        conn.sendall(ports.REPLY + b"n001\n")
+        conn.sendall(ports_probe.REPLY + b"n001\n")
         conn.close()
         time.sleep(3.5)
         silent.close()
 
     threading.Thread(target=serve, daemon=True).start()
     try:
-        res = ports.connect({"host": "127.0.0.1", "port": port, "name": "n002", "retry_s": 8})
+        res = ports_probe.connect({"host": "127.0.0.1", "port": port, "name": "n002", "retry_s": 8})
     finally:
         srv.close()
     assert res["handshake"] and res["attempts"] == 2 and res["error"] is None, res
@@ -157,7 +158,7 @@ def test_rule_silence_after_connecting_is_a_retest_a_foreign_reply_a_fail():
     silent = dict(connected(4), handshake=False, reply="", elapsed_s=10.2, error="connected, then timed out")
     foreign = dict(connected(1), handshake=False, reply="SSH-2.0-OpenSSH_9.6",
                    error="the listener did not answer as preflight")
-    found = {f.node: f for f in ports.rule(cluster(3, {"n002": silent, "n003": foreign}))}
+    found = {f.node: f for f in ports_rule.rule(cluster(3, {"n002": silent, "n003": foreign}))}
     assert (found["n002"].status, found["n002"].action) == (Status.ERROR, "retest"), found["n002"]
     assert found["n002"].message == ("n002 → n001 198.19.0.1:29500: connected, but the head did not answer within "
                                      "10.2s (connected, then timed out): not tested; retest")
@@ -172,13 +173,13 @@ def test_most_nodes_unreached_is_the_heads_end_a_few_are_their_own():
     lost = dict(connected(3), connected=False, handshake=False, reply="", errno="timeout", error="timed out")
     facts = {"n001": head, "n002": connected(1)}
     facts.update({n: dict(lost) for n in ("n003", "n004", "n005", "n006", "n007")})
-    found = ports.rule(cluster(7, facts))
+    found = ports_rule.rule(cluster(7, facts))
     fails = [f for f in found if f.status == Status.FAIL]
     assert [f.node for f in fails] == ["n001"], fails
     assert fails[0].message.startswith("5 of 6 nodes could not reach or hear the head n001 on port 29500 (n[003-007])")
     assert {f.node for f in found if f.status == Status.SKIP} == {"n003", "n004", "n005", "n006", "n007"}
     few = {"n001": head, **{n: connected(1) for n in ("n002", "n003", "n004", "n005", "n006")}, "n007": dict(lost)}
-    found = {f.node: f for f in ports.rule(cluster(7, few))}
+    found = {f.node: f for f in ports_rule.rule(cluster(7, few))}
     assert found["n007"].status == Status.FAIL and found["n001"].status == Status.PASS
 
 
@@ -191,7 +192,7 @@ def test_most_nodes_unreached_by_a_head_whose_listener_could_not_keep_up_is_a_re
             "peers": [{"ip": "198.19.0.2", "name": "n002", "at_s": 0.1}, {"ip": "198.19.0.4", "name": "n004", "at_s": 12.5}]}
     lost = dict(connected(3), connected=False, handshake=False, reply="", errno="timeout", error="timed out")
     facts = {"n001": head, "n002": connected(1), **{n: dict(lost) for n in ("n003", "n004", "n005", "n006", "n007")}}
-    found = ports.rule(cluster(7, facts))
+    found = ports_rule.rule(cluster(7, facts))
     (verdict,) = [f for f in found if f.node == "n001"]
     assert (verdict.status, verdict.action) == (Status.ERROR, "retest"), verdict
     assert verdict.message == (
@@ -211,18 +212,18 @@ def test_a_refusal_before_the_head_listened_is_not_tested_and_one_after_is_a_fai
     head = dict(listening("n002"), from_t=1000.0)
     refused = dict(connected(40), connected=False, handshake=False, errno="ECONNREFUSED", error="Connection refused",
                    elapsed_s=10.0, until_t=995.0)
-    found = {f.node: f for f in ports.rule(cluster(3, {"n001": head, "n002": connected(1), "n003": refused}))}
+    found = {f.node: f for f in ports_rule.rule(cluster(3, {"n001": head, "n002": connected(1), "n003": refused}))}
     assert (found["n003"].status, found["n003"].action) == (Status.ERROR, "retest"), found["n003"]
     assert "the head began listening only 5.0s after this node's last try" in found["n003"].message
     during = dict(refused, until_t=1009.0)
-    found = {f.node: f for f in ports.rule(cluster(3, {"n001": head, "n002": connected(1), "n003": during}))}
+    found = {f.node: f for f in ports_rule.rule(cluster(3, {"n001": head, "n002": connected(1), "n003": during}))}
     assert found["n003"].status == Status.FAIL and "refused" in found["n003"].message, found["n003"]
     # clocks: n003's runs 10 s behind the controller's, so its 995.0 is the controller's 1005.0: it tried while
     # the head listened (the ssh check measured the offset: the clock read in the middle of the window sent)
     facts = {n: {"nic": data_node(i), "ports": f} for i, (n, f) in enumerate(
         (("n001", head), ("n002", connected(1)), ("n003", refused)), 1)}
     facts["n003"]["ssh"] = {"time": 1490.0, "window": [1499.9, 1500.1]}
-    found = {f.node: f for f in ports.rule(view(facts))}
+    found = {f.node: f for f in ports_rule.rule(view(facts))}
     assert found["n003"].status == Status.FAIL, found["n003"]
 
 
@@ -279,7 +280,7 @@ def test_busy_port_names_this_process_and_free_ports(wildcard):
     holder.listen(1)
     port = holder.getsockname()[1]
     try:
-        res = ports.listen({"port": port, "bind_ip": "127.0.0.1", "wildcard": wildcard, "window_s": 1})
+        res = ports_probe.listen({"port": port, "bind_ip": "127.0.0.1", "wildcard": wildcard, "window_s": 1})
     finally:
         holder.close()
     assert not res["listening"] and res["errno"] == "EADDRINUSE"
@@ -292,7 +293,7 @@ def test_a_port_another_preflight_run_claimed_is_named_not_bound():
     port = free_port()
     other = portclaim.claim(port)  # another run's agent or listener, here this process
     try:
-        res = ports.listen({"port": port, "bind_ip": "127.0.0.1", "window_s": 1})
+        res = ports_probe.listen({"port": port, "bind_ip": "127.0.0.1", "window_s": 1})
     finally:
         other.close()
     assert not res["listening"] and res["busy"] == {"pid": os.getpid(), "uid": os.getuid()}
@@ -312,13 +313,13 @@ def test_the_listener_claims_its_port_while_it_listens_and_releases_it():
 
 
 def test_find_holders_of_unused_port_is_empty():
-    assert ports.find_holders(free_port()) == []
+    assert ports_probe.find_holders(free_port()) == []
 
 
 def test_probe_dispatch():
-    assert ports.probe(NodeContext({"skip": "no data interface"})) == {"skipped": "no data interface"}
+    assert ports_probe.probe(NodeContext({"skip": "no data interface"})) == {"skipped": "no data interface"}
     with pytest.raises(ValueError):
-        ports.probe(NodeContext({}))
+        ports_probe.probe(NodeContext({}))
 
 
 # ------------------------------------------------------------------------------------------ plan, rule
@@ -334,7 +335,7 @@ def cluster(n=3, port_facts=None, **kw):
 
 
 def test_plan():
-    plan = ports.plan(cluster(3, cluster={"master_port": 29600}))
+    plan = ports_rule.plan(cluster(3, cluster={"master_port": 29600}))
     head = plan["n001"]
     assert head["role"] == "listen" and head["port"] == 29600 and head["bind_ip"] == "198.19.0.1"
     assert head["expect_peers"] == ["198.19.0.2", "198.19.0.3"] and head["expect_names"] == ["n002", "n003"]
@@ -344,7 +345,7 @@ def test_plan():
         "host": "198.19.0.1",
         "port": 29600,
         "source_ip": "198.19.0.2",
-        "retry_s": ports.RETRY_S,
+        "retry_s": ports_probe.RETRY_S,
     }
     assert plan["n003"]["role"] == "connect"
     json.dumps(plan)
@@ -376,7 +377,7 @@ def listening(*names):
 
 def test_rule_pass():
     view = cluster(3, {"n001": listening("n002", "n003"), "n002": connected(1), "n003": connected(3)})
-    findings = {f.node: f for f in ports.rule(view)}
+    findings = {f.node: f for f in ports_rule.rule(view)}
     assert {n: f.status for n, f in findings.items()} == {"n001": Status.PASS, "n002": Status.PASS, "n003": Status.PASS}
     assert findings["n001"].message == "listened on port 29500; 2 peers connected (n[002-003])"
 
@@ -404,7 +405,7 @@ def test_rule_busy_port_message():
         "elapsed_s": 3.0,
         "error": "the listener did not answer as preflight",
     }
-    findings = {f.node: f for f in ports.rule(cluster(2, {"n001": busy, "n002": refused}))}
+    findings = {f.node: f for f in ports_rule.rule(cluster(2, {"n001": busy, "n002": refused}))}
     assert findings["n001"].status == Status.FAIL
     assert findings["n001"].message == "n001: port 29500 is held by pid 4242 (python3); try --master-port 29501 (free)"
     # n002 is not at fault: not tested, its status its own (not 'fail'), so it stays in the hostfile
@@ -417,7 +418,7 @@ def test_rule_port_held_by_another_preflight_run_is_a_retest_for_no_node():
     busy = {"role": "listen", "port": 29500, "bind_ip": "0.0.0.0", "listening": False, "peers": [],
             "busy": {"pid": 4242, "uid": 0}, "error": "another preflight run (pid 4242, uid 0) holds port 29500"}
     landed = dict(connected(1), handshake=False, reply="", error="the listener did not answer as preflight")
-    (f,) = ports.rule(cluster(3, {"n001": busy, "n002": landed, "n003": connected(1)}))
+    (f,) = ports_rule.rule(cluster(3, {"n001": busy, "n002": landed, "n003": connected(1)}))
     assert (f.node, f.status, f.action) == (None, Status.ERROR, "retest")
     assert f.message == ("not tested: port 29500 on the head n001 is in use by another preflight run (pid 4242, "
                          "uid 0) (its all-reduce or its port test); retest when it has finished")
@@ -433,7 +434,7 @@ def test_rule_holder_not_visible():
         "holders": [{"pid": None, "comm": None, "uid": 0, "ip": "0.0.0.0"}],
         "free_ports": [],
     }
-    f = [x for x in ports.rule(cluster(1, {"n001": busy}))][0]
+    f = [x for x in ports_rule.rule(cluster(1, {"n001": busy}))][0]
     assert f.message == "n001: port 29500 is held by a process of uid 0 not visible to this user"
 
 
@@ -454,7 +455,7 @@ def test_rule_connect_failure(errno_name, hint):
         "errno": errno_name,
     }
     findings = {
-        f.node: f for f in ports.rule(cluster(3, {"n001": listening("n002"), "n002": connected(1), "n003": failed}))
+        f.node: f for f in ports_rule.rule(cluster(3, {"n001": listening("n002"), "n002": connected(1), "n003": failed}))
     }
     assert findings["n003"].status == Status.FAIL
     assert findings["n003"].message.startswith("n003 → n001 198.19.0.1:29500: " + hint)
@@ -462,5 +463,5 @@ def test_rule_connect_failure(errno_name, hint):
 
 
 def test_rule_errors_never_pass():
-    findings = {f.node: f.status for f in ports.rule(cluster(2, {"n001": {"probe_error": "boom"}}))}
+    findings = {f.node: f.status for f in ports_rule.rule(cluster(2, {"n001": {"probe_error": "boom"}}))}
     assert findings == {"n001": Status.ERROR, "n002": Status.ERROR}

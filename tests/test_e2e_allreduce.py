@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from preflight import common
-from preflight.allreduce import localize, plan
-from preflight.allreduce.busbw import busbw_factor
+from preflight.checks.allreduce import localize, plan
+from preflight.checks.allreduce.busbw import busbw_factor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CURVE_KEYS = {"bytes", "time_s", "algbw_gbps", "busbw_gbps", "slowest_rank", "fastest_rank"}

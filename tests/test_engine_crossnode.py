@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.machinery
+import sys
 import types
 
 import pytest
 
 from preflight import checks, engine
 from preflight.inventory import local_inventory
-from preflight.model import Check, CrossNode, Finding, Status
+from preflight.model import Check, Finding, Status
 
 
 @pytest.fixture
@@ -29,12 +31,20 @@ def pair_check(monkeypatch):
     def summary(findings, meta, seconds):
         return {"verdict": findings[-1].status.value, "pairs": meta.get("pairs"), "timed": seconds is not None}
 
-    module = types.ModuleType("preflight.checks.pairtest")
-    module.CHECK = Check(name="pairtest", claim="c", why="w", fix="f", probe=None, rule=rule, order=95,
-                         needs=("ssh",), crossnode=CrossNode(run=run, summary=summary))
-    monkeypatch.setitem(__import__("sys").modules, "preflight.checks.pairtest", module)
-    # the catalogue's index gains the check, last (as its order 95 places it)
-    monkeypatch.setattr(checks, "_entries", [dict(checks.entries(), pairtest=checks.entry_of(module.CHECK))])
+    def plant(name, **attrs):
+        module = types.ModuleType(name)
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        module.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, module)
+
+    # a check folder as the catalogue reads it: the declaration, rule.py and stage.py (no probe.py)
+    declared = Check(name="pairtest", claim="c", why="w", fix="f", order=95, needs=("ssh",))
+    plant("preflight.checks.pairtest", CHECK=declared)
+    plant("preflight.checks.pairtest.rule", rule=rule)
+    plant("preflight.checks.pairtest.stage", run=run, summary=summary)
+    # the catalogue gains the check, last (as its order 95 places it)
+    monkeypatch.setattr(checks, "_declarations", [dict(checks.entries(), pairtest=declared)])
+    monkeypatch.setattr(checks, "_loaded", {})
     return calls
 
 
@@ -57,7 +67,7 @@ def test_allreduce_declares_the_hook():
 
 def test_the_data_network_is_chosen_once_a_run_and_carried_on_the_view(monkeypatch):
     """nic, mtu and ports rules, phase 2's plans and the env file all read datanet.of(view): one choice."""
-    from preflight import datanet
+    from preflight.derived import datanet
 
     calls = []
     choose = datanet.choose

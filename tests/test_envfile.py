@@ -674,7 +674,7 @@ LOGS = {
 
 def proof(name, nodes=("n001", "n002")):
     """The allreduce findings a proven NCCL run leaves (data["nccl"] as nccl_findings builds it from the log)."""
-    from preflight.allreduce.nccllog import nccl_summary, parse_nccl_log
+    from preflight.checks.allreduce.nccllog import nccl_summary, parse_nccl_log
 
     facts = nccl_summary([parse_nccl_log("\n".join((LOG_HEAD + line) if not line.startswith("NCCL version") else line
                                                   for line in LOGS[name]))])

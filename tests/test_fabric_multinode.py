@@ -6,7 +6,8 @@ import copy
 import json
 import os
 
-from preflight.checks import fabric_manager as fm
+from preflight.checks.fabric_manager import probe as fm_probe
+from preflight.checks.fabric_manager import rule as fm_rule
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe.context import NodeContext
 from tests.fixture_cases import fixture_dir, meta
@@ -43,7 +44,7 @@ def run(fm_facts, gpu_facts, name="tray01"):
     entry = {"fabric_manager": fm_facts}
     if gpu_facts is not None:
         entry["gpu"] = gpu_facts
-    return [(f.status, f.message) for f in fm.rule(ClusterView([node], {name: entry}))]
+    return [(f.status, f.message) for f in fm_rule.rule(ClusterView([node], {name: entry}))]
 
 
 def test_gb200_tray_is_judged_by_gpu_fabric_and_imex():
@@ -107,7 +108,7 @@ def test_probe_asks_imex_on_a_tray_without_nvswitch(tmp_path, monkeypatch):
     (tmp_path / "sys" / "module" / "nvidia").mkdir(parents=True)
     (tmp_path / "sys" / "module" / "nvidia" / "version").write_text("570.133.20\n")
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % (tmp_path / "bin"))
-    facts = fm.probe(NodeContext(sysfs_root=str(tmp_path / "sys")))
+    facts = fm_probe.probe(NodeContext(sysfs_root=str(tmp_path / "sys")))
     assert facts["nvswitches"] == [] and facts["imex"] == imex("active") and facts["imex_error"] is None
     json.dumps(facts)
 
@@ -118,7 +119,7 @@ def test_systemctl_failure_message_has_no_line_break(tmp_path, monkeypatch):
           "#!/bin/sh\necho \"System has not been booted with systemd as init system (PID 1). Can't operate.\" >&2\n"
           "echo 'Failed to connect to bus: Host is down' >&2\nexit 1\n")
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % (tmp_path / "bin"))
-    facts = fm.probe(NodeContext(sysfs_root=os.path.join(FIX, "sysfs", "hgx_h100")))
+    facts = fm_probe.probe(NodeContext(sysfs_root=os.path.join(FIX, "sysfs", "hgx_h100")))
     assert facts["service_error"] == (
         "systemctl show failed (rc 1): System has not been booted with systemd as init system (PID 1). "
         "Can't operate. / Failed to connect to bus: Host is down"

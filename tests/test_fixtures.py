@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
 import re
@@ -35,13 +34,14 @@ def test_case(path, tmp_path, monkeypatch):
 
 
 def parse_functions():
-    """(check, name) of every parse_* function the check modules define."""
+    """(check, name) of every parse_* function the check folders define (probe.py, rule.py, stage.py)."""
     out = []
     for name in checks.CHECK_NAMES:
-        module = importlib.import_module("preflight.checks." + name)
-        for fname, fn in inspect.getmembers(module, inspect.isfunction):
-            if fname.startswith("parse_") and fn.__module__ == module.__name__:
-                out.append((name, fname))
+        for module in fc.check_modules(name):
+            for fname, fn in inspect.getmembers(module, inspect.isfunction):
+                if fname.startswith("parse_") and fn.__module__ == module.__name__:
+                    out.append((name, fname))
+    assert out, "no parse_* function found in any check folder: the guard below would check nothing"
     return out
 
 
@@ -64,9 +64,8 @@ def test_every_case_is_well_formed():
     for path in CASES:
         doc = fc.load(path)
         where = os.path.relpath(path, fc.ROOT)
-        module = importlib.import_module("preflight.checks." + fc.check_of(path))
-        if not callable(getattr(module, doc["parser"], None)):
-            problems.append("%s: %s is not a function of checks/%s.py" % (where, doc["parser"], fc.check_of(path)))
+        if fc.find_parser(fc.check_of(path), doc["parser"])[1] is None:
+            problems.append("%s: %s is not a function of checks/%s/" % (where, doc["parser"], fc.check_of(path)))
         for key in ("command", "source"):
             if not doc.get(key):
                 problems.append("%s: no %r" % (where, key))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import subprocess
 
-from preflight.checks import nic
+from preflight.checks.nic import rule as nic_rule
 from tests.builders import node_check, view
 
 
@@ -89,7 +89,7 @@ def judge(interfaces, expect=None, nodes=("n001",)):
         return [dict(f, addresses=[{"ip": f["addresses"][0]["ip"][:-1] + str(5 + i), "prefixlen": 16}]) for f in ifaces]
 
     facts = {n: {"nic": {"interfaces": on(i, interfaces), "ssh_ip": None}} for i, n in enumerate(nodes)}
-    return [f for f in nic.rule(view(facts, gpus=0, expect=expect or {})) if f.node == "n001"]
+    return [f for f in nic_rule.rule(view(facts, gpus=0, expect=expect or {})) if f.node == "n001"]
 
 
 def test_rule_down_jumbo_port_alone_fails_and_its_twins_pass():

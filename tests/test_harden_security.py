@@ -85,7 +85,7 @@ def test_every_fold_in_preflight_is_group_free(trap):
     """report, diff, envfile and hostfile folds with hostile names, in a process the trap is armed in."""
     env, marker = trap
     code = (
-        "from preflight.output import report, diff, envvars, hostfile\n"
+        "from preflight.output import report, diff, hostfile\nfrom preflight.derived import envvars\n"
         "names = ['n1', 'x@pwn', '@pwn', 'y,@pwn']\n"
         "for f in (report.fold, envvars.fold_names, diff.fold):\n"
         "    f(names)\n"

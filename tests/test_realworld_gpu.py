@@ -18,7 +18,11 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from preflight.checks import driver, fabric_manager, gpu, gpu_memory, gpu_pcie, gpu_state, nvls
+from preflight import checks
+from preflight.checks.driver import probe as driver_probe
+from preflight.checks.fabric_manager import probe as fabric_manager_probe
+from preflight.checks.gpu import rule as gpu_rule
+from preflight.checks.nvls import rule as nvls_rule
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe import gpu_facts, gpu_health, nvidia_smi
 
@@ -47,7 +51,7 @@ def _tag(text: str, tag: str) -> List[str]:
 
 def check_xml(path: str) -> List[str]:
     text = _read(path)
-    facts = gpu.parse_nvidia_smi_xml(text)
+    facts = nvidia_smi.parse_nvidia_smi_xml(text)
     bad = []
     if len(facts["gpus"]) != len(re.findall(r"<gpu id=", text)):
         bad.append("gpus %d != <gpu> elements %d" % (len(facts["gpus"]), len(re.findall(r"<gpu id=", text))))
@@ -63,9 +67,9 @@ def check_xml(path: str) -> List[str]:
     by_bus = nvidia_smi.clock_events_by_bus(text)
     if by_bus != {g["pci_bus_id"]: g["clock_events"] for g in facts["gpus"]}:
         bad.append("clock_events_by_bus disagrees with parse_nvidia_smi_xml")
-    header = driver.parse_smi_header(text)
+    header = driver_probe.parse_smi_header(text)
     if header[0] != facts["driver_version"]:
-        bad.append("driver.parse_smi_header disagrees on the driver version")
+        bad.append("driver_probe.parse_smi_header disagrees on the driver version")
     mig = _tag(text, "current_mig")
     if mig and mig[0] in ("Enabled", "Disabled"):
         if facts["gpus"][0].get("mig_enabled") != (mig[0] == "Enabled"):
@@ -75,7 +79,7 @@ def check_xml(path: str) -> List[str]:
 
 def check_nvlink(path: str) -> List[str]:
     text = _read(path)
-    parsed = gpu.parse_nvlink_status(text)
+    parsed = nvidia_smi.parse_nvlink_status(text)
     bad = []
     heads = re.findall(r"^GPU \d+: .* \(UUID: (GPU-[0-9a-f-]+)\)", text, re.M)
     if sorted(parsed) != sorted(heads):
@@ -86,9 +90,9 @@ def check_nvlink(path: str) -> List[str]:
     got_i = sum((c or {}).get("inactive", 0) for c in parsed.values())
     if (got_a, got_i) != (active, inactive):
         bad.append("links active/inactive %d/%d != %d/%d" % (got_a, got_i, active, inactive))
-    # The model's NVLink count (gpu.MODEL_NVLINKS, from NVIDIA's datasheets) against a real machine's.
+    # The model's NVLink count (gpu_rule.MODEL_NVLINKS, from NVIDIA's datasheets) against a real machine's.
     for name, uuid in re.findall(r"^GPU \d+: (.*) \(UUID: (GPU-[0-9a-f-]+)\)$", text, re.M):
-        model, links = gpu.model_nvlinks(name), parsed.get(uuid)
+        model, links = gpu_rule.model_nvlinks(name), parsed.get(uuid)
         if model is not None and links is not None and links["active"] + links["inactive"] != model:
             bad.append("%s: %d links in the capture, model table says %d" % (name, links["active"] + links["inactive"], model))
     return bad
@@ -97,7 +101,7 @@ def check_nvlink(path: str) -> List[str]:
 def judge_nvlink(path: str) -> List[Any]:
     """The gpu rule on a node whose only facts are the capture's GPUs and their links."""
     text = _read(path)
-    links = gpu.parse_nvlink_status(text)
+    links = nvidia_smi.parse_nvlink_status(text)
     gpus = []
     for index, (name, uuid) in enumerate(re.findall(r"^GPU \d+: (.*) \(UUID: (GPU-[0-9a-f-]+)\)$", text, re.M)):
         g = gpu_facts.empty_gpu(index)
@@ -107,33 +111,33 @@ def judge_nvlink(path: str) -> List[Any]:
              "attached_gpus": len(gpus), "gpus": gpus, "nvlink_unreadable": []}
     node = NodeInfo("node01", "198.18.0.1", max(1, len(gpus)))
     view = ClusterView([node], {"node01": {"gpu": facts, "ssh": {"shm_bytes": 16 << 30}}})
-    return [f for f in gpu.rule(view) if f.status != Status.PASS]
+    return [f for f in gpu_rule.rule(view) if f.status != Status.PASS]
 
 
 def check_fm_version(path: str) -> List[str]:
     text = _read(path)
     want = re.search(r"(\d+\.\d+\.\d+)", text).group(1)
-    got = fabric_manager.parse_fm_version(text)
+    got = fabric_manager_probe.parse_fm_version(text)
     return [] if got == want else ["%s != %s" % (got, want)]
 
 
 def check_proc_version(path: str) -> List[str]:
     text = _read(path)
     want = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", text).group(1)
-    got = driver.parse_proc_version(text)
+    got = driver_probe.parse_proc_version(text)
     return [] if got == want else ["%s != %s" % (got, want)]
 
 
 def check_torch(path: str) -> List[str]:
     text = _read(path)
-    got = driver.parse_torch_version_py(text)
+    got = driver_probe.parse_torch_version_py(text)
     want = os.path.basename(path).split("_")[0][len("torch-"):]
     return [] if got["version"] == want else ["%s != %s" % (got["version"], want)]
 
 
 def check_ldconfig(path: str) -> List[str]:
     text = _read(path)
-    got = driver.parse_ldconfig(text)
+    got = driver_probe.parse_ldconfig(text)
     want = int(re.match(r"(\d+) libs found", text).group(1))
     return [] if len(got) == want else ["%d entries != %d in the header" % (len(got), want)]
 
@@ -143,9 +147,9 @@ def check_systemctl(stem: str) -> List[str]:
     out, err = _read(stem + ".stdout"), _read(stem + ".stderr")
     rc = int(_read(stem + ".rc").strip())
     if rc == 0:
-        fabric_manager.parse_systemctl_show(out)
+        fabric_manager_probe.parse_systemctl_show(out)
         return []
-    why = fabric_manager.service_error(out, err, rc)
+    why = fabric_manager_probe.service_error(out, err, rc)
     bad = []
     if "\n" in why or "\r" in why:
         bad.append("service_error carries a raw line break: %r" % why)
@@ -197,12 +201,12 @@ EXPLAINED: Dict[str, List[str]] = {
 
 def judge_xml(path: str) -> List[Any]:
     """The gpu rule and the rules judging its health facts (gpu_memory, gpu_state, gpu_pcie) on one capture."""
-    facts = gpu.parse_nvidia_smi_xml(_read(path))
+    facts = nvidia_smi.parse_nvidia_smi_xml(_read(path))
     facts["nvml_error"] = None
     facts["health"] = gpu_health.parse_health_xml(_read(path))
     node = NodeInfo("node01", "198.18.0.1", max(1, len(facts["gpus"])))
     view = ClusterView([node], {"node01": {"gpu": facts, "ssh": {"shm_bytes": 16 << 30}}})
-    return [f for check in (gpu, gpu_memory, gpu_state, gpu_pcie) for f in check.rule(view) if f.status != Status.PASS]
+    return [f for check in map(checks.get, ("gpu", "gpu_memory", "gpu_state", "gpu_pcie")) for f in check.rule(view) if f.status != Status.PASS]
 
 
 XMLS = _files("nvidia_smi_xml", "*.xml")
@@ -228,13 +232,13 @@ def judge_nvls(facts: Dict[str, Any], fabric: Dict[str, Any], nccl: str = "2.29.
     driver_facts = {"nccl_system": [{"soname": "libnccl.so.2", "path": "/usr/lib/libnccl.so." + nccl, "version": nccl}]}
     node_facts = {"gpu": facts, "fabric_manager": dict(fabric, driver_version=facts.get("driver_version")),
                   "driver": driver_facts}
-    return nvls.rule(ClusterView([node], {"node01": node_facts}))
+    return nvls_rule.rule(ClusterView([node], {"node01": node_facts}))
 
 
 @pytest.mark.parametrize("path", XMLS, ids=[os.path.basename(p) for p in XMLS])
 def test_nvls_is_quiet_on_every_capture_with_or_without_nvswitches(path):
     """No capture is an NVLS-capable NVSwitch node (consumer, PCIe, A100 parts): not applicable, never a WARN."""
-    facts = gpu.parse_nvidia_smi_xml(_read(path))
+    facts = nvidia_smi.parse_nvidia_smi_xml(_read(path))
     for fabric in (NO_SWITCH, SWITCHED):
         found = [(f.status, f.message) for f in judge_nvls(facts, fabric)]
         assert [s for s, _ in found] == [Status.SKIP], found

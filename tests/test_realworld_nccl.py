@@ -3,7 +3,7 @@
 Each `<name>.log` there has a `<name>.expect.json` written by hand from the log (its SOURCES.md names the
 GitHub issue or file each came from): NCCL version, the transport between nodes, GPUDirect RDMA, the IB
 devices, the socket interface, intra-node transports, the error, the rank count. preflight's parser
-(preflight.allreduce.nccllog) must read the same facts. The logs are public data and are not committed
+(preflight.checks.allreduce.nccllog) must read the same facts. The logs are public data and are not committed
 here (tests/fixtures/allreduce/ holds small cases modelled on each variation); when the folder is absent
 every test here skips with the reason (PREFLIGHT_REALWORLD=DIR points elsewhere).
 """
@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from preflight.allreduce.nccllog import NET_FAULTS, parse_nccl_log, suspect_iface
+from preflight.checks.allreduce.nccllog import NET_FAULTS, parse_nccl_log, suspect_iface
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REAL = os.environ.get("PREFLIGHT_REALWORLD") or os.path.normpath(os.path.join(REPO, "..", "shared", "realworld"))

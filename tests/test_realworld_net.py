@@ -18,7 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from preflight.checks import gpudirect, ib_hca, mtu, nic
+from preflight.checks.gpudirect import probe as gpudirect_probe
+from preflight.checks.gpudirect import rule as gpudirect_rule
+from preflight.checks.ib_hca import probe as ib_hca_probe
+from preflight.checks.ib_hca import rule as ib_hca_rule
+from preflight.checks.mtu import probe as mtu_probe
+from preflight.checks.mtu import rule as mtu_rule
+from preflight.checks.nic import probe as nic_probe
+from preflight.checks.nic import rule as nic_rule
 from preflight.output.envfile import derive
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.probe.context import NodeContext
@@ -48,7 +55,7 @@ CAPTURES = _captures()
 
 
 def _probe_ib(tree):
-    return ib_hca.probe(NodeContext(sysfs_root=str(tree)))
+    return ib_hca_probe.probe(NodeContext(sysfs_root=str(tree)))
 
 
 def _raw_ib_ports(tree):
@@ -105,7 +112,7 @@ sys.stdout.write(open(name).read())
 
 
 def _nic_probe(addr_path, tmp_path, monkeypatch):
-    """nic.probe on a node whose `ip` prints the capture (the link capture when there is one, else the
+    """nic_probe.probe on a node whose `ip` prints the capture (the link capture when there is one, else the
     addr capture, whose entries carry the same ifname/linkinfo) and whose sysfs holds the side attributes."""
     link_path = Path(str(addr_path).replace(".addr.json", ".link.json"))
     if link_path == addr_path or not link_path.exists():
@@ -122,7 +129,7 @@ def _nic_probe(addr_path, tmp_path, monkeypatch):
     attrs = _sysfs_attrs(addr_path)
     if attrs:
         _write_sysfs(attrs, sysroot)
-    return nic.probe(NodeContext(sysfs_root=str(sysroot)))
+    return nic_probe.probe(NodeContext(sysfs_root=str(sysroot)))
 
 
 def _raw_ip(path):
@@ -164,12 +171,12 @@ def _parse(kind, path, tmp_path, monkeypatch):
     if kind == "ip_addr_json":
         text = path.read_text()
         if _ip_kind(path) == "link":
-            return nic.parse_ip_link(text)
-        nic.parse_ip_addr(text)
+            return nic_probe.parse_ip_link(text)
+        nic_probe.parse_ip_addr(text)
         return _nic_probe(path, tmp_path, monkeypatch)
     if kind == "ping":
-        return mtu.parse_ping(path.read_text(), "", 1)
-    return gpudirect.parse_lspci_acs(path.read_text())
+        return mtu_probe.parse_ping(path.read_text(), "", 1)
+    return gpudirect_probe.parse_lspci_acs(path.read_text())
 
 
 @pytest.mark.parametrize("kind, path", CAPTURES)
@@ -196,12 +203,12 @@ def _agree_ib(path, facts):
     # The capture is one healthy node; two of them make a cluster: nothing may warn, and the env file
     # must name the node's rails.
     view = _one_view({"n1": facts, "n2": facts}, "ib_hca")
-    problems = [f.message for f in ib_hca.rule(view) if f.status in PROBLEMS]
+    problems = [f.message for f in ib_hca_rule.rule(view) if f.status in PROBLEMS]
     assert problems == []
-    usable = ib_hca.usable_hcas(view)
+    usable = ib_hca_rule.usable_hcas(view)
     layers = {}
     for p in facts["ports"]:
-        layers.setdefault(p["link_layer"], []).append(ib_hca.port_label(p))
+        layers.setdefault(p["link_layer"], []).append(ib_hca_rule.port_label(p))
     rails = max(layers.values(), key=len)
     derived = derive(view)
     assert derived.as_dict().get("NCCL_IB_HCA") == "=" + ",".join(rails), derived.notes
@@ -222,7 +229,7 @@ def _agree_ip(path, facts):
     assert got == raw
     # A healthy single node: the nic rule picks an interface and raises nothing.
     view = ClusterView([NodeInfo("n1", "n1", 8, is_head=True)], {"n1": {"nic": facts}})
-    findings = nic.rule(view)
+    findings = nic_rule.rule(view)
     assert [f.message for f in findings if f.status in PROBLEMS] == []
     assert [f.status for f in findings] == [Status.PASS]
     chosen = findings[0].data["iface"]
@@ -247,7 +254,7 @@ def _agree_ping(path, facts):
         "small_ok": True, "loss_pct": facts["loss_pct"], "error": facts["error"],
         "small_error": None, "too_long": facts["too_long"], "path_mtu": facts["path_mtu"],
     }
-    found = mtu._path_problem("n1", target, None)
+    found = mtu_rule._path_problem("n1", target, None)
     if rx and rx == tx:
         assert found is None
     else:
@@ -277,7 +284,7 @@ def _agree_lspci(path, facts):
     for bdf, (acs_line, denied) in raw.items():
         assert (facts[bdf]["acs_ctl"] is not None) == (acs_line is not None), bdf
         assert facts[bdf]["access_denied"] is denied, bdf
-        for flag in gpudirect.REDIRECTS:
+        for flag in gpudirect_probe.REDIRECTS:
             if acs_line is not None:
                 assert facts[bdf]["acs_ctl"][flag] is (flag + "+" in acs_line), (bdf, acs_line)
     # As gpudirect judges a healthy node: every bridge in the capture taken as a GPU<->HCA switch port
@@ -295,7 +302,7 @@ def _agree_lspci(path, facts):
             "paths": [{"gpu": gpus[0], "hca": "mlx5_0", "bridges": bridges}], "acs": facts,
             "peermem": "nvidia_peermem", "virtual": None, "iommu": "off"}
     view = ClusterView([NodeInfo("n1", "n1", len(gpus))], {"n1": {"gpudirect": node}})
-    findings = gpudirect.rule(view)
+    findings = gpudirect_rule.rule(view)
     assert [f.message for f in findings if f.status in PROBLEMS] == []
     assert [f.status for f in findings] == [Status.PASS]
 

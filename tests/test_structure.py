@@ -34,7 +34,21 @@ CONFINED = {
 }
 
 # What travels to the nodes in the probe bundle: standard library (and preflight's node modules) only.
-NODE_SIDE = ("preflight/__init__.py", "preflight/common.py", "preflight/model.py", "preflight/probe/", "preflight/checks/")
+NODE_SIDE = ("preflight/__init__.py", "preflight/common.py", "preflight/model.py", "preflight/probe/",
+             "preflight/checks/__init__.py")
+
+
+def node_side(rel: str) -> bool:
+    """What travels to the nodes: the vocabulary, probe/, the catalogue, and each check's declaration and probe."""
+    parts = rel.split("/")
+    in_check = len(parts) == 4 and parts[1] == "checks" and parts[3] in ("__init__.py", "probe.py")
+    return rel.startswith(NODE_SIDE) or rel in NODE_SIDE or in_check
+
+
+def check_of(mod: str) -> Optional[str]:
+    """The check a module belongs to (preflight.checks.<name>[.part]), None outside check folders."""
+    parts = mod.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["preflight", "checks"] else None
 NODE_OPTIONAL = {"pynvml", "torch"}  # imported lazily on the node, where present
 
 
@@ -161,13 +175,18 @@ def test_no_import_circle():
 
 
 def test_no_check_imports_another_check():
+    """A check's folder imports its own parts, never another check's or the catalogue: what two checks share
+    belongs in preflight/probe/ (node side) or preflight/derived/ (controller side)."""
     wrong = []
     for mod in MODULES:
-        if not mod.startswith("preflight.checks.") or mod == "preflight.checks":
+        mine = check_of(mod)
+        if mine is None:
             continue
         for line, target, _name in imports(mod):
-            if target.startswith("preflight.checks.") and target != mod:
-                wrong.append("%s:%d imports %s (shared node-side code belongs in preflight/probe/)" % (MODULES[mod], line, target))
+            theirs = check_of(target)
+            if theirs is not None and theirs != mine:
+                wrong.append("%s:%d imports %s (shared code belongs in preflight/probe/ or preflight/derived/)"
+                             % (MODULES[mod], line, target))
             elif target == "preflight.checks":
                 wrong.append("%s:%d imports the catalogue (a check must not reach its siblings)" % (MODULES[mod], line))
     assert not wrong, "\n".join(sorted(set(wrong)))
@@ -214,13 +233,13 @@ def test_node_side_code_needs_only_the_standard_library():
     stdlib = set(sys.stdlib_module_names)
     wrong = []
     for mod, rel in MODULES.items():
-        if not rel.startswith(NODE_SIDE) and rel not in NODE_SIDE:
+        if not node_side(rel):
             continue
         for line, target, _name in imports(mod, import_time_only=True):
             top = target.split(".")[0]
             if top in stdlib or top in NODE_OPTIONAL or top == "__future__":
                 continue
-            if top == "preflight" and (MODULES.get(target, "").startswith(NODE_SIDE) or MODULES.get(target) in NODE_SIDE):
+            if top == "preflight" and node_side(MODULES.get(target, "")):
                 continue
             wrong.append("%s:%d imports %s, which the nodes do not have" % (rel, line, target))
     assert not wrong, "\n".join(wrong)

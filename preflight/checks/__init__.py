@@ -1,95 +1,77 @@
-"""The check catalogue. One module per check; each exports CHECK (a preflight.model.Check).
+"""The check catalogue: every folder here is one check, found by discovery (no list to edit).
 
-Standard library only at import time: these modules travel to the
-nodes in the probe bundle (their probe halves run there), and the controller imports the same files
-for their rule halves.
+    preflight/checks/<name>/
+        __init__.py   CHECK, the declaration (preflight.model.Check: name, claim, why, fix, needs, settings, ...);
+                      data only, cheap to import: the catalogue, the CLI and the docs read it directly
+        probe.py      probe(ctx) -> facts: the node half, standard library only (+ pynvml), and its parsers;
+                      shipped to the nodes in the probe bundle
+        rule.py       rule(view) -> [Finding]: the controller half, pure; optionally plan(view) (a phase-2
+                      check's per-node probe configs) and prepare(settings, node, is_head) (a phase-1 config)
+        stage.py      optional: run(...) and summary(...), a test run across the nodes after the node checks
+                      (the all-reduce); its rule judges what it gathered
 
-The catalogue is every module here (not starting with "_"), in the order its CHECK declares: adding a
-check is adding its module (and its fixtures); tests/test_catalogue.py names what a new one forgot.
-
-What the controller needs to know about the checks before it runs any (names and order, `needs`, phase,
-whether a probe runs on the nodes, claims, settings) is read from preflight/check_index.py, a literal
-written from the CHECK declarations by write_index(): `preflight --help`, `preflight node` and the
-inventory's validation then import only the check modules that run (importing all of them costs the
-controller 0.1-0.3 s of CPU). tests/test_catalogue.py fails when the index drifts from the
-declarations and names the command that rewrites it.
+The catalogue is every such folder, in the order its CHECK declares: adding a check is adding its folder (and
+its fixtures); tests/test_catalogue.py names what a new one forgot. Standard library only: this module travels
+to the nodes with the declarations and probes (preflight.transport.bundle), though only the controller lists
+the folders.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import importlib.util
 import os
-from dataclasses import dataclass
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence
 
-from preflight.model import Check, Setting
+from preflight.model import Check, CrossNode, Setting
 
-INDEX_MODULE = "preflight.check_index"
+#: the code parts a check folder may hold, each a module of that name
+PARTS = ("probe", "rule", "stage")
 
-
-@dataclass(frozen=True)
-class Entry:
-    """A check's declaration without its code: what CHECK says, read from the index (no check module imported).
-
-    probes     a probe runs on the nodes (CHECK.probe is set)
-    crossnode  a cross-node test runs after the node checks (CHECK.crossnode is set)
-    The other fields are CHECK's own (preflight.model.Check).
-    """
-
-    name: str
-    claim: str
-    why: str
-    fix: str
-    phase: int
-    needs: Tuple[str, ...]
-    action: str
-    order: int
-    reads: str
-    takes: str
-    settings: Tuple[Setting, ...]
-    probes: bool
-    crossnode: bool
-
-
-_entries: List[Dict[str, Entry]] = []
-
-#: Entry fields copied from CHECK as they are (the rest are derived in entry_of)
-_PLAIN = ("name", "claim", "why", "fix", "phase", "action", "order", "reads", "takes")
-_SETTING_FIELDS = ("key", "kind", "doc", "default", "low", "high", "unit")
+_declarations: List[Dict[str, Check]] = []
+_loaded: Dict[str, Check] = {}
 
 
 def module_names() -> List[str]:
-    """The check modules in this package, by file name."""
+    """The check folders in this package, by name."""
     here = os.path.dirname(os.path.abspath(__file__))
-    return sorted(n[:-3] for n in os.listdir(here) if n.endswith(".py") and not n.startswith("_"))
+    return sorted(n for n in os.listdir(here)
+                  if not n.startswith(("_", ".")) and os.path.isfile(os.path.join(here, n, "__init__.py")))
 
 
-def entry_of(check: Check) -> Entry:
-    """The Entry a CHECK declaration makes (what write_index records)."""
-    return Entry(needs=tuple(check.needs), settings=tuple(check.settings), probes=check.probe is not None,
-                 crossnode=check.crossnode is not None, **{f: getattr(check, f) for f in _PLAIN})
+def has_part(name: str, part: str) -> bool:
+    """True when check `name` has a `part` module (probe, rule or stage), found without importing it."""
+    try:
+        return importlib.util.find_spec("%s.%s.%s" % (__name__, name, part)) is not None
+    except ModuleNotFoundError:  # the check's package is no folder (a module planted in sys.modules)
+        return False
 
 
-def entries() -> Dict[str, Entry]:
-    """Every check's Entry, in CHECK_NAMES order (the order the checks run and are reported), from the index."""
-    if not _entries:
-        index = importlib.import_module(INDEX_MODULE)
-        table = {}
-        for row in index.CHECKS:
-            fields = dict(row)
-            fields["needs"] = tuple(fields["needs"])
-            fields["settings"] = tuple(Setting(**dict(zip(_SETTING_FIELDS, s))) for s in fields["settings"])
-            table[fields["name"]] = Entry(**fields)
-        _entries.append(table)
-    return _entries[0]
+def has_probe(name: str) -> bool:
+    """A probe runs on the nodes for this check."""
+    return has_part(name, "probe")
 
 
-def entry(name: str) -> Entry:
-    """The Entry of check `name` (KeyError: no such check)."""
+def has_stage(name: str) -> bool:
+    """A cross-node test runs for this check after the node checks."""
+    return has_part(name, "stage")
+
+
+def entries() -> Dict[str, Check]:
+    """Every check's declaration (CHECK, no code imported), in CHECK_NAMES order: the order checks run and report."""
+    if not _declarations:
+        found = [importlib.import_module("%s.%s" % (__name__, name)).CHECK for name in module_names()]
+        _declarations.append({c.name: c for c in sorted(found, key=lambda c: (c.order, c.name))})
+    return _declarations[0]
+
+
+def entry(name: str) -> Check:
+    """The declaration of check `name` (KeyError: no such check)."""
     return entries()[name]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     """CHECK_NAMES: stable check names, in the order they run and are reported."""
     if name == "CHECK_NAMES":
         return tuple(entries())
@@ -97,14 +79,23 @@ def __getattr__(name: str) -> Any:
 
 
 def get(name: str) -> Check:
-    """The CHECK declared by module preflight.checks.<name> (imports that module alone)."""
-    if name not in entries():
-        raise KeyError(name)
-    return importlib.import_module(__name__ + "." + name).CHECK
+    """Check `name` with its code bound (controller side): the declaration plus probe, rule, plan, prepare and
+    crossnode read from its folder's probe.py, rule.py and stage.py."""
+    if name not in _loaded:
+        declared = entry(name)
+        rule = importlib.import_module("%s.%s.rule" % (__name__, name))
+        code = {"rule": rule.rule, "plan": getattr(rule, "plan", None), "prepare": getattr(rule, "prepare", None)}
+        if has_probe(name):
+            code["probe"] = importlib.import_module("%s.%s.probe" % (__name__, name)).probe
+        if has_stage(name):
+            stage = importlib.import_module("%s.%s.stage" % (__name__, name))
+            code["crossnode"] = CrossNode(run=stage.run, summary=getattr(stage, "summary", None))
+        _loaded[name] = dataclasses.replace(declared, **code)
+    return _loaded[name]
 
 
 def catalogue() -> Dict[str, Check]:
-    """Every check, in CHECK_NAMES order (imports every check module)."""
+    """Every check with its code bound, in CHECK_NAMES order (imports every check's rule)."""
     return {name: get(name) for name in entries()}
 
 
@@ -128,62 +119,12 @@ def settings() -> Dict[str, Setting]:
     tests/test_catalogue.py guards, and the first declaration (in CHECK_NAMES order) is the one used.
     """
     out: Dict[str, Setting] = {}
-    for e in entries().values():
-        for setting in e.settings:
+    for check in entries().values():
+        for setting in check.settings:
             out.setdefault(setting.key, setting)
     return dict(sorted(out.items()))
 
 
 def readers(key: str) -> List[str]:
     """The checks that declare inventory key `key`, in CHECK_NAMES order."""
-    return [name for name, e in entries().items() if any(s.key == key for s in e.settings)]
-
-
-# ------------------------------------------------------------------------------------------ the index
-
-
-def declared() -> List[Entry]:
-    """The Entries the check modules declare now (imports every module): the truth the index is written from."""
-    found = [entry_of(importlib.import_module(__name__ + "." + name).CHECK) for name in module_names()]
-    return sorted(found, key=lambda e: (e.order, e.name))
-
-
-def index_text(found: Sequence[Entry]) -> str:
-    """preflight/check_index.py's text for these Entries: one literal, diff-friendly (one field a line)."""
-    lines = [
-        '"""The check catalogue without its code: each CHECK declaration\'s fields, in the order the checks run.',
-        "",
-        "Written by preflight.checks.write_index() from the modules in preflight/checks; do not edit: after",
-        "changing a CHECK declaration run `python3 -c 'import preflight.checks as c; c.write_index()'`",
-        "(tests/test_catalogue.py fails while this file is stale). Settings are tuples of",
-        "preflight.model.Setting's fields %s." % (_SETTING_FIELDS,),
-        '"""',
-        "",
-        "CHECKS = (",
-    ]
-    for e in found:
-        lines.append("    {")
-        for f in _PLAIN + ("needs", "probes", "crossnode"):
-            value = getattr(e, f)
-            lines.append("        %r: %r," % (f, list(value) if f == "needs" else value))
-        lines.append("        'settings': [")
-        for s in e.settings:
-            lines.append("            %r," % (tuple(getattr(s, f) for f in _SETTING_FIELDS),))
-        lines.append("        ],")
-        lines.append("    },")
-    lines.append(")")
-    return "\n".join(lines) + "\n"
-
-
-def index_path() -> str:
-    """Where the index lives: preflight/check_index.py (beside this package; not sent to the nodes)."""
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "check_index.py")
-
-
-def write_index() -> str:
-    """Rewrite preflight/check_index.py from the check modules' declarations; returns its path."""
-    path = index_path()
-    with open(path, "w") as fh:
-        fh.write(index_text(declared()))
-    del _entries[:]
-    return path
+    return [name for name, c in entries().items() if any(s.key == key for s in c.settings)]

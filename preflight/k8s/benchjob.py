@@ -1,7 +1,7 @@
 """The all-reduce on Kubernetes: an Indexed Job whose pods hold their nodes' GPUs; the bundle over kubectl attach.
 
 KubeFleet.run hands a run whose configs are all bench configs (mode "bench": the timed all-reduce and its
-localization rounds, preflight/allreduce/run.py) to BenchJob.run; everything else goes over exec into
+localization rounds, preflight/checks/allreduce/stage.py) to BenchJob.run; everything else goes over exec into
 the agent pods. One run:
 
     1. create Job preflight-bench-<token> (manifest.bench_job): one pod per node, pinned by required node

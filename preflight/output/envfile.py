@@ -4,15 +4,15 @@ Every value comes from a check's facts, is validated against the characters NCCL
 for that variable, and is written single-quoted. A fact that fails validation (an interface may legally
 be named `x$(id)`) is refused with a named finding and never written; a node whose own fact was refused
 is left out of the env (and, through that FAIL finding, out of the hostfile), so the file stays right for
-the nodes it names. The all-reduce test runs with exactly these variables (preflight.allreduce.run), so the file
+the nodes it names. The all-reduce test runs with exactly these variables (preflight.checks.allreduce.stage), so the file
 the user sources is the one that was proven.
 
     derive(view, healthy) -> Derived(variables, refused, notes, nodes, left_out, per_node, versions)   pure
     render(report)        -> the file's text: header, then per variable the why and `export K='v'`
 
 The socket, rendezvous and torch variables are derived here; the fabric ones (NCCL_IB_*, the RoCE GID,
-NCCL_NVLS_ENABLE, NCCL_NET_PLUGIN) in preflight.output.envfabric; the shared types and value validation in
-preflight.output.envvars.
+NCCL_NVLS_ENABLE, NCCL_NET_PLUGIN) in preflight.derived.envfabric; the shared types and value validation in
+preflight.derived.envvars.
 
 Which value wins (issue 25, read against NCCL's env parsing, src/misc/param.cc and utils.cc, and torch's
 ProcessGroupNCCL.hpp): most variables are authoritative, `export K='v'`, because the environment beats
@@ -29,11 +29,12 @@ import datetime
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from preflight import __version__, datanet
+from preflight import __version__
+from preflight.derived import datanet
 from preflight.common import one_line
 from preflight.model import ClusterView, Finding
-from preflight.output import envfabric
-from preflight.output.envvars import (  # noqa: F401  (Derived, EnvVar and quote are this module's API too)
+from preflight.derived import envfabric
+from preflight.derived.envvars import (  # noqa: F401  (Derived, EnvVar and quote are this module's API too)
     IFNAME_EXPECTED,
     IFNAME_OK,
     Derived,

@@ -40,7 +40,7 @@ def checks_markdown() -> str:
         return " ".join(text.split()).replace("|", "\\|")
 
     lines = ["| check | claim | why it matters | fix |", "|---|---|---|---|"]
-    for name, check in catalogue.entries().items():  # the index: no check module imported
+    for name, check in catalogue.entries().items():  # the declarations: no check code imported
         lines.append("| `%s` | %s | %s | %s |" % (name, cell(check.claim), cell(check.why), cell(check.fix)))
     return "\n".join(lines) + "\n"
 
@@ -174,11 +174,11 @@ def schema() -> Dict[str, Any]:
 def hardware(view: Any) -> Dict[str, Any]:
     """{node: {"gpus": [{index, pci_bus_id, uuid, serial, failed}]}} from the gpu facts, for `preflight diff`.
 
-    failed: the gpu check's per-GPU judgement (gpu.gpu_problems) found a FAIL on that GPU, so a later run
+    failed: the gpu check's per-GPU judgement (gpu_rule.gpu_problems) found a FAIL on that GPU, so a later run
     can recognise the same serial coming back (a "lemon"). Nodes without GPU facts are left out.
     """
-    from preflight.checks import gpu
-    from preflight.gpus import node_gpus
+    from preflight.checks.gpu import rule as gpu_rule
+    from preflight.derived.gpus import node_gpus
 
     out: Dict[str, Any] = {}
     for node in view.live:
@@ -193,7 +193,7 @@ def hardware(view: Any) -> Dict[str, Any]:
                     "pci_bus_id": g.pci_bus_id,
                     "uuid": g.uuid,
                     "serial": g.serial,
-                    "failed": any(p[0] is Status.FAIL for p in gpu.gpu_problems(dict(g.facts), links)),
+                    "failed": any(p[0] is Status.FAIL for p in gpu_rule.gpu_problems(dict(g.facts), links)),
                 }
                 for g in record.gpus
             ]

@@ -127,7 +127,7 @@ SIZE_BUDGET_FRACTION = 0.5
 #: connections of an 8-GPU node, bounded so 8 ranks cannot blow up the result document.
 NCCL_LOG_MAX = 48 * 1024
 #: With nccl the ranks always run under these (over the config's env): the lines
-#: preflight.allreduce.nccllog.parse_nccl_log reads are in the INIT, NET and ENV subsystems.
+#: preflight.checks.allreduce.nccllog.parse_nccl_log reads are in the INIT, NET and ENV subsystems.
 NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV"}
 _NCCL_DEBUG_LINE = re.compile(rb"(?: NCCL INFO |^NCCL version )")
 

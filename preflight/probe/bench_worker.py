@@ -325,7 +325,7 @@ def _pair_phase(torch, dist, device, gpu, rank, last, cfg):
 
 
 #: The node phase's second pass re-measures at most this many suspects (one at a time), each beside
-#: CONFIRMATIONS different known-good nodes (preflight.allreduce.judge.judge_nodes wants every one low).
+#: CONFIRMATIONS different known-good nodes (preflight.checks.allreduce.judge.judge_nodes wants every one low).
 MAX_CONFIRM = 16
 CONFIRMATIONS = 2
 
@@ -333,7 +333,7 @@ CONFIRMATIONS = 2
 def _node_phase(torch, dist, device, gpu, rank, nbytes, cfg, spec):
     """The partner-free tests, in the sweep's own processes: every node alone, all nodes at once (pass 0),
     then each node more than `warn` below the median re-measured beside a known-good node measured at the
-    same moment, one suspect at a time (pass 1, the confirmation; preflight.allreduce.judge.judge_nodes
+    same moment, one suspect at a time (pass 1, the confirmation; preflight.checks.allreduce.judge.judge_nodes
     reads both).
 
     spec: {"kind": "loopback" | "local", "nodes": [[global ranks of node 0], ...], "warn": 0.1}.

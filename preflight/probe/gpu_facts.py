@@ -1,7 +1,7 @@
 """The gpu probe's facts: their schema and the constructors both sources (NVML, nvidia-smi) share.
 
 Standard library only, Python 3.8 compatible: runs on the node. On the controller, other checks and outputs
-read these facts through the typed record in preflight.gpus (node_gpus(view, node)), never the raw dict.
+read these facts through the typed record in preflight.derived.gpus (node_gpus(view, node)), never the raw dict.
 
 Facts schema (both sources produce the same one)::
 

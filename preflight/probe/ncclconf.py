@@ -2,7 +2,7 @@
 and the value a job there gets (environment first, then ~/.nccl.conf, then /etc/nccl.conf).
 
 Standard library only (shared by the nccl_env check, whose probe reads the files, and by rules that need one
-setting, e.g. preflight.nvls reading NCCL_NVLS_ENABLE). Order and lookups: NCCL src/misc/param.cc
+setting, e.g. preflight.derived.nvls reading NCCL_NVLS_ENABLE). Order and lookups: NCCL src/misc/param.cc
 (initEnvFunc/setEnvFile), see preflight.checks.nccl_env's docstring.
 """
 

@@ -23,10 +23,11 @@ from preflight.probe.context import RecordingContext, Shared
 
 
 def _run_probe(name: str, ctx: RecordingContext) -> Dict[str, Any]:
-    check = importlib.import_module("preflight.checks." + name).CHECK
-    if check.probe is None:
+    try:
+        probe = importlib.import_module("preflight.checks.%s.probe" % name).probe
+    except ModuleNotFoundError:
         return {"probe_error": "check %s has no node probe" % name}
-    facts = check.probe(ctx)
+    facts = probe(ctx)
     if not isinstance(facts, dict):
         return {"probe_error": "probe returned %s, not a mapping" % type(facts).__name__}
     return facts

@@ -51,15 +51,18 @@ Wire protocol (node → stdout):  `preflight-pid N` (from the login shell, befor
 
 from __future__ import annotations
 
+import ast
 import base64
 import hashlib
 import importlib.util
 import io
 import json
+import logging
 import marshal
 import os
 import re
 import shlex
+import stat
 import sys
 import threading
 import time
@@ -75,7 +78,6 @@ from preflight.transport.contract import RunResult
 #: a process kept for a next phase waits for its config this long past the phase's deadline (wait_s)
 NEXT_PHASE_SLACK_S = 30
 
-_NODE_MODULES = ("__init__.py", "common.py", "model.py")
 
 
 _zip_lock = threading.Lock()
@@ -91,14 +93,14 @@ def base_zip() -> bytes:
 
 
 def _cached_zip() -> bytes:
-    """The bundle from preflight's own __pycache__ when its sources have not changed, else built and
-    stored there for the next run: building costs about 0.3 s (deflate, marshal, compiling every module
-    at OPTIMIZE), on every run's first phase.
+    """The bundle from the user's cache when its sources have not changed, else built and stored there for the
+    next run: building costs about 0.3 s (deflate, marshal, compiling every module at OPTIMIZE), on every
+    run's first phase.
 
-    Kept beside the package's .pyc files, with the same trust: whoever can write there can already
-    change the code Python runs. The name carries a digest of every source's path, size and mtime and
-    of this Python's magic number, as a .pyc's header carries its source's; older bundles are removed.
-    Where the folder is not writable (a system install run by a user) the bundle is built every run.
+    The name carries a digest of every source's path, size and mtime and of this Python's magic number, as a
+    .pyc's header carries its source's; older bundles are removed. Nothing is written into the installed
+    package (a read-only or shared install works, and uninstalling leaves nothing behind): the cache is
+    cache_dir(), and where it cannot be used the bundle is built every run.
     """
     sources = _sources()
     stamp = [importlib.util.MAGIC_NUMBER.hex(), preflight.__version__, "optimize=%d" % OPTIMIZE]
@@ -108,39 +110,78 @@ def _cached_zip() -> bytes:
             stamp.append("%s %s %d %d" % (name, path, st.st_size, st.st_mtime_ns))
     except OSError:
         return _build_zip(sources)
-    folder = os.path.join(os.path.dirname(preflight.__file__), "__pycache__")
+    folder = cache_dir()
+    if folder is None:
+        return _build_zip(sources)
     path = os.path.join(folder, "bundle-%s.zip" % hashlib.sha256("\n".join(stamp).encode()).hexdigest()[:20])
     try:
-        with open(path, "rb") as fh:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as fh:
             return fh.read()
     except OSError:
         pass
     blob = _build_zip(sources)
+    tmp = "%s.%d.tmp" % (path, os.getpid())
     try:
-        os.makedirs(folder, exist_ok=True)
-        tmp = "%s.%d.tmp" % (path, os.getpid())
-        with open(tmp, "wb") as fh:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as fh:
             fh.write(blob)
         os.replace(tmp, path)
         for old in os.listdir(folder):
             if old.startswith("bundle-") and old.endswith(".zip") and old != os.path.basename(path):
                 os.unlink(os.path.join(folder, old))
-    except OSError:  # not writable, or another run cleaned up first: this run has its bundle either way
-        pass
+    except OSError as exc:  # a full disk, or another run cleaned up first: this run has its bundle either way
+        logging.getLogger(__name__).debug("bundle cache not written at %s: %s", folder, exc)
     return blob
 
 
-def _sources() -> List[Tuple[str, str]]:
-    """(file, name in the zip) of the node-side code: preflight/{__init__,common,model}.py,
-    preflight/probe/*, preflight/checks/*, pynvml."""
-    pkg = os.path.dirname(preflight.__file__)
-    import preflight.checks as checks_pkg
+def cache_dir() -> Optional[str]:
+    """This user's cache folder for preflight ($PREFLIGHT_CACHE_DIR, else $XDG_CACHE_HOME/preflight, else
+    ~/.cache/preflight), created mode 0700; None when it cannot be used safely: not a real folder (a planted
+    symlink), another user's, writable by others, or not creatable. PREFLIGHT_CACHE_DIR="" turns caching off."""
+    given = os.environ.get("PREFLIGHT_CACHE_DIR")
+    if given is not None:
+        folder = given
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        folder = os.path.join(base, "preflight")
+    if not folder or not os.path.isabs(folder):
+        return None
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        st = os.lstat(folder)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return None
+    return folder
 
-    out = [(os.path.join(pkg, name), "preflight/" + name) for name in _NODE_MODULES]
-    for sub, src in (("probe", os.path.join(pkg, "probe")), ("checks", os.path.dirname(checks_pkg.__file__))):
-        for name in sorted(os.listdir(src)):
-            if name.endswith(".py"):
-                out.append((os.path.join(src, name), "preflight/%s/%s" % (sub, name)))
+
+#: where a node run starts: the bootstrap imports the runner; a bench run starts the agent and its ranks
+#: start the worker by module name (python -m), which no import statement shows
+NODE_ENTRY_POINTS = ("preflight/__init__.py", "preflight/probe/runner.py", "preflight/probe/bench_agent.py",
+                     "preflight/probe/bench_worker.py")
+
+
+def _sources() -> List[Tuple[str, str]]:
+    """(file, name in the zip) of the node-side code: the entry points, every check's probe (with its
+    declaration, the probe's package) and the preflight modules they import (found by reading their imports,
+    nothing imported), plus pynvml. Rules, derived facts, the checks without a probe and everything else
+    controller-side stay home."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(preflight.__file__)))
+    checks = os.path.join(root, "preflight", "checks")
+    todo = list(NODE_ENTRY_POINTS) + ["preflight/checks/__init__.py"]
+    for name in sorted(os.listdir(checks)):
+        if os.path.isfile(os.path.join(checks, name, "probe.py")):  # its declaration comes as its package
+            todo.append("preflight/checks/%s/probe.py" % name)
+    seen: Dict[str, None] = {}
+    while todo:
+        rel = todo.pop(0)
+        if rel in seen:
+            continue
+        seen[rel] = None
+        todo.extend(_packages_of(rel) + _imported(root, rel))
+    out = [(os.path.join(root, rel), rel) for rel in sorted(seen)]
     # found, not imported (12 ms): nvidia-ml-py's pynvml.py, never the legacy pynvml 11.x package folder
     from preflight.probe.nvml import PYNVML_FIX, pynvml_source
 
@@ -150,6 +191,39 @@ def _sources() -> List[Tuple[str, str]]:
     else:
         sys.stderr.write("preflight: warning: the probe bundle carries no pynvml: %s; every node reads its GPUs "
                          "with nvidia-smi instead of NVML (%s)\n" % (why, PYNVML_FIX))
+    return out
+
+
+def _packages_of(rel: str) -> List[str]:
+    """The __init__.py of every package above module `rel` (importing a module imports its packages)."""
+    parts = rel.split("/")[:-1]
+    return ["/".join(parts[:i]) + "/__init__.py" for i in range(1, len(parts) + 1)]
+
+
+def _imported(root: str, rel: str) -> List[str]:
+    """The preflight modules (paths relative to root) that module `rel` imports, anywhere in its body."""
+    with open(os.path.join(root, rel), "rb") as fh:
+        tree = ast.parse(fh.read(), rel)
+    here = rel[:-3].replace("/", ".")
+    package = here.rsplit(".", 1)[0] if not rel.endswith("/__init__.py") else here[: -len(".__init__")]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            found.extend([base] + ["%s.%s" % (base, alias.name) for alias in node.names])
+    out = []
+    for dotted in found:
+        if dotted.split(".")[0] != "preflight":
+            continue
+        path = dotted.replace(".", "/")
+        for candidate in (path + ".py", path + "/__init__.py"):
+            if os.path.isfile(os.path.join(root, candidate)):
+                out.append(candidate)
     return out
 
 
@@ -165,18 +239,12 @@ def _build_zip(sources: Optional[List[Tuple[str, str]]] = None) -> bytes:
     A node whose Python has the same magic number executes the code objects instead of compiling the
     source (about 30 ms of CPU per node, 60 ms more where pynvml is imported); any other version
     compiles the source, as before. Source only: the bench's agent and worker (imported by a bench
-    run, not by a probe run). Left out: the checks without a node probe (their rules read other checks'
-    facts), which nothing on a node imports.
+    run, not by a probe run).
     """
-    from preflight import checks
-
-    never = {"preflight/checks/%s.py" % n for n, e in checks.entries().items() if not e.probes}
     skip = {"preflight/probe/bench_agent.py", "preflight/probe/bench_worker.py"}
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         for path, name in sources if sources is not None else _sources():
-            if name in never:
-                continue
             with open(path, "rb") as fh:
                 source = fh.read()
             zf.writestr(_entry(name), source)

@@ -1,0 +1,355 @@
+"""Launch the timed all-reduce on the nodes that passed, over the same SSH sessions, and localize failures.
+
+Ranks are plain processes started by preflight.probe.bench_agent on each node (one per GPU with nccl,
+one per node with gloo on CPU nodes), rendezvousing at the head's data-plane address on the port the
+`ports` check verified, with exactly the env the env file will hold (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...).
+Deadlines are layered: the agents enforce init / per-operation / total deadlines and always answer;
+the controller's outer deadline kills the remote process group of an agent that does not.
+
+On CPU nodes (gloo) the whole-cluster run also times rotations of disjoint node pairs once its sweep is done,
+in the same rank processes (plan.pair_rotations, bench_worker._pair_phase): the fleet judgement of a
+healthy cluster costs no second launch and no second torch import; rounds run only for what they leave
+undecided. When the whole-cluster run hangs, fails or is slow and no node stands out, the nodes are tested in disjoint
+pairs, then suspects beside known-good nodes (preflight.checks.allreduce.localize), so the report names the node to
+exclude. The rounds re-run only the size the first run stopped at (or its verdict size), under deadlines
+derived from what the first run measured (localize.localization_plan, plan.round_deadlines): a hang is
+already known, so each round costs one torch import and one short op deadline, not a whole sweep.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from preflight.derived import datanet
+from preflight.checks.allreduce import judge, localize, plan, timeplan
+from preflight.checks.allreduce.busbw import threshold_for
+from preflight.transport.contract import Fleet
+from preflight.inventory import Inventory
+from preflight.model import ClusterView, NodeInfo
+from preflight.probe import portclaim
+
+#: Groups run side by side start timing together, at least this long after their launch (bench_worker).
+ROUND_START_MIN_S = 3.0
+ROUND_START_FACTOR = 1.25
+#: Timed iterations per size in the gloo rounds (at least).
+ROUND_MIN_ITERS = 20
+
+#: Variables the agent sets itself for each rank; the env file's values are identical.
+_AGENT_SET = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+class BenchResult:
+    """What the bench adds to the run: per-node agent documents and the cluster-level metadata."""
+
+    def __init__(self) -> None:
+        self.docs: Dict[str, Dict[str, Any]] = {}
+        self.meta: Dict[str, Any] = {}
+
+
+def _participants(view: ClusterView, healthy: Sequence[str], inv: Inventory) -> List[NodeInfo]:
+    python = {s.name: s.python for s in inv.nodes}
+    out = []
+    for name in healthy:
+        info = view.node(name)
+        settings = dict(info.settings, python=python[name])
+        out.append(NodeInfo(info.name, info.host, info.gpus_per_node, info.is_head, settings))
+    head = [n for n in out if n.is_head]
+    return head + [n for n in out if not n.is_head]  # the head hosts rank 0 (and the TCPStore)
+
+
+def _settings(inv: Inventory) -> Dict[str, Any]:
+    return timeplan.settings(dict(inv.cluster.get("allreduce") or {}))
+
+
+def _hardware(view: ClusterView, nodes: Sequence[str], choice: Any) -> Dict[str, Any]:
+    """gpu_model and nic_gbps for the built-in bandwidth profile, from the gpu/ib_hca facts and the
+    nic choice the view carries (datanet.of); rails, the HCA ports NCCL should use per node (the check
+    judges NCCL's choice against them without reading another check's facts)."""
+    from preflight.derived import rails
+    from preflight.derived.gpus import node_gpus
+
+    out: Dict[str, Any] = {}
+    models = set()
+    for name in nodes:
+        record = node_gpus(view, name)
+        models.update(record.models() if record is not None else ())
+    if len(models) == 1:
+        out["gpu_model"] = models.pop()
+    usable = rails.of(view)
+    out["rails"] = {name: list(usable["nodes"][name]) for name in nodes if name in usable["nodes"]}
+    layer_rate = (usable.get("rate_gbps") or {}).get(usable.get("link_layer"))
+    rates = []
+    for name in nodes:
+        ports = usable["nodes"].get(name) or []
+        if ports and layer_rate:
+            rates.append(len(ports) * float(layer_rate))
+        else:
+            entry = choice.get(name)
+            if entry and entry.get("speed_mbps"):
+                rates.append(entry["speed_mbps"] / 1000.0)
+    if rates and len(rates) == len(nodes):
+        out["nic_gbps"] = min(rates)
+    return out
+
+
+def _run_groups(
+    fleet: Fleet,
+    groups: List[List[NodeInfo]],
+    addr_of: Dict[str, str],
+    port: int,
+    env: Dict[str, str],
+    settings: Dict[str, Any],
+    pairs: Optional[Sequence[Sequence[Sequence[str]]]] = None,
+    node_phase: bool = False,
+) -> Dict[str, Any]:
+    """Run one all-reduce per group, all groups at once. {"configs", "docs", "unanswered"}.
+
+    pairs: node-pair rotations the (single) group's ranks time after their sweep (plan.pair_rotations);
+    node_phase: the partner-free tests they time first (plan.node_spec)."""
+    configs: Dict[str, Dict[str, Any]] = {}
+    metas = []
+    for group in groups:
+        cfgs = plan.make_configs(
+            group,
+            addr_of[group[0].name],
+            port,
+            env=env,
+            sizes=settings["sizes"],
+            warmup=settings["warmup"],
+            iters=settings["iters"],
+            deadlines=settings["deadlines"],
+            local_ranks=settings.get("local_ranks"),
+            run_id=secrets.token_hex(8),
+        )
+        if settings.get("start_at"):
+            for cfg in cfgs.values():
+                cfg["start_at"] = settings["start_at"]
+        if pairs:
+            spec = plan.pair_spec(cfgs, pairs, settings.get("pair_iters") or settings["iters"])
+            for cfg in cfgs.values():
+                cfg["pairs"] = spec
+        node = plan.node_spec(cfgs, settings.get("pair_iters") or settings["iters"],
+                              settings["slow_fraction"]) if node_phase else None
+        if node:
+            for cfg in cfgs.values():
+                cfg["node"] = node
+        metas.append(plan.cluster_meta(cfgs))
+        configs.update(cfgs)
+    # "tasks": a transport that launches one task per rank (srun) splits the node's ranks across them
+    bundles = {name: {"mode": "bench", "bench": cfg, "tasks": cfg["local_world_size"],
+                      "gpus_per_task": 1 if cfg["backend"] == "nccl" else 0} for name, cfg in configs.items()}
+    outcomes = fleet.run(bundles, lambda spec: plan.outer_deadline(configs[spec.name]))
+    docs: Dict[str, Dict[str, Any]] = {}
+    unanswered: Dict[str, str] = {}
+    for name, outcome in outcomes.items():
+        bench = (outcome.result or {}).get("bench")
+        if outcome.failure is not None or not isinstance(bench, dict):
+            unanswered[name] = "no all-reduce result: %s" % (outcome.failure or "the agent returned nothing")
+        else:
+            docs[name] = bench
+    return {"configs": configs, "metas": metas, "docs": docs, "unanswered": unanswered}
+
+
+def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str], env: Any, opts: Any) -> BenchResult:
+    """The whole-cluster all-reduce, then localization rounds if it failed or was slow and no node stands out."""
+    result = BenchResult()
+    settings = _settings(inv)
+    if inv.cluster.get("allreduce", {}).get("enabled") is False:
+        result.meta = {"skip": "disabled in the inventory (cluster.allreduce.enabled: false)"}
+        return result
+    nodes = _participants(view, healthy, inv)
+    if not nodes:
+        result.meta = {"skip": "not run: no node passed the node checks"}
+        return result
+    if len(nodes) == 1 and nodes[0].gpus_per_node <= 1:
+        result.meta = {"skip": "a single rank (%s, %d GPU): no all-reduce traffic to measure" % (nodes[0].name, nodes[0].gpus_per_node)}
+        return result
+    choice = datanet.of(view)
+    addr_of = {n.name: (choice.get(n.name) or {}).get("ip") for n in nodes}
+    no_addr = [n.name for n in nodes if not addr_of[n.name]]
+    if no_addr:
+        result.meta = {"unanswered": {}, "nodes": [n.name for n in nodes]}
+        for name in no_addr:
+            result.meta["unanswered"][name] = "no data interface to run the all-reduce on (see the nic check)"
+        return result
+    port = int(view.cluster.get("master_port", 29500))
+    env_vars = {k: v for k, v in (env.as_dict() if env is not None else {}).items() if k not in _AGENT_SET}
+    claims, held = portclaim.claim_nodes([n.host for n in nodes])
+    if held:  # another preflight run on this machine is testing some of these nodes right now
+        by_host = {n.host: n.name for n in nodes}
+        result.meta = {"nodes": [n.name for n in nodes],
+                       "held": {by_host[h]: holder for h, holder in held.items()}}
+        return result
+    try:
+        _measure(result, fleet, view, nodes, addr_of, port, env_vars, settings, choice)
+    finally:
+        for claim in claims:
+            claim.close()
+    return result
+
+
+def _measure(result: BenchResult, fleet: Fleet, view: ClusterView, nodes: List[NodeInfo], addr_of: Dict[str, str],
+             port: int, env_vars: Dict[str, str], settings: Dict[str, Any], choice: Any) -> None:
+    """The whole-cluster run and the rounds after it, into result: the documents and the metadata."""
+    t0 = time.monotonic()
+    # gloo: the pair tests ride on the whole-cluster run (one launch, one torch import); see
+    # plan.PAIR_ROTATIONS. nccl keeps them as separate rounds, beside its node rounds.
+    gloo = not all(n.gpus_per_node > 0 for n in nodes)
+    rotations = plan.pair_rotations([n.name for n in nodes]) if gloo and len(nodes) >= 3 else None
+    # the partner-free tests ride on the sweep too (gloo loopback; nccl NVLink): cluster.allreduce.node_round
+    # false turns them off with the separate NIC round
+    node_phase = settings["node_round"] is not False
+    first = _run_groups(fleet, [nodes], addr_of, port, env_vars,
+                        dict(settings, pair_iters=ROUND_MIN_ITERS if gloo else settings["iters"]),
+                        pairs=rotations, node_phase=node_phase)
+    timings: Dict[str, Any] = {"run_s": round(time.monotonic() - t0, 3)}
+    timings.update(_slowest_start(first["docs"]))
+    result.docs = first["docs"]
+    meta = first["metas"][0]
+    meta["unanswered"] = first["unanswered"]
+    meta["env"] = env_vars
+    meta["timings_s"] = timings
+    meta.update(_hardware(view, [n.name for n in nodes], choice))
+    alone = localize.node_results(first["docs"], first["configs"]) if node_phase else None
+    if alone:
+        kind = next(iter(first["configs"].values())).get("node", {}).get("kind", "loopback")
+        meta["node_rounds"] = [{"name": "loopback" if kind == "loopback" else "nvlink", "what": plan.NODE_TESTS[kind],
+                                "results": alone, "by_bandwidth": True, "in_process": True,
+                                "sizes": [alone[0]["bytes"]] if alone[0].get("bytes") else []}]
+
+    threshold = threshold_for(view, meta, [n.name for n in nodes], meta["backend"])
+    limit = threshold[0] if threshold else None
+    meta["slow_fraction"] = settings["slow_fraction"]
+    wanted = localize.localization_plan(first["docs"], meta, limit) if len(nodes) >= 2 else None
+    if wanted is not None:
+        by_name = {n.name: n for n in nodes}
+        by_bandwidth = wanted["mode"] in ("slow", "check")
+        # only the size that decides, under deadlines taken from what the whole-cluster run measured
+        # gloo rounds time more iterations: groups side by side share CPUs, and their best iteration is
+        # what they are compared on (one size of a few ms: 20 iterations cost well under a second)
+        iters = max(settings["iters"], ROUND_MIN_ITERS) if meta["backend"] == "gloo" else settings["iters"]
+        short = dict(settings, sizes=wanted["sizes"], iters=iters, deadlines=plan.round_deadlines(
+            meta["deadlines"], first["docs"], settings["warmup"], iters, len(wanted["sizes"]),
+            at_init=bool(wanted.get("at_init"))))
+        # no more iterations than fit half the rounds' op deadline at the pace the sweep measured there
+        # (a slow link's pair must end as a slow measurement, not as a hang), as the in-process pairs do
+        short["iters"] = plan.round_iters(first["docs"], wanted["sizes"], settings["warmup"], iters,
+                                          settings["iters"], short["deadlines"]["op_s"])
+        timings["rounds_s"] = []
+
+        def run_groups(groups: List[List[str]], extra_env=None, local_ranks=None, sync=True) -> List[Dict[str, Any]]:
+            started = time.monotonic()
+            infos = [[by_name[n] for n in g] for g in groups]  # each group's first node hosts its store
+            # every group starts timing at once, once the slowest of them should have started: the slowest
+            # start of the whole-cluster run, scaled by how many more ranks each node starts now
+            ratio = float(local_ranks or 1) if meta["backend"] == "gloo" else 1.0
+            delay = ROUND_START_FACTOR * ratio * float(timings.get("slowest_init_s") or 0) + 1.0
+            # never so late that the agents' init deadline fires first
+            start_at = time.time() + min(max(ROUND_START_MIN_S, delay), 0.5 * short["deadlines"]["init_s"])
+            if not sync:  # judged on completion: no need to wait for the others
+                start_at = None
+            done = _run_groups(fleet, infos, addr_of, port, dict(env_vars, **(extra_env or {})),
+                               dict(short, local_ranks=local_ranks, start_at=start_at))
+            docs = dict(done["docs"])
+            timings["rounds_s"].append(round(time.monotonic() - started, 3))
+            return [localize.group_result(g, {n: docs.get(n) for n in g}, meta["backend"]) for g in groups]
+
+        # partner-free rounds that need their own launch (nccl: the NIC loopback): every node alone, all
+        # at once, then the suspects again, each beside a known-good node timed at the same moment
+        if node_phase:
+            for spec in plan.node_rounds(nodes, meta["backend"]):
+                results = [dict(g, **{"pass": 0}) for g in run_groups([[n.name] for n in nodes], spec["env"],
+                                                                       spec["local_ranks"], sync=by_bandwidth)]
+                suspects, good = judge.node_suspects(results, settings["slow_fraction"]) if by_bandwidth else ([], [])
+                pairs = list(zip(suspects, good))
+                if pairs:
+                    again = run_groups([[s] for s, _g in pairs] + [[g] for _s, g in pairs], spec["env"],
+                                       spec["local_ranks"])
+                    results += [dict(r, beside=pairs[i][1], **{"pass": 1}) for i, r in enumerate(again[:len(pairs)])]
+                    results += [dict(r, control_for=pairs[i][0], **{"pass": 1})
+                                for i, r in enumerate(again[len(pairs):])]
+                meta.setdefault("node_rounds", []).append(dict(spec, results=results, sizes=wanted["sizes"],
+                                                               by_bandwidth=by_bandwidth))
+        # pairs: the path between nodes, which only a partner can test
+        if len(nodes) >= 3:
+            # the in-process rotations stand for the first rounds when the sweep completed (they judge
+            # bandwidth); a hang or an error is localized by separate rounds at the size it stopped at
+            done = localize.pair_results(first["docs"], first["configs"], rotations) if (
+                rotations and by_bandwidth) else None
+            begun, one_round = time.monotonic(), plan.outer_deadline({"deadlines": short["deadlines"]})
+            verdict = localize.localize([n.name for n in nodes], run_groups, threshold=limit if by_bandwidth else None,
+                                        by_bandwidth=by_bandwidth, slow_fraction=settings["slow_fraction"],
+                                        results=done, may_start=lambda: time.monotonic() - begun + one_round
+                                        <= plan.LOCALIZE_BUDGET_S)
+            meta["localization"] = {
+                "results": verdict["results"], "rounds": verdict["rounds"],
+                "in_process_rotations": len(rotations) if done is not None else 0,
+                "out_of_time": verdict["out_of_time"],
+                "threshold_gbps": limit if by_bandwidth else None, "by_bandwidth": by_bandwidth, "mode": wanted["mode"],
+                "why": wanted["why"], "sizes": wanted["sizes"], "deadlines": short["deadlines"],
+            }
+    timings["total_s"] = round(time.monotonic() - t0, 3)
+    result.meta = meta
+
+
+def _slowest_start(docs: Dict[str, Dict[str, Any]]) -> Dict[str, Optional[float]]:
+    """The slowest rank's torch import and whole init (seconds from its start), where every rank got there."""
+    out: Dict[str, Optional[float]] = {}
+    entries = [e for doc in docs.values() for e in doc.get("ranks") or []]
+    for key in ("import_s", "init_s"):
+        values = [e.get(key) for e in entries]
+        out["slowest_" + key] = max(values) if values and None not in values else None
+    for key in ("sweep_s", "node_s", "pairs_s"):  # the sweep, the node tests, node tests + pairs (in run_s)
+        values = [e[key] for e in entries if e.get(key) is not None]
+        if values:
+            out["slowest_" + key] = max(values)
+    return out
+
+
+def summary(findings: Sequence[Any], meta: Dict[str, Any], elapsed_s: Optional[float]) -> Optional[Dict[str, Any]]:
+    """The report's "allreduce" section: verdict, headline busbw, threshold, the whole curve."""
+    main = next((f for f in findings if f.check == "allreduce" and f.node is None and f.data and "curve" in f.data), None)
+    if not meta or meta.get("skip"):
+        return {"verdict": "skip", "reason": meta.get("skip")} if meta else None
+    worst = max((f.status for f in findings if f.check == "allreduce"), key=lambda s: s.rank, default=None)
+    data = main.data if main else {}
+    point = None
+    if data.get("verdict_bytes"):
+        point = next((p for p in data["curve"] if p["bytes"] == data["verdict_bytes"]), None)
+    loc = meta.get("localization")
+    loc_finding = next((f for f in findings if f.check == "allreduce" and f.node is None and f.data
+                        and "localization" in f.data), None)
+    if loc:
+        loc = dict(loc, exclude=sorted((loc_finding.data["localization"].get("bad") or {}) if loc_finding else []))
+    return {
+        "backend": meta.get("backend"),
+        "world_size": meta.get("world_size"),
+        "nodes": meta.get("nodes"),
+        "master": meta.get("master"),
+        "verdict": worst.value if worst else None,
+        "summary": main.message if main else None,
+        "busbw_gbps": point["busbw_gbps"] if point else None,
+        "threshold_gbps": data.get("threshold_gbps"),
+        "curve": data.get("curve") or [],
+        "elapsed_s": round(elapsed_s, 3) if elapsed_s is not None else None,
+        "env": meta.get("env"),
+        "deadlines": meta.get("deadlines"),
+        "timings_s": meta.get("timings_s"),
+        "localization": _localization_summary(loc),
+        "node_rounds": [{"name": r.get("name"), "what": r.get("what"), "median_gbps": r.get("median_gbps"),
+                         "named": sorted(r.get("named") or {}),
+                         "nodes": {g["nodes"][0]: g.get("best_gbps", g.get("busbw_gbps")) for g in r.get("results") or []}}
+                        for r in data.get("node_rounds") or []] or None,
+        "nccl": {f.node: f.data["nccl"] for f in findings
+                 if f.check == "allreduce" and f.node and f.data and "nccl" in f.data} or None,
+    }
+
+
+def _localization_summary(loc: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    if not loc:
+        return None
+    out = {k: loc.get(k) for k in ("rounds", "in_process_rotations", "why", "sizes", "deadlines", "by_bandwidth", "exclude")}
+    out["groups"] = loc.get("results")
+    return out

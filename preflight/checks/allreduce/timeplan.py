@@ -1,0 +1,235 @@
+"""How long the all-reduce bench will take on a fleet, phase by phase, before any node is touched.
+
+Controller only, pure: `preflight check --plan` and the JSON report's "allreduce_plan" show it, and
+benchmarks/allreduce_plan_model.py runs it for 128 nodes / 1,024 GPUs. It follows what
+preflight.checks.allreduce.stage does (one whole-cluster sweep, with the partner-free node tests and, on gloo, the
+screening pairs in its own processes; for nccl the NIC loopback round; pair rounds up to
+localize.max_rounds(n)) with the sizes, iterations and deadlines
+plan.py gives, and states two figures per phase:
+
+  expected_s  a healthy run, from the model below
+  budget_s    the worst case the deadlines allow (every phase hangs until its deadline fires)
+
+The model (each figure an assumption, printed with the plan):
+  launch      LAUNCH_S + LAUNCH_PER_DOUBLING_S * log2(ranks): agents start in parallel, each rank imports
+              torch and creates its CUDA context (the fixed part), NCCL's bootstrap and topology exchange
+              grow with the log of the world (ring/tree setup; NCCL 2.2x init at 1k GPUs: tens of seconds)
+  one size    latency + bytes * 2(n-1)/n / busbw (nccl-tests' busbw definition, inverted), with
+              latency = HOP_LATENCY_S * 2 * log2(ranks) (a tree's depth, up and down: NCCL picks trees
+              for small messages at scale)
+  a sweep     (warmup + iters) runs of every size
+  busbw       between nodes: expect.busbw_gbps, else expect.ib_hcas * ib_rate_gbps / 8 * LINE_RATE_FRACTION;
+              inside a node: the NVLink profile of the GPU (busbw.NVLINK_PROFILES); gloo: CPU_GBPS
+  rounds      the pair rounds run every group at once: one launch and one size each, whatever the node
+              count; at most localize.max_rounds(n) = ceil(log2 n) + 2 of them after the screening (group
+              halving, then two confirmations); a healthy fleet runs none on gloo, the screening on nccl
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from preflight.checks.allreduce import localize, plan
+from preflight.checks.allreduce.busbw import LINE_RATE_FRACTION, NVLINK_PROFILES, busbw_factor
+from preflight.common import GiB, human_bytes
+
+#: Seconds to start the agents, import torch and create the CUDA context, per launch (fixed part).
+LAUNCH_S = 20.0
+#: NCCL bootstrap and topology exchange, per doubling of the world.
+LAUNCH_PER_DOUBLING_S = 1.0
+#: One hop's latency in a collective (NVLink/IB: a few microseconds).
+HOP_LATENCY_S = 5e-6
+#: gloo over TCP on a CPU node's data NIC, GB/s (a 10 GbE link); assumed when no figure is known.
+CPU_GBPS = 1.0
+#: NVLink busbw assumed for a GPU model no profile knows (NVLink4, H100 SXM).
+DEFAULT_NVLINK_GBPS = 450.0
+
+
+def settings(raw: Mapping[str, Any]) -> Dict[str, Any]:
+    """The bench's settings from the inventory's cluster.allreduce mapping (run.py launches with these)."""
+    deadlines = {}
+    for key, name in (("init_timeout", "init_s"), ("op_timeout", "op_s"), ("total_timeout", "total_s")):
+        if key in raw:
+            deadlines[name] = float(raw[key])
+    return {"sizes": raw.get("sizes"), "warmup": raw.get("warmup", 2), "iters": raw.get("iters", 5),
+            "deadlines": deadlines, "slow_fraction": float(raw.get("slow_fraction", localize.SLOW_FRACTION)),
+            "node_round": raw.get("node_round")}
+
+
+def launch_s(ranks: int, launch: float = LAUNCH_S, per_doubling: float = LAUNCH_PER_DOUBLING_S) -> float:
+    return launch + per_doubling * math.log2(max(ranks, 1))
+
+
+def op_s(nbytes: int, ranks: int, gbps: float, hop: float = HOP_LATENCY_S) -> float:
+    """One all-reduce of nbytes over ranks at busbw gbps (GB/s): latency + bytes * 2(n-1)/n / busbw."""
+    if ranks < 2:
+        return 0.0
+    return hop * 2 * math.ceil(math.log2(ranks)) + nbytes * busbw_factor(ranks) / (gbps * 1e9)
+
+
+def rates(expect: Mapping[str, Any], gpu_model: Optional[str] = None) -> Dict[str, Any]:
+    """{"net_gbps", "nvlink_gbps", "net_from", "nvlink_from"}: the busbw figures the plan assumes."""
+    if expect.get("busbw_gbps"):
+        net, net_from = float(expect["busbw_gbps"]), "expect.busbw_gbps"
+    elif expect.get("ib_rate_gbps"):
+        hcas = int(expect.get("ib_hcas") or 1)
+        net = hcas * float(expect["ib_rate_gbps"]) / 8 * LINE_RATE_FRACTION
+        net_from = "expect.ib_hcas x ib_rate_gbps / 8 x %g" % LINE_RATE_FRACTION
+    else:
+        net, net_from = CPU_GBPS, "assumed (no expect.busbw_gbps or ib_rate_gbps)"
+    nvlink, nvlink_from = DEFAULT_NVLINK_GBPS, "assumed NVLink4 (no GPU model known before the run)"
+    for pattern, label, figure in NVLINK_PROFILES:
+        if gpu_model and pattern.search(gpu_model):
+            nvlink, nvlink_from = figure, label
+    return {"net_gbps": net, "nvlink_gbps": nvlink, "net_from": net_from, "nvlink_from": nvlink_from}
+
+
+def time_plan(gpus_per_node: Sequence[int], raw_settings: Mapping[str, Any], expect: Mapping[str, Any],
+              gpu_model: Optional[str] = None, launch: float = LAUNCH_S, per_doubling: float = LAUNCH_PER_DOUBLING_S,
+              hop: float = HOP_LATENCY_S) -> Dict[str, Any]:
+    """The phases of the all-reduce bench on nodes with these GPU counts, their expected and budget seconds.
+
+    Returns {"nodes", "ranks", "backend", "sizes", "warmup", "iters", "rates", "assumptions",
+    "phases": [{"phase", "what", "runs", "expected_s", "budget_s"}], "expected_s", "budget_s",
+    "localization_expected_s", "rounds": {"planned_max", "log2_bound"}}.
+    """
+    n = len(gpus_per_node)
+    cfg = settings(raw_settings)
+    backend = "nccl" if n and all(g > 0 for g in gpus_per_node) else "gloo"
+    ranks = sum(gpus_per_node) if backend == "nccl" else n
+    sizes = sorted(int(s) for s in (cfg["sizes"] or (plan.GPU_SIZES if backend == "nccl" else plan.CPU_SIZES)))
+    warmup, iters = int(cfg["warmup"]), int(cfg["iters"])
+    runs = warmup + iters
+    dl = plan.default_deadlines(backend)
+    dl.update(cfg["deadlines"])
+    rate = rates(expect, gpu_model)
+    net = rate["net_gbps"] if backend == "nccl" else min(rate["net_gbps"], CPU_GBPS)
+    per_node = max(gpus_per_node) if backend == "nccl" and n else 1
+    verdict = max([s for s in sizes if s >= GiB] or sizes) if backend == "nccl" else sizes[-1]
+    phases: List[Dict[str, Any]] = []
+
+    def phase(name, what, count, world, gbps, nsizes_sizes, budget):
+        step = sum(runs * op_s(s, world, gbps, hop) for s in nsizes_sizes)
+        expected = count * (launch_s(world, launch, per_doubling) + step)
+        phases.append({"phase": name, "what": what, "runs": count, "ranks": world,
+                       "expected_s": round(expected, 1), "budget_s": round(count * budget, 1)})
+        return step
+
+    # 1. the whole-cluster sweep: one launch, every size; the controller waits plan.outer_deadline()
+    gbps_world = net if n > 1 else rate["nvlink_gbps"]
+    sweep_step = phase("sweep", "whole cluster, %d sizes %s-%s, %d+%d runs each" % (
+        len(sizes), human_bytes(sizes[0]), human_bytes(sizes[-1]), warmup, iters),
+        1, ranks, gbps_world, sizes, plan.outer_deadline({"deadlines": dl}))
+    # the rounds' deadlines, as plan.round_deadlines derives them from the sweep's slowest size
+    slowest = max((runs + 1) * op_s(s, ranks, gbps_world, hop) for s in sizes) if sizes else 0.0
+    rdl = plan.round_budget(dl, None, slowest, 1)
+    round_budget = plan.outer_deadline({"deadlines": rdl})
+    node_tests = cfg["node_round"] is not False and n >= 2
+    if node_tests and (backend == "gloo" or per_node >= 2):
+        # in the sweep's own processes: every node alone at once, then the suspects beside known-good
+        # nodes (the worst case: one more pass); no launch
+        world = 2 if backend == "gloo" else per_node
+        gbps = CPU_GBPS if backend == "gloo" else rate["nvlink_gbps"]
+        phase("node tests", "every node alone, in the sweep's processes: %s; suspects again beside a "
+              "known-good node" % plan.NODE_TESTS["loopback" if backend == "gloo" else "local"], 0, world, gbps,
+              [verdict], 0.0)
+        phases[-1]["expected_s"] = round(2 * runs * op_s(verdict, world, gbps, hop), 1)
+    if node_tests:
+        for spec in plan.node_rounds([_Node(g) for g in gpus_per_node], backend):
+            phase("node round: " + spec["name"], "every node alone, at once: %s; suspects again beside a "
+                  "known-good node (a second launch)" % spec["what"], 1, per_node, net, [verdict], 2 * round_budget)
+            phases[-1]["worst_runs"] = 2
+            phases[-1]["expected_worst_s"] = round(2 * phases[-1]["expected_s"], 1)
+    log2_bound = math.ceil(math.log2(n)) if n >= 2 else 0
+    most = localize.max_rounds(n) if n >= 3 else 0
+    if n >= 3:
+        pair_world = 2 * per_node
+        in_process = backend == "gloo"
+        one = launch_s(pair_world, launch, per_doubling) + runs * op_s(verdict, pair_world, net, hop)
+        phase("pair rounds", "screening: every node beside %s (%s); then at most %d rounds (ceil(log2 %d) + 2: "
+              "group halving and two confirmations) while a node is undecided" % (
+                  "up to %d partners" % plan.PAIR_ROTATIONS if in_process else "one partner",
+                  "in the sweep's own processes" if in_process else "one launch", most, n),
+              0 if in_process else 1, pair_world, net, [verdict], round_budget)
+        worst = most + (0 if in_process else 1)
+        # the rounds start none that could end past plan.LOCALIZE_BUDGET_S (the screening launch aside)
+        phases[-1]["budget_s"] = round(min(worst * round_budget, (0 if in_process else round_budget) +
+                                           max(plan.LOCALIZE_BUDGET_S, round_budget)), 1)
+        phases[-1]["worst_runs"] = worst
+        phases[-1]["expected_worst_s"] = round(worst * one, 1)
+        if in_process:
+            phases[-1]["expected_s"] = round(len(plan.pair_rotations(["n%d" % i for i in range(n)])) * runs *
+                                             op_s(verdict, pair_world, net, hop), 1)
+    expected = round(sum(p["expected_s"] for p in phases), 1)
+    return {
+        "nodes": n, "ranks": ranks, "backend": backend, "sizes": sizes, "warmup": warmup, "iters": iters,
+        "verdict_bytes": verdict, "rates": rate,
+        "assumptions": {"launch_s": launch, "launch_per_doubling_s": per_doubling, "hop_latency_s": hop,
+                        "op": "latency (hop x 2 log2 ranks) + bytes x 2(n-1)/n / busbw",
+                        "deadlines": dl, "round_deadlines": rdl},
+        "phases": phases, "expected_s": expected, "budget_s": round(sum(p["budget_s"] for p in phases), 1),
+        "localization_expected_s": round(expected - phases[0]["expected_s"], 1),
+        # every pair round the code may run (a suspect in each): the full run with localization
+        "expected_with_localization_s": round(sum(p.get("expected_worst_s", p["expected_s"]) for p in phases), 1),
+        "sweep_op_s": round(sweep_step, 3),
+        "rounds": {"planned_max": most, "log2_bound": log2_bound},
+    }
+
+
+def for_inventory(inv: Any) -> Dict[str, Any]:
+    """time_plan() for an inventory's nodes, cluster.allreduce settings and expect values."""
+    return time_plan([int(spec.gpus_per_node) for spec in inv.nodes], dict(inv.cluster.get("allreduce") or {}),
+                     dict(inv.expect or {}))
+
+
+def write(tp: Mapping[str, Any], json_path: Optional[str], echo: Any) -> None:
+    """`preflight check --plan`: the lines through echo, and the plan as JSON to json_path ('-': stdout)."""
+    import json
+    import sys
+
+    if json_path:
+        text = json.dumps({"allreduce_plan": tp}, indent=1, sort_keys=True) + "\n"
+        if json_path == "-":
+            sys.stdout.write(text)
+        else:
+            with open(json_path, "w") as fh:
+                fh.write(text)
+    if json_path != "-":
+        for line in render(tp):
+            echo(line)
+
+
+def print_plan(inv: Any, json_path: Optional[str], echo: Any) -> int:
+    """`preflight check --plan`: write(for_inventory(inv)); exit status 0."""
+    write(for_inventory(inv), json_path, echo)
+    return 0
+
+
+class _Node:
+    """What plan.node_rounds reads of a node."""
+
+    def __init__(self, gpus: int) -> None:
+        self.gpus_per_node = gpus
+
+
+def render(tp: Mapping[str, Any]) -> List[str]:
+    """The plan as text lines (the CLI prints them; no rich markup)."""
+    lines = ["all-reduce time plan: %d node%s, %d %s rank%s, verdict at %s (nothing was run)" % (
+        tp["nodes"], "" if tp["nodes"] == 1 else "s", tp["ranks"], tp["backend"], "" if tp["ranks"] == 1 else "s",
+        human_bytes(tp["verdict_bytes"]))]
+    lines.append("  %-20s %10s %10s  %s" % ("phase", "expected", "budget", "what"))
+    for p in tp["phases"]:
+        lines.append("  %-20s %9.1fs %9.1fs  %s" % (p["phase"], p["expected_s"], p["budget_s"], p["what"]))
+    lines.append("  %-20s %9.1fs %9.1fs  (localization %.1fs; with every pair round: %.1fs)" % (
+        "total", tp["expected_s"], tp["budget_s"], tp["localization_expected_s"], tp["expected_with_localization_s"]))
+    r = tp["rates"]
+    nvlink = "; NVLink %.0f GB/s (%s)" % (r["nvlink_gbps"], r["nvlink_from"]) if tp["backend"] == "nccl" else ""
+    lines.append("  busbw assumed: between nodes %.0f GB/s (%s)%s" % (
+        r["net_gbps"] if tp["backend"] == "nccl" else min(r["net_gbps"], CPU_GBPS), r["net_from"], nvlink))
+    a = tp["assumptions"]
+    lines.append("  model: launch %gs + %gs x log2(ranks); one all-reduce = %s (hop %g us); pair rounds after "
+                 "the screening: at most %d (ceil(log2 n) = %d halvings + 2 confirmations)" % (
+                     a["launch_s"], a["launch_per_doubling_s"], a["op"], a["hop_latency_s"] * 1e6,
+                     tp["rounds"]["planned_max"], tp["rounds"]["log2_bound"]))
+    return lines

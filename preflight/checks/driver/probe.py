@@ -1,0 +1,207 @@
+"""The driver check's node half: what probe(ctx) runs on a node, and its parsers (standard library only)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import sys
+import xml.etree.ElementTree as ET
+from typing import Any, Dict, List, Optional, Tuple
+
+from preflight.model import ParseError
+from preflight.probe.nvml import bounded_nvml, load_nvml, nvml_shutdown, nvml_wedged
+
+PROC_VERSION = "/proc/driver/nvidia/version"
+NCCL_DISTRIBUTIONS = ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11")
+LDCONFIG_CANDIDATES = ("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig")
+
+
+def probe(ctx: Any) -> Dict[str, Any]:
+    """Driver, CUDA, NCCL and torch versions as this node's python and loader see them."""
+    facts: Dict[str, Any] = {"driver_version": None, "driver_source": None, "cuda_version": None}
+    facts.update(_driver(ctx))
+    facts["nccl_system"] = _nccl_system(ctx)
+    facts["nccl_python"] = _nccl_python()
+    facts["torch"] = _torch()
+    return facts
+
+
+def _driver(ctx: Any) -> Dict[str, Any]:
+    nvml, nvml_error = load_nvml()
+    if nvml is not None:
+        try:
+            cuda, version = bounded_nvml(
+                lambda: (nvml.nvmlSystemGetCudaDriverVersion(), nvml.nvmlSystemGetDriverVersion()), "driver version",
+                call_name="nvmlSystemGetCudaDriverVersion/nvmlSystemGetDriverVersion",
+            )
+            return {
+                "driver_version": version.decode() if isinstance(version, bytes) else str(version),
+                "driver_source": "nvml",
+                "cuda_version": "%d.%d" % (cuda // 1000, (cuda % 1000) // 10),
+            }
+        except Exception as exc:  # NVML initialised but cannot answer (or is stuck): fall back, and say why
+            nvml_error = "NVML query failed: %s" % (exc,)
+        finally:
+            if not nvml_wedged():
+                nvml_shutdown(nvml)
+    if not nvml_wedged():  # a wedged driver hangs nvidia-smi too: go straight to the files
+        smi = ctx.run(["nvidia-smi", "-q", "-x"], timeout=60.0)
+        if smi.ok:
+            driver, cuda = parse_smi_header(smi.stdout)
+            found = {"driver_version": driver, "driver_source": "nvidia-smi", "cuda_version": cuda}
+            if nvml_error:
+                found["nvml_error"] = nvml_error
+            return found
+    found = {"nvml_error": nvml_error} if nvml_wedged() else {}
+    module = ctx.read(ctx.sys_path("module", "nvidia", "version"))
+    if module:
+        found.update({"driver_version": parse_module_version(module), "driver_source": "sysfs"})
+        return found
+    proc = ctx.read(PROC_VERSION)
+    if proc:
+        found.update({"driver_version": parse_proc_version(proc), "driver_source": "proc"})
+    return found
+
+
+def _nccl_system(ctx: Any) -> List[Dict[str, Any]]:
+    for program in LDCONFIG_CANDIDATES:
+        res = ctx.run([program, "-p"], timeout=15.0)
+        if res.rc != 127:
+            break
+    if not res.ok:
+        return []
+    out = []
+    for soname, path in parse_ldconfig(res.stdout):
+        if not soname.startswith("libnccl.so"):
+            continue
+        real = os.path.realpath(path)
+        out.append({"soname": soname, "path": real, "version": nccl_version_from_filename(real)})
+    return out
+
+
+def _nccl_python() -> Optional[Dict[str, str]]:
+    """The nvidia-nccl-cu* wheel importable here: its `<name>-<version>.dist-info` folder on sys.path.
+
+    Read from the folder name (the wheel spec's normalized name and version), the first sys.path entry
+    that holds one winning, as for importlib.metadata.version(); importing importlib.metadata instead
+    costs 20-30 ms of CPU on every node.
+    """
+    listings = []
+    for entry in sys.path:
+        try:
+            listings.append(os.listdir(entry or "."))
+        except OSError:
+            continue
+    for dist in NCCL_DISTRIBUTIONS:
+        pattern = re.compile(r"^%s-([^-]+)\.dist-info$" % re.sub(r"[-_.]+", "_", dist), re.I)
+        for names in listings:
+            for name in sorted(names):
+                found = pattern.match(name)
+                if found:
+                    return {"distribution": dist, "version": found.group(1)}
+    return None
+
+
+def _torch() -> Optional[Dict[str, Any]]:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = list(spec.submodule_search_locations)[0]
+    path = os.path.join(root, "version.py")
+    try:
+        with open(path, "r", errors="replace") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    facts = parse_torch_version_py(text)
+    facts["path"] = root
+    return facts
+
+
+def parse_smi_header(text: str) -> Tuple[str, Optional[str]]:
+    """(driver_version, cuda_version) from the header of `nvidia-smi -q -x`."""
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as exc:
+        raise ParseError("nvidia-smi -q -x: not well-formed XML (%s)" % exc)
+    driver = root.findtext("driver_version")
+    if root.tag != "nvidia_smi_log" or not driver:
+        raise ParseError("nvidia-smi -q -x: no <nvidia_smi_log><driver_version>")
+    cuda = (root.findtext("cuda_version") or "").strip()
+    return driver.strip(), (None if cuda in ("", "N/A") else cuda)
+
+
+_VERSION = r"(\d+\.\d+(?:\.\d+)?)"
+
+
+def parse_module_version(text: str) -> str:
+    """The loaded kernel module's version from <sysfs>/module/nvidia/version ("550.54.15")."""
+    value = text.strip()
+    if not re.match(r"^%s$" % _VERSION, value):
+        raise ParseError("module/nvidia/version: %r is not a driver version" % value)
+    return value
+
+
+def parse_proc_version(text: str) -> str:
+    """The driver version from /proc/driver/nvidia/version (proprietary and open kernel modules)."""
+    first = text.splitlines()[0] if text.strip() else ""
+    match = re.match(r"^NVRM version: NVIDIA UNIX .*?Kernel Module(?: for \S+)?\s+%s\s" % _VERSION, first + " ")
+    if not match:
+        raise ParseError("/proc/driver/nvidia/version: first line %r is not an NVRM version line" % first)
+    return match.group(1)
+
+
+_LDCONFIG_LINE = re.compile(r"^\s+(\S+) \(([^)]*)\) => (\S.*)$")
+
+
+def parse_ldconfig(text: str) -> List[Tuple[str, str]]:
+    """[(soname, path)] from `ldconfig -p`."""
+    lines = text.splitlines()
+    if not lines or not re.match(r"^\d+ libs found in cache ", lines[0]):
+        raise ParseError("ldconfig -p: first line %r is not 'N libs found in cache ...'" % (lines[0] if lines else ""))
+    out = []
+    for number, line in enumerate(lines[1:], 2):
+        if not line.strip() or line.startswith("Cache generated by"):
+            continue
+        match = _LDCONFIG_LINE.match(line)
+        if not match:
+            raise ParseError("ldconfig -p line %d: unexpected %r" % (number, line))
+        out.append((match.group(1), match.group(3)))
+    return out
+
+
+def nccl_version_from_filename(path: str) -> Optional[str]:
+    """'2.21.5' from .../libnccl.so.2.21.5; None when the file name carries no full version."""
+    match = re.search(r"libnccl\.so\.(\d+\.\d+\.\d+)$", path)
+    return match.group(1) if match else None
+
+
+def parse_torch_version_py(text: str) -> Dict[str, Any]:
+    """{"version", "cuda"} from torch/version.py (plain or annotated assignments)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as exc:
+        raise ParseError("torch/version.py: not python (%s)" % exc)
+    values: Dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
+            values[target.id] = value.value
+    version = values.get("__version__")
+    if not isinstance(version, str):
+        raise ParseError("torch/version.py: no __version__ string")
+    cuda = values.get("cuda")
+    if cuda is not None and not isinstance(cuda, str):
+        raise ParseError("torch/version.py: cuda is %r, expected a string or None" % (cuda,))
+    return {"version": version, "cuda": cuda}

@@ -1,0 +1,152 @@
+"""The ib_hca check's node half: what probe(ctx) runs on a node, and its parsers (standard library only)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from typing import Any, Dict, List, Optional, Tuple
+
+from preflight.model import ParseError
+
+STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+PHYS_STATES = {
+    0: "NOP",
+    1: "Sleep",
+    2: "Polling",
+    3: "Disabled",
+    4: "PortConfigurationTraining",
+    5: "LinkUp",
+    6: "LinkErrorRecovery",
+    7: "Phy Test",
+}
+LINK_LAYERS = {"InfiniBand": "ib", "Ethernet": "roce"}
+_NUMBERED = re.compile(r"^(\d+): (\S.*)$")
+_RATE = re.compile(r"^(\d+(?:\.\d+)?) Gb/sec(?: \((\d+X)(?: ?([A-Za-z0-9]+))?\))?$")
+
+
+def parse_numbered(text: Optional[str], table: Dict[int, str], what: str) -> str:
+    """'4: ACTIVE' → 'ACTIVE', '5: LinkUp' → 'LinkUp'. The number and the name must agree."""
+    if text is None:
+        raise ParseError("%s: missing or unreadable" % what)
+    m = _NUMBERED.match(text.strip())
+    if not m:
+        raise ParseError("%s: expected 'N: NAME', got %.60r" % (what, text))
+    number, name = int(m.group(1)), m.group(2).strip()
+    known = table.get(number)
+    if known is None or known.replace(" ", "").lower() != name.replace(" ", "").lower():
+        raise ParseError("%s: unknown value %.60r" % (what, text))
+    return known
+
+
+def parse_rate(text: Optional[str], what: str) -> Tuple[float, Optional[str]]:
+    """'400 Gb/sec (4X NDR)' → (400.0, '4X NDR'); '2.5 Gb/sec (1X SDR)' → (2.5, '1X SDR')."""
+    if text is None:
+        raise ParseError("%s: missing or unreadable" % what)
+    m = _RATE.match(text.strip())
+    if not m:
+        raise ParseError("%s: expected 'N Gb/sec (WX SPEED)', got %.60r" % (what, text))
+    width = " ".join(p for p in (m.group(2), m.group(3)) if p) or None
+    return float(m.group(1)), width
+
+
+def parse_link_layer(text: Optional[str], what: str) -> str:
+    """'InfiniBand' → 'ib', 'Ethernet' → 'roce'."""
+    if text is None or text.strip() not in LINK_LAYERS:
+        raise ParseError("%s: expected InfiniBand or Ethernet, got %.60r" % (what, text))
+    return LINK_LAYERS[text.strip()]
+
+
+def parse_roce_gid(gid_type: Optional[str], gid: Optional[str]) -> Optional[str]:
+    """The IPv4 address of a RoCE v2 GID entry ('RoCE v2', '0000:...:ffff:c613:0003' → '198.19.0.3'), else None."""
+    if gid_type is None or gid_type.strip() != "RoCE v2" or not gid:
+        return None
+    try:
+        addr = ipaddress.IPv6Address(gid.strip())
+    except ValueError:
+        raise ParseError("GID %.60r is not an IPv6-format address" % gid) from None
+    mapped = addr.ipv4_mapped
+    return str(mapped) if mapped is not None else None
+
+
+def _number(value: float) -> Any:
+    return int(value) if value == int(value) else value
+
+
+def natural_key(name: str) -> Tuple[Any, ...]:
+    """mlx5_2 sorts before mlx5_10."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+def _port_netdev(ctx: Any, hca_dir: str, port: int) -> Optional[str]:
+    """The netdev of an HCA port: device/net/*; with several, the one whose dev_port is port-1."""
+    net_dir = os.path.join(hca_dir, "device", "net")
+    names = ctx.listdir(net_dir)
+    if len(names) == 1:
+        return names[0]
+    for name in names:
+        dev_port = ctx.read(os.path.join(net_dir, name, "dev_port"))
+        if dev_port is not None and dev_port.strip().isdigit() and int(dev_port) == port - 1:
+            return name
+    return None
+
+
+def _roce_v2_gids(ctx: Any, port_dir: str) -> List[Dict[str, Any]]:
+    """Every GID entry of type RoCE v2 holding an IPv4-mapped address, lowest index first:
+    [{"index", "ip", "ndev"}], ndev from gid_attrs/ndevs/<index> (a VLAN netdev such as ens1f0np0.100
+    where the address sits on a VLAN; None when unreadable)."""
+    types_dir = os.path.join(port_dir, "gid_attrs", "types")
+    out = []
+    for entry in sorted((e for e in ctx.listdir(types_dir) if e.isdigit()), key=int):
+        ip = parse_roce_gid(ctx.read(os.path.join(types_dir, entry)), ctx.read(os.path.join(port_dir, "gids", entry)))
+        if ip is not None:
+            ndev = ctx.read(os.path.join(port_dir, "gid_attrs", "ndevs", entry))
+            out.append({"index": int(entry), "ip": ip, "ndev": ndev.strip() if ndev and ndev.strip() else None})
+    return out
+
+
+def read_port(ctx: Any, hca: str, port: int) -> Dict[str, Any]:
+    """One port's facts from class/infiniband/<hca>/ports/<port>/."""
+    hca_dir = ctx.sys_path("class", "infiniband", hca)
+    port_dir = os.path.join(hca_dir, "ports", str(port))
+    where = "%s port %d" % (hca, port)
+    rate, width = parse_rate(ctx.read(os.path.join(port_dir, "rate")), where + " rate")
+    link_layer = parse_link_layer(ctx.read(os.path.join(port_dir, "link_layer")), where + " link_layer")
+    gids = _roce_v2_gids(ctx, port_dir) if link_layer == "roce" else []
+    return {
+        "hca": hca,
+        "port": port,
+        "state": parse_numbered(ctx.read(os.path.join(port_dir, "state")), STATES, where + " state"),
+        "phys_state": parse_numbered(
+            ctx.read(os.path.join(port_dir, "phys_state")), PHYS_STATES, where + " phys_state"
+        ),
+        "rate_gbps": _number(rate),
+        "width": width,
+        "link_layer": link_layer,
+        "netdev": _port_netdev(ctx, hca_dir, port),
+        "roce_v2_gid_index": gids[0]["index"] if gids else None,
+        "roce_v2_ip": gids[0]["ip"] if gids else None,
+        "roce_v2_gids": gids,
+    }
+
+
+def probe(ctx: Any) -> Dict[str, Any]:
+    """Every HCA with its GUID and firmware, and every port's state, rate, link layer and RoCE GID."""
+    root = ctx.sys_path("class", "infiniband")
+    hcas: Dict[str, Dict[str, Any]] = {}
+    ports: List[Dict[str, Any]] = []
+    for hca in sorted(ctx.listdir(root), key=natural_key):
+        hca_dir = os.path.join(root, hca)
+        hcas[hca] = {
+            "node_guid": ctx.read(os.path.join(hca_dir, "node_guid")),
+            "fw_ver": ctx.read(os.path.join(hca_dir, "fw_ver")),
+            "board_id": ctx.read(os.path.join(hca_dir, "board_id")),
+        }
+        port_names = ctx.listdir(os.path.join(hca_dir, "ports"))
+        if not port_names:
+            raise ParseError("%s: no ports/ directory under %s" % (hca, hca_dir))
+        for entry in sorted(port_names, key=natural_key):
+            if not entry.isdigit():
+                raise ParseError("%s: unexpected port entry %r" % (hca, entry))
+            ports.append(read_port(ctx, hca, int(entry)))
+    return {"hcas": hcas, "ports": ports}

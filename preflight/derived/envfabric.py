@@ -1,0 +1,310 @@
+"""The fabric half of the env file: NCCL_IB_HCA / NCCL_IB_DISABLE, the RoCE GID, NCCL_NVLS_ENABLE, NCCL_NET_PLUGIN.
+
+    ib(view, nodes, choice, nccl, derived)   the rails from the ib_hca facts, NCCL_IB_DISABLE=0 beside them
+                                             (the environment beats nccl.conf), the RoCE GID per NCCL version
+    nvls(view, nodes, derived)               NCCL_NVLS_ENABLE=0 where NVLS cannot work on a node (preflight.derived.nvls)
+    with_proof(derived, logs)                after the all-reduce: NCCL_NET_PLUGIN from what its NCCL log says
+
+The NCCL behaviour these follow (NCCL source, tags 2.18-2.28: src/transport/net_ib.cc ncclIbGetGidIndex,
+src/plugin/net.cc, src/misc/param.cc): the environment beats ~/.nccl.conf and /etc/nccl.conf; before 2.21
+NCCL_IB_GID_INDEX defaults to 0 (RoCE v1 on mlx5), from 2.21 NCCL takes the first RoCE v2 GID of the
+address family within NCCL_IB_ADDR_RANGE; NCCL_NET_PLUGIN=NAME loads libnccl-net-NAME.so, "none" loads
+no plugin.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from preflight.model import ClusterView
+from preflight.derived.envvars import HCA_OK, Derived, EnvVar, fold_names, refuse, version_key
+
+#: NCCL 2.21 picks the RoCE GID per port (ncclIbGetGidIndex: the first RoCE v2 entry of NCCL_IB_ADDR_FAMILY
+#: within NCCL_IB_ADDR_RANGE); before, NCCL_IB_GID_INDEX defaulted to 0 (RoCE v1 on mlx5).
+NCCL_GID_AUTO = (2, 21, 0)
+
+#: NCCL_NET_PLUGIN=NAME makes NCCL load libnccl-net-NAME.so (src/plugin/net.cc; "none": no plugin).
+PLUGIN_FILE_RE = re.compile(r"(?:^|/)libnccl-net-([A-Za-z0-9_.-]{1,64})\.so(?:\.[0-9.]+)?$")
+PLUGIN_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def nccl_versions(view: ClusterView, nodes: Sequence[str]) -> Dict[str, Optional[str]]:
+    """{node: the NCCL version a torch job there loads, from the driver check's facts, or None}."""
+    from preflight.checks.driver import rule as driver_rule
+    out: Dict[str, Optional[str]] = {}
+    for node in nodes:
+        facts = (view.facts.get(node) or {}).get("driver")
+        ok = isinstance(facts, dict) and "probe_error" not in facts
+        out[node] = driver_rule.nccl_version(facts) if ok else None
+    return out
+
+
+def ib(view: ClusterView, nodes: Sequence[str], choice: Any, nccl: Dict[str, Optional[str]], derived: Derived) -> None:
+    """NCCL_IB_HCA (the rails, identical on every node), NCCL_IB_DISABLE (0 beside them, 1 without any), the
+    RoCE GID; or a note saying why not. nccl: {node: NCCL version} (nccl_versions)."""
+    from preflight.checks.ib_hca import rule as ib_hca_rule
+    usable = ib_hca_rule.usable_hcas(view)
+    unknown = [n for n in nodes if n not in usable["nodes"]]
+    if unknown:
+        derived.notes.append("NCCL_IB_HCA/NCCL_IB_DISABLE not written: no HCA facts from %s (see the ib_hca check)" % fold_names(unknown))
+        return
+    ports = {n: list(usable["nodes"][n]) for n in nodes}
+    if not any(ports.values()):
+        derived.variables.append(
+            EnvVar(
+                "NCCL_IB_DISABLE",
+                "1",
+                ["ib_hca check: no ACTIVE InfiniBand/RoCE port on %s: NCCL's own InfiniBand transport is turned off (it has nothing to use); "
+                 "traffic goes over NCCL's sockets, or over a net plugin where one is loaded (it is not turned off by this)" % fold_names(list(nodes))],
+            )
+        )
+        return
+    lists = {tuple(p) for p in ports.values()}
+    if len(lists) != 1:
+        by_list = "; ".join(
+            "%s: %s" % (fold_names([n for n, p in ports.items() if tuple(p) == lst]), ",".join(lst) or "none") for lst in sorted(lists)
+        )
+        derived.notes.append(
+            "NCCL_IB_HCA not written: the ACTIVE ports at the expected rate differ across nodes (%s); fix the DOWN or slow ports, or leave those nodes out" % by_list
+        )
+        return
+    hcas = list(next(iter(lists)))
+    bad = [h for h in hcas if not HCA_OK(h)]
+    if bad:
+        for h in bad:
+            refuse(derived, "ib_hca", None, "NCCL_IB_HCA", h, "HCA port", "an HCA name of letters, digits, '.', '_', '-' and ':PORT'")
+        derived.notes.append("NCCL_IB_HCA not written: an HCA name was refused (see the ib_hca findings)")
+        return
+    layer = usable.get("link_layer")
+    if layer not in ("ib", "roce"):
+        counts = usable.get("layer_counts") or {}
+        derived.notes.append(
+            "NCCL_IB_HCA not written: the usable ports are as many InfiniBand as RoCE (%d each across the nodes), "
+            "so there is no majority link layer to take as the rails; set NCCL_IB_HCA to the rails by hand"
+            % counts.get("ib", 0)
+        )
+        return
+    rate = (usable.get("rate_gbps") or {}).get(layer)
+    why = [
+        "ib_hca check: the %d ACTIVE %s port(s)%s, identical on %s"
+        % (len(hcas), "RoCE" if layer == "roce" else "InfiniBand", " at %g Gb/s" % rate if rate else "", fold_names(list(nodes))),
+        "'=' asks NCCL for exactly these devices and ports",
+    ]
+    why.extend(left_out_ports(usable.get("left_out") or {}, nodes))
+    derived.variables.append(EnvVar("NCCL_IB_HCA", "=" + ",".join(hcas), why))
+    derived.variables.append(
+        EnvVar(
+            "NCCL_IB_DISABLE",
+            "0",
+            ["the rails above carry the traffic: 0 keeps NCCL's InfiniBand/RoCE transport on where the launch environment, "
+             "~/.nccl.conf or /etc/nccl.conf still says NCCL_IB_DISABLE=1 (the environment beats both files)"],
+        )
+    )
+    if layer == "roce":
+        gid(view, nodes, hcas, choice, nccl, derived)
+
+
+def nvls(view: ClusterView, nodes: Sequence[str], derived: Derived) -> None:
+    """NCCL_NVLS_ENABLE=0 when NVLS (NVLink SHARP) cannot work on one of the nodes (preflight.derived.nvls.assess:
+    NVLS-capable NVSwitch hardware whose fabric is not programmed); otherwise nothing (NCCL's own default
+    2 uses NVLS where CUDA reports multicast, and that is what the proof measures).
+
+    0 costs nothing where NVLS cannot work, and it must be the same on every rank (NCCL_NVLS_ENABLE is one
+    of the settings nccl_env requires to match): with NCCL 2.29 and later a failed multicast bind fails the
+    job's init instead of falling back (src/transport/nvls.cc; 2.29.2 release notes)."""
+    from preflight.derived.nvls import assess
+
+    by_name = {n.name: n for n in view.live}
+    states = {n: assess(view, by_name[n]) for n in nodes if n in by_name}
+    broken = [n for n, s in states.items() if s.kind == "unusable"]
+    if not broken:
+        return
+    reasons: Dict[str, List[str]] = {}
+    for n in broken:
+        reasons.setdefault("; ".join(states[n].unmet), []).append(n)
+    nccl = sorted({s.nccl for n, s in states.items() if n in broken and s.nccl})
+    why = ["nvls check: NVLS (NVLink SHARP) cannot work on %s" % "; ".join(
+        "%s: %s" % (fold_names(on), what) for what, on in reasons.items()),
+        "NCCL %s: from 2.29 a failed NVLS multicast bind fails the job's init instead of falling back; 0 turns NVLS off "
+        "(ring/tree over NVLink run as before) and must be the same on every rank" % (", ".join(nccl) or "(version unknown)")]
+    ready = [n for n, s in states.items() if s.kind == "ready"]
+    if ready:
+        why.append("this also turns NVLS off on %s, where it works: fix the fabric on %s (fabric_manager) to get it back"
+                   % (fold_names(ready), fold_names(broken)))
+    derived.variables.append(EnvVar("NCCL_NVLS_ENABLE", "0", why))
+
+
+def port_gids(port: Any) -> List[Dict[str, Any]]:
+    """The port's RoCE v2 IPv4 GIDs [{index, ip, ndev}], valid indexes only (facts before roce_v2_gids: the lowest)."""
+    if not isinstance(port, dict):
+        return []
+    gids = port.get("roce_v2_gids")
+    if not isinstance(gids, list):
+        gids = [{"index": port.get("roce_v2_gid_index"), "ip": port.get("roce_v2_ip"), "ndev": None}]
+    out = []
+    for g in gids:
+        index = g.get("index") if isinstance(g, dict) else None
+        if isinstance(index, int) and not isinstance(index, bool) and 0 <= index < 1024:
+            out.append(g)
+    return out
+
+
+def in_subnet(ip: Any, subnet: Optional[str]) -> bool:
+    try:
+        return subnet is not None and ipaddress.ip_address(str(ip)) in ipaddress.ip_network(subnet)
+    except ValueError:
+        return False
+
+
+def gid(view: ClusterView, nodes: Sequence[str], rails: Sequence[str], choice: Any, nccl: Dict[str, Optional[str]], derived: Derived) -> None:
+    """The RoCE GID: the RoCE v2 IPv4 entry in the data subnet (a VLAN's, not the untagged lowest one), pinned
+    with NCCL_IB_GID_INDEX where NCCL < 2.21 needs it, NCCL_IB_ADDR_RANGE where 2.21+ would pick another."""
+    from preflight.checks.ib_hca import rule as ib_hca_rule
+    subnet = choice.subnet
+    picked: Dict[str, Dict[str, Dict[str, Any]]] = {}
+    lowest: Dict[str, Dict[str, int]] = {}
+    unclear: Dict[str, List[str]] = {}
+    for node in nodes:
+        hca = (view.facts.get(node) or {}).get("ib_hca") or {}
+        by_label = {ib_hca_rule.port_label(p): p for p in hca.get("ports") or [] if isinstance(p, dict)}
+        for label in rails:
+            gids = port_gids(by_label.get(label))
+            inside = [g for g in gids if in_subnet(g.get("ip"), subnet)]
+            pick = inside[0] if inside else (gids[0] if len(gids) == 1 else None)
+            if pick is None:
+                why = "no RoCE v2 GID with an IPv4 address" if not gids else "%d RoCE v2 IPv4 GIDs, none in the data subnet %s" % (len(gids), subnet or "?")
+                unclear.setdefault(why, []).append("%s %s" % (node, label))
+                continue
+            picked.setdefault(node, {})[label] = pick
+            lowest.setdefault(node, {})[label] = gids[0]["index"]
+    if unclear:
+        derived.notes.append(
+            "NCCL_IB_GID_INDEX not written: %s; set NCCL_IB_GID_INDEX (NCCL_IB_ADDR_RANGE from NCCL 2.21) to the RoCE v2 entry of the data network by hand"
+            % "; ".join("%s: %s" % (", ".join(where), why) for why, where in unclear.items())
+        )
+        return
+    entries = [(n, label, g) for n in nodes for label, g in picked[n].items()]
+    versions = {n: version_key(nccl.get(n)) for n in nodes}
+    shown = ", ".join(derived.versions.get("nccl") or []) or "not found"
+    by_subnet = " (the entry in the data subnet %s)" % subnet if any(in_subnet(g.get("ip"), subnet) for _, _, g in entries) else ""
+    if all(v is not None and v >= NCCL_GID_AUTO for v in versions.values()):
+        moved = [(n, label, g) for n, label, g in entries if g["index"] != lowest[n][label]]
+        if not moved:
+            indexes = sorted({g["index"] for _, _, g in entries})
+            derived.notes.append(
+                "NCCL_IB_GID_INDEX not written: NCCL %s (2.21 and later) picks the first RoCE v2 IPv4 GID per port itself, here GID %s%s; "
+                "a pinned index would freeze a GID table that can change" % (shown, ",".join(map(str, indexes)), by_subnet)
+            )
+            return
+        n, label, g = moved[0]
+        found = "on %s the first RoCE v2 IPv4 GID is GID %d, outside the data subnet; GID %d (%s%s) is in it" % (
+            "%s %s" % (n, label), lowest[n][label], g["index"], g.get("ip"), " on %s" % g["ndev"] if g.get("ndev") else "")
+        outside = ["%s %s" % (n, label) for n, label, g in entries if not in_subnet(g.get("ip"), subnet)]
+        if not outside:
+            derived.variables.append(
+                EnvVar(
+                    "NCCL_IB_ADDR_RANGE",
+                    str(ipaddress.ip_network(subnet, strict=False)),
+                    ["ib_hca check: %s" % found,
+                     "NCCL %s (2.21 and later) picks the first RoCE v2 GID within NCCL_IB_ADDR_RANGE: RoCE stays on the interface/VLAN "
+                     "that carries the data subnet, whatever the GID table's order" % shown],
+                )
+            )
+            return
+        # a range would leave the ports addressed outside the data subnet without a GID: pin the index instead
+        gate = "NCCL %s would pick another GID itself (%s), and NCCL_IB_ADDR_RANGE cannot serve %s, addressed outside it" % (
+            shown, found, ", ".join(outside))
+    elif any(v is None for v in versions.values()):
+        gate = "NCCL's version was not found on %s; pinned, as NCCL before 2.21 needs" % fold_names([n for n, v in versions.items() if v is None])
+    else:
+        gate = "NCCL %s: before 2.21 NCCL uses GID index 0 (RoCE v1) unless told" % shown
+    indexes = {g["index"] for _, _, g in entries}
+    if len(indexes) == 1:
+        index = indexes.pop()
+        derived.variables.append(
+            EnvVar("NCCL_IB_GID_INDEX", str(index), ["ib_hca check: GID index %d is RoCE v2 with an IPv4 address%s on every port" % (index, by_subnet), gate])
+        )
+        return
+    mixed = [n for n in nodes if len({g["index"] for g in picked[n].values()}) > 1]
+    if mixed:
+        derived.notes.append(
+            "NCCL_IB_GID_INDEX not written: the RoCE v2 GID index differs across the ports of %s and NCCL takes one index per process; "
+            "give every port its RoCE address in the same GID slot (%s)" % (fold_names(mixed), gate)
+        )
+        return
+    for n in nodes:
+        derived.per_node.setdefault(n, {})["NCCL_IB_GID_INDEX"] = str(next(iter(picked[n].values()))["index"])
+    derived.notes.append(
+        "NCCL_IB_GID_INDEX not written: the RoCE v2 GID index differs across nodes (%s) and %s; set it per node (see the per-node values)"
+        % ("; ".join("%s: %s" % (fold_names([n for n in nodes if derived.per_node[n]["NCCL_IB_GID_INDEX"] == i]), i)
+                     for i in sorted({derived.per_node[n]["NCCL_IB_GID_INDEX"] for n in nodes})), gate)
+    )
+
+
+def left_out_ports(left_out: Dict[str, List[Tuple[str, str]]], nodes: Sequence[str]) -> List[str]:
+    """'left out mlx5_bond_0:1 on n[001-002]: RoCE at 200 Gb/s; the rails are InfiniBand at 400 Gb/s'."""
+    where: Dict[Tuple[str, str], List[str]] = {}
+    for node in nodes:
+        for label, why in left_out.get(node) or []:
+            where.setdefault((label, why), []).append(node)
+    return ["left out %s on %s: %s" % (label, fold_names(on), why) for (label, why), on in where.items()]
+
+
+def proof_logs(report: Any) -> Dict[str, Dict[str, Any]]:
+    """{node: what NCCL chose there in the proof (the allreduce findings' data["nccl"], from its NCCL log)}."""
+    out = {}
+    for f in report.findings:
+        nccl = f.data.get("nccl") if f.check == "allreduce" and f.node and isinstance(f.data, dict) else None
+        if isinstance(nccl, dict):
+            out[f.node] = nccl
+    return out
+
+
+def seen(logs: Dict[str, Dict[str, Any]], key: str) -> List[str]:
+    return sorted({str(v) for log in logs.values() for v in log.get(key) or [] if v})
+
+
+def with_proof(derived: Derived, logs: Dict[str, Dict[str, Any]]) -> Tuple[List[EnvVar], List[str]]:
+    """The variables and extra notes once the proof's NCCL log is known: NCCL_NET_PLUGIN pinned to what the
+    proven run used, and the NCCL_IB_DISABLE=1 comment saying which net plugin carries the traffic.
+
+    The log lines (NCCL src/plugin/net.cc; real logs: NVIDIA/nccl#892 "NET/Plugin: Loaded net plugin NCCL
+    RDMA Plugin (v5)" on 2.18, NVIDIA/nccl#1737 "Plugin Path : .../libnccl-net.so" (HPC-X SHARP), a DGX Spark
+    NCCL 2.28.9 log "NET/Plugin: Could not find: libnccl-net.so" (internal), aws-samples/aws-efa-eks's
+    README "Using network AWS Libfabric" (EFA)): "Using network IB | Socket | AWS Libfabric | IBext_v8 |
+    GPUDirectTCPX | FasTrak" names the network that carried the traffic. A plugin's network (EFA, TCPX/TCPXO, SHARP) is never turned off with
+    'none'; an internal IB/Socket run beside a loaded plugin is pinned with 'none'.
+    """
+    variables = list(derived.variables)
+    networks = sorted({t.split("/", 1)[1] for log in logs.values() for t in log.get("transport") or [] if str(t).startswith("NET/")})
+    if not networks:
+        return variables, []
+    loaded = [p for p in seen(logs, "plugin") if p != "internal"]
+    external = [n for n in networks if n not in ("IB", "Socket")]
+    on = fold_names(list(logs))
+    if external:
+        carried = "the proven run's traffic on %s went over the net plugin %s (%s)" % (
+            on, "/".join(external), ", ".join(loaded) or "loaded by its default name libnccl-net.so")
+        for i, var in enumerate(variables):
+            if var.key == "NCCL_IB_DISABLE" and var.value == "1":
+                variables[i] = EnvVar(var.key, var.value, ["ib_hca check: no ACTIVE InfiniBand/RoCE port on %s: NCCL's own InfiniBand "
+                                                           "transport is off; %s, which this does not turn off" % (fold_names(derived.nodes), carried)])
+        names = sorted({m.group(1) for m in (PLUGIN_FILE_RE.search(p) for p in loaded) if m})
+        if len(names) == 1 and PLUGIN_NAME_RE.match(names[0]):
+            variables.append(EnvVar("NCCL_NET_PLUGIN", names[0], [
+                "all-reduce NCCL log: %s" % carried,
+                "pinned by name: NCCL loads libnccl-net-%s.so, not another libnccl-net*.so found first on the library path; "
+                "never 'none' here, which would turn %s off" % (names[0], "/".join(external))]))
+            return variables, []
+        return variables, ["NCCL_NET_PLUGIN not written: %s, which NCCL finds by its default name; never set it to none "
+                           "here (that turns %s off)" % (carried, "/".join(external))]
+    if loaded:
+        variables.append(EnvVar("NCCL_NET_PLUGIN", "none", [
+            "all-reduce NCCL log on %s: the net plugin %s was loaded, but the traffic went over NCCL's internal %s" % (on, ", ".join(loaded), "/".join(networks)),
+            "'none' keeps it so: NCCL then loads no libnccl-net*.so (HPC-X's SHARP plugin on the library path, say) and runs "
+            "the transport that was proven"]))
+        return variables, []
+    return variables, ["NCCL_NET_PLUGIN not written: the proven run on %s loaded no net plugin and used NCCL's internal %s"
+                       % (on, "/".join(networks))]
