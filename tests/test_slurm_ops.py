@@ -139,7 +139,8 @@ def test_interrupt_while_writing_outputs(cluster, kind):
     else:
         _, rest = proc.communicate(timeout=60)
     err = (said + rest).decode()
-    assert proc.returncode == {"EPIPE": 2, signal.SIGKILL: -signal.SIGKILL}.get(kind, 128 + kind), err
+    expected = 2 if kind == "EPIPE" else -kind if kind == signal.SIGKILL else 128 + kind
+    assert proc.returncode == expected, err
     assert s.reservations() == [], err  # deleted when the verdict was acted on, before the report went out
     reasons = s.reasons()
     assert "n003" not in reasons and reasons["n004"].startswith("preflight: mtu: ") and reasons["n004"] != OLD, (reasons, err)
