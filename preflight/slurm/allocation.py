@@ -21,16 +21,15 @@ import re
 import shlex
 import signal
 import subprocess
-import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.common import expand, fold
 from preflight.errors import UsageError
 from preflight.inventory import NodeSpec
 from preflight.slurm.scontrol import (BUSY_STATES, hostnames, GRANTED_RE, SALLOC, SCANCEL, SCONTROL, SQUEUE, SlurmError,
-                                      bad_state, job_gpus, node_info, ours, run)
-from preflight.slurm.leftovers import delete_reservation
+                                      bad_state, job_gpus, left_alone_why, node_info, ours, run)
+from preflight.slurm.leftovers import delete_reservation, owner_name, sweep
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +104,6 @@ class Allocation:
         drained again with its old reason (it was resumed only to be rechecked, and was not proven
         healthy), and only then is the reservation deleted (no other job can land on it in between).
         What it undoes is logged (a warning: the operator reads it on stderr)."""
-        from preflight.slurm.scontrol import left_alone_why
-
         self.release_job()
         held, self.held = self.held, {}
         for node, reason in sorted(held.items()):
@@ -191,13 +188,11 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
     again every one that does not pass (Allocation.held keeps their old reasons; Allocation.release
     drains again every one not settled, on any exit: an error, Ctrl-C, SIGTERM, here while salloc waits).
     """
-    from preflight.slurm import leftovers
-
-    leftovers.sweep()  # a killed run's job would hold the nodes, its reservation keep them out of service
+    sweep()  # a killed run's job would hold the nodes, its reservation keep them out of service
     minutes = max(1, int(math.ceil((timeout + run_s) / 60.0)))
     # whole nodes: the bandwidth test and the rendezvous port must not share them with a running job;
     # a name of its own, so an interrupted wait can cancel exactly this request, which says whose it is
-    name = leftovers.owner_name()
+    name = owner_name()
     argv = [SALLOC, "--no-shell", "-J", name, "-t", str(minutes), "--immediate=%d" % int(timeout), "--exclusive",
             # a node that fails mid-run (the dead one it is there to find) must not end the job for all
             "--no-kill"]
@@ -293,8 +288,6 @@ def _hold(pending: Allocation, name: str, held: Dict[str, str]) -> None:
     each held node inside it if it is still drained by preflight (re-read just before). Each step is
     recorded on `pending` before it is taken, so its release() undoes what was done."""
     import pwd
-
-    from preflight.slurm.scontrol import left_alone_why
 
     pending.reservation = name
     out = run([SCONTROL, "create", "reservation", "ReservationName=%s" % name, "Nodes=%s" % fold(held),
