@@ -594,3 +594,37 @@ def test_sigkill_over_ssh_leaves_no_process_on_the_nodes(cluster, tmp_path):
         assert cluster.leftover_processes(timeout=60) == {}
     finally:
         os.unlink(planted)
+
+
+def test_a_running_run_and_another_hosts_leftovers_are_not_cleaned(cluster, tmp_path):
+    """The twins of a dead run's leftovers: a --resume run still running on this host (n003 resumed for its
+    recheck, at its gate) keeps its job and reservation while a second run starts; a reservation whose
+    owner ran on another host cannot be asked, so it is named with the commands that clean it and kept."""
+    s = cluster.slurm
+    s.drain("n003", OLD)
+    foreign = "preflight-0123abcd-4242-99-login2.example"
+    made = s.run(["scontrol", "create", "reservation", "ReservationName=%s" % foreign, "Nodes=n004", "StartTime=now",
+                  "Duration=UNLIMITED", "Users=root", "Flags=maint,ignore_jobs,flex"])
+    assert made.returncode == 0, made.stderr
+    reached, opened, planted = _gate(cluster, tmp_path, "n003")
+    try:
+        proc = _start_resume(cluster, ["--only", "ssh,nic,mtu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait("n003's ping at the gate", reached.exists, timeout=150)
+            mine = [r for r in s.reservations() if r != foreign]
+            second = _run(cluster, ["check", "--slurm", "--nodelist", "n001", "--only", "ssh", "--alloc-wait", "3"])
+            assert "killed preflight run" not in second.stderr, second.stderr
+            assert "left as is: reservation %s over n004 of a preflight run on login2.example (pid 4242)" % foreign in \
+                " ".join(second.stderr.split()), second.stderr
+            assert "scontrol delete reservation=%s" % foreign in second.stderr, second.stderr
+            assert sorted(s.reservations()) == sorted(mine + [foreign]), s.reservations()
+            opened.touch()
+            out, err = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    finally:
+        os.unlink(planted)
+    assert proc.returncode == 0 and "resume: n003" in out, out + err[-2000:]
+    assert s.reservations() == [foreign] and s.reasons() == {}, (s.reservations(), s.reasons())
