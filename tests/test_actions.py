@@ -117,3 +117,63 @@ def test_report_json_carries_gpu_serials_and_per_gpu_failure():
         {"index": 0, "pci_bus_id": "00000000:18:00.0", "uuid": "GPU-a", "serial": "111", "failed": True},
         {"index": 1, "pci_bus_id": "00000000:2A:00.0", "uuid": "GPU-b", "serial": "222", "failed": False},
     ]}}
+
+
+# --- Slurm: whose a node is just before preflight acts, and whose a leftover is (issue 39 items 3, 5) -------
+
+
+def test_a_node_someone_drained_or_set_down_is_left_alone_and_resume_needs_preflights_drain():
+    from preflight.slurm.scontrol import left_alone_why
+
+    rma = {"state": ["IDLE", "DRAIN"], "reason": "RMA bad DIMM, do not return"}
+    assert left_alone_why("drain", rma) == "drained by someone else: RMA bad DIMM, do not return"
+    assert left_alone_why("resume", rma) == "drained by someone else: RMA bad DIMM, do not return"
+    assert left_alone_why("drain", {"state": ["DOWN*"], "reason": "PSU"}) == "Slurm marked it DOWN*: PSU"
+    assert left_alone_why("drain", {"state": ["ALLOCATED", "DRAIN"], "reason": None}) == "drained by someone else: ALLOCATED+DRAIN"
+    # the twins: preflight's own drain (also the node-mode wrapper's) and a node in service are preflight's to act on
+    ours = {"state": ["IDLE", "DRAIN"], "reason": "preflight: FAIL nic: eth1 down"}
+    assert left_alone_why("drain", ours) is None and left_alone_why("resume", ours) is None
+    assert left_alone_why("drain", {"state": ["IDLE"], "reason": None}) is None
+    assert left_alone_why("resume", {"state": ["IDLE"], "reason": None}) == "not drained any more: Slurm reports it IDLE"
+
+
+def test_apply_rereads_each_node_and_leaves_a_mid_run_drain_alone():
+    import subprocess
+
+    from preflight.slurm import drain
+    from preflight.slurm.scontrol import SlurmError
+
+    p = drain.Plan(drain={"n002": "preflight: mtu: lost", "n003": "preflight: mtu: lost"}, resume=["n004"])
+    now = {"n002": {"state": ["IDLE"], "reason": None}, "n003": {"state": ["IDLE", "DRAIN"], "reason": "RMA"},
+           "n004": {"state": ["IDLE", "DRAIN"], "reason": "preflight: old"}}
+    ran = []
+    errors = drain.apply(p, lambda argv: ran.append(argv) or subprocess.CompletedProcess(argv, 0, "", ""), now.__getitem__)
+    assert errors == [] and [a[2] for a in ran] == ["nodename=n002", "nodename=n004"]
+    assert p.lines() == ["drain: n002", "resume: n004", "left alone: n003 (drained by someone else during this run: RMA)"]
+
+    def unreadable(node):
+        raise SlurmError("scontrol show node %s failed: timed out" % node)
+
+    p, ran = drain.Plan(drain={"n002": "preflight: x"}), []
+    errors = drain.apply(p, lambda argv: ran.append(argv), unreadable)
+    assert ran == [] and errors == ["could not re-read n002 before its drain (scontrol show node n002 failed: timed out): "
+                                    "left as it is"]
+
+
+def test_a_leftover_names_its_owner_and_is_dead_only_when_its_process_is_gone_here():
+    import os
+
+    from preflight.slurm import leftovers
+
+    mine = leftovers.owner_name()
+    pid, start, host = leftovers.owner(mine)
+    assert pid == os.getpid() and leftovers.alive(mine) is True
+    dead = "preflight-0123abcd-%d-%s-%s" % (pid, int(start) + 1, host)  # the same pid, another process: reused
+    assert leftovers.alive(dead) is False
+    assert leftovers.alive("preflight-0123abcd-1-2-another-host.example") is None  # cannot be asked from here
+    assert leftovers.owner("preflight-test") is None and leftovers.owner("preflight-0123abcd") is None
+    assert leftovers.parse_jobs("12 preflight-x\n13 user job\n") == {"preflight-x": ["12"], "user job": ["13"]}
+    text = ("ReservationName=preflight-0123abcd-1-2-h StartTime=2026-11-28T05:47:22 EndTime=2027-11-28T05:47:22 "
+            "Duration=365-00:00:00 Nodes=n[003-004] NodeCnt=2 Flags=MAINT,FLEX,IGNORE_JOBS,SPEC_NODES\n")
+    assert leftovers.parse_reservations(text) == {"preflight-0123abcd-1-2-h": ["n003", "n004"]}
+    assert leftovers.parse_reservations("No reservations in the system\n") == {}

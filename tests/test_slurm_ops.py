@@ -108,11 +108,12 @@ def test_interrupt_mid_run(cluster, kind):
     _wait("the job and its step to end", lambda: not [j for j in s.jobs() if "preflight" in j] and not s.leftover_steps(), 60)
 
 
-@pytest.mark.parametrize("kind", [signal.SIGINT, signal.SIGTERM, "EPIPE"], ids=["SIGINT", "SIGTERM", "EPIPE"])
+@pytest.mark.parametrize("kind", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL, "EPIPE"], ids=["SIGINT", "SIGTERM", "SIGKILL", "EPIPE"])
 def test_interrupt_while_writing_outputs(cluster, kind):
     """The verdict is acted on before any file is written: n003 passed and is back in service, n004
-    (drained by preflight, still failing) is drained with this run's reason; an interrupt or a write
-    error while the JSON goes out (a 4 KiB pipe nobody reads) changes neither and leaves no reservation."""
+    (drained by preflight, still failing) is drained with this run's reason; an interrupt, a SIGKILL or a
+    write error while the JSON goes out (a 4 KiB pipe nobody reads) changes neither and leaves no
+    reservation (nor a job: the transport released it when the checks ended)."""
     s = cluster.slurm
     s.drain("n003", OLD)
     s.drain("n004", OLD)
@@ -138,26 +139,32 @@ def test_interrupt_while_writing_outputs(cluster, kind):
     else:
         _, rest = proc.communicate(timeout=60)
     err = (said + rest).decode()
-    assert proc.returncode == (2 if kind == "EPIPE" else 128 + kind), err
-    assert s.reservations() == [], err
+    expected = 2 if kind == "EPIPE" else -kind if kind == signal.SIGKILL else 128 + kind
+    assert proc.returncode == expected, err
+    assert s.reservations() == [], err  # deleted when the verdict was acted on, before the report went out
     reasons = s.reasons()
     assert "n003" not in reasons and reasons["n004"].startswith("preflight: mtu: ") and reasons["n004"] != OLD, (reasons, err)
     if kind == "EPIPE":
         assert "cannot write the standard output" in err and "Traceback" not in err
 
 
-def test_reservation_lasts_the_wait_plus_the_run_not_30_minutes(cluster):
+def test_the_job_lasts_the_wait_plus_the_run_the_reservation_until_a_run_decides(cluster):
+    """The job preflight makes ends at the wait plus the run's longest (3 minutes here, not 30); the recheck
+    reservation covers only the node resumed for its recheck (FLEX: the job takes the others outside it)
+    and has no end a run could outlive: only a run that decided deletes it."""
     s = cluster.slurm
     s.drain("n003", OLD)
     cluster.hang_commands("n003")
     proc = _start_resume(cluster, ["--only", "ssh", "--timeout", "20", "--alloc-wait", "30"], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-    _wait("reservation", lambda: s.reservations())
+    _wait("the job", lambda: any(" preflight-" in j and "RUNNING" in j for j in s.jobs()))
     shown = s.run(["scontrol", "-o", "show", "reservation"]).stdout
+    limit = s.run(["squeue", "-h", "-o", "%j %l"]).stdout
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
     # 30 s wait + 3 phases x 20 s + 60 s = 150 s: 3 minutes, not 30
-    assert "Duration=00:03:00" in shown, shown
+    assert any(line.startswith("preflight-") and line.endswith(" 3:00") for line in limit.splitlines()), limit
+    assert "Nodes=n003 " in shown and "Duration=365-00:00:00" in shown and "FLEX" in shown, shown
 
 
 def test_a_node_that_goes_down_mid_run_does_not_end_the_run_for_the_others(cluster):
@@ -398,3 +405,226 @@ def test_prolog_from_the_readme_drains_with_a_reason_resume_returns(cluster, tmp
     assert s.run(["scontrol", "release", job]).returncode == 0  # the README's release of the held job
     # released: no longer held (a requeued job may wait for its BeginTime before it runs on n002)
     _wait("the job released", lambda: not any(j.startswith(job + " ") and "held" in j.lower() for j in s.jobs()), 60)
+
+
+# --- 8. an admin's drain made during a run is theirs (issue 39 item 3) --------------------------------
+
+RMA = "RMA bad DIMM, do not return"
+
+
+def _gate(cluster, tmp_path, node, tool="ping"):
+    """The node's `tool` stops at a gate until opened: returns (reached, opened, planted) paths. While it
+    waits the run is mid-step, with the bundle (and its stdin watchdog) running on the node."""
+    reached, opened = tmp_path / ("%s-reached" % node), tmp_path / ("%s-open" % node)
+    planted = cluster.node(node).install_executable(
+        tool, "#!/bin/sh\ntouch %s\nwhile [ ! -e %s ]; do sleep 0.2; done\nexec %s \"$@\"\n" % (reached, opened, shutil.which(tool)))
+    return reached, opened, planted
+
+
+def _drain_mid_run(cluster, tmp_path, argv, node, reason):
+    """Run preflight with argv; when `node`'s ping is at its gate (the step runs), drain it by hand with
+    `reason`, then open the gate. Returns the finished run (stdout, stderr, rc)."""
+    reached, opened, planted = _gate(cluster, tmp_path, node)
+    try:
+        proc = cluster.ctl_popen([PREFLIGHT] + argv + ["--no-progress"], env=cluster.slurm.env(), stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait("%s's ping at the gate" % node, reached.exists, timeout=150)
+            cluster.slurm.drain(node, reason)
+            opened.touch()
+            out, err = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    finally:
+        os.unlink(planted)
+    return out, err, proc.returncode
+
+
+def test_an_admins_drain_during_the_run_is_not_overwritten(cluster, tmp_path):
+    """n003 fails mtu; while the run checks it an admin drains it ("RMA bad DIMM, do not return"). --drain
+    re-reads n003 just before its `scontrol update`: the admin's reason stays and the run says so. Its twin,
+    n004 failing too with no one touching it, is drained with preflight's reason."""
+    cluster.mtu_blackhole("n003")
+    cluster.mtu_blackhole("n004")
+    out, err, rc = _drain_mid_run(cluster, tmp_path, ["check", "--slurm", "--nodelist", ALL, "--only", "ssh,nic,mtu",
+                                                      "--drain", "--max-drain-fraction", "0.5"], "n003", RMA)
+    reasons = cluster.slurm.reasons()
+    assert reasons["n003"] == RMA, (reasons, err[-2000:])
+    assert reasons["n004"].startswith("preflight: mtu: "), reasons
+    assert "left alone: n003 (drained by someone else during this run: %s)" % RMA in " ".join(out.split()), out
+    assert "drain: n004" in out and rc == 1, out
+
+
+def test_an_admins_drain_of_a_node_under_recheck_is_never_resumed(cluster, tmp_path):
+    """n003 and n004 were drained by preflight; --resume rechecks both. n003 still fails, and while the run
+    checks it an admin drains it for an RMA: the run's re-drain of its held node re-reads it and keeps the
+    admin's reason, and the next --resume (n003 healed) leaves it drained. The twin: n004 passes and is
+    returned to service."""
+    s = cluster.slurm
+    s.drain("n003", OLD)
+    s.drain("n004", OLD)
+    cluster.mtu_blackhole("n003")
+    argv = ["check", "--slurm", "--nodelist", ALL, "--only", "ssh,nic,mtu", "--resume", "--drain", "--max-drain-fraction", "0.5"]
+    out, err, rc = _drain_mid_run(cluster, tmp_path, argv, "n003", RMA)
+    assert s.reasons() == {"n003": RMA}, (s.reasons(), out, err[-2000:])
+    assert "left alone: n003 (drained by someone else during this run: %s)" % RMA in " ".join(out.split()), out
+    assert "resume: n004" in out and s.reservations() == [], out
+    cluster.heal()
+    again = _run(cluster, argv)
+    assert s.reasons() == {"n003": RMA}, (again.stdout, again.stderr[-2000:])
+    assert "left alone: n003 (drained by someone else: %s)" % RMA in " ".join(again.stdout.split()), again.stdout
+
+
+# --- 9. SIGKILL of the controller: nothing it resumed takes user work; the next run cleans (item 5) -----
+
+
+def _refused_to_users(cluster, node):
+    """A user's job cannot start on `node` now (salloc gives up at once)."""
+    got = cluster.slurm.run(["salloc", "--no-shell", "-N1", "-w", node, "-t", "1", "--immediate=3", "-J", "user-job"],
+                            timeout=60)
+    if "Granted job allocation" in got.stderr:
+        cluster.slurm.run(["scancel", "--name=user-job"])
+        return False
+    return True
+
+
+def _sigkill(proc):
+    """SIGKILL the real preflight process (ip netns exec execs it: proc.pid is preflight's)."""
+    proc.kill()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, err
+    return err
+
+
+def _next_run_cleans(cluster, left_node):
+    """The next plain run names the dead run's job and reservation, drains `left_node` again (resumed for a
+    recheck never decided), deletes the reservation and cancels the job."""
+    s = cluster.slurm
+    resv = [r for r in s.reservations() if r.startswith("preflight-")]
+    assert len(resv) == 1, s.reservations()
+    shown = s.run(["scontrol", "-o", "show", "reservation", resv[0]]).stdout
+    assert "Duration=365-00:00:00" in shown and "Nodes=%s " % left_node in shown, shown  # no end a run outlives
+    nxt = _run(cluster, ["check", "--slurm", "--nodelist", ALL, "--only", "ssh"])
+    err = nxt.stderr
+    assert "a killed preflight run (pid" in err and "reservation %s over %s" % (resv[0], left_node) in err, err
+    assert "%s: resumed for a recheck that never ended: drained again" % left_node in err, err
+    assert "reservation %s deleted" % resv[0] in err, err
+    assert s.reservations() == [], err
+    assert s.reasons()[left_node].startswith("preflight: recheck not finished: the run that resumed it (%s)" % resv[0])
+    assert [j for j in s.jobs() if " preflight-" in j] == [], s.jobs()
+    assert nxt.returncode == 0, nxt.stdout + err  # n003 is unavailable now (drained by preflight), the rest pass
+    return err
+
+
+def test_sigkill_while_salloc_waits_keeps_the_resumed_node_out_of_service(cluster):
+    """--resume resumed n003 into its reservation, then waits for n002 (someone's job). SIGKILL there: the
+    reservation stays (no end), so n003 takes no user job; the next run cancels the dead run's request,
+    drains n003 again and deletes the reservation."""
+    s = cluster.slurm
+    s.drain("n003", OLD)
+    blocker = s.run(["salloc", "--no-shell", "-N1", "-w", "n002", "-t", "5", "-J", "someones-job"])
+    assert "Granted" in blocker.stderr, blocker.stderr
+    proc = _start_resume(cluster, ["--only", "ssh", "--alloc-wait", "120"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    _wait("waiting preflight allocation", lambda: any(" preflight-" in j and "PENDING" in j for j in s.jobs()))
+    assert "n003" not in s.reasons()  # resumed inside the reservation
+    _sigkill(proc)
+    assert _refused_to_users(cluster, "n003")
+    s.run(["scancel", "--name=someones-job"])
+    err = _next_run_cleans(cluster, "n003")
+    assert "job " in err.split("a killed preflight run", 1)[1], err
+
+
+def test_sigkill_mid_step_keeps_the_resumed_node_out_of_service(cluster, tmp_path):
+    """SIGKILL while n003 (resumed for its recheck) runs its checks: the step ends on its own (the bundle's
+    stdin watchdog: srun's stdin closed with preflight), the job stays until its limit, the reservation
+    keeps n003 from user jobs; the next run names and cleans both."""
+    s = cluster.slurm
+    s.drain("n003", OLD)
+    reached, _, planted = _gate(cluster, tmp_path, "n003")
+    try:
+        proc = _start_resume(cluster, ["--only", "ssh,nic,mtu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _wait("n003's ping at the gate", reached.exists, timeout=150)
+        _sigkill(proc)
+        _wait("the orphaned step to end", lambda: not s.leftover_steps(), timeout=60)
+        assert any(" preflight-" in j and "RUNNING" in j for j in s.jobs()), s.jobs()  # the job: until its limit
+    finally:
+        os.unlink(planted)
+    assert "n003" not in s.reasons() and _refused_to_users(cluster, "n003")
+    _next_run_cleans(cluster, "n003")
+
+
+def test_sigkill_mid_step_of_drain_leaves_only_its_job_which_the_next_run_cancels(cluster, tmp_path):
+    """--drain changes no node before its verdict: a SIGKILL mid-step leaves its job (the nodes held
+    until its time limit) and no step; the next run names the job, cancels it and runs."""
+    s = cluster.slurm
+    cluster.mtu_blackhole("n003")
+    reached, _, planted = _gate(cluster, tmp_path, "n003")
+    try:
+        proc = cluster.ctl_popen([PREFLIGHT, "check", "--slurm", "--nodelist", ALL, "--only", "ssh,nic,mtu", "--drain",
+                                  "--no-progress"], env=s.env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        _wait("n003's ping at the gate", reached.exists, timeout=150)
+        _sigkill(proc)
+        _wait("the orphaned step to end", lambda: not s.leftover_steps(), timeout=60)
+    finally:
+        os.unlink(planted)
+    left = [j.split()[0] for j in s.jobs() if " preflight-" in j]
+    assert len(left) == 1 and s.reasons() == {} and s.reservations() == [], (s.jobs(), s.reasons())
+    nxt = _run(cluster, ["check", "--slurm", "--nodelist", ALL, "--only", "ssh"])
+    assert "a killed preflight run (pid" in nxt.stderr and "left job %s" % left[0] in nxt.stderr, nxt.stderr
+    assert "job %s: cancelled" % left[0] in nxt.stderr and nxt.returncode == 0, nxt.stdout + nxt.stderr
+    assert [j for j in s.jobs() if " preflight-" in j] == [], s.jobs()
+
+
+def test_sigkill_over_ssh_leaves_no_process_on_the_nodes(cluster, tmp_path):
+    """SSH has no scheduler state to leave: what a SIGKILL could leave is the node side. With n003's ping
+    held at its gate (the bundle running there), the controller is killed; its connections drop and every
+    node's bundle, its children included, ends (the stdin watchdog kills its process group)."""
+    inv = cluster.inventory(str(tmp_path / "hosts.yaml"))
+    reached, _, planted = _gate(cluster, tmp_path, "n003")
+    try:
+        proc = cluster.ctl_popen([PREFLIGHT, "check", inv, "--only", "ssh,nic,mtu", "--no-progress"],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _wait("n003's ping at the gate", reached.exists, timeout=150)
+        assert cluster.processes("n003"), "the bundle is not running on n003"
+        _sigkill(proc)
+        assert cluster.leftover_processes(timeout=60) == {}
+    finally:
+        os.unlink(planted)
+
+
+def test_a_running_run_and_another_hosts_leftovers_are_not_cleaned(cluster, tmp_path):
+    """The twins of a dead run's leftovers: a --resume run still running on this host (n003 resumed for its
+    recheck, at its gate) keeps its job and reservation while a second run starts; a reservation whose
+    owner ran on another host cannot be asked, so it is named with the commands that clean it and kept."""
+    s = cluster.slurm
+    s.drain("n003", OLD)
+    foreign = "preflight-0123abcd-4242-99-login2.example"
+    made = s.run(["scontrol", "create", "reservation", "ReservationName=%s" % foreign, "Nodes=n004", "StartTime=now",
+                  "Duration=UNLIMITED", "Users=root", "Flags=maint,ignore_jobs,flex"])
+    assert made.returncode == 0, made.stderr
+    reached, opened, planted = _gate(cluster, tmp_path, "n003")
+    try:
+        proc = _start_resume(cluster, ["--only", "ssh,nic,mtu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait("n003's ping at the gate", reached.exists, timeout=150)
+            mine = [r for r in s.reservations() if r != foreign]
+            second = _run(cluster, ["check", "--slurm", "--nodelist", "n001", "--only", "ssh", "--alloc-wait", "3"])
+            assert "killed preflight run" not in second.stderr, second.stderr
+            assert "left as is: reservation %s over n004 of a preflight run on login2.example (pid 4242)" % foreign in \
+                " ".join(second.stderr.split()), second.stderr
+            assert "scontrol delete reservation=%s" % foreign in second.stderr, second.stderr
+            assert sorted(s.reservations()) == sorted(mine + [foreign]), s.reservations()
+            opened.touch()
+            out, err = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    finally:
+        os.unlink(planted)
+    assert proc.returncode == 0 and "resume: n003" in out, out + err[-2000:]
+    assert s.reservations() == [foreign] and s.reasons() == {}, (s.reservations(), s.reasons())

@@ -4,7 +4,9 @@ An allocation is either the one this process runs in (salloc shell, sbatch scrip
 one preflight makes for the run (`salloc --no-shell --exclusive`) and releases at its end. Nodes Slurm
 reports unusable (down, drained, not responding) are left out of it and named as failures by the fleet.
 `--resume` rechecks the nodes preflight drained: they go into a MAINT reservation, are resumed inside it,
-and are drained again unless they pass (see Allocation.held and the CLI's --resume).
+and are drained again unless they pass (see Allocation.held and the CLI's --resume). The reservation has
+no end a run could outlive: only a run that decided deletes it, so a controller killed with SIGKILL leaves
+those nodes reserved, out of user work, and the next run names and cleans what it left (leftovers.sweep).
 
 `inventory(alloc)` turns an allocation into the Inventory the engine runs on (name = host = the Slurm
 node name; GPUs a node from Slurm's Gres unless given).
@@ -16,19 +18,18 @@ import logging
 import math
 import os
 import re
-import secrets
 import shlex
 import signal
 import subprocess
-import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.common import expand, fold
 from preflight.errors import UsageError
 from preflight.inventory import NodeSpec
 from preflight.slurm.scontrol import (BUSY_STATES, hostnames, GRANTED_RE, SALLOC, SCANCEL, SCONTROL, SQUEUE, SlurmError,
-                                      bad_state, job_gpus, node_info, ours, run)
+                                      bad_state, job_gpus, left_alone_why, node_info, ours, run)
+from preflight.slurm.leftovers import delete_reservation, owner_name, sweep
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +91,13 @@ class Allocation:
                     "scancel %s", self.job_id, why, self.minutes, self.job_id)
 
     def settle(self) -> None:
-        """The held nodes are decided (drained again or returned by --drain/--resume's plan): release()
-        leaves them as they are now."""
+        """The held nodes are decided (drained again or returned by --drain/--resume's plan): the recheck
+        reservation goes now (what passed is in service, what failed is drained), and release() leaves
+        the nodes as they are."""
         self.held = {}
+        if self.reservation:
+            resv, self.reservation = self.reservation, None
+            delete_reservation(resv)
 
     def release(self) -> None:
         """Cancel the job, then undo what an unfinished --resume left: every held node not yet settled is
@@ -102,6 +107,16 @@ class Allocation:
         self.release_job()
         held, self.held = self.held, {}
         for node, reason in sorted(held.items()):
+            try:
+                why = left_alone_why("drain", node_info([node])[node])  # re-read: someone may have drained it
+            except SlurmError as exc:
+                log.warning("could not read %s again (%s): it stays in reservation %s, out of service",
+                            node, exc.message, self.reservation)
+                self.reservation = None  # kept: the next run cleans it (leftovers.sweep)
+                continue
+            if why is not None:
+                log.warning("left alone: %s (%s)", node, why.replace("someone else", "someone else during this run", 1))
+                continue
             out = run([SCONTROL, "update", "nodename=%s" % node, "state=drain", "reason=%s" % reason])
             if out.returncode == 0:
                 log.warning("%s drained again, not rechecked to the end (reason: %s)", node, reason)
@@ -112,23 +127,6 @@ class Allocation:
             resv, self.reservation = self.reservation, None
             if delete_reservation(resv) and held:
                 log.warning("deleted the recheck reservation %s", resv)
-
-
-def delete_reservation(name: str, wait_s: float = 10.0) -> bool:
-    """Delete a reservation, waiting up to wait_s for a job still leaving its nodes. False (logged) when
-    it could not be deleted; True also when it was already gone."""
-    until = time.monotonic() + wait_s
-    while True:
-        out = run([SCONTROL, "delete", "reservation=%s" % name])
-        if out.returncode == 0:
-            return True
-        if "invalid" in out.stderr.lower() or "not found" in out.stderr.lower():
-            return True  # never created, or deleted already
-        if time.monotonic() >= until:
-            log.warning("could not delete reservation %s: %s; delete it: scontrol delete reservation=%s",
-                        name, out.stderr.strip()[:200], name)
-            return False
-        time.sleep(0.5)
 
 
 def current_allocation(environ: Optional[Dict[str, str]] = None) -> Allocation:
@@ -180,20 +178,21 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
     job wait forever, and where the nodes have Gres=gpu:N the job asks for those GPUs (cgroup device
     constraints hide GPUs a job does not hold). With --partition/--nodes, Slurm picks N usable nodes.
     The nodes are taken whole (--exclusive): the checks bind the rendezvous port and time the fabric.
-    The job's time limit (and the reservation's duration) is the wait for the nodes plus run_s, the
-    longest the run may take: what a killed preflight (SIGKILL: nothing can clean up) leaves behind
-    lasts no longer than the run would have.
+    The job's time limit is the wait for the nodes plus run_s, the longest the run may take: a killed
+    preflight's job (SIGKILL: nothing can clean up) holds its nodes no longer than the run would have,
+    or until the next run, which cancels it first (leftovers.sweep: the job's name says whose it is).
 
     recheck_ours (--resume): nodes drained by preflight (reason `preflight:`, slurmd responding) are
-    checked too. A drained node cannot be allocated, so they go into a MAINT reservation with the
-    run's other nodes, are resumed inside it (no other job can start there), and the caller drains
+    checked too. A drained node cannot be allocated, so they go into a MAINT reservation (FLEX: the job
+    also takes the run's other nodes), are resumed inside it (no other job can start there), and the caller drains
     again every one that does not pass (Allocation.held keeps their old reasons; Allocation.release
     drains again every one not settled, on any exit: an error, Ctrl-C, SIGTERM, here while salloc waits).
     """
+    sweep()  # a killed run's job would hold the nodes, its reservation keep them out of service
     minutes = max(1, int(math.ceil((timeout + run_s) / 60.0)))
     # whole nodes: the bandwidth test and the rendezvous port must not share them with a running job;
-    # a name of its own, so an interrupted wait can cancel exactly this request
-    name = "preflight-" + secrets.token_hex(4)
+    # a name of its own, so an interrupted wait can cancel exactly this request, which says whose it is
+    name = owner_name()
     argv = [SALLOC, "--no-shell", "-J", name, "-t", str(minutes), "--immediate=%d" % int(timeout), "--exclusive",
             # a node that fails mid-run (the dead one it is there to find) must not end the job for all
             "--no-kill"]
@@ -228,7 +227,7 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
         argv += ["-p", partition]
     try:
         if held:
-            _hold(pending, usable, held, minutes)
+            _hold(pending, name, held)
             argv.append("--reservation=%s" % pending.reservation)
         rc, said_all = _salloc(argv, name, timeout + 10)
         m = GRANTED_RE.search(said_all)
@@ -283,20 +282,26 @@ def _salloc(argv: List[str], name: str, timeout: float) -> Tuple[int, str]:
         raise
 
 
-def _hold(pending: Allocation, nodes: Sequence[str], held: Dict[str, str], minutes: int) -> None:
-    """A MAINT reservation over `nodes` for `minutes`, then resume the held (preflight-drained) ones
-    inside it. Each step is recorded on `pending` before it is taken, so its release() undoes what was done."""
+def _hold(pending: Allocation, name: str, held: Dict[str, str]) -> None:
+    """A MAINT reservation `name` over the held (preflight-drained) nodes, with no end (Duration=UNLIMITED:
+    only a run that decided deletes it; FLEX: the job may use the run's other nodes too), then resume
+    each held node inside it if it is still drained by preflight (re-read just before). Each step is
+    recorded on `pending` before it is taken, so its release() undoes what was done."""
     import pwd
 
-    pending.reservation = resv = "preflight-" + secrets.token_hex(4)
-    out = run([SCONTROL, "create", "reservation", "ReservationName=%s" % resv, "Nodes=%s" % fold(nodes),
-               "StartTime=now", "Duration=%d" % minutes, "Users=%s" % pwd.getpwuid(os.getuid()).pw_name,
-               "Flags=maint,ignore_jobs"])
+    pending.reservation = name
+    out = run([SCONTROL, "create", "reservation", "ReservationName=%s" % name, "Nodes=%s" % fold(held),
+               "StartTime=now", "Duration=UNLIMITED", "Users=%s" % pwd.getpwuid(os.getuid()).pw_name,
+               "Flags=maint,ignore_jobs,flex"])
     if out.returncode != 0:
         pending.reservation = None
-        raise SlurmError("cannot reserve %s to recheck drained nodes: %s" % (fold(nodes), out.stderr.strip()[:200]),
+        raise SlurmError("cannot reserve %s to recheck drained nodes: %s" % (fold(held), out.stderr.strip()[:200]),
                          "run --resume as a Slurm operator (root or SlurmUser)")
     for node, reason in held.items():
+        why = left_alone_why("resume", node_info([node])[node])
+        if why is not None:
+            log.warning("left alone: %s (%s)", node, why.replace("someone else", "someone else during this run", 1))
+            continue
         pending.held[node] = reason
         run([SCONTROL, "update", "nodename=%s" % node, "state=resume"])
 

@@ -10,7 +10,9 @@ Decisions:
   `sinfo -R` and admins' eyes do not), on one line. The reason names the root cause: a FAIL before an
   ERROR, and never a consequence ("mtu: not tested: no data interface" when nic FAILs on the node).
 - A node drained by someone else (any reason not starting `preflight:`) or marked DOWN by Slurm is never
-  touched. A node Slurm had out of service when the run began is *unavailable* (set_aside): not
+  touched, also when that happened during the run: each node is read again just before each `scontrol
+  update` (drain, re-drain of a node resumed for its recheck, resume), and one that is someone else's now
+  is named "left alone: n003 (drained by someone else during this run: ...)". A node Slurm had out of service when the run began is *unavailable* (set_aside): not
   checked, named with its state and reason, not counted in the exit code or the blast radius
   (--count-unavailable counts it as failing, as before).
 - `--resume` returns to service only nodes whose drain reason starts `preflight:` and which passed this
@@ -25,12 +27,12 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from preflight.common import fold, plural, printable
 from preflight.model import Finding, Status
 from preflight.output.report import UNAVAILABLE, is_consequence, unavailable
-from preflight.slurm.scontrol import REASON_PREFIX, ours
+from preflight.slurm.scontrol import REASON_PREFIX, SlurmError, down as _down, drained as _drained, left_alone_why, node_info, ours
 
 PREFIX = REASON_PREFIX
 REASON_MAX = 120
@@ -39,14 +41,6 @@ REASON_MAX = 120
 def reason_for(finding: Finding) -> str:
     text = printable(" ".join(("%s %s: %s" % (PREFIX, finding.check, finding.message)).split()))  # scontrol show node
     return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3] + "..."
-
-
-def _drained(state: Sequence[str]) -> bool:
-    return any(s.rstrip("*") in ("DRAIN", "DRAINED", "DRAINING") for s in state)
-
-
-def _down(state: Sequence[str]) -> bool:
-    return any(s.rstrip("*") == "DOWN" for s in state)
 
 
 def worst_findings(findings: Iterable[Finding]) -> Dict[str, Finding]:
@@ -90,11 +84,16 @@ class Plan:
     undecided: List[str] = field(default_factory=list)  # problems only a check that could not decide: not drained
     resumed_already: List[str] = field(default_factory=list)  # in service since the recheck reservation
 
+    def updates(self) -> List[Tuple[str, str, List[str]]]:
+        """(node, "drain" | "resume", the scontrol argv) for each update the plan makes, drains first."""
+        out = [(n, "drain", ["scontrol", "update", "nodename=%s" % n, "state=drain", "reason=%s" % r])
+               for n, r in sorted(self.drain.items())]
+        out += [(n, "resume", ["scontrol", "update", "nodename=%s" % n, "state=resume"]) for n in sorted(self.resume)
+                if n not in self.resumed_already]
+        return out
+
     def commands(self) -> List[List[str]]:
-        cmds = [["scontrol", "update", "nodename=%s" % n, "state=drain", "reason=%s" % r] for n, r in sorted(self.drain.items())]
-        cmds += [["scontrol", "update", "nodename=%s" % n, "state=resume"] for n in sorted(self.resume)
-                 if n not in self.resumed_already]
-        return cmds
+        return [argv for _, _, argv in self.updates()]
 
     def lines(self) -> List[str]:
         out = []
@@ -125,11 +124,9 @@ def plan(findings: Iterable[Finding], checked: Sequence[str], slurm_state: Dict[
     for node in checked:
         info = slurm_state.get(node) or {"state": [], "reason": None}
         reason = info.get("reason")
-        if _down(info["state"]) and not ours(reason):
-            out.left_alone[node] = "Slurm marked it %s%s" % ("+".join(info["state"]), ": %s" % reason if reason else "")
-            continue
-        if _drained(info["state"]) and not ours(reason):
-            out.left_alone[node] = "drained by someone else: %s" % (reason or "+".join(info["state"]))
+        why = left_alone_why("drain", info)
+        if why is not None:
+            out.left_alone[node] = why
             continue
         if node in aside:  # not checked in this run (e.g. drained by preflight, no --resume): as it is
             continue
@@ -152,14 +149,31 @@ def plan(findings: Iterable[Finding], checked: Sequence[str], slurm_state: Dict[
     return out
 
 
-def apply(p: Plan, run: Any) -> List[str]:
-    """Run the plan's scontrol commands with `run(argv) -> CompletedProcess`; returns error lines."""
+def apply(p: Plan, run: Any, read: Callable[[str], Dict[str, Any]]) -> List[str]:
+    """Run the plan's scontrol updates with `run(argv) -> CompletedProcess`, each just after re-reading its
+    node with `read(node) -> {"state", "reason"}`: a node someone drained (or Slurm set DOWN) since the run
+    began is theirs, so it leaves the plan for p.left_alone ("during this run"); a node that cannot be
+    re-read is not touched. Returns error lines."""
     errors = []
-    for argv in p.commands():
+    for node, kind, argv in p.updates():
+        try:
+            why = left_alone_why(kind, read(node))
+        except SlurmError as exc:
+            errors.append("could not re-read %s before its %s (%s): left as it is" % (node, kind, exc.message))
+            continue
+        if why is not None:
+            p.left_alone[node] = why.replace("someone else", "someone else during this run", 1)
+            p.drain.pop(node, None)
+            p.resume = [n for n in p.resume if n != node]
+            continue
         done = run(argv)
         if done.returncode != 0:
             errors.append("%s failed: %s" % (" ".join(argv[:3]), (done.stderr or "").strip()[:200]))
     return errors
+
+
+def _read_node(node: str) -> Dict[str, Any]:
+    return node_info([node])[node]
 
 
 def act(findings: Sequence[Finding], nodes: Sequence[str], alloc: Any, drain: bool, resume: bool, max_fraction: float,
@@ -179,12 +193,13 @@ def act(findings: Sequence[Finding], nodes: Sequence[str], alloc: Any, drain: bo
     # the ones that passed were resumed inside the recheck reservation already: a second resume is an
     # invalid transition (IDLE to RESUME) that scontrol rejects
     p.resumed_already = [n for n in p.resume if n in held]
-    for line in p.lines():
-        say(line)
     if dry_run:
+        for line in p.lines():
+            say(line)
         for argv in p.commands():
             say("would run: " + shlex.join(argv))
         return
-    for line in apply(p, scontrol.run):
-        say("drain: " + line)
-    alloc.settle()  # the held nodes are drained again or returned, as the plan says
+    errors = apply(p, scontrol.run, _read_node)
+    for line in p.lines() + ["drain: " + line for line in errors]:  # what was done, after the re-reads
+        say(line)
+    alloc.settle()  # the held nodes are drained again or returned, as the plan says: the reservation goes

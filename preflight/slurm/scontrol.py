@@ -71,6 +71,30 @@ def ours(reason: Optional[str]) -> bool:
     return bool(reason) and reason.startswith(REASON_PREFIX)
 
 
+def drained(state: Sequence[str]) -> bool:
+    """A node in this state (base state and flags) is drained or draining."""
+    return any(s.rstrip("*") in ("DRAIN", "DRAINED", "DRAINING") for s in state)
+
+
+def down(state: Sequence[str]) -> bool:
+    """A node in this state is DOWN."""
+    return any(s.rstrip("*") == "DOWN" for s in state)
+
+
+def left_alone_why(kind: str, info: Dict[str, Any]) -> Optional[str]:
+    """Why a node in this Slurm state ({"state", "reason"}) must not get preflight's update (kind "drain"
+    or "resume"), None when it may: a node someone else drained, or Slurm set DOWN, is theirs; a resume
+    also needs preflight's own drain still in place."""
+    state, reason = list(info.get("state") or []), info.get("reason")
+    if down(state) and not ours(reason):
+        return "Slurm marked it %s%s" % ("+".join(state), ": %s" % reason if reason else "")
+    if drained(state) and not ours(reason):
+        return "drained by someone else: %s" % (reason or "+".join(state))
+    if kind == "resume" and not drained(state):
+        return "not drained any more: Slurm reports it %s" % "+".join(state)
+    return None
+
+
 class SlurmError(PreflightError):
     """Slurm could not be used (no allocation, a command failed, bad node list)."""
 
