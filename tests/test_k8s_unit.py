@@ -85,10 +85,13 @@ def _pass(node):
     return Finding("ssh", node, Status.PASS, "ok")
 
 
+OURS = [{"key": nodes.TAINT_KEY, "value": "mtu", "effect": "NoSchedule"}]
+
+
 def test_plan_drains_failing_leaves_someone_elses_cordon_and_resumes_only_ours():
     state = {"a": _state("a"), "b": _state("b", unschedulable=True),  # b: cordoned by an admin, passing
-             "c": _state("c", unschedulable=True, annotation="preflight: mtu: old"),  # ours, passing now
-             "d": _state("d", unschedulable=True, annotation="preflight: mtu: old")}  # ours, still failing
+             "c": _state("c", unschedulable=True, annotation="preflight: mtu: old", taints=OURS),  # ours, passing now
+             "d": _state("d", unschedulable=True, annotation="preflight: mtu: old", taints=OURS)}  # ours, still failing
     state.update({n: _state(n) for n in "efghijkl"})
     findings = [_fail("a"), _fail("d"), _pass("b"), _pass("c")] + [_pass(n) for n in "efghijkl"]
     acts = nodes.plan(findings, state, drain=True, resume=True)
@@ -97,6 +100,22 @@ def test_plan_drains_failing_leaves_someone_elses_cordon_and_resumes_only_ours()
     assert list(acts.plan.left_alone) == ["b"]
     assert acts.lines()[-1] == "left alone: b (cordoned by someone else: unschedulable without preflight's preflight/drained annotation)"
     assert "b" not in acts.labels and acts.labels["a"] == "fail" and acts.labels["c"] == "pass"
+
+
+def test_resume_needs_preflights_cordon_annotation_and_taint_all_in_place():
+    """An admin who took preflight's taint off but kept the node cordoned made the cordon theirs; a node
+    uncordoned by hand keeps no stale mark (cleared in its label patch), so a later admin cordon is theirs."""
+    state = {"t": _state("t", unschedulable=True, annotation="preflight: mtu: old"),  # taint removed by hand
+             "u": _state("u", annotation="preflight: mtu: old", taints=OURS),  # uncordoned by hand
+             "v": _state("v", taints=OURS)}  # uncordoned by hand, annotation removed, taint kept
+    state.update({n: _state(n) for n in "efghijkl"})
+    acts = nodes.plan([_pass(n) for n in state], state, drain=True, resume=True)
+    assert acts.plan.resume == [] and "t" in acts.plan.left_alone
+    assert "without its preflight/unhealthy taint" in acts.plan.left_alone["t"]
+    assert acts.cleared == ["u", "v"] and "cleared preflight's annotation and taint from u,v" in acts.lines()[-1]
+    patch = nodes.patch_for(state["u"], None, False, "pass", "s")
+    assert patch["metadata"]["annotations"] == {nodes.ANNOTATION: None} and patch["spec"] == {"taints": None}
+    assert "spec" not in nodes.patch_for(state["e"], None, False, "pass", "s")  # a plain node: labels only
 
 
 def test_plan_refuses_to_drain_a_cluster_wide_failure():
