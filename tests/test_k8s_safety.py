@@ -8,6 +8,7 @@ the controller is SIGKILLed: the next run names and cleans what a dead run left.
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
@@ -66,3 +67,61 @@ def test_a_cordon_whose_taint_an_admin_removed_is_not_resumed(deployed):
     assert out.returncode == 0, out.stdout + out.stderr
     assert _marks(api, "n002")[0] is True and "left alone: n002" in out.stdout
     assert _marks(api, "n003") == (False, None, [])
+
+
+def _apply_manifest(api):
+    text = subprocess.run([sys.executable, "-m", "preflight", "k8s", "manifest"], env=_env(api), capture_output=True,
+                          text=True, timeout=60, check=True).stdout
+    out = subprocess.run(["kubectl", "apply", "-f", "-"], input=text, env=_env(api), capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def _can(api, verb, what, namespace=None):
+    """`kubectl auth can-i` as a member of preflight:operators; WHAT is RESOURCE[/SUBRESOURCE] or TYPE/NAME."""
+    sub = []
+    if what.startswith("pods/"):
+        what, sub = "pods", ["--subresource", what.split("/", 1)[1]]
+    argv = ["kubectl", "auth", "can-i", verb, what, *sub, "--as", "ci-bot", "--as-group", "preflight:operators"]
+    where = ["--all-namespaces"] if namespace == "*" else ["-n", namespace] if namespace else []
+    out = subprocess.run(argv + where, env=_env(api), capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.strip() in ("yes", "no"), out.stdout + out.stderr
+    return out.stdout.strip() == "yes"
+
+
+def test_the_operator_can_exec_nowhere_but_the_agent_namespace(deployed):
+    """`preflight k8s manifest` applied, then `kubectl auth can-i` as a member of preflight:operators: every
+    right that leads to cluster-admin (exec, attach, Jobs, DaemonSets, ServiceAccounts, a namespace's
+    labels) holds in the agent's namespace and nowhere else; the cluster-scoped node rights hold."""
+    cluster, api = deployed
+    _apply_manifest(api)
+    for verb, what in (("create", "pods/exec"), ("get", "pods/exec"), ("create", "pods/attach"), ("create", "jobs"),
+                       ("create", "daemonsets"), ("create", "serviceaccounts"), ("list", "pods")):
+        assert _can(api, verb, what, "preflight"), (verb, what)
+        for elsewhere in ("kube-system", "default"):
+            assert not _can(api, verb, what, elsewhere), (verb, what, elsewhere)
+    assert _can(api, "patch", "nodes") and _can(api, "list", "nodes") and not _can(api, "delete", "nodes")
+    assert _can(api, "patch", "namespace/preflight") and not _can(api, "patch", "namespace/kube-system")
+    assert not _can(api, "create", "pods/exec", "*") and not _can(api, "create", "jobs", "*")  # no cluster-wide grant
+    assert not _can(api, "create", "clusterrolebindings") and not _can(api, "create", "rolebindings", "preflight")
+
+
+def test_a_pod_that_only_carries_the_agent_label_is_never_exec_d_into(deployed):
+    """A pod that is not the agent DaemonSet's (whoever may create pods in the namespace set the label on
+    it) is not an agent: its node is named without one, and nothing is exec'd into the decoy."""
+    cluster, api = deployed
+    with api.lock:
+        real = api.get("pods", "preflight-agent-n003", "preflight")
+        api.delete("pods", "preflight", "preflight-agent-n003")
+        decoy = {"metadata": {"name": "decoy-n003", "labels": real["metadata"]["labels"]}, "spec": real["spec"]}
+        api.refresh_pod(api.put("pods", "preflight", decoy))
+    try:
+        out = _run(api, SELECT + SSH)
+        said = " ".join(out.stdout.split())
+        assert out.returncode == 1 and "no preflight agent pod on n003" in said, out.stdout
+        assert not any("decoy-n003" in p for _, p in api.requests if "/exec" in p)
+    finally:
+        with api.lock:
+            api.delete("pods", "preflight", "decoy-n003")
+            api.delete("daemonsets", "preflight", "preflight-agent")  # the next test deploys it again, whole

@@ -165,9 +165,14 @@ def test_agent_manifest_is_privileged_host_wide_and_requests_no_gpu():
 
 
 def test_operator_rbac_has_the_least_verbs():
-    role = manifest.operator_rbac()[0]
+    cluster_role, _, role, _ = manifest.operator_rbac()
+    assert cluster_role["kind"] == "ClusterRole" and role["kind"] == "Role"
+    cluster = {(r["apiGroups"][0], res, tuple(r.get("resourceNames", ()))): set(r["verbs"])
+               for r in cluster_role["rules"] for res in r["resources"]}
+    assert cluster == {("", "nodes", ()): {"get", "list", "patch"},  # cordon/taint/label: patch, never update/delete
+                       ("", "namespaces", ()): {"create"},  # create cannot be limited by name
+                       ("", "namespaces", ("preflight",)): {"get", "patch"}}
     verbs = {(r["apiGroups"][0], res): set(r["verbs"]) for r in role["rules"] for res in r["resources"]}
-    assert verbs[("", "nodes")] == {"get", "list", "patch"}  # cordon/taint/label: patch, never update/delete
     assert verbs[("", "pods/exec")] == verbs[("", "pods/attach")] == {"create", "get"}
     assert [k for k, v in verbs.items() if "delete" in v] == [("batch", "jobs")]  # only what preflight creates
     assert not any("*" in v or "update" in v for v in verbs.values())
@@ -193,8 +198,13 @@ def test_manifest_command_prints_yaml_documents():
                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=60)
     assert out.returncode == 0, out.stderr
     docs = list(yaml.safe_load_all(out.stdout))
-    assert [d["kind"] for d in docs] == ["ClusterRole", "ClusterRoleBinding", "Namespace", "ServiceAccount", "DaemonSet"]
-    assert docs[-1]["metadata"]["namespace"] == "gpu-health"
+    assert [d["kind"] for d in docs] == ["Namespace", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+                                         "ServiceAccount", "DaemonSet"]
+    assert docs[-1]["metadata"]["namespace"] == docs[3]["metadata"]["namespace"] == "gpu-health"
+    assert manifest.pinned(docs[-1]["spec"]["template"]["spec"]["containers"][0]["image"]) and out.stderr == ""
+    tagged = subprocess.run([sys.executable, "-m", "preflight", "k8s", "manifest", "--k8s-image", "python:3.12"],
+                            capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=60)
+    assert tagged.returncode == 0 and "not pinned by digest" in tagged.stderr
 
 
 @pytest.mark.parametrize("argv,says", [

@@ -45,6 +45,14 @@ LAUNCH_WAIT_S = 120.0
 POLL_S = 0.3
 
 
+def _uid(created: str) -> Optional[str]:
+    """The uid of the object `kubectl create -o json` printed (None: it printed none)."""
+    try:
+        return str(json.loads(created)["metadata"]["uid"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def is_bench(configs: Dict[str, Dict[str, Any]]) -> bool:
     return bool(configs) and all(c.get("mode") == "bench" for c in configs.values())
 
@@ -79,14 +87,15 @@ class BenchJob:
             if self._cancelled:
                 raise KeyboardInterrupt
             self._job = name
-        out = kubectl.run("create", "-f", "-", stdin=json.dumps(job), timeout=60)
+        out = kubectl.run("create", "-f", "-", "-o", "json", stdin=json.dumps(job), timeout=60)
         self.jobs += 1
         outcomes: Dict[str, Outcome] = {}
         try:
-            if out.returncode != 0:
+            uid = _uid(out.stdout) if out.returncode == 0 else None
+            if uid is None:
                 failure = NodeFailure("unreachable", "cannot create the all-reduce Job: %s" % said(out.stderr))
                 return {n: Outcome(n, failure=failure) for n in nodes}
-            pods, waiting = self._wait_pods(name, nodes)
+            pods, waiting = self._wait_pods(name, uid, nodes)
             for node, why in waiting.items():
                 outcomes[node] = Outcome(node, failure=NodeFailure("unreachable", "all-reduce pod for %s did not run "
                                                                    "within %g s: %s" % (node, LAUNCH_WAIT_S, why)))
@@ -105,13 +114,13 @@ class BenchJob:
             self._delete(name)
         return {n: outcomes[n] for n in nodes}
 
-    def _wait_pods(self, name: str, nodes: List[str]) -> Any:
+    def _wait_pods(self, name: str, uid: str, nodes: List[str]) -> Any:
         """({node: its running pod}, {node: why its pod does not run}) once all run or LAUNCH_WAIT_S passed."""
         kubectl = self.target.kubectl
         until = time.monotonic() + LAUNCH_WAIT_S
         while True:
             doc = kubectl.json("get", "pods", "-l", "preflight/run=%s" % name, namespaced=True)
-            found = parse_node_pods(doc)
+            found = parse_node_pods(doc, ("Job", uid))
             running = {n: p for n, p in found.items() if n in nodes and not p.not_ready}
             if len(running) == len(nodes) or time.monotonic() >= until or self._cancelled:
                 break

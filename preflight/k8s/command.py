@@ -39,9 +39,14 @@ def run(args: argparse.Namespace) -> int:
 
     if getattr(args, "k8s_command", None) != "manifest":
         raise UsageError("`preflight k8s` needs what to do", "e.g. preflight k8s manifest > preflight-k8s.yaml")
-    objects = manifest.agent_objects(args.k8s_namespace, args.k8s_image or manifest.IMAGE)
-    if not args.no_rbac:
-        objects = manifest.operator_rbac(args.k8s_namespace) + objects
+    image = args.k8s_image or manifest.IMAGE
+    if args.no_rbac:
+        objects = manifest.agent_objects(args.k8s_namespace, image)
+    else:
+        objects = manifest.everything(args.k8s_namespace, image)
+    if not manifest.pinned(image):
+        sys.stderr.write("preflight: note: image %s is not pinned by digest: pin it (NAME@sha256:DIGEST) so every "
+                         "node runs the bytes you reviewed\n" % image)
     sys.stdout.write(manifest.dump(objects))
     return 0
 

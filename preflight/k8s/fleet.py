@@ -104,10 +104,20 @@ def select_nodes(kubectl: Kubectl, selector: Optional[str] = None, nodelist: Opt
 
 
 def agent_pods(kubectl: Kubectl) -> Dict[str, NodePod]:
-    """{node: the agent pod there}, from one list of the agent DaemonSet's pods."""
+    """{node: the agent pod there}: the pods whose controller is the agent DaemonSet (by its uid), from one
+    read of the DaemonSet and one list of the pods with its label. No DaemonSet: no agent pod."""
+    from preflight.k8s.manifest import AGENT
+
+    out = kubectl.run("get", "daemonset", AGENT, "--ignore-not-found", "-o", "json", namespaced=True)
+    if out.returncode != 0:
+        raise KubeError("cannot read the agent DaemonSet: %s" % said(out.stderr),
+                        "check the context and your access (kubectl auth can-i get daemonsets -n %s)" % kubectl.namespace)
+    if not out.stdout.strip():
+        return {}
     try:
-        return parse_node_pods(kubectl.json("get", "pods", "-l", AGENT_LABEL, namespaced=True))
-    except ValueError as exc:
+        uid = json.loads(out.stdout)["metadata"]["uid"]
+        return parse_node_pods(kubectl.json("get", "pods", "-l", AGENT_LABEL, namespaced=True), ("DaemonSet", uid))
+    except (ValueError, KeyError, TypeError) as exc:
         raise KubeError("cannot read the agent pods: %s" % exc) from None
 
 

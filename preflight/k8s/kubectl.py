@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.errors import PreflightError
 
@@ -127,9 +127,15 @@ class NodePod:
     not_ready: Optional[str] = None
 
 
-def parse_node_pods(doc: Dict[str, Any]) -> Dict[str, NodePod]:
+def owned_by(meta: Dict[str, Any], kind: str, uid: str) -> bool:
+    """Whether an object's controller (its ownerReferences entry with controller: true) is the `kind` of that uid."""
+    return any(o.get("controller") and o.get("kind") == kind and o.get("uid") == uid for o in meta.get("ownerReferences") or [])
+
+
+def parse_node_pods(doc: Dict[str, Any], owner: Optional[Tuple[str, str]] = None) -> Dict[str, NodePod]:
     """`kubectl get pods -l LABEL -o json` (the agent's pods, or a Job's) -> {node: NodePod}; a Ready pod
-    wins over others on a node.
+    wins over others on a node. owner (kind, uid): only pods that controller owns count (a label is
+    anyone's to set: a pod that only carries it is never exec'd into).
 
     Ready means phase Running, condition Ready True and no deletionTimestamp (a terminating pod)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
@@ -138,8 +144,8 @@ def parse_node_pods(doc: Dict[str, Any]) -> Dict[str, NodePod]:
     for item in doc["items"]:
         meta, spec, status = item.get("metadata") or {}, item.get("spec") or {}, item.get("status") or {}
         node = spec.get("nodeName")
-        if not node:
-            continue  # not scheduled yet
+        if not node or (owner is not None and not owned_by(meta, *owner)):
+            continue  # not scheduled yet, or not preflight's
         phase = status.get("phase") or "Unknown"
         ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
         why = None

@@ -64,6 +64,7 @@ class KubeAPI:
         self.racing: set = set()  # nodes an admin cordons right before their next PATCH
         self.no_exec: set = set()  # nodes whose kubelet the API server cannot dial, while their pods still look Ready
         self.requests: List[Tuple[str, str]] = []  # (method, path) of every request, for tests
+        self.reviews: List[Any] = []  # (user, groups, attributes, allowed) of every `kubectl auth can-i`
         self.execs: List[subprocess.Popen] = []
         self.running: Dict[Tuple[str, str], kubestream.PodProcess] = {}  # Job pods' main processes
         self.server: Optional[socketserver.ThreadingTCPServer] = None
