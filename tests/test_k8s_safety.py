@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -125,3 +126,34 @@ def test_a_pod_that_only_carries_the_agent_label_is_never_exec_d_into(deployed):
         with api.lock:
             api.delete("pods", "preflight", "decoy-n003")
             api.delete("daemonsets", "preflight", "preflight-agent")  # the next test deploys it again, whole
+
+
+def test_agent_pods_that_cannot_start_are_named_at_once_with_their_reason(deployed):
+    """--k8s-deploy with a wait far longer than the test's own timeout: the pods stuck on a bad image, a
+    missing Secret or no room end the wait at once, each node named with its kubelet's or scheduler's reason."""
+    cluster, api = deployed
+    api.agent_pod_fault("n002", "ImagePullBackOff", 'Back-off pulling image "registry.local/python:3.12-bookworm"')
+    api.agent_pod_fault("n005", "CreateContainerConfigError", 'secret "registry-creds" not found')
+    api.agent_pod_fault("n007", "Unschedulable", "0/8 nodes are available: 1 Insufficient memory, 7 node(s) didn't "
+                        "match Pod's node affinity/selector.")
+    out = _run(api, SELECT + SSH + ["--k8s-deploy", "--k8s-wait", "3600"], timeout=150)
+    assert out.returncode == 1, out.stdout + out.stderr
+    said = " ".join((out.stdout + out.stderr).split())
+    assert "agent pod on n002 cannot start: ImagePullBackOff: Back-off pulling image" in said, said
+    assert "n005 cannot start: CreateContainerConfigError: secret \"registry-creds\" not found" in said, said
+    assert "n007 cannot start: Unschedulable: 0/8 nodes are available: 1 Insufficient memory" in said, said
+    assert "fix the image name or pull secret" in said
+    assert "drain" not in out.stdout  # nothing is known of the nodes themselves: an error to fix, not a fault
+
+
+def test_a_pull_under_way_is_waited_for_up_to_the_bound_the_user_set(deployed):
+    """The twin: ContainerCreating (an image pull in progress) is progress, waited for until --k8s-wait,
+    then named as not Ready after that bound; a pull that ends within it leaves a healthy run."""
+    cluster, api = deployed
+    api.agent_pod_fault("n003", "ContainerCreating", "")
+    out = _run(api, SELECT + SSH + ["--k8s-deploy", "--k8s-wait", "2"], timeout=150)
+    said = " ".join((out.stdout + out.stderr).split())
+    assert out.returncode == 1 and "agent pod on n003 not Ready after --k8s-wait 2 s" in said, said
+    threading.Timer(1.0, api.revive, ["n003"]).start()  # the pull ends
+    out = _run(api, SELECT + SSH + ["--k8s-deploy", "--k8s-wait", "3600"], timeout=150)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -9,8 +9,9 @@ the agent pods. One run:
        its node's nvidia.com/gpu (the scheduler then gives it idle GPUs only), hostNetwork, backoffLimit 0,
        activeDeadlineSeconds from the run's deadline, a TTL. Its container runs the bundle's bootstrap,
        which waits for its config and zip on stdin (stdin/stdinOnce).
-    2. wait (at most LAUNCH_WAIT_S; image pulls count) until every node's pod runs; a node whose pod does
-       not (Unschedulable: its GPUs are in use; ImagePullBackOff) is a named failure, the others go on.
+    2. wait (at most --k8s-wait, Target.launch_wait_s; image pulls count) until every node's pod runs or
+       is stuck on what does not resolve by itself (Unschedulable: its GPUs are in use; ImagePullBackOff:
+       kubectl.STUCK_REASONS): such a node is a named failure at once, the others go on.
     3. `kubectl attach -i` to each pod with its node's payload, exactly the exec payload (one KubeSession
        a node with attach=True, driven by the same Fleet pool and deadlines); results come back on the
        attach stream (they are in the pods' logs too).
@@ -33,15 +34,13 @@ from typing import Any, Callable, Dict, List, Optional
 from preflight.common import fold
 from preflight.inventory import NodeSpec
 from preflight.k8s import manifest
-from preflight.k8s.kubectl import NodePod, parse_node_pods, said
+from preflight.k8s.kubectl import NodePod, parse_node_pods, said, stuck_reason
 from preflight.transport import bundle
 from preflight.transport.contract import NodeFailure, Outcome, Progress
 from preflight.transport.fleet import Fleet
 
 log = logging.getLogger(__name__)
 
-#: how long the Job's pods may take to run (scheduling, image pull) before a node is named
-LAUNCH_WAIT_S = 120.0
 POLL_S = 0.3
 
 
@@ -82,7 +81,7 @@ class BenchJob:
         python = self.specs[nodes[0]].python
         job = manifest.bench_job(name, kubectl.namespace, nodes, max(self.specs[n].gpus_per_node for n in nodes),
                                  self.target.image, ["setsid", "-w", "sh", "-c", bundle.remote_command(python)],
-                                 LAUNCH_WAIT_S + longest + 30)
+                                 self.target.launch_wait_s + longest + 30)
         with self._lock:
             if self._cancelled:
                 raise KeyboardInterrupt
@@ -98,7 +97,7 @@ class BenchJob:
             pods, waiting = self._wait_pods(name, uid, nodes)
             for node, why in waiting.items():
                 outcomes[node] = Outcome(node, failure=NodeFailure("unreachable", "all-reduce pod for %s did not run "
-                                                                   "within %g s: %s" % (node, LAUNCH_WAIT_S, why)))
+                                                                   "(--k8s-wait %g s): %s" % (node, self.target.launch_wait_s, why)))
             if pods:
                 fleet = Fleet([self.specs[n] for n in pods], self.parallel, False, self.progress,
                               connect=lambda spec: self.attach(spec, pods[spec.name]))
@@ -115,14 +114,16 @@ class BenchJob:
         return {n: outcomes[n] for n in nodes}
 
     def _wait_pods(self, name: str, uid: str, nodes: List[str]) -> Any:
-        """({node: its running pod}, {node: why its pod does not run}) once all run or LAUNCH_WAIT_S passed."""
+        """({node: its running pod}, {node: why its pod does not run}) once every pod runs or is stuck, or
+        the launch wait passed."""
         kubectl = self.target.kubectl
-        until = time.monotonic() + LAUNCH_WAIT_S
+        until = time.monotonic() + self.target.launch_wait_s
         while True:
             doc = kubectl.json("get", "pods", "-l", "preflight/run=%s" % name, namespaced=True)
             found = parse_node_pods(doc, ("Job", uid))
             running = {n: p for n, p in found.items() if n in nodes and not p.not_ready}
-            if len(running) == len(nodes) or time.monotonic() >= until or self._cancelled:
+            stuck = [i for i in doc.get("items", []) if stuck_reason(i.get("status") or {})]
+            if len(running) + len(stuck) >= len(nodes) or time.monotonic() >= until or self._cancelled:
                 break
             time.sleep(POLL_S)
         waiting = {}

@@ -87,6 +87,14 @@ def access_review_attributes(body: bytes) -> Dict[str, str]:
     return {names[k]: v[0].decode() for k, v in attrs.items() if k in names}
 
 
+def pinned(pod: Dict[str, Any]) -> Optional[str]:
+    """The one node a pod's required node affinity on metadata.name names (a DaemonSet pod's), else None."""
+    terms = ((((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
+    names = [v for t in terms for e in t.get("matchFields", []) if e.get("key") == "metadata.name" for v in e.get("values", [])]
+    return names[0] if len(names) == 1 else None
+
+
 def rbac_allows(store: Dict[str, Any], user: str, groups: List[str], attrs: Dict[str, Any]) -> bool:
     """The RBAC authorizer's answer for one request: a ClusterRoleBinding's rules hold everywhere, a
     RoleBinding's only in its own namespace; a rule matches on apiGroups, resources (with the
