@@ -7,12 +7,16 @@ the controller is SIGKILLed: the next run names and cleans what a dead run left.
 
 from __future__ import annotations
 
+import json
+import os
+import select
 import subprocess
 import sys
 import threading
 
 import pytest
 
+from preflight.transport import bundle
 from tests.test_k8s_e2e import SELECT, _MISSING, _env, _run, deployed, kube  # noqa: F401 - the fixtures
 
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=_MISSING)
@@ -157,3 +161,83 @@ def test_a_pull_under_way_is_waited_for_up_to_the_bound_the_user_set(deployed):
     threading.Timer(1.0, api.revive, ["n003"]).start()  # the pull ends
     out = _run(api, SELECT + SSH + ["--k8s-deploy", "--k8s-wait", "3600"], timeout=150)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_rank_whose_stdin_closes_right_after_its_result_exits_0():
+    """The race of issue 39 item 8, where it lives (the bootstrap every Job pod runs): a Kubernetes attach
+    closes the rank's stdin (stdinOnce) the moment its result is read; the watchdog that wakes on that
+    EOF must not SIGKILL its own group before the main thread's exit 0 (a pod exiting 9 failed its Job).
+    16 bootstraps at once, 4 rounds: before the fix about one in eleven died by SIGKILL here."""
+    from tests.test_bundle_phases import PROBE
+
+    rcs = []
+    for _ in range(4):
+        procs = [subprocess.Popen([sys.executable, "-c", bundle.BOOTSTRAP], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+                 for _ in range(16)]
+        try:
+            for proc in procs:
+                proc.stdin.write(bundle.stdin_payload(PROBE))
+                proc.stdin.flush()
+            readers = {proc.stdout.fileno(): (proc, bundle.ResultReader()) for proc in procs}
+            while readers:
+                ready, _, _ = select.select(list(readers), [], [], 60)
+                assert ready, "no result within 60 s"
+                for fd in ready:
+                    proc, reader = readers[fd]
+                    data = os.read(fd, 65536)
+                    reader.feed(data)
+                    if not data or reader.has_result():
+                        proc.stdin.close()  # what the end of a stdinOnce attach does, at once
+                        del readers[fd]
+            rcs += [proc.wait(timeout=60) for proc in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            for proc in procs:
+                proc.stdout.close()
+    assert rcs.count(0) == len(rcs), sorted(set(rcs))
+
+
+def _bench_python(node, tail):
+    """The node's all-reduce pod's first python3 (HOSTNAME preflight-bench-*; the bootstrap, not the ranks it
+    starts, which inherit WRAPPED=1) becomes `python3 ARGS TAIL`."""
+    path = os.path.join(node.bin_dir, "python3")
+    saved = path + ".saved"
+    os.rename(path, saved)
+    with open(path, "w") as fh:
+        fh.write('#!/bin/sh\nif [ -n "$WRAPPED" ] || [ "${HOSTNAME#preflight-bench-}" = "$HOSTNAME" ]; then exec %s "$@"; fi\n'
+                 'export WRAPPED=1\n%s "$@" %s\n' % (saved, saved, tail))
+    os.chmod(path, 0o755)
+    return lambda: os.replace(saved, path)
+
+
+def test_one_ranks_exit_does_not_end_the_all_reduce_for_the_others(deployed, tmp_path):
+    """n002's rank prints its result, then its pod exits 9 (the race above, or any exit after a result);
+    n001's result is still on its way (held in a pipe until the Job controller has seen n002's pod fail).
+    The Job fails n002's index alone; n001's pod is not terminated, its result is read, the all-reduce passes."""
+    cluster, api = deployed
+    flag = tmp_path / "n002-failed"
+    undo = [_bench_python(cluster.node("n002"), "; exit 9"),
+            _bench_python(cluster.node("n001"), "| { until [ -e %s ]; do sleep 0.1; done; cat; }" % flag)]
+    done = threading.Event()
+
+    def release():  # n001's output goes on once the Job has counted n002's pod failed (or nothing happened)
+        while not done.wait(0.1) and not any(j["status"].get("failed") for j in api.items("jobs")):
+            pass
+        flag.touch()
+
+    threading.Thread(target=release, daemon=True).start()
+    try:
+        out = _run(api, ["--k8s", "--nodelist", "n[001-002]", "--only", "allreduce", "--no-progress",
+                         "--json", str(tmp_path / "r.json")], timeout=300)
+    finally:
+        done.set()
+        for fn in undo:
+            fn()
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["allreduce"] and doc["allreduce"]["busbw_gbps"] > 0, doc["allreduce"]
+    assert flag.exists() and api.items("jobs") == []

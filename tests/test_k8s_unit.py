@@ -278,7 +278,7 @@ def test_bench_job_holds_every_gpu_of_exactly_the_given_nodes():
     job = manifest.bench_job("preflight-bench-1", "preflight", ["gpu-01", "gpu-02"], 8, "img", ["sh"], 200.5)
     spec = job["spec"]
     assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 2
-    assert spec["backoffLimit"] == 0 and spec["activeDeadlineSeconds"] == 201 and spec["ttlSecondsAfterFinished"] > 0
+    assert "backoffLimit" not in spec and spec["backoffLimitPerIndex"] == 0 and spec["activeDeadlineSeconds"] == 201 and spec["ttlSecondsAfterFinished"] > 0
     pod = spec["template"]["spec"]
     container = pod["containers"][0]
     assert container["resources"] == {"limits": {"nvidia.com/gpu": 8}}

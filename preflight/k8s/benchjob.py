@@ -6,7 +6,7 @@ the agent pods. One run:
 
     1. create Job preflight-bench-<token> (manifest.bench_job): one pod per node, pinned by required node
        affinity on the node's metadata.name and spread one per node by anti-affinity, each requesting all of
-       its node's nvidia.com/gpu (the scheduler then gives it idle GPUs only), hostNetwork, backoffLimit 0,
+       its node's nvidia.com/gpu (the scheduler then gives it idle GPUs only), hostNetwork, backoffLimitPerIndex 0,
        activeDeadlineSeconds from the run's deadline, a TTL. Its container runs the bundle's bootstrap,
        which waits for its config and zip on stdin (stdin/stdinOnce).
     2. wait (at most --k8s-wait, Target.launch_wait_s; image pulls count) until every node's pod runs or

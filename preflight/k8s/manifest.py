@@ -150,8 +150,11 @@ def bench_job(name: str, namespace: str, nodes: List[str], gpus: int, image: str
     these nodes, as the DaemonSet controller pins its pods; one per node by anti-affinity), each holding all of its node's GPUs so nothing else uses them meanwhile,
     waiting for the bundle on its stdin (stdinOnce: the end of preflight's attach closes it). hostNetwork:
     the rendezvous is at the first node's data address, as preflight planned it, so no Service is needed.
-    backoffLimit 0 (a failed rank is a finding, not a retry), activeDeadlineSeconds from preflight's
-    deadline and a TTL: the Job also goes away if preflight is killed before it can delete it."""
+    backoffLimitPerIndex 0 (a failed rank is a finding, not a retry, and fails its own index only: with
+    a Job-wide backoffLimit 0 the first pod to exit non-zero fails the Job and Kubernetes terminates the
+    other ranks' pods before their results are read; Indexed Jobs, beta and on by default since 1.29),
+    activeDeadlineSeconds from preflight's deadline and a TTL: the Job also goes away if preflight is
+    killed before it can delete it."""
     labels = {"app.kubernetes.io/name": "preflight-bench", "app.kubernetes.io/part-of": "preflight", "preflight/run": name}
     container: Dict[str, Any] = {
         "name": "bench", "image": image, "command": command, "stdin": True, "stdinOnce": True,
@@ -161,7 +164,7 @@ def bench_job(name: str, namespace: str, nodes: List[str], gpus: int, image: str
     if gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
     spec = {
-        "completionMode": "Indexed", "completions": len(nodes), "parallelism": len(nodes), "backoffLimit": 0,
+        "completionMode": "Indexed", "completions": len(nodes), "parallelism": len(nodes), "backoffLimitPerIndex": 0,
         "activeDeadlineSeconds": max(1, int(deadline_s + 0.999)), "ttlSecondsAfterFinished": ttl_s,
         "template": {"metadata": {"labels": labels}, "spec": {
             "restartPolicy": "Never", "hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet",

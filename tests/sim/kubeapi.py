@@ -303,8 +303,33 @@ class KubeAPI:
                     owner["status"]["active"] -= 1
                     owner["status"]["succeeded" if rc == 0 else "failed"] += 1
                     self.bump(owner)
+                    if rc != 0:
+                        self.job_pod_failed(owner, pod)
 
         self.running[key] = kubestream.PodProcess(proc, command, bool(container.get("stdinOnce")), exited)
+
+    def job_pod_failed(self, job: Dict[str, Any], pod: Dict[str, Any]) -> None:
+        """The Job controller's failure policy: with backoffLimitPerIndex the pod's index fails alone
+        (status.failedIndexes); otherwise past backoffLimit (default 6) the Job fails and its active pods
+        are terminated at once, their processes killed (condition Failed, reason BackoffLimitExceeded)."""
+        spec, status = job["spec"], job["status"]
+        if spec.get("backoffLimitPerIndex") is not None:
+            index = pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
+            failed = sorted(set((status.get("failedIndexes") or "").split(",") + [index]) - {""}, key=int)
+            status["failedIndexes"] = ",".join(failed)
+            return
+        if status["failed"] <= int(spec.get("backoffLimit", 6)):
+            return
+        status["conditions"] = [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]
+        uid = job["metadata"]["uid"]
+        for key, other in list(self.store["pods"].items()):
+            running = self.running.get(key)
+            if running is not None and running.rc is None and \
+                    any(o.get("uid") == uid for o in other["metadata"].get("ownerReferences", [])):
+                self.running.pop(key).kill()
+                other["status"]["phase"] = "Failed"
+                self.bump(other)
+        status["active"] = 0
 
     def _dsstatus_doc(self, ds: Dict[str, Any]) -> None:
         ns, name = ds["metadata"]["namespace"], ds["metadata"]["name"]
