@@ -13,11 +13,12 @@ import select
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
 from preflight.transport import bundle
-from tests.test_k8s_e2e import SELECT, _MISSING, _env, _run, deployed, kube  # noqa: F401 - the fixtures
+from tests.test_k8s_e2e import ONLY_NET, ROOT, SELECT, _MISSING, _env, _run, deployed, kube  # noqa: F401 - the fixtures
 
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=_MISSING)
 SSH = ["--only", "ssh", "--no-progress"]
@@ -241,3 +242,113 @@ def test_one_ranks_exit_does_not_end_the_all_reduce_for_the_others(deployed, tmp
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["allreduce"] and doc["allreduce"]["busbw_gbps"] > 0, doc["allreduce"]
     assert flag.exists() and api.items("jobs") == []
+
+
+def _orphans(api):
+    """kubectl processes on this machine talking to this double (KUBECONFIG in their environment)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as fh:
+                cmd = fh.read().split(b"\0")
+            with open("/proc/%s/environ" % pid, "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if cmd and os.path.basename(cmd[0]) == b"kubectl" and ("KUBECONFIG=%s" % api.kubeconfig()).encode() in env:
+            out.append(int(pid))
+    return out
+
+
+def _sigkill_at(api, argv, ready):
+    """Run preflight check ARGV and SIGKILL it once ready() holds; its stderr so far."""
+    proc = subprocess.Popen([sys.executable, "-m", "preflight", "check"] + argv, env=_env(api), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        until = time.monotonic() + 120
+        while time.monotonic() < until and not ready() and proc.poll() is None:
+            time.sleep(0.1)
+        assert ready(), "the run never reached the point to kill it at"
+        proc.kill()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    return proc.stderr.read()
+
+
+def _settled(cluster, api):
+    """What a SIGKILLed run leaves by itself settles: its kubectl processes end (their stdin closed with the
+    controller, so each probe's watchdog ends it and the stream ends), no probe stays on a node."""
+    until = time.monotonic() + 60
+    while _orphans(api) and time.monotonic() < until:
+        time.sleep(0.2)
+    assert _orphans(api) == []
+    assert cluster.leftover_processes(timeout=30) == {}
+
+
+def _whole_or_untouched(api):
+    """Every node is either not cordoned by preflight, or wholly: cordon, annotation and taint together."""
+    for node in api.items("nodes"):
+        cordoned, why, taints = _marks(api, node["metadata"]["name"])
+        assert (cordoned, bool(why), "preflight/unhealthy" in taints) in ((False, False, False), (True, True, True)), node
+
+
+def test_sigkill_during_phase_2_leaves_no_process_and_no_mark(deployed):
+    """Killed while n004's pings hang under the probe: the kubectl exec processes it started see their stdin
+    end, the node's bootstrap watchdog kills the probe's group, the streams end; no node is marked."""
+    cluster, api = deployed
+    ping = cluster.node("n004").install_executable("ping", "#!/bin/sh\nexec sleep 100000\n")
+    try:
+        _sigkill_at(api, SELECT + ONLY_NET + ["--timeout", "60", "--drain"],
+                    lambda: any("sleep 100000" in cmd for _, cmd in cluster.processes("n004")))
+        _settled(cluster, api)
+    finally:
+        os.unlink(ping)
+    _whole_or_untouched(api)
+    assert not any(_marks(api, n.name)[0] for n in cluster.nodes)
+
+
+def test_sigkill_while_cordoning_leaves_each_node_whole_and_the_next_run_finishes(deployed):
+    """Killed with n003's patch at the API server and n005's done or not: each node is cordoned wholly or
+    not at all (one patch a node), so the next --drain finishes the job and --resume knows them as its own."""
+    cluster, api = deployed
+    for name in ("n003", "n005"):
+        api.dead_node(name)
+    release = api.hold_patches("n003")
+    try:
+        _sigkill_at(api, SELECT + SSH + ["--drain", "--max-drain-fraction", "0.5"],
+                    lambda: any(m == "PATCH" and "/nodes/n003?" in p for m, p in api.requests))
+    finally:
+        release.set()
+        api.held_patches.clear()
+    _settled(cluster, api)
+    _whole_or_untouched(api)
+    out = _run(api, SELECT + SSH + ["--drain", "--max-drain-fraction", "0.5"])
+    assert out.returncode == 1 and _marks(api, "n003")[0] and _marks(api, "n005")[0], out.stdout
+    _whole_or_untouched(api)
+    for name in ("n003", "n005"):
+        api.revive(name)
+    out = _run(api, SELECT + SSH + ["--resume"])
+    assert out.returncode == 0 and not _marks(api, "n003")[0] and not _marks(api, "n005")[0], out.stdout
+
+
+@pytest.mark.parametrize("point", ["job created", "ranks attached"])
+def test_sigkill_during_the_all_reduce_job_is_named_and_cleaned_by_the_next_run(deployed, point):
+    """The dead run's Job stays (its TTL and deadline are minutes away), and its pods with it: waiting for
+    their bundle (killed before attaching) or ended with their attach streams. The next Kubernetes run
+    names the Job and deletes it, with its pods: nothing is left."""
+    cluster, api = deployed
+    if point == "job created":
+        ready = lambda: bool(api.items("jobs"))  # noqa: E731
+    else:
+        ready = lambda: any(m == "GET" and "/attach?" in p for m, p in api.requests[-200:])  # noqa: E731
+    _sigkill_at(api, ["--k8s", "--nodelist", "n[001-002]", "--only", "allreduce", "--no-progress"], ready)
+    left = [j["metadata"]["name"] for j in api.items("jobs")]
+    assert len(left) == 1
+    out = _run(api, SELECT + SSH)
+    assert out.returncode == 0, out.stdout + out.stderr
+    said = " ".join(out.stderr.split())
+    assert "all-reduce Job %s" % left[0] in said and "left by a killed run" in said and "deleted" in said, said
+    assert api.items("jobs") == [] and not [p for p in api.items("pods") if "bench" in p["metadata"]["name"]]
+    _settled(cluster, api)

@@ -289,3 +289,18 @@ def test_bench_job_holds_every_gpu_of_exactly_the_given_nodes():
     assert anti["topologyKey"] == "kubernetes.io/hostname"
     cpu = manifest.bench_job("preflight-bench-2", "preflight", ["cpu-01"], 0, "img", ["sh"], 10)
     assert "resources" not in cpu["spec"]["template"]["spec"]["containers"][0]  # CPU nodes: no GPU request
+
+
+def test_a_jobs_owner_is_judged_gone_only_on_this_host():
+    """A killed run's Job is deleted only when its owner was a process here that is gone (the pid reused by
+    another process counts as gone: the start time differs); a live run's, or another host's, is not."""
+    from preflight.k8s import benchjob
+
+    me = benchjob.owner()
+    assert benchjob.owner_gone(me) is False
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    host, _, start = me.split()
+    assert benchjob.owner_gone("%s %d %s" % (host, proc.pid, start)) is True
+    assert benchjob.owner_gone("%s %d 1" % (host, os.getpid())) is True  # same pid, another start: reused
+    assert benchjob.owner_gone("elsewhere.example 1 1") is None and benchjob.owner_gone("") is None

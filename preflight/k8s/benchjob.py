@@ -16,7 +16,10 @@ the agent pods. One run:
        a node with attach=True, driven by the same Fleet pool and deadlines); results come back on the
        attach stream (they are in the pods' logs too).
     4. delete the Job (its pods with it), always: after the run, on a timeout, on Ctrl-C/SIGTERM
-       (KubeFleet.cancel). The TTL and activeDeadlineSeconds clean up after a preflight that was SIGKILLed.
+       (KubeFleet.cancel). A preflight that was SIGKILLed cannot: its Job (annotated preflight/owner: the
+       controller's host, pid and process start time) holds the nodes' GPUs until activeDeadlineSeconds.
+       The next Kubernetes run names it and, when the owner was a process on its own host that is gone,
+       deletes it (stale_jobs); one from another host is named, not judged, and ends by its deadline.
 
 The rendezvous needs no Service: the pods use the host network and preflight already planned the
 address (the first node's data address), as over SSH.
@@ -26,7 +29,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
+import socket
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -34,7 +39,7 @@ from typing import Any, Callable, Dict, List, Optional
 from preflight.common import fold
 from preflight.inventory import NodeSpec
 from preflight.k8s import manifest
-from preflight.k8s.kubectl import NodePod, parse_node_pods, said, stuck_reason
+from preflight.k8s.kubectl import KubeError, NodePod, parse_node_pods, said, stuck_reason
 from preflight.transport import bundle
 from preflight.transport.contract import NodeFailure, Outcome, Progress
 from preflight.transport.fleet import Fleet
@@ -50,6 +55,58 @@ def _uid(created: str) -> Optional[str]:
         return str(json.loads(created)["metadata"]["uid"])
     except (ValueError, KeyError, TypeError):
         return None
+
+
+OWNER = "preflight/owner"
+BENCH_LABEL = "app.kubernetes.io/name=preflight-bench"
+
+
+def _start_time(pid: int) -> Optional[str]:
+    """A process's start time (clock ticks since boot, /proc/PID/stat field 22): with the pid, who it is."""
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def owner() -> str:
+    """This controller, as a Job's preflight/owner annotation: "HOST PID STARTTIME"."""
+    return "%s %d %s" % (socket.gethostname(), os.getpid(), _start_time(os.getpid()) or "?")
+
+
+def owner_gone(value: str) -> Optional[bool]:
+    """True: the owner was a process on this host that no longer runs; False: it runs; None: another host's."""
+    parts = value.split()
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return None
+    return _start_time(int(parts[1])) != parts[2]
+
+
+def stale_jobs(kubectl: Any) -> List[str]:
+    """Name the all-reduce Jobs a killed run left (they hold their nodes' GPUs) and delete those whose
+    owner is gone; one line each, for the run's notes."""
+    try:
+        items = kubectl.json("get", "jobs", "-l", BENCH_LABEL, namespaced=True).get("items") or []
+    except KubeError as exc:
+        return ["cannot look for all-reduce Jobs a killed run left: %s" % exc]
+    out = []
+    for job in items:
+        meta = job.get("metadata") or {}
+        name, who = meta.get("name") or "?", (meta.get("annotations") or {}).get(OWNER, "")
+        gone = owner_gone(who)
+        if gone is False:
+            continue  # a run in progress on this host
+        if gone is None:
+            out.append("all-reduce Job %s (created %s by %s) is still there: not this host's run to judge; it "
+                       "ends by its activeDeadlineSeconds (or: kubectl delete job -n %s %s)"
+                       % (name, meta.get("creationTimestamp", "?"), who or "an unknown run", kubectl.namespace, name))
+            continue
+        done = kubectl.run("delete", "job", name, "--cascade=background", "--ignore-not-found", namespaced=True)
+        out.append("all-reduce Job %s (created %s) was left by a killed run (pid %s): %s"
+                   % (name, meta.get("creationTimestamp", "?"), who.split()[1],
+                      "deleted, with its pods" if done.returncode == 0 else "could not delete it: %s" % said(done.stderr)))
+    return out
 
 
 def is_bench(configs: Dict[str, Dict[str, Any]]) -> bool:
@@ -82,6 +139,7 @@ class BenchJob:
         job = manifest.bench_job(name, kubectl.namespace, nodes, max(self.specs[n].gpus_per_node for n in nodes),
                                  self.target.image, ["setsid", "-w", "sh", "-c", bundle.remote_command(python)],
                                  self.target.launch_wait_s + longest + 30)
+        job["metadata"]["annotations"] = {OWNER: owner()}
         with self._lock:
             if self._cancelled:
                 raise KeyboardInterrupt

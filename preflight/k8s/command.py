@@ -73,6 +73,10 @@ def inventory(args: argparse.Namespace) -> Any:
     kubectl = Kubectl(context=args.context, namespace=args.k8s_namespace)
     nodes = k8s.select_nodes(kubectl, args.selector, args.nodelist)
     image = args.k8s_image or manifest.IMAGE
+    from preflight.k8s.benchjob import stale_jobs
+
+    for line in stale_jobs(kubectl):
+        sys.stderr.write("preflight: note: %s\n" % line)
     wait_s = args.k8s_wait
     if not wait_s > 0:
         raise UsageError("--k8s-wait %g: must be more than 0 seconds" % wait_s, "e.g. --k8s-wait 600 for a slow registry")

@@ -62,6 +62,7 @@ class KubeAPI:
         self.rv = 1000
         self.dead: set = set()
         self.racing: set = set()  # nodes an admin cordons right before their next PATCH
+        self.held_patches: Dict[str, threading.Event] = {}  # node -> a PATCH of it waits for this, once arrived
         self.no_exec: set = set()  # nodes whose kubelet the API server cannot dial, while their pods still look Ready
         self.pod_faults: Dict[str, Tuple[str, str]] = {}  # node -> (waiting reason, message) of its agent pod
         self.requests: List[Tuple[str, str]] = []  # (method, path) of every request, for tests
@@ -170,6 +171,11 @@ class KubeAPI:
         """An admin cordons the node just before the next PATCH of it arrives (a race with preflight)."""
         with self.lock:
             self.racing.add(name)
+
+    def hold_patches(self, name: str) -> threading.Event:
+        """PATCHes of the node wait, once received, until the returned event is set (to kill the client then)."""
+        self.held_patches[name] = threading.Event()
+        return self.held_patches[name]
 
     def cordon_by_hand(self, name: str) -> None:
         """What `kubectl cordon` by an admin leaves: spec.unschedulable, no preflight annotation."""

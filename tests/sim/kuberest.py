@@ -338,6 +338,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         patch = self._body()
         if ctype == "application/strategic-merge-patch+json":
             patch = strip_directives(patch)
+        held = self.kube.held_patches.get(named[2]) if named[0] == "nodes" else None
+        if held is not None:  # the request has arrived; the server applies it once the test lets go
+            held.wait(120)
         if named[0] == "nodes" and named[2] in self.kube.racing:
             self.kube.racing.discard(named[2])
             self.kube.cordon_by_hand(named[2])
