@@ -315,15 +315,16 @@ def test_sigkill_while_cordoning_leaves_each_node_whole_and_the_next_run_finishe
     cluster, api = deployed
     for name in ("n003", "n005"):
         api.dead_node(name)
-    release = api.hold_patches("n003")
+    release, seen = api.hold_patches("n003"), len(api.requests)
     try:
         _sigkill_at(api, SELECT + SSH + ["--drain", "--max-drain-fraction", "0.5"],
-                    lambda: any(m == "PATCH" and "/nodes/n003?" in p for m, p in api.requests))
+                    lambda: any(m == "PATCH" and "/nodes/n003?" in p for m, p in api.requests[seen:]))
     finally:
         release.set()
         api.held_patches.clear()
     _settled(cluster, api)
     _whole_or_untouched(api)
+    assert _marks(api, "n003")[0]  # the patch that reached the server is applied, whole
     out = _run(api, SELECT + SSH + ["--drain", "--max-drain-fraction", "0.5"])
     assert out.returncode == 1 and _marks(api, "n003")[0] and _marks(api, "n005")[0], out.stdout
     _whole_or_untouched(api)
@@ -339,10 +340,11 @@ def test_sigkill_during_the_all_reduce_job_is_named_and_cleaned_by_the_next_run(
     their bundle (killed before attaching) or ended with their attach streams. The next Kubernetes run
     names the Job and deletes it, with its pods: nothing is left."""
     cluster, api = deployed
+    seen = len(api.requests)
     if point == "job created":
         ready = lambda: bool(api.items("jobs"))  # noqa: E731
     else:
-        ready = lambda: any(m == "GET" and "/attach?" in p for m, p in api.requests[-200:])  # noqa: E731
+        ready = lambda: any(m == "GET" and "/attach?" in p for m, p in api.requests[seen:])  # noqa: E731
     _sigkill_at(api, ["--k8s", "--nodelist", "n[001-002]", "--only", "allreduce", "--no-progress"], ready)
     left = [j["metadata"]["name"] for j in api.items("jobs")]
     assert len(left) == 1
