@@ -213,7 +213,7 @@ def test_faults_named_and_drain_cordons_only_the_failing_nodes(deployed, tmp_pat
     assert not any(k.startswith("preflight/") for k in hand["metadata"]["labels"])
     assert "left alone: n002" in out.stdout
     said = " ".join(out.stdout.split())  # the console wraps; the fix for an unreachable node is Kubernetes'
-    assert "kubectl auth can-i create pods/exec" in said and "sshd" not in said
+    assert "kubectl auth can-i create pods --subresource=exec" in said and "sshd" not in said
     for name in ("n001", "n004", "n006", "n008"):
         node = api.get("nodes", name)
         assert not node["spec"].get("unschedulable") and node["metadata"]["labels"]["preflight/status"] == "pass"

@@ -85,10 +85,13 @@ def _pass(node):
     return Finding("ssh", node, Status.PASS, "ok")
 
 
+OURS = [{"key": nodes.TAINT_KEY, "value": "mtu", "effect": "NoSchedule"}]
+
+
 def test_plan_drains_failing_leaves_someone_elses_cordon_and_resumes_only_ours():
     state = {"a": _state("a"), "b": _state("b", unschedulable=True),  # b: cordoned by an admin, passing
-             "c": _state("c", unschedulable=True, annotation="preflight: mtu: old"),  # ours, passing now
-             "d": _state("d", unschedulable=True, annotation="preflight: mtu: old")}  # ours, still failing
+             "c": _state("c", unschedulable=True, annotation="preflight: mtu: old", taints=OURS),  # ours, passing now
+             "d": _state("d", unschedulable=True, annotation="preflight: mtu: old", taints=OURS)}  # ours, still failing
     state.update({n: _state(n) for n in "efghijkl"})
     findings = [_fail("a"), _fail("d"), _pass("b"), _pass("c")] + [_pass(n) for n in "efghijkl"]
     acts = nodes.plan(findings, state, drain=True, resume=True)
@@ -97,6 +100,22 @@ def test_plan_drains_failing_leaves_someone_elses_cordon_and_resumes_only_ours()
     assert list(acts.plan.left_alone) == ["b"]
     assert acts.lines()[-1] == "left alone: b (cordoned by someone else: unschedulable without preflight's preflight/drained annotation)"
     assert "b" not in acts.labels and acts.labels["a"] == "fail" and acts.labels["c"] == "pass"
+
+
+def test_resume_needs_preflights_cordon_annotation_and_taint_all_in_place():
+    """An admin who took preflight's taint off but kept the node cordoned made the cordon theirs; a node
+    uncordoned by hand keeps no stale mark (cleared in its label patch), so a later admin cordon is theirs."""
+    state = {"t": _state("t", unschedulable=True, annotation="preflight: mtu: old"),  # taint removed by hand
+             "u": _state("u", annotation="preflight: mtu: old", taints=OURS),  # uncordoned by hand
+             "v": _state("v", taints=OURS)}  # uncordoned by hand, annotation removed, taint kept
+    state.update({n: _state(n) for n in "efghijkl"})
+    acts = nodes.plan([_pass(n) for n in state], state, drain=True, resume=True)
+    assert acts.plan.resume == [] and "t" in acts.plan.left_alone
+    assert "without its preflight/unhealthy taint" in acts.plan.left_alone["t"]
+    assert acts.cleared == ["u", "v"] and "cleared preflight's annotation and taint from u,v" in acts.lines()[-1]
+    patch = nodes.patch_for(state["u"], None, False, "pass", "s")
+    assert patch["metadata"]["annotations"] == {nodes.ANNOTATION: None} and patch["spec"] == {"taints": None}
+    assert "spec" not in nodes.patch_for(state["e"], None, False, "pass", "s")  # a plain node: labels only
 
 
 def test_plan_refuses_to_drain_a_cluster_wide_failure():
@@ -146,9 +165,14 @@ def test_agent_manifest_is_privileged_host_wide_and_requests_no_gpu():
 
 
 def test_operator_rbac_has_the_least_verbs():
-    role = manifest.operator_rbac()[0]
+    cluster_role, _, role, _ = manifest.operator_rbac()
+    assert cluster_role["kind"] == "ClusterRole" and role["kind"] == "Role"
+    cluster = {(r["apiGroups"][0], res, tuple(r.get("resourceNames", ()))): set(r["verbs"])
+               for r in cluster_role["rules"] for res in r["resources"]}
+    assert cluster == {("", "nodes", ()): {"get", "list", "patch"},  # cordon/taint/label: patch, never update/delete
+                       ("", "namespaces", ()): {"create"},  # create cannot be limited by name
+                       ("", "namespaces", ("preflight",)): {"get", "patch"}}
     verbs = {(r["apiGroups"][0], res): set(r["verbs"]) for r in role["rules"] for res in r["resources"]}
-    assert verbs[("", "nodes")] == {"get", "list", "patch"}  # cordon/taint/label: patch, never update/delete
     assert verbs[("", "pods/exec")] == verbs[("", "pods/attach")] == {"create", "get"}
     assert [k for k, v in verbs.items() if "delete" in v] == [("batch", "jobs")]  # only what preflight creates
     assert not any("*" in v or "update" in v for v in verbs.values())
@@ -174,8 +198,16 @@ def test_manifest_command_prints_yaml_documents():
                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=60)
     assert out.returncode == 0, out.stderr
     docs = list(yaml.safe_load_all(out.stdout))
-    assert [d["kind"] for d in docs] == ["ClusterRole", "ClusterRoleBinding", "Namespace", "ServiceAccount", "DaemonSet"]
-    assert docs[-1]["metadata"]["namespace"] == "gpu-health"
+    assert [d["kind"] for d in docs] == ["Namespace", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+                                         "ServiceAccount", "DaemonSet"]
+    assert docs[-1]["metadata"]["namespace"] == docs[3]["metadata"]["namespace"] == "gpu-health"
+    assert docs[-1]["spec"]["template"]["spec"]["containers"][0]["image"] == manifest.IMAGE
+    assert "digest" in out.stderr  # the default is a tag: the note says to pin the mirrored image by digest
+    pinned = manifest.IMAGE + "@sha256:" + "ab" * 32
+    assert manifest.pinned(pinned) and not manifest.pinned(manifest.IMAGE)
+    tagged = subprocess.run([sys.executable, "-m", "preflight", "k8s", "manifest", "--k8s-image", "python:3.12"],
+                            capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=60)
+    assert tagged.returncode == 0 and "not pinned by digest" in tagged.stderr
 
 
 @pytest.mark.parametrize("argv,says", [
@@ -249,7 +281,7 @@ def test_bench_job_holds_every_gpu_of_exactly_the_given_nodes():
     job = manifest.bench_job("preflight-bench-1", "preflight", ["gpu-01", "gpu-02"], 8, "img", ["sh"], 200.5)
     spec = job["spec"]
     assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 2
-    assert spec["backoffLimit"] == 0 and spec["activeDeadlineSeconds"] == 201 and spec["ttlSecondsAfterFinished"] > 0
+    assert "backoffLimit" not in spec and spec["backoffLimitPerIndex"] == 0 and spec["activeDeadlineSeconds"] == 201 and spec["ttlSecondsAfterFinished"] > 0
     pod = spec["template"]["spec"]
     container = pod["containers"][0]
     assert container["resources"] == {"limits": {"nvidia.com/gpu": 8}}
@@ -260,3 +292,18 @@ def test_bench_job_holds_every_gpu_of_exactly_the_given_nodes():
     assert anti["topologyKey"] == "kubernetes.io/hostname"
     cpu = manifest.bench_job("preflight-bench-2", "preflight", ["cpu-01"], 0, "img", ["sh"], 10)
     assert "resources" not in cpu["spec"]["template"]["spec"]["containers"][0]  # CPU nodes: no GPU request
+
+
+def test_a_jobs_owner_is_judged_gone_only_on_this_host():
+    """A killed run's Job is deleted only when its owner was a process here that is gone (the pid reused by
+    another process counts as gone: the start time differs); a live run's, or another host's, is not."""
+    from preflight.k8s import benchjob
+
+    me = benchjob.owner()
+    assert benchjob.owner_gone(me) is False
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    host, _, start = me.split()
+    assert benchjob.owner_gone("%s %d %s" % (host, proc.pid, start)) is True
+    assert benchjob.owner_gone("%s %d 1" % (host, os.getpid())) is True  # same pid, another start: reused
+    assert benchjob.owner_gone("elsewhere.example 1 1") is None and benchjob.owner_gone("") is None

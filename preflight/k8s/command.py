@@ -24,6 +24,7 @@ def extend(sub: Any, parser_class: Any, *commands: argparse.ArgumentParser) -> N
         p.add_argument("--context", metavar="NAME", help="with --k8s: the kubeconfig context (default: kubectl's current one)")
         p.add_argument("--k8s-namespace", default="preflight", metavar="NS", help="with --k8s: namespace of the agent DaemonSet (default preflight)")
         p.add_argument("--k8s-deploy", action="store_true", help="with --k8s: apply the agent DaemonSet first and wait for its pods")
+        p.add_argument("--k8s-wait", type=float, default=180.0, metavar="SECONDS", help="with --k8s: how long to wait for agent and all-reduce pods still starting (image pulls); a pod stuck on a reason that cannot resolve (ErrImagePull, ImagePullBackOff, CreateContainerConfigError, Unschedulable) is named at once (default 180)")
         p.add_argument("--k8s-image", metavar="IMAGE", help="with --k8s: the image of the agent (--k8s-deploy) and of the all-reduce Job (needs torch)")
     k8s = sub.add_parser("k8s", help="Kubernetes helpers: `preflight k8s manifest` prints the agent and its RBAC")
     k8s_sub = k8s.add_subparsers(dest="k8s_command", metavar="WHAT", parser_class=parser_class)
@@ -39,9 +40,14 @@ def run(args: argparse.Namespace) -> int:
 
     if getattr(args, "k8s_command", None) != "manifest":
         raise UsageError("`preflight k8s` needs what to do", "e.g. preflight k8s manifest > preflight-k8s.yaml")
-    objects = manifest.agent_objects(args.k8s_namespace, args.k8s_image or manifest.IMAGE)
-    if not args.no_rbac:
-        objects = manifest.operator_rbac(args.k8s_namespace) + objects
+    image = args.k8s_image or manifest.IMAGE
+    if args.no_rbac:
+        objects = manifest.agent_objects(args.k8s_namespace, image)
+    else:
+        objects = manifest.everything(args.k8s_namespace, image)
+    if not manifest.pinned(image):
+        sys.stderr.write("preflight: note: image %s is not pinned by digest: pin it (NAME@sha256:DIGEST) so every "
+                         "node runs the bytes you reviewed\n" % image)
     sys.stdout.write(manifest.dump(objects))
     return 0
 
@@ -67,13 +73,20 @@ def inventory(args: argparse.Namespace) -> Any:
     kubectl = Kubectl(context=args.context, namespace=args.k8s_namespace)
     nodes = k8s.select_nodes(kubectl, args.selector, args.nodelist)
     image = args.k8s_image or manifest.IMAGE
+    from preflight.k8s.benchjob import stale_jobs
+
+    for line in stale_jobs(kubectl):
+        sys.stderr.write("preflight: note: %s\n" % line)
+    wait_s = args.k8s_wait
+    if not wait_s > 0:
+        raise UsageError("--k8s-wait %g: must be more than 0 seconds" % wait_s, "e.g. --k8s-wait 600 for a slow registry")
     if args.k8s_deploy:
         from preflight.k8s import deploy
 
-        missing = deploy.deploy(kubectl, nodes, image)
-        if missing:
-            sys.stderr.write("preflight: note: %s\n" % deploy.describe(missing))
-    return k8s.inventory(k8s.Target(kubectl, nodes, image=image), command_timeout=60.0, gpus_per_node=args.gpus_per_node)
+        for line in deploy.describe(deploy.deploy(kubectl, nodes, image, wait_s=wait_s)):
+            sys.stderr.write("preflight: note: %s\n" % line)
+    return k8s.inventory(k8s.Target(kubectl, nodes, image=image, launch_wait_s=wait_s), command_timeout=60.0,
+                         gpus_per_node=args.gpus_per_node)
 
 
 def after_run(args: argparse.Namespace, inv: Any, result: Any, console: Any) -> None:

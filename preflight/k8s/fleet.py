@@ -73,6 +73,7 @@ class Target:
     pods: Dict[str, NodePod] = field(default_factory=dict)
     held: Dict[str, str] = field(default_factory=dict)  # (the Slurm recheck hold; always empty here)
     image: str = IMAGE  # the all-reduce Job's image (preflight.k8s.benchjob)
+    launch_wait_s: float = 180.0  # --k8s-wait: how long pods still starting (image pulls) are waited for
 
     def release(self) -> None:
         return None
@@ -104,10 +105,20 @@ def select_nodes(kubectl: Kubectl, selector: Optional[str] = None, nodelist: Opt
 
 
 def agent_pods(kubectl: Kubectl) -> Dict[str, NodePod]:
-    """{node: the agent pod there}, from one list of the agent DaemonSet's pods."""
+    """{node: the agent pod there}: the pods whose controller is the agent DaemonSet (by its uid), from one
+    read of the DaemonSet and one list of the pods with its label. No DaemonSet: no agent pod."""
+    from preflight.k8s.manifest import AGENT
+
+    out = kubectl.run("get", "daemonset", AGENT, "--ignore-not-found", "-o", "json", namespaced=True)
+    if out.returncode != 0:
+        raise KubeError("cannot read the agent DaemonSet: %s" % said(out.stderr),
+                        "check the context and your access (kubectl auth can-i get daemonsets -n %s)" % kubectl.namespace)
+    if not out.stdout.strip():
+        return {}
     try:
-        return parse_node_pods(kubectl.json("get", "pods", "-l", AGENT_LABEL, namespaced=True))
-    except ValueError as exc:
+        uid = json.loads(out.stdout)["metadata"]["uid"]
+        return parse_node_pods(kubectl.json("get", "pods", "-l", AGENT_LABEL, namespaced=True), ("DaemonSet", uid))
+    except (ValueError, KeyError, TypeError) as exc:
         raise KubeError("cannot read the agent pods: %s" % exc) from None
 
 
@@ -189,6 +200,11 @@ class KubeSession(Session):
             raise NodeFailure("unreachable", "no preflight agent pod on %s (namespace %s): deploy it with --k8s-deploy "
                               "or `preflight k8s manifest | kubectl apply -f -`; check its tolerations and nodeSelector"
                               % (self.spec.name, self.kubectl.namespace))
+        if self.pod.stuck:  # nothing is known of the node itself: an error to fix and retest, never a drain
+            raise NodeFailure("scheduler", "preflight agent pod %s on %s cannot start: %s; waiting does not "
+                              "fix it: fix the image name or pull secret, the ConfigMap/Secret it needs, or what "
+                              "keeps it off the node (kubectl describe pod -n %s %s)"
+                              % (self.pod.name, self.spec.name, self.pod.not_ready, self.kubectl.namespace, self.pod.name))
         if self.pod.not_ready:
             raise NodeFailure("unreachable", "preflight agent pod %s on %s is %s: the node or its kubelet is down, "
                               "or the pod cannot start (kubectl describe pod -n %s %s)"

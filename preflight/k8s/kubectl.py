@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.errors import PreflightError
 
@@ -120,16 +120,53 @@ def parse_nodes(doc: Dict[str, Any]) -> Dict[str, NodeState]:
 @dataclass
 class NodePod:
     """preflight's pod on one node (an agent pod, or an all-reduce Job's): its name, or why it cannot be
-    used (not_ready)."""
+    used (not_ready); stuck: the reason cannot resolve by itself (waiting longer changes nothing)."""
 
     node: str
     name: str
     not_ready: Optional[str] = None
+    stuck: bool = False
 
 
-def parse_node_pods(doc: Dict[str, Any]) -> Dict[str, NodePod]:
+#: a container waiting for one of these reasons does not start by waiting (the kubelet retries a bad image
+#: name, a missing Secret/ConfigMap or a crashing command with back-off, forever); ContainerCreating and
+#: PodInitializing (an image pull under way) are progress
+STUCK_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+                 "CreateContainerConfigError", "CreateContainerError", "RunContainerError", "CrashLoopBackOff")
+
+
+def pinned_node(spec: Dict[str, Any]) -> Optional[str]:
+    """The node a not yet scheduled pod is pinned to (required node affinity on metadata.name with one
+    value, as the DaemonSet controller writes it), else None."""
+    terms = ((((spec.get("affinity") or {}).get("nodeAffinity") or {})
+              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
+    names = [v for t in terms for e in t.get("matchFields") or [] if e.get("key") == "metadata.name"
+             and e.get("operator") == "In" for v in e.get("values") or []]
+    return names[0] if len(names) == 1 else None
+
+
+def stuck_reason(status: Dict[str, Any]) -> Optional[str]:
+    """'REASON: message' when a pod waits for what cannot resolve by itself: a container in STUCK_REASONS,
+    or the scheduler's Unschedulable (no node fits: resources, taints, the node gone)."""
+    for c in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = (c.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_REASONS:
+            return "%s: %s" % (waiting["reason"], waiting.get("message") or "no message")
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
+            return "Unschedulable: %s" % (cond.get("message") or "no message")
+    return None
+
+
+def owned_by(meta: Dict[str, Any], kind: str, uid: str) -> bool:
+    """Whether an object's controller (its ownerReferences entry with controller: true) is the `kind` of that uid."""
+    return any(o.get("controller") and o.get("kind") == kind and o.get("uid") == uid for o in meta.get("ownerReferences") or [])
+
+
+def parse_node_pods(doc: Dict[str, Any], owner: Optional[Tuple[str, str]] = None) -> Dict[str, NodePod]:
     """`kubectl get pods -l LABEL -o json` (the agent's pods, or a Job's) -> {node: NodePod}; a Ready pod
-    wins over others on a node.
+    wins over others on a node. owner (kind, uid): only pods that controller owns count (a label is
+    anyone's to set: a pod that only carries it is never exec'd into).
 
     Ready means phase Running, condition Ready True and no deletionTimestamp (a terminating pod)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
@@ -137,19 +174,21 @@ def parse_node_pods(doc: Dict[str, Any]) -> Dict[str, NodePod]:
     out: Dict[str, NodePod] = {}
     for item in doc["items"]:
         meta, spec, status = item.get("metadata") or {}, item.get("spec") or {}, item.get("status") or {}
-        node = spec.get("nodeName")
-        if not node:
-            continue  # not scheduled yet
+        node = spec.get("nodeName") or pinned_node(spec)
+        if not node or (owner is not None and not owned_by(meta, *owner)):
+            continue  # not scheduled yet (nor pinned), or not preflight's
         phase = status.get("phase") or "Unknown"
         ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
-        why = None
-        if meta.get("deletionTimestamp"):
+        why, stuck = None, None if meta.get("deletionTimestamp") else stuck_reason(status)
+        if stuck:
+            why = stuck
+        elif meta.get("deletionTimestamp"):
             why = "terminating"
         elif phase != "Running":
             why = "phase %s" % phase
         elif not ready or ready[0].get("status") != "True":
             why = "not Ready%s" % (" (%s)" % ready[0]["reason"] if ready and ready[0].get("reason") else "")
-        pod = NodePod(node, meta.get("name") or "?", why)
+        pod = NodePod(node, meta.get("name") or "?", why, stuck is not None)
         if node not in out or (out[node].not_ready and not why):
             out[node] = pod
     return out

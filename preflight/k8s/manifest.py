@@ -3,12 +3,23 @@
     Namespace            preflight
     ServiceAccount       preflight-agent: the agent pods' identity; it holds no API rights and mounts no token
     DaemonSet            preflight-agent: one privileged, sleeping pod per node, the target of `kubectl exec`
-    ClusterRole          preflight-operator: what the person (or CI account) running preflight needs, and no more:
-                         nodes get/list/patch (cordon, taint, label, annotate), pods get/list, pods/exec and
+    ClusterRole          preflight-operator: what is cluster-scoped, and no more: nodes get/list/patch
+                         (cordon, taint, label, annotate), namespaces create, and get/patch of the agent's
+                         namespace only (resourceNames; create cannot be limited by name)
+    ClusterRoleBinding   preflight-operator to the group preflight:operators (bind your users or CI account to it)
+    Role                 preflight-operator, in the agent's namespace only: pods get/list, pods/exec and
                          pods/attach create+get (WebSocket exec is a GET upgraded; 1.31+ authorizes it as
                          create), jobs get/list/create/delete (the all-reduce's Job, deleted after the run),
-                         daemonsets/serviceaccounts/namespaces get/create/patch for --k8s-deploy
-    ClusterRoleBinding   preflight-operator to the group preflight:operators (bind your users or CI account to it)
+                         daemonsets/serviceaccounts get/create/patch for --k8s-deploy
+    RoleBinding          preflight-operator to the same group, in that namespace
+
+pods/exec, pods/attach, Jobs, DaemonSets and ServiceAccounts are each a path to cluster-admin where they
+are granted (exec into a privileged pod, or create one), so they are granted in the agent's namespace and
+nowhere else; that namespace itself is worth cluster-admin (its pods are privileged, share the host's PID
+namespace and mount its /): only the operators may write to it. preflight execs only into pods whose
+controller (ownerReferences) is its DaemonSet, by uid, and attaches only to pods owned by the Job it
+created, never into another pod that merely carries the label. The default image is pinned by digest
+(the same bytes on every node, whatever the tag points to later); --k8s-image takes NAME@sha256:DIGEST.
 
 The agent runs no code of its own: it sleeps, and each check run execs the probe bundle into it. It needs
 the host's view of the node: hostNetwork (interfaces, MTU, the rendezvous port), hostPID (process
@@ -37,6 +48,9 @@ OPERATOR = "preflight-operator"
 OPERATOR_GROUP = "preflight:operators"
 #: the agent image: any image with python3 (3.8+), sh, setsid and kill (util-linux, procps), iproute2 and
 #: iputils-ping for the network checks. Air-gapped clusters mirror it and pass --k8s-image.
+#: The default is a tag: no digest could be verified where this was written (a digest of one platform's
+#: manifest, not the multi-arch index, would fail to pull on arm64 nodes). `preflight k8s manifest` notes it;
+#: pin the image you mirror with --k8s-image NAME@sha256:DIGEST so every node runs the same bytes.
 IMAGE = "docker.io/library/python:3.12-bookworm"
 
 _LABEL_KEY, _LABEL_VALUE = AGENT_LABEL.split("=", 1)
@@ -93,23 +107,42 @@ def agent_objects(namespace: str = NAMESPACE, image: str = IMAGE) -> List[Dict[s
 
 
 def operator_rbac(namespace: str = NAMESPACE) -> List[Dict[str, Any]]:
-    """The least rights the preflight command needs (see the module docstring)."""
-    rules = [
+    """The least rights the preflight command needs: cluster-scoped ones in the ClusterRole, the rest in a
+    Role bound in the agent's namespace only (see the module docstring)."""
+    rbac = "rbac.authorization.k8s.io/v1"
+    cluster_rules = [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "resourceNames": [namespace], "verbs": ["get", "patch"]},
+    ]
+    rules = [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
         {"apiGroups": [""], "resources": ["pods/exec", "pods/attach"], "verbs": ["create", "get"]},
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "create", "delete"]},
-        {"apiGroups": [""], "resources": ["namespaces", "serviceaccounts"], "verbs": ["get", "create", "patch"]},
+        {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create", "patch"]},
         {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list", "create", "patch"]},
     ]
-    return [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": _meta(OPERATOR), "rules": rules},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": _meta(OPERATOR),
+    group = [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": OPERATOR_GROUP}]
+    return [{"apiVersion": rbac, "kind": "ClusterRole", "metadata": _meta(OPERATOR), "rules": cluster_rules},
+            {"apiVersion": rbac, "kind": "ClusterRoleBinding", "metadata": _meta(OPERATOR),
              "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OPERATOR},
-             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": OPERATOR_GROUP}]}]
+             "subjects": group},
+            {"apiVersion": rbac, "kind": "Role", "metadata": _meta(OPERATOR, namespace), "rules": rules},
+            {"apiVersion": rbac, "kind": "RoleBinding", "metadata": _meta(OPERATOR, namespace),
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": OPERATOR},
+             "subjects": group}]
 
 
 def everything(namespace: str = NAMESPACE, image: str = IMAGE) -> List[Dict[str, Any]]:
-    return operator_rbac(namespace) + agent_objects(namespace, image)
+    """The agent's Namespace first (the Role and RoleBinding live in it), then the RBAC, then the agent."""
+    agent = agent_objects(namespace, image)
+    return agent[:1] + operator_rbac(namespace) + agent[1:]
+
+
+def pinned(image: str) -> bool:
+    """Whether an image reference names its bytes (NAME@sha256:<64 hex>), not a tag that can move."""
+    digest = image.rpartition("@")[2]
+    return digest.startswith("sha256:") and len(digest) == 71 and all(c in "0123456789abcdef" for c in digest[7:])
 
 
 def bench_job(name: str, namespace: str, nodes: List[str], gpus: int, image: str, command: List[str],
@@ -118,8 +151,11 @@ def bench_job(name: str, namespace: str, nodes: List[str], gpus: int, image: str
     these nodes, as the DaemonSet controller pins its pods; one per node by anti-affinity), each holding all of its node's GPUs so nothing else uses them meanwhile,
     waiting for the bundle on its stdin (stdinOnce: the end of preflight's attach closes it). hostNetwork:
     the rendezvous is at the first node's data address, as preflight planned it, so no Service is needed.
-    backoffLimit 0 (a failed rank is a finding, not a retry), activeDeadlineSeconds from preflight's
-    deadline and a TTL: the Job also goes away if preflight is killed before it can delete it."""
+    backoffLimitPerIndex 0 (a failed rank is a finding, not a retry, and fails its own index only: with
+    a Job-wide backoffLimit 0 the first pod to exit non-zero fails the Job and Kubernetes terminates the
+    other ranks' pods before their results are read; Indexed Jobs, beta and on by default since 1.29),
+    activeDeadlineSeconds from preflight's deadline and a TTL: the Job also goes away if preflight is
+    killed before it can delete it."""
     labels = {"app.kubernetes.io/name": "preflight-bench", "app.kubernetes.io/part-of": "preflight", "preflight/run": name}
     container: Dict[str, Any] = {
         "name": "bench", "image": image, "command": command, "stdin": True, "stdinOnce": True,
@@ -129,7 +165,7 @@ def bench_job(name: str, namespace: str, nodes: List[str], gpus: int, image: str
     if gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
     spec = {
-        "completionMode": "Indexed", "completions": len(nodes), "parallelism": len(nodes), "backoffLimit": 0,
+        "completionMode": "Indexed", "completions": len(nodes), "parallelism": len(nodes), "backoffLimitPerIndex": 0,
         "activeDeadlineSeconds": max(1, int(deadline_s + 0.999)), "ttlSecondsAfterFinished": ttl_s,
         "template": {"metadata": {"labels": labels}, "spec": {
             "restartPolicy": "Never", "hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet",

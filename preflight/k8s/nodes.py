@@ -6,11 +6,16 @@ than --max-drain-fraction fail); only the mechanism differs:
 
     drain    spec.unschedulable=true, the taint preflight/unhealthy=<check>:NoSchedule and the annotation
              preflight/drained="preflight: <check>: <finding>" (who did it and why)
-    resume   only a node carrying that annotation: unschedulable and the taint removed, annotation dropped
+    resume   only a node still carrying preflight's cordon, annotation AND taint: unschedulable and the
+             taint removed, annotation dropped
     labels   preflight/status=pass|fail and preflight/checked-at=<UTC stamp> on every checked node
+    stale    a node no longer cordoned that still carries preflight's annotation or taint (an admin
+             uncordoned it by hand) has both removed in the same patch, by any run that acts on nodes:
+             otherwise an admin's later cordon of it would look like preflight's and --resume would undo it
 
-A node is "someone else's" when it is cordoned without preflight's annotation: it is never touched, not
-even labelled. Each node's change is ONE merge patch (RFC 7386) carrying metadata.resourceVersion as a
+A node is "someone else's" when it is cordoned without preflight's annotation, or with the annotation
+but without preflight's taint (someone changed preflight's cordon): it is never touched, not even
+labelled. Each node's change is ONE merge patch (RFC 7386) carrying metadata.resourceVersion as a
 precondition: cordon, taint, annotation and labels land together or not at all (an interrupted run
 leaves no node cordoned without its annotation, which would make it look like someone else's), and a
 node changed since preflight read it (an admin cordoned it meanwhile) is re-read and planned again
@@ -47,12 +52,27 @@ def taint_value(check: str) -> str:
     return value or "failed"
 
 
+def has_taint(node: NodeState) -> bool:
+    return any(t.get("key") == TAINT_KEY for t in node.taints)
+
+
+def cordoned_by_us(node: NodeState) -> bool:
+    """preflight's cordon, still whole: unschedulable, preflight's annotation and preflight's taint."""
+    return node.unschedulable and policy.ours(node.annotations.get(ANNOTATION)) and has_taint(node)
+
+
+def stale_marks(node: NodeState) -> bool:
+    """In service, yet carrying preflight's annotation or taint (uncordoned by hand): marks to clear."""
+    return not node.unschedulable and (ANNOTATION in node.annotations or has_taint(node))
+
+
 def as_slurm_state(node: NodeState) -> Dict[str, Any]:
-    """A node in the shape the shared policy reads: cordoned = DRAIN; preflight's annotation = our reason."""
+    """A node in the shape the shared policy reads: cordoned = DRAIN; preflight's whole cordon = our reason."""
     state = ["DRAIN"] if node.unschedulable else ["IDLE"]
     reason = node.annotations.get(ANNOTATION)
-    if node.unschedulable and not policy.ours(reason):
-        reason = "unschedulable without preflight's %s annotation" % ANNOTATION
+    if node.unschedulable and not cordoned_by_us(node):
+        reason = ("unschedulable without preflight's %s annotation" % ANNOTATION if not policy.ours(reason) else
+                  "unschedulable with preflight's annotation but without its %s taint (changed by hand)" % TAINT_KEY)
     return {"state": state, "reason": reason}
 
 
@@ -60,11 +80,15 @@ def as_slurm_state(node: NodeState) -> Dict[str, Any]:
 class Actions:
     plan: Any  # preflight.slurm.drain.Plan
     labels: Dict[str, str] = field(default_factory=dict)  # node -> pass|fail for nodes not left alone
+    cleared: List[str] = field(default_factory=list)  # in service with preflight's stale marks: cleared
     errors: List[str] = field(default_factory=list)
     done: List[str] = field(default_factory=list)
 
     def lines(self) -> List[str]:
         out = [line.replace("drained by someone else", "cordoned by someone else") for line in self.plan.lines()]
+        if self.cleared:
+            out.append("cleared preflight's annotation and taint from %s (uncordoned by hand since preflight "
+                       "cordoned it)" % fold(self.cleared))
         return out + ["drain: %s" % e for e in self.errors]
 
 
@@ -76,7 +100,8 @@ def plan(findings: Iterable[Finding], nodes: Dict[str, NodeState], drain: bool, 
     p = policy.plan(findings, list(nodes), state, drain=drain, resume=resume, max_fraction=max_fraction)
     worst = policy.worst_findings(findings)
     labels = {n: ("fail" if n in worst else "pass") for n in nodes if n not in p.left_alone}
-    return Actions(p, labels)
+    cleared = [n for n in labels if stale_marks(nodes[n]) and n not in p.drain]
+    return Actions(p, labels, cleared)
 
 
 def patch_for(node: NodeState, reason: Optional[str], resume: bool, status: Optional[str], stamp: str,
@@ -94,6 +119,9 @@ def patch_for(node: NodeState, reason: Optional[str], resume: bool, status: Opti
     elif resume:
         meta["annotations"] = {ANNOTATION: None}
         spec["unschedulable"] = None
+        spec["taints"] = others or None
+    elif stale_marks(node):
+        meta["annotations"] = {ANNOTATION: None}
         spec["taints"] = others or None
     out: Dict[str, Any] = {"metadata": meta}
     if spec:
@@ -137,7 +165,7 @@ def apply(actions: Actions, kubectl: Kubectl, nodes: Dict[str, NodeState], findi
                 if fresh is None:
                     actions.errors.append("node %s is gone" % name)
                     return
-                if fresh.unschedulable and not policy.ours(fresh.annotations.get(ANNOTATION)):
+                if fresh.unschedulable and not cordoned_by_us(fresh):
                     actions.plan.drain.pop(name, None)
                     actions.labels.pop(name, None)
                     actions.plan.left_alone[name] = as_slurm_state(fresh)["reason"]

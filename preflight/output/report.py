@@ -377,7 +377,7 @@ SLURM_SSH_FIX = ("check the node's slurmd (systemctl status slurmd; its log), wh
 #: ... and when Kubernetes carried it (preflight/k8s): the agent pod, the node's kubelet, the operator's rights.
 K8S_SSH_FIX = ("check the node's preflight agent pod (kubectl -n preflight describe pod POD: events, image), the "
                "node's kubelet (kubectl describe node NODE: Ready) and your rights (kubectl auth can-i create "
-               "pods/exec -n preflight); python3 must be in the agent's image")
+               "pods --subresource=exec -n preflight); python3 must be in the agent's image")
 
 
 #: up to this many failed checks the report prints why each matters as well as its fix; beyond it, the

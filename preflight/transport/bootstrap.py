@@ -6,7 +6,11 @@ reads and reads what it prints; its module docstring is the wire protocol."""
 # sent on every connection. It also arms the safety nets: the whole process group is killed when stdin
 # reaches EOF (the controller went away), when the config's deadline passes, or when the controller
 # does not send the next phase's config within `wait_s` (default 60 s; the transports send the phase's
-# longest deadline + 30 s) of a result that asked for one.
+# longest deadline + 30 s) of a result that asked for one. Once the last result is in hand (the lock
+# _F, held until then, is free: the probe and its children are done) an EOF is the controller done
+# with us, not gone: the main thread writes the result and exits 0 (the deadline still guards the
+# write), never a kill of our own group racing our own exit (a Kubernetes attach closes stdin right
+# after the result, stdinOnce; a rank killed there exits 9 and failed its Job).
 # A module runs from the bytecode the controller compiled (bytecode/<path>c, a marshalled code object)
 # when the node's Python has the controller's magic number (bytecode/MAGIC), else from its source.
 BOOTSTRAP = r"""
@@ -94,11 +98,13 @@ _cfg=_pick(_c)
 def _die(*a):
     try:os.killpg(os.getpgrp(),signal.SIGKILL)
     finally:os._exit(137)
+_F=threading.Lock();_F.acquire()
 _Q=queue.Queue()
 def _watch():
     try:
         for _l in iter(_in.readline,b''):_Q.put(_l)
     except Exception:pass
+    if _F.acquire(False):return
     _die()
 threading.Thread(target=_watch,daemon=True).start()
 from preflight.probe.runner import main
@@ -107,6 +113,7 @@ while _cfg:
     if _t:_t.cancel()
     _t=threading.Timer(float(_cfg.get('deadline_s',600)),_die);_t.start()
     _r=base64.b64encode(zlib.compress(json.dumps(main(_cfg,_zb)).encode(),1)).decode();_k=int(_cfg.get('line_max') or len(_r));_n=-(-len(_r)//_k)
+    if not _cfg.get('more'):_F.release()
     for _i in range(_n-1):sys.stdout.write('preflight-part %d %s\n'%(_i,_r[_i*_k:_i*_k+_k]))
     sys.stdout.write('preflight-result %d %d %08x %s\n'%(_n-1,len(_r),zlib.crc32(_r.encode()),_r[(_n-1)*_k:]));sys.stdout.flush()
     if not _cfg.get('more'):break

@@ -62,8 +62,11 @@ class KubeAPI:
         self.rv = 1000
         self.dead: set = set()
         self.racing: set = set()  # nodes an admin cordons right before their next PATCH
+        self.held_patches: Dict[str, threading.Event] = {}  # node -> a PATCH of it waits for this, once arrived
         self.no_exec: set = set()  # nodes whose kubelet the API server cannot dial, while their pods still look Ready
+        self.pod_faults: Dict[str, Tuple[str, str]] = {}  # node -> (waiting reason, message) of its agent pod
         self.requests: List[Tuple[str, str]] = []  # (method, path) of every request, for tests
+        self.reviews: List[Any] = []  # (user, groups, attributes, allowed) of every `kubectl auth can-i`
         self.execs: List[subprocess.Popen] = []
         self.running: Dict[Tuple[str, str], kubestream.PodProcess] = {}  # Job pods' main processes
         self.server: Optional[socketserver.ThreadingTCPServer] = None
@@ -140,10 +143,19 @@ class KubeAPI:
         with self.lock:
             self.no_exec.add(name)
 
+    def agent_pod_fault(self, name: str, reason: str, message: str) -> None:
+        """The node's DaemonSet pod waits for `reason` (ErrImagePull, ImagePullBackOff, CreateContainerConfigError,
+        ContainerCreating: an image pull under way) or is not placed (Unschedulable), as the kubelet and the
+        scheduler report it in the pod's status; revive() clears it."""
+        with self.lock:
+            self.pod_faults[name] = (reason, message)
+            self.refresh(name)
+
     def revive(self, name: str) -> None:
         with self.lock:
             self.no_exec.discard(name)
             self.dead.discard(name)
+            self.pod_faults.pop(name, None)
             self.refresh(name)
 
     def get(self, resource: str, name: str, namespace: str = "") -> Optional[Dict[str, Any]]:
@@ -159,6 +171,11 @@ class KubeAPI:
         """An admin cordons the node just before the next PATCH of it arrives (a race with preflight)."""
         with self.lock:
             self.racing.add(name)
+
+    def hold_patches(self, name: str) -> threading.Event:
+        """PATCHes of the node wait, once received, until the returned event is set (to kill the client then)."""
+        self.held_patches[name] = threading.Event()
+        return self.held_patches[name]
 
     def cordon_by_hand(self, name: str) -> None:
         """What `kubectl cordon` by an admin leaves: spec.unschedulable, no preflight annotation."""
@@ -227,7 +244,9 @@ class KubeAPI:
             pod = {"metadata": {"name": pod_name, "labels": dict(template["metadata"].get("labels", {})),
                                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": name,
                                                      "uid": ds["metadata"]["uid"], "controller": True}]},
-                   "spec": dict(copy.deepcopy(template["spec"]), nodeName=node), "status": {}}
+                   "spec": dict(copy.deepcopy(template["spec"]), nodeName=node, affinity={"nodeAffinity": {
+                       "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchFields": [
+                           {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}), "status": {}}
             self.rv += 1
             self.put("pods", ns, pod)
             self.refresh_pod(pod)
@@ -290,8 +309,33 @@ class KubeAPI:
                     owner["status"]["active"] -= 1
                     owner["status"]["succeeded" if rc == 0 else "failed"] += 1
                     self.bump(owner)
+                    if rc != 0:
+                        self.job_pod_failed(owner, pod)
 
         self.running[key] = kubestream.PodProcess(proc, command, bool(container.get("stdinOnce")), exited)
+
+    def job_pod_failed(self, job: Dict[str, Any], pod: Dict[str, Any]) -> None:
+        """The Job controller's failure policy: with backoffLimitPerIndex the pod's index fails alone
+        (status.failedIndexes); otherwise past backoffLimit (default 6) the Job fails and its active pods
+        are terminated at once, their processes killed (condition Failed, reason BackoffLimitExceeded)."""
+        spec, status = job["spec"], job["status"]
+        if spec.get("backoffLimitPerIndex") is not None:
+            index = pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
+            failed = sorted(set((status.get("failedIndexes") or "").split(",") + [index]) - {""}, key=int)
+            status["failedIndexes"] = ",".join(failed)
+            return
+        if status["failed"] <= int(spec.get("backoffLimit", 6)):
+            return
+        status["conditions"] = [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]
+        uid = job["metadata"]["uid"]
+        for key, other in list(self.store["pods"].items()):
+            running = self.running.get(key)
+            if running is not None and running.rc is None and \
+                    any(o.get("uid") == uid for o in other["metadata"].get("ownerReferences", [])):
+                self.running.pop(key).kill()
+                other["status"]["phase"] = "Failed"
+                self.bump(other)
+        status["active"] = 0
 
     def _dsstatus_doc(self, ds: Dict[str, Any]) -> None:
         ns, name = ds["metadata"]["namespace"], ds["metadata"]["name"]
@@ -303,12 +347,32 @@ class KubeAPI:
                         "numberMisscheduled": 0, "observedGeneration": 1}
 
     def refresh_pod(self, pod: Dict[str, Any]) -> None:
+        fault = self.pod_faults.get(pod["spec"].get("nodeName") or kuberest.pinned(pod))
+        if fault is not None and pod["metadata"].get("ownerReferences", [{}])[0].get("kind") == "DaemonSet":
+            return self._faulty_pod(pod, *fault)
+        if pod["metadata"].get("ownerReferences", [{}])[0].get("kind") == "DaemonSet":
+            pod["spec"]["nodeName"] = pod["spec"].get("nodeName") or kuberest.pinned(pod)
         dead = pod["spec"].get("nodeName") in self.dead
         pod["status"] = {"phase": "Running", "hostIP": self.node_ip(pod["spec"].get("nodeName")),
                          "conditions": [{"type": "Ready", "status": "False" if dead else "True",
                                          **({"reason": "NodeNotReady"} if dead else {})}],
                          "containerStatuses": [{"name": c["name"], "ready": not dead, "restartCount": 0,
                                                 "image": c.get("image", ""), "state": {"running": {"startedAt": now()}}}
+                                               for c in pod["spec"].get("containers", [])]}
+
+    def _faulty_pod(self, pod: Dict[str, Any], reason: str, message: str) -> None:
+        """Pending: unplaced (Unschedulable, no nodeName) or placed with its container waiting for `reason`."""
+        if reason == "Unschedulable":
+            node = pod["spec"].pop("nodeName", None) or kuberest.pinned(pod)
+            pod["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                             "reason": reason, "message": message.replace("NODE", node)}]}
+            return
+        pod["spec"]["nodeName"] = pod["spec"].get("nodeName") or kuberest.pinned(pod)
+        pod["status"] = {"phase": "Pending", "hostIP": self.node_ip(pod["spec"]["nodeName"]),
+                         "conditions": [{"type": "PodScheduled", "status": "True"},
+                                        {"type": "Ready", "status": "False", "reason": "ContainersNotReady"}],
+                         "containerStatuses": [{"name": c["name"], "ready": False, "restartCount": 0,
+                                                "image": c.get("image", ""), "state": {"waiting": {"reason": reason, "message": message}}}
                                                for c in pod["spec"].get("containers", [])]}
 
     def node_ip(self, name: Optional[str]) -> str:
@@ -321,7 +385,7 @@ class KubeAPI:
                                          "reason": "NodeStatusUnknown" if name in self.dead else "KubeletReady"}]
         self.bump(node)
         for pod in self.store["pods"].values():
-            if pod["spec"].get("nodeName") == name:
+            if (pod["spec"].get("nodeName") or kuberest.pinned(pod)) == name:
                 self.refresh_pod(pod)
                 self.bump(pod)
         for ds in self.store["daemonsets"].values():

@@ -42,6 +42,84 @@ RESOURCES: Dict[str, Tuple[str, str, bool, List[str]]] = {
     "clusterrolebindings": ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", False, []),
 }
 VERBS = ["create", "delete", "get", "list", "patch", "update"]
+ACCESS_REVIEW = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+
+
+def _protobuf_fields(data: bytes) -> Dict[int, List[bytes]]:
+    """The length-delimited fields of one protobuf message ({field number: [bytes]}); varints skipped."""
+    out: Dict[int, List[bytes]] = {}
+    i = 0
+
+    def varint() -> int:
+        nonlocal i
+        value = shift = 0
+        while True:
+            byte = data[i]
+            i += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    while i < len(data):
+        key = varint()
+        if key & 7 == 2:
+            size = varint()
+            out.setdefault(key >> 3, []).append(data[i:i + size])
+            i += size
+        elif key & 7 == 0:
+            varint()
+        else:
+            raise ValueError("protobuf wire type %d is not served by the simulator" % (key & 7))
+    return out
+
+
+def access_review_attributes(body: bytes) -> Dict[str, str]:
+    """spec.resourceAttributes of a protobuf SelfSubjectAccessReview (the k8s\\0 envelope, runtime.Unknown
+    field 2 the object; generated.proto of authorization/v1: spec = 2, resourceAttributes = 1, and in it
+    namespace 1, verb 2, group 3, version 4, resource 5, subresource 6, name 7)."""
+    if not body.startswith(b"k8s\x00"):
+        raise ValueError("not a Kubernetes protobuf envelope")
+    obj = _protobuf_fields(body[4:])[2][0]
+    spec = _protobuf_fields(_protobuf_fields(obj).get(2, [b""])[0])
+    attrs = _protobuf_fields(spec.get(1, [b""])[0])
+    names = {1: "namespace", 2: "verb", 3: "group", 4: "version", 5: "resource", 6: "subresource", 7: "name"}
+    return {names[k]: v[0].decode() for k, v in attrs.items() if k in names}
+
+
+def pinned(pod: Dict[str, Any]) -> Optional[str]:
+    """The one node a pod's required node affinity on metadata.name names (a DaemonSet pod's), else None."""
+    terms = ((((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
+    names = [v for t in terms for e in t.get("matchFields", []) if e.get("key") == "metadata.name" for v in e.get("values", [])]
+    return names[0] if len(names) == 1 else None
+
+
+def rbac_allows(store: Dict[str, Any], user: str, groups: List[str], attrs: Dict[str, Any]) -> bool:
+    """The RBAC authorizer's answer for one request: a ClusterRoleBinding's rules hold everywhere, a
+    RoleBinding's only in its own namespace; a rule matches on apiGroups, resources (with the
+    subresource as resource/sub), verbs and, when it lists any, resourceNames ("*" matches all)."""
+    ns, group = attrs.get("namespace") or "", attrs.get("group") or ""
+    resource = attrs.get("resource") or ""
+    if attrs.get("subresource"):
+        resource += "/" + attrs["subresource"]
+
+    def subject(s: Dict[str, Any]) -> bool:
+        return (s.get("kind") == "User" and s.get("name") == user) or (s.get("kind") == "Group" and s.get("name") in groups)
+
+    def rules(ref: Dict[str, Any], where: str) -> List[Dict[str, Any]]:
+        role = store["clusterroles" if ref.get("kind") == "ClusterRole" else "roles"].get(
+            ("" if ref.get("kind") == "ClusterRole" else where, ref.get("name")))
+        return (role or {}).get("rules") or []
+
+    found = [r for b in store["clusterrolebindings"].values() if any(subject(s) for s in b.get("subjects") or [])
+             for r in rules(b["roleRef"], "")]
+    found += [r for (bns, _), b in store["rolebindings"].items() if ns and bns == ns
+              and any(subject(s) for s in b.get("subjects") or []) for r in rules(b["roleRef"], bns)]
+    hit = lambda have, want: "*" in have or want in have  # noqa: E731
+    return any(hit(r.get("apiGroups") or [], group) and hit(r.get("resources") or [], resource)
+               and hit(r.get("verbs") or [], attrs.get("verb") or "")
+               and (not r.get("resourceNames") or attrs.get("name") in r["resourceNames"]) for r in found)
 
 
 def now() -> str:
@@ -202,6 +280,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self.kube.requests.append(("POST", self.path))
+        if urllib.parse.urlsplit(self.path).path.rstrip("/") == ACCESS_REVIEW:
+            return self._access_review()
         route = self._route()
         if route is None:
             return self._fail(404, "NotFound", "the server could not find the requested resource")
@@ -258,6 +338,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         patch = self._body()
         if ctype == "application/strategic-merge-patch+json":
             patch = strip_directives(patch)
+        held = self.kube.held_patches.get(named[2]) if named[0] == "nodes" else None
+        if held is not None:  # the request has arrived; the server applies it once the test lets go
+            held.wait(120)
         if named[0] == "nodes" and named[2] in self.kube.racing:
             self.kube.racing.discard(named[2])
             self.kube.cordon_by_hand(named[2])
@@ -275,6 +358,26 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self._fail(404, "NotFound", '%s "%s" not found' % (resource, name))
         return self._send(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                                 "details": {"name": name, "kind": resource, "uid": obj["metadata"]["uid"]}})
+
+    def _access_review(self) -> None:
+        """`kubectl auth can-i` (a SelfSubjectAccessReview, which kubectl sends as protobuf), answered by
+        evaluating the stored RBAC objects for the impersonated user and groups (--as, --as-group: the
+        Impersonate-* headers). The answer is JSON, which kubectl's client decodes by its Content-Type."""
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        if "protobuf" in self.headers.get("Content-Type", ""):
+            attrs = access_review_attributes(raw)
+        else:
+            attrs = ((json.loads(raw or b"{}").get("spec") or {}).get("resourceAttributes") or {})
+        review: Dict[str, Any] = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                                  "metadata": {}, "spec": {"resourceAttributes": attrs}}
+        user = self.headers.get("Impersonate-User") or "sim"
+        groups = self.headers.get_all("Impersonate-Group") or []
+        with self.kube.lock:
+            allowed = rbac_allows(self.kube.store, user, groups, attrs)
+        self.kube.reviews.append((user, groups, attrs, allowed))
+        review["status"] = {"allowed": allowed}
+        self._send(201, review)
 
     def _conflict(self, resource: str, name: str) -> None:
         self._fail(409, "Conflict", 'Operation cannot be fulfilled on %s "%s": the object has been modified; please '
@@ -307,6 +410,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 resources += [{"name": "pods/exec", "singularName": "", "namespaced": True, "kind": "PodExecOptions", "verbs": ["create", "get"]},
                               {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]}]
         return self._send(200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
+
+
 
     def _openapi_v3(self, path: str) -> None:
         """Just enough OpenAPI v3 for kubectl's field-validation probe: every PATCH operation takes
