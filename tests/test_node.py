@@ -122,3 +122,33 @@ def test_usage_errors_exit_2():
     with pytest.raises(SystemExit) as exc:
         main(["node", "--bogus"])
     assert exc.value.code == 2
+
+
+def test_a_hung_tool_leaves_no_process_after_the_node_check(sim_cluster, tmp_path):
+    """A `nvidia-smi` wrapper that forks a sleeping child and hangs: `preflight node` reports the driver
+    probe as overrunning (not a healthy node), and once it has exited no process of the wrapper's group
+    remains (as a HealthCheckProgram run every few minutes, they would pile up)."""
+    from tests.test_probe_commands import WRAPPER, gone, group_members, read_pids
+
+    cluster = sim_cluster(1)
+    node = cluster.node("n001")
+    _hgx(node)
+    pids = tmp_path / "nvidia-smi.pids"
+    smi = os.path.join(node.bin_dir, "nvidia-smi")
+    with open(smi, "w") as handle:
+        handle.write(WRAPPER.format(pids=pids, then="sleep 300"))
+    os.chmod(smi, 0o755)
+    started = []
+    try:
+        out, _ = _node_run(cluster, node, "--only", "driver", "--timeout", "4")
+        leader, child, pgid = read_pids(pids)
+        started = [leader, child]
+        assert gone(started) == [] and group_members(pgid) == []
+        assert out.returncode == 1 and "preflight: ERROR driver: " in out.stdout, out.stdout + out.stderr
+        assert "killed with its children: nvidia-smi -q -x" in out.stdout, out.stdout
+    finally:
+        for pid in started:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
