@@ -16,7 +16,9 @@ Two preflight runs can meet on the head (a nightly audit and a manual run): the 
 for preflight first (preflight.probe.portclaim, as the all-reduce agent does while its store holds it),
 and a claim held by another run is reported as that ("busy": its pid and uid), never bound over. The
 rule then says the port could not be tested, at cluster level with action retest: nothing is wrong with
-the head.
+the head. Only a claim held by this run's user or by root is believed (the kernel's SO_PEERCRED): a process
+of another uid holding preflight's name ("squatter") is named, and the port is tested as usual, so one that
+also holds the port FAILs with its pid and uid instead of passing as "another preflight run".
 """
 
 from __future__ import annotations
@@ -187,10 +189,12 @@ def listen(cfg: Dict[str, Any]) -> Dict[str, Any]:
     addr = "0.0.0.0" if cfg.get("wildcard") else cfg.get("bind_ip") or "0.0.0.0"
     result: Dict[str, Any] = {"role": "listen", "port": port, "bind_ip": addr, "listening": False, "peers": []}
     claim = portclaim.claim(port)
-    if claim is None:  # another preflight run uses the port on this node right now
-        result["busy"] = portclaim.holder(port) or {}
+    if claim.busy is not None:  # another preflight run (this user's or root's) uses the port on this node now
+        result["busy"] = claim.busy
         result["error"] = "%s holds port %d" % (portclaim.describe(result["busy"]), port)
         return result
+    if claim.squatter is not None:  # another uid holds preflight's name: not believed, the port is tested
+        result["squatter"] = claim.squatter
     try:
         return _listen_claimed(cfg, result, addr, port)
     finally:
@@ -411,11 +415,12 @@ def plan(view: ClusterView) -> Dict[str, Dict[str, Any]]:
 
 
 def holder_text(holders: List[Dict[str, Any]]) -> str:
-    """'pid 4242 (python3)', or 'a process of uid 1001 not visible to us'."""
+    """'pid 4242 (python3, uid 1001)', or 'a process of uid 1001 not visible to us'."""
     parts = []
     for h in holders:
         if h.get("pid") is not None:
-            parts.append("pid %d (%s)" % (h["pid"], h.get("comm") or "?"))
+            parts.append("pid %d (%s%s)" % (h["pid"], h.get("comm") or "?",
+                                             ", uid %s" % h["uid"] if h.get("uid") is not None else ""))
         else:
             parts.append("a process of uid %s not visible to this user" % h.get("uid"))
     return ", ".join(parts) if parts else "another process"
@@ -518,8 +523,9 @@ def rule(view: ClusterView) -> List[Finding]:
     if head_ok and not head_unreached:
         peers = head_facts.get("peers") or []
         names = sorted({p["name"] for p in peers if p.get("name")})
-        out.append(Finding(NAME, head, Status.PASS, "listened on port %d; %s connected%s" % (
-            port, plural(len(names), "peer"), " (%s)" % fold(names) if names else ""), actual=str(port)))
+        out.append(Finding(NAME, head, Status.PASS, "listened on port %d; %s connected%s%s" % (
+            port, plural(len(names), "peer"), " (%s)" % fold(names) if names else "", _squatter_text(head_facts)),
+            actual=str(port)))
     return out
 
 
@@ -552,11 +558,21 @@ def _attempts(f: Dict[str, Any]) -> str:
     return "first try" if n == 1 else "after %d tries, %ss" % (n, f.get("elapsed_s"))
 
 
+def _squatter_text(f: Dict[str, Any]) -> str:
+    """'; preflight's run claim on it is held by pid 4242 of uid 1001 (not this run's user or root: not
+    believed)' when another uid squats preflight's name for the port; '' otherwise."""
+    if f.get("squatter") is None:
+        return ""
+    return "; preflight's run claim on it is held by %s (not this run's user or root: not believed)" % (
+        portclaim.describe_squatter(f["squatter"]))
+
+
 def _listen_failure(head: str, port: int, f: Dict[str, Any]) -> Finding:
     free = f.get("free_ports") or []
     hint = "; try --master-port %d (free)" % free[0] if free else ""
     if f.get("errno") == "EADDRINUSE":
-        message = "%s: port %d is held by %s%s" % (head, port, holder_text(f.get("holders") or []), hint)
+        message = "%s: port %d is held by %s%s%s" % (head, port, holder_text(f.get("holders") or []),
+                                                     _squatter_text(f), hint)
     elif f.get("errno") == "EACCES":
         message = "%s: port %d needs privileges to bind (EACCES)%s" % (head, port, hint)
     else:
