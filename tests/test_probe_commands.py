@@ -8,7 +8,6 @@ sleeping child and then hangs (or answers at once, its child left running), writ
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,12 +17,13 @@ import time
 import pytest
 
 from preflight.probe import context, runner
-from preflight.probe.context import NodeContext, Shared
+from preflight.probe.context import NodeContext
 from preflight.transport import bundle
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-#: a wrapper that starts a child which outlives it unless its group is killed, then hangs (or answers)
+#: a wrapper that starts a child which outlives it unless its group is killed, then hangs (exec: the pid it
+#: wrote is the hung process, so a failing test can still kill everything it started) or answers
 WRAPPER = """#!/bin/sh
 sleep 300 >/dev/null 2>&1 </dev/null &
 echo "$$ $! $(cut -d' ' -f5 /proc/$$/stat)" > "{pids}"
@@ -31,7 +31,7 @@ echo "$$ $! $(cut -d' ' -f5 /proc/$$/stat)" > "{pids}"
 """
 
 
-def wrapper(tmp_path, name, then="sleep 300"):
+def wrapper(tmp_path, name, then="exec sleep 300"):
     """Install `name` on a bin dir under tmp_path; returns (bin dir, the file its pids are written to)."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
@@ -177,9 +177,27 @@ def test_a_bootstrap_whose_controller_goes_away_kills_its_commands_groups(tmp_pa
     assert gone([leader, child]) == [] and group_members(pgid) == []
 
 
-def test_stop_all_reaches_every_run_in_the_process():
-    runs = [Shared(), Shared()]
-    context.stop_all()
-    assert all(NodeContext(shared=s).run(["true"]).timed_out for s in runs)
-    assert NodeContext(shared=Shared()).run(["true"]).ok  # a run begun after it is not affected
-    assert json.dumps(runs[0].stop()) == "[]"
+def test_a_probe_process_killed_mid_command_leaves_no_process_of_the_command(tmp_path, reaper):
+    """SIGKILL (a transport's kill, slurmd giving up) leaves no handler to run: the watchdog sees the probe
+    process's pipe close and kills the command's group."""
+    bindir, pids = wrapper(tmp_path, "dcgmi")
+    env = dict(os.environ, PATH=bindir + os.pathsep + os.environ["PATH"], PYTHONPATH=REPO)
+    code = "from preflight.probe.context import NodeContext; NodeContext().run(['dcgmi', 'diag'], timeout=300)"
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    reaper.append(proc.pid)
+    try:
+        leader, child, pgid = read_pids(pids, wait_s=60.0)
+        reaper.extend([leader, child])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert gone([leader, child]) == [] and group_members(pgid) == []
+
+
+def test_the_watchdog_kills_only_the_groups_still_running():
+    """Its twin: groups that ended are struck off its list (their numbers may be reused after the reap)."""
+    script = context.WATCHDOG.replace("kill -9", "echo kill -9")
+    lines = "+101\n+202\n-101\n+303\n-303\n-999\n"
+    out = subprocess.run(["/bin/sh", "-c", script], input=lines, stdout=subprocess.PIPE, universal_newlines=True,
+                         timeout=30).stdout
+    assert out == "kill -9 -202\n"

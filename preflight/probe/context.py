@@ -9,10 +9,13 @@ e.g. /host/sys). Likewise configuration files the jobs read (/etc/nccl.conf, ~/.
 under PREFLIGHT_HOST_ROOT when it is set (a container that mounts the host's / at /host), else from /.
 
 Every command runs in a process group of its own (a new session), and the whole group is SIGKILLed when the
-command returns, when its deadline passes, when the probe run ends (Shared.stop: a probe that overran the
-run's deadline) and when the probe process dies through the bootstrap's safety nets (stop_all): a wrapper
-script around dcgmi whose child hangs, or a shell that left `ibstat` running, leaves nothing behind. The group
-is killed before its leader is reaped, so its number cannot have been given to another process meanwhile.
+command returns, when its deadline passes, and when the probe run ends (Shared.stop: a probe that overran the
+run's deadline): a wrapper script around dcgmi whose child hangs, or a shell that left `ibstat` running,
+leaves nothing behind. The group is killed before its leader is reaped, so its number cannot have been given
+to another process meanwhile. A group of its own no longer dies with the probe process's group (the
+transports' kill, the bootstrap's safety nets, slurmd giving up on a HealthCheckProgram), so a watchdog
+(`/bin/sh`, one per process, in a session of its own) is told each group as it starts and ends, and kills
+those still running when the probe process's end of its pipe closes, whatever killed it, SIGKILL included.
 What a group kill cannot reach: a process that started a session of its own (a daemon), and a process stuck
 in the kernel (D state), which the kernel ends when it can.
 """
@@ -28,7 +31,6 @@ import signal
 import subprocess
 import threading
 import time
-import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preflight.model import CommandResult
@@ -39,9 +41,19 @@ RAW_CAP = 4096
 HOST_ENV = "PREFLIGHT_HOST_ROOT"
 #: How long a killed command's leader gets to be reaped before it is left to the kernel (stuck in D state).
 KILL_WAIT_S = 2.0
-#: Every Shared still alive in this process, for stop_all() (the bootstrap's safety nets).
-_RUNS: "weakref.WeakSet[Shared]" = weakref.WeakSet()
-_RUNS_LOCK = threading.Lock()
+#: The watchdog: reads "+PGID" / "-PGID" lines (a group started / ended); at EOF (this process has died, or
+#: exits) it kills the groups still running. Builtins only: no fork per line.
+WATCHDOG = r"""
+live=" "
+while IFS= read -r line; do
+  g=${line#?}
+  case $line in
+    +*) live="$live$g " ;;
+    -*) case $live in *" $g "*) live="${live%% $g *} ${live#* $g }" ;; esac ;;
+  esac
+done
+for g in $live; do kill -9 -$g 2>/dev/null; done
+"""
 
 
 class RunEnded(Exception):
@@ -58,8 +70,6 @@ class Shared:
         self._values: Dict[Any, Any] = {}
         self._groups: Dict[int, subprocess.Popen] = {}  # the commands running now, by process group id
         self._stopped = False
-        with _RUNS_LOCK:
-            _RUNS.add(self)
 
     def start(self, argv: List[str], stdin: bool) -> subprocess.Popen:
         """Start argv in a new session (its own process group), stdout and stderr piped; stdin a pipe when
@@ -71,11 +81,13 @@ class Shared:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
             self._groups[proc.pid] = proc
-            return proc
+        _WATCH.tell("+%d" % proc.pid)
+        return proc
 
     def finish(self, proc: subprocess.Popen) -> None:
         """Kill what is left of proc's process group, then reap its leader (never the other way round)."""
         _kill_group(proc.pid)
+        _WATCH.tell("-%d" % proc.pid)  # before the reap: a group the watchdog still kills is never reused
         try:
             proc.wait(KILL_WAIT_S)
         except subprocess.TimeoutExpired:  # in the kernel (D state): SIGKILL takes effect when it returns
@@ -182,12 +194,36 @@ class NodeContext:
         return os.path.exists(path)
 
 
-def stop_all() -> None:
-    """Kill the running commands of every probe run in this process (the probe process is about to die)."""
-    with _RUNS_LOCK:
-        runs = list(_RUNS)
-    for run in runs:
-        run.stop()
+class _Watchdog:
+    """The process that kills this process's command groups after it has died (see WATCHDOG)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: Optional[subprocess.Popen] = None  # never waited for: it ends when this process does
+        self._pid: Optional[int] = None
+
+    def tell(self, line: str) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # first use, or a forked child: a watchdog of its own
+                self._proc, self._pid = self._start(), os.getpid()
+            if self._proc is None or self._proc.stdin is None:
+                return
+            try:
+                self._proc.stdin.write(line.encode() + b"\n")
+                self._proc.stdin.flush()
+            except OSError:  # it was killed: the groups are still killed on every path but this process's death
+                self._proc = None
+
+    @staticmethod
+    def _start() -> Optional[subprocess.Popen]:
+        try:  # /bin/sh by its path: the probe's PATH may put a node's (or a test's) programs first
+            return subprocess.Popen(["/bin/sh", "-c", WATCHDOG], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError:  # no /bin/sh: as above
+            return None
+
+
+_WATCH = _Watchdog()
 
 
 def _kill_group(pgid: int) -> None:
