@@ -124,7 +124,9 @@ def test_a_port_claim_held_by_another_uid_is_not_believed_and_blocks_nothing():
         try:
             assert got.busy is None and got.sock is None  # not believed, and not ours to hold
             assert got.squatter == {"pid": pid, "uid": nobody()}
-            assert portclaim.describe_squatter(got.squatter) == "pid %d of uid %d" % (pid, nobody())
+            assert portclaim.describe_squatter(got.squatter) == ("preflight's run claim on it is held by pid %d of "
+                                                                 "uid %d (not this run's user or root: not believed)"
+                                                                 % (pid, nobody()))
         finally:
             got.close()
 

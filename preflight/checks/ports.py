@@ -16,9 +16,8 @@ Two preflight runs can meet on the head (a nightly audit and a manual run): the 
 for preflight first (preflight.probe.portclaim, as the all-reduce agent does while its store holds it),
 and a claim held by another run is reported as that ("busy": its pid and uid), never bound over. The
 rule then says the port could not be tested, at cluster level with action retest: nothing is wrong with
-the head. Only a claim held by this run's user or by root is believed (the kernel's SO_PEERCRED): a process
-of another uid holding preflight's name ("squatter") is named, and the port is tested as usual, so one that
-also holds the port FAILs with its pid and uid instead of passing as "another preflight run".
+the head. Only a claim of this run's user or root is believed (SO_PEERCRED): a "squatter" of another uid is
+named and the port tested as usual, so one that also holds the port FAILs with its pid and uid.
 """
 
 from __future__ import annotations
@@ -193,8 +192,7 @@ def listen(cfg: Dict[str, Any]) -> Dict[str, Any]:
         result["busy"] = claim.busy
         result["error"] = "%s holds port %d" % (portclaim.describe(result["busy"]), port)
         return result
-    if claim.squatter is not None:  # another uid holds preflight's name: not believed, the port is tested
-        result["squatter"] = claim.squatter
+    result["squatter"] = claim.squatter  # another uid holding preflight's name: not believed, the port is tested
     try:
         return _listen_claimed(cfg, result, addr, port)
     finally:
@@ -419,8 +417,8 @@ def holder_text(holders: List[Dict[str, Any]]) -> str:
     parts = []
     for h in holders:
         if h.get("pid") is not None:
-            parts.append("pid %d (%s%s)" % (h["pid"], h.get("comm") or "?",
-                                             ", uid %s" % h["uid"] if h.get("uid") is not None else ""))
+            uid = "" if h.get("uid") is None else ", uid %s" % h["uid"]
+            parts.append("pid %d (%s%s)" % (h["pid"], h.get("comm") or "?", uid))
         else:
             parts.append("a process of uid %s not visible to this user" % h.get("uid"))
     return ", ".join(parts) if parts else "another process"
@@ -521,8 +519,7 @@ def rule(view: ClusterView) -> List[Finding]:
                 name, head, target, _connect_hint(f.get("error"), f.get("errno")), f.get("elapsed_s"), f.get("error")),
                 expected="a TCP connection to the rendezvous port", actual=f.get("errno") or f.get("error")))
     if head_ok and not head_unreached:
-        peers = head_facts.get("peers") or []
-        names = sorted({p["name"] for p in peers if p.get("name")})
+        names = sorted({p["name"] for p in head_facts.get("peers") or [] if p.get("name")})
         out.append(Finding(NAME, head, Status.PASS, "listened on port %d; %s connected%s%s" % (
             port, plural(len(names), "peer"), " (%s)" % fold(names) if names else "", _squatter_text(head_facts)),
             actual=str(port)))
@@ -559,20 +556,15 @@ def _attempts(f: Dict[str, Any]) -> str:
 
 
 def _squatter_text(f: Dict[str, Any]) -> str:
-    """'; preflight's run claim on it is held by pid 4242 of uid 1001 (not this run's user or root: not
-    believed)' when another uid squats preflight's name for the port; '' otherwise."""
-    if f.get("squatter") is None:
-        return ""
-    return "; preflight's run claim on it is held by %s (not this run's user or root: not believed)" % (
-        portclaim.describe_squatter(f["squatter"]))
+    """'; preflight's run claim on it is held by pid 4242 of uid 1001 (...)', or '' when nobody squats it."""
+    return "" if f.get("squatter") is None else "; " + portclaim.describe_squatter(f["squatter"])
 
 
 def _listen_failure(head: str, port: int, f: Dict[str, Any]) -> Finding:
     free = f.get("free_ports") or []
     hint = "; try --master-port %d (free)" % free[0] if free else ""
     if f.get("errno") == "EADDRINUSE":
-        message = "%s: port %d is held by %s%s%s" % (head, port, holder_text(f.get("holders") or []),
-                                                     _squatter_text(f), hint)
+        message = "%s: port %d is held by %s%s" % (head, port, holder_text(f.get("holders") or []), _squatter_text(f) + hint)
     elif f.get("errno") == "EACCES":
         message = "%s: port %d needs privileges to bind (EACCES)%s" % (head, port, hint)
     else:

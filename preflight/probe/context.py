@@ -88,23 +88,23 @@ class Shared:
         """Kill what is left of proc's process group, then reap its leader (never the other way round)."""
         _kill_group(proc.pid)
         _WATCH.tell("-%d" % proc.pid)  # before the reap: a group the watchdog still kills is never reused
+        with self._lock:  # likewise for stop()
+            self._groups.pop(proc.pid, None)
         try:
             proc.wait(KILL_WAIT_S)
         except subprocess.TimeoutExpired:  # in the kernel (D state): SIGKILL takes effect when it returns
             pass
-        with self._lock:
-            self._groups.pop(proc.pid, None)
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
 
     def stop(self) -> List[List[str]]:
         """End the run's commands: kill every group still running and start no other. Returns their argv."""
-        with self._lock:
+        with self._lock:  # a group still listed has its leader unreaped: its number is still its own
             self._stopped = True
             running = list(self._groups.values())
-        for proc in running:  # their own threads reap them (finish): killing a live group is always safe
-            _kill_group(proc.pid)
+            for proc in running:  # their own threads reap them (finish)
+                _kill_group(proc.pid)
         return [list(p.args) for p in running]
 
     def once(self, key: Any, compute: Any) -> Any:
@@ -229,7 +229,7 @@ _WATCH = _Watchdog()
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):  # nothing left in it (a setuid member: not ours to kill)
+    except (ProcessLookupError, PermissionError):  # nothing left in it, or only members we may not signal (setuid)
         pass
 
 

@@ -144,10 +144,10 @@ def _holder(address: str) -> Optional[Dict[str, Any]]:
 
 
 def describe_squatter(found: Dict[str, Any]) -> str:
-    """'pid 4242 of uid 1001' for a Claim.squatter: who holds preflight's name without being trusted."""
-    if found.get("pid"):
-        return "pid %d of uid %d" % (found["pid"], found.get("uid", -1))
-    return "a process whose credentials could not be read"
+    """"preflight's run claim on it is held by pid 4242 of uid 1001 (not …)" for a Claim.squatter."""
+    who = "pid %d of uid %d" % (found["pid"], found.get("uid", -1)) if found.get("pid") else \
+        "a process whose credentials could not be read"
+    return "preflight's run claim on it is held by %s (not this run's user or root: not believed)" % who
 
 
 def describe(found: Optional[Dict[str, Any]]) -> str:
