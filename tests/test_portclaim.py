@@ -20,10 +20,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: what a local user of another uid runs to squat preflight's names (and, given a port, the TCP port too)
 SQUAT = """
-import socket, sys, time
+import os, socket, sys, time
 held = []
 for name in sys.argv[2:]:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.bind("\\0" + name); s.listen(1); held.append(s)
+    while os.environ.get("FILL"):  # its backlog full: nobody can connect to ask who holds it
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); c.setblocking(False)
+        try:
+            c.connect("\\0" + name)
+        except BlockingIOError:
+            break
+        held.append(c)
 if int(sys.argv[1]):
     t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     t.bind(("0.0.0.0", int(sys.argv[1]))); t.listen(1); held.append(t)
@@ -41,11 +48,11 @@ def as_other_uid(argv, user="nobody"):
 
 
 @contextlib.contextmanager
-def squatter(names, tcp_port=0):
-    """A process of uid `nobody` holding the abstract names (and tcp_port on 0.0.0.0 when given) until the
-    block ends: yields its pid. Killed and reaped on the way out, whatever the block did."""
+def squatter(names, tcp_port=0, fill=False):
+    """A process of uid `nobody` holding the abstract names (their backlogs full when `fill`; tcp_port on
+    0.0.0.0 when given) until the block ends: yields its pid. Killed and reaped on the way out."""
     proc = subprocess.Popen(as_other_uid([sys.executable, "-c", SQUAT, str(tcp_port)] + list(names)),
-                            stdout=subprocess.PIPE, cwd="/")
+                            stdout=subprocess.PIPE, cwd="/", env=dict(os.environ, FILL="1" if fill else ""))
     try:
         assert proc.stdout.readline().strip() == b"ready"
         yield proc.pid
@@ -155,3 +162,14 @@ def test_a_claim_held_by_root_is_believed_by_a_run_of_another_user():
     finally:
         mine.close()
     assert out.stdout.strip() == "{'pid': %d, 'uid': 0} None" % os.getpid()
+
+
+def test_a_squatter_that_fills_its_backlog_is_not_believed_and_costs_no_wait():
+    """A holder whose backlog is full cannot be asked who it is: that is no preflight run's claim either (before:
+    a 1 s wait, then "another preflight run", busy)."""
+    port = unique_port()
+    with squatter([portclaim.PREFIX + str(port)], fill=True):
+        got = portclaim.claim(port)
+    assert got.busy is None and got.sock is None and got.squatter == {}
+    assert portclaim.describe_squatter(got.squatter).startswith(
+        "preflight's run claim on it is held by a process whose credentials could not be read")

@@ -124,10 +124,10 @@ def holder(port: int) -> Optional[Dict[str, Any]]:
 
 def _holder(address: str) -> Optional[Dict[str, Any]]:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(1.0)
+    sock.setblocking(False)  # a full backlog answers EAGAIN at once: a squatter cannot make a run wait
     try:
         sock.connect(address)
-    except socket.timeout:  # held, with a full backlog
+    except BlockingIOError:  # held, with a full backlog: credentials unknown, so never believed
         sock.close()
         return {}
     except OSError:  # ECONNREFUSED / ENOENT: nobody holds it
