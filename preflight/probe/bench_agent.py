@@ -65,6 +65,7 @@ Result document::
       "deadline": null | {"kind": "init"|"op"|"total", "limit_s": 30},
       "error": null | "invalid config: ...",
       "busy": {"port": 29500, "pid": 4242, "uid": 0},   # only when another preflight run holds the port
+                                                          # (its claim believed: this user's or root's)
       "rendezvous": {"addr": "198.19.0.2", "port": 29500, "arrived": [0, 1, ...]},   # node_rank 0 only
       "ranks": [
         {"rank": 0, "local_rank": 0, "pid": 1234,

@@ -16,7 +16,8 @@ says (SO_PEERCRED) its holder runs as this run's user or as root; a name held by
 holder whose credentials cannot be read, is a squatter: the run goes on without a claim, and what the
 squatter does to the port is judged for what it is (the ports check's bind names it). Trusting it would let
 anyone make a busy rendezvous port read "another preflight run, retest", or stop every all-reduce on a shared
-login node by binding one node's name.
+login node by binding one node's name. Limit: where a squatter holds a name, two runs of this user that meet
+there are told apart only by the port itself (the ports check's bind, the all-reduce store's run id).
 
 The controller claims the nodes it runs the all-reduce on the same way ("\0preflight-node-<digest of the
 host>"): two runs started from one machine on overlapping nodes see each other before either launches,
