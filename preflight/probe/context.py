@@ -75,12 +75,15 @@ class Shared:
         """Start argv in a new session (its own process group), stdout and stderr piped; stdin a pipe when
         `stdin`, else /dev/null (never the probe's stdin, the controller's channel). Raises RunEnded after
         stop(), OSError when it cannot start."""
-        with self._lock:  # no command starts after stop() has killed the others
+        with self._lock:
             if self._stopped:
                 raise RunEnded()
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        with self._lock:  # listed (or killed, when stop() came while it started) before anything else
             self._groups[proc.pid] = proc
+            if self._stopped:
+                _kill_group(proc.pid)
         _WATCH.tell("+%d" % proc.pid)
         return proc
 
