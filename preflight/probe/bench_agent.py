@@ -38,9 +38,9 @@ Config (built by the controller)::
     }
 
 Two runs at once: the agent that hosts the store (node_rank 0, first task) claims the rendezvous port
-for preflight first (preflight.probe.portclaim). When another run (this user's or root's) holds the claim,
-no rank starts and the document says who holds it ("busy"); the ranks of other nodes, if started, find the other run's
-store by its run id and stop, never joining it.
+for preflight first (preflight.probe.portclaim). When another run (this user's or root's) holds the
+claim, no rank starts and the document says who holds it ("busy"); the ranks of other nodes, if
+started, find the other run's store by its run id and stop, never joining it.
 
 Deadlines, layered (all measured on this node's monotonic clock):
 

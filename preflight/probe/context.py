@@ -101,14 +101,12 @@ class Shared:
             if stream is not None:
                 stream.close()
 
-    def stop(self) -> List[List[str]]:
-        """End the run's commands: kill every group still running and start no other. Returns their argv."""
+    def stop(self) -> None:
+        """End the run's commands: kill every group still running, and start no other."""
         with self._lock:  # a group still listed has its leader unreaped: its number is still its own
             self._stopped = True
-            running = list(self._groups.values())
-            for proc in running:  # their own threads reap them (finish)
+            for proc in self._groups.values():  # their own threads reap them (finish)
                 _kill_group(proc.pid)
-        return [list(p.args) for p in running]
 
     def once(self, key: Any, compute: Any) -> Any:
         with self._lock:
@@ -130,6 +128,7 @@ class NodeContext:
         self.host_root = os.environ.get(HOST_ENV) or "/"
         self.shared = shared if shared is not None else Shared()
         self.deadline = deadline  # time.monotonic() by which the probe must have answered (None: no limit)
+        self.running: Optional[List[str]] = None  # the command this probe waits on now (what an overrun killed)
 
     def remaining(self) -> Optional[float]:
         """Seconds left before the probe run's deadline (a long command must end before it); None: no limit."""
@@ -158,9 +157,11 @@ class NodeContext:
             return CommandResult(argv, 126, "", str(exc))
         except RunEnded:
             return CommandResult(argv, -1, "", "not started: the probe run had ended", timed_out=True)
+        self.running = argv
         try:
             out, err, finished = _communicate(proc, input, time.monotonic() + timeout)
         finally:
+            self.running = None
             self.shared.finish(proc)
         if not finished:
             return CommandResult(argv, -1, out, "timed out after %gs" % timeout, timed_out=True)

@@ -43,7 +43,8 @@ def run_probes(checks: Dict[str, Dict[str, Any]], timeout_s: float, records: Opt
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(checks)))
     futures = {pool.submit(_run_probe, name, ctx): name for name, ctx in contexts.items()}
     done, pending = concurrent.futures.wait(futures, timeout=timeout_s)
-    killed = shared.stop()  # the commands of probes that overran: their whole process groups, none started after
+    running = {futures[f]: contexts[futures[f]].running for f in pending}
+    shared.stop()  # the commands of probes that overran: their whole process groups, and none started after
     for future in done:
         name = futures[future]
         try:
@@ -55,20 +56,13 @@ def run_probes(checks: Dict[str, Dict[str, Any]], timeout_s: float, records: Opt
                            "message": str(exc), "raw": contexts[name].raw()}
     for future in pending:
         name = futures[future]
-        facts[name] = {"probe_error": "did not finish within %g s%s" % (timeout_s, _killed(killed)),
+        killed = " (killed with its children: %s)" % " ".join(running[name])[:200] if running[name] else ""
+        facts[name] = {"probe_error": "did not finish within %g s%s" % (timeout_s, killed),
                        "raw": contexts[name].raw()}
     pool.shutdown(wait=False)
     if records is not None:
         records.update({name: ctx.record() for name, ctx in contexts.items()})
     return facts
-
-
-def _killed(argvs: List[List[str]]) -> str:
-    """' (killed with its children: dcgmi diag -r 1)' for the commands still running at the deadline."""
-    if not argvs:
-        return ""
-    shown = "; ".join(" ".join(a)[:200] for a in argvs[:3]) + ("; and %d more" % (len(argvs) - 3) if len(argvs) > 3 else "")
-    return " (killed with its children: %s)" % shown
 
 
 def main(config: Dict[str, Any], bundle: bytes) -> Dict[str, Any]:
