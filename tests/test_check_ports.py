@@ -10,14 +10,16 @@ import time
 
 import pytest
 
+from preflight.checks import ports
 from preflight.checks.ports import probe as ports_probe
 from preflight.checks.ports import rule as ports_rule
-from preflight.model import ParseError, Status
+from preflight.model import ParseError, Status, with_action
 from preflight.probe import portclaim
 from preflight.output import report
 from preflight.probe.context import NodeContext
 from tests.builders import data_node, names, view
 from tests.fixture_cases import fixture_dir, read
+from tests.test_portclaim import nobody, squatter
 
 # Recorded on Linux 6.x with a listener on 0.0.0.0:29500, one accepted connection to it, and a
 # listener on [::1]:29501 (the cases tests/fixtures/ports/proc_net_tcp*_listener.json).
@@ -301,6 +303,39 @@ def test_a_port_another_preflight_run_claimed_is_named_not_bound():
     assert "holders" not in res  # never bound over it
 
 
+def test_a_port_held_by_another_uid_posing_as_a_preflight_run_fails_naming_its_pid_and_uid():
+    """A process of uid nobody binds preflight's claim name and the port itself. Before: the head read "another
+    preflight run, retest" and every node stayed in the hostfile; now the port is tested, and FAILs."""
+    port = free_port()
+    with squatter([portclaim.PREFIX + str(port)], tcp_port=port) as pid:
+        res = ports_probe.listen({"port": port, "bind_ip": "127.0.0.1", "wildcard": True, "window_s": 1})
+    assert "busy" not in res and res["squatter"] == {"pid": pid, "uid": nobody()}
+    assert not res["listening"] and res["errno"] == "EADDRINUSE"
+    assert {"pid": pid, "uid": nobody()}.items() <= res["holders"][0].items()
+    (f,) = [x for x in ports_rule.rule(cluster(1, {"n001": res}, cluster={"master_port": port})) if x.node == "n001"]
+    assert f.status is Status.FAIL and with_action(f, ports.CHECK.action).action == "fix_config"
+    assert f.message.startswith("n001: port %d is held by pid %d (python3, uid %d); preflight's run claim on it is "
+                                "held by pid %d of uid %d (not this run's user or root: not believed)" % (
+                                    port, pid, nobody(), pid, nobody())), f.message
+
+
+def test_a_claim_squatted_by_another_uid_on_a_free_port_does_not_stop_the_test():
+    """The twin: the name squatted, the port free: the listener tests the port (a pass) and names the squatter."""
+    port = free_port()
+    with squatter([portclaim.PREFIX + str(port)]) as pid:
+        thread, box = run_listener({"port": port, "bind_ip": "127.0.0.1", "name": "n001", "window_s": 10,
+                                    "expect_names": ["n002"]})
+        peer = ports_probe.connect({"host": "127.0.0.1", "port": port, "name": "n002", "retry_s": 5})
+        thread.join(15)
+    res = box["result"]
+    assert res["listening"] and peer["handshake"] and res["squatter"] == {"pid": pid, "uid": nobody()}
+    findings = {f.node: f for f in ports_rule.rule(cluster(2, {"n001": res, "n002": peer}, cluster={"master_port": port}))}
+    assert {n: f.status for n, f in findings.items()} == {"n001": Status.PASS, "n002": Status.PASS}
+    assert findings["n001"].message == ("listened on port %d; 1 peer connected (n002); preflight's run claim on it is "
+                                        "held by pid %d of uid %d (not this run's user or root: not believed)" % (
+                                            port, pid, nobody()))
+
+
 def test_the_listener_claims_its_port_while_it_listens_and_releases_it():
     port = free_port()
     thread, box = run_listener({"port": port, "bind_ip": "127.0.0.1", "window_s": 2, "expect_peers": ["127.0.0.9"]})
@@ -407,7 +442,7 @@ def test_rule_busy_port_message():
     }
     findings = {f.node: f for f in ports_rule.rule(cluster(2, {"n001": busy, "n002": refused}))}
     assert findings["n001"].status == Status.FAIL
-    assert findings["n001"].message == "n001: port 29500 is held by pid 4242 (python3); try --master-port 29501 (free)"
+    assert findings["n001"].message == "n001: port 29500 is held by pid 4242 (python3, uid 1000); try --master-port 29501 (free)"
     # n002 is not at fault: not tested, its status its own (not 'fail'), so it stays in the hostfile
     assert findings["n002"].status == Status.SKIP
     assert findings["n002"].message == "not tested: the head n001 could not listen on port 29500 (its finding says why)"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -19,18 +20,25 @@ from preflight.errors import UsageError
 from preflight.model import Finding, Status
 from tests.report_schema import assert_valid
 from tests.sim import gpu_hw
+from tests.test_probe_commands import reaper  # noqa: F401 - the fixture that kills what a test left
 
 PREFLIGHT = os.path.join(os.path.dirname(sys.executable), "preflight")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _node_run(cluster, node, *args, gpus=8):
+def _node_argv(cluster, node, *args, gpus=8):
+    """(argv, env) of `preflight node` as slurmd would run it inside the node (see the module docstring)."""
     node = cluster.node(node)
     env = {"PATH": "%s:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" % node.bin_dir,
            "PREFLIGHT_SYSFS_ROOT": node.sys_dir, "PREFLIGHT_NVML": "off", "HOME": "/root", "LANG": "C.UTF-8",
            "PYTHONPATH": REPO}  # this tree's preflight, not whichever one is installed
     argv = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', node.name,
             PREFLIGHT, "node"] + (["--gpus-per-node", str(gpus)] if gpus is not None else []) + list(args)
+    return argv, env
+
+
+def _node_run(cluster, node, *args, gpus=8):
+    argv, env = _node_argv(cluster, node, *args, gpus=gpus)
     t0 = time.monotonic()
     out = cluster.node_exec(node, argv, env=env, timeout=120)
     return out, time.monotonic() - t0
@@ -122,3 +130,57 @@ def test_usage_errors_exit_2():
     with pytest.raises(SystemExit) as exc:
         main(["node", "--bogus"])
     assert exc.value.code == 2
+
+
+def _hung_smi(node, tmp_path):
+    """Replace the node's nvidia-smi with a wrapper that forks a sleeping child and hangs; returns its pid file."""
+    from tests.test_probe_commands import WRAPPER
+
+    pids = tmp_path / "nvidia-smi.pids"
+    smi = os.path.join(node.bin_dir, "nvidia-smi")
+    with open(smi, "w") as handle:
+        handle.write(WRAPPER.format(pids=pids, then="exec sleep 300"))
+    os.chmod(smi, 0o755)
+    return pids
+
+
+def test_a_hung_tool_leaves_no_process_after_the_node_check(sim_cluster, tmp_path, reaper):
+    """A `nvidia-smi` wrapper that forks a sleeping child and hangs: `preflight node` reports the driver
+    probe as overrunning (not a healthy node), and once it has exited no process of the wrapper's group
+    remains (as a HealthCheckProgram run every few minutes, they would pile up)."""
+    from tests.test_probe_commands import gone, group_members, read_pids
+
+    cluster = sim_cluster(1)
+    node = cluster.node("n001")
+    _hgx(node)
+    pids = _hung_smi(node, tmp_path)
+    out, _ = _node_run(cluster, node, "--only", "driver", "--timeout", "8")
+    leader, child, pgid = read_pids(pids)
+    reaper.extend([leader, child])
+    assert gone([leader, child]) == [] and group_members(pgid) == []
+    assert out.returncode == 1, out.stdout + out.stderr
+    if "timed out: no answer within" not in out.stdout:  # unless so loaded that the transport's deadline came first
+        assert "preflight: ERROR driver: probe failed: did not finish within 6 s (killed with its children: " \
+               "nvidia-smi -q -x)" in out.stdout, out.stdout
+
+
+def test_a_node_check_killed_mid_command_leaves_no_process(sim_cluster, tmp_path, reaper):
+    """slurmd gives up on its HealthCheckProgram and SIGKILLs it while the hung wrapper runs: the probe process
+    sees its controller's pipe close and kills the wrapper's group before it dies."""
+    from tests.test_probe_commands import gone, group_members, read_pids
+
+    cluster = sim_cluster(1)
+    node = cluster.node("n001")
+    _hgx(node)
+    pids = _hung_smi(node, tmp_path)
+    argv, env = _node_argv(cluster, node, "--only", "driver", "--timeout", "120")
+    proc = subprocess.Popen(["ip", "netns", "exec", node.ns] + argv, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    reaper.append(proc.pid)
+    try:
+        leader, child, pgid = read_pids(pids, wait_s=60.0)
+        reaper.extend([leader, child])
+    finally:
+        proc.kill()  # `ip netns exec`, unshare and sh exec: this pid is preflight's
+        proc.wait()
+    assert gone([leader, child], wait_s=30.0) == [] and group_members(pgid) == []

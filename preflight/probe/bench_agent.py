@@ -38,9 +38,9 @@ Config (built by the controller)::
     }
 
 Two runs at once: the agent that hosts the store (node_rank 0, first task) claims the rendezvous port
-for preflight first (preflight.probe.portclaim). When another run holds the claim, no rank starts and
-the document says who holds it ("busy"); the ranks of other nodes, if started, find the other run's
-store by its run id and stop, never joining it.
+for preflight first (preflight.probe.portclaim). When another run (this user's or root's) holds the
+claim, no rank starts and the document says who holds it ("busy"); the ranks of other nodes, if
+started, find the other run's store by its run id and stop, never joining it.
 
 Deadlines, layered (all measured on this node's monotonic clock):
 
@@ -65,6 +65,7 @@ Result document::
       "deadline": null | {"kind": "init"|"op"|"total", "limit_s": 30},
       "error": null | "invalid config: ...",
       "busy": {"port": 29500, "pid": 4242, "uid": 0},   # only when another preflight run holds the port
+                                                          # (its claim believed: this user's or root's)
       "rendezvous": {"addr": "198.19.0.2", "port": 29500, "arrived": [0, 1, ...]},   # node_rank 0 only
       "ranks": [
         {"rank": 0, "local_rank": 0, "pid": 1234,
@@ -375,9 +376,9 @@ def run(
     doc["sizes"] = cfg["sizes"]
     claim = None
     if cfg["node_rank"] == 0 and cfg["local_rank_offset"] == 0:  # this node hosts the store
-        claim = portclaim.claim(cfg["master_port"])
-        if claim is None:
-            doc["busy"] = dict(portclaim.holder(cfg["master_port"]) or {}, port=cfg["master_port"])
+        claim = portclaim.claim(cfg["master_port"])  # a squatter of another uid is not believed: the store binds
+        if claim.busy is not None:
+            doc["busy"] = dict(claim.busy, port=cfg["master_port"])
             doc["error"] = "%s holds the rendezvous port %d on this node" % (
                 portclaim.describe(doc["busy"]), cfg["master_port"])
             doc["elapsed_s"] = round(time.monotonic() - t0, 3)

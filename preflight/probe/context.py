@@ -7,16 +7,31 @@ systemctl, ip), files under the sysfs root, and NVML. The sysfs root is /sys unl
 sets PREFLIGHT_SYSFS_ROOT (for a probe run inside a container that mounts the host's /sys elsewhere,
 e.g. /host/sys). Likewise configuration files the jobs read (/etc/nccl.conf, ~/.nccl.conf) are read
 under PREFLIGHT_HOST_ROOT when it is set (a container that mounts the host's / at /host), else from /.
+
+Every command runs in a process group of its own (a new session), and the whole group is SIGKILLed when the
+command returns, when its deadline passes, and when the probe run ends (Shared.stop: a probe that overran the
+run's deadline): a wrapper script around dcgmi whose child hangs, or a shell that left `ibstat` running,
+leaves nothing behind. The group is killed before its leader is reaped, so its number cannot have been given
+to another process meanwhile. A group of its own no longer dies with the probe process's group (the
+transports' kill, the bootstrap's safety nets, slurmd giving up on a HealthCheckProgram), so a watchdog
+(`/bin/sh`, one per process, in a session of its own) is told each group as it starts and ends, and kills
+those still running when the probe process's end of its pipe closes, whatever killed it, SIGKILL included.
+What a group kill cannot reach: a process that started a session of its own (a daemon), and a process stuck
+in the kernel (D state), which the kernel ends when it can.
 """
 
 from __future__ import annotations
 
+import locale
 import os
+import select
+import selectors
 import shutil
+import signal
 import subprocess
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preflight.model import CommandResult
 
@@ -24,6 +39,25 @@ SYSFS_ENV = "PREFLIGHT_SYSFS_ROOT"
 #: How much of one raw output a failed probe sends back with its error (bytes of text, per item).
 RAW_CAP = 4096
 HOST_ENV = "PREFLIGHT_HOST_ROOT"
+#: How long a killed command's leader gets to be reaped before it is left to the kernel (stuck in D state).
+KILL_WAIT_S = 2.0
+#: The watchdog: reads "+PGID" / "-PGID" lines (a group started / ended); at EOF (this process has died, or
+#: exits) it kills the groups still running. Builtins only: no fork per line.
+WATCHDOG = r"""
+live=" "
+while IFS= read -r line; do
+  g=${line#?}
+  case $line in
+    +*) live="$live$g " ;;
+    -*) case $live in *" $g "*) live="${live%% $g *} ${live#* $g }" ;; esac ;;
+  esac
+done
+for g in $live; do kill -9 -$g 2>/dev/null; done
+"""
+
+
+class RunEnded(Exception):
+    """The probe run this command belongs to has ended (Shared.stop): it is not started."""
 
 
 class Shared:
@@ -34,6 +68,45 @@ class Shared:
         self._lock = threading.Lock()
         self._locks: Dict[Any, threading.Lock] = {}
         self._values: Dict[Any, Any] = {}
+        self._groups: Dict[int, subprocess.Popen] = {}  # the commands running now, by process group id
+        self._stopped = False
+
+    def start(self, argv: List[str], stdin: bool) -> subprocess.Popen:
+        """Start argv in a new session (its own process group), stdout and stderr piped; stdin a pipe when
+        `stdin`, else /dev/null (never the probe's stdin, the controller's channel). Raises RunEnded after
+        stop(), OSError when it cannot start."""
+        with self._lock:
+            if self._stopped:
+                raise RunEnded()
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        with self._lock:  # listed (or killed, when stop() came while it started) before anything else
+            self._groups[proc.pid] = proc
+            if self._stopped:
+                _kill_group(proc.pid)
+        _WATCH.tell("+%d" % proc.pid)
+        return proc
+
+    def finish(self, proc: subprocess.Popen) -> None:
+        """Kill what is left of proc's process group, then reap its leader (never the other way round)."""
+        _kill_group(proc.pid)
+        _WATCH.tell("-%d" % proc.pid)  # before the reap: a group the watchdog still kills is never reused
+        with self._lock:  # likewise for stop()
+            self._groups.pop(proc.pid, None)
+        try:
+            proc.wait(KILL_WAIT_S)
+        except subprocess.TimeoutExpired:  # in the kernel (D state): SIGKILL takes effect when it returns
+            pass
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+    def stop(self) -> None:
+        """End the run's commands: kill every group still running, and start no other."""
+        with self._lock:  # a group still listed has its leader unreaped: its number is still its own
+            self._stopped = True
+            for proc in self._groups.values():  # their own threads reap them (finish)
+                _kill_group(proc.pid)
 
     def once(self, key: Any, compute: Any) -> Any:
         with self._lock:
@@ -55,6 +128,7 @@ class NodeContext:
         self.host_root = os.environ.get(HOST_ENV) or "/"
         self.shared = shared if shared is not None else Shared()
         self.deadline = deadline  # time.monotonic() by which the probe must have answered (None: no limit)
+        self.running: Optional[List[str]] = None  # the command this probe waits on now (what an overrun killed)
 
     def remaining(self) -> Optional[float]:
         """Seconds left before the probe run's deadline (a long command must end before it); None: no limit."""
@@ -72,26 +146,26 @@ class NodeContext:
         return shutil.which(program)
 
     def run(self, argv: Sequence[str], timeout: float = 15.0, input: Optional[str] = None) -> CommandResult:
-        """Run a program (never through a shell). rc 127 when it does not exist; timed_out on deadline."""
+        """Run a program (never through a shell) in its own process group, killed whole when it returns or
+        times out. rc 127 when it does not exist; timed_out on deadline (or when the probe run has ended)."""
         argv = [str(a) for a in argv]
         try:
-            proc = subprocess.run(
-                argv,
-                input=input,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                timeout=timeout,
-                universal_newlines=True,
-                errors="replace",
-            )
+            proc = self.shared.start(argv, input is not None)
         except FileNotFoundError:
             return CommandResult(argv, 127, "", "%s: command not found" % argv[0])
         except PermissionError as exc:
             return CommandResult(argv, 126, "", str(exc))
-        except subprocess.TimeoutExpired as exc:
-            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        except RunEnded:
+            return CommandResult(argv, -1, "", "not started: the probe run had ended", timed_out=True)
+        self.running = argv
+        try:
+            out, err, finished = _communicate(proc, input, time.monotonic() + timeout)
+        finally:
+            self.running = None
+            self.shared.finish(proc)
+        if not finished:
             return CommandResult(argv, -1, out, "timed out after %gs" % timeout, timed_out=True)
-        return CommandResult(argv, proc.returncode, proc.stdout, proc.stderr)
+        return CommandResult(argv, proc.returncode, out, err)
 
     def run_once(self, argv: Sequence[str], timeout: float = 15.0) -> CommandResult:
         """run(), but once per probe run: a probe that asks for the same argv later gets the same result."""
@@ -122,6 +196,107 @@ class NodeContext:
     def exists(path: str) -> bool:
         """Whether a path exists (a sysfs link such as class/net/IF/device)."""
         return os.path.exists(path)
+
+
+class _Watchdog:
+    """The process that kills this process's command groups after it has died (see WATCHDOG)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: Optional[subprocess.Popen] = None  # never waited for: it ends when this process does
+        self._pid: Optional[int] = None
+
+    def tell(self, line: str) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # first use, or a forked child: a watchdog of its own
+                self._proc, self._pid = self._start(), os.getpid()
+            if self._proc is None or self._proc.stdin is None:
+                return
+            try:
+                self._proc.stdin.write(line.encode() + b"\n")
+                self._proc.stdin.flush()
+            except OSError:  # it was killed: the groups are still killed on every path but this process's death
+                self._proc = None
+
+    @staticmethod
+    def _start() -> Optional[subprocess.Popen]:
+        try:  # /bin/sh by its path: the probe's PATH may put a node's (or a test's) programs first
+            return subprocess.Popen(["/bin/sh", "-c", WATCHDOG], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError:  # no /bin/sh: as above
+            return None
+
+
+_WATCH = _Watchdog()
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # nothing left in it, or only members we may not signal (setuid)
+        pass
+
+
+def _communicate(proc: subprocess.Popen, input: Optional[str], deadline: float) -> Tuple[str, str, bool]:
+    """(stdout, stderr, finished): proc's output, read until both pipes close and its leader exits, or
+    until the deadline (finished False). The leader is left unreaped (waitid WNOWAIT) so that its process
+    group id stays its own until Shared.finish has killed the group."""
+    chunks: Dict[Any, List[bytes]] = {proc.stdout: [], proc.stderr: []}
+    pending = memoryview((input or "").encode(locale.getpreferredencoding(False), "replace"))
+    with selectors.DefaultSelector() as sel:
+        for stream in chunks:
+            sel.register(stream, selectors.EVENT_READ)
+        if proc.stdin is not None:
+            sel.register(proc.stdin, selectors.EVENT_WRITE)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return _text(chunks[proc.stdout]), _text(chunks[proc.stderr]), False
+            for key, _ in sel.select(left):
+                if key.fileobj is proc.stdin:
+                    pending = _feed(proc.stdin, pending, sel)
+                    continue
+                data = os.read(key.fd, 65536)
+                if data:
+                    chunks[key.fileobj].append(data)
+                else:
+                    sel.unregister(key.fileobj)
+    finished = _await_exit(proc.pid, deadline)
+    return _text(chunks[proc.stdout]), _text(chunks[proc.stderr]), finished
+
+
+def _feed(stdin: Any, pending: memoryview, sel: selectors.BaseSelector) -> memoryview:
+    """Write what fits of the command's input; close its stdin once all is written (or it stopped reading)."""
+    try:
+        pending = pending[os.write(stdin.fileno(), pending[:select.PIPE_BUF]):]
+    except BrokenPipeError:
+        pending = pending[:0]
+    if not pending:
+        sel.unregister(stdin)
+        stdin.close()
+    return pending
+
+
+def _await_exit(pid: int, deadline: float) -> bool:
+    """Whether the leader exited by the deadline; it stays a zombie (WNOWAIT) until Shared.finish reaps it."""
+    pause = 0.001
+    while True:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:  # already reaped (cannot happen before finish(); count it as ended)
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.05)
+
+
+def _text(chunks: List[bytes]) -> str:
+    """Bytes as subprocess's text mode gives them: the locale's encoding, errors replaced, universal newlines."""
+    text = b"".join(chunks).decode(locale.getpreferredencoding(False), "replace")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _cap(text: Optional[str], cap: int) -> Optional[str]:

@@ -44,6 +44,8 @@ def run_probes(checks: Dict[str, Dict[str, Any]], timeout_s: float, records: Opt
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(checks)))
     futures = {pool.submit(_run_probe, name, ctx): name for name, ctx in contexts.items()}
     done, pending = concurrent.futures.wait(futures, timeout=timeout_s)
+    running = {futures[f]: contexts[futures[f]].running for f in pending}
+    shared.stop()  # the commands of probes that overran: their whole process groups, and none started after
     for future in done:
         name = futures[future]
         try:
@@ -55,7 +57,9 @@ def run_probes(checks: Dict[str, Dict[str, Any]], timeout_s: float, records: Opt
                            "message": str(exc), "raw": contexts[name].raw()}
     for future in pending:
         name = futures[future]
-        facts[name] = {"probe_error": "did not finish within %g s" % timeout_s, "raw": contexts[name].raw()}
+        killed = " (killed with its children: %s)" % " ".join(running[name])[:200] if running[name] else ""
+        facts[name] = {"probe_error": "did not finish within %g s%s" % (timeout_s, killed),
+                       "raw": contexts[name].raw()}
     pool.shutdown(wait=False)
     if records is not None:
         records.update({name: ctx.record() for name, ctx in contexts.items()})

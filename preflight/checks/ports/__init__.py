@@ -16,7 +16,8 @@ Two preflight runs can meet on the head (a nightly audit and a manual run): the 
 for preflight first (preflight.probe.portclaim, as the all-reduce agent does while its store holds it),
 and a claim held by another run is reported as that ("busy": its pid and uid), never bound over. The
 rule then says the port could not be tested, at cluster level with action retest: nothing is wrong with
-the head.
+the head. Only a claim of this run's user or root is believed (SO_PEERCRED): a "squatter" of another uid is
+named and the port tested as usual, so one that also holds the port FAILs with its pid and uid.
 """
 
 from __future__ import annotations

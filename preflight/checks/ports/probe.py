@@ -158,10 +158,11 @@ def listen(cfg: Dict[str, Any]) -> Dict[str, Any]:
     addr = "0.0.0.0" if cfg.get("wildcard") else cfg.get("bind_ip") or "0.0.0.0"
     result: Dict[str, Any] = {"role": "listen", "port": port, "bind_ip": addr, "listening": False, "peers": []}
     claim = portclaim.claim(port)
-    if claim is None:  # another preflight run uses the port on this node right now
-        result["busy"] = portclaim.holder(port) or {}
+    if claim.busy is not None:  # another preflight run (this user's or root's) uses the port on this node now
+        result["busy"] = claim.busy
         result["error"] = "%s holds port %d" % (portclaim.describe(result["busy"]), port)
         return result
+    result["squatter"] = claim.squatter  # another uid holding preflight's name: not believed, the port is tested
     try:
         return _listen_claimed(cfg, result, addr, port)
     finally:

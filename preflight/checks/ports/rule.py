@@ -58,11 +58,12 @@ def plan(view: ClusterView) -> Dict[str, Dict[str, Any]]:
 
 
 def holder_text(holders: List[Dict[str, Any]]) -> str:
-    """'pid 4242 (python3)', or 'a process of uid 1001 not visible to us'."""
+    """'pid 4242 (python3, uid 1001)', or 'a process of uid 1001 not visible to us'."""
     parts = []
     for h in holders:
         if h.get("pid") is not None:
-            parts.append("pid %d (%s)" % (h["pid"], h.get("comm") or "?"))
+            uid = "" if h.get("uid") is None else ", uid %s" % h["uid"]
+            parts.append("pid %d (%s%s)" % (h["pid"], h.get("comm") or "?", uid))
         else:
             parts.append("a process of uid %s not visible to this user" % h.get("uid"))
     return ", ".join(parts) if parts else "another process"
@@ -163,10 +164,10 @@ def rule(view: ClusterView) -> List[Finding]:
                 name, head, target, _connect_hint(f.get("error"), f.get("errno")), f.get("elapsed_s"), f.get("error")),
                 expected="a TCP connection to the rendezvous port", actual=f.get("errno") or f.get("error")))
     if head_ok and not head_unreached:
-        peers = head_facts.get("peers") or []
-        names = sorted({p["name"] for p in peers if p.get("name")})
-        out.append(Finding(NAME, head, Status.PASS, "listened on port %d; %s connected%s" % (
-            port, plural(len(names), "peer"), " (%s)" % fold(names) if names else ""), actual=str(port)))
+        names = sorted({p["name"] for p in head_facts.get("peers") or [] if p.get("name")})
+        out.append(Finding(NAME, head, Status.PASS, "listened on port %d; %s connected%s%s" % (
+            port, plural(len(names), "peer"), " (%s)" % fold(names) if names else "", _squatter_text(head_facts)),
+            actual=str(port)))
     return out
 
 
@@ -199,11 +200,16 @@ def _attempts(f: Dict[str, Any]) -> str:
     return "first try" if n == 1 else "after %d tries, %ss" % (n, f.get("elapsed_s"))
 
 
+def _squatter_text(f: Dict[str, Any]) -> str:
+    """'; preflight's run claim on it is held by pid 4242 of uid 1001 (...)', or '' when nobody squats it."""
+    return "" if f.get("squatter") is None else "; " + portclaim.describe_squatter(f["squatter"])
+
+
 def _listen_failure(head: str, port: int, f: Dict[str, Any]) -> Finding:
     free = f.get("free_ports") or []
     hint = "; try --master-port %d (free)" % free[0] if free else ""
     if f.get("errno") == "EADDRINUSE":
-        message = "%s: port %d is held by %s%s" % (head, port, holder_text(f.get("holders") or []), hint)
+        message = "%s: port %d is held by %s%s" % (head, port, holder_text(f.get("holders") or []), _squatter_text(f) + hint)
     elif f.get("errno") == "EACCES":
         message = "%s: port %d needs privileges to bind (EACCES)%s" % (head, port, hint)
     else:
