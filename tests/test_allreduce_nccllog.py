@@ -81,6 +81,19 @@ def test_a_veth_on_one_host_of_several_is_flagged_with_its_channels():
     assert nccllog.suspect_ifaces([nccllog.parse_nccl_log(text)]) == []
 
 
+def test_a_container_overlay_every_host_listed_is_named_with_its_hosts_and_only_warns():
+    """NVIDIA/nccl#224, verbatim: gpu6 and gpu7 both list flannel.1 (Kubernetes' overlay) for sockets."""
+    from preflight.model import Status
+
+    log = _fixture_log("multihost_flannel_listed_mpirun")
+    (flannel,) = nccllog.suspect_ifaces([log])
+    assert (flannel["name"], flannel["used"], flannel["hosts"]) == ("flannel.1", False, ["gpu6", "gpu7"])
+    text = (_NCCL_FIXTURES / "multihost_flannel_listed_mpirun.log").read_text()
+    f, _ = _two_nodes([text, (_NCCL_FIXTURES / "socket_fallback.log").read_text()])
+    assert f.status is Status.WARN and "NCCL listed for its sockets flannel.1: flannel.1 is a container/bridge " \
+        "interface" in f.message, f.message
+
+
 def test_nccl_own_failures_are_read_by_stage_and_a_harmless_warn_is_not_one():
     assert [(f["stage"], f["level"]) for f in _fixture_log("bootstrap_no_interface")["failures"]] == [
         ("bootstrap", "WARN")]
