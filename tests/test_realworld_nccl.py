@@ -100,3 +100,37 @@ def test_the_veth_and_link_local_interface_nccl_chose_are_named():
     assert reasons[1] == ("veth25f2e72 is a container/bridge interface and has only an IPv6 link-local "
                           "address (fe80::380d:bfff:fe5b:54d2)")
     assert log["net_paths"] == ["NET/Socket/1"]  # and NCCL's channels ran over it
+
+
+def _verdict(text: str):
+    """The allreduce check's NCCL finding for a node whose one rank logged `text` and finished its sweep."""
+    from preflight.checks.allreduce import rule as ar_rule
+    from tests.allreduce_docs import GiB, cluster, eight_ranks_on
+
+    docs = eight_ranks_on(1, 1, [GiB], time_s=0.01)
+    docs[0]["ranks"][0]["nccl_log"] = text
+    view = cluster(docs, gpus=1, env={})
+    meta = view.cluster["allreduce"]
+    return ar_rule.nccl_findings(view, meta, {meta["nodes"][0]: docs[0]})
+
+
+@pytest.mark.parametrize("path", LOGS, ids=[_name(p) for p in LOGS])
+def test_a_real_nccl_log_keeps_its_verdict(path):
+    """A healthy capture (no error in its expectation) gives a PASS, never a new WARN/FAIL; one whose
+    expectation names an error is not a PASS, and its finding quotes what NCCL said. The one capture of a
+    veth with an IPv6 link-local address that NCCL's channels ran over is a FAIL (fix_config)."""
+    from preflight.model import Status
+
+    with open(path, errors="replace") as fh:
+        findings = _verdict(fh.read())
+    with open(path[: -len(".log")] + ".expect.json") as fh:
+        expect = json.load(fh)
+    (f,) = findings
+    if expect["error"] is None:
+        assert f.status is Status.PASS, (f.status, f.message)
+        return
+    assert f.status in (Status.WARN, Status.FAIL) and f.action == "fix_config", (f.status, f.message)
+    failures = f.data["nccl"]["failures"]
+    assert failures and failures[0]["line"][:60] in f.message, f.message
+    if "veth" in expect["error"]:
+        assert f.status is Status.FAIL and "NCCL sent traffic over veth25f2e72" in f.message, f.message

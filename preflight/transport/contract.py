@@ -10,7 +10,9 @@ A **Fleet** runs the probe bundle (preflight/transport/bundle.py) on many nodes 
                     The result has the same keys, in the same order. Nodes not named are left alone
                     (a process kept for them by an earlier `then=True` run is ended first).
         deadline_of deadline_of(NodeSpec) -> seconds: the node's whole run (connect/launch included) must
-                    end within it. A node past it is Outcome(failure=NodeFailure("timeout", ...)) and
+                    end within it; an engine whose launch runs the node's login shell may count it from
+                    when that shell started the command, and bound the shell's start on its own (SSH:
+                    its start-up files may be slow on a healthy node; NodeFailure "login_shell"). A node past it is Outcome(failure=NodeFailure("timeout", ...)) and
                     everything the run started on it is killed; it never delays the other nodes beyond
                     their own deadlines.
         then        another phase follows on these nodes: an engine may keep each node's process waiting
@@ -55,8 +57,10 @@ class NodeFailure(Exception):
     #: protocol (the bundle ended without a result), damaged (a result arrived but frames of it were lost or
     #: damaged in transit: the node answered, nothing is known to be wrong with it), scheduler (the scheduler
     #: could not run the step at all, for a reason of its own controller's: no verdict on the node), cancelled
-    #: (Ctrl-C)
-    KINDS = ("unreachable", "host_key", "auth", "timeout", "protocol", "damaged", "scheduler", "cancelled")
+    #: (Ctrl-C), login_shell (connected and authenticated, but the login shell's start-up files had not
+    #: started the command within its bound: the login environment, not the node, is what is slow)
+    KINDS = ("unreachable", "host_key", "auth", "timeout", "protocol", "damaged", "scheduler", "cancelled",
+             "login_shell")
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)

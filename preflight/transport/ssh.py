@@ -17,7 +17,7 @@ import select
 import socket
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from preflight.inventory import NodeSpec
 from preflight.transport import bundle
@@ -100,6 +100,84 @@ def identity(path: str) -> Any:
         return _identities[key]
 
 
+class ShellStarts:
+    """How many login shells this controller lets start at once: every one the fan-out asks for, until a
+    start turns slow; then fewer (halved, at least FLOOR), growing back by one per fast start.
+
+    A login shell runs the node's start-up files before preflight's command (~/.bashrc, /etc/profile.d):
+    on clusters whose home directories are shared (NFS), `pyenv init` or `conda init` there take a lock
+    or read the same files on every node at once, and 64 shells starting together took longer than 128
+    started 16 at a time (issue 40 item 12: 19-30 of 128 healthy nodes past 60 s at -j 64, all 128 in
+    33 s at -j 16). The wait here is the controller's own queue: it counts against no node's bound.
+    """
+
+    #: a shell start slower than this many seconds narrows the gate; one faster than a fifth of it widens it
+    SLOW_S = 5.0
+    FLOOR = 4
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.limit: Optional[int] = None  # None: as many as the fan-out runs
+        self.starting = 0
+        self._cut_at = -math.inf
+
+    def enter(self, cancelled: Callable[[], bool]) -> bool:
+        """Wait for a place (False: cancelled while waiting, no place taken)."""
+        with self._cond:
+            while self.limit is not None and self.starting >= self.limit:
+                if cancelled():
+                    return False
+                self._cond.wait(0.5)
+            self.starting += 1
+            return True
+
+    def leave(self, took_s: Optional[float]) -> None:
+        """A shell started after took_s seconds (None: it never got that far for a reason of its own)."""
+        with self._cond:
+            self.starting -= 1
+            now = time.monotonic()
+            if took_s is not None and took_s > self.SLOW_S:
+                if now - self._cut_at > self.SLOW_S:  # one cut per slow spell, not one per slow shell in it
+                    self.limit = max(self.FLOOR, (self.starting + 1) // 2)
+                    self._cut_at = now
+                    log.info("login shells take %.0f s to start: starting at most %d at once", took_s, self.limit)
+            elif took_s is not None and self.limit is not None and took_s < self.SLOW_S / 5:
+                self.limit += 1
+            self._cond.notify_all()
+
+
+class _ShellStart:
+    """One login shell's start on a new channel: its own bound, and its place in the ShellStarts gate
+    (given back once, when the pid line arrives or the run ends without it)."""
+
+    def __init__(self, starts: ShellStarts, bound_s: float) -> None:
+        self.starts = starts
+        self.at = time.monotonic()
+        self.end = self.at + bound_s
+        self.open = True
+
+    def done(self, reached: bool = True) -> float:
+        """The shell started the command (reached) or will not; its start's seconds."""
+        took = time.monotonic() - self.at
+        if self.open:
+            self.open = False
+            self.starts.leave(took if reached or took >= self.end - self.at else None)
+        return took
+
+
+def login_shell_failure(waited_s: float, stderr: bytes) -> NodeFailure:
+    """The node connected and authenticated, but its login shell had not started preflight's command
+    (no `preflight-pid` line) after waited_s: its start-up files, not the node, are what is slow."""
+    said = stderr.decode("utf-8", "replace").strip().splitlines()[-1:] if stderr else []
+    return NodeFailure(
+        "login_shell",
+        "login shell slow: connected and authenticated, but the shell's start-up files had not finished after "
+        "%.0f s, so preflight's command never started%s; make them return early for non-interactive sessions "
+        "(at the top of ~/.bashrc: [[ $- == *i* ]] || return; move pyenv/conda init from /etc/profile.d or a "
+        "shared home behind that test), or retest with fewer nodes at once (-j)" % (
+            waited_s, " (it printed: %s)" % ascii(said[0][:200])[1:-1] if said else ""))
+
+
 class SSHSession(Session):
     """One SSH connection per node (through ProxyJump hops if configured), reused for every phase."""
 
@@ -112,6 +190,11 @@ class SSHSession(Session):
     DRAIN_S = 2.0
     #: after Ctrl-C, how long a run just started may take to send its pid line (then it is killed)
     PID_WAIT_S = 3.0
+    #: how long the login shell may take to start the command (its `preflight-pid` line), at least: the
+    #: shell start has its own bound, max(this, the run's deadline), and the deadline counts from the pid
+    SHELL_START_S = 60.0
+    #: the login shells this process starts, throttled together when they turn slow
+    starts = ShellStarts()
 
     def __init__(self, spec: NodeSpec, accept_new_host_keys: bool = False) -> None:
         self.spec = spec
@@ -254,6 +337,7 @@ class SSHSession(Session):
         kept, self._kept = self._kept, None
         if kept is not None and (kept[0].closed or kept[0].exit_status_ready()):
             kept = None  # the kept process is gone (its wait for this phase ran out): start anew
+        shell: Optional[_ShellStart] = None  # a new login shell starting, until its pid line arrives
         try:
             if kept is not None:
                 chan, run.pid = kept
@@ -264,12 +348,19 @@ class SSHSession(Session):
                 # cannot kill it, so nothing slow (the first bundle build) may sit between the two.
                 payload = bundle.stdin_payload(config, ask=True)
                 blob = bundle.base_zip()
+                if not self.starts.enter(lambda: self.cancelled):
+                    raise NodeFailure("cancelled", "interrupted before the probe started")
+                # the login shell's start has its own bound: its start-up files may be slow on a healthy
+                # node (a shared home), and the run's deadline then counts from the command's start
+                shell = _ShellStart(self.starts, max(deadline_s, self.SHELL_START_S))
                 chan = self.conn.transport.open_session(timeout=self.spec.connect_timeout)
                 sent_at = time.time()
                 chan.exec_command(bundle.remote_command(self.spec.python))
                 chan.sendall(payload)
                 self.bundle = self.bundle or "kept"  # until the node asks for the zip
         except (paramiko.SSHException, OSError, EOFError) as exc:
+            if shell is not None:
+                shell.done(reached=False)
             raise NodeFailure("unreachable", "connection lost while starting the probe: %s" % (exc or type(exc).__name__)) from None
         end = started + deadline_s
         cancel_at: Optional[float] = None
@@ -281,7 +372,10 @@ class SSHSession(Session):
                 if run.pid is not None and self._pid is None:
                     with self._lock:
                         self._pid = run.pid
-                remaining = end - time.monotonic()
+                if shell is not None and shell.open and run.pid is not None:
+                    shell.done()
+                    end = time.monotonic() + deadline_s
+                remaining = (shell.end if shell is not None and shell.open else end) - time.monotonic()
                 if self.cancelled:
                     cancel_at = cancel_at or time.monotonic()
                     if run.pid is None and time.monotonic() - cancel_at < self.PID_WAIT_S and not chan.closed:
@@ -297,6 +391,8 @@ class SSHSession(Session):
                     if remaining <= 0:
                         stuck = True  # its result counts all the same
                         break
+                if remaining <= 0 and shell is not None and shell.open:
+                    raise login_shell_failure(shell.done(), run.err)  # no pid: nothing started to kill
                 if remaining <= 0:
                     self._kill(run.pid)
                     if self.kill_hung:
@@ -361,6 +457,8 @@ class SSHSession(Session):
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise NodeFailure("unreachable", "connection lost during the probe: %s" % (exc or type(exc).__name__)) from None
         finally:
+            if shell is not None:
+                shell.done(reached=False)  # ended before its pid line (cancelled, connection lost)
             with self._lock:
                 self._pid = run.pid if keep else None  # a kept process is still ours to kill on Ctrl-C
             if not keep:

@@ -320,78 +320,147 @@ def nccl_findings(view: ClusterView, meta: Mapping[str, Any], docs: Mapping[str,
     """Per node: what NCCL chose (version, transport, devices, GDR, intra-node transports), and a FAIL when
     it fell back to sockets although ACTIVE HCAs were found (with NCCL's reason), sent traffic over a
     container veth or an IPv6 link-local address (whatever the env file says), bound an interface the env
-    file does not name, or ran without GPUDirect RDMA where the gpudirect facts say it should work; a WARN
-    when it only listed such an interface or reported network faults it survived. Action fix_config."""
-    from preflight.checks.allreduce.nccllog import ifname_allows, nccl_summary
+    file does not name, ran without GPUDirect RDMA where the gpudirect facts say it should work, or
+    returned errors of its own (bootstrap, connect, proxy) on a node whose ranks failed; a WARN when it
+    only listed such an interface or reported faults it survived. Across nodes, a WARN when NCCL_IB_HCA
+    names HCAs and the nodes' NCCL listed different ones. Action fix_config."""
+    from preflight.checks.allreduce.nccllog import nccl_summary
 
     env = dict(meta.get("env") or {})
-    ifspec = env.get("NCCL_SOCKET_IFNAME")
-    hcas: Dict[str, List[str]] = dict(meta.get("rails") or {})  # nodes without ib_hca facts: absent
     out: List[Finding] = []
+    hcas_used: Dict[str, List[str]] = {}  # {node: the HCAs its NCCL listed} where NCCL ran over IB
+    ib_hca_set: List[str] = []  # NCCL_IB_HCA as the logs say it was set, where the env file does not set it
     for node, doc in docs.items():
         if (doc or {}).get("backend") != "nccl":
             continue
-        logs, problems = [], []
-        for entry in doc.get("ranks") or []:
-            text = entry.get("nccl_log")
-            if not text:
-                if entry.get("init_s") is not None:
-                    problems.append("rank %s: no NCCL_DEBUG=INFO lines" % entry.get("rank"))
-                continue
-            try:
-                logs.append(parse_nccl_log(text))
-            except ParseError as exc:
-                problems.append("rank %s: %s" % (entry.get("rank"), exc))
+        logs, problems = _node_logs(doc)
         if not logs:
             if problems:
                 out.append(Finding(NAME, node, Status.ERROR, "NCCL's choices unknown: %s" % "; ".join(problems[:2])))
             continue
         facts = nccl_summary(logs)
-        what = "NCCL %s, %s on %s" % ("/".join(facts["version"]) or "?", "/".join(facts["transport"]) or
-                                      "no network (single node)", ",".join(facts["devices"]) or "no device")
-        gdr_on = sorted(h for h, ok in facts["gdr"].items() if ok)
-        if facts["gdr"] and "NET/Socket" not in facts["transport"]:
-            what += ", GPUDirect RDMA %s" % ("enabled" if gdr_on else "disabled")
-        what += ", intra-node %s" % (",".join(facts["intra"]) or "none")
-        bad: List[str] = []  # FAIL: NCCL ran on a path worse than the node offers, or one that cannot work
-        warn: List[str] = []  # WARN: a path that may not carry traffic, or faults NCCL survived
-        active = hcas.get(node) or []
-        if "NET/Socket" in facts["transport"] and active and facts["net_used"]:
-            bad.append("fell back to sockets although %s %s ACTIVE (%s)" % (
-                ",".join(active), "is" if len(active) == 1 else "are", _socket_reason(facts)))
-        for iface in facts["suspect_ifaces"]:
-            text = "NCCL %s %s: %s, its traffic does not route between nodes (set NCCL_SOCKET_IFNAME to the " \
-                   "data interface)" % ("sent traffic over" if iface["used"] else "listed for its " + (
-                       "bootstrap" if iface["role"] == "bootstrap" else "sockets"), iface["name"], iface["reason"])
-            (bad if iface["used"] else warn).append(text + _evidence(facts, "NET/Socket"))
-        if ifspec:
-            wrong = [i for i in facts["socket_ifaces"] + facts["oob"] if i and not ifname_allows(ifspec, i)]
-            if wrong:
-                bad.append("bound %s, not the interface the env file names (NCCL_SOCKET_IFNAME=%s)" % (
-                    ",".join(sorted(set(wrong))), ifspec))
-        if facts["net_faults"]:
-            warn.append("NCCL reported network faults between nodes: \"%s\"" % facts["net_faults"][0])
-        gdr_note = None
-        if facts["net_used"] and "NET/Socket" not in facts["transport"]:
-            should, why = _gdr_expected((view.facts.get(node) or {}).get("gpudirect"))
-            used = True in facts["gdr_used"] or bool(gdr_on)
-            if should is None:
-                gdr_note = "GPUDirect RDMA not judged: %s" % why
-            elif should and not used:
-                bad.append("GPUDirect RDMA disabled (%s) although %s: NCCL staged every transfer through host "
-                           "memory (%s)%s" % (",".join(sorted(facts["gdr"])) or "every connection", why,
-                                              _gdr_reason(facts), _evidence(facts, "gdr_disabled")))
-        data = {"nccl": facts}
-        if gdr_note:
-            data["gdr_note"] = gdr_note
-        if bad or warn:
-            out.append(Finding(NAME, node, Status.FAIL if bad else Status.WARN, "%s: %s" % (what, "; ".join(bad + warn)),
-                               expected="NCCL on the data path preflight chose", actual=what, data=data,
-                               action="fix_config"))
-        else:
-            out.append(Finding(NAME, node, Status.PASS, what + ("" if not gdr_note else " (%s)" % gdr_note),
-                               data=data))
-    return out
+        if any(t.startswith("NET/IB") for t in facts["transport"]):
+            hcas_used[node] = facts["devices"]
+        if facts["env"].get("NCCL_IB_HCA") and facts["env"]["NCCL_IB_HCA"] not in ib_hca_set:
+            ib_hca_set.append(facts["env"]["NCCL_IB_HCA"])
+        out.append(_node_nccl_finding(view, node, doc, facts, env, list((meta.get("rails") or {}).get(node) or [])))
+    return out + _hca_findings(hcas_used, env.get("NCCL_IB_HCA") or (ib_hca_set[0] if ib_hca_set else None))
+
+
+def _node_logs(doc: Mapping[str, Any]) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """(the parsed NCCL log of each rank that has one, why the others have none)."""
+    logs, problems = [], []
+    for entry in doc.get("ranks") or []:
+        text = entry.get("nccl_log")
+        if not text:
+            if entry.get("init_s") is not None:
+                problems.append("rank %s: no NCCL_DEBUG=INFO lines" % entry.get("rank"))
+            continue
+        try:
+            logs.append(parse_nccl_log(text))
+        except ParseError as exc:
+            problems.append("rank %s: %s" % (entry.get("rank"), exc))
+    return logs, problems
+
+
+def _node_nccl_finding(view: ClusterView, node: str, doc: Mapping[str, Any], facts: Dict[str, Any],
+                       env: Mapping[str, Any], active: List[str]) -> Finding:
+    """One node's NCCL finding (see nccl_findings); `active`: the node's ACTIVE rails (ib_hca facts)."""
+    from preflight.checks.allreduce.nccllog import ifname_allows
+
+    ifspec = env.get("NCCL_SOCKET_IFNAME")
+    what = "NCCL %s, %s on %s" % ("/".join(facts["version"]) or "?", "/".join(facts["transport"]) or
+                                  "no network (single node)", ",".join(facts["devices"]) or "no device")
+    gdr_on = sorted(h for h, ok in facts["gdr"].items() if ok)
+    if facts["gdr"] and "NET/Socket" not in facts["transport"]:
+        what += ", GPUDirect RDMA %s" % ("enabled" if gdr_on else "disabled")
+    what += ", intra-node %s" % (",".join(facts["intra"]) or "none")
+    bad: List[str] = []  # FAIL: NCCL ran on a path worse than the node offers, or one that cannot work
+    warn: List[str] = []  # WARN: a path that may not carry traffic, or faults NCCL survived
+    if "NET/Socket" in facts["transport"] and active and facts["net_used"]:
+        bad.append("fell back to sockets although %s %s ACTIVE (%s)" % (
+            ",".join(active), "is" if len(active) == 1 else "are", _socket_reason(facts)))
+    for iface in facts["suspect_ifaces"]:
+        text = "NCCL %s %s: %s, its traffic does not route between nodes (set NCCL_SOCKET_IFNAME to the " \
+               "data interface)" % ("sent traffic over" if iface["used"] else "listed for its " + (
+                   "bootstrap" if iface["role"] == "bootstrap" else "sockets"), iface["name"], iface["reason"])
+        (bad if iface["used"] else warn).append(text + _evidence(facts, "NET/Socket"))
+    if ifspec:
+        wrong = [i for i in facts["socket_ifaces"] + facts["oob"] if i and not ifname_allows(ifspec, i)]
+        if wrong:
+            bad.append("bound %s, not the interface the env file names (NCCL_SOCKET_IFNAME=%s)" % (
+                ",".join(sorted(set(wrong))), ifspec))
+    failed = any((e or {}).get("status") not in (None, "ok") for e in doc.get("ranks") or [])
+    said = _failure_words(facts["failures"])
+    if said:  # NCCL's own errors: the cause of a rank that failed, or errors the node's ranks survived
+        (bad if failed and said[0] else warn).append(said[1])
+    elif facts["net_faults"]:
+        warn.append("NCCL reported network faults between nodes: \"%s\"" % facts["net_faults"][0])
+    gdr_note = None
+    if facts["net_used"] and "NET/Socket" not in facts["transport"]:
+        should, why = _gdr_expected((view.facts.get(node) or {}).get("gpudirect"))
+        used = True in facts["gdr_used"] or bool(gdr_on)
+        if should is None:
+            gdr_note = "GPUDirect RDMA not judged: %s" % why
+        elif should and not used:
+            bad.append("GPUDirect RDMA disabled (%s) although %s: NCCL staged every transfer through host "
+                       "memory (%s)%s" % (",".join(sorted(facts["gdr"])) or "every connection", why,
+                                          _gdr_reason(facts), _evidence(facts, "gdr_disabled")))
+    data: Dict[str, Any] = {"nccl": facts}
+    if gdr_note:
+        data["gdr_note"] = gdr_note
+    if bad or warn:
+        return Finding(NAME, node, Status.FAIL if bad else Status.WARN, "%s: %s" % (what, "; ".join(bad + warn)),
+                       expected="NCCL on the data path preflight chose", actual=what, data=data, action="fix_config")
+    return Finding(NAME, node, Status.PASS, what + ("" if not gdr_note else " (%s)" % gdr_note), data=data)
+
+
+#: How each stage of NCCL's that failed is said: (the lead, quoting NCCL's line; what it means)
+_STAGE_WORDS = {
+    "bootstrap": ("NCCL's bootstrap failed: \"%s\"", "its TCP rendezvous between ranks: NCCL_SOCKET_IFNAME "
+                  "must name an interface every node can reach, and no firewall may block it"),
+    "connect": ("NCCL reported network faults between nodes: \"%s\"", "the address NCCL dialled does not answer: "
+                "routes, firewalls, the interface NCCL chose"),
+    "network": ("NCCL reported network faults between nodes: \"%s\"", "a connection between the nodes failed: "
+                "links, switch, the interface NCCL chose"),
+    "proxy": ("NCCL's proxy failed: \"%s\"", "it sets up and progresses the connections between nodes: "
+              "look at the network path"),
+}
+
+
+def _failure_words(failures: Sequence[Mapping[str, Any]]) -> Optional[Tuple[bool, str]]:
+    """(any NCCL error at WARN level, the words for NCCL's own failures, the cause's stage first), or None.
+
+    A failure at INFO level is a retry ("Call to connect returned Connection timed out, retrying") the
+    run may have survived; a WARN one is an error NCCL returned."""
+    if not failures:
+        return None
+    first = failures[0]
+    lead, meaning = _STAGE_WORDS[first["stage"]]
+    later = []
+    for f in failures[1:]:
+        if f["stage"] != first["stage"] and f["stage"] not in later:
+            later.append(f["stage"])
+    text = "%s%s (%s%s)" % (lead % first["line"][:200], " on " + first["host"] if first.get("host") else "",
+                            meaning, "; then its %s failed" % " and ".join(later) if later else "")
+    return any(f.get("level") == "WARN" for f in failures), text
+
+
+def _hca_findings(hcas_used: Mapping[str, Sequence[str]], spec: Optional[str]) -> List[Finding]:
+    """A WARN (fix_config) naming the nodes whose NCCL listed other HCAs than the rest when the env file's
+    NCCL_IB_HCA names them (nccllog.hca_mismatch); different names without it are only reported."""
+    from preflight.checks.allreduce.nccllog import hca_mismatch
+
+    found = hca_mismatch(hcas_used, spec)
+    if not found:
+        return []
+    parts = ["%s %s" % (fold(hosts), ",".join(names)) for hosts, names in found["groups"]]
+    return [Finding(NAME, None, Status.WARN, "NCCL_IB_HCA=%s names HCAs, but NCCL listed different ones by host: %s; "
+                    "NCCL pairs HCAs across nodes by their place in that list, so the nodes that name a rail "
+                    "differently use another rail or none: set NCCL_IB_HCA per node, or by a prefix every node "
+                    "shares (or '^' the ports to skip)" % (found["spec"], "; ".join(parts)),
+                    expected="the same HCA names on every node", actual="; ".join(parts),
+                    data={"hca_mismatch": found}, action="fix_config")]
 
 
 def rule(view: ClusterView) -> List[Finding]:

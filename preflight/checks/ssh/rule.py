@@ -28,6 +28,11 @@ def rule(view: ClusterView) -> List[Finding]:
             # where to look (preflight.slurm.fleet)
             out.append(Finding(NAME, name, Status.ERROR, why, data={"unreachable": True, "scheduler": True},
                                action="retest"))
+        elif kinds.get(name) == "login_shell":
+            # connected and authenticated; the shell's start-up files (a shared home's pyenv/conda init)
+            # had not started the command: the login environment is slow, nothing is known of the node
+            out.append(Finding(NAME, name, Status.ERROR, why, data={"unreachable": True, "login_shell": True},
+                               action="retest"))
         else:
             out.append(Finding(NAME, name, Status.FAIL, why, data={"unreachable": True}, action="isolate"))
     for name, facts in view.of(NAME).items():
