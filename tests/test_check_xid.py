@@ -68,8 +68,8 @@ def test_probe_does_not_read_the_log_without_nvidia(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------------- rule
 
 
-def _event(code, bus="0000:44:00", ts=100.0, kind="xid", severity=None, device=None, detail=""):
-    return {"kind": kind, "pci": bus, "code": code, "ts": ts, "detail": detail, "device": device, "severity": severity}
+def _event(code, bus="0000:44:00", ts=100.0, kind="xid", severity=None, device=None, detail="", link=None):
+    return {"kind": kind, "pci": bus, "code": code, "ts": ts, "detail": detail, "device": device, "severity": severity, "link": link}
 
 
 def _view(events_by_node, uptime=1000.0, window=None, gpus=8):
