@@ -556,9 +556,11 @@ def rule(view: ClusterView) -> List[Finding]:
 
 CHECK = Check(
     name=NAME,
-    claim="No GPU or NVSwitch logged a hardware Xid/SXid in the kernel log since boot (or within cluster.xid_window_s)",
+    claim="No GPU or NVSwitch logged a hardware Xid/SXid, or a GPU failure without one (fallen off the bus, failed "
+    "probe, GSP firmware hang), in the kernel log since boot (or within cluster.xid_window_s)",
     why="A GPU that logged Xid 79, 48, 74, 94/95 or 119 is off the bus, corrupting memory or wedged: the next job "
-    "on it crashes or hangs every rank. Application Xids (13, 31, 43, 45) usually point at the last job's code.",
+    "on it crashes or hangs every rank. A GPU off the bus or with a hung GSP often logs no Xid at all. Application "
+    "Xids (13, 31, 43, 45) usually point at the last job's code, unless their text names a hardware Xid as the cause.",
     fix="Act on each finding's action: reset_gpu (drain, then nvidia-smi -r -i N), reboot, or isolate (drain and "
     "open a hardware ticket with nvidia-bug-report.sh); check_app: inspect the job that ran. Make the kernel "
     "log readable (root, or the systemd-journal/adm group) for the check to run.",
