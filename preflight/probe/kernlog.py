@@ -9,7 +9,10 @@ else ``dmesg``; through ``ctx.run_once`` so that when both checks run, the node 
     [ 1843.308145] NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus.                  (dmesg)
 
 read(ctx) says which source answered, or why neither did (never an empty log passed off as a quiet one);
-messages(text, source) yields each message line's (line number, seconds since boot or None, message).
+messages(text, source) yields each message line's (line number, seconds since boot or None, message), in any
+of FORMATS (dmesg -T/-d/iso/-x, journal short/short-iso, lines cut to "kernel: ...", as real captures show:
+leptonai/gpud pull requests #46 and #338, ublue-os/bazzite issue #4449, open-gpu-kernel-modules issue #1150):
+only the monotonic stamp gives a time.
 A long log (a GPU that logged a million Xid lines) is read without a Python step per line: survey() counts
 the lines and checks their stamps, lines_with() and line_at() read only the lines a check looks for, found
 by the regex engine; chunks() cuts the text for passes that keep what they find.
