@@ -318,6 +318,7 @@ _PREFIXES = {
     "dmesg -T": ("dmesg", "[Fri Aug 30 11:43:09 2024] ", " " * 27), "dmesg -d": ("dmesg", "[  +0.000421] ", " " * 14),
     "dmesg --time-format iso": ("dmesg", "2025-01-25T10:34:54,859532+00:00 ", " " * 33),
     "dmesg -x": ("dmesg", "kern  :err   : [ 1843.308145] ", " " * 30),
+    "dmesg -r": ("dmesg", "<4>[ 1843.308145] ", " " * 18),
     "journalctl -o short-monotonic": ("journalctl", "[ 1843.308145] gpu-017 kernel: ", " " * 31),
     "journalctl -o short": ("journalctl", "Nov 23 12:01:02 gpu-017 kernel: ", " " * 32),
     "journalctl -o short-iso": ("journalctl", "2026-11-23T12:01:02+0000 gpu-017 kernel: ", " " * 41),

@@ -33,12 +33,13 @@ from preflight.model import ParseError, Setting
 JOURNALCTL = ("journalctl", "-k", "-b", "0", "-o", "short-monotonic", "--no-pager", "-q")
 DMESG = ("dmesg",)
 TIMEOUT_S = 30.0
-#: What may stand before a kernel message, by format (FORMATS): a facility/level ("kern  :err   : ", dmesg -x),
+#: What may stand before a kernel message, by format (FORMATS): a priority ("<4>", dmesg -r) or a facility/level
+#: ("kern  :err   : ", dmesg -x),
 #: one stamp (monotonic "[ 1843.308145]"; dmesg -T "[Fri Aug 30 11:11:22 2024]"; dmesg -d/-H "[  +0.000421]";
 #: ISO with or without brackets, dmesg --time-format iso; the journal's "Mar 05 23:33:35"), then "HOST kernel:"
 #: or "kernel:" (journalctl -o short / short-iso / short-monotonic, or lines cut to "kernel: ...").
 _LINE = re.compile(
-    r"(?:[a-z]+ *: *[a-z]+ *: )?"
+    r"(?:<\d{1,3}>|[a-z]+ *: *[a-z]+ *: )?"
     r"(?:\[ *(?P<mono>\d+\.\d+)\]:? ?"
     r"|\[(?:[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}|[<+ ]*[+-]?\d+\.\d+|[A-Z][a-z]{2}\d\d \d\d:\d\d"
     r"|\d{4}-\d\d-\d\d[T ][\d:.,]+(?:Z|[+-]\d\d:?\d\d)?)\]:? ?"
@@ -46,7 +47,7 @@ _LINE = re.compile(
     r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)? )?"
     r"(?P<ident>(?:(?<= )[^\s:\[]+ )?kernel: )?")
 #: The formats messages() reads (tests/fixtures/xid/formats_*): every one gives the same events.
-FORMATS = ("dmesg", "dmesg (printk.time=0)", "dmesg -T", "dmesg -d", "dmesg --time-format iso", "dmesg -x",
+FORMATS = ("dmesg", "dmesg (printk.time=0)", "dmesg -T", "dmesg -d", "dmesg --time-format iso", "dmesg -x", "dmesg -r",
            "journalctl -o short-monotonic", "journalctl -o short", "journalctl -o short-iso", "kernel: ... (stripped)")
 #: (after a newline) a line messages() skips: empty or blank, journalctl's "-- ... --" markers, indented
 #: continuations
