@@ -323,6 +323,7 @@ _PREFIXES = {
     "journalctl -o short": ("journalctl", "Nov 23 12:01:02 gpu-017 kernel: ", " " * 32),
     "journalctl -o short-iso": ("journalctl", "2026-11-23T12:01:02+0000 gpu-017 kernel: ", " " * 41),
     "kernel: ... (stripped)": ("dmesg", "kernel: ", " " * 8),
+    "syslog file (kern.log)": ("dmesg", "Mar 21 20:18:56 pc kernel: [ 1843.308145] ", " " * 42),
 }
 
 
@@ -338,3 +339,15 @@ def test_every_kernel_log_format_gives_the_same_events(fmt):
     assert facts["lines"] == 4 and not facts["unparsed"]
     mono = [e["first_ts"] for e in facts["events"]]
     assert mono == ([1843.308145] * 2 if "1843" in prefix else [None, None])
+
+
+def test_gpu_fallen_off_the_bus_on_a_console_without_indent_is_one_finding():
+    out = _judged("console_fallen_off_bus_unindented_probe_with_driver", gpus=((0, "00000000:02:00.0"),))
+    assert [(f.status, f.action) for f in out] == [(Status.FAIL, "reboot")]
+    assert "GPU 0 (0000:02:00.0): GPU has fallen off the bus" in out[0].message and "probe of the GPU failed" in out[0].message
+
+
+def test_kern_log_line_keeps_its_monotonic_stamp_and_xid79_tells_the_gpu_line():
+    out = _judged("t450s_kern_log_xid79_and_gpu_line", gpus=((0, "00000000:01:00.0"),), uptime=3666.0)
+    assert [(f.status, f.action) for f in out] == [(Status.FAIL, "reboot")]
+    assert "GPU 0 (0000:01:00.0): Xid 79 since boot (last 60 min ago)" in out[0].message

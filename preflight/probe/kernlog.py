@@ -37,7 +37,8 @@ TIMEOUT_S = 30.0
 #: ("kern  :err   : ", dmesg -x),
 #: one stamp (monotonic "[ 1843.308145]"; dmesg -T "[Fri Aug 30 11:11:22 2024]"; dmesg -d/-H "[  +0.000421]";
 #: ISO with or without brackets, dmesg --time-format iso; the journal's "Mar 05 23:33:35"), then "HOST kernel:"
-#: or "kernel:" (journalctl -o short / short-iso / short-monotonic, or lines cut to "kernel: ...").
+#: or "kernel:" (journalctl -o short / short-iso / short-monotonic, or lines cut to "kernel: ..."), in syslog files
+#: (/var/log/kern.log, nvidia-bug-report.log) followed by the monotonic stamp.
 _LINE = re.compile(
     r"(?:<\d{1,3}>|[a-z]+ *: *[a-z]+ *: )?"
     r"(?:\[ *(?P<mono>\d+\.\d+)\]:? ?"
@@ -45,10 +46,11 @@ _LINE = re.compile(
     r"|\d{4}-\d\d-\d\d[T ][\d:.,]+(?:Z|[+-]\d\d:?\d\d)?)\]:? ?"
     r"|\d{4}-\d\d-\d\d[T ][\d:.,]+(?:Z|[+-]\d\d:?\d\d)? "
     r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)? )?"
-    r"(?P<ident>(?:(?<= )[^\s:\[]+ )?kernel: )?")
+    r"(?P<ident>(?:(?<= )[^\s:\[]+ )?kernel: (?:\[ *(?P<mono2>\d+\.\d+)\] ?)?)?")
 #: The formats messages() reads (tests/fixtures/xid/formats_*): every one gives the same events.
 FORMATS = ("dmesg", "dmesg (printk.time=0)", "dmesg -T", "dmesg -d", "dmesg --time-format iso", "dmesg -x", "dmesg -r",
-           "journalctl -o short-monotonic", "journalctl -o short", "journalctl -o short-iso", "kernel: ... (stripped)")
+           "journalctl -o short-monotonic", "journalctl -o short", "journalctl -o short-iso", "kernel: ... (stripped)",
+           "syslog file (kern.log)")
 #: (after a newline) a line messages() skips: empty or blank, journalctl's "-- ... --" markers, indented
 #: continuations
 _SKIPPED = re.compile(r"\n(?:[ \t]|-- |[^\S\n]*(?=\n|$))")
@@ -109,7 +111,7 @@ def messages(text: str, source: str, first_line: int = 1) -> Iterator[Tuple[int,
             continue
         found = _LINE.match(raw)
         body = raw[found.end():]
-        mono = found.group("mono")
+        mono = found.group("mono") or found.group("mono2")
         ts: Optional[float] = float(mono) if mono else None
         if mono and source == "journalctl" and not found.group("ident"):
             host_ident = body.split(" ", 2)

@@ -40,10 +40,14 @@ from typing import Any, Dict, List, Optional, Tuple
 from preflight.probe import kernlog
 
 _BDF = r"((?:[0-9A-Fa-f]{4,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
-#: (kind, pattern, literal it holds): group 1 the bus id or the driver's GPU<n>. A continuation line of the
-#: same message starts with blanks; the pattern never crosses into the next stamped line.
+#: The next line of one message: indented (dmesg, journalctl), or on a console without stamps "NVRM: ..." that
+#: starts no message of its own (the driver prints "The NVIDIA GPU %04x:%02x:%02x.%x\nNVRM: (PCI ID: ...) installed
+#: in this system has\nNVRM: fallen off the bus ..." as one printk, open-gpu-kernel-modules kernel-open/nvidia)
+_MORE = r"(?:[ \t]+|(?=NVRM: (?!Xid |The NVIDIA GPU |GPU )))"
+#: (kind, pattern, literal it holds): group 1 the bus id or the driver's GPU<n>; a pattern never crosses into the
+#: next stamped line.
 PATTERNS = (
-    ("fallen_off_bus", re.compile(r"NVRM: (?:The NVIDIA GPU|GPU at|GPU) (?:PCI:)?" + _BDF + r"(?::|\b)(?:[^\n]*\n[ \t]+){0,3}?[^\n]*?fallen off the bus"), "fallen off the bus"),
+    ("fallen_off_bus", re.compile(r"NVRM: (?:The NVIDIA GPU|GPU at|GPU) (?:PCI:)?" + _BDF + r"(?::|\b)(?:[^\n]*\n" + _MORE + r"){0,3}?[^\n]*?fallen off the bus"), "fallen off the bus"),
     ("probe_failed", re.compile(r"nvidia(?:: probe of " + _BDF + r"| " + _BDF + r": probe with driver nvidia) failed with error (-?\d+)"), "failed with error"),
     ("probe_failed", re.compile(r"NVRM: The NVIDIA probe routine failed for (\d+) device\(s\)"), "probe routine failed"),
     ("gsp_timeout", re.compile(r"NVRM: (?:(GPU\d+) )?_kgspLogRpcTimeout: \**\s*GSP Timeout"), "GSP Timeout"),
