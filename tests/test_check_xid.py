@@ -351,3 +351,11 @@ def test_kern_log_line_keeps_its_monotonic_stamp_and_xid79_tells_the_gpu_line():
     out = _judged("t450s_kern_log_xid79_and_gpu_line", gpus=((0, "00000000:01:00.0"),), uptime=3666.0)
     assert [(f.status, f.action) for f in out] == [(Status.FAIL, "reboot")]
     assert "GPU 0 (0000:01:00.0): Xid 79 since boot (last 60 min ago)" in out[0].message
+
+
+def test_gsp_heartbeat_without_a_gpu_number_names_the_only_gpu():
+    out = _judged("ogkm1125_gsp_heartbeat_no_gpu_number_resume", gpus=((0, "00000000:09:00.0"),), uptime=40000.0)
+    assert [(f.status, f.action) for f in out] == [(Status.FAIL, "reset_gpu")]
+    assert "GPU 0 (0000:09:00.0, the node's only GPU)" in out[0].message and "×2" not in out[0].message
+    two = _judged("ogkm1125_gsp_heartbeat_no_gpu_number_resume", gpus=((0, "00000000:09:00.0"), (1, "00000000:0A:00.0")), uptime=40000.0)
+    assert [f.status for f in two] == [Status.FAIL] and "a GPU (the line names none)" in two[0].message

@@ -356,7 +356,7 @@ def classify(event: Dict[str, Any]) -> Tuple[Status, Optional[str], str]:
         meaning = HARDWARE_XIDS[code][0]
         if event["severity"] == "Fatal":
             return Status.FAIL, "reset_gpu", "fatal " + meaning
-        return Status.WARN, None, "non-fatal " + meaning
+        return Status.WARN, None, "non-fatal " + meaning + " (a FAIL if it repeats on this link)"
     if code in HARDWARE_XIDS:
         meaning, action = HARDWARE_XIDS[code]
         return Status.FAIL, action, meaning
@@ -471,7 +471,7 @@ def _xid_findings(name: str, groups: Dict[Tuple[Any, ...], List[Dict[str, Any]]]
 
 #: The non-Xid events (preflight.probe.nvrm): what each means and the action; fallen off the bus as Xid 79.
 NVRM_KINDS = {
-    "fallen_off_bus": ("GPU has fallen off the bus (no Xid needed: as Xid 79; reseat the GPU if it repeats)", "reboot"),
+    "fallen_off_bus": ("GPU has fallen off the bus, judged as Xid 79 (reseat the GPU if it repeats)", "reboot"),
     "probe_failed": ("the driver failed to take the GPU at load", "reboot"),
     "gsp_timeout": ("GSP firmware RPC timed out: the GPU is wedged", "reset_gpu"),
     "gsp_heartbeat": ("GSP firmware heartbeat timed out: the GPU is wedged", "reset_gpu"),
@@ -501,6 +501,9 @@ def _nvrm_findings(name: str, log: Dict[str, Any], uptime: Optional[float], wind
             gpu = by_index.get(int(entry["gpu"][3:]))
             bus, where = (_bus_key(gpu.pci_bus_id), "GPU %d (%s.0, the driver's %s taken as GPU %d)" % (
                 gpu.index, _bus_key(gpu.pci_bus_id), entry["gpu"], gpu.index)) if gpu else (None, "the driver's %s" % entry["gpu"])
+        if where is None and bus is None and entry["kind"].startswith("gsp") and len(by_index) == 1:  # names no GPU
+            gpu = next(iter(by_index.values()))
+            bus, where = _bus_key(gpu.pci_bus_id), "GPU %d (%s.0, the node's only GPU)" % (gpu.index, _bus_key(gpu.pci_bus_id))
         if bus is not None and any(bus in xid_buses.get(code, ()) for code in NVRM_SAME_AS[entry["kind"]]):
             continue  # the Xid says it, with its own finding
         if where is None:
@@ -517,7 +520,8 @@ def _nvrm_findings(name: str, log: Dict[str, Any], uptime: Optional[float], wind
             meaning += ": " + worst["reason"]
         ages = [kernlog.age(uptime, e.get("last_ts")) for e, _n in items]
         ages = [a for a in ages if a is not None]
-        said = "; ".join("%s%s" % (e["detail"], "" if n == 1 else " ×%d" % n) for e, n in items)
+        said = "; ".join("%s%s" % (e["detail"], "" if n == 1 else " ×%d" % n) for e, n in items
+                         if e["detail"] not in meaning or n > 1) or "the kernel log says so"
         msg = "%s %s: %s %s (%s): %s (action: %s)" % (name, where, meaning, _window_text(window),
                                                      "last %s" % _ago(min(ages)) if ages else "time unknown", said[:300], action)
         out.append(Finding(NAME, name, Status.FAIL, msg, expected="no GPU failure in the kernel log", actual=worst["kind"],
