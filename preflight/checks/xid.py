@@ -192,10 +192,11 @@ def parse_kernel_log(text: str, source: str = "dmesg") -> Dict[str, Any]:
     lines, first_ts = kernlog.survey(text, source)
     entries: List[Tuple[int, Dict[str, Any]]] = []  # (position of the first, entry)
     unparsed: List[Tuple[int, str]] = []
-    nvlink = _starts(text, _NVLINK_AT, lambda f: (f[1].lower(), f[2], f[0].split(", ", 1)[1].split(" ")[1], f[3]))
+    has = {"xid": "NVRM: Xid" in text, "sxid": "SXid (" in text}  # each a pass over the text: once
+    nvlink = _starts(text, _NVLINK_AT, lambda f: (f[1].lower(), f[2], f[0].split(", ", 1)[1].split(" ")[1], f[3])) if has["xid"] else {}
     done = {key[:2] for key in nvlink}
     for kind, literal, pattern in (("nvlink", "NVRM: Xid", _NVLINK_AT), ("xid", "NVRM: Xid", _XID_AT), ("sxid", "SXid (", _SXID_AT)):
-        if literal not in text:
+        if not has["sxid" if kind == "sxid" else "xid"]:
             continue
         by_key = nvlink if kind == "nvlink" else _starts(text, pattern, lambda f: (f[-2].lower(), f[-1]))
         for key, (starts, count) in by_key.items():
@@ -217,7 +218,8 @@ def parse_kernel_log(text: str, source: str = "dmesg") -> Dict[str, Any]:
                 if line is not None:
                     unparsed.append((match.start(), line[1].strip()[:200]))
     events = [e for _, e in sorted(entries, key=lambda x: x[0])]
-    _add_causes(text, events)
+    if has["xid"]:
+        _add_causes(text, events)
     return {"lines": lines, "first_ts": first_ts, "events": events,
             "unparsed": [u for _, u in sorted(unparsed)][:MAX_UNPARSED], "nvrm": nvrm.parse(text, source)}
 
@@ -225,9 +227,8 @@ def parse_kernel_log(text: str, source: str = "dmesg") -> Dict[str, Any]:
 def _starts(text: str, pattern: Any, key: Any) -> Dict[Tuple[str, ...], Tuple[List[str], int]]:
     """{key(found): (the distinct starts found, how many lines)} of the pattern's matches, counted by the regex engine."""
     counts: Counter = Counter()
-    if "NVRM: Xid" in text or "SXid (" in text:
-        for start, end in kernlog.chunks(text):
-            counts.update(pattern.findall(text, start, end))
+    for start, end in kernlog.chunks(text):
+        counts.update(pattern.findall(text, start, end))
     out: Dict[Tuple[str, ...], Tuple[List[str], int]] = {}
     for found, n in counts.items():
         starts, total = out.get(key(found), ([], 0))

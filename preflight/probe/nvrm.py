@@ -115,8 +115,9 @@ def parse(text: str, source: str) -> List[Dict[str, Any]]:
     found = _matches(text)
     if not found:
         return []
-    mapped = gsp_gpus(text)
-    unsupported = {bus(m.group(1)) for m in _UNSUPPORTED.finditer(text)} if "is not supported" in text else set()
+    mapped = gsp_gpus(text) if any(key[2] for key in found) else {}
+    probed = any(key[0] == "probe_failed" and key[1] for key in found)
+    unsupported = {bus(m.group(1)) for m in _UNSUPPORTED.finditer(text)} if probed and "is not supported" in text else set()
     fallen = {key[1] for key in found if key[0] == "fallen_off_bus"}
     out: List[Tuple[int, Dict[str, Any]]] = []
     for (kind, pci, gpu), hits in found.items():
