@@ -359,3 +359,8 @@ def test_gsp_heartbeat_without_a_gpu_number_names_the_only_gpu():
     assert "GPU 0 (0000:09:00.0, the node's only GPU)" in out[0].message and "×2" not in out[0].message
     two = _judged("ogkm1125_gsp_heartbeat_no_gpu_number_resume", gpus=((0, "00000000:09:00.0"), (1, "00000000:0A:00.0")), uptime=40000.0)
     assert [f.status for f in two] == [Status.FAIL] and "a GPU (the line names none)" in two[0].message
+
+
+def test_gpu_given_to_another_driver_is_no_failed_probe():
+    """Twin of the failed probe: on a passthrough host the nvidia driver was never asked to take the GPU."""
+    assert [f.status for f in _judged("vfio_host_probe_routine_not_called", gpus=())] == [Status.PASS]
