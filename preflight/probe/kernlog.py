@@ -9,7 +9,10 @@ else ``dmesg``; through ``ctx.run_once`` so that when both checks run, the node 
     [ 1843.308145] NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus.                  (dmesg)
 
 read(ctx) says which source answered, or why neither did (never an empty log passed off as a quiet one);
-messages(text, source) yields each message line's (line number, seconds since boot or None, message).
+messages(text, source) yields each message line's (line number, seconds since boot or None, message), in any
+of FORMATS (dmesg -T/-d/iso/-x, journal short/short-iso, lines cut to "kernel: ...", as real captures show:
+leptonai/gpud pull requests #46 and #338, ublue-os/bazzite issue #4449, open-gpu-kernel-modules issue #1150):
+only the monotonic stamp gives a time.
 A long log (a GPU that logged a million Xid lines) is read without a Python step per line: survey() counts
 the lines and checks their stamps, lines_with() and line_at() read only the lines a check looks for, found
 by the regex engine; chunks() cuts the text for passes that keep what they find.
@@ -30,7 +33,24 @@ from preflight.model import ParseError, Setting
 JOURNALCTL = ("journalctl", "-k", "-b", "0", "-o", "short-monotonic", "--no-pager", "-q")
 DMESG = ("dmesg",)
 TIMEOUT_S = 30.0
-_STAMP = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
+#: What may stand before a kernel message, by format (FORMATS): a priority ("<4>", dmesg -r) or a facility/level
+#: ("kern  :err   : ", dmesg -x),
+#: one stamp (monotonic "[ 1843.308145]"; dmesg -T "[Fri Aug 30 11:11:22 2024]"; dmesg -d/-H "[  +0.000421]";
+#: ISO with or without brackets, dmesg --time-format iso; the journal's "Mar 05 23:33:35"), then "HOST kernel:"
+#: or "kernel:" (journalctl -o short / short-iso / short-monotonic, or lines cut to "kernel: ..."), in syslog files
+#: (/var/log/kern.log, nvidia-bug-report.log) followed by the monotonic stamp.
+_LINE = re.compile(
+    r"(?:<\d{1,3}>|[a-z]+ *: *[a-z]+ *: )?"
+    r"(?:\[ *(?P<mono>\d+\.\d+)\]:? ?"
+    r"|\[(?:[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}|[<+ ]*[+-]?\d+\.\d+|[A-Z][a-z]{2}\d\d \d\d:\d\d"
+    r"|\d{4}-\d\d-\d\d[T ][\d:.,]+(?:Z|[+-]\d\d:?\d\d)?)\]:? ?"
+    r"|\d{4}-\d\d-\d\d[T ][\d:.,]+(?:Z|[+-]\d\d:?\d\d)? "
+    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)? )?"
+    r"(?P<ident>(?:(?<= )[^\s:\[]+ )?kernel: (?:\[ *(?P<mono2>\d+\.\d+)\] ?)?)?")
+#: The formats messages() reads (tests/fixtures/xid/formats_*): every one gives the same events.
+FORMATS = ("dmesg", "dmesg (printk.time=0)", "dmesg -T", "dmesg -d", "dmesg --time-format iso", "dmesg -x", "dmesg -r",
+           "journalctl -o short-monotonic", "journalctl -o short", "journalctl -o short-iso", "kernel: ... (stripped)",
+           "syslog file (kern.log)")
 #: (after a newline) a line messages() skips: empty or blank, journalctl's "-- ... --" markers, indented
 #: continuations
 _SKIPPED = re.compile(r"\n(?:[ \t]|-- |[^\S\n]*(?=\n|$))")
@@ -77,31 +97,29 @@ def uptime(ctx: Any) -> Optional[float]:
 
 
 def messages(text: str, source: str, first_line: int = 1) -> Iterator[Tuple[int, Optional[float], str]]:
-    """(line number, seconds since boot or None, message) of every kernel message line.
+    """(line number, seconds since boot or None, message) of every kernel message line, in any format a node
+    may hand back (FORMATS); only the monotonic stamp gives a time (a wall-clock or relative stamp: None).
 
-    journalctl lines must carry the monotonic stamp and "HOST IDENT:" ("[ 1843.308145] host kernel: ...");
     journalctl's own markers ("-- Boot ... --", "-- No entries --") and indented continuation lines are
-    skipped. dmesg lines carry the stamp unless printk.time is off (then the time is None). A journalctl line
-    in another format raises ParseError naming the line.
+    skipped. A journalctl line with the monotonic stamp must carry "HOST IDENT:" ("[ 1843.308145] host kernel:
+    ..."); a journalctl line in no known format raises ParseError naming the line.
     """
     if source not in ("journalctl", "dmesg"):
         raise ParseError("kernel log: unknown source %r" % source)
     for number, raw in enumerate(text.splitlines(), first_line):
         if not raw.strip() or raw.startswith("-- ") or raw[:1] in (" ", "\t"):
             continue
-        stamp = _STAMP.match(raw)
-        if stamp:
-            ts: Optional[float] = float(stamp.group(1))
-            body = stamp.group(2)
-            if source == "journalctl":
-                host_ident = body.split(" ", 2)
-                if len(host_ident) < 3 or not host_ident[1].endswith(":"):
-                    raise ParseError("journalctl -o short-monotonic line %d: expected '[ SECONDS] HOST IDENT: MESSAGE', got %.80r" % (number, raw))
-                body = host_ident[2]
-        elif source == "journalctl":
-            raise ParseError("journalctl -o short-monotonic line %d: expected a '[ SECONDS.MICROS]' stamp, got %.80r" % (number, raw))
-        else:
-            ts, body = None, raw
+        found = _LINE.match(raw)
+        body = raw[found.end():]
+        mono = found.group("mono") or found.group("mono2")
+        ts: Optional[float] = float(mono) if mono else None
+        if mono and source == "journalctl" and not found.group("ident"):
+            host_ident = body.split(" ", 2)
+            if len(host_ident) < 3 or not host_ident[1].endswith(":"):
+                raise ParseError("journalctl -o short-monotonic line %d: expected '[ SECONDS] HOST IDENT: MESSAGE', got %.80r" % (number, raw))
+            body = host_ident[2]
+        elif source == "journalctl" and found.end() == 0:
+            raise ParseError("journalctl line %d: expected a '[ SECONDS.MICROS]' stamp (or another kernel log format), got %.80r" % (number, raw))
         yield number, ts, body
 
 

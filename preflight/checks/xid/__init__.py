@@ -21,9 +21,12 @@ Facts schema::
     source      "journalctl" | "dmesg" | None (not read)
     log_error   why no log could be read (None when one was)
     uptime_s    float | None  (/proc/uptime; ages are uptime - timestamp)
-    log         {"lines": int, "first_ts": float|None, "events": [event], "unparsed": [str]} | None
+    log         {"lines": int, "first_ts": float|None, "events": [event], "unparsed": [str],
+                 "nvrm": [GPU failures logged without an Xid line: preflight.probe.nvrm.parse]} | None
     event = {"kind": "xid"|"sxid", "pci": "0000:44:00"|"0000:c3:00.0", "code": int,
              "detail": str, "device": "nvidia-nvswitch0"|None, "severity": "Fatal"|"Non-fatal"|None,
+             "link": int|None (NVLink Xids 144-150 as R575+ writes them: folded per link and severity),
+             "causes": {"149": n} (only on an Xid whose text says "caused by previous Xid 149"),
              "count": int, "first_ts": float|None, "last_ts": float|None, "recent": [float|None]}
                 the events folded on the node per (kind, pci, code) (preflight.probe.kernlog.fold): detail,
                 device and severity of the last one, how many, the first and last stamps and the last
@@ -42,7 +45,16 @@ Rule (per GPU node; CPU-only nodes SKIP):
   or service (hardware: HARDWARE_XIDS) FAIL with that action; codes an application usually causes
   (APPLICATION_XIDS) WARN with action check_app; codes not in either table WARN (look them up).
 - Xid 154 (recovery action changed) FAILs with the action it names.
-- SXid: "Fatal" FAILs (action reboot: the NVSwitch fabric must be reset with its GPUs), "Non-fatal" WARNs.
+- NVLink Xids 144-150 with the driver's severity: Fatal FAILs (reset_gpu); Nonfatal WARNs, and FAILs when it
+  repeats on one link inside the window.
+- an Xid 43/45 that names its cause ("caused by previous Xid 149", open-gpu-kernel-modules issue #1150) is judged
+  as that Xid, or told in that Xid's finding when it is logged on the same GPU.
+- SXid: the severity word of any of its lines (never its "Data {...}" line, NVIDIA/nvtrust issue #124), else the
+  Fabric Manager guide's tables (SXID_*): fatal FAILs (action reboot: the NVSwitch fabric must be reset with its
+  GPUs; 20034 reset_gpu), non-fatal WARNs, the ones the guide says to ignore are named in the PASS.
+- GPU failures without an Xid line (preflight.probe.nvrm: fallen off the bus, failed probe, GSP hangs) FAIL
+  per GPU (reboot, fix_config for a GPU the driver does not support, reset_gpu for GSP); an Xid 79/119/120
+  on the same GPU tells it instead.
 - Xid lines whose code cannot be read WARN (the line is shown; no code is invented).
 - otherwise PASS: "no Xid/SXid since boot in N kernel log lines (journalctl)", adding "the log only covers the
   last 5.2 h" when the oldest line left (dmesg ring buffer wrapped, journal rotated) is younger than the window.
@@ -57,9 +69,11 @@ NAME = "xid"
 
 CHECK = Check(
     name=NAME,
-    claim="No GPU or NVSwitch logged a hardware Xid/SXid in the kernel log since boot (or within cluster.xid_window_s)",
+    claim="No GPU or NVSwitch logged a hardware Xid/SXid, or a GPU failure without one (fallen off the bus, failed "
+    "probe, GSP firmware hang), in the kernel log since boot (or within cluster.xid_window_s)",
     why="A GPU that logged Xid 79, 48, 74, 94/95 or 119 is off the bus, corrupting memory or wedged: the next job "
-    "on it crashes or hangs every rank. Application Xids (13, 31, 43, 45) usually point at the last job's code.",
+    "on it crashes or hangs every rank. A GPU off the bus or with a hung GSP often logs no Xid at all. Application "
+    "Xids (13, 31, 43, 45) usually point at the last job's code, unless their text names a hardware Xid as the cause.",
     fix="Act on each finding's action: reset_gpu (drain, then nvidia-smi -r -i N), reboot, or isolate (drain and "
     "open a hardware ticket with nvidia-bug-report.sh); check_app: inspect the job that ran. Make the kernel "
     "log readable (root, or the systemd-journal/adm group) for the check to run.",

@@ -7,7 +7,7 @@ import re
 from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.probe import kernlog
+from preflight.probe import kernlog, nvrm
 
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?)(?:,\s*(.*))?$")
 _SXID = re.compile(r"(nvidia-nvswitch\d+): SXid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?)(?:,\s*(.*))?$")
@@ -22,6 +22,14 @@ _UNREAD = {
     "xid": re.compile(r"NVRM: Xid(?! \((?:PCI:)?[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?\): ?\S*?(?:,|$))", re.M),
     "sxid": re.compile(r"SXid \((?!PCI:[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?\): ?\S*?(?:,|$))", re.M),
 }
+#: An NVLink Xid (144-150) as R575+ drivers write it, up to its link: "NVRM: Xid (PCI:0000:01:00): 144, SAW_MVB
+#: Nonfatal XC0 i0 Link 0 (0x...)" (leptonai/gpud pull requests #1160 and #1174): folded per link and severity
+_NVLINK_AT = re.compile(r"(NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(14[4-9]|150), \w+ "
+                        r"(?:Fatal|Nonfatal|Non-fatal) [^\n(]*?\bLink (-?\d+))", re.M)
+_NVLINK_DETAIL = re.compile(r"^(\w+) (Fatal|Nonfatal|Non-fatal)\b[^(]*?\bLink (-?\d+)")
+NVLINK_XIDS = range(144, 151)
+#: "Xid (PCI:...): 45, pid=..., Ch 00000001 caused by previous Xid 149" (NVIDIA/open-gpu-kernel-modules issue #1150)
+_CAUSE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\d+),[^\n]*?caused by previous Xid (\d+)")
 
 
 def _nvidia_present(ctx: Any) -> bool:
@@ -61,30 +69,72 @@ def parse_kernel_log(text: str, source: str = "dmesg") -> Dict[str, Any]:
     lines, first_ts = kernlog.survey(text, source)
     entries: List[Tuple[int, Dict[str, Any]]] = []  # (position of the first, entry)
     unparsed: List[Tuple[int, str]] = []
-    for kind, literal, pattern in (("xid", "NVRM: Xid", _XID_AT), ("sxid", "SXid (", _SXID_AT)):
-        if literal not in text:
+    has = {"xid": "NVRM: Xid" in text, "sxid": "SXid (" in text}  # each a pass over the text: once
+    nvlink = _starts(text, _NVLINK_AT, lambda f: (f[1].lower(), f[2], f[0].split(", ", 1)[1].split(" ")[1], f[3])) if has["xid"] else {}
+    done = {key[:2] for key in nvlink}
+    for kind, literal, pattern in (("nvlink", "NVRM: Xid", _NVLINK_AT), ("xid", "NVRM: Xid", _XID_AT), ("sxid", "SXid (", _SXID_AT)):
+        if not has["sxid" if kind == "sxid" else "xid"]:
             continue
-        counts: Counter = Counter()
-        for start, end in kernlog.chunks(text):
-            counts.update(pattern.findall(text, start, end))
-        by_key: Dict[Tuple[str, str], List[str]] = {}
-        for found in counts:
-            by_key.setdefault((found[-2].lower(), found[-1]), []).append(found[0])
-        for (pci, code), starts in by_key.items():
-            entry = _folded(text, source, pattern, starts, sum(n for f, n in counts.items() if f[0] in starts))
+        by_key = nvlink if kind == "nvlink" else _starts(text, pattern, lambda f: (f[-2].lower(), f[-1]))
+        for key, (starts, count) in by_key.items():
+            if kind == "xid" and key in done:  # read per link above
+                continue
+            entry = _folded(text, source, pattern, starts, count)
             if entry is None:
                 continue
             if entry[1] is None:  # its code is not a number: shown as read, never a code
                 unparsed.append((entry[0], entry[2]))
             else:
+                if kind == "sxid":  # the severity word is on one of the lines an SXid writes, not on its Data line
+                    entry[1].update(_sxid_severity(text, starts))
                 entries.append((entry[0], entry[1]))
-        if text.count(literal) > sum(counts.values()):  # some start no pattern reads
-            for match in _UNREAD[kind].finditer(text):
+        total = sum(n for _starts_, n in by_key.values())
+        if kind != "nvlink" and text.count(literal) > total:
+            for match in _UNREAD[kind].finditer(text):  # some start no pattern reads
                 line = kernlog.line_at(text, match.start(), source)
                 if line is not None:
                     unparsed.append((match.start(), line[1].strip()[:200]))
-    return {"lines": lines, "first_ts": first_ts, "events": [e for _, e in sorted(entries, key=lambda x: x[0])],
-            "unparsed": [u for _, u in sorted(unparsed)][:MAX_UNPARSED]}
+    events = [e for _, e in sorted(entries, key=lambda x: x[0])]
+    if has["xid"]:
+        _add_causes(text, events)
+    return {"lines": lines, "first_ts": first_ts, "events": events,
+            "unparsed": [u for _, u in sorted(unparsed)][:MAX_UNPARSED], "nvrm": nvrm.parse(text, source)}
+
+
+def _starts(text: str, pattern: Any, key: Any) -> Dict[Tuple[str, ...], Tuple[List[str], int]]:
+    """{key(found): (the distinct starts found, how many lines)} of the pattern's matches, counted by the regex engine."""
+    counts: Counter = Counter()
+    for start, end in kernlog.chunks(text):
+        counts.update(pattern.findall(text, start, end))
+    out: Dict[Tuple[str, ...], Tuple[List[str], int]] = {}
+    for found, n in counts.items():
+        starts, total = out.get(key(found), ([], 0))
+        out[key(found)] = (starts + [found[0]], total + n)
+    return out
+
+
+def _sxid_severity(text: str, starts: List[str]) -> Dict[str, Any]:
+    """{"severity": "Fatal" when a line of this SXid says so, else "Non-fatal" when one does, else None (Data
+    lines only: the rule takes it from the Fabric Manager guide's table), and "detail": that line's text}."""
+    for word in ("Fatal", "Non-fatal"):
+        for start in starts:
+            at = text.find(start + ", " + word + ",")
+            if at >= 0:
+                end = text.find("\n", at)
+                return {"severity": word, "detail": text[at + len(start) + len(word) + 4:len(text) if end < 0 else end].strip()[:200]}
+    return {"severity": None}
+
+
+def _add_causes(text: str, events: List[Dict[str, Any]]) -> None:
+    """events[i]["causes"] = {"149": n}: the earlier Xids that an Xid 43/45 line says caused it, counted."""
+    if "caused by previous Xid" not in text:
+        return
+    causes: Counter = Counter((pci.lower(), int(code), cause) for pci, code, cause in _CAUSE.findall(text))
+    for event in events:
+        if event["kind"] == "xid":
+            mine = {cause: n for (pci, code, cause), n in causes.items() if (pci, code) == (event["pci"], event["code"])}
+            if mine:
+                event["causes"] = mine
 
 
 def _folded(text: str, source: str, pattern: Any, starts: List[str], count: int) -> Optional[Tuple[int, Optional[Dict[str, Any]], str]]:
@@ -132,8 +182,13 @@ def _event(body: str, ts: Optional[float]) -> Optional[Dict[str, Any]]:
     if m:
         if not m.group(2).isdigit():
             return None
-        return {"kind": "xid", "pci": m.group(1).lower(), "code": int(m.group(2)), "ts": ts,
-                "detail": (m.group(3) or "").strip()[:200], "device": None, "severity": None}
+        detail = (m.group(3) or "").strip()
+        event = {"kind": "xid", "pci": m.group(1).lower(), "code": int(m.group(2)), "ts": ts,
+                 "detail": detail[:200], "device": None, "severity": None, "link": None}
+        nvlink = _NVLINK_DETAIL.match(detail) if event["code"] in NVLINK_XIDS else None
+        if nvlink:
+            event.update(severity="Fatal" if nvlink.group(2) == "Fatal" else "Non-fatal", link=int(nvlink.group(3)))
+        return event
     m = _SXID.search(body)
     if m:
         if not m.group(3).isdigit():
@@ -141,7 +196,9 @@ def _event(body: str, ts: Optional[float]) -> Optional[Dict[str, Any]]:
         rest = (m.group(4) or "").strip()
         severity, _, detail = rest.partition(",")
         severity = severity.strip()
+        if severity not in ("Fatal", "Non-fatal"):  # "Data {0x...}" or "Severity 0 ...": the whole text is the detail
+            detail = rest
         return {"kind": "sxid", "pci": m.group(2).lower(), "code": int(m.group(3)), "ts": ts,
-                "detail": detail.strip()[:200], "device": m.group(1),
+                "detail": detail.strip()[:200], "device": m.group(1), "link": None,
                 "severity": severity if severity in ("Fatal", "Non-fatal") else None}
     return None
