@@ -24,7 +24,8 @@ it the rule falls back to the gpu check's driver_version.
 
 Rule (reads the gpu check's facts for per-GPU fabric state, Hopper+):
 
-- CPU-only node, or no NVSwitch and no GPU reporting fabric state: SKIP with the reason.
+- CPU-only node, or no NVSwitch and no GPU reporting fabric state: SKIP with the reason (a node of one
+  GPU, e.g. a cloud VM given 1 H100/H200 SXM, says so: the fabric manager is not needed there).
 - no NVSwitch PCI function but GPUs reporting fabric state: a GB200/GB300 compute tray (its NVSwitches
   sit in separate switch trays) or a VM whose NVSwitches are not passed through. Every GPU must be
   Completed/Success and the tray's GPUs in one clique and cluster (FAIL otherwise); where a GPU reports a
@@ -208,6 +209,11 @@ def _node(node: Any, facts: Dict[str, Any], record: Any) -> List[Finding]:
     if not switches:
         if record is not None and any(g.fabric for g in record.gpus):
             return _tray(node, facts, record)
+        if record is not None and len(record.gpus) == 1 and node.gpus_per_node <= 1:
+            # a VM given one GPU of an NVSwitch board (cloud 1x H100/H200 SXM): NVML answers Not Supported
+            # for its fabric state (leptonai/gpud PR 1140), and one GPU has no peer to reach over NVLink
+            return [Finding(NAME, name, Status.SKIP, "one GPU, no NVSwitch visible and no NVLink fabric state "
+                            "reported (a single GPU or a VM given one): fabric manager not needed")]
         return [Finding(NAME, name, Status.SKIP, "no NVSwitch on this node (PCIe/NVLink-bridge system): fabric manager not needed")]
     out: List[Finding] = []
     fabric_problems, fabric_good = _gpu_fabric(record)
