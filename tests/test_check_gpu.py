@@ -742,11 +742,11 @@ def test_fabric_struct_against_a_compiled_nvml_h(tmp_path):
 # its faulty twin beside it, which must still FAIL with the right action.
 
 
-def _sim_node(tmp_path, monkeypatch, profile="h100", count=8, faults=None):
+def _sim_node(tmp_path, monkeypatch, profile="h100", count=8, faults=None, passthrough=False):
     from tests.sim import gpu_hw
 
     node = StubNode(tmp_path)
-    gpu_hw.install_gpus(node, profile, count=count, faults=faults)
+    gpu_hw.install_gpus(node, profile, count=count, faults=faults, passthrough=passthrough)
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % node.bin_dir)
     return node
 
@@ -847,28 +847,31 @@ def test_partial_gpu_vm_without_nvlink_passes_and_bare_metal_twin_fails(tmp_path
     prints NVML's all-links-inactive message under each GPU header). 2 GPUs (no bare-metal SXM board holds 2)
     and 4 in a VM: said in the PASS, never a FAIL. The same output from a whole board is every link down:
     FAIL, on 4 GPUs of bare metal (HGX 4-GPU boards link their GPUs directly) and on 8, VM or not."""
+    whys = {None: "a VM or a partition of a baseboard", "dmi": "a VM: DMI sys_vendor 'QEMU'",
+            "driver": "a VM: GPU virtualization mode Pass-Through"}
+
     def judged(count, vm):
-        node = _sim_node(tmp_path / ("%d%s%d" % (count, "vm" if vm else "", len(os.listdir(tmp_path)))), monkeypatch, count=count,
-                         faults={i: "nvlink_all_down" for i in range(count)})
-        if vm:
+        node = _sim_node(tmp_path / ("%d%s%d" % (count, vm, len(os.listdir(tmp_path)))), monkeypatch, count=count,
+                         faults={i: "nvlink_all_down" for i in range(count)}, passthrough=vm == "driver")
+        if vm == "dmi":
             node.write_sys("class/dmi/id/sys_vendor", "QEMU\n")
         facts = gpu.probe(NodeContext(sysfs_root=node.sys_dir))
         assert facts["gpus"][0]["nvlink"] == {"active": 0, "inactive": 0, "error": NVLINK_ALL_INACTIVE}
-        assert facts["nvlink_unreadable"] == [] and bool(facts.get("virtual")) is vm
+        assert facts["nvlink_unreadable"] == [] and facts.get("virtual") == (whys[vm][6:] if vm else None)
         return facts, run_rule(facts, gpus_per_node=count)
 
-    for count, vm in ((2, False), (2, True), (4, True)):
+    # the driver's own word (a GPU in Pass-Through mode) makes a 4-GPU VM whose DMI names no hypervisor
+    for count, vm in ((2, None), (2, "dmi"), (4, "dmi"), (4, "driver")):
         facts, found = judged(count, vm)
         assert [f.status for f in found] == [Status.PASS], (count, vm)
-        where = "a VM: DMI sys_vendor 'QEMU'" if vm else "a VM or a partition of a baseboard"
-        assert "no NVLink between the node's %d GPUs (%s: NCCL uses PCIe)" % (count, where) in found[0].message
-    for count, vm in ((4, False), (8, False), (8, True)):
+        assert "no NVLink between the node's %d GPUs (%s: NCCL uses PCIe)" % (count, whys[vm]) in found[0].message
+    for count, vm in ((4, None), (8, None), (8, "dmi"), (8, "driver")):
         facts, found = judged(count, vm)
         fails = by_status(found)[Status.FAIL]
         assert len(fails) == count, (count, vm)
         assert fails[0] == "GPU 0 (0000:18:00.0): 0/18 NVLinks active (expected 18 on NVIDIA H100 80GB HBM3; %s)" % NVLINK_ALL_INACTIVE
     # one GPU of a 2-GPU VM without the links its peer has is still a fault
-    facts, _ = judged(2, True)
+    facts, _ = judged(2, "dmi")
     facts["gpus"][1]["nvlink"] = {"active": 18, "inactive": 0}
     assert by_status(run_rule(facts, gpus_per_node=2))[Status.FAIL] == [
         "GPU 0 (0000:18:00.0): 0/0 NVLinks active (expected 18 like the other GPUs; %s)" % NVLINK_ALL_INACTIVE]
@@ -914,8 +917,8 @@ def test_one_gpu_sxm_vm_through_nvml(links, tmp_path, monkeypatch, fake_pynvml):
     assert facts["gpu"]["gpus"][0]["fabric"] is None and facts["gpu"]["gpus"][0]["nvlink"]["active"] == 0
     view = ClusterView([NodeInfo("gpu-001", "198.18.0.1", 1)], {"gpu-001": facts})
     assert [(f.status, f.message) for f in gpu.rule(view)] == [
-        (Status.PASS, "1× NVIDIA H100 80GB HBM3, healthy; NVLink not judged: one GPU, no peer to link to (a VM or a "
-                      "partition of a baseboard)")]
+        (Status.PASS, "1× NVIDIA H100 80GB HBM3, healthy; NVLink not judged: one GPU, no peer to link to (a VM: GPU "
+                      "virtualization mode Pass-Through)")]
     assert [(f.status, f.message) for f in fabric_manager.rule(view)] == [
         (Status.SKIP, "one GPU, no NVSwitch visible and no NVLink fabric state reported (a single GPU or a VM given "
                       "one): fabric manager not needed")]

@@ -6,7 +6,7 @@ driver answered. Set ``PREFLIGHT_NVML=off`` in the node's environment to skip NV
 (useful where a container's libnvidia-ml does not match the host driver).
 
 Facts: the schema in preflight.probe.gpu_facts (other checks read them as a typed record:
-preflight.gpus.node_gpus), plus, from the probe: virtual (why the node looks like a VM, when it does),
+preflight.gpus.node_gpus), plus, from the probe: virtual (why the node is a VM: DMI, a GPU in Pass-Through),
 access ({SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES, ..., cgroup}: when some GPU may not be opened here, or in a
 Slurm job), nvml_open_s (seconds spent opening GPUs, when slow), nvml_slow (NVML ran out of time while
 still answering), health (preflight.probe.gpu_health: memory wear and GPU state, read in the same NVML
@@ -73,7 +73,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from preflight.common import fold, majority, plural
 from preflight.model import Check, ClusterView, Finding, Status, per_gpu_node
-from preflight.probe.gpu_facts import bus12, gpu_label, no_gpu_facts
+from preflight.probe.gpu_facts import bus12, gpu_label, guest_mode, no_gpu_facts
 from preflight.probe.gpu_health import health_from_nvml, parse_health_xml
 from preflight.probe.gpu_nvml import facts_from_nvml, wedged_facts
 from preflight.probe.nvidia_smi import clock_events_by_bus, merge_nvlink, read_nvlink_status
@@ -99,7 +99,7 @@ def probe(ctx: Any) -> Dict[str, Any]:
     facts = _read_gpus(ctx)
     if any(g.get("inaccessible") for g in facts.get("gpus") or []) or os.environ.get("SLURM_JOB_GPUS") is not None:
         facts["access"] = _access(ctx)
-    virtual = hypervisor(ctx)
+    virtual = hypervisor(ctx) or guest_mode(facts)  # DMI may name no hypervisor; the driver knows
     if virtual:
         facts["virtual"] = virtual
     return facts
