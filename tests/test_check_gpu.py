@@ -810,6 +810,13 @@ def test_gpus_this_process_may_not_open_are_a_warn_not_a_pass(tmp_path, monkeypa
                                        "Permissions; a cgroup or container device limit")
     assert "SLURM_JOB_GPUS=0,1, CUDA_VISIBLE_DEVICES=0,1" in found[0].message
     assert "; 2 of 8 GPUs checked: run preflight where it may open every GPU" in found[0].message
+    # the health checks judge the 2 GPUs read, and their PASS says the others were not
+    from preflight.checks import gpu_memory
+
+    view = ClusterView([NodeInfo("gpu-001", "198.18.0.1", 8)], {"gpu-001": {"gpu": facts}})
+    (memory,) = gpu_memory.rule(view)
+    assert memory.status is Status.PASS and memory.message.startswith("2 GPUs: ")
+    assert memory.message.endswith("; GPU 2-7 not read: this process may not open them (see the gpu check)")
     # one GPU denied: named alone
     answers = nvml_answers()
     answers["devices"][5]["nvmlDeviceGetHandleByIndex"] = {"error": "NVML_ERROR_NO_PERMISSION"}
