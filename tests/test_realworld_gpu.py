@@ -204,6 +204,8 @@ def judge_xml(path: str) -> List[Any]:
     facts = nvidia_smi.parse_nvidia_smi_xml(_read(path))
     facts["nvml_error"] = None
     facts["health"] = gpu_health.parse_health_xml(_read(path))
+    if gpu_facts.guest_mode(facts):  # as the probe marks a node whose driver runs in a VM
+        facts["virtual"] = gpu_facts.guest_mode(facts)
     node = NodeInfo("node01", "198.18.0.1", max(1, len(facts["gpus"])))
     view = ClusterView([node], {"node01": {"gpu": facts, "ssh": {"shm_bytes": 16 << 30}}})
     return [f for check in map(checks.get, ("gpu", "gpu_memory", "gpu_state", "gpu_pcie")) for f in check.rule(view) if f.status != Status.PASS]
@@ -217,6 +219,18 @@ def test_rule_is_quiet_on_a_healthy_capture(path):
     allowed = EXPLAINED.get(os.path.basename(path), [])
     unexplained = [f.message for f in judge_xml(path) if not any(a in f.message for a in allowed)]
     assert unexplained == []
+
+
+def test_the_driver_says_which_captures_come_from_a_vm():
+    """Issue 40.9: the GPU virtualization mode is the VM signal a node's DMI may not give. Pass-Through on the
+    VM captures (netdata's A100-SXM4 VM with MIG, telegraf's AWS A10G and T4), VGPU on the P4 guest, none on
+    bare metal (telegraf's A100-SXM4 and dual-GPU workstations)."""
+    modes = {os.path.basename(p): gpu_facts.guest_mode(nvidia_smi.parse_nvidia_smi_xml(_read(p))) for p in XMLS}
+    assert modes["netdata_a100-sxm4-mig.xml"] == "GPU virtualization mode Pass-Through"
+    assert modes["telegraf_a10g.xml"] == modes["telegraf_tesla-t4.xml"] == "GPU virtualization mode Pass-Through"
+    assert modes["telegraf_tesla_p4.xml"] == "GPU virtualization mode VGPU"
+    assert modes["telegraf_a100-sxm4-v12.xml"] is None and modes["telegraf_dual_a5000-v13.xml"] is None
+    assert sum(1 for m in modes.values() if m) == 7, modes
 
 
 #: fabric_manager facts of an HGX baseboard (4 NVSwitch PCI functions, the service active) and of a machine

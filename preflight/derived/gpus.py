@@ -160,6 +160,12 @@ def per_health_node(check: str, view: Any, judge_gpu: Any, summary: Any, report_
                 else:
                     status, msg, exp, act, action = item
                     found.append(Finding(check, node.name, status, msg, expected=exp, actual=act, action=action))
+        hidden = [str(g.index) for g in record.gpus if g.facts.get("inaccessible")]
+        if hidden:  # the gpu check's WARN names why; a PASS here must not read as the whole node checked
+            from ClusterShell.RangeSet import RangeSet
+
+            notes.append("GPU %s not read: this process may not open %s (see the gpu check)" % (
+                RangeSet.fromlist(hidden), "it" if len(hidden) == 1 else "them"))
         if not found:
             found.append(Finding(check, node.name, Status.PASS, summary(record, read) + ("; " + "; ".join(notes) if notes else "")))
         out.extend(found)

@@ -186,6 +186,7 @@ def hardware(view: Any) -> Dict[str, Any]:
         if record is None or not record.gpus:
             continue
         links = record.max_nvlinks
+        shape = gpu_rule.node_shape(node.gpus_per_node, (view.facts.get(node.name) or {}).get("gpu") or {})
         out[node.name] = {
             "gpus": [
                 {
@@ -193,7 +194,7 @@ def hardware(view: Any) -> Dict[str, Any]:
                     "pci_bus_id": g.pci_bus_id,
                     "uuid": g.uuid,
                     "serial": g.serial,
-                    "failed": any(p[0] is Status.FAIL for p in gpu_rule.gpu_problems(dict(g.facts), links)),
+                    "failed": any(p[0] is Status.FAIL for p in gpu_rule.gpu_problems(dict(g.facts), links, shape=shape)),
                 }
                 for g in record.gpus
             ]

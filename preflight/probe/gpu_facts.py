@@ -38,6 +38,8 @@ Facts schema (both sources produce the same one)::
       [query_denied [str]],                             (NVML queries this user may not make)
       [inaccessible str],                               (NVML: NO_PERMISSION opening the GPU: a cgroup
                                                          or container keeps it from this process)
+      [virtualization "Pass-Through"|"VGPU"],           (the driver runs in a VM: its GPU virtualization
+                                                         mode; absent on bare metal and hypervisor hosts)
       error str|None                                     (NVML could not read this GPU at all, or a
                                                          call on it did not return)
     }
@@ -85,6 +87,12 @@ def empty_gpu(index: int, error: Optional[str] = None) -> Dict[str, Any]:
         "query_errors": [],
         "error": error,
     }
+
+
+def guest_mode(facts: Dict[str, Any]) -> Optional[str]:
+    """Why the driver says this node is a VM (a GPU in Pass-Through or vGPU mode), or None."""
+    modes = [g["virtualization"] for g in facts.get("gpus") or [] if g.get("virtualization")]
+    return "GPU virtualization mode %s" % modes[0] if modes else None
 
 
 def short_bus_id(bus_id: Optional[str]) -> str:

@@ -207,7 +207,15 @@ def gpu_from_nvml(nvml: Any, gpu: Dict[str, Any], h: Any) -> Dict[str, Any]:
             gpu["clock_events"] = [e for e in gpu["clock_events"] if e not in HW_REASONS or e in still]
     gpu["nvlink"] = nvml_links(nvml, gpu, h)
     gpu["fabric"] = nvml_fabric(nvml, gpu, h)
+    mode = ask("nvmlDeviceGetVirtualizationMode")
+    if mode in GUEST_MODES:
+        gpu["virtualization"] = GUEST_MODES[mode]
     return gpu
+
+
+#: nvmlGpuVirtualizationMode_t values of a GPU whose driver runs in a VM, as nvidia-smi prints them
+#: (preflight.probe.nvidia_smi.GUEST_MODES); 0 NONE, 3 HOST_VGPU and 4 HOST_VSGA are not a guest.
+GUEST_MODES = {1: "Pass-Through", 2: "VGPU"}
 
 
 

@@ -119,7 +119,16 @@ def _parse_gpu(index: int, el: Any) -> Dict[str, Any]:
     }
     gpu["clock_events"] = _clock_events(el, where)
     gpu["fabric"] = _fabric(el)
+    mode = _na(_opt(el, "gpu_virtualization_mode/virtualization_mode"))
+    if mode in GUEST_MODES:
+        gpu["virtualization"] = mode
     return gpu
+
+
+#: <virtualization_mode> values of a GPU whose driver runs inside a VM (nvmlGpuVirtualizationMode_t:
+#: PASSTHROUGH, VGPU; "Host VGPU"/"Host VSGA" are the hypervisor's own side). Real captures: Pass-Through
+#: in an A100-SXM4 VM (netdata testdata), AWS A10G and T4 instances (telegraf testdata); VGPU on a P4 guest.
+GUEST_MODES = ("Pass-Through", "VGPU")
 
 
 def _uncorrectable(el: Any, kind: str, where: str, enabled: Optional[bool]) -> Optional[int]:

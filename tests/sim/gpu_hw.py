@@ -116,8 +116,11 @@ def _state(node: Any) -> Dict[str, Any]:
     return _STATE[node.bin_dir]
 
 
-def install_gpus(node: Any, profile: str = "h100", count: int = 8, faults: FaultSpec = None) -> None:
-    """A fake nvidia-smi printing the recorded HGX output with `count` GPUs, plus the GPUs' sysfs entries."""
+def install_gpus(node: Any, profile: str = "h100", count: int = 8, faults: FaultSpec = None,
+                 passthrough: bool = False) -> None:
+    """A fake nvidia-smi printing the recorded HGX output with `count` GPUs, plus the GPUs' sysfs entries.
+    passthrough: the GPUs given to a VM: nvidia-smi says <virtualization_mode>Pass-Through, as the real
+    VM captures in ../shared/realworld do (netdata's A100-SXM4 VM, telegraf's AWS A10G and T4)."""
     if profile not in PROFILES:
         raise ValueError("profile %r: expected one of %s" % (profile, ", ".join(sorted(PROFILES))))
     recorded = len(_GPU_BLOCK.findall(_read(PROFILES[profile]["xml"])))
@@ -139,6 +142,7 @@ def install_gpus(node: Any, profile: str = "h100", count: int = 8, faults: Fault
         "fabric_stuck": old.get("fabric_stuck", False),
         "gpu_bdfs": old.get("gpu_bdfs", []),
         "kernel_log": old.get("kernel_log", []),
+        "passthrough": passthrough,
     }
     _render(node)
     _render_kernel_log(node)
@@ -318,6 +322,8 @@ def _render(node: Any) -> None:
                 "<status>Success</status>", "<status>N/A</status>"
             )
         block = re.sub(r"(<gsp_firmware_version>)\d[\d.]*(</)", r"\g<1>%s\2" % state["driver"], block)
+        if state["passthrough"]:
+            block = block.replace("<virtualization_mode>None<", "<virtualization_mode>Pass-Through<")
         links = nvlink[i]
         if "nvlink_down" in faults:
             links = re.sub(r"(Link [01]): \S+ GB/s", r"\1: <inactive>", links)

@@ -24,7 +24,8 @@ it the rule falls back to the gpu check's driver_version.
 
 Rule (reads the gpu check's facts for per-GPU fabric state, Hopper+):
 
-- CPU-only node, or no NVSwitch and no GPU reporting fabric state: SKIP with the reason.
+- CPU-only node, or no NVSwitch and no GPU reporting fabric state: SKIP with the reason (a node of one
+  GPU, e.g. a cloud VM given 1 H100/H200 SXM, says so: the fabric manager is not needed there).
 - no NVSwitch PCI function but GPUs reporting fabric state: a GB200/GB300 compute tray (its NVSwitches
   sit in separate switch trays) or a VM whose NVSwitches are not passed through. Every GPU must be
   Completed/Success and the tray's GPUs in one clique and cluster (FAIL otherwise); where a GPU reports a

@@ -66,6 +66,11 @@ def _node(node: Any, facts: Dict[str, Any], record: Any) -> List[Finding]:
     if not switches:
         if record is not None and any(g.fabric for g in record.gpus):
             return _tray(node, facts, record)
+        if record is not None and len(record.gpus) == 1 and node.gpus_per_node <= 1:
+            # a VM given one GPU of an NVSwitch board (cloud 1x H100/H200 SXM): NVML answers Not Supported
+            # for its fabric state (leptonai/gpud PR 1140), and one GPU has no peer to reach over NVLink
+            return [Finding(NAME, name, Status.SKIP, "one GPU, no NVSwitch visible and no NVLink fabric state "
+                            "reported (a single GPU or a VM given one): fabric manager not needed")]
         return [Finding(NAME, name, Status.SKIP, "no NVSwitch on this node (PCIe/NVLink-bridge system): fabric manager not needed")]
     out: List[Finding] = []
     fabric_problems, fabric_good = _gpu_fabric(record)

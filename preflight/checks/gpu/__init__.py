@@ -6,7 +6,7 @@ driver answered. Set ``PREFLIGHT_NVML=off`` in the node's environment to skip NV
 (useful where a container's libnvidia-ml does not match the host driver).
 
 Facts: the schema in preflight.probe.gpu_facts (other checks read them as a typed record:
-preflight.derived.gpus.node_gpus), plus, from the probe: virtual (why the node looks like a VM, when it does),
+preflight.derived.gpus.node_gpus), plus, from the probe: virtual (why the node is a VM: DMI, a GPU in Pass-Through),
 access ({SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES, ..., cgroup}: when some GPU may not be opened here, or in a
 Slurm job), nvml_open_s (seconds spent opening GPUs, when slow), nvml_slow (NVML ran out of time while
 still answering), health (preflight.probe.gpu_health: memory wear and GPU state, read in the same NVML
@@ -35,8 +35,10 @@ Rule (per node; gpus_per_node from the inventory; "the fleet" is every judged GP
   every all-reduce waits for), an NVML query error (GPU lost, corrupted infoROM, unknown error: only
   NotSupported and FunctionNotFound mean "cannot say"; NoPermission on a query is a WARN, the fact
   unknown to this user), fewer NVLinks active than the model has (H100/H200/B200 SXM 18, A100 SXM 12:
-  see MODEL_NVLINKS; not on a VM, whose NVLinks are the hypervisor's to give) or than the node's other
-  GPUs, including every link down; MIG enabled when the run has more than one GPU node (NCCL cannot use
+  see MODEL_NVLINKS; only on a whole baseboard: 8 GPUs, or 4 on bare metal) or than the node's other
+  GPUs, including every link down. A node of one GPU (a cloud 1x H100/H200 SXM VM) is not judged for
+  NVLink; one holding part of a baseboard (2 GPUs, 4 in a VM) only against its other GPUs (nvlink_shape):
+  links the hypervisor or partition did not give are said in the PASS message, never a FAIL; MIG enabled when the run has more than one GPU node (NCCL cannot use
   MIG instances for a multi-node job), naming the nodes whose MIG mode differs.
 - per GPU, FAIL with action reset_gpu: retired pages pending (pre-Ampere: retired at the next reset).
 - per GPU, WARN with action reset_gpu: row remap pending (NVIDIA: the remap takes effect at the next
@@ -51,7 +53,9 @@ Rule (per node; gpus_per_node from the inventory; "the fleet" is every judged GP
   message: the cloud images' default is not a fault). A PCIe *generation* below max alone is not
   reported: idle GPUs downshift the link to save power.
 - per node, WARN: nvidia-smi nvlink --status lines not understood (named; the rest is judged); NVML slow
-  (GPUs not read named); no GPU accessible to this process; NVML not used because the node's pynvml is
+  (GPUs not read named); GPUs this process may not open (NVML NO_PERMISSION for k of n, or a Slurm job's
+  cgroup hiding the others from nvidia-smi), named with why and the job's variables, action retest: never
+  a FAIL, never a PASS that checked part of the node; no GPU accessible to this process; NVML not used because the node's pynvml is
   not nvidia-ml-py's (the controller shipped none).
 - /dev/shm is the limits check's (sized by the node's GPU count: a container's 256 MiB holds 2 GPUs' NCCL
   segments; a flat 1 GiB here warned on such healthy nodes and double-reported the small ones).
@@ -74,13 +78,15 @@ CHECK = Check(
     "A100 SXM); no MIG on a multi-node run",
     why="One missing, throttled or faulty GPU makes every collective wait for it or crash. "
     "Unusual but healthy nodes are not failed: GPUs a job's cgroup "
-    "hides, NVLink a VM was not given, a pending row remap, a slow NVML without persistence mode.",
+    "hides (a warning naming them: the node was not all checked), NVLink a VM given 1, 2 or 4 GPUs of a "
+    "baseboard was not given, a pending row remap, a slow NVML without persistence mode.",
     fix="Uncorrectable ECC: drain the node and reset the GPU (nvidia-smi -r); remap failure: replace it; remap "
     "pending (warn, action reset_gpu): reset the GPU when it is idle. Missing GPU or narrow PCIe link: check dmesg "
     "for Xid 79, reseat. HW slowdown (seen twice): check cooling and power (nvidia-smi -q -d PERFORMANCE). "
     "Persistence mode off or NVML slow: nvidia-smi -pm 1 or enable nvidia-persistenced. NVML did not return: "
     "check dmesg for Xid, reset the GPU or reboot. Driver/library version mismatch (a driver upgraded under the "
-    "loaded module): reboot. MIG: nvidia-smi -mig 0 and reset the GPU. 'NVML not used: pynvml': pip install "
+    "loaded module): reboot. MIG: nvidia-smi -mig 0 and reset the GPU. GPUs not checked (warn, action retest): run "
+    "preflight outside the job or container, or in a job holding every GPU of the node. 'NVML not used: pynvml': pip install "
     "'nvidia-ml-py>=12,<14' on the controller.",
     action="isolate",
     reads="NVML (pynvml): every GPU's identity, ECC and row-remap state, throttle reasons, PCIe link, NVLink "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict
 
-from preflight.probe.gpu_facts import no_gpu_facts
+from preflight.probe.gpu_facts import guest_mode, no_gpu_facts
 from preflight.probe.gpu_health import health_from_nvml, parse_health_xml
 from preflight.probe.gpu_nvml import facts_from_nvml, wedged_facts
 from preflight.probe.nvidia_smi import clock_events_by_bus, merge_nvlink, read_nvlink_status
@@ -23,7 +23,7 @@ def probe(ctx: Any) -> Dict[str, Any]:
     facts = _read_gpus(ctx)
     if any(g.get("inaccessible") for g in facts.get("gpus") or []) or os.environ.get("SLURM_JOB_GPUS") is not None:
         facts["access"] = _access(ctx)
-    virtual = hypervisor(ctx)
+    virtual = hypervisor(ctx) or guest_mode(facts)  # DMI may name no hypervisor; the driver knows
     if virtual:
         facts["virtual"] = virtual
     return facts

@@ -35,6 +35,29 @@ MODEL_NVLINKS = (
     (re.compile(r"\bA100-SXM"), 12),
     (re.compile(r"\bG?B[23]00\b(?!.*\bNVL\b)"), 18),
 )
+#: How a node's NVLinks are judged (nvlink_shape): each SXM GPU against its model's count and the node's
+#: other GPUs; only against the node's other GPUs; not at all (one GPU: nothing to link to).
+MODEL, PEERS, NO_PEER = "model", "peers", "no_peer"
+#: The GPUs of a whole NVLink baseboard: HGX/DGX SXM boards carry 8 GPUs on NVSwitches, or 4 linked directly
+#: (HGX A100/H100 4-GPU, DGX Station A100). A node with fewer SXM GPUs than a board is a VM or partition
+#: given part of one (cloud 1x/2x/4x H100 and H200): its NVLinks are what the hypervisor or the fabric
+#: manager's partition gave it (NVIDIA Fabric Manager user guide, shared NVSwitch and GPU passthrough
+#: models; leptonai/gpud PR 1140: NVML answers Not Supported for fabric state on a single-GPU H100/H200 VM).
+WHOLE_BOARD, SMALL_BOARD = 8, 4
+
+
+def nvlink_shape(node_gpus: int, virtual: bool) -> str:
+    """How a node of `node_gpus` GPUs (the inventory's or driver's count, not what a job's cgroup shows)
+    judges its NVLinks: MODEL on a whole baseboard (8 GPUs, 4 on bare metal), NO_PEER for one GPU, else PEERS."""
+    if node_gpus <= 1:
+        return NO_PEER
+    return MODEL if node_gpus >= WHOLE_BOARD or (node_gpus >= SMALL_BOARD and not virtual) else PEERS
+
+
+def node_shape(node_gpus: int, facts: Dict[str, Any]) -> str:
+    """nvlink_shape for a node whose inventory expects node_gpus and whose gpu facts are `facts`."""
+    held = max(node_gpus, facts.get("attached_gpus") or 0, len(facts.get("gpus") or []))
+    return nvlink_shape(held, bool(facts.get("virtual")))
 
 
 def model_nvlinks(name: Optional[str]) -> Optional[int]:
@@ -103,12 +126,12 @@ def topology_links(topology_facts: Any) -> Set[str]:
 
 def gpu_problems(
     gpu: Dict[str, Any], node_max_links: int, fleet: Optional[Fleet] = None, node: str = "",
-    topology_seen: Optional[Set[str]] = None, slow_open: bool = False, virtual: bool = False,
+    topology_seen: Optional[Set[str]] = None, slow_open: bool = False, shape: str = MODEL,
 ) -> List[Tuple[Any, ...]]:
     """(status, message, expected, actual[, action]) for everything wrong with one GPU. topology_seen: the
     GPUs whose PCIe width the topology check judges (topology_links): their width is not judged here.
     slow_open: NVML measured this node's GPUs initialising on open (persistence off costs time here).
-    virtual: a VM (its NVLinks are the hypervisor's to give: only the node's GPUs are compared)."""
+    shape: how the node's NVLinks are judged (nvlink_shape)."""
     label = gpu_label(gpu)
     out: List[Tuple[Any, ...]] = []
     if gpu.get("error"):
@@ -161,7 +184,7 @@ def gpu_problems(
     if soft:
         active = ", ".join(soft)
         out.append((Status.WARN, "%s: clocks throttled by %s (expected none active)" % (label, active), "none", active))
-    out.extend(_link_problems(gpu, label, node_max_links, virtual))
+    out.extend(_link_problems(gpu, label, node_max_links, shape))
     pcie = gpu.get("pcie") or {}
     width, max_width = pcie.get("width"), pcie.get("max_width")
     owned = bus12(gpu.get("pci_bus_id")) in (topology_seen or set())
@@ -182,11 +205,11 @@ def gpu_problems(
     return out
 
 
-def _link_problems(gpu: Dict[str, Any], label: str, node_max_links: int, virtual: bool = False) -> List[Tuple[Any, ...]]:
+def _link_problems(gpu: Dict[str, Any], label: str, node_max_links: int, shape: str = MODEL) -> List[Tuple[Any, ...]]:
     links = gpu.get("nvlink")
-    if not links or links.get("unreadable"):
-        return []  # unknown, or counts incomplete (warned once for the node)
-    model = None if virtual else model_nvlinks(gpu.get("name"))
+    if not links or links.get("unreadable") or shape == NO_PEER:
+        return []  # unknown, counts incomplete (warned once for the node), or no GPU to link to
+    model = model_nvlinks(gpu.get("name")) if shape == MODEL else None
     total = links["active"] + links["inactive"]
     note = "; %s" % links["error"] if links.get("error") else ""
     if model and links["active"] < model:
@@ -237,7 +260,7 @@ def _node_findings(node: Any, facts: Dict[str, Any], fleet: Optional[Fleet] = No
                         expected=str(expected), actual="0", action="reboot" if mismatch else None)]
     listed = facts.get("gpus") or []
     gpus = [g for g in listed if not g.get("inaccessible")]
-    out: List[Finding] = _access_findings(name, facts, listed, gpus)
+    out: List[Finding] = _access_findings(name, facts, listed, gpus, expected)
     # GPUs the driver counts but NVML did not get to (slow) or may not open here are present, not missing
     present = (facts.get("attached_gpus") or len(listed)) if facts.get("nvml_slow") else len(listed)
     held = _job_gpus(facts)
@@ -245,65 +268,42 @@ def _node_findings(node: Any, facts: Dict[str, Any], fleet: Optional[Fleet] = No
         # a Slurm job holding some GPUs of the node: its cgroup hides the others from nvidia-smi (and from
         # NVML's count on some setups); the GPUs the job holds are all there
         present = expected
+    count = dict(expected=str(expected), actual=str(len(gpus)))
     if present < expected:
         attached = facts.get("attached_gpus")
         extra = "" if attached in (None, len(gpus)) else "; the driver reports %d attached" % attached
-        out.append(
-            Finding(
-                NAME,
-                name,
-                Status.FAIL,
-                "%s visible (expected %d)%s" % (plural(len(gpus), "GPU"), expected, extra),
-                expected=str(expected),
-                actual=str(len(gpus)),
-            )
-        )
+        out.append(Finding(NAME, name, Status.FAIL, "%s visible (expected %d)%s" % (plural(len(gpus), "GPU"), expected, extra),
+                           **count))
     elif present > expected:
-        out.append(
-            Finding(
-                NAME,
-                name,
-                Status.WARN,
-                "%s visible (expected %d): update gpus_per_node in the inventory" % (plural(len(gpus), "GPU"), expected),
-                expected=str(expected),
-                actual=str(len(gpus)),
-            )
-        )
+        out.append(Finding(NAME, name, Status.WARN, "%s visible (expected %d): update gpus_per_node in the inventory"
+                           % (plural(len(gpus), "GPU"), expected), **count))
     unreadable = facts.get("nvlink_unreadable") or []
     if unreadable:
         partial = [gpu_label(g) for g in gpus if (g.get("nvlink") or {}).get("unreadable")]
-        out.append(
-            Finding(
-                NAME,
-                name,
-                Status.WARN,
-                "nvidia-smi nvlink --status: %s not understood (%s)%s"
-                % (
-                    plural(len(unreadable), "line"),
-                    "; ".join(unreadable[:3]) + ("; ..." if len(unreadable) > 3 else ""),
-                    "; NVLink counts of %s are incomplete" % ", ".join(partial) if partial else "",
-                ),
-                expected="known link lines",
-                actual=unreadable[0],
-            )
-        )
+        out.append(Finding(NAME, name, Status.WARN, "nvidia-smi nvlink --status: %s not understood (%s)%s" % (
+            plural(len(unreadable), "line"), "; ".join(unreadable[:3]) + ("; ..." if len(unreadable) > 3 else ""),
+            "; NVLink counts of %s are incomplete" % ", ".join(partial) if partial else ""),
+            expected="known link lines", actual=unreadable[0]))
     node_max_links = max([g["nvlink"]["active"] for g in gpus if g.get("nvlink")] or [0])
     seen = topology_links(topology_facts)
     slow = bool(facts.get("nvml_open_s") or facts.get("nvml_slow"))
+    shape = node_shape(expected, facts)
     for gpu in gpus:
-        for problem in gpu_problems(gpu, node_max_links, fleet, name, seen, slow, bool(facts.get("virtual"))):
+        for problem in gpu_problems(gpu, node_max_links, fleet, name, seen, slow, shape):
             status, msg, exp, act = problem[:4]
             out.append(Finding(NAME, name, status, msg, expected=exp, actual=act, action=problem[4] if len(problem) > 4 else None))
     if not out:
-        notes = _notes(gpus, fleet) + _platform_notes(facts, listed, gpus, expected)
+        notes = _notes(gpus, fleet) + _platform_notes(facts, gpus, expected)
         msg = "%s, healthy%s" % (summary(gpus), "; " + "; ".join(notes) if notes else "")
         out.append(Finding(NAME, name, Status.PASS, msg, actual=str(len(gpus))))
     return out
 
 
-def _access_findings(name: str, facts: Dict[str, Any], listed: List[Dict[str, Any]], usable: List[Dict[str, Any]]) -> List[Finding]:
-    """WARNs for what left GPUs unjudged without any GPU being at fault: NVML slow (not stuck), no GPU this
-    process may open, a controller that shipped no usable pynvml."""
+def _access_findings(name: str, facts: Dict[str, Any], listed: List[Dict[str, Any]], usable: List[Dict[str, Any]],
+                     node_gpus: int) -> List[Finding]:
+    """WARNs for what left GPUs unjudged without any GPU being at fault: NVML slow (not stuck), GPUs this
+    process may not open (some or all: the node is not a PASS when part of it went unchecked), a
+    controller that shipped no usable pynvml."""
     out = []
     slow = facts.get("nvml_slow")
     if slow:
@@ -314,12 +314,37 @@ def _access_findings(name: str, facts: Dict[str, Any], listed: List[Dict[str, An
         out.append(Finding(NAME, name, Status.WARN, "none of the %s is accessible to this process (%s): %s; nothing "
                            "judged: run preflight outside the job or container" % (plural(len(listed), "GPU"),
                                                                                     listed[0]["inaccessible"], _held(facts)),
-                           expected="GPUs to judge", actual="0 accessible"))
+                           expected="GPUs to judge", actual="0 accessible", action="retest"))
+    unchecked = _unchecked(facts, listed, usable, node_gpus)
+    if unchecked:
+        out.append(Finding(NAME, name, Status.WARN, "%s; %d of %s checked: run preflight where it may open every GPU "
+                           "(outside the job or container, or in a job holding the whole node)"
+                           % (unchecked, len(usable), plural(max(node_gpus, len(listed)), "GPU")),
+                           expected="every GPU checked", actual="%d checked" % len(usable), action="retest"))
     why = facts.get("nvml_error") or ""
     if facts.get("source") == "nvidia-smi" and why.startswith("pynvml"):
         out.append(Finding(NAME, name, Status.WARN, "NVML not used: %s; read with nvidia-smi instead" % why,
                            expected="nvidia-ml-py's pynvml in the bundle", actual="none"))
     return out
+
+
+def _unchecked(facts: Dict[str, Any], listed: List[Dict[str, Any]], usable: List[Dict[str, Any]], node_gpus: int) -> str:
+    """What part of the node this process could not check, and why ('' when it checked every GPU): GPUs
+    NVML counts but may not open (NO_PERMISSION: a Slurm cgroup with ConstrainDevices, a container given
+    some devices; pynvml's NVMLError_NoPermission, as NVIDIA/nvidia-docker issue 393 shows for a cgroup
+    denying 2 of 4 GPUs), or, on the nvidia-smi path inside a Slurm job, the GPUs its cgroup hides."""
+    from ClusterShell.RangeSet import RangeSet  # controller side, as preflight.common.fold
+
+    hidden = [g for g in listed if g.get("inaccessible")]
+    if hidden and usable:
+        return "GPU %s not checked: this process may not open %s (NVML: %s; %s)" % (
+            RangeSet.fromlist([str(g["index"]) for g in hidden]), "it" if len(hidden) == 1 else "them",
+            hidden[0]["inaccessible"], _held(facts))
+    held = _job_gpus(facts)
+    if held is not None and not hidden and held == len(usable) < node_gpus:
+        return "%d of the node's %s not checked: the job holds %d (%s)" % (
+            node_gpus - held, plural(node_gpus, "GPU"), held, _held(facts))
+    return ""
 
 
 def _job_gpus(facts: Dict[str, Any]) -> Optional[int]:
@@ -340,21 +365,15 @@ def _held(facts: Dict[str, Any]) -> str:
         "; " + ", ".join(parts) if parts else "")
 
 
-def _platform_notes(facts: Dict[str, Any], listed: List[Dict[str, Any]], usable: List[Dict[str, Any]], node_gpus: int) -> List[str]:
-    """PASS-message notes: GPUs this process may not open, NVLink the hypervisor did not give a VM."""
-    notes = []
-    hidden = len(listed) - len(usable)
-    held = _job_gpus(facts)
-    if held is not None and not hidden and held == len(usable) < node_gpus:
-        notes.append("the job holds %d of the node's %s (%s): the others not judged" % (
-            held, plural(node_gpus, "GPU"), _held(facts)))
-    if hidden and usable:
-        why = next(g["inaccessible"] for g in listed if g.get("inaccessible"))
-        notes.append("%s of %d not accessible to this process (%s: %s): not judged" % (
-            plural(hidden, "GPU"), len(listed), why, _held(facts)))
-    if facts.get("virtual") and usable and all((g.get("nvlink") or {}).get("active") == 0 for g in usable):
-        notes.append("NVLink off on every GPU (a VM: %s; the hypervisor keeps NVLink)" % facts["virtual"])
-    return notes
+def _platform_notes(facts: Dict[str, Any], usable: List[Dict[str, Any]], node_gpus: int) -> List[str]:
+    """PASS-message notes: NVLink a VM or partition was not given (no peer, or part of a baseboard)."""
+    shape = node_shape(node_gpus, facts)
+    if shape == MODEL or not usable or any((g.get("nvlink") or {}).get("active") != 0 for g in usable):
+        return []
+    where = "a VM: %s" % facts["virtual"] if facts.get("virtual") else "a VM or a partition of a baseboard"
+    if shape == NO_PEER:
+        return ["NVLink not judged: one GPU, no peer to link to (%s)" % where]
+    return ["no NVLink between the node's %s (%s: NCCL uses PCIe)" % (plural(len(usable), "GPU"), where)]
 
 
 def summary(gpus: List[Dict[str, Any]]) -> str:
