@@ -191,20 +191,20 @@ CHECKS = (
     },
     {
         'name': 'ib_hca',
-        'claim': 'Every InfiniBand/RoCE HCA port is ACTIVE at the expected rate, with the same ports on every node',
+        'claim': "Every InfiniBand/RoCE rail is ACTIVE at the rails' rate, every other port as on the other nodes; EFA devices ACTIVE",
         'why': 'NCCL spreads traffic over every HCA it is told to use; one DOWN or slow port stalls or slows every collective, and a small locked-memory limit makes RDMA registration fail at startup.',
         'fix': 'Check cables and the switch port (ibstat, mlxlink -d DEV), the subnet manager (sminfo), and firmware; set `* - memlock unlimited` in /etc/security/limits.conf (and LimitMEMLOCK=infinity for services).',
         'phase': 1,
         'action': 'isolate',
         'order': 60,
-        'reads': 'sysfs class/infiniband/*/ports/*/{state,phys_state,rate,link_layer}, device ids',
+        'reads': 'sysfs class/infiniband/*/ports/*/{state,phys_state,rate,link_layer}, device ids, device/uevent',
         'takes': '< 0.1 s',
         'needs': ['ssh'],
         'probes': True,
         'crossnode': False,
         'settings': [
             ('expect.ib_hcas', 'int', 'ACTIVE HCA ports every node has (else the cluster majority)', None, 0, 65536, ''),
-            ('expect.ib_rate_gbps', 'number', 'the rate every active port runs at', None, 0.001, 100000, 'Gb/s'),
+            ('expect.ib_rate_gbps', 'number', 'the rate every rail (a port NCCL uses) runs at', None, 0.001, 100000, 'Gb/s'),
         ],
     },
     {
