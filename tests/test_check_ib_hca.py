@@ -493,3 +493,35 @@ def test_efa_is_known_by_its_vendor_where_uevent_names_no_driver_and_unknown_els
 def test_an_ib_node_has_no_efa_finding():
     findings = ib_hca.rule(view_of({"n001": healthy()}))
     assert [f.status for f in findings] == [Status.PASS] and "EFA" not in findings[0].message
+
+
+def test_simulated_p5_nodes_over_ssh_read_efa_and_write_no_nccl_ib_hca(sim_cluster, tmp_path):
+    """Issue 37's first symptom, end to end: every EFA node ERRORed `ib_hca: probe failed: ParseError ...
+    link_layer ... 'Unknown'`. Now each node's 32 EFA devices pass (the memlock FAIL is the sandbox's real
+    8 MiB limit, judged for EFA as for HCAs) and the env file names no EFA device as an NCCL HCA."""
+    from tests.test_e2e_catalogue import MEMLOCK, results, run_preflight
+
+    cluster = sim_cluster(2)
+    for node in cluster.nodes:
+        ib_hw.install_efa(node, count=32)
+    env_path = tmp_path / "p5.env"
+    rc, doc, err = run_preflight(cluster, cluster.inventory(), "--only", "ib_hca", "--env-file", str(env_path))
+    found = results(doc, "ib_hca")
+    assert not [r for r in found if r["status"] == "error"], found
+    passed = [r for r in found if r["status"] == "pass"]
+    assert {r["node"] for r in passed} == {"n001", "n002"}, found
+    assert all(r["message"].startswith("32 EFA devices ACTIVE at 100 Gb/s: rdmap16s0") for r in passed)
+    assert all(MEMLOCK in r["message"] for r in found if r["status"] == "fail"), found
+    env = env_path.read_text()
+    assert "NCCL_IB_HCA" not in env and "rdmap" not in env
+
+
+def test_the_real_mixed_node_shape_passes_naming_its_disabled_ethernet_spare():
+    """The probe's facts of tests/fixtures/ib_hca/ib_rails_eth_spare (kvcache-ai/Mooncake#2039's H100 node):
+    the Disabled ConnectX-6 Dx Ethernet port is a spare, not a FAIL; the InfiniBand rails are NCCL's."""
+    facts = fc.expected("ib_hca", "ib_rails_eth_spare")
+    v = view_of({"n001": facts, "n002": facts})
+    findings = ib_hca.rule(v)
+    assert [f.status for f in findings] == [Status.PASS] * 2, [f.message for f in findings]
+    assert findings[0].message == "2 ports ACTIVE at 400 Gb/s (ib): mlx5_0:1, mlx5_2:1; spare, Disabled: mlx5_1:1"
+    assert ib_hca.usable_hcas(v)["nodes"]["n001"] == ["mlx5_0:1", "mlx5_2:1"]

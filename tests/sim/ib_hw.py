@@ -31,6 +31,9 @@ ERROR_COUNTERS = (
     "port_rcv_switch_relay_errors", "port_xmit_discards", "port_xmit_constraint_errors",
     "port_rcv_constraint_errors", "local_link_integrity_errors", "excessive_buffer_overrun_errors", "VL15_dropped",
 )
+#: board_id (PSID) per hca_type: ConnectX-7 NDR (as the gpud H100 tree in ../shared/realworld has it); the
+#: ConnectX-6 Dx one is a representative NVIDIA PSID (no capture of one was found).
+BOARD_IDS = {"MT4129": "MT_0000000838", "MT4125": "MT_0000000359"}
 #: Gb/s per lane for each IB speed name (what the kernel's rate_show multiplies by the width).
 LANE_GBPS = {"SDR": 2.5, "DDR": 5, "QDR": 10, "FDR": 14, "EDR": 25, "HDR": 50, "NDR": 100, "XDR": 200}
 
@@ -47,6 +50,7 @@ class PortSpec:
     netdev: Optional[str] = None  # default: ibN for IB (IPoIB), none for RoCE
     ipv4: Optional[str] = None  # RoCE: the netdev's address, published as an IPv4-mapped RoCE v2 GID
     counters: Optional[Dict[str, int]] = None  # error counters to set (the others read 0)
+    hca_type: str = "MT4129"  # the card model (ConnectX-7); MT4125 is a ConnectX-6 Dx
 
     @classmethod
     def of(cls, spec: Union["PortSpec", Mapping[str, Any], None]) -> "PortSpec":
@@ -94,8 +98,8 @@ def hca_files(hca: str, port: Union[PortSpec, Mapping[str, Any], None] = None, s
         base + "/node_guid": guid,
         base + "/sys_image_guid": guid,
         base + "/fw_ver": "28.39.1002",
-        base + "/hca_type": "MT4129",
-        base + "/board_id": "MT_0000000838",
+        base + "/hca_type": p.hca_type,
+        base + "/board_id": BOARD_IDS.get(p.hca_type, "MT_0000000838"),
         base + "/node_type": "1: CA",
         pdir + "/state": "%d: %s" % (STATE_NUM[p.state], p.state),
         pdir + "/phys_state": "%d: %s" % (PHYS_NUM[phys], phys),
@@ -238,6 +242,10 @@ FIXTURE_CASES: Dict[str, List[Dict[str, Any]]] = {
     "ndr_polling": [{}, {}, {"state": "DOWN", "phys_state": "Polling"}],
     "roce": [{"link_layer": "roce", "netdev": "ens1f0np0", "ipv4": "198.19.0.11", "rate_gbps": 200}],
     "hdr_degraded": [{"rate_gbps": 200}, {"rate_gbps": 100, "width": 2}],
+    # kvcache-ai/Mooncake#2039's H100 node, in small: ConnectX-7 InfiniBand rails ACTIVE at 400 beside a
+    # ConnectX-6 Dx Ethernet port "State: Down, Physical state: Disabled, Rate: 40".
+    "ib_rails_eth_spare": [{}, {"state": "DOWN", "phys_state": "Disabled", "link_layer": "roce", "hca_type": "MT4125",
+                                "netdev": "enp27s0f1np1"}, {}],
 }
 #: The malformed case: a valid tree with one attribute corrupted.
 MALFORMED = ("malformed", [{}], {"class/infiniband/mlx5_0/ports/1/state": "ACTIVE\n"})
