@@ -525,3 +525,15 @@ def test_the_real_mixed_node_shape_passes_naming_its_disabled_ethernet_spare():
     assert [f.status for f in findings] == [Status.PASS] * 2, [f.message for f in findings]
     assert findings[0].message == "2 ports ACTIVE at 400 Gb/s (ib): mlx5_0:1, mlx5_2:1; spare, Disabled: mlx5_1:1"
     assert ib_hca.usable_hcas(v)["nodes"]["n001"] == ["mlx5_0:1", "mlx5_2:1"]
+
+
+def test_two_nodes_whose_frontend_port_differs_fail_naming_the_split_not_the_rails_rate():
+    """Two nodes cannot say which of a frontend port's two rates is right: both are named with the split
+    (the tie rule), never judged against the rails' 400 Gb/s; the rails stay PASS-clean."""
+    slow = all_roce_h100()
+    slow["ports"][9] = port("mlx5_9", rate=50, layer="roce", gid=3)
+    fail = by_status(ib_hca.rule(view_of({"n001": all_roce_h100(), "n002": slow})), Status.FAIL)
+    assert [f.message for f in fail] == [
+        "n001 mlx5_9 port 1: rate 100 Gb/s (this port differs across nodes, no majority: 100 Gb/s on 1 node · 50 Gb/s on 1 node)",
+        "n002 mlx5_9 port 1: rate 50 Gb/s (this port differs across nodes, no majority: 100 Gb/s on 1 node · 50 Gb/s on 1 node)",
+    ]

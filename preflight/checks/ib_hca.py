@@ -297,7 +297,7 @@ def expected_rates(view: ClusterView, valid: Optional[Dict[str, Dict[str, Any]]]
 def _plan(view: ClusterView, valid: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     """The fleet reference: the rails' layer and rate, and every port position's ACTIVE rates across nodes."""
     rates, layer = expected_rates(view, valid), rail_layer(valid)
-    rate = rates.get(layer) if layer is not None else None
+    rate = rates.get(layer)
     active: Dict[Any, List[float]] = {}
     nodes_with: Dict[Any, int] = {}
     for facts in valid.values():
@@ -325,7 +325,7 @@ def _is_rail(plan: Dict[str, Any], pos: Any, peer: Optional[float]) -> bool:
     """Whether the port is a rail (NCCL uses it). Only ports of the rails' layer can be; among them, the
     same port on the other nodes decides (a rail there is a rail here; one run at another rate on most
     nodes is a frontend/storage port by design), then the card model; with neither, a rail."""
-    label, layer, model = pos
+    layer, model = pos[1], pos[2]
     if plan["layer"] is None:
         return True  # the layers tie: no pick (usable_hcas says so); every port is judged as a rail
     if layer != plan["layer"]:
@@ -334,6 +334,9 @@ def _is_rail(plan: Dict[str, Any], pos: Any, peer: Optional[float]) -> bool:
         return True  # no rails' rate to tell ports apart by (a tie, or expect.ib_rate_gbps met nowhere)
     if peer is not None:
         return peer == float(plan["rate"])
+    seen = plan["active"].get(pos, [])
+    if len(seen) >= 2 and float(plan["rate"]) not in seen:
+        return False  # ACTIVE on several nodes (at rates that tie), at the rails' rate on none
     if plan["nodes_with"].get(pos, 0) >= 2 and not plan["active"].get(pos):
         return False  # this port is ACTIVE on no node: a spare everywhere
     if model is not None and plan["rail_models"]:
@@ -349,9 +352,8 @@ def _expected(plan: Dict[str, Any], pos: Any, peer: Optional[float], rail: bool)
         return plan["rate"], ", the rails' rate" if peer is None else ", as this port on the other nodes"
     if peer is not None:
         return peer, ", as this port on the other nodes"
-    if not rail and pos[1] != plan["layer"] and plan["rates"].get(pos[1]) is not None:
-        return plan["rates"][pos[1]], ", the %s ports' majority" % _layer(pos[1])
-    return None, ""
+    other = plan["rates"].get(pos[1]) if not rail and pos[1] != plan["layer"] else None
+    return other, ", the %s ports' majority" % _layer(pos[1]) if other is not None else ""
 
 
 def judged_ports(plan: Dict[str, Any], facts: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -363,14 +365,18 @@ def judged_ports(plan: Dict[str, Any], facts: Dict[str, Any]) -> List[Dict[str, 
         rail = _is_rail(plan, pos, peer)
         expected, basis = _expected(plan, pos, peer, rail)
         usable = is_active(p) and (expected is None or float(p["rate_gbps"]) == float(expected))
-        out.append({"port": p, "rail": rail, "expected": expected, "basis": basis, "usable": usable})
+        tie = plan["active"].get(pos, []) if peer is None and len(plan["active"].get(pos, [])) >= 2 else []
+        out.append({"port": p, "rail": rail, "expected": expected, "basis": basis, "usable": usable, "tie": tie})
     return out
 
 
 def rate_split(valid: Dict[str, Dict[str, Any]], layer: str) -> str:
     """'400 Gb/s on 4 ports · 200 Gb/s on 4 ports': the ACTIVE ports' rates of one link layer."""
-    rates = _active_rates(valid).get(layer) or []
-    return " · ".join("%s on %s" % (_rate_text(r), plural(rates.count(r), "port")) for r in sorted(set(rates), reverse=True))
+    return _split(_active_rates(valid).get(layer) or [], "port")
+
+
+def _split(rates: List[Any], what: str) -> str:
+    return " · ".join("%s on %s" % (_rate_text(r), plural(rates.count(r), what)) for r in sorted(set(rates), reverse=True))
 
 
 def usable_hcas(view: ClusterView) -> Dict[str, Any]:
@@ -475,9 +481,10 @@ def _port_findings(name: str, judged: List[Dict[str, Any]], enough: bool, valid:
                 where, _rate_text(p["rate_gbps"]), ", %s" % p["width"] if p.get("width") else "",
                 _rate_text(exp_rate), j["basis"]), expected=_rate_text(exp_rate),
                 actual=_rate_text(p["rate_gbps"]), data=data))
-        elif exp_rate is None and j["rail"]:
-            out.append(Finding(NAME, name, Status.FAIL, "%s: rate %s (no majority: %s; set expect.ib_rate_gbps)" % (
-                where, _rate_text(p["rate_gbps"]), rate_split(valid, p["link_layer"])),
+        elif exp_rate is None and (j["rail"] or j["tie"]):
+            split = "no majority: %s; set expect.ib_rate_gbps" % rate_split(valid, p["link_layer"]) if j["rail"] else (
+                "this port differs across nodes, no majority: %s" % _split(j["tie"], "node"))
+            out.append(Finding(NAME, name, Status.FAIL, "%s: rate %s (%s)" % (where, _rate_text(p["rate_gbps"]), split),
                 expected="one rate on every port", actual=_rate_text(p["rate_gbps"]), data=data))
     return out
 
@@ -543,11 +550,6 @@ def rule(view: ClusterView) -> List[Finding]:
 # ------------------------------------------------------------------------------------------------- EFA
 
 
-def _some(names: List[str]) -> str:
-    """'rdmap16s0, rdmap17s0, rdmap18s0, rdmap19s0, ... (32)'."""
-    return ", ".join(names[:4]) + (", ... (%d)" % len(names) if len(names) > 4 else "")
-
-
 def efa_findings(view: ClusterView, valid: Dict[str, Dict[str, Any]]) -> List[Finding]:
     """One finding per node with EFA devices: PASS naming them, WARN for fewer than most EFA nodes have or
     a device whose port is not ACTIVE (the efa driver reports ACTIVE/LinkUp while the device works)."""
@@ -567,9 +569,9 @@ def efa_findings(view: ClusterView, valid: Dict[str, Dict[str, Any]]) -> List[Fi
             out.append(Finding(NAME, name, Status.WARN, "%s: %s" % (name, "; ".join(problems)), action="fix_config",
                                expected="%s EFA devices ACTIVE" % (common or len(ports)), actual=str(len(ports) - len(down))))
         else:
-            out.append(Finding(NAME, name, Status.PASS, "%s ACTIVE at %s: %s (AWS EFA: used by NCCL through the "
-                               "aws-ofi-nccl plugin, not its InfiniBand transport)" % (
-                                   plural(len(ports), "EFA device"), rates, _some([p["device"] for p in ports])),
+            shown = ", ".join(p["device"] for p in ports[:4]) + (", ... (%d)" % len(ports) if len(ports) > 4 else "")
+            out.append(Finding(NAME, name, Status.PASS, "%s ACTIVE at %s: %s (AWS EFA: used by NCCL through the aws-ofi-nccl "
+                               "plugin, not its InfiniBand transport)" % (plural(len(ports), "EFA device"), rates, shown),
                                actual=str(len(ports))))
         if not valid[name]["ports"]:
             mem = _memlock_finding(view, name)
