@@ -267,7 +267,7 @@ def test_not_run_tests_are_named_in_the_pass_and_a_document_with_nothing_run_is_
 # ------------------------------------------------------------------------------ malformed documents
 
 
-JSON_CASES = ("dcgm3_r1_pass_banner", "dcgm3_r2_nvlink_down_persistence", "dcgm4_r1_pass_4gpu",
+JSON_CASES = ("dcgm215_dcgm4_r3_diagnostic_excerpt", "dcgm3_r1_pass_banner", "dcgm3_r2_nvlink_down_persistence", "dcgm4_r1_pass_4gpu",
               "dcgm4_r1_persistence_off", "dcgm4_r2_dbe_isolate", "dcgm4_r2_not_run_isolate",
               "dcgm4_runtime_error_timeout")
 #: What a malformed field may hold instead: every JSON type, empties, huge and non-integral numbers.
@@ -337,3 +337,9 @@ def test_every_mutation_of_a_real_document_is_judged_or_a_parse_error(case):
 def test_pathological_documents_are_parse_errors(text):
     with pytest.raises(dcgm.ParseError, match="^dcgmi diag -j: "):
         dcgm.parse_dcgmi_diag(text, "", 226)
+
+
+def test_the_real_dcgm4_excerpt_passes():
+    """NVIDIA/DCGM#215's 8-GPU 'diagnostic' test (info arrays cut short by DCGM 4): read as one test passed."""
+    out = dcgm.rule(_one(_facts("dcgm215_dcgm4_r3_diagnostic_excerpt", level=3)))
+    assert [f.status for f in out] == [Status.PASS] and "on 8 GPUs: 1 test passed" in out[0].message

@@ -23,7 +23,8 @@ testing/python3/dcgm_diag_schema.json; tags 3.3.1 and 4.x), and the table output
   ``warnings`` as above, ``info``) and a ``test_summary`` (``status`` and every error of the test).
 - DCGM 4.x lists a test it did not run as ``{"name": "pcie"}`` alone: dcgmi/Diag.cpp (HelperJsonAddResult,
   HelperJsonAddTestSummary) writes no result for DCGM_DIAG_RESULT_NOT_RUN and no test_summary for a test
-  whose own result is NOT_RUN. Such a test is "not run"; the rest of the document is still judged.
+  whose own result is NOT_RUN. Such a test is "not run"; the rest of the document is still judged. A real
+  4.x test as dcgmi wrote it on an 8-GPU node (per-GPU results with info arrays, test_summary): NVIDIA/DCGM#215.
 - Either shape may say ``"runtime_error"`` under its root key (the diagnostic could not run), and output
   may start with a banner line before the JSON document.
 - Exit status: 0 all passed; 226 (DCGM_ST_NVVS_ERROR = -30) a test failed; 205 (DCGM_ST_NVVS_ISOLATE_ERROR
