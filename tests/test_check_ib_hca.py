@@ -462,8 +462,11 @@ def test_a_p5_like_node_is_read_as_efa_and_passes_without_being_an_nccl_hca(tmp_
     assert "aws-ofi-nccl" in findings[0].message
     assert ib_hca.usable_hcas(v)["nodes"] == {"n001": [], "n002": []}
     from preflight.output.envfile import derive
-    env = derive(v).as_dict()
+    derived = derive(v)
+    env = derived.as_dict()
     assert "NCCL_IB_HCA" not in env and env.get("NCCL_IB_DISABLE") == "1"
+    why = " ".join(line for var in derived.variables if var.key == "NCCL_IB_DISABLE" for line in var.why)
+    assert "AWS EFA devices on n[001-002]: NCCL reaches them only through the aws-ofi-nccl plugin" in why
 
 
 def test_efa_devices_fewer_than_the_other_nodes_or_down_warn(tmp_path):
