@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import time
 
@@ -10,7 +11,7 @@ import pytest
 
 from preflight.checks.dcgm import probe as dcgm_probe
 from preflight.checks.dcgm import rule as dcgm_rule
-from preflight.model import NodeInfo, ClusterView, Status
+from preflight.model import ClusterView, NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
 from tests import fixture_cases as fc
 from tests.builders import StubNode, names, view
@@ -237,3 +238,109 @@ def test_level_3_needs_a_deadline_that_fits_and_level_2_raises_an_unset_one(caps
     assert engine.dcgm_timeout(3, 3000.0) == 3000.0
     with pytest.raises(UsageError, match="--timeout 100 is shorter"):
         engine.dcgm_timeout(2, 100.0)
+
+
+# ------------------------------------------------------------------------------- tests listed, not run
+
+
+def test_a_test_listed_but_not_run_is_not_run_and_the_isolate_on_another_gpu_still_fails():
+    """DCGM 4.x writes {"name": "pcie"} alone for a test it did not run (dcgmi/Diag.cpp HelperJsonAddResult);
+    the old parser threw the whole document away as a ParseError and the node stayed in service."""
+    facts = _facts("dcgm4_r2_not_run_isolate", level=2)
+    assert [(t["name"], t["status"]) for t in facts["result"]["tests"]] == [
+        ("software", "pass"), ("memory", "fail"), ("memory_bandwidth", "not run"), ("pcie", "not run")]
+    out = dcgm_rule.rule(_one(facts))
+    assert [(f.status, f.action) for f in out] == [(Status.FAIL, "isolate"), (Status.WARN, None)], out
+    assert "GPU 2 memory: Detected 2 volatile double-bit ECC error(s) in GPU 2" in out[0].message
+
+
+def test_not_run_tests_are_named_in_the_pass_and_a_document_with_nothing_run_is_an_error():
+    facts = _facts("dcgm4_r1_pass_4gpu")
+    facts["result"]["tests"].append({"category": "Integration", "name": "pcie", "status": "not run", "failed": []})
+    out = dcgm_rule.rule(_one(facts))
+    assert [f.status for f in out] == [Status.PASS] and "1 test passed, 1 not run" in out[0].message
+    for test in facts["result"]["tests"]:
+        test["status"] = "not run"
+    out = dcgm_rule.rule(_one(facts))
+    assert [(f.status, f.action) for f in out] == [(Status.ERROR, "retest")] and "listed 2 tests but ran none" in out[0].message
+
+
+# ------------------------------------------------------------------------------ malformed documents
+
+
+JSON_CASES = ("dcgm215_dcgm4_r3_diagnostic_excerpt", "dcgm3_r1_pass_banner", "dcgm3_r2_nvlink_down_persistence", "dcgm4_r1_pass_4gpu",
+              "dcgm4_r1_persistence_off", "dcgm4_r2_dbe_isolate", "dcgm4_r2_not_run_isolate",
+              "dcgm4_runtime_error_timeout")
+#: What a malformed field may hold instead: every JSON type, empties, huge and non-integral numbers.
+REPLACEMENTS = (None, True, 0, -1, 2 ** 70, 1.5, 1e308, "", "x", "Fail", [], [None], {}, {"name": None})
+
+
+def _paths(node, path=()):
+    yield path
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in items:
+        yield from _paths(child, path + (key,))
+
+
+def _mutants(doc):
+    """Every field of the document replaced by each REPLACEMENTS value, and every key deleted."""
+    for path in list(_paths(doc))[1:]:
+        for value in REPLACEMENTS + ("<delete>",):
+            copy_ = copy.deepcopy(doc)
+            parent = copy_
+            for key in path[:-1]:
+                parent = parent[key]
+            if value == "<delete>":
+                del parent[path[-1]]
+            else:
+                parent[path[-1]] = value
+            yield path, copy_
+
+
+def _judge_or_parse_error(text, rc):
+    """Parse, then judge what parsed: only a ParseError may come out, never another exception."""
+    try:
+        result = dcgm_probe.parse_dcgmi_diag(text, "", rc)
+    except ParseError as exc:
+        assert str(exc).startswith("dcgmi diag -j:") and "\n" not in str(exc)
+        return None
+    facts = {"dcgmi": "/usr/bin/dcgmi", "level": 2, "ran": True, "rc": rc, "timed_out": False, "timeout_s": 90.0,
+             "result": result}
+    return dcgm_rule.rule(_one(facts))
+
+
+@pytest.mark.parametrize("case", JSON_CASES)
+def test_every_mutation_of_a_real_document_is_judged_or_a_parse_error(case):
+    text = open(os.path.join(fc.fixture_dir("dcgm"), case + ".txt")).read()
+    banner, _, body = text.partition("{")
+    doc = json.loads("{" + body)
+    judged = errors = 0
+    for path, mutant in _mutants(doc):
+        try:
+            out = _judge_or_parse_error(banner + json.dumps(mutant), 226)
+        except Exception as exc:  # the failure names the mutation that broke the parser
+            raise AssertionError("%s at %s: %s: %s" % (case, "/".join(map(str, path)), type(exc).__name__, exc))
+        judged, errors = judged + (out is not None), errors + (out is None)
+    assert judged and errors  # the mutations reached both outcomes
+
+
+@pytest.mark.parametrize("text", [
+    '{"DCGM Diagnostic": ' * 100000 + "{}" + "}" * 100000,  # deeper than the JSON decoder recurses
+    '{"DCGM Diagnostic": {"test_categories": [{"category": "x", "tests": [{"name": "a", "results": [{"entity_group": '
+    '"GPU", "entity_id": 1e400, "status": "Pass"}]}]}]}}',
+    '{"DCGM Diagnostic": {"test_categories": [{"category": "x", "tests": [{"name": "a", "results": [{"entity_group": '
+    '"GPU", "entity_id": NaN, "status": "Pass"}]}]}]}}',
+    '{"DCGM GPU Diagnostic": {"test_categories": []}, "GPU Device IDs": 7}',
+    '{"DCGM Diagnostic": {"test_categories": [{"category": "x"}]}}',
+    '{"DCGM Diagnostic": {"test_categories": [{"category": "x", "tests": [{"name": "a", "results": []}]}]},'
+    ' "metadata": []}',
+])
+def test_pathological_documents_are_parse_errors(text):
+    with pytest.raises(ParseError, match="^dcgmi diag -j: "):
+        dcgm_probe.parse_dcgmi_diag(text, "", 226)
+
+
+def test_the_real_dcgm4_excerpt_passes():
+    """NVIDIA/DCGM#215's 8-GPU 'diagnostic' test (info arrays cut short by DCGM 4): read as one test passed."""
+    out = dcgm_rule.rule(_one(_facts("dcgm215_dcgm4_r3_diagnostic_excerpt", level=3)))
+    assert [f.status for f in out] == [Status.PASS] and "on 8 GPUs: 1 test passed" in out[0].message

@@ -52,14 +52,12 @@ def ib(view: ClusterView, nodes: Sequence[str], choice: Any, nccl: Dict[str, Opt
         return
     ports = {n: list(usable["nodes"][n]) for n in nodes}
     if not any(ports.values()):
-        derived.variables.append(
-            EnvVar(
-                "NCCL_IB_DISABLE",
-                "1",
-                ["ib_hca check: no ACTIVE InfiniBand/RoCE port on %s: NCCL's own InfiniBand transport is turned off (it has nothing to use); "
-                 "traffic goes over NCCL's sockets, or over a net plugin where one is loaded (it is not turned off by this)" % fold_names(list(nodes))],
-            )
-        )
+        why = ["ib_hca check: no ACTIVE InfiniBand/RoCE port on %s: NCCL's own InfiniBand transport is turned off (it has nothing to use); "
+               "traffic goes over NCCL's sockets, or over a net plugin where one is loaded (it is not turned off by this)" % fold_names(list(nodes))]
+        efa = [n for n in nodes if ((view.facts.get(n) or {}).get("ib_hca") or {}).get("efa")]
+        if efa:  # EFA devices sit under class/infiniband but NCCL's IB transport does not drive them
+            why.append("AWS EFA devices on %s: NCCL reaches them only through the aws-ofi-nccl plugin, never as NCCL_IB_HCA entries" % fold_names(efa))
+        derived.variables.append(EnvVar("NCCL_IB_DISABLE", "1", why))
         return
     lists = {tuple(p) for p in ports.values()}
     if len(lists) != 1:

@@ -21,6 +21,10 @@ testing/python3/dcgm_diag_schema.json; tags 3.3.1 and 4.x), and the table output
   "GPU", "entities": [{"entity_id", "device_id", "serial_num"}]}], "metadata": {"version", "Driver Version
   Detected"}}``; each test has ``results`` per entity (``entity_group``, ``entity_id``, ``status``,
   ``warnings`` as above, ``info``) and a ``test_summary`` (``status`` and every error of the test).
+- DCGM 4.x lists a test it did not run as ``{"name": "pcie"}`` alone: dcgmi/Diag.cpp (HelperJsonAddResult,
+  HelperJsonAddTestSummary) writes no result for DCGM_DIAG_RESULT_NOT_RUN and no test_summary for a test
+  whose own result is NOT_RUN. Such a test is "not run"; the rest of the document is still judged. A real
+  4.x test as dcgmi wrote it on an 8-GPU node (per-GPU results with info arrays, test_summary): NVIDIA/DCGM#215.
 - Either shape may say ``"runtime_error"`` under its root key (the diagnostic could not run), and output
   may start with a banner line before the JSON document.
 - Exit status: 0 all passed; 226 (DCGM_ST_NVVS_ERROR = -30) a test failed; 205 (DCGM_ST_NVVS_ISOLATE_ERROR
@@ -32,7 +36,7 @@ Facts schema::
     ran    bool (False: CPU-only node, or too little time left: "not_started" says why)
     argv, rc int|None, timed_out bool, timeout_s float, elapsed_s float
     result {format "3.x"|"4.x"|"text", version, driver, rc, runtime_error str|None, hostengine bool,
-            gpus [int], tests [{category, name, status "pass"|"fail"|"warn"|"skip", failed ["GPU 3", ...]}],
+            gpus [int], tests [{category, name, status "pass"|"fail"|"warn"|"skip"|"not run", failed ["GPU 3", ...]}],
             errors [{test, entity "GPU 3"|None, gpu int|None, code, category, severity, message}]} | None
 
 Rule (per GPU node). Error severities (dcgmlib/dcgm_errors.h dcgmErrorSeverity_t, each error code's
@@ -50,7 +54,10 @@ severity in dcgmlib/src/dcgm_errors.c) become preflight actions:
 - dcgmi overran its deadline, or stopped the diagnostic at its --timeout (runtime_error "Return: (-11)"):
   ERROR (retest; the level and, at level 2, the B200 hang named). Any other runtime error: ERROR. No nv-hostengine: SKIP (DCGM installed but not running is a deployment choice), but WARN when
   other GPU nodes of the run did run the diagnostic (the service died here).
-- all tests passed or skipped: PASS naming the DCGM version, level, tests and GPUs.
+- all tests passed, skipped or not run: PASS naming the DCGM version, level, tests and GPUs; every listed test
+  not run: ERROR (retest).
+- A document neither format allows (a field of the wrong type, non-finite numbers, nesting past the JSON
+  decoder's depth) is a ParseError naming the field, so the probe reports it as such.
 """
 
 from __future__ import annotations

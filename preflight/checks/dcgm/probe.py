@@ -60,27 +60,65 @@ def probe(ctx: Any) -> Dict[str, Any]:
 def _document(text: str) -> Optional[Dict[str, Any]]:
     """The JSON object in dcgmi's output (after any banner lines); None when there is none."""
     for match in re.finditer(r"(?m)^\s*\{", text):
+        line = text[:match.start()].count("\n") + 1
         try:
-            doc, _end = json.JSONDecoder().raw_decode(text[match.start():].lstrip())
+            doc, _end = json.JSONDecoder(parse_constant=_no_constant).raw_decode(text[match.start():].lstrip())
         except ValueError as exc:
-            raise ParseError("dcgmi diag -j: invalid JSON after line %d: %s" % (text[:match.start()].count("\n") + 1, exc))
+            raise ParseError("dcgmi diag -j: invalid JSON after line %d: %s" % (line, exc))
+        except RecursionError:
+            raise ParseError("dcgmi diag -j: the JSON document after line %d is nested too deeply" % line) from None
         if not isinstance(doc, dict):
             raise ParseError("dcgmi diag -j: expected a JSON object, got %s" % type(doc).__name__)
         return doc
     return None
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError("%s is not a number dcgmi writes" % name)
+
+
 def _int(value: Any, what: str) -> Optional[int]:
+    """An integer field (4.x writes numbers, 3.x gpu_id a string); None when absent or empty."""
     if value is None or value == "":
         return None
-    try:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\s*-?\d{1,18}\s*", value):
         return int(value)
-    except (TypeError, ValueError):
-        raise ParseError("dcgmi diag -j: %s %.40r is not an integer" % (what, value))
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e18:
+        return int(value)
+    raise ParseError("dcgmi diag -j: %s %.40r is not an integer" % (what, value))
+
+
+def _obj(value: Any, what: str, default: Any = None) -> Any:
+    """A JSON object field; `default` when absent (None), ParseError naming it when of another type."""
+    if value is None and default is not None:
+        return default
+    if not isinstance(value, dict):
+        raise ParseError("dcgmi diag -j: %s is %s, expected an object" % (what, type(value).__name__))
+    return value
+
+
+def _list(value: Any, what: str) -> List[Any]:
+    """A JSON array field; [] when absent (None), ParseError naming it when of another type."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ParseError("dcgmi diag -j: %s is %s, expected a list" % (what, type(value).__name__))
+    return value
+
+
+def _text(value: Any, what: str) -> Optional[str]:
+    """A string field as one printable line; None when absent; ParseError naming it when not a string."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise ParseError("dcgmi diag -j: %s is %s, expected text" % (what, type(value).__name__))
+    return one_line(value)
 
 
 def _status(value: Any, where: str) -> str:
-    text = str(value or "").strip().lower()
+    text = value.strip().lower() if isinstance(value, str) else ""
     if text not in STATUSES:
         raise ParseError("dcgmi diag -j: %s status %.40r (expected Pass, Fail, Warn or Skip)" % (where, value))
     return STATUSES[text]
@@ -91,14 +129,14 @@ def _error(test: str, entity: Optional[str], gpu: Optional[int], message: Any, i
     return {"test": test, "entity": entity, "gpu": gpu, "code": _int(item.get("error_id"), "error_id"),
             "category": _int(item.get("error_category"), "error_category"),
             "severity": SEVERITIES.get(severity, "UNKNOWN") if severity is not None else "UNKNOWN",
-            "message": one_line(message)}
+            "message": _text(message, "test %r warning" % test)}
 
 
 def _entity(result: Mapping[str, Any]) -> Tuple[Optional[str], Optional[int]]:
     """("GPU 3", 3) from a 4.x result (entity_group/entity_id) or a 3.x one (gpu_id "3"); (None, None) for
     a result about the node (3.x Deployment tests, 4.x test_summary)."""
     if "entity_group" in result:
-        group, ident = str(result.get("entity_group")), _int(result.get("entity_id"), "entity_id")
+        group, ident = _text(result.get("entity_group"), "entity_group"), _int(result.get("entity_id"), "entity_id")
         return "%s %s" % (group, ident), ident if group == "GPU" else None
     if result.get("gpu_id") not in (None, ""):
         gpu = _int(result.get("gpu_id"), "gpu_id")
@@ -106,54 +144,87 @@ def _entity(result: Mapping[str, Any]) -> Tuple[Optional[str], Optional[int]]:
     return None, None
 
 
+def _result_errors(name: str, result: Mapping[str, Any], entity: Optional[str], gpu: Optional[int],
+                   errors: List[Dict[str, Any]]) -> List[Tuple[Any, Any]]:
+    """Append one result's errors (3.x Deployment: one text beside the fields; else a list of warnings);
+    return their (code, message) keys."""
+    warnings = result.get("warnings")
+    if isinstance(warnings, str):
+        if warnings.strip():
+            errors.append(_error(name, entity, gpu, warnings, result))
+        return []
+    keys = []
+    for item in _list(warnings, "test %r warnings" % name):
+        if not isinstance(item, dict) or "warning" not in item:
+            raise ParseError("dcgmi diag -j: test %r: a warning without its text" % name)
+        err = _error(name, entity, gpu, item["warning"], item)
+        keys.append((err["code"], err["message"]))
+        errors.append(err)
+    return keys
+
+
 def _test(category: str, test: Mapping[str, Any], errors: List[Dict[str, Any]]) -> Dict[str, Any]:
-    name = str(test.get("name") or "?")
-    results = test.get("results") or []
-    if not isinstance(results, list):
-        raise ParseError("dcgmi diag -j: test %r: results is not a list" % name)
+    """One test entry: its status ("not run" where dcgmi lists only its name: DCGM 4.x writes no result
+    and no test_summary for a test whose every result is DCGM_DIAG_RESULT_NOT_RUN, dcgmi/Diag.cpp
+    HelperJsonAddResult), the entities it failed, and its errors appended to `errors`."""
+    name = _text(test.get("name"), "test name") or "?"
+    results = _list(test.get("results"), "test %r results" % name)
     statuses: List[str] = []
     failed: List[str] = []
     seen = set()
     for result in results:
-        if not isinstance(result, dict):
-            raise ParseError("dcgmi diag -j: test %r: a result is not an object" % name)
+        result = _obj(result, "a result of test %r" % name)
         entity, gpu = _entity(result)
         if "status" in result:
             status = _status(result["status"], "test %r" % name)
             statuses.append(status)
             if status in ("fail", "warn"):
                 failed.append(entity or "node")
-        warnings = result.get("warnings")
-        if isinstance(warnings, str):  # 3.x Deployment: one error per result entry, fields beside it
-            if warnings.strip():
-                errors.append(_error(name, entity, gpu, warnings, result))
-        elif isinstance(warnings, list):
-            for item in warnings:
-                if not isinstance(item, dict) or "warning" not in item:
-                    raise ParseError("dcgmi diag -j: test %r: a warning without its text" % name)
-                err = _error(name, entity, gpu, item["warning"], item)
-                seen.add((err["code"], err["message"]))
-                errors.append(err)
-        elif warnings is not None:
-            raise ParseError("dcgmi diag -j: test %r: warnings is %s" % (name, type(warnings).__name__))
+        seen.update(_result_errors(name, result, entity, gpu, errors))
     summary = test.get("test_summary")
-    if isinstance(summary, dict):  # 4.x: the test's own status, and errors tied to no entity
+    if summary is not None:  # 4.x: the test's own status, and errors tied to no entity
+        summary = _obj(summary, "test %r test_summary" % name)
         status = _status(summary.get("status"), "test %r summary" % name)
-        for item in summary.get("warnings") or []:
-            if isinstance(item, dict) and "warning" in item:
-                err = _error(name, None, None, item["warning"], item)
-                if (err["code"], err["message"]) not in seen:
-                    errors.append(err)
+        tail: List[Dict[str, Any]] = []
+        _result_errors(name, summary, None, None, tail)
+        errors.extend(e for e in tail if (e["code"], e["message"]) not in seen)
     elif statuses:
         status = "fail" if "fail" in statuses else "warn" if "warn" in statuses else (
             "pass" if "pass" in statuses else "skip")
+    elif not results and set(test) <= {"name", "results"}:
+        status = "not run"
     else:
-        raise ParseError("dcgmi diag -j: test %r has neither results nor a test_summary" % name)
+        raise ParseError("dcgmi diag -j: test %r has results without a status and no test_summary" % name)
     return {"category": category, "name": name, "status": status, "failed": failed}
 
 
+def _header(doc: Mapping[str, Any], out: Dict[str, Any]) -> Tuple[str, Any]:
+    """Fill format, version, driver and gpus from the document's root; return the diagnostic's root key."""
+    if ROOT_4X in doc:
+        out["format"], key = "4.x", ROOT_4X
+        meta = _obj(doc.get("metadata"), "metadata", {})
+        out["version"] = _text(meta.get("version"), "metadata version")
+        out["driver"] = _text(meta.get("Driver Version Detected"), "metadata Driver Version Detected")
+        for group in _list(doc.get("entity_groups"), "entity_groups"):
+            group = _obj(group, "an entity_groups entry")
+            if group.get("entity_group") == "GPU":
+                out["gpus"] = [_int(_obj(e, "a GPU entity").get("entity_id"), "entity_id")
+                               for e in _list(group.get("entities"), "GPU entities")]
+    elif ROOT_3X in doc:
+        out["format"], key = "3.x", ROOT_3X
+        out["version"] = _text(doc.get("version"), "version")
+        out["driver"] = _text(doc.get("Driver Version Detected"), "Driver Version Detected")
+        out["gpus"] = list(range(len(_list(doc.get("GPU Device IDs"), "GPU Device IDs"))))
+    else:
+        raise ParseError("dcgmi diag -j: neither %r (DCGM 4.x) nor %r (3.x) at the root (keys: %s)" % (
+            ROOT_4X, ROOT_3X, ", ".join(one_line(k)[:40] for k in sorted(doc)[:6])))
+    return key, _obj(doc[key], repr(key))
+
+
 def parse_dcgmi_diag(stdout: str, stderr: str = "", rc: Optional[int] = 0) -> Dict[str, Any]:
-    """`dcgmi diag -r N -j` output (DCGM 3.x or 4.x JSON, after any banner) and exit status -> facts."""
+    """`dcgmi diag -r N -j` output (DCGM 3.x or 4.x JSON, after any banner) and exit status -> facts.
+
+    Any document these formats do not allow is a ParseError naming the field."""
     doc = _document(stdout or "")
     out: Dict[str, Any] = {"format": None, "version": None, "driver": None, "rc": rc, "runtime_error": None,
                            "hostengine": True, "gpus": [], "tests": [], "errors": []}
@@ -163,34 +234,20 @@ def parse_dcgmi_diag(stdout: str, stderr: str = "", rc: Optional[int] = 0) -> Di
             raise ParseError("dcgmi diag -j: no JSON document in the output (exit %s): %.120r" % (rc, text))
         out.update(format="text", runtime_error=text[:400], hostengine=not _HOSTENGINE.search(text))
         return out
-    if ROOT_4X in doc:
-        out["format"], root = "4.x", doc[ROOT_4X]
-        meta = doc.get("metadata") or {}
-        out["version"], out["driver"] = meta.get("version"), meta.get("Driver Version Detected")
-        for group in doc.get("entity_groups") or []:
-            if isinstance(group, dict) and group.get("entity_group") == "GPU":
-                out["gpus"] = [_int(e.get("entity_id"), "entity_id") for e in group.get("entities") or []]
-    elif ROOT_3X in doc:
-        out["format"], root = "3.x", doc[ROOT_3X]
-        out["version"], out["driver"] = doc.get("version"), doc.get("Driver Version Detected")
-        out["gpus"] = list(range(len(doc.get("GPU Device IDs") or [])))
-    else:
-        raise ParseError("dcgmi diag -j: neither %r (DCGM 4.x) nor %r (3.x) at the root (keys: %s)" % (
-            ROOT_4X, ROOT_3X, ", ".join(sorted(doc)[:6])))
-    if not isinstance(root, dict):
-        raise ParseError("dcgmi diag -j: %r is not an object" % out["format"])
-    if root.get("runtime_error"):
-        out["version"] = out["version"] or root.get("version")
-        text = one_line(root["runtime_error"])
-        out.update(runtime_error=text[:400], hostengine=not _HOSTENGINE.search(text))
+    key, root = _header(doc, out)
+    runtime_error = _text(root.get("runtime_error"), "runtime_error")
+    if runtime_error:
+        out["version"] = out["version"] or _text(root.get("version"), "version")
+        out.update(runtime_error=runtime_error[:400], hostengine=not _HOSTENGINE.search(runtime_error))
         return out
-    categories = root.get("test_categories")
-    if not isinstance(categories, list) or not categories:
-        raise ParseError("dcgmi diag -j: no test_categories under %r" % (ROOT_4X if out["format"] == "4.x" else ROOT_3X))
+    categories = _list(root.get("test_categories"), "test_categories")
+    if not categories:
+        raise ParseError("dcgmi diag -j: no test_categories under %r" % key)
     for category in categories:
-        if not isinstance(category, dict) or not isinstance(category.get("tests"), list):
-            raise ParseError("dcgmi diag -j: a test category without its tests list")
-        for test in category["tests"]:
-            if isinstance(test, dict):
-                out["tests"].append(_test(str(category.get("category") or "?"), test, out["errors"]))
+        category = _obj(category, "a test category")
+        label = _text(category.get("category"), "category") or "?"
+        if "tests" not in category:
+            raise ParseError("dcgmi diag -j: category %r without its tests list" % label)
+        for test in _list(category["tests"], "category %r tests" % label):
+            out["tests"].append(_test(label, _obj(test, "a test of category %r" % label), out["errors"]))
     return out

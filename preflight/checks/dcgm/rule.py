@@ -83,12 +83,21 @@ def _judge_result(name: str, facts: Mapping[str, Any]) -> List[Finding]:
         out.append(Finding(NAME, name, Status.ERROR, "%s %s: exited %s with every listed test passing" % (name, label, rc),
                            expected="exit 0", actual="exit %s" % rc))
     if not out:
-        ran = [t for t in result["tests"] if t["status"] == "pass"]
-        skipped = [t for t in result["tests"] if t["status"] == "skip"]
-        out.append(Finding(NAME, name, Status.PASS, "%s: %s on %s: %s passed%s (driver %s)" % (
-            name, label, plural(len(result["gpus"]), "GPU"), plural(len(ran), "test"),
-            ", %d skipped" % len(skipped) if skipped else "", result.get("driver") or "?")))
+        out.append(_all_passed(name, label, result))
     return out
+
+
+def _all_passed(name: str, label: str, result: Mapping[str, Any]) -> Finding:
+    """PASS naming what ran; ERROR when dcgmi listed tests but ran none of them."""
+    count = {s: len([t for t in result["tests"] if t["status"] == s]) for s in ("pass", "skip", "not run")}
+    if result["tests"] and count["not run"] == len(result["tests"]):
+        return Finding(NAME, name, Status.ERROR, "%s %s: listed %s but ran none" % (
+            name, label, plural(count["not run"], "test")), expected="a result per test", actual="not run",
+            action="retest")
+    return Finding(NAME, name, Status.PASS, "%s: %s on %s: %s passed%s%s (driver %s)" % (
+        name, label, plural(len(result["gpus"]), "GPU"), plural(count["pass"], "test"),
+        ", %d skipped" % count["skip"] if count["skip"] else "",
+        ", %d not run" % count["not run"] if count["not run"] else "", result.get("driver") or "?"))
 
 
 def _overran(name: str, facts: Mapping[str, Any], how: str) -> Finding:

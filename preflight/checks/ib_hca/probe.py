@@ -10,17 +10,11 @@ from typing import Any, Dict, List, Optional, Tuple
 from preflight.model import ParseError
 
 STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
-PHYS_STATES = {
-    0: "NOP",
-    1: "Sleep",
-    2: "Polling",
-    3: "Disabled",
-    4: "PortConfigurationTraining",
-    5: "LinkUp",
-    6: "LinkErrorRecovery",
-    7: "Phy Test",
-}
+PHYS_STATES = {0: "NOP", 1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining", 5: "LinkUp",
+               6: "LinkErrorRecovery", 7: "Phy Test"}
 LINK_LAYERS = {"InfiniBand": "ib", "Ethernet": "roce"}
+#: The PCI vendor id of Amazon's EFA functions (device/vendor), where device/uevent names no driver.
+EFA_VENDOR = "0x1d0f"
 _NUMBERED = re.compile(r"^(\d+): (\S.*)$")
 _RATE = re.compile(r"^(\d+(?:\.\d+)?) Gb/sec(?: \((\d+X)(?: ?([A-Za-z0-9]+))?\))?$")
 
@@ -105,48 +99,79 @@ def _roce_v2_gids(ctx: Any, port_dir: str) -> List[Dict[str, Any]]:
     return out
 
 
+def _link(ctx: Any, port_dir: str, where: str) -> Dict[str, Any]:
+    """A port's state, phys_state, rate and width (ports/<n>/{state,phys_state,rate})."""
+    rate, width = parse_rate(ctx.read(os.path.join(port_dir, "rate")), where + " rate")
+    return {"state": parse_numbered(ctx.read(os.path.join(port_dir, "state")), STATES, where + " state"),
+            "phys_state": parse_numbered(ctx.read(os.path.join(port_dir, "phys_state")), PHYS_STATES,
+                                         where + " phys_state"),
+            "rate_gbps": _number(rate), "width": width}
+
+
 def read_port(ctx: Any, hca: str, port: int) -> Dict[str, Any]:
     """One port's facts from class/infiniband/<hca>/ports/<port>/."""
     hca_dir = ctx.sys_path("class", "infiniband", hca)
     port_dir = os.path.join(hca_dir, "ports", str(port))
     where = "%s port %d" % (hca, port)
-    rate, width = parse_rate(ctx.read(os.path.join(port_dir, "rate")), where + " rate")
+    link = _link(ctx, port_dir, where)
     link_layer = parse_link_layer(ctx.read(os.path.join(port_dir, "link_layer")), where + " link_layer")
     gids = _roce_v2_gids(ctx, port_dir) if link_layer == "roce" else []
-    return {
-        "hca": hca,
-        "port": port,
-        "state": parse_numbered(ctx.read(os.path.join(port_dir, "state")), STATES, where + " state"),
-        "phys_state": parse_numbered(
-            ctx.read(os.path.join(port_dir, "phys_state")), PHYS_STATES, where + " phys_state"
-        ),
-        "rate_gbps": _number(rate),
-        "width": width,
-        "link_layer": link_layer,
-        "netdev": _port_netdev(ctx, hca_dir, port),
-        "roce_v2_gid_index": gids[0]["index"] if gids else None,
-        "roce_v2_ip": gids[0]["ip"] if gids else None,
-        "roce_v2_gids": gids,
-    }
+    return {"hca": hca, "port": port, **link, "link_layer": link_layer, "netdev": _port_netdev(ctx, hca_dir, port),
+            "roce_v2_gid_index": gids[0]["index"] if gids else None,
+            "roce_v2_ip": gids[0]["ip"] if gids else None, "roce_v2_gids": gids}
+
+
+def _driver(ctx: Any, hca_dir: str) -> Optional[str]:
+    """The kernel driver bound to the HCA's PCI function ('efa', 'mlx5_core'), from device/uevent's DRIVER=
+    line; None when unreadable."""
+    for line in (ctx.read(os.path.join(hca_dir, "device", "uevent")) or "").splitlines():
+        if line.startswith("DRIVER="):
+            return line[len("DRIVER="):].strip() or None
+    return None
+
+
+def is_efa(ctx: Any, hca_dir: str) -> bool:
+    """An AWS Elastic Fabric Adapter: bound to the efa driver, or (no uevent) on a PCI function of Amazon's
+    vendor id 0x1d0f."""
+    driver = _driver(ctx, hca_dir)
+    if driver is not None:
+        return driver == "efa"
+    return (ctx.read(os.path.join(hca_dir, "device", "vendor")) or "").strip().lower() == EFA_VENDOR
+
+
+def read_efa_port(ctx: Any, device: str, port: int) -> Dict[str, Any]:
+    """One EFA device port: state, phys_state and rate as the efa driver publishes them (its link_layer
+    'Unknown' is not read: the device is no InfiniBand/RoCE port)."""
+    port_dir = ctx.sys_path("class", "infiniband", device, "ports", str(port))
+    return {"device": device, "kind": "efa", "port": port, **_link(ctx, port_dir, "%s port %d" % (device, port))}
 
 
 def probe(ctx: Any) -> Dict[str, Any]:
-    """Every HCA with its GUID and firmware, and every port's state, rate, link layer and RoCE GID."""
+    """Every HCA with its GUID and firmware, and every port's state, rate, link layer and RoCE GID; EFA
+    devices apart, under "efa" (present only when the node has some)."""
     root = ctx.sys_path("class", "infiniband")
     hcas: Dict[str, Dict[str, Any]] = {}
     ports: List[Dict[str, Any]] = []
+    efa: List[Dict[str, Any]] = []
     for hca in sorted(ctx.listdir(root), key=natural_key):
         hca_dir = os.path.join(root, hca)
+        port_names = ctx.listdir(os.path.join(hca_dir, "ports"))
+        if not port_names:
+            raise ParseError("%s: no ports/ directory under %s" % (hca, hca_dir))
+        if any(not entry.isdigit() for entry in port_names):
+            raise ParseError("%s: unexpected port entry %r" % (hca, next(e for e in port_names if not e.isdigit())))
+        numbers = sorted(int(entry) for entry in port_names)
+        if is_efa(ctx, hca_dir):
+            efa.extend(read_efa_port(ctx, hca, n) for n in numbers)
+            continue
         hcas[hca] = {
             "node_guid": ctx.read(os.path.join(hca_dir, "node_guid")),
             "fw_ver": ctx.read(os.path.join(hca_dir, "fw_ver")),
             "board_id": ctx.read(os.path.join(hca_dir, "board_id")),
+            "hca_type": ctx.read(os.path.join(hca_dir, "hca_type")),
         }
-        port_names = ctx.listdir(os.path.join(hca_dir, "ports"))
-        if not port_names:
-            raise ParseError("%s: no ports/ directory under %s" % (hca, hca_dir))
-        for entry in sorted(port_names, key=natural_key):
-            if not entry.isdigit():
-                raise ParseError("%s: unexpected port entry %r" % (hca, entry))
-            ports.append(read_port(ctx, hca, int(entry)))
-    return {"hcas": hcas, "ports": ports}
+        ports.extend(read_port(ctx, hca, n) for n in numbers)
+    facts: Dict[str, Any] = {"hcas": hcas, "ports": ports}
+    if efa:
+        facts["efa"] = efa
+    return facts
