@@ -95,7 +95,7 @@ def lemons(h: History, min_failures: int = 2) -> List[Dict[str, Any]]:
     failures: Dict[str, Dict[str, Any]] = {}
     for serial, uuid, node_id, idx, runs, first, last in h.conn.execute(
             "SELECT serial, uuid, node_id, idx, count(DISTINCT run_id), min(run_id), max(run_id) FROM gpu_failures"
-            " GROUP BY serial, uuid, node_id, idx"):
+            " GROUP BY serial, uuid, node_id, idx ORDER BY min(run_id)"):
         board = failures.setdefault(serial or uuid, {"serial": serial, "uuid": uuid, "failed_runs": 0, "failed_in": []})
         board["failed_runs"] += runs
         board["failed_in"].append("%s/%d" % (names.get(node_id, "?"), idx))
