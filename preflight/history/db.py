@@ -236,7 +236,7 @@ class History:
 
     def _insert_run(self, doc: Mapping[str, Any], source: Optional[str]) -> int:
         allreduce = doc.get("allreduce") or {}
-        blob = zlib.compress(json.dumps(doc, separators=(",", ":")).encode("utf-8"), 6)
+        blob = zlib.compress(json.dumps(doc, separators=(",", ":")).encode("utf-8"), 1)
         cur = self.conn.execute(
             "INSERT INTO runs(started_at, inventory_sha256, inventory, version, duration_s, exit_code, busbw_gbps,"
             " source, report) VALUES(?,?,?,?,?,?,?,?,?)",
@@ -249,8 +249,9 @@ class History:
         return run
 
     def _insert_findings(self, run: int, doc: Mapping[str, Any]) -> None:
-        gpus = gpu_index(doc.get("hardware") or {})
         results = doc.get("results") or []
+        problems = any(STATUS_RANK[r["status"]] >= PROBLEM for r in results)
+        gpus = gpu_index(doc.get("hardware") or {}) if problems else {}
         texts = {r["message"] for r in results}
         self.conn.executemany("INSERT OR IGNORE INTO messages(text) VALUES(?)", [(t,) for t in texts])
         message = {t: self.conn.execute("SELECT id FROM messages WHERE text=?", (t,)).fetchone()[0] for t in texts}
