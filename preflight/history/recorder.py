@@ -64,7 +64,9 @@ def decide(h: History, doc: Mapping[str, Any], findings: Sequence[Any], cluster:
         if shadow and new:
             say("shadow: would have drained %s; drained nothing" % ", ".join(sorted(new)))
     else:
-        actions.extend({"node": n, "kind": "drain", "reason": policy.confirmed.get(n, "failed"), "shadow": False} for n in new)
+        why = {f.node: "%s: %s" % (f.check, f.message) for f in reversed(out) if f.status.is_problem}
+        actions.extend({"node": n, "kind": "drain", "reason": policy.confirmed.get(n) or why.get(n), "shadow": False}
+                       for n in new)
     return out, actions
 
 
