@@ -199,3 +199,35 @@ def test_usage_errors_are_one_line_exit_2(h, capsys, argv, words):
     assert cli.main([a.format(db=h.path) for a in argv]) == 2
     err = capsys.readouterr().err
     assert words in err and len(err.strip().splitlines()) == 1
+
+
+def test_check_records_each_run_and_the_textfile_carries_the_history(tmp_path, capsys):
+    """`preflight check` on this machine, twice, into a database file: two runs, the second run's
+    Prometheus file with the history's figures; the database's JSON directory twin is test_e2e_audit."""
+    db, prom = tmp_path / "audit.sqlite", tmp_path / "preflight.prom"
+    argv = ["check", "--only", "ssh,driver", "--no-progress", "--gpus-per-node", "0", "--history", str(db),
+            "--prometheus", str(prom)]
+    assert cli.main(argv) in (0, 1)
+    assert cli.main(argv + ["--shadow"]) in (0, 1)
+    capsys.readouterr()
+    with History(str(db)) as h:
+        assert h.conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 2
+        assert h.conn.execute("SELECT count(*) FROM node_runs WHERE facts_sha256 IS NOT NULL").fetchone()[0] == 2
+        first, second = (h.report(r) for (r,) in h.conn.execute("SELECT id FROM runs ORDER BY id"))
+        assert second["checks"] == first["checks"] == ["ssh", "driver"]
+    assert "preflight_history_runs 2" in prom.read_text().splitlines()
+    assert not (tmp_path / "history.sqlite").exists() and sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".json") == []
+
+
+def test_a_node_read_serial_reaches_the_terminal_escaped(h, capsys):
+    evil = "SN\x1b]52;c;cm0gLXJm\x07"
+    docs = [fleet.report(day, NODES, [fleet.xid(A, 0)], moved={evil: A}) for day in range(2)]
+    h.record(docs[0])
+    lines = []
+    recorder.decide(h, docs[1], [_finding(r) for r in docs[1]["results"]], {}, None, False, lines.append)
+    assert lines == ["escalate: %s xid:xid79 on gpu:SN\\x1b]52;c;cm0gLXJm\\x07 seen in 2 runs within the window: reboot "
+                     "(the check said reset_gpu)" % A]
+    h.record(docs[1])
+    assert cli.main(["history", h.path, "--show", "repeats"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "gpu:SN\\x1b]52;c;cm0gLXJm\\x07" in out

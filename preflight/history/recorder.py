@@ -40,9 +40,13 @@ def decide(h: History, doc: Mapping[str, Any], findings: Sequence[Any], cluster:
     would_drain(findings) -> the nodes the drain step would drain from those findings (None: no
     --drain, only escalations are decided). With shadow, nothing is drained: the returned findings hold
     every node back, and the decisions are recorded as shadow actions."""
+    from preflight.common import printable
+
     s = escalation.Settings.from_cluster(cluster)
     now = epoch(doc.get("started_at"))
     actions: List[Dict[str, Any]] = []
+    shown = say
+    say = lambda line: shown(printable(line, keep_newlines=False))  # noqa: E731  (serials are node-read text)
     for e in escalation.escalate(h, doc, now, s):
         say("escalate: %s %s" % (e.node, e.reason))
         actions.append({"node": e.node, "kind": "escalate", "subject": e.subject, "reason": e.reason, "shadow": shadow})
