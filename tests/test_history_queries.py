@@ -231,3 +231,30 @@ def test_a_node_read_serial_reaches_the_terminal_escaped(h, capsys):
     assert cli.main(["history", h.path, "--show", "repeats"]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "gpu:SN\\x1b]52;c;cm0gLXJm\\x07" in out
+
+
+@pytest.mark.parametrize("setting, words", [
+    ("drain_after: 0", "drain_after 0 is out of range; use a value from 1 to 100"),
+    ("breaker_fraction: 2", "breaker_fraction 2 is out of range"),
+    ("flap_checks: [ib_errors, gossip]", "flap_checks must list check names"),
+    ("drain_afer: 2", "drain_afer"),
+])
+def test_bad_history_settings_name_the_line(tmp_path, setting, words):
+    from preflight import inventory
+    from preflight.errors import InventoryError
+
+    path = tmp_path / "hosts.yaml"
+    path.write_text("cluster:\n  history:\n    %s\nnodes: [a]\n" % setting)
+    with pytest.raises(InventoryError) as caught:
+        inventory.load(str(path))
+    assert str(caught.value).startswith("%s:3: " % path) and words in str(caught.value)
+
+
+def test_history_settings_reach_the_policy(tmp_path):
+    from preflight import inventory
+
+    path = tmp_path / "hosts.yaml"
+    path.write_text("cluster:\n  history: {drain_after: 3, breaker_fraction: 0.1, flap_checks: [ssh], retention_days: 400}\n"
+                    "nodes: [a]\n")
+    s = escalation.Settings.from_cluster(inventory.load(str(path)).cluster)
+    assert (s.drain_after, s.breaker_fraction, s.flap_checks, s.retention_days, s.reboot_threshold) == (3, 0.1, ("ssh",), 400, 2)
