@@ -118,16 +118,6 @@ def check_dir(path: str, directory: str) -> None:
         unwritable(path, errno.EACCES)
 
 
-def previous_run(history_dir: Optional[str], inv: Any) -> Optional[dict]:
-    """The last report of this inventory kept in --history DIR (rules compare against it), else None."""
-    if not history_dir:
-        return None
-    from preflight.output import history
-
-    path = history.previous(history_dir, inv.sha256)
-    return history.load(path) if path is not None else None
-
-
 def hostfile_name(node: dict) -> str:
     """The name a launcher reaches a node by: its inventory name, else its host."""
     return node.get("name") or node["host"]
