@@ -6,7 +6,7 @@ Words, as the answers use them:
 - an *incident* is a run a node fails after a run it did not fail (or its first run): three failing
   nights in a row are one incident, fail-pass-fail is two;
 - a node *flaps* when its status changes between failing and not failing; `flips` counts the changes
-  within the last `window_runs` runs the node was in;
+  within the fleet's last `window_runs` runs;
 - a *lemon* is a GPU board (by serial, else UUID) the gpu check failed in `min_failures` runs or more,
   or in more than one slot (node, index): the board, not the slot, is at fault when it fails wherever
   it goes;
@@ -67,12 +67,24 @@ def timeline(h: History, node: str, limit: Optional[int] = None) -> List[Dict[st
             for run, started, status, digest in runs]
 
 
+def _recent(h: History, window_runs: int) -> Dict[str, List[bool]]:
+    """{node: [failed?, ...] oldest first} over the fleet's last `window_runs` runs (the runs a node
+    was not in are left out of its list): read through the node_runs index, not the whole history."""
+    runs = [r[0] for r in h.conn.execute("SELECT id FROM runs ORDER BY started_at DESC, id DESC LIMIT ?", (window_runs,))]
+    order = {run: i for i, run in enumerate(reversed(runs))}
+    marks = ",".join("?" * len(runs))
+    rows: Dict[str, List[tuple]] = {}
+    for name, run, status in h.conn.execute("SELECT n.name, nr.run_id, nr.status FROM node_runs nr JOIN nodes n"
+                                            " ON n.id = nr.node_id WHERE nr.run_id IN (%s)" % marks, runs):
+        rows.setdefault(name, []).append((order[run], status == FAILED))
+    return {node: [failed for _, failed in sorted(seq)] for node, seq in rows.items()}
+
+
 def flapping(h: History, window_runs: int = 30, min_flips: int = 2) -> List[Dict[str, Any]]:
-    """Nodes whose failing/not-failing status changed at least `min_flips` times in their last
-    `window_runs` runs, most flips first."""
+    """Nodes whose failing/not-failing status changed at least `min_flips` times within the fleet's
+    last `window_runs` runs, most flips first."""
     out = []
-    for node, series in _node_series(h).items():
-        recent = [s[2] == FAILED for s in series[-window_runs:]]
+    for node, recent in _recent(h, window_runs).items():
         flips = sum(1 for a, b in zip(recent, recent[1:]) if a != b)
         if flips >= min_flips:
             out.append({"node": node, "flips": flips, "failed_runs": sum(recent), "runs": len(recent),
@@ -81,12 +93,8 @@ def flapping(h: History, window_runs: int = 30, min_flips: int = 2) -> List[Dict
 
 
 def flip_counts(h: History, window_runs: int = 30) -> Dict[str, int]:
-    """{node: flips in its last window_runs runs} for every node (0 included)."""
-    out = {}
-    for node, series in _node_series(h).items():
-        recent = [s[2] == FAILED for s in series[-window_runs:]]
-        out[node] = sum(1 for a, b in zip(recent, recent[1:]) if a != b)
-    return out
+    """{node: flips within the fleet's last window_runs runs} for every node in them (0 included)."""
+    return {node: sum(1 for a, b in zip(recent, recent[1:]) if a != b) for node, recent in _recent(h, window_runs).items()}
 
 
 def lemons(h: History, min_failures: int = 2) -> List[Dict[str, Any]]:
