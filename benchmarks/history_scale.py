@@ -117,7 +117,7 @@ def main() -> int:
             t_fleet, c_fleet = time.perf_counter() - t0, time.process_time() - c0
             t0 = time.perf_counter()
             repeats = queries.repeat_faults(h)
-            rates = queries.failure_rates(h)
+            rates = queries.failure_rates(h, 30)
             found = queries.incidents(h)
             t_rest = time.perf_counter() - t0
             h.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -140,7 +140,7 @@ def main() -> int:
         print("%-44s %11.1f ms %11.1f ms   < 100 ms" % ("a node's timeline", 1000 * t_timeline, 1000 * j_timeline * scale))
         print("%-44s %12.3f s %12.3f s   < 2 s" % ("fleet-wide lemons and flap counts", t_fleet, j_fleet * scale))
         print("%-44s %12.3f s %14s" % ("  the same, CPU of this process", c_fleet, "-"))
-        print("%-44s %12.3f s %14s" % ("repeat faults, rates per check, incidents", t_rest, "-"))
+        print("%-44s %12.3f s %14s" % ("repeat faults, rates (last 30 runs), incidents", t_rest, "-"))
         print("%-44s %10.1f MB %10.1f MB   < 2 GB" % ("on disk", db_size / 1e6, j_size * scale / 1e6))
         if note:
             print("*%s" % note.strip())

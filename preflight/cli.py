@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--node", metavar="NODE", help="this node's timeline")
     history.add_argument("--show", type=_names, metavar="SECTIONS", help="only these sections (comma-separated): "
                          "timeline, flapping, lemons, repeats, rates, incidents, actions (default: all)")
-    history.add_argument("--window-runs", type=int, default=30, metavar="N", help="flapping: count changes in the last N runs (default 30)")
+    history.add_argument("--window-runs", type=int, default=30, metavar="N", help="flapping and failure rates: over the fleet's last N runs (default 30)")
     history.add_argument("--limit", type=int, default=30, metavar="N", help="timeline and decisions: the newest N (default 30)")
     history.add_argument("--json", action="store_true", help="one JSON document instead of tables")
 

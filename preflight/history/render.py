@@ -44,7 +44,7 @@ def gather(h: History, sections: Sequence[str], node: Optional[str], window_runs
     if "repeats" in sections:
         out["repeats"] = queries.repeat_faults(h)
     if "rates" in sections:
-        out["rates"] = queries.failure_rates(h)
+        out["rates"] = queries.failure_rates(h, window_runs)
     if "incidents" in sections:
         out["incidents"] = queries.incidents(h)
     if "actions" in sections:
@@ -85,7 +85,7 @@ def lines(data: Dict[str, Any]) -> List[str]:
         out += _table("repeat faults (same fault on the same part)", ("subject", "fault", "runs", "nodes", "last seen"),
                       [(d["subject"], d["fault"], d["runs"], ", ".join(d["nodes"]), _when(d["last_seen"])) for d in data["repeats"]])
     if "rates" in data:
-        out += _table("failure rate per check", ("check", "node findings", "failed/errored", "rate"),
+        out += _table("failure rate per check (the last runs of --window-runs)", ("check", "node findings", "failed/errored", "rate"),
                       [(d["check"], d["findings"], d["problems"], "%.2f%%" % (100 * d["rate"])) for d in data["rates"] if d["problems"]])
     if "incidents" in data:
         fleet = data["incidents"]["fleet"]
