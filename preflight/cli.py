@@ -82,7 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", metavar="PATH", help="write the JSON report to PATH ('-' = stdout)")
     check.add_argument("--junit", metavar="PATH", help="write a JUnit XML report (one test case per check and node)")
     check.add_argument("--prometheus", metavar="PATH", help="write a node_exporter textfile-collector file, atomically")
-    check.add_argument("--history", metavar="DIR", help="keep this run's JSON report in DIR for `preflight diff`")
+    check.add_argument("--history", metavar="PATH", help="record this run in the history database PATH (a .sqlite file; a "
+                       "directory keeps the JSON reports for `preflight diff` too, imported once, with PATH/history.sqlite); "
+                       "see `preflight history`")
+    check.add_argument("--shadow", action="store_true", help="with --history: decide drains and escalations, record and "
+                       "print them, drain nothing")
     check.add_argument("--plan", action="store_true", help="print how long each all-reduce phase should take on this fleet (sizes, rounds, deadlines; with --json: as JSON) and exit; touches no node")
     check.add_argument("--hostfile", metavar="PATH", help="write the nodes that passed, for a launcher")
     check.add_argument("--hostfile-format", choices=("plain", "deepspeed", "mpi", "mpich", "slurm"), default="plain")
@@ -120,6 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     checks = sub.add_parser("checks", help="list every check with its claim")
     checks.add_argument("--markdown", action="store_true", help="print README.md's check table (claim, why, fix) and check settings table")
+
+    history = sub.add_parser("history", help="what the history database says: a node's timeline, flapping nodes, "
+                             "lemons, repeat faults, failure rates, time between incidents")
+    history.add_argument("path", help="the --history PATH of `preflight check` (a .sqlite file or a directory)")
+    history.add_argument("--node", metavar="NODE", help="this node's timeline")
+    history.add_argument("--show", type=_names, metavar="SECTIONS", help="only these sections (comma-separated): "
+                         "timeline, flapping, lemons, repeats, rates, incidents, actions (default: all)")
+    history.add_argument("--window-runs", type=int, default=30, metavar="N", help="flapping and failure rates: over the fleet's last N runs (default 30)")
+    history.add_argument("--limit", type=int, default=30, metavar="N", help="timeline and decisions: the newest N (default 30)")
+    history.add_argument("--json", action="store_true", help="one JSON document instead of tables")
 
     diff = sub.add_parser("diff", help="compare two JSON reports (from --json or --history)")
     diff.add_argument("old")
@@ -161,6 +175,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     return _cmd_checks(args.markdown)
                 if args.command == "diff":
                     return _cmd_diff(args)
+                if args.command == "history":
+                    return _cmd_history(args)
                 if args.command == "node":
                     from preflight import nodecheck
 
@@ -232,6 +248,25 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     for line in differ.render_diff(result):
         sys.stdout.write(line + "\n")
     return EXIT_PROBLEMS if result.has_regressions else EXIT_OK
+
+
+def _cmd_history(args: argparse.Namespace) -> int:
+    from preflight.history import render
+    from preflight.history.db import History, location
+
+    sections = args.show or list(render.SECTIONS)
+    unknown = [s for s in sections if s not in render.SECTIONS]
+    if unknown:
+        raise UsageError("unknown section %s" % ", ".join(unknown), "choose from %s" % ", ".join(render.SECTIONS))
+    if args.window_runs < 2 or args.limit < 1:
+        raise UsageError("--window-runs must be at least 2 and --limit at least 1", "e.g. --window-runs 30 --limit 30")
+    database, _ = location(args.path)
+    if not os.path.isfile(database):
+        raise UsageError("no history database at %s" % database, "give the --history PATH of `preflight check`")
+    with History(database, lambda line: sys.stderr.write("preflight: %s\n" % line)) as h:
+        data = render.gather(h, sections, args.node, args.window_runs, args.limit)
+    sys.stdout.write(render.to_json(data) if args.json else "\n".join(render.lines(data)) + "\n")
+    return EXIT_OK
 
 
 def _load_inventory(args: argparse.Namespace) -> Any:
@@ -349,7 +384,7 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
     from rich.console import Console
 
     from preflight import engine
-    from preflight.output import files, report
+    from preflight.output import files
 
     json_to_stdout = getattr(args, "json", None) == "-"
     console = Console(stderr=json_to_stdout)
@@ -366,12 +401,39 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
         timeout=args.timeout,
         accept_new_host_keys=args.accept_new_host_keys,
         capture=bool(getattr(args, "capture", None)),
-        previous=files.previous_run(getattr(args, "history", None), inv),
     )
     engine.select_checks(opts.only, opts.skip)  # usage errors before any connection
     if getattr(args, "capture", None):
         files.check_capture_dir(args.capture)
     files.check_output_paths(args)
+    say = lambda line: console.print(line, markup=False, highlight=False)  # noqa: E731
+    with _history(args, say) as hist:
+        if hist is not None:
+            opts.previous = hist[0].previous(inv.sha256)
+        return _run_and_act(args, inv, opts, console, hist, say)
+
+
+@contextlib.contextmanager
+def _history(args: argparse.Namespace, say: Any) -> Iterator[Any]:
+    """(History, JSON directory or None) for --history, else None; --shadow without it is a usage error."""
+    if getattr(args, "shadow", False) and not getattr(args, "history", None):
+        raise UsageError("--shadow records what would have been drained in the history", "add --history PATH")
+    if not getattr(args, "history", None):
+        yield None
+        return
+    from preflight.history import recorder
+
+    h, directory = recorder.open_history(args.history, say)
+    try:
+        yield h, directory
+    finally:
+        h.close()
+
+
+def _run_and_act(args: argparse.Namespace, inv: Any, opts: Any, console: Any, hist: Any, say: Any) -> int:
+    from preflight import engine
+    from preflight.output import files, report
+
     if inv.transport == "ssh" and any(not s.local for s in inv.nodes):
         from preflight.transport import ssh_config
 
@@ -399,19 +461,45 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
         result.findings = drain.set_aside(result.findings, inv.allocation.excluded, strict=getattr(args, "count_unavailable", False))
     doc = report.to_json(result)
     report.render(result, console, verbose=getattr(args, "verbose", False))
+    findings, actions = result.findings, []
+    if hist is not None:
+        from preflight.history import recorder
+
+        findings, actions = recorder.decide(hist[0], doc, result.findings, inv.cluster, _would_drain(args, inv),
+                                            getattr(args, "shadow", False), say)
     # act on the verdict before writing files: an interrupt or a write error from here on leaves the
     # nodes as the verdict says, never a rechecked node resumed without it
-    (k8s_command.after_run if inv.transport == "k8s" else _drain)(args, inv, result, console)
-    files.write_outputs(args, result, doc, lambda line: console.print(line, markup=False, highlight=False))
+    if inv.transport == "k8s":
+        k8s_command.after_run(args, inv, result, console)
+    else:
+        _drain(args, inv, findings, console)
+    metrics = None
+    if hist is not None:
+        recorder.record(hist[0], hist[1], doc, result.view.facts, actions, inv.cluster, say)
+        metrics = recorder.metrics(hist[0], inv.cluster) if getattr(args, "prometheus", None) else None
+    files.write_outputs(args, result, doc, say, metrics)
     return result.exit_code
 
 
-def _drain(args: argparse.Namespace, inv: Any, result: Any, console: Any) -> None:
+def _would_drain(args: argparse.Namespace, inv: Any) -> Any:
+    """For the history's drain policy: the nodes Slurm's drain step would drain from given findings
+    (Slurm's state before the run; none known without an allocation), or None without --drain/--shadow."""
+    if not (getattr(args, "drain", False) or getattr(args, "shadow", False)) or inv.transport == "k8s":
+        return None
+    from preflight.slurm import drain
+
+    state = inv.allocation.state if inv.allocation is not None else {}
+    nodes = [s.name for s in inv.nodes]
+    return lambda findings: sorted(drain.plan(findings, nodes, state, drain=True, resume=False,
+                                              max_fraction=args.max_drain_fraction).drain)
+
+
+def _drain(args: argparse.Namespace, inv: Any, findings: Any, console: Any) -> None:
     """--drain / --resume: act on Slurm node states from this run's findings (see preflight.slurm.drain)."""
     from preflight.slurm import drain
 
     if inv.allocation is not None and (getattr(args, "drain", False) or getattr(args, "resume", False) or inv.allocation.held):
-        drain.act(result.findings, [s.name for s in inv.nodes], inv.allocation, args.drain, args.resume,
+        drain.act(findings, [s.name for s in inv.nodes], inv.allocation, args.drain, args.resume,
                   args.max_drain_fraction, args.dry_run, lambda line: console.print(line, markup=False, highlight=False))
 
 

@@ -38,7 +38,7 @@ NODE_KEYS = (
 )
 #: the run's own `cluster:` keys; the checks' keys (and every `expect:` key) come from their CHECK's
 #: settings (preflight.checks.settings()), so a new check's key needs no edit here
-CLUSTER_KEYS = ("master_port", "head", "expect", "allreduce", "transport", "max_nodes")
+CLUSTER_KEYS = ("master_port", "head", "expect", "allreduce", "transport", "max_nodes", "history")
 TRANSPORTS = ("ssh", "slurm")
 ALLREDUCE_KEYS = ("sizes", "warmup", "iters", "init_timeout", "op_timeout", "total_timeout", "enabled", "slow_fraction",
                   "node_round")
@@ -402,7 +402,8 @@ def load(path: str, max_nodes: Optional[int] = None) -> Inventory:
         raise v.fail(("cluster", "head"), "head must be a node name, not %s" % _kind(head), "write `head: NODE-NAME`")
     if head is not None and head not in names:
         raise v.fail(("cluster", "head"), "head %r is not one of the nodes" % (head,), "use a node's name as listed under nodes:")
-    cluster = dict(check_values, master_port=master_port, allreduce=allreduce)
+    history = _history_settings(v, cluster_raw.get("history"))
+    cluster = dict(check_values, master_port=master_port, allreduce=allreduce, history=history)
     return Inventory(
         path=path,
         nodes=nodes,
@@ -461,6 +462,28 @@ def _paths(v: _Validator, key: str, raw: Any, at: Tuple[Any, ...]) -> List[str]:
         if path not in out:
             out.append(path)
     return out
+
+
+def _history_settings(v: _Validator, raw: Any) -> Dict[str, Any]:
+    """cluster.history: the escalation ladder, drain policy and retention (preflight.history.escalation)."""
+    from preflight import checks
+    from preflight.history.escalation import SETTINGS
+
+    values = dict(v.mapping(raw, ("cluster", "history"), tuple(SETTINGS) + ("flap_checks",), "cluster.history"))
+    for key, value in list(values.items()):
+        at = ("cluster", "history", key)
+        if key == "flap_checks":
+            names = value if isinstance(value, list) else None
+            if names is None or any(n not in checks.CHECK_NAMES for n in names):
+                raise v.fail(at, "flap_checks must list check names, not %r" % (value,), "e.g. flap_checks: [ib_errors, ssh]")
+            values[key] = list(names)
+            continue
+        default, low, high, _ = SETTINGS[key]
+        if key in ("breaker_fraction",) or key.endswith("_s") or key == "retention_days":
+            values[key] = v.number(value, at, key, low, high, "" if key == "breaker_fraction" else "seconds" if key.endswith("_s") else "days")
+        else:
+            values[key] = v.integer(value, at, key, int(low), int(high))
+    return values
 
 
 def _check_allreduce(v: _Validator, allreduce: Dict[str, Any]) -> None:

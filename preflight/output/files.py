@@ -16,8 +16,10 @@ from typing import Any, Callable, Iterator, Optional
 from preflight.errors import UsageError
 
 
-def write_outputs(args: argparse.Namespace, result: Any, doc: dict, say: Callable[[str], None]) -> None:
-    """Write every output the run asked for; `say` prints a line for the person at the terminal."""
+def write_outputs(args: argparse.Namespace, result: Any, doc: dict, say: Callable[[str], None],
+                  history: Optional[dict] = None) -> None:
+    """Write every output the run asked for; `say` prints a line for the person at the terminal;
+    `history`: the history database's metrics for the Prometheus file (preflight.history.queries.metrics)."""
     from preflight.output import report
 
     if getattr(args, "json", None):
@@ -49,12 +51,7 @@ def write_outputs(args: argparse.Namespace, result: Any, doc: dict, say: Callabl
         from preflight.output import prometheus
 
         with writing(args.prometheus):
-            prometheus.write_prometheus(doc, args.prometheus)
-    if getattr(args, "history", None):
-        from preflight.output import history
-
-        with writing(args.history):
-            history.record(doc, args.history)
+            prometheus.write_prometheus(doc, args.prometheus, history)
     if getattr(args, "capture", None):
         from preflight.output import capture
 
@@ -97,9 +94,12 @@ def check_output_paths(args: argparse.Namespace) -> None:
     history = getattr(args, "history", None)
     if history:
         target = os.path.abspath(history)
-        if os.path.exists(target) and not os.path.isdir(target):
-            raise UsageError("--history %s is not a directory" % history, "give a directory for the run history")
-        while not os.path.exists(target):  # record() creates the missing directories
+        if os.path.exists(target) and not os.path.isdir(target) and not os.path.isfile(target):
+            raise UsageError("--history %s is neither a directory nor a file" % history,
+                             "give a directory or a .sqlite file for the run history")
+        if os.path.isfile(target):
+            target = os.path.dirname(target)  # the database's -wal and -shm files go beside it
+        while not os.path.exists(target):  # the recorder creates the missing directories
             target = os.path.dirname(target)
         check_dir(history, target)
 
@@ -116,16 +116,6 @@ def check_dir(path: str, directory: str) -> None:
         unwritable(path, errno.ENOTDIR)
     if not os.access(directory, os.W_OK | os.X_OK):
         unwritable(path, errno.EACCES)
-
-
-def previous_run(history_dir: Optional[str], inv: Any) -> Optional[dict]:
-    """The last report of this inventory kept in --history DIR (rules compare against it), else None."""
-    if not history_dir:
-        return None
-    from preflight.output import history
-
-    path = history.previous(history_dir, inv.sha256)
-    return history.load(path) if path is not None else None
 
 
 def hostfile_name(node: dict) -> str:

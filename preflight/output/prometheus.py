@@ -34,6 +34,17 @@ Metrics::
     preflight_allreduce_curve_busbw_gbps{bytes} bus bandwidth per message size
     preflight_allreduce_time_seconds{bytes}     time of one all-reduce per message size
 
+With ``--history`` the same file carries what the history database says (preflight.history.queries.metrics)::
+
+    preflight_history_runs                                  runs in the database
+    preflight_history_incidents{node}                       incidents (a failing run after a passing one)
+    preflight_history_consecutive_failures{node}            failing runs in a row up to the last one
+    preflight_history_seconds_since_last_incident{node}     from the start of its last incident to the last run
+    preflight_history_flips{node}                           failing/passing changes in the last 30 runs
+    preflight_history_repeat_fault_runs{node,subject,fault} runs a fault was seen in on the same GPU serial
+                                                            or port within the escalation window (2 or more)
+    preflight_history_incidents_per_1000_node_days          the fleet's incident rate
+
 The all-reduce metrics are absent when the report has no all-reduce result (or the value is null).
 Alert examples: ``max(preflight_check_status) >= 3``, ``time() - preflight_last_run_timestamp_seconds > 7200``.
 """
@@ -215,9 +226,36 @@ def to_prometheus(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_prometheus(report: Mapping[str, Any], path: PathLike) -> None:
-    """Write `to_prometheus(report)` to path atomically (temporary file in the same directory, rename).
+def history_metrics(history: Mapping[str, Any]) -> str:
+    """The history's figures (preflight.history.queries.metrics) in the exposition format."""
+    fam = {name: _Family(name, text) for name, text in [
+        ("preflight_history_runs", "Runs kept in the preflight history database."),
+        ("preflight_history_incidents", "Incidents of the node: runs it failed after a run it did not."),
+        ("preflight_history_consecutive_failures", "Runs in a row the node failed, up to the last run."),
+        ("preflight_history_seconds_since_last_incident", "Seconds from the start of the node's last incident to the last run."),
+        ("preflight_history_flips", "Changes between failing and not failing in the node's last 30 runs."),
+        ("preflight_history_repeat_fault_runs", "Runs the fault was seen in on the same GPU serial, port or node within the escalation window."),
+        ("preflight_history_incidents_per_1000_node_days", "The fleet's incidents per 1,000 node-days."),
+    ]}
+    fam["preflight_history_runs"].add(int(history.get("runs") or 0))
+    for node, d in sorted((history.get("nodes") or {}).items()):
+        fam["preflight_history_incidents"].add(int(d["incidents"]), node=node)
+        fam["preflight_history_consecutive_failures"].add(int(d["consecutive_failures"]), node=node)
+        fam["preflight_history_flips"].add(int(d["flips"]), node=node)
+        fam["preflight_history_seconds_since_last_incident"].add(_number(d.get("seconds_since_last_incident")), node=node)
+    for r in history.get("repeats") or []:
+        fam["preflight_history_repeat_fault_runs"].add(int(r["runs"]), node=r["node"], subject=r["subject"], fault=r["fault"])
+    fam["preflight_history_incidents_per_1000_node_days"].add(_number((history.get("fleet") or {}).get("incidents_per_1000_node_days")))
+    lines: List[str] = []
+    for family in fam.values():
+        lines.extend(family.render())
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def write_prometheus(report: Mapping[str, Any], path: PathLike, history: Optional[Mapping[str, Any]] = None) -> None:
+    """Write `to_prometheus(report)` (and, given the history's metrics, `history_metrics`) to path
+    atomically (temporary file in the same directory, rename).
 
     Give path a ``.prom`` suffix for the textfile collector; the temporary file never has one.
     """
-    atomic_write_text(path, to_prometheus(report))
+    atomic_write_text(path, to_prometheus(report) + (history_metrics(history) if history else ""))
