@@ -28,25 +28,27 @@ LAYERS: List[Tuple[str, int]] = [
     ("preflight/__init__.py", 0), ("preflight/model.py", 0), ("preflight/common.py", 0), ("preflight/errors.py", 0),
     ("preflight/located_yaml.py", 0),
     ("preflight/probe/", 1), ("preflight/checks/__init__.py", 1), ("preflight/check_index.py", 1),
-    ("preflight/derived/", 2), ("preflight/derived/datanet.py", 2), ("preflight/derived/gpus.py", 2), ("preflight/derived/rails.py", 2),
-    ("preflight/derived/nvls.py", 2), ("preflight/derived/envfabric.py", 2), ("preflight/derived/envvars.py", 2),
-    ("preflight/transport/", 4), ("preflight/slurm/", 4), ("preflight/k8s/", 4),
-    ("preflight/checks/allreduce/", 5),
-    ("preflight/inventory.py", 6), ("preflight/engine.py", 6),
-    ("preflight/actions/", 7), ("preflight/output/", 7), ("preflight/history/", 7),
-    ("preflight/cli", 8), ("preflight/nodecheck.py", 8), ("preflight/__main__.py", 8),
+    ("preflight/inventory.py", 2),
+    ("preflight/derived/", 3), ("preflight/datanet.py", 3), ("preflight/gpus.py", 3), ("preflight/rails.py", 3),
+    ("preflight/nvls.py", 3), ("preflight/output/envfabric.py", 3), ("preflight/output/envvars.py", 3),
+    ("preflight/allreduce/run.py", 6), ("preflight/allreduce/", 4),
+    ("preflight/transport/", 5), ("preflight/slurm/", 5), ("preflight/k8s/", 5),
+    ("preflight/engine.py", 7),
+    ("preflight/actions/", 8), ("preflight/output/", 8), ("preflight/history/", 8),
+    ("preflight/cli", 9), ("preflight/nodecheck.py", 9), ("preflight/__main__.py", 9),
 ]
-#: inside a check folder: the declaration and probe are node side (1), the rule controller side (3), a stage 5
-CHECK_PARTS = {"__init__.py": 1, "probe.py": 1, "rule.py": 3, "stage.py": 5}
+#: inside a check folder: the declaration and probe are node side (1), the rule and the modules it reads are
+#: controller side (4), a stage (the cross-node run, which drives a transport) 6
+CHECK_PARTS = {"__init__.py": 1, "probe.py": 1, "stage.py": 6}
 
 
 def layer(rel: str) -> Optional[int]:
     """The layer of a file (path relative to ROOT), None when it is outside every layer."""
     parts = rel.split("/")
     if rel.startswith("preflight/checks/") and len(parts) == 4:
-        return CHECK_PARTS.get(parts[3], 3)
+        return CHECK_PARTS.get(parts[3], 4)
     if rel.startswith("preflight/checks/") and len(parts) == 3 and rel != "preflight/checks/__init__.py":
-        return 3  # the older tree: one module holds a check's probe and rule; judged as its rule
+        return 4  # the older tree: one module holds a check's probe and rule; judged as its rule
     for prefix, value in LAYERS:
         if rel.startswith(prefix):
             return value

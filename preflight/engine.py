@@ -21,7 +21,7 @@ from preflight.errors import UsageError
 from preflight.transport.contract import Outcome, Progress
 from preflight.transport.fleet import Fleet
 from preflight.inventory import Inventory, NodeSpec
-from preflight.model import FAILURE_KINDS, ClusterView, Finding, NodeInfo, Status, with_action
+from preflight.model import FAILURE_KINDS, NOT_RUN, NOT_RUN_MESSAGE, ClusterView, Finding, NodeInfo, Status, with_action
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Options:
 
 @dataclass
 class RunReport:
-    """Everything one run produced; report.py renders it, envfile.py derives the env from it."""
+    """Everything one run produced; report.py renders it; the env it recommends is derived once (preflight.derived.ncclenv)."""
 
     inventory: Inventory
     selected: List[str]
@@ -51,7 +51,7 @@ class RunReport:
     summaries: Dict[str, Any] = field(default_factory=dict)  # {cross-node check: its report section}
     phase_times: Dict[str, float] = field(default_factory=dict)
     captures: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # {node: {check: recording}} with capture
-    env: Any = None  # preflight.output.envfile.Derived, when it was derived for the all-reduce or the env file
+    env: Any = None  # preflight.derived.envvars.Derived, when it was derived for the all-reduce or the env file
     transport: Dict[str, Any] = field(default_factory=dict)  # what carried the run (fleet.describe())
 
     @property
@@ -220,11 +220,11 @@ def run(inv: Inventory, opts: Options) -> RunReport:
         # The node checks' verdicts are final here (a cross-node test only adds its own facts): judge them once.
         findings = judge(view, [n for n in selected if n not in crossnode])
         if crossnode or opts.gather_also:
-            from preflight.output import envfile
+            from preflight.derived import ncclenv
 
             sick = {f.node for f in findings if f.status.is_problem}
             healthy = [n.name for n in view.live if n.name not in sick]
-            env = envfile.derive(view, healthy)
+            env = ncclenv.derive(view, healthy)
             healthy = list(env.nodes)  # a node whose facts the env file cannot carry is left out of the bench too
         for check in crossnode:
             if not view.live:
@@ -276,12 +276,3 @@ def judge(view: ClusterView, selected: Sequence[str]) -> List[Finding]:
     return findings
 
 
-#: data key of a finding that only says its check could not run on an unreachable node: it stays in
-#: the JSON (per check, as data) but the terminal folds it into the node's ssh line ("7 checks not run")
-NOT_RUN = "not_run"
-NOT_RUN_MESSAGE = "not checked: node unreachable (see ssh)"
-
-
-def not_run(finding: Finding) -> bool:
-    """A finding that says only that its check could not run on an unreachable node."""
-    return bool(finding.data) and NOT_RUN in finding.data

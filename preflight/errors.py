@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Optional
 
+#: exit codes: nothing failed or errored; a check failed or errored (or `diff` found regressions); a usage or
+#: inventory error; Ctrl-C (128 + SIGINT)
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
 
 class PreflightError(Exception):
     """A problem the user can fix; printed as one line, exit code 2."""

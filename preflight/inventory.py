@@ -464,12 +464,27 @@ def _paths(v: _Validator, key: str, raw: Any, at: Tuple[Any, ...]) -> List[str]:
     return out
 
 
+#: cluster.history: the history's escalation ladder, drain policy and retention (preflight.history.escalation
+#: reads them): key -> (default, low, high, what it is)
+HISTORY_SETTINGS: Dict[str, Tuple[Any, float, float, str]] = {
+    "escalation_window_s": (7 * 86400, 60, 366 * 86400, "a fault recurring on the same GPU or port within this climbs the ladder"),
+    "reset_attempts": (1, 0, 10, "GPU resets before the ladder moves to reboot"),
+    "reboot_threshold": (2, 0, 10, "reboots before the ladder moves to inspect/RMA (gpud's DefaultRebootThreshold)"),
+    "drain_after": (2, 1, 100, "runs a retest-class, config or flapping fault must be seen in before it drains"),
+    "drain_window_s": (7 * 86400, 60, 366 * 86400, "window for drain_after"),
+    "breaker_fraction": (0.5, 0.0, 1.0, "most of the fleet preflight may have drained within breaker_window_s"),
+    "breaker_window_s": (300, 1, 366 * 86400, "window of the circuit breaker (NVSentinel: 5 minutes)"),
+    "retention_runs": (None, 1, 10**7, "keep only this many runs in the history database"),
+    "retention_days": (None, 1, 36500, "drop runs older than this from the history database"),
+}
+HISTORY_FLAP_CHECKS = ("ib_errors", "ssh", "allreduce")
+
+
 def _history_settings(v: _Validator, raw: Any) -> Dict[str, Any]:
     """cluster.history: the escalation ladder, drain policy and retention (preflight.history.escalation)."""
     from preflight import checks
-    from preflight.history.escalation import SETTINGS
 
-    values = dict(v.mapping(raw, ("cluster", "history"), tuple(SETTINGS) + ("flap_checks",), "cluster.history"))
+    values = dict(v.mapping(raw, ("cluster", "history"), tuple(HISTORY_SETTINGS) + ("flap_checks",), "cluster.history"))
     for key, value in list(values.items()):
         at = ("cluster", "history", key)
         if key == "flap_checks":
@@ -478,7 +493,7 @@ def _history_settings(v: _Validator, raw: Any) -> Dict[str, Any]:
                 raise v.fail(at, "flap_checks must list check names, not %r" % (value,), "e.g. flap_checks: [ib_errors, ssh]")
             values[key] = list(names)
             continue
-        default, low, high, _ = SETTINGS[key]
+        default, low, high, _ = HISTORY_SETTINGS[key]
         if key in ("breaker_fraction",) or key.endswith("_s") or key == "retention_days":
             values[key] = v.number(value, at, key, low, high, "" if key == "breaker_fraction" else "seconds" if key.endswith("_s") else "days")
         else:

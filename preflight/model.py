@@ -332,3 +332,32 @@ def per_gpu_node(
             continue
         out.extend(judge(node, facts))
     return out
+
+
+# ------------------------------------------------------------- findings that repeat another's cause
+
+#: data key of a finding that only says its check could not run on an unreachable node: it stays in
+#: the JSON (per check, as data) but the terminal folds it into the node's ssh line ("7 checks not run")
+NOT_RUN = "not_run"
+NOT_RUN_MESSAGE = "not checked: node unreachable (see ssh)"
+
+
+def not_run(finding: Finding) -> bool:
+    """A finding that says only that its check could not run on an unreachable node."""
+    return bool(finding.data) and NOT_RUN in finding.data
+
+
+UNAVAILABLE = "unavailable"
+
+
+def unavailable(finding: Finding) -> bool:
+    """The finding that marks its node unavailable (not checked: Slurm had it out of service)."""
+    return bool(finding.data) and isinstance(finding.data.get(UNAVAILABLE), dict)
+
+
+def is_consequence(finding: Finding) -> bool:
+    """A finding that only repeats another's cause: a check that could not run ("not checked: node
+    unreachable") or had nothing to test because of another check's fault ("not tested: no data
+    interface (see the nic check)"). It never becomes a headline or a drain reason when a root cause
+    stands beside it on the node."""
+    return not_run(finding) or (finding.status is Status.ERROR and finding.message.startswith(("not tested:", "not checked")))

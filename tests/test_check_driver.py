@@ -11,6 +11,7 @@ import pytest
 from preflight.checks.driver import probe as driver_probe
 from preflight.checks.driver import rule as driver_rule
 from preflight.model import ClusterView, NodeInfo, Status
+from preflight.derived import versions
 from preflight.probe.context import NodeContext
 from tests.fixture_cases import fixture_dir, read
 
@@ -92,7 +93,7 @@ def test_probe_reads_all_versions_without_importing_torch(node_env):
     ]
     assert facts["nccl_python"] == {"distribution": "nvidia-nccl-cu12", "version": "2.20.5"}
     assert facts["torch"] == {"version": "2.3.0+cu121", "cuda": "12.1", "path": str(node_env / "site" / "torch")}
-    assert driver_rule.nccl_version(facts) == "2.20.5"  # the wheel's NCCL is the one torch loads
+    assert versions.nccl_version(facts) == "2.20.5"  # the wheel's NCCL is the one torch loads
     json.dumps(facts)
 
 

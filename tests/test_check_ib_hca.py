@@ -8,6 +8,7 @@ import pytest
 from preflight.checks.ib_hca import probe as ib_hca_probe
 from preflight.checks.ib_hca import rule as ib_hca_rule
 from preflight.model import ParseError, Status
+from preflight.derived import rails as derived_rails
 from preflight.probe.context import NodeContext
 from tests import fixture_cases as fc
 from tests.builders import ib_port as port
@@ -257,24 +258,24 @@ def test_probe_error_is_error():
 def test_usable_hcas_uniform_ib():
     facts = healthy()
     facts["ports"][2] = port("mlx5_2", state="DOWN", phys="Disabled", rate=10)
-    usable = ib_hca_rule.usable_hcas(view_of({"n001": healthy(), "n002": facts}))
+    usable = derived_rails.usable_hcas(view_of({"n001": healthy(), "n002": facts}))
     assert usable["nodes"]["n001"] == ["mlx5_0:1", "mlx5_1:1", "mlx5_2:1", "mlx5_3:1"]
     assert usable["nodes"]["n002"] == ["mlx5_0:1", "mlx5_1:1", "mlx5_3:1"]
     assert usable["uniform"] is False and usable["link_layer"] == "ib" and usable["gid_index"] is None
-    same = ib_hca_rule.usable_hcas(view_of({"n001": healthy(), "n002": healthy()}))
+    same = derived_rails.usable_hcas(view_of({"n001": healthy(), "n002": healthy()}))
     assert same["uniform"] is True and same["rate_gbps"] == {"ib": 400}
 
 
 def test_usable_hcas_roce_gid_index():
     roce = {"hcas": {}, "ports": [port("mlx5_0", rate=200, layer="roce", gid=3)]}
-    usable = ib_hca_rule.usable_hcas(view_of({"n001": roce, "n002": roce}))
+    usable = derived_rails.usable_hcas(view_of({"n001": roce, "n002": roce}))
     assert usable["link_layer"] == "roce" and usable["gid_index"] == 3 and usable["uniform"]
     other = {"hcas": {}, "ports": [port("mlx5_0", rate=200, layer="roce", gid=1)]}
-    assert ib_hca_rule.usable_hcas(view_of({"n001": roce, "n002": other}))["gid_index"] is None
+    assert derived_rails.usable_hcas(view_of({"n001": roce, "n002": other}))["gid_index"] is None
 
 
 def test_usable_hcas_leaves_out_failed_probes():
-    usable = ib_hca_rule.usable_hcas(view_of({"n001": healthy(), "n002": {"probe_error": "x"}}))
+    usable = derived_rails.usable_hcas(view_of({"n001": healthy(), "n002": {"probe_error": "x"}}))
     assert list(usable["nodes"]) == ["n001"]
 
 
@@ -293,7 +294,7 @@ def h100_bf3():
 
 
 def test_usable_hcas_mixed_layers_picks_the_majority_layer_and_says_what_it_left_out():
-    usable = ib_hca_rule.usable_hcas(view_of({"n001": h100_bf3(), "n002": h100_bf3()}))
+    usable = derived_rails.usable_hcas(view_of({"n001": h100_bf3(), "n002": h100_bf3()}))
     assert usable["nodes"] == {"n001": H100_RAILS, "n002": H100_RAILS}
     assert usable["uniform"] is True and usable["link_layer"] == "ib"
     assert usable["left_out"] == {
@@ -306,7 +307,7 @@ def test_usable_hcas_tied_layers_pick_nothing():
     """Two InfiniBand and two RoCE ports per node: no majority (the one tie rule), no rails chosen."""
     facts = {"hcas": {}, "ports": [port("mlx5_0"), port("mlx5_1"), port("mlx5_2", rate=200, layer="roce"),
                                    port("mlx5_3", rate=200, layer="roce")]}
-    usable = ib_hca_rule.usable_hcas(view_of({"n001": facts, "n002": facts}))
+    usable = derived_rails.usable_hcas(view_of({"n001": facts, "n002": facts}))
     assert usable["link_layer"] is None
 
 
@@ -328,7 +329,7 @@ def test_rate_tie_has_no_majority_and_fails_every_port_naming_the_split():
         "n001 mlx5_0 port 1: rate 400 Gb/s (no majority: 400 Gb/s on 2 ports · 200 Gb/s on 2 ports; "
         "set expect.ib_rate_gbps)"
     )
-    assert ib_hca_rule.expected_rates(view_of({"n001": healthy(count=2), "n002": healthy(count=2, rate=200)})) == {"ib": None}
+    assert derived_rails.expected_rates(view_of({"n001": healthy(count=2), "n002": healthy(count=2, rate=200)})) == {"ib": None}
 
 
 def test_port_count_tie_has_no_majority_and_fails_every_node():
@@ -371,7 +372,7 @@ def test_all_roce_node_with_frontend_ports_passes_and_the_frontend_is_not_a_rail
     assert [f.status for f in findings] == [Status.PASS] * 3, [f.message for f in findings]
     assert findings[0].message.startswith("8 ports ACTIVE at 400 Gb/s (roce): mlx5_0:1")
     assert "not for NCCL: mlx5_8:1 (RoCE at 100 Gb/s; the rails are RoCE at 400 Gb/s)" in findings[0].message
-    usable = ib_hca_rule.usable_hcas(view_of(nodes))
+    usable = derived_rails.usable_hcas(view_of(nodes))
     assert usable["nodes"]["n002"] == ["mlx5_%d:1" % i for i in range(8)] and usable["uniform"]
     assert [label for label, _ in usable["left_out"]["n002"]] == FRONT and usable["gid_index"] == 3
 
@@ -410,7 +411,7 @@ def test_disabled_spare_ethernet_ports_of_an_ib_node_are_a_note_not_a_fail(nodes
     findings = ib_hca_rule.rule(view_of(facts))
     assert [f.status for f in findings] == [Status.PASS] * nodes, [f.message for f in findings]
     assert findings[0].message.endswith("; spare, Disabled: mlx5_1:1, mlx5_9:1, mlx5_10:1")
-    assert ib_hca_rule.usable_hcas(view_of(facts))["nodes"]["n001"] == ["mlx5_%d:1" % i for i in (0, 2, 3, 4, 5, 6, 7, 8)]
+    assert derived_rails.usable_hcas(view_of(facts))["nodes"]["n001"] == ["mlx5_%d:1" % i for i in (0, 2, 3, 4, 5, 6, 7, 8)]
 
 
 @pytest.mark.parametrize("phys", ["Polling", "LinkErrorRecovery"])
@@ -439,7 +440,7 @@ def test_an_ib_port_disabled_on_every_node_is_a_spare_by_design():
 def test_expected_rate_applies_to_the_rails_not_the_frontend():
     nodes = {n: all_roce_h100() for n in ("n001", "n002")}
     assert [f.status for f in ib_hca_rule.rule(view_of(nodes, expect={"ib_rate_gbps": 400}))] == [Status.PASS] * 2
-    assert ib_hca_rule.usable_hcas(view_of(h100 := {"n001": h100_bf3(), "n002": h100_bf3()}, expect={"ib_rate_gbps": 400}))[
+    assert derived_rails.usable_hcas(view_of(h100 := {"n001": h100_bf3(), "n002": h100_bf3()}, expect={"ib_rate_gbps": 400}))[
         "nodes"] == {n: H100_RAILS for n in h100}
 
 
@@ -461,7 +462,7 @@ def test_a_p5_like_node_is_read_as_efa_and_passes_without_being_an_nccl_hca(tmp_
     assert [f.status for f in findings] == [Status.PASS] * 2
     assert findings[0].message.startswith("32 EFA devices ACTIVE at 100 Gb/s: rdmap16s0, rdmap17s0")
     assert "aws-ofi-nccl" in findings[0].message
-    assert ib_hca_rule.usable_hcas(v)["nodes"] == {"n001": [], "n002": []}
+    assert derived_rails.usable_hcas(v)["nodes"] == {"n001": [], "n002": []}
     from preflight.output.envfile import derive
     derived = derive(v)
     env = derived.as_dict()
@@ -528,7 +529,7 @@ def test_the_real_mixed_node_shape_passes_naming_its_disabled_ethernet_spare():
     findings = ib_hca_rule.rule(v)
     assert [f.status for f in findings] == [Status.PASS] * 2, [f.message for f in findings]
     assert findings[0].message == "2 ports ACTIVE at 400 Gb/s (ib): mlx5_0:1, mlx5_2:1; spare, Disabled: mlx5_1:1"
-    assert ib_hca_rule.usable_hcas(v)["nodes"]["n001"] == ["mlx5_0:1", "mlx5_2:1"]
+    assert derived_rails.usable_hcas(v)["nodes"]["n001"] == ["mlx5_0:1", "mlx5_2:1"]
 
 
 def test_two_nodes_whose_frontend_port_differs_fail_naming_the_split_not_the_rails_rate():

@@ -12,6 +12,7 @@ import pytest
 from preflight.checks.nccl_env import probe as nccl_env_probe
 from preflight.checks.nvls import rule as check_rule
 from preflight.model import ClusterView, NodeInfo, Status
+from preflight.derived import ncclenv
 from preflight.output import envfile
 from tests.builders import gpu_expected
 from tests.fixture_cases import fixture_dir, meta
@@ -244,7 +245,7 @@ def env_view(states):
 def test_env_file_turns_nvls_off_while_a_node_cannot_use_it(tmp_path):
     broken = node_facts(gpu="h100_fabric_in_progress", fm=fm_facts("systemctl_show_failed"))
     view = env_view([node_facts(), broken, node_facts()])
-    derived = envfile.derive(view)
+    derived = ncclenv.derive(view)
     var = [v for v in derived.variables if v.key == "NCCL_NVLS_ENABLE"]
     assert len(var) == 1 and var[0].value == "0" and not var[0].default
     assert var[0].why[0].startswith("nvls check: NVLS (NVLink SHARP) cannot work on n002: NVLink fabric not Completed")
@@ -263,4 +264,4 @@ def test_env_file_leaves_nvls_to_nccl_where_it_works_or_does_not_apply():
         for gpu in g["gpus"]:
             gpu["name"], gpu["fabric"] = "NVIDIA H100 PCIe", None
     view = env_view([node_facts(), node_facts(fm=fm_facts(service=None, switches=[]), edit=pcie)])
-    assert "NCCL_NVLS_ENABLE" not in envfile.derive(view).as_dict()
+    assert "NCCL_NVLS_ENABLE" not in ncclenv.derive(view).as_dict()

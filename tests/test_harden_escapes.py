@@ -81,7 +81,7 @@ def test_console_report_escapes_node_text_in_findings_and_what_to_do():
 
 
 def test_node_mode_line_and_drain_reason_escape_node_text():
-    from preflight import nodecheck
+    from preflight.cli import node as nodecheck
 
     finding = Finding("nccl_env", "n001", Status.FAIL, "NCCL_IB_HCA=%s set in the environment" % HOSTILE,
                       expected="mlx5" + TITLE)

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from preflight import nodecheck
+from preflight.cli import node as nodecheck
 from preflight.errors import UsageError
 from preflight.model import Finding, Status
 from tests.report_schema import assert_valid

@@ -15,7 +15,8 @@ import io
 from rich.console import Console
 
 from preflight import checks
-from preflight.engine import NOT_RUN, NOT_RUN_MESSAGE, RunReport
+from preflight.engine import RunReport
+from preflight.model import NOT_RUN, NOT_RUN_MESSAGE
 from preflight.inventory import Inventory, NodeSpec
 from preflight.model import ClusterView, Finding, NodeInfo, Status
 from preflight.output import report

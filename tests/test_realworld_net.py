@@ -28,6 +28,7 @@ from preflight.checks.nic import probe as nic_probe
 from preflight.checks.nic import rule as nic_rule
 from preflight.output.envfile import derive
 from preflight.model import ClusterView, NodeInfo, Status
+from preflight.derived import rails as derived_rails
 from preflight.probe.context import NodeContext
 
 REALWORLD = Path(__file__).resolve().parent.parent / ".." / "shared" / "realworld"
@@ -205,14 +206,14 @@ def _agree_ib(path, facts):
     view = _one_view({"n1": facts, "n2": facts}, "ib_hca")
     problems = [f.message for f in ib_hca_rule.rule(view) if f.status in PROBLEMS]
     assert problems == []
-    usable = ib_hca_rule.usable_hcas(view)
+    usable = derived_rails.usable_hcas(view)
     layers = {}
     for p in facts["ports"]:
-        layers.setdefault(p["link_layer"], []).append(ib_hca_rule.port_label(p))
-    rails = max(layers.values(), key=len)
+        layers.setdefault(p["link_layer"], []).append(derived_rails.port_label(p))
+    rail_ports = max(layers.values(), key=len)
     derived = derive(view)
-    assert derived.as_dict().get("NCCL_IB_HCA") == "=" + ",".join(rails), derived.notes
-    assert usable["nodes"]["n1"] == rails
+    assert derived.as_dict().get("NCCL_IB_HCA") == "=" + ",".join(rail_ports), derived.notes
+    assert usable["nodes"]["n1"] == rail_ports
 
 
 def _agree_ip(path, facts):

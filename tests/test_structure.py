@@ -28,7 +28,7 @@ CONFINED = {
     "fabric": ("preflight/transport/",),
     "paramiko": ("preflight/transport/",),
     "invoke": ("preflight/transport/",),
-    "rich": ("preflight/cli.py", "preflight/output/report.py"),
+    "rich": ("preflight/cli/", "preflight/output/report.py"),
     "pynvml": ("preflight/probe/",),
     "torch": ("preflight/probe/",),
 }
@@ -264,3 +264,117 @@ def test_disk_layout_is_the_import_layout():
         dirs[:] = [d for d in dirs if d != "__pycache__"]
         if any(f.endswith(".py") for f in files):
             assert "__init__.py" in files, "%s has modules but no __init__.py" % os.path.relpath(dirpath, ROOT)
+
+
+# --- layers: one declared order, like import-linter's layers contract ---------------------------------------
+
+#: The layers, lowest first. A module may import its own layer and the layers below, never one above: a
+#: back-arrow fails here with the file and line. Patterns are tried in order (the first that matches names the
+#: layer), so a check folder's declaration, probe and stage are placed before the folder's other modules.
+LAYERS = (
+    ("vocabulary", ("preflight/__init__.py", "preflight/model.py", "preflight/common.py", "preflight/errors.py",
+                    "preflight/located_yaml.py")),
+    ("node side", ("preflight/probe/*", "preflight/checks/__init__.py", "preflight/checks/*/__init__.py",
+                   "preflight/checks/*/probe.py")),
+    ("inventory", ("preflight/inventory.py",)),
+    ("derived", ("preflight/derived/*",)),
+    ("stages", ("preflight/checks/*/stage.py",)),  # placed here for matching order; ranked below
+    ("rules", ("preflight/checks/*/*",)),
+    ("transport", ("preflight/transport/*", "preflight/slurm/*", "preflight/k8s/*")),
+    ("engine", ("preflight/engine.py",)),
+    ("actions, outputs, history", ("preflight/actions/*", "preflight/output/*", "preflight/history/*")),
+    ("cli", ("preflight/cli/*", "preflight/__main__.py")),
+)
+#: the order the layers stand in (LAYERS lists stages early only so that stage.py matches before rules' glob)
+ORDER = ("vocabulary", "node side", "inventory", "derived", "rules", "transport", "stages", "engine",
+         "actions, outputs, history", "cli")
+
+
+def layer_of(rel: str) -> Optional[str]:
+    """The layer of a module (its path relative to the repository), None when no pattern places it."""
+    import fnmatch
+
+    for name, patterns in LAYERS:
+        if any(fnmatch.fnmatchcase(rel, p) for p in patterns):
+            return name
+    return None
+
+
+def back_arrows() -> List[str]:
+    """Every import (module level or inside a function) from a module to one in a higher layer."""
+    wrong = []
+    for mod, rel in sorted(MODULES.items()):
+        here = layer_of(rel)
+        for line, target, _name in imports(mod):
+            there = layer_of(MODULES.get(target, ""))
+            if here and there and ORDER.index(there) > ORDER.index(here):
+                wrong.append("%s:%d imports %s: layer %r may not import %r (move the shared code down a layer)"
+                             % (rel, line, target, here, there))
+    return wrong
+
+
+def test_every_module_has_a_layer():
+    unplaced = [rel for rel in MODULES.values() if layer_of(rel) is None]
+    assert not unplaced, "place these in tests/test_structure.py LAYERS: %s" % ", ".join(sorted(unplaced))
+
+
+def test_imports_point_down_the_layers():
+    wrong = back_arrows()
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_planted_back_arrow_is_caught(monkeypatch):
+    """The guard itself fails: a derived module importing a check's rule, and a rule importing the CLI."""
+    planted = {"preflight.derived.datanet": [(1, "preflight.checks.ib_hca.rule", None)],
+               "preflight.checks.mtu.rule": [(1, "preflight.cli", None)]}
+    real = imports
+    monkeypatch.setitem(globals(), "imports", lambda mod, *a: list(real(mod, *a)) + planted.get(mod, []))
+    found = back_arrows()
+    assert any("derived/datanet.py:1 imports preflight.checks.ib_hca.rule" in w for w in found), found
+    assert any("mtu/rule.py:1 imports preflight.cli:" in w for w in found), found
+
+
+# --- functions stay short -----------------------------------------------------------------------------------
+
+MAX_FUNCTION_LINES = 80
+#: functions past MAX_FUNCTION_LINES today, each with why it is still long: debt to split into named steps, not
+#: a licence. A new long function fails; a listed one that shrinks below the limit must leave the list.
+LONG_FUNCTIONS = {
+    "preflight/checks/allreduce/rule.py:rank_findings": "the per-rank judgement: figures, sweep cut, stragglers, wording",
+    "preflight/checks/allreduce/stage.py:_measure": "the sweep's rounds and their deadlines in one loop",
+    "preflight/checks/allreduce/timeplan.py:time_plan": "one table of phases, each a few lines",
+    "preflight/checks/fabric_manager/rule.py:_node": "one node's fabric states, NVSwitch and VM shapes",
+    "preflight/checks/mtu/rule.py:rule": "reference, per-path judgement and the blame of one end",
+    "preflight/checks/nccl_env/rule.py:rule": "reference env, per-node comparison and wording",
+    "preflight/checks/ports/probe.py:_listen_claimed": "the head's listener and its claim in one socket lifetime",
+    "preflight/checks/ports/rule.py:rule": "reference, per-node judgement and the head's overload evidence",
+    "preflight/derived/datanet.py:choose": "the data-network choice: pinned, inventory, routes, majority",
+    "preflight/derived/envfabric.py:gid": "NCCL_IB_GID_INDEX: the GID table's per-node agreement",
+    "preflight/engine.py:run": "one run's phases in order (gather, derive, judge, cross-node, act)",
+    "preflight/inventory.py:load": "the inventory's top-level keys, validated in file order",
+    "preflight/probe/bench_worker.py:main": "one rank's life: init, sweep, report (node side, no helpers module)",
+    "preflight/slurm/allocation.py:allocate": "salloc, its wait and its failure modes",
+    "preflight/slurm/fleet.py:_collect": "one srun step's output, parts and failures",
+    "preflight/transport/ssh.py:run_bundle": "one SSH session's protocol: connect, send, read, deadline, kill",
+}
+
+
+def long_functions() -> Dict[str, int]:
+    out = {}
+    for rel in MODULES.values():
+        for node in ast.walk(_tree(rel)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                length = node.end_lineno - first + 1
+                if length > MAX_FUNCTION_LINES:
+                    out["%s:%s" % (rel, node.name)] = length
+    return out
+
+
+def test_functions_stay_short():
+    found = long_functions()
+    new = ["%s (%d lines)" % (k, v) for k, v in sorted(found.items()) if k not in LONG_FUNCTIONS]
+    assert not new, ("over %d lines: split into named steps (reference, per-node judgement, wording): %s"
+                     % (MAX_FUNCTION_LINES, "; ".join(new)))
+    fixed = sorted(set(LONG_FUNCTIONS) - set(found))
+    assert not fixed, "now short (or gone): remove from LONG_FUNCTIONS: %s" % ", ".join(fixed)

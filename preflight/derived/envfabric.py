@@ -19,6 +19,9 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preflight.model import ClusterView
+from preflight.derived import versions
+from preflight.derived import rails
+from preflight.derived.rails import port_label
 from preflight.derived.envvars import HCA_OK, Derived, EnvVar, fold_names, refuse, version_key
 
 #: NCCL 2.21 picks the RoCE GID per port (ncclIbGetGidIndex: the first RoCE v2 entry of NCCL_IB_ADDR_FAMILY
@@ -32,20 +35,18 @@ PLUGIN_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 def nccl_versions(view: ClusterView, nodes: Sequence[str]) -> Dict[str, Optional[str]]:
     """{node: the NCCL version a torch job there loads, from the driver check's facts, or None}."""
-    from preflight.checks.driver import rule as driver_rule
     out: Dict[str, Optional[str]] = {}
     for node in nodes:
         facts = (view.facts.get(node) or {}).get("driver")
         ok = isinstance(facts, dict) and "probe_error" not in facts
-        out[node] = driver_rule.nccl_version(facts) if ok else None
+        out[node] = versions.nccl_version(facts) if ok else None
     return out
 
 
 def ib(view: ClusterView, nodes: Sequence[str], choice: Any, nccl: Dict[str, Optional[str]], derived: Derived) -> None:
     """NCCL_IB_HCA (the rails, identical on every node), NCCL_IB_DISABLE (0 beside them, 1 without any), the
     RoCE GID; or a note saying why not. nccl: {node: NCCL version} (nccl_versions)."""
-    from preflight.checks.ib_hca import rule as ib_hca_rule
-    usable = ib_hca_rule.usable_hcas(view)
+    usable = rails.of(view)
     unknown = [n for n in nodes if n not in usable["nodes"]]
     if unknown:
         derived.notes.append("NCCL_IB_HCA/NCCL_IB_DISABLE not written: no HCA facts from %s (see the ib_hca check)" % fold_names(unknown))
@@ -159,14 +160,13 @@ def in_subnet(ip: Any, subnet: Optional[str]) -> bool:
 def gid(view: ClusterView, nodes: Sequence[str], rails: Sequence[str], choice: Any, nccl: Dict[str, Optional[str]], derived: Derived) -> None:
     """The RoCE GID: the RoCE v2 IPv4 entry in the data subnet (a VLAN's, not the untagged lowest one), pinned
     with NCCL_IB_GID_INDEX where NCCL < 2.21 needs it, NCCL_IB_ADDR_RANGE where 2.21+ would pick another."""
-    from preflight.checks.ib_hca import rule as ib_hca_rule
     subnet = choice.subnet
     picked: Dict[str, Dict[str, Dict[str, Any]]] = {}
     lowest: Dict[str, Dict[str, int]] = {}
     unclear: Dict[str, List[str]] = {}
     for node in nodes:
         hca = (view.facts.get(node) or {}).get("ib_hca") or {}
-        by_label = {ib_hca_rule.port_label(p): p for p in hca.get("ports") or [] if isinstance(p, dict)}
+        by_label = {port_label(p): p for p in hca.get("ports") or [] if isinstance(p, dict)}
         for label in rails:
             gids = port_gids(by_label.get(label))
             inside = [g for g in gids if in_subnet(g.get("ip"), subnet)]

@@ -58,7 +58,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
+from preflight.checks.driver import NAME as DRIVER
 from preflight.common import version_key
+from preflight.derived import versions
 from preflight.probe.ncclconf import effective
 
 #: From this NCCL a failed multicast bind fails the communicator under the default NCCL_NVLS_ENABLE=2.
@@ -117,10 +119,8 @@ def _setting(view: Any, node: str, nccl: Optional[str]) -> Optional[Tuple[str, s
 
 
 def _nccl(view: Any, node: str) -> Optional[str]:
-    from preflight.checks import driver
-    from preflight.checks.driver import rule as driver_rule
-    facts = (view.facts.get(node) or {}).get(driver.NAME)
-    return driver_rule.nccl_version(facts) if isinstance(facts, dict) and "probe_error" not in facts else None
+    facts = (view.facts.get(node) or {}).get(DRIVER)
+    return versions.nccl_version(facts) if isinstance(facts, dict) and "probe_error" not in facts else None
 
 
 def assess(view: Any, node: Any) -> NvlsState:

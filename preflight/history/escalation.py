@@ -31,25 +31,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from preflight.history.db import History
+from preflight.inventory import HISTORY_FLAP_CHECKS as FLAP_CHECKS_DEFAULT
 from preflight.history.subjects import gpu_index, subject_of
 
 INSPECT = "inspect"
 HARDWARE_ACTIONS = ("isolate", "reset_gpu", "reboot")
 LADDER_STARTS = ("reset_gpu", "reboot")
 
-#: cluster.history settings in the inventory: (default, low, high, what it is)
-SETTINGS: Dict[str, Tuple[Any, float, float, str]] = {
-    "escalation_window_s": (7 * 86400, 60, 366 * 86400, "a fault recurring on the same GPU or port within this climbs the ladder"),
-    "reset_attempts": (1, 0, 10, "GPU resets before the ladder moves to reboot"),
-    "reboot_threshold": (2, 0, 10, "reboots before the ladder moves to inspect/RMA (gpud's DefaultRebootThreshold)"),
-    "drain_after": (2, 1, 100, "runs a retest-class, config or flapping fault must be seen in before it drains"),
-    "drain_window_s": (7 * 86400, 60, 366 * 86400, "window for drain_after"),
-    "breaker_fraction": (0.5, 0.0, 1.0, "most of the fleet preflight may have drained within breaker_window_s"),
-    "breaker_window_s": (300, 1, 366 * 86400, "window of the circuit breaker (NVSentinel: 5 minutes)"),
-    "retention_runs": (None, 1, 10**7, "keep only this many runs in the history database"),
-    "retention_days": (None, 1, 36500, "drop runs older than this from the history database"),
-}
-FLAP_CHECKS_DEFAULT = ("ib_errors", "ssh", "allreduce")
 
 
 @dataclass(frozen=True)

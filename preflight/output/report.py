@@ -15,8 +15,8 @@ from preflight import __version__
 from preflight import checks as catalogue
 from preflight import common
 from preflight.common import plural
-from preflight.engine import RunReport, not_run
-from preflight.model import ACTIONS, Finding, Status
+from preflight.engine import RunReport
+from preflight.model import ACTIONS, Finding, Status, is_consequence, not_run, unavailable
 
 STYLE = {
     Status.PASS: "green",
@@ -79,20 +79,6 @@ SCHEMA_VERSION = "1.0"
 NODE_STATUSES = ("pass", "warn", "fail", "unavailable")
 
 #: data key of the one finding of a node set aside as unavailable: {"state": [...], "reason": str|None}
-UNAVAILABLE = "unavailable"
-
-
-def unavailable(finding: Finding) -> bool:
-    """The finding that marks its node unavailable (not checked: Slurm had it out of service)."""
-    return bool(finding.data) and isinstance(finding.data.get(UNAVAILABLE), dict)
-
-
-def is_consequence(finding: Finding) -> bool:
-    """A finding that only repeats another's cause: a check that could not run ("not checked: node
-    unreachable") or had nothing to test because of another check's fault ("not tested: no data
-    interface (see the nic check)"). It never becomes a headline or a drain reason when a root cause
-    stands beside it on the node."""
-    return not_run(finding) or (finding.status is Status.ERROR and finding.message.startswith(("not tested:", "not checked")))
 
 
 def node_statuses(findings: Iterable[Finding], nodes: Iterable[str]) -> Dict[str, str]:

@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from preflight.common import fold, plural, printable
-from preflight.model import Finding, Status
-from preflight.output.report import UNAVAILABLE, is_consequence, unavailable
+from preflight.model import UNAVAILABLE, Finding, Status, is_consequence, unavailable
 from preflight.slurm.scontrol import REASON_PREFIX, SlurmError, down as _down, drained as _drained, left_alone_why, node_info, ours
 
 PREFIX = REASON_PREFIX
@@ -46,7 +45,7 @@ def reason_for(finding: Finding) -> str:
 def worst_findings(findings: Iterable[Finding]) -> Dict[str, Finding]:
     """{node: the finding its drain reason (and node-mode headline) names}: the root cause. The ssh
     finding first (the transport explains every 'not checked'), then a finding that is not a
-    consequence (`report.is_consequence`: "not tested: no data interface" beside nic's FAIL), then a
+    consequence (`model.is_consequence`: "not tested: no data interface" beside nic's FAIL), then a
     FAIL (a decided fault) before an ERROR (a check that could not decide)."""
     worst: Dict[str, Finding] = {}
 

@@ -7,20 +7,9 @@ from typing import Any, Dict, List, Optional, Tuple
 from preflight.common import fold, majority, plural
 from preflight.model import ClusterView, Finding, Status, probe_error
 from preflight.checks.driver import NAME
+from preflight.derived.versions import nccl_version, public
 
 NOT_FOUND = "not found"
-
-
-def nccl_version(facts: Dict[str, Any]) -> Optional[str]:
-    """The NCCL a torch job on this node loads: the Python distribution's, else the system library's."""
-    if facts.get("nccl_python"):
-        return facts["nccl_python"]["version"]
-    versions = sorted({lib["version"] for lib in facts.get("nccl_system") or [] if lib.get("version")})
-    return " + ".join(versions) if versions else None
-
-
-def public(version: Optional[str]) -> Optional[str]:
-    return None if version is None else version.split("+", 1)[0]
 
 
 #: (key, label, applies to CPU-only nodes)

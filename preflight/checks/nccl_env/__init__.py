@@ -24,7 +24,7 @@ Facts: {"environ": {key: value}, "user": str, "home": str|None (the account's), 
                    "error": str|None, "entries": [{"key", "value", "line"}], "malformed": [{"line", "text"}]}]}
 
 Rule decisions:
-- a setting that contradicts what preflight recommends (preflight.output.envfile.derive over the same facts)
+- a setting that contradicts what preflight recommends (preflight.derived.ncclenv.derive over the same facts)
   FAILs, naming the file and line: NCCL_SOCKET_IFNAME that does not select the data interface
   (NCCL's matching: '^' excludes, '=' exact names, else prefixes) or also selects another interface with
   an address (NCCL's bootstrap takes the first match in interface order and its socket transport spreads

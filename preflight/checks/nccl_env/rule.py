@@ -122,11 +122,11 @@ def _nccl_versions(view: ClusterView) -> Dict[str, Optional[Tuple[int, int, int]
 
 def _recommended(view: ClusterView, nodes: List[str]) -> Tuple[Dict[str, str], Dict[str, Dict[str, str]]]:
     """(the env file's variables, {node: its per-node values}) derived over the same facts."""
-    from preflight.output import envfile
+    from preflight.derived import ncclenv
 
     if not nodes:
         return {}, {}
-    derived = envfile.derive(view, nodes)
+    derived = ncclenv.derive(view, nodes)
     return derived.as_dict(), derived.per_node
 
 
