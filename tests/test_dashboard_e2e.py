@@ -12,8 +12,11 @@ module skips, naming them.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -30,7 +33,7 @@ from preflight.history import recorder
 from preflight.history.db import History
 from preflight.model import Finding, Status
 from preflight.output import dashboard
-from preflight.output.prometheus import write_prometheus
+from preflight.output.prometheus import history_metrics, to_prometheus, write_prometheus
 from preflight.slurm import drain
 from tests import history_fleet as fleet
 
@@ -107,9 +110,16 @@ def _stop(procs: List[subprocess.Popen]) -> None:
             proc.wait(timeout=15)
 
 
+def _die_with_this_process() -> None:
+    """In the daemon's child: SIGKILL when pytest dies, even by SIGKILL (no teardown runs then)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
 def _start(argv: List[str], log: Path, procs: List[subprocess.Popen]) -> subprocess.Popen:
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=_die_with_this_process)
     procs.append(proc)
     return proc
 
@@ -212,3 +222,29 @@ def test_the_dashboard_is_valid_grafana_json_and_ships_with_the_package(capsys, 
     assert cli.main(["dashboard", "-o", str(tmp_path / "missing" / "x.json")]) == 2
     err = capsys.readouterr().err
     assert "cannot write" in err and len(err.strip().splitlines()) == 1
+
+
+def test_healthy_twin_a_clean_run_draws_no_failure_lemon_or_drain(tmp_path):
+    """A clean night after nights without faults: no failing check, no lemon, no action in the textfile,
+    so those panels stay empty while fleet status shows every node passing."""
+    h_docs = [fleet.report(day, NODES) for day in range(NIGHTS)]
+    with History(str(tmp_path / "h.sqlite")) as h:
+        for doc in h_docs:
+            recorder.record(h, None, doc, None, [], {}, lambda _l: None)
+        text = to_prometheus(h_docs[-1]) + history_metrics(recorder.metrics(h, {}))
+    lines = text.splitlines()
+    assert 'preflight_nodes{status="pass"} %d' % len(NODES) in lines and 'preflight_nodes{status="fail"} 0' in lines
+    assert not [line for line in lines if line.startswith("preflight_check_status{") and not line.endswith(" 0")]
+    for absent in ("preflight_history_repeat_fault_runs{", "preflight_history_actions{", "preflight_check_action{",
+                   "preflight_allreduce_node_busbw_gbps{"):
+        assert absent not in text
+
+
+def test_node_busbw_series_name_the_node_and_test_and_skip_missing_figures():
+    doc = _night(0)
+    doc["allreduce"]["node_rounds"] = [{"name": "nvlink", "nodes": {NODES[0]: 370.5, NODES[1]: None}},
+                                       {"name": "nic", "nodes": {NODES[0]: 96.25}}]
+    lines = to_prometheus(doc).splitlines()
+    assert [line for line in lines if line.startswith("preflight_allreduce_node_busbw_gbps{")] == [
+        'preflight_allreduce_node_busbw_gbps{node="%s",test="nvlink"} 370.5' % NODES[0],
+        'preflight_allreduce_node_busbw_gbps{node="%s",test="nic"} 96.25' % NODES[0]]
