@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--json", action="store_true", help="one JSON document instead of tables")
 
     dash = sub.add_parser("dashboard", help="print the Grafana dashboard for the --prometheus textfile (JSON)")
-    dash.add_argument("-o", "--output", metavar="PATH", help="write it to PATH (e.g. a Grafana provisioning folder) instead")
+    dash.add_argument("-o", "--output", metavar="PATH", help="write it to PATH instead (a directory, e.g. a Grafana provider's folder: PATH/preflight.json)")
 
     diff = sub.add_parser("diff", help="compare two JSON reports (from --json or --history)")
     diff.add_argument("old")
@@ -181,7 +181,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if args.command == "history":
                     return _cmd_history(args)
                 if args.command == "dashboard":
-                    return _cmd_dashboard(args.output)
+                    from preflight.output import dashboard
+
+                    return dashboard.command(args.output)
                 if args.command == "node":
                     from preflight import nodecheck
 
@@ -201,21 +203,6 @@ def main(argv: Optional[List[str]] = None) -> int:
                 return 128 + signum
     except KeyboardInterrupt:  # a signal between the handler's install and its removal
         return EXIT_INTERRUPTED
-
-
-def _cmd_dashboard(output: Optional[str]) -> int:
-    """`preflight dashboard`: the shipped Grafana dashboard on stdout, or written atomically to --output."""
-    from preflight.output import dashboard
-    from preflight.output.history import atomic_write_text
-
-    if output is None:
-        sys.stdout.write(dashboard.text())
-        return 0
-    try:
-        atomic_write_text(output, dashboard.text())
-    except OSError as exc:
-        raise UsageError("cannot write %s: %s" % (output, exc.strerror or exc), "give a writable file path") from None
-    return 0
 
 
 def _cmd_checks(markdown: bool = False) -> int:

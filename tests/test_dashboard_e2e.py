@@ -219,6 +219,10 @@ def test_the_dashboard_is_valid_grafana_json_and_ships_with_the_package(capsys, 
     assert json.loads(capsys.readouterr().out) == board
     assert cli.main(["dashboard", "-o", str(tmp_path / "preflight.json")]) == 0
     assert json.loads((tmp_path / "preflight.json").read_text()) == board
+    provider = tmp_path / "provisioning"
+    provider.mkdir()
+    assert cli.main(["dashboard", "--output", str(provider)]) == 0  # a provider's folder
+    assert json.loads((provider / "preflight.json").read_text()) == board
     assert cli.main(["dashboard", "-o", str(tmp_path / "missing" / "x.json")]) == 2
     err = capsys.readouterr().err
     assert "cannot write" in err and len(err.strip().splitlines()) == 1

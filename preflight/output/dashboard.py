@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import importlib.resources
 import json
-from typing import Any, Dict, Iterator, Tuple
+import os
+import sys
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+from preflight.errors import UsageError
+from preflight.output.history import atomic_write_text
 
 FILE_NAME = "grafana_dashboard.json"
+INSTALLED_NAME = "preflight.json"  # the file `preflight dashboard -o DIR` writes in DIR
 
 
 def text() -> str:
@@ -31,3 +37,19 @@ def queries(dashboard: Dict[str, Any]) -> Iterator[Tuple[str, str, str]]:
         for inner in [panel] + list(panel.get("panels") or []):
             for target in inner.get("targets") or []:
                 yield inner.get("title", ""), target.get("refId", ""), target["expr"]
+
+
+def command(output: Optional[str]) -> int:
+    """`preflight dashboard`: the dashboard on stdout, or written atomically to `output` (an existing
+    directory, such as a Grafana provider's folder, gets ``preflight.json``); a path that cannot be
+    written is a UsageError naming it."""
+    if output is None:
+        sys.stdout.write(text())
+        return 0
+    if os.path.isdir(output):
+        output = os.path.join(output, INSTALLED_NAME)
+    try:
+        atomic_write_text(output, text())
+    except OSError as exc:
+        raise UsageError("cannot write %s: %s" % (output, exc.strerror or exc), "give a writable file path") from None
+    return 0
