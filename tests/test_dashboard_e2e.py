@@ -24,7 +24,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import pytest
 
@@ -49,10 +49,12 @@ NODES = fleet.node_names(6)
 LEMON, FLAPPY = NODES[1], NODES[4]
 LEMON_GPU = 3
 NIGHTS = 4
-#: each node's loopback bus bandwidth in the last run; the lemon's node is the slow one
+#: each node's loopback bus bandwidth; the lemon's node falls from HEALTHY_GBPS to its figure here on the last night
 NODE_GBPS = {n: 11.5 + i * 0.25 for i, n in enumerate(NODES)}
 NODE_GBPS[LEMON] = 4.0
-DEADLINE_S = 90.0  # daemons starting and the first scrape, on a loaded 2-core machine
+HEALTHY_GBPS = 12.0
+DEADLINE_S = 90.0  # daemons starting and a scrape, on a loaded 2-core machine
+PORT_TRIES = 3  # a free port another process takes before the daemon binds it: new ports
 
 
 def _free_port() -> int:
@@ -62,12 +64,15 @@ def _free_port() -> int:
 
 
 def _night(day: int) -> Dict[str, Any]:
-    """One run's report: the lemon's GPU 3 raises Xid 79 every night, FLAPPY's port flaps on the last;
-    an all-reduce with a threshold and each node's loopback round (the report's node_rounds)."""
-    faults = [fleet.xid(LEMON, LEMON_GPU)] + ([fleet.flaky(FLAPPY)] if day == NIGHTS - 1 else [])
+    """One run's report: the lemon's GPU 3 raises Xid 79 every night, and on the last night its node's
+    bandwidth falls and FLAPPY's port flaps; an all-reduce with a threshold and each node's loopback
+    round (the report's node_rounds)."""
+    last = day == NIGHTS - 1
+    faults = [fleet.xid(LEMON, LEMON_GPU)] + ([fleet.flaky(FLAPPY)] if last else [])
     doc = fleet.report(day, NODES, faults, busbw=12.5)
+    gbps = dict(NODE_GBPS, **({} if last else {LEMON: HEALTHY_GBPS}))
     doc["allreduce"].update(backend="gloo", threshold_gbps=8.0, node_rounds=[
-        {"name": "loopback", "what": "the node alone", "median_gbps": 12.0, "named": [LEMON], "nodes": dict(NODE_GBPS)}])
+        {"name": "loopback", "what": "the node alone", "median_gbps": 12.0, "named": [LEMON] if last else [], "nodes": gbps}])
     doc["summary"] = {"pass": sum(r["status"] == "pass" for r in doc["results"]),
                       "fail": sum(r["status"] == "fail" for r in doc["results"])}
     return doc
@@ -77,25 +82,35 @@ def _finding(r: Dict[str, Any]) -> Finding:
     return Finding(r["check"], r["node"], Status(r["status"]), r["message"], action=r.get("action"), data=r.get("data"))
 
 
-def _write_textfile(tmp: Path, textfile: Path) -> Dict[str, Any]:
-    """Record the nights as `preflight check --history --drain` does (decide, record, metrics), then write
-    the last night's textfile through the real writer; returns that night's report."""
+def _record_nights(tmp: Path, textfile: Path, scraped: Callable[[Dict[str, Any]], None]) -> Dict[str, Any]:
+    """Record the nights as `preflight check --history --drain` does (decide, record, metrics); after each
+    of the last two, write the textfile through the real writer and wait until `scraped(report)`.
+    Returns the last night's report."""
     would = lambda fs: sorted(drain.plan(fs, NODES, {}, drain=True, resume=False, max_fraction=0.5).drain)  # noqa: E731
     with History(str(tmp / "history.sqlite")) as h:
         for day in range(NIGHTS):
             doc = _night(day)
             _, actions = recorder.decide(h, doc, [_finding(r) for r in doc["results"]], {}, would, False, lambda _l: None)
             recorder.record(h, None, doc, None, actions, {}, lambda _l: None)
-        write_prometheus(doc, textfile, recorder.metrics(h, {}))
+            if day >= NIGHTS - 2:
+                write_prometheus(doc, textfile, recorder.metrics(h, {}))
+                scraped(doc)
     return doc
 
 
-def _query(port: int, expr: str) -> List[Dict[str, Any]]:
-    url = "http://127.0.0.1:%d/api/v1/query?%s" % (port, urllib.parse.urlencode({"query": expr}))
+def _get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=10) as resp:
-        body = json.load(resp)
-    assert body["status"] == "success", (expr, body)
+        return resp.read()
+
+
+def _api(port: int, path: str, **params: Any) -> Any:
+    body = json.loads(_get("http://127.0.0.1:%d/api/v1/%s?%s" % (port, path, urllib.parse.urlencode(params))))
+    assert body["status"] == "success", (path, params, body)
     return body["data"]["result"]
+
+
+def _query(port: int, expr: str) -> List[Dict[str, Any]]:
+    return _api(port, "query", query=expr)
 
 
 def _stop(procs: List[subprocess.Popen]) -> None:
@@ -108,6 +123,7 @@ def _stop(procs: List[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=15)
+    procs.clear()
 
 
 def _die_with_this_process() -> None:
@@ -116,60 +132,81 @@ def _die_with_this_process() -> None:
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
-def _start(argv: List[str], log: Path, procs: List[subprocess.Popen]) -> subprocess.Popen:
+def _start(argv: List[str], log: Path, procs: List[subprocess.Popen]) -> None:
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=_die_with_this_process)
-    procs.append(proc)
-    return proc
+        procs.append(subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      preexec_fn=_die_with_this_process))
 
 
-def _wait_for_scrape(port: int, started: float, procs: List[subprocess.Popen], logs: List[Path]) -> None:
-    """Until Prometheus holds the run's start time from the textfile: a bounded poll, never a bare sleep."""
+class PortTaken(Exception):
+    """A daemon could not bind the port chosen for it: another process took it first."""
+
+
+def _until(ready: Callable[[], bool], procs: List[subprocess.Popen], logs: List[Path], what: str) -> None:
+    """Poll `ready` until it holds, a daemon exits (PortTaken when it could not bind) or DEADLINE_S passes."""
     deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
-        dead = [(p, log) for p, log in zip(procs, logs) if p.poll() is not None]
-        if dead:
-            raise AssertionError("%s exited %s: %s" % (dead[0][0].args[0], dead[0][0].returncode, dead[0][1].read_text()[-2000:]))
+        for proc, log in zip(procs, logs):
+            if proc.poll() is not None:
+                text = log.read_text(errors="replace")[-2000:]
+                if "address already in use" in text:
+                    raise PortTaken(text)
+                raise AssertionError("%s exited %s: %s" % (proc.args[0], proc.returncode, text))
         try:
-            found = _query(port, "preflight_last_run_timestamp_seconds")
+            if ready():
+                return
         except (urllib.error.URLError, ConnectionError, OSError):
-            found = []
-        if any(float(s["value"][1]) == started for s in found):
-            return
+            pass
         time.sleep(0.2)
-    raise AssertionError("Prometheus had not scraped the textfile within %.0f s: %s" % (DEADLINE_S, logs[-1].read_text()[-2000:]))
+    raise AssertionError("%s not within %.0f s: %s" % (what, DEADLINE_S, logs[-1].read_text(errors="replace")[-2000:]))
+
+
+def _launch(tmp: Path, textdir: Path, procs: List[subprocess.Popen], logs: List[Path]) -> int:
+    """Start the node exporter (textfile collector only) and Prometheus scraping it every second, each on a
+    free loopback port; returns Prometheus's port once both answer."""
+    for attempt in range(PORT_TRIES):
+        exporter, port = _free_port(), _free_port()
+        (tmp / "prometheus.yml").write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n  - job_name: preflight\n    static_configs:\n      - targets: ['127.0.0.1:%d']\n" % exporter)
+        _start([NODE_EXPORTER, "--web.listen-address=127.0.0.1:%d" % exporter, "--collector.disable-defaults",
+                "--collector.textfile", "--collector.textfile.directory=%s" % textdir], logs[0], procs)
+        _start([PROMETHEUS, "--config.file=%s" % (tmp / "prometheus.yml"), "--storage.tsdb.path=%s" % (tmp / "tsdb"),
+                "--web.listen-address=127.0.0.1:%d" % port, "--web.console.templates=%s" % tmp,
+                "--web.console.libraries=%s" % tmp], logs[1], procs)
+        try:
+            _until(lambda: bool(_get("http://127.0.0.1:%d/metrics" % exporter)) and bool(_get("http://127.0.0.1:%d/-/ready" % port)),
+                   procs, logs, "node exporter and Prometheus answering")
+            return port
+        except PortTaken:
+            _stop(procs)
+            if attempt == PORT_TRIES - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory):
-    """(Prometheus port, the run's report): node exporter serving the textfile, Prometheus scraping it."""
+    """(Prometheus port, the last run's report): the node exporter serving the textfile, Prometheus
+    scraping it, both killed at the end however the module went."""
+    from preflight.output.history import parse_timestamp
+
     tmp = tmp_path_factory.mktemp("dashboard")
     textdir = tmp / "textfile"
     textdir.mkdir()
-    doc = _write_textfile(tmp, textdir / "preflight.prom")
-    exporter_port, prom_port = _free_port(), _free_port()
-    (tmp / "prometheus.yml").write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: preflight\n    static_configs:\n      - targets: ['127.0.0.1:%d']\n" % exporter_port)
     procs: List[subprocess.Popen] = []
     logs = [tmp / "node_exporter.log", tmp / "prometheus.log"]
     try:
-        _start([NODE_EXPORTER, "--web.listen-address=127.0.0.1:%d" % exporter_port, "--collector.disable-defaults",
-                "--collector.textfile", "--collector.textfile.directory=%s" % textdir], logs[0], procs)
-        _start([PROMETHEUS, "--config.file=%s" % (tmp / "prometheus.yml"), "--storage.tsdb.path=%s" % (tmp / "tsdb"),
-                "--web.listen-address=127.0.0.1:%d" % prom_port, "--web.console.templates=%s" % tmp,
-                "--web.console.libraries=%s" % tmp], logs[1], procs)
-        from preflight.output.history import parse_timestamp
+        port = _launch(tmp, textdir, procs, logs)
 
-        _wait_for_scrape(prom_port, parse_timestamp(doc["started_at"]).timestamp(), procs, logs)
-        yield prom_port, doc
+        def scraped(doc: Dict[str, Any]) -> None:
+            started = parse_timestamp(doc["started_at"]).timestamp()
+            _until(lambda: any(float(s["value"][1]) == started for s in _query(port, "preflight_last_run_timestamp_seconds")),
+                   procs, logs, "Prometheus holding the run of %s" % doc["started_at"])
+
+        yield port, _record_nights(tmp, textdir / "preflight.prom", scraped)
     finally:
         _stop(procs)
-
-
-def _labels(series: List[Dict[str, Any]], name: str) -> List[str]:
-    return sorted(s["metric"].get(name, "") for s in series)
 
 
 @needs_daemons
@@ -226,6 +263,21 @@ def test_the_dashboard_is_valid_grafana_json_and_ships_with_the_package(capsys, 
     assert cli.main(["dashboard", "-o", str(tmp_path / "missing" / "x.json")]) == 2
     err = capsys.readouterr().err
     assert "cannot write" in err and len(err.strip().splitlines()) == 1
+
+
+@needs_daemons
+def test_bandwidth_per_node_over_time_shows_where_it_was_lost(prom):
+    """Two runs scraped one after the other: the lemon's node keeps one series that falls from the healthy
+    figure to its own, the other nodes' stay flat (Grafana's range query of the same panel)."""
+    port, _doc = prom
+    expr = dict(((t, r), e) for t, r, e in dashboard.queries(dashboard.load()))[("Bus bandwidth per node over time", "A")]
+    now = time.time()
+    series = _api(port, "query_range", query=expr, start=now - 600, end=now, step=1)
+    by_node = {s["metric"]["node"]: [float(v) for _t, v in s["values"]] for s in series}
+    assert sorted(by_node) == sorted(NODES)
+    lemon = by_node[LEMON]
+    assert lemon[0] == HEALTHY_GBPS and lemon[-1] == NODE_GBPS[LEMON] and sorted(set(lemon)) == [NODE_GBPS[LEMON], HEALTHY_GBPS]
+    assert all(set(v) == {NODE_GBPS[n]} for n, v in by_node.items() if n != LEMON)
 
 
 def test_healthy_twin_a_clean_run_draws_no_failure_lemon_or_drain(tmp_path):
