@@ -22,7 +22,7 @@ from preflight.cli.parser import build_parser
 
 #: each command's module (preflight.cli.<module>.run(args)), imported only when that command runs
 COMMANDS = {"check": "check", "env": "check", "k8s": "k8s", "node": "node", "checks": "catalogue", "diff": "diff",
-            "history": "history"}
+            "history": "history", "dashboard": "dashboard"}
 
 
 class Interrupted(KeyboardInterrupt):

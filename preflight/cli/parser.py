@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--limit", type=int, default=30, metavar="N", help="timeline and decisions: the newest N (default 30)")
     history.add_argument("--json", action="store_true", help="one JSON document instead of tables")
 
+    dash = sub.add_parser("dashboard", help="print the Grafana dashboard for the --prometheus textfile (JSON)")
+    dash.add_argument("-o", "--output", metavar="PATH", help="write it to PATH instead (a directory, e.g. a Grafana provider's folder: PATH/preflight.json)")
+
     diff = sub.add_parser("diff", help="compare two JSON reports (from --json or --history)")
     diff.add_argument("old")
     diff.add_argument("new")

@@ -186,7 +186,7 @@ def incidents(h: History, now: Optional[float] = None) -> Dict[str, Any]:
 def metrics(h: History, since: float, window_runs: int = 30) -> Dict[str, Any]:
     """What the Prometheus textfile carries from the history (preflight.output.prometheus): per node its
     incidents, failures in a row, seconds since its last incident and flips; repeat faults since
-    `since`; the fleet's incidents per 1,000 node-days."""
+    `since`; the fleet's incidents per 1,000 node-days; the last run's actions per node and kind."""
     found = incidents(h)
     now = h.conn.execute("SELECT max(started_at) FROM runs").fetchone()[0] or 0.0
     flips = flip_counts(h, window_runs)
@@ -197,5 +197,10 @@ def metrics(h: History, since: float, window_runs: int = 30) -> Dict[str, Any]:
                        "seconds_since_last_incident": None if d["days_since_last"] is None else d["days_since_last"] * DAY}
     repeats = [{"node": ",".join(r["nodes"]), "subject": r["subject"], "fault": r["fault"], "runs": r["runs"]}
                for r in repeat_faults(h, 2, since)]
+    last_run = "(SELECT id FROM runs ORDER BY started_at DESC, id DESC LIMIT 1)"
+    actions = [{"node": node or "", "kind": kind, "shadow": bool(shadow), "count": count}
+               for node, kind, shadow, count in h.conn.execute(
+        "SELECT n.name, a.kind, a.shadow, count(*) FROM actions a LEFT JOIN nodes n ON n.id = a.node_id "
+        "WHERE a.run_id = " + last_run + " GROUP BY n.name, a.kind, a.shadow ORDER BY n.name, a.kind")]
     return {"now": now, "runs": h.conn.execute("SELECT count(*) FROM runs").fetchone()[0], "nodes": nodes,
-            "repeats": repeats, "fleet": found["fleet"]}
+            "repeats": repeats, "fleet": found["fleet"], "actions": actions}

@@ -33,6 +33,8 @@ Metrics::
     preflight_allreduce_algbw_gbps{bytes}       algorithm bandwidth per message size
     preflight_allreduce_curve_busbw_gbps{bytes} bus bandwidth per message size
     preflight_allreduce_time_seconds{bytes}     time of one all-reduce per message size
+    preflight_allreduce_node_busbw_gbps{node,test}  each node's partner-free bus bandwidth (the report's
+                                                allreduce.node_rounds: test loopback, nvlink or nic)
 
 With ``--history`` the same file carries what the history database says (preflight.history.queries.metrics)::
 
@@ -44,6 +46,8 @@ With ``--history`` the same file carries what the history database says (preflig
     preflight_history_repeat_fault_runs{node,subject,fault} runs a fault was seen in on the same GPU serial
                                                             or port within the escalation window (2 or more)
     preflight_history_incidents_per_1000_node_days          the fleet's incident rate
+    preflight_history_actions{node,kind,shadow}             actions the last run recorded per node (drain,
+                                                            hold, breaker, escalate, resume); shadow="1": --shadow
 
 The all-reduce metrics are absent when the report has no all-reduce result (or the value is null).
 Alert examples: ``max(preflight_check_status) >= 3``, ``time() - preflight_last_run_timestamp_seconds > 7200``.
@@ -171,6 +175,7 @@ def to_prometheus(report: Mapping[str, Any]) -> str:
             ("preflight_allreduce_algbw_gbps", "All-reduce algorithm bandwidth per message size, GB/s."),
             ("preflight_allreduce_curve_busbw_gbps", "All-reduce bus bandwidth per message size, GB/s."),
             ("preflight_allreduce_time_seconds", "Time of one all-reduce per message size, seconds."),
+            ("preflight_allreduce_node_busbw_gbps", "Bus bandwidth of the node alone (test: loopback, nvlink, nic), GB/s."),
         ]
     }
 
@@ -206,7 +211,15 @@ def to_prometheus(report: Mapping[str, Any]) -> str:
         inventory_sha256=report.get("inventory_sha256") or "",
     )
 
-    allreduce = report.get("allreduce")
+    _allreduce(fam, report.get("allreduce"))
+    lines: List[str] = []
+    for family in fam.values():
+        lines.extend(family.render())
+    return "\n".join(lines) + "\n"
+
+
+def _allreduce(fam: Dict[str, "_Family"], allreduce: Optional[Mapping[str, Any]]) -> None:
+    """The all-reduce's figures: verdict, world size, busbw and threshold, the curve, each node's own rounds."""
     if allreduce:
         if allreduce.get("verdict"):
             fam["preflight_allreduce_status"].add(STATUS_VALUE[Status(allreduce["verdict"])])
@@ -219,11 +232,9 @@ def to_prometheus(report: Mapping[str, Any]) -> str:
             fam["preflight_allreduce_algbw_gbps"].add(_number(point.get("algbw_gbps")), bytes=size)
             fam["preflight_allreduce_curve_busbw_gbps"].add(_number(point.get("busbw_gbps")), bytes=size)
             fam["preflight_allreduce_time_seconds"].add(_number(point.get("time_s")), bytes=size)
-
-    lines: List[str] = []
-    for family in fam.values():
-        lines.extend(family.render())
-    return "\n".join(lines) + "\n"
+        for rnd in allreduce.get("node_rounds") or []:
+            for node, gbps in sorted((rnd.get("nodes") or {}).items()):
+                fam["preflight_allreduce_node_busbw_gbps"].add(_number(gbps), node=node, test=rnd.get("name") or "")
 
 
 def history_metrics(history: Mapping[str, Any]) -> str:
@@ -236,6 +247,7 @@ def history_metrics(history: Mapping[str, Any]) -> str:
         ("preflight_history_flips", "Changes between failing and not failing in the node's last 30 runs."),
         ("preflight_history_repeat_fault_runs", "Runs the fault was seen in on the same GPU serial, port or node within the escalation window."),
         ("preflight_history_incidents_per_1000_node_days", "The fleet's incidents per 1,000 node-days."),
+        ("preflight_history_actions", "Actions the last run recorded on the node (drain, hold, breaker, escalate); shadow=1: only decided."),
     ]}
     fam["preflight_history_runs"].add(int(history.get("runs") or 0))
     for node, d in sorted((history.get("nodes") or {}).items()):
@@ -246,6 +258,8 @@ def history_metrics(history: Mapping[str, Any]) -> str:
     for r in history.get("repeats") or []:
         fam["preflight_history_repeat_fault_runs"].add(int(r["runs"]), node=r["node"], subject=r["subject"], fault=r["fault"])
     fam["preflight_history_incidents_per_1000_node_days"].add(_number((history.get("fleet") or {}).get("incidents_per_1000_node_days")))
+    for a in history.get("actions") or []:
+        fam["preflight_history_actions"].add(int(a["count"]), node=a["node"], kind=a["kind"], shadow=int(bool(a["shadow"])))
     lines: List[str] = []
     for family in fam.values():
         lines.extend(family.render())
