@@ -30,7 +30,7 @@
 Inputs may sit in a folder below the json ("gpu_node/ip-addr.json") or beside another check's cases
 ("../gpu/h100_hgx_550.xml"): a recording is kept once. `preflight check --capture DIR` writes node
 snapshots in this format. Also here: `tests/fixtures/gpu/nvml_*.json` hold recorded NVML sessions
-("answers"), replayed by tests/test_check_gpu.py; they are not parser cases.
+("answers"), replayed by tests/checks/test_gpu.py; they are not parser cases.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ outputs back."""
 from __future__ import annotations
 
 import io
-import os
 import sys
 
 import pytest
@@ -18,8 +17,8 @@ from preflight.inventory import Inventory, NodeSpec
 from preflight.model import ClusterView, Finding, NodeInfo, Status
 from preflight.output import report
 from preflight.slurm import drain
+from tests.paths import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: what a hostile or corrupted node can put in a value: OSC 52 (set the clipboard, BEL- and ST-terminated),
 #: CSI 2J (clear the screen), OSC 0 (retitle the window), a one-byte C1 CSI, a bidi override, CR over-printing

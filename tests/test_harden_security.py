@@ -13,8 +13,8 @@ import subprocess
 import sys
 
 import pytest
+from tests.paths import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import pytest
 from preflight import cli, inventory
 from preflight.errors import InventoryError
 from tests.builders import assert_one_located_line
+from tests.paths import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (case id, inventory text, line the error must name (None = no line), words the message must contain)
 BAD = [
@@ -115,7 +115,7 @@ def test_good_inventory_expands_ranges_and_applies_defaults(tmp_path):
 @pytest.mark.parametrize("name", sorted(n for n in os.listdir(os.path.join(REPO, "inventory")) if n.endswith(".example.yaml")))
 def test_example_inventories_load(name):
     """Every inventory users copy loads (inventory/*.example.yaml; k8s-training-job.yaml is a Kubernetes
-    manifest, validated by tests/test_k8s_unit.py)."""
+    manifest, validated by tests/transport/test_k8s_unit.py)."""
     loaded = inventory.load(os.path.join(REPO, "inventory", name))
     assert loaded.nodes
 

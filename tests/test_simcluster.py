@@ -16,6 +16,7 @@ import yaml
 
 from tests.sim import DOCKER0_CIDR, cleanup_stale, in_netns
 from tests.sim.netns import list_netns, netns_id
+from tests.paths import REPO
 
 
 def _connect(cluster, node, port=22, timeout=2.0):
@@ -297,7 +298,7 @@ def test_cleanup_stale_after_crash(sim_cluster):
         time.sleep(1000)
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, universal_newlines=True,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                            cwd=REPO)
     try:
         prefix, root = proc.stdout.readline().split()
     finally:

@@ -13,8 +13,9 @@ import sys
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import pytest
+from tests.paths import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO
 PKG = os.path.join(ROOT, "preflight")
 
 # Modules allowed past MAX_LINES, each with the reason it reads better whole.

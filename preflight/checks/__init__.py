@@ -11,7 +11,7 @@
                       (the all-reduce); its rule judges what it gathered
 
 The catalogue is every such folder, in the order its CHECK declares: adding a check is adding its folder (and
-its fixtures); tests/test_catalogue.py names what a new one forgot. Standard library only: this module travels
+its fixtures); tests/checks/test_catalogue.py names what a new one forgot. Standard library only: this module travels
 to the nodes with the declarations and probes (preflight.transport.bundle), though only the controller lists
 the folders.
 """
@@ -116,7 +116,7 @@ def settings() -> Dict[str, Setting]:
     """Every inventory key a check declares ({"mtu_full_mesh": Setting, "expect.mtu": Setting, ...}), sorted.
 
     Two checks may read one key (xid and ib_errors: xid_window_s); they declare it alike, which
-    tests/test_catalogue.py guards, and the first declaration (in CHECK_NAMES order) is the one used.
+    tests/checks/test_catalogue.py guards, and the first declaration (in CHECK_NAMES order) is the one used.
     """
     out: Dict[str, Setting] = {}
     for check in entries().values():

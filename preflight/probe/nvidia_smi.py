@@ -1,7 +1,7 @@
 """GPU facts from nvidia-smi (the gpu check's fallback source): `nvidia-smi -q -x` and `nvidia-smi nvlink --status`.
 
 Standard library only, Python 3.8 compatible: pure parsers, run on the node by the gpu probe and on recorded
-outputs by the tests (tests/fixtures/gpu, and the real captures tests/test_realworld_gpu.py reads).
+outputs by the tests (tests/fixtures/gpu, and the real captures tests/realworld/test_gpu.py reads).
 Formats: the nvidia-smi XML of drivers 418-595 (schemas v11-v13: clocks_throttle_reasons, later
 clocks_event_reasons; ECC in the legacy single/double-bit or the sram/dram layout) and the text of
 `nvidia-smi nvlink --status` (NVIDIA System Management Interface documentation).

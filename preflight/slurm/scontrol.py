@@ -44,7 +44,7 @@ EXIT_RE = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$")
 #: srun ending the whole step because its I/O connection to one node's slurmstepd broke (Slurm 22.05
 #: src/api/step_launch.c, step_launch_notify_io_failure: "aborting, io error with slurmstepd on node %d", or
 #: "Aborting, io error and missing step on node %d"; the number is the node's index in the step). Every task
-#: not yet finished is then reported "Killed" (reproduced in tests/test_slurm_ops.py by resetting one
+#: not yet finished is then reported "Killed" (reproduced in tests/actions/test_slurm_ops.py by resetting one
 #: slurmstepd's TCP connection): nothing is known against those nodes.
 STEP_ABORT_RE = re.compile(r"(?:aborting, io error with slurmstepd|Aborting, io error and missing step) on node (\d+)")
 GRANTED_RE = re.compile(r"Granted job allocation (\d+)")

@@ -228,7 +228,7 @@ def _imported(root: str, rel: str) -> List[str]:
 
 
 #: the bundle's bytecode is compiled as `python -OO` would: no docstrings, no asserts (the node-side code
-#: relies on neither: tests/test_bundle_bytecode.py guards it), 7% fewer bytes to every node
+#: relies on neither: tests/transport/test_bundle_bytecode.py guards it), 7% fewer bytes to every node
 OPTIMIZE = 2
 
 

@@ -40,7 +40,7 @@ from preflight.model import ParseError
 # the channel lines ("via NET/Socket/0") and then from the error chain: "transport/net_socket.cc:368 -> 6"
 # is the socket plugin, "transport/net_ib.cc" / ib_plugin.c / "NET/IB :" WARN the IB one (NCCL prints the
 # source file of every frame an error passes: misc/debug.cc NCCLCHECK). Checked against 15 real logs
-# (../shared/realworld/nccl_info, tests/test_realworld_nccl.py) and fixtures modelled on them.
+# (../shared/realworld/nccl_info, tests/realworld/test_nccl.py) and fixtures modelled on them.
 # Real logs in these formats are quoted in the NVIDIA/nccl issue tracker; tests/fixtures/allreduce/ holds
 # fixtures modelled on them, each naming its source.
 # A launcher's combined log holds every host's lines (mpirun's "[1,N]<stdout>:" prefix, NVIDIA/nccl#224;

@@ -1,0 +1,78 @@
+"""preflight.checks.allreduce.timeplan: the bench's phases and their durations, planned before any node is touched."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from preflight.checks.allreduce import localize, plan, timeplan
+from preflight.common import GiB
+from tests.paths import REPO
+
+
+
+def test_one_size_is_latency_plus_bytes_over_busbw():
+    # 16 ranks, 1 GiB at 100 GB/s busbw: 2*log2(16) hops + 2^30 * 2*15/16 / 1e11
+    want = 8 * timeplan.HOP_LATENCY_S + GiB * 2 * 15 / 16 / 100e9
+    assert timeplan.op_s(GiB, 16, 100.0) == pytest.approx(want)
+    assert timeplan.op_s(GiB, 1, 100.0) == 0.0  # one rank moves nothing
+
+
+def test_the_plan_follows_the_phases_run_py_runs_with_their_deadlines():
+    tp = timeplan.time_plan([8] * 4, {"sizes": [GiB], "warmup": 1, "iters": 3}, {"busbw_gbps": 100})
+    assert [p["phase"] for p in tp["phases"]] == ["sweep", "node tests", "node round: nic", "pair rounds"]
+    assert tp["phases"][1]["runs"] == 0 and tp["phases"][2]["worst_runs"] == 2  # NVLink in the sweep's processes
+    sweep = tp["phases"][0]
+    assert sweep["expected_s"] == round(timeplan.launch_s(32) + 4 * timeplan.op_s(GiB, 32, 100.0), 1)
+    assert sweep["budget_s"] == plan.outer_deadline({"deadlines": plan.default_deadlines("nccl")})
+    pairs = tp["phases"][-1]
+    # nccl: the screening pairs are a launch, then at most ceil(log2 4) + 2 = 4 rounds
+    assert pairs["worst_runs"] == 1 + localize.max_rounds(4) == 5 and pairs["ranks"] == 16
+    assert tp["rates"]["net_gbps"] == 100.0 and tp["rates"]["net_from"] == "expect.busbw_gbps"
+    assert tp["expected_s"] == pytest.approx(sum(p["expected_s"] for p in tp["phases"]), abs=0.05)
+    assert tp["rounds"] == {"planned_max": 4, "log2_bound": 2}
+    assert "at most 4 rounds (ceil(log2 4) + 2" in pairs["what"]
+
+
+def test_cpu_fleets_plan_no_node_round_and_two_nodes_no_pair_round():
+    tp = timeplan.time_plan([0, 0], {}, {})
+    assert tp["backend"] == "gloo" and [p["phase"] for p in tp["phases"]] == ["sweep", "node tests"]
+    tp = timeplan.time_plan([0] * 5, {}, {})
+    assert [p["phase"] for p in tp["phases"]] == ["sweep", "node tests", "pair rounds"]
+    # the gloo loopback and pairs ride on the sweep's processes: no launch
+    assert tp["phases"][1]["runs"] == 0 and tp["phases"][2]["runs"] == 0
+    assert tp["phases"][2]["worst_runs"] == localize.max_rounds(5) == 5
+    assert [p["phase"] for p in timeplan.time_plan([0] * 5, {"node_round": False}, {})["phases"]] == [
+        "sweep", "pair rounds"]
+    assert tp["rounds"]["log2_bound"] == math.ceil(math.log2(5))
+
+
+def test_1024_gpus_at_ndr_400g_are_planned_within_ten_minutes_with_every_pair_round():
+    tp = timeplan.time_plan([8] * 128, {}, {"ib_hcas": 8, "ib_rate_gbps": 400}, gpu_model="NVIDIA H100 80GB HBM3")
+    assert tp["ranks"] == 1024 and tp["rates"]["nvlink_gbps"] == 450.0
+    assert tp["rates"]["net_gbps"] == pytest.approx(8 * 50 * 0.7)
+    assert tp["expected_with_localization_s"] > tp["expected_s"]
+    assert tp["expected_with_localization_s"] <= 600, timeplan.render(tp)
+
+
+def test_check_plan_prints_the_plan_and_touches_no_node(tmp_path):
+    inv = tmp_path / "hosts.yaml"
+    # hosts that do not resolve: any connection attempt would fail the run
+    inv.write_text("defaults:\n  gpus_per_node: 8\ncluster:\n  expect:\n    ib_hcas: 4\n    ib_rate_gbps: 200\n"
+                   "nodes:\n  - gpu-[01-03].invalid\n")
+    env = dict(os.environ, PYTHONPATH=REPO)
+    done = subprocess.run([sys.executable, "-m", "preflight", "check", str(inv), "--plan"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("all-reduce time plan: 3 nodes, 24 nccl ranks, verdict at 4 GiB (nothing was run)")
+    assert "pair rounds" in done.stdout and "70 GB/s (expect.ib_hcas x ib_rate_gbps" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "preflight", "check", str(inv), "--plan", "--json", "-"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)["allreduce_plan"]
+    assert doc["nodes"] == 3 and doc["phases"][0]["phase"] == "sweep"
