@@ -136,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--window-runs", type=int, default=30, metavar="N", help="flapping and failure rates: over the fleet's last N runs (default 30)")
     history.add_argument("--limit", type=int, default=30, metavar="N", help="timeline and decisions: the newest N (default 30)")
     history.add_argument("--json", action="store_true", help="one JSON document instead of tables")
+    history.add_argument("--html", metavar="PATH", help="also write the sections as one self-contained HTML page")
 
     diff = sub.add_parser("diff", help="compare two JSON reports (from --json or --history)")
     diff.add_argument("old")
@@ -262,11 +263,19 @@ def _cmd_history(args: argparse.Namespace) -> int:
         raise UsageError("unknown section %s" % ", ".join(unknown), "choose from %s" % ", ".join(render.SECTIONS))
     if args.window_runs < 2 or args.limit < 1:
         raise UsageError("--window-runs must be at least 2 and --limit at least 1", "e.g. --window-runs 30 --limit 30")
+    if args.html:
+        from preflight.output import files
+
+        files.check_output_paths(argparse.Namespace(html=args.html))  # before the database is read
     database, _ = location(args.path)
     if not os.path.isfile(database):
         raise UsageError("no history database at %s" % database, "give the --history PATH of `preflight check`")
     with History(database, lambda line: sys.stderr.write("preflight: %s\n" % line)) as h:
         data = render.gather(h, sections, args.node, args.window_runs, args.limit)
+    if args.html:
+        from preflight.output import html
+
+        files.write(args.html, html.render_history(data, "preflight history %s" % args.path))
     sys.stdout.write(render.to_json(data) if args.json else "\n".join(render.lines(data)) + "\n")
     return EXIT_OK
 

@@ -51,7 +51,7 @@ th{background:#f2f4f7}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .bar{display:inline-block;height:.8em;background:#4c8bf5;vertical-align:middle}.bar.low{background:#d1242f}
 tr.hit td{background:#fff0f0}.card{border:1px solid #d0d7de;border-radius:6px;padding:.3em .8em;margin:.5em 0;background:#fff}
 .strip span{display:inline-block;width:1.1em;height:1.1em;margin-right:2px;border-radius:2px;vertical-align:middle}
-summary{cursor:pointer}.small{font-size:12px;color:#57606a}
+summary{cursor:pointer}.small{font-size:12px;color:#57606a}td a,.nw{white-space:nowrap}
 """
 
 #: how each action is worded for the person reading (preflight.output.report.ACTION_WORDS, shorter)
@@ -92,9 +92,14 @@ def render(doc: Mapping[str, Any], timelines: Optional[Mapping[str, Sequence[Map
 
 def _when(value: Any) -> str:
     """A report's or history row's time as UTC text (reports carry ISO text, the database epoch seconds)."""
+    if isinstance(value, str):
+        try:
+            value = datetime.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc).timestamp()
+        except ValueError:
+            return value
     if isinstance(value, (int, float)):
         return datetime.datetime.fromtimestamp(value, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return str(value or "")
+    return ""
 
 
 def _head(doc: Mapping[str, Any]) -> str:
@@ -177,7 +182,7 @@ def _finding_table(rows: List[Tuple[Mapping[str, Any], List[Optional[str]]]], an
     for r, nodes in rows:
         status = str(r.get("status"))
         action = r.get("action")
-        out.append('<tr><td><span class="badge %s">%s</span></td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>' % (
+        out.append('<tr><td><span class="badge %s">%s</span></td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td class="nw">%s</td></tr>' % (
             esc(status), esc(status.upper()), esc(r.get("check")), _where(nodes, anchors), esc(r.get("message")),
             _evidence(r), esc(ACTION_TEXT.get(action, action)) if action else ""))
     out.append("</table>")
@@ -364,7 +369,7 @@ def _timeline(runs: Sequence[Mapping[str, Any]]) -> str:
         acts = "<br>".join("%s%s %s" % (esc(a.get("kind")), " (shadow)" if a.get("shadow") else "", esc(a.get("reason") or ""))
                            for a in run.get("actions") or [])
         status = str(run.get("status"))
-        rows.append('<tr><td>%s</td><td><span class="badge %s">%s</span></td><td>%s</td><td>%s</td></tr>' % (
+        rows.append('<tr><td class="nw">%s</td><td><span class="badge %s">%s</span></td><td>%s</td><td>%s</td></tr>' % (
             esc(_when(run.get("started_at"))), esc(status), esc(status.upper()), problems, acts))
     return ("<p class=\"small\">history %s</p><table><tr><th>run</th><th>status</th><th>problems</th><th>actions</th></tr>%s</table>"
             % (_strip(runs), "".join(rows)))
@@ -389,3 +394,49 @@ def _history(nodes: List[Mapping[str, Any]], anchors: Mapping[str, str], timelin
         out.append("<p>%s passed every recorded run: <span class=\"mono\">%s</span></p>" % (
             common.plural(len(names), "node"), esc(common.fold(names))))
     return "".join(out)
+
+
+#: keys of `preflight history` rows that hold Unix times
+TIME_KEYS = ("started_at", "last_seen", "at", "first_seen", "since")
+
+
+def render_history(data: Mapping[str, Any], title: str = "preflight history") -> str:
+    """`preflight history --html`: its JSON document's sections as tables on one self-contained page
+    (a node's timeline with its strip; each other section a table of its rows; nested values as text)."""
+    parts = ["<h1>%s</h1><p class=\"meta\">%s runs recorded</p>" % (esc(title), esc(data.get("runs")))]
+    timeline = data.get("timeline")
+    if isinstance(timeline, dict):
+        parts.append("<h2>timeline: %s</h2>%s" % (esc(timeline.get("node")), _timeline(timeline.get("runs") or [])))
+    for section, value in data.items():
+        if section in ("runs", "timeline"):
+            continue
+        parts.append("<h2>%s</h2>%s" % (esc(section), _value_table(value)))
+    return "".join([
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"%s\">" % CSP,
+        "<title>%s</title><style>%s</style></head><body>\n" % (esc(title), CSS), "\n".join(parts), "\n</body></html>\n"])
+
+
+def _cell(key: str, value: Any) -> str:
+    if key in TIME_KEYS and isinstance(value, (int, float)):
+        return esc(_when(value))
+    if isinstance(value, (list, tuple)) and all(not isinstance(v, (dict, list)) for v in value):
+        return esc(", ".join(str(v) for v in value))
+    if isinstance(value, (dict, list)):
+        return '<span class="mono">%s</span>' % esc(json.dumps(value, sort_keys=True, default=str))
+    return esc(value)
+
+
+def _value_table(value: Any) -> str:
+    """A list of rows as a table (the union of their keys as columns), a mapping as key/value rows."""
+    if isinstance(value, dict):
+        value = [{"": k, "value": v} for k, v in value.items()]
+    if not isinstance(value, list):
+        return "<p>%s</p>" % esc(value)
+    if not value:
+        return "<p>none</p>"
+    rows = [r if isinstance(r, dict) else {"value": r} for r in value]
+    keys = list(OrderedDict((k, None) for r in rows for k in r))
+    head = "".join("<th>%s</th>" % esc(k) for k in keys)
+    body = "".join("<tr>%s</tr>" % "".join("<td>%s</td>" % _cell(k, r.get(k, "")) for k in keys) for r in rows)
+    return "<table><tr>%s</tr>%s</table>" % (head, body)
