@@ -16,6 +16,7 @@ common.printable does for the terminal, then HTML-escaped, quotes included).
 from __future__ import annotations
 
 import datetime
+import functools
 import html
 import json
 from collections import OrderedDict
@@ -90,6 +91,7 @@ def render(doc: Mapping[str, Any], timelines: Optional[Mapping[str, Sequence[Map
     ])
 
 
+@functools.lru_cache(maxsize=4096)  # a fleet's history repeats the same few run times thousands of times
 def _when(value: Any) -> str:
     """A report's or history row's time as UTC text (reports carry ISO text, the database epoch seconds)."""
     if isinstance(value, str):
@@ -345,6 +347,9 @@ def _node_cards(nodes: List[Mapping[str, Any]], results: List[Mapping[str, Any]]
                                            esc(name), esc(n.get("host")), esc(n.get("gpus")), lines, history))
     if not out:
         return ""
+    if len(out) > FOLD_OVER:  # a fleet-wide fault: the cards fold (the failures table above names them all)
+        return "<h2>nodes that did not pass</h2><details><summary>%s, a card each</summary>%s</details>" % (
+            common.plural(len(out), "node"), "".join(out))
     return "<h2>nodes that did not pass</h2>" + "".join(out)
 
 
