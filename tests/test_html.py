@@ -206,3 +206,19 @@ def test_history_command_writes_its_sections_as_a_page(tmp_path, capsys):
         with Browser() as b:
             assert b.open(str(out))["errors"] == []
             assert "<script>alert(1)</script>" in b.evaluate("document.body.innerText")
+
+
+def test_check_with_history_puts_each_nodes_runs_on_the_page(tmp_path):
+    out, db = tmp_path / "run.html", str(tmp_path / "h.sqlite")
+    for _ in range(2):
+        assert cli.main(["check", "--only", "ssh", "--no-progress", "--history", db, "--html", str(out)]) in (0, 1)
+    hist = out.read_text(encoding="utf-8").split("<h2>recent history</h2>")[1]
+    with History(db) as h:
+        node = h.conn.execute("SELECT name FROM nodes").fetchone()[0]
+        runs = queries.timeline(h, node)
+    assert len(runs) == 2
+    troubled = sum(1 for r in runs if r["status"] != "pass")
+    if troubled:  # this machine's ssh check may fail: then the node's strip says so
+        assert "%d of 2</td>" % troubled in hist and html.esc(node) in hist
+    else:
+        assert '1 node passed every recorded run: <span class="mono">%s</span>' % html.esc(node) in hist
