@@ -118,7 +118,7 @@ def _head(doc: Mapping[str, Any]) -> str:
 
 
 def _grid(nodes: List[Mapping[str, Any]], anchors: Mapping[str, str]) -> str:
-    """Nodes grouped by status, worst first; a group over FOLD_OVER nodes (or all passing) is folded."""
+    """Nodes grouped by status, worst first; a group over FOLD_OVER nodes is folded behind its folded names."""
     groups: "OrderedDict[str, List[Mapping[str, Any]]]" = OrderedDict((s, []) for s in GROUP_ORDER)
     for n in nodes:
         groups.setdefault(n.get("status") or "fail", []).append(n)
