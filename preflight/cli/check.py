@@ -220,8 +220,19 @@ def _run_and_act(args: argparse.Namespace, inv: Any, opts: Any, console: Any, hi
     if hist is not None:
         recorder.record(hist[0], hist[1], doc, result.view.facts, actions, inv.cluster, say)
         metrics = recorder.metrics(hist[0], inv.cluster) if getattr(args, "prometheus", None) else None
-    files.write_outputs(args, result, doc, say, metrics)
+    timelines = _timelines(hist, doc) if getattr(args, "html", None) else None
+    files.write_outputs(args, result, doc, say, metrics, timelines)
     return result.exit_code
+
+
+def _timelines(hist: Any, doc: dict) -> Any:
+    """{node: its recent runs, newest first} for the --html page, or None without --history."""
+    if hist is None:
+        return None
+    from preflight.history import queries
+    from preflight.output.html import HISTORY_RUNS
+
+    return {n["name"]: queries.timeline(hist[0], n["name"], limit=HISTORY_RUNS) for n in doc["nodes"]}
 
 
 def _would_drain(args: argparse.Namespace, inv: Any) -> Any:

@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", metavar="PATH", help="write the JSON report to PATH ('-' = stdout)")
     check.add_argument("--junit", metavar="PATH", help="write a JUnit XML report (one test case per check and node)")
     check.add_argument("--prometheus", metavar="PATH", help="write a node_exporter textfile-collector file, atomically")
+    check.add_argument("--html", metavar="PATH", help="write one self-contained HTML page of the run (node grid, failures, "
+                       "all-reduce rounds; with --history each node's recent runs); it loads nothing from the network")
     check.add_argument("--history", metavar="PATH", help="record this run in the history database PATH (a .sqlite file; a "
                        "directory keeps the JSON reports for `preflight diff` too, imported once, with PATH/history.sqlite); "
                        "see `preflight history`")
@@ -83,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--window-runs", type=int, default=30, metavar="N", help="flapping and failure rates: over the fleet's last N runs (default 30)")
     history.add_argument("--limit", type=int, default=30, metavar="N", help="timeline and decisions: the newest N (default 30)")
     history.add_argument("--json", action="store_true", help="one JSON document instead of tables")
+    history.add_argument("--html", metavar="PATH", help="also write the sections as one self-contained HTML page")
 
     dash = sub.add_parser("dashboard", help="print the Grafana dashboard for the --prometheus textfile (JSON)")
     dash.add_argument("-o", "--output", metavar="PATH", help="write it to PATH instead (a directory, e.g. a Grafana provider's folder: PATH/preflight.json)")

@@ -17,9 +17,10 @@ from preflight.errors import UsageError
 
 
 def write_outputs(args: argparse.Namespace, result: Any, doc: dict, say: Callable[[str], None],
-                  history: Optional[dict] = None) -> None:
+                  history: Optional[dict] = None, timelines: Optional[dict] = None) -> None:
     """Write every output the run asked for; `say` prints a line for the person at the terminal;
-    `history`: the history database's metrics for the Prometheus file (preflight.history.queries.metrics)."""
+    `history`: the history database's metrics for the Prometheus file (preflight.history.queries.metrics);
+    `timelines`: {node: its recent runs} for the --html page (preflight.history.queries.timeline)."""
     from preflight.output import report
 
     if getattr(args, "json", None):
@@ -52,6 +53,10 @@ def write_outputs(args: argparse.Namespace, result: Any, doc: dict, say: Callabl
 
         with writing(args.prometheus):
             prometheus.write_prometheus(doc, args.prometheus, history)
+    if getattr(args, "html", None):
+        from preflight.output import html
+
+        write(args.html, html.render(doc, timelines))
     if getattr(args, "capture", None):
         from preflight.output import capture
 
@@ -82,7 +87,7 @@ def check_output_paths(args: argparse.Namespace) -> None:
     """Every output path must be writable before any node is touched (not found after a long run)."""
     files = [(opt, getattr(args, dest, None)) for opt, dest in (
         ("--json", "json"), ("--env-file", "env_file"), ("--hostfile", "hostfile"),
-        ("--junit", "junit"), ("--prometheus", "prometheus"))]
+        ("--junit", "junit"), ("--prometheus", "prometheus"), ("--html", "html"))]
     for opt, path in files:
         if not path or (opt == "--json" and path == "-"):
             continue

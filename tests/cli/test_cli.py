@@ -7,7 +7,7 @@ import pytest
 from preflight import cli
 
 
-@pytest.mark.parametrize("flag", ["--junit", "--prometheus", "--history", "--json", "--env-file", "--hostfile"])
+@pytest.mark.parametrize("flag", ["--junit", "--prometheus", "--history", "--json", "--env-file", "--hostfile", "--html"])
 def test_unwritable_output_is_one_line_exit_2(tmp_path, capsys, flag):
     (tmp_path / "a-file").write_text("")
     target = str(tmp_path / "a-file" / "out")  # below a regular file: no writer can create it
