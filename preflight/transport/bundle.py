@@ -98,21 +98,20 @@ def _cached_zip() -> bytes:
     run's first phase.
 
     The name carries a digest of every source's path, size and mtime and of this Python's magic number, as a
-    .pyc's header carries its source's; older bundles are removed. Nothing is written into the installed
+    .pyc's header carries its source's; the newest CACHE_KEEP bundles are kept (one per install in use). Nothing is written into the installed
     package (a read-only or shared install works, and uninstalling leaves nothing behind): the cache is
     cache_dir(), and where it cannot be used the bundle is built every run.
     """
-    sources = _sources()
     stamp = [importlib.util.MAGIC_NUMBER.hex(), preflight.__version__, "optimize=%d" % OPTIMIZE]
     try:
-        for path, name in sources:
+        for path in _package_files():  # every file of the package: a stat each, no source read (a hit costs ~5 ms)
             st = os.stat(path)
-            stamp.append("%s %s %d %d" % (name, path, st.st_size, st.st_mtime_ns))
+            stamp.append("%s %d %d" % (path, st.st_size, st.st_mtime_ns))
     except OSError:
-        return _build_zip(sources)
+        return _build_zip(_sources())
     folder = cache_dir()
     if folder is None:
-        return _build_zip(sources)
+        return _build_zip(_sources())
     path = os.path.join(folder, "bundle-%s.zip" % hashlib.sha256("\n".join(stamp).encode()).hexdigest()[:20])
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -120,19 +119,46 @@ def _cached_zip() -> bytes:
             return fh.read()
     except OSError:
         pass
-    blob = _build_zip(sources)
+    blob = _build_zip(_sources())
     tmp = "%s.%d.tmp" % (path, os.getpid())
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as fh:
             fh.write(blob)
         os.replace(tmp, path)
-        for old in os.listdir(folder):
-            if old.startswith("bundle-") and old.endswith(".zip") and old != os.path.basename(path):
-                os.unlink(os.path.join(folder, old))
+        _prune(folder)
     except OSError as exc:  # a full disk, or another run cleaned up first: this run has its bundle either way
         logging.getLogger(__name__).debug("bundle cache not written at %s: %s", folder, exc)
     return blob
+
+
+#: bundles kept in the cache: several installs of one user (two venvs, a checkout beside a release) each keep
+#: theirs instead of evicting one another's on every run
+CACHE_KEEP = 4
+
+
+def _prune(folder: str) -> None:
+    """Remove all but the CACHE_KEEP newest bundles of this cache folder."""
+    found = []
+    for name in os.listdir(folder):
+        if name.startswith("bundle-") and name.endswith(".zip"):
+            found.append((os.lstat(os.path.join(folder, name)).st_mtime, name))
+    for _mtime, name in sorted(found, reverse=True)[CACHE_KEEP:]:
+        os.unlink(os.path.join(folder, name))
+
+
+def _package_files() -> List[str]:
+    """Every .py file of the installed package and the pynvml the bundle carries: what the cache key covers (a
+    superset of the bundle's sources, found without reading one)."""
+    root = os.path.dirname(os.path.abspath(preflight.__file__))
+    out = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        out.extend(os.path.join(folder, f) for f in sorted(files) if f.endswith(".py"))
+    from preflight.probe.nvml import pynvml_source
+
+    origin, _why = pynvml_source()
+    return out + ([origin] if origin else [])
 
 
 def cache_dir() -> Optional[str]:

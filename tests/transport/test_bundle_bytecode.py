@@ -72,8 +72,8 @@ def test_node_with_another_python_compiles_the_source():
 
 def test_the_bundle_is_cached_in_the_users_cache_and_rebuilt_when_a_source_changes(tmp_path, monkeypatch):
     """Building the zip costs about 0.1 s each run; the cache (the user's, mode 0700, files 0600) is keyed, like
-    a .pyc, by every source's size and mtime: an edited source gives a new bundle (the old one removed), an
-    unusable folder only means building every run."""
+    a .pyc, by every source's size and mtime: an edited source gives a new bundle (the newest CACHE_KEEP are kept,
+    one per install in use), an unusable folder only means building every run."""
     import os
     import shutil
 
@@ -87,6 +87,7 @@ def test_the_bundle_is_cached_in_the_users_cache_and_rebuilt_when_a_source_chang
     cache = tmp_path / "cache"
     monkeypatch.setenv("PREFLIGHT_CACHE_DIR", str(cache))
     monkeypatch.setattr(bundle, "_sources", lambda: sources)
+    monkeypatch.setattr(bundle, "_package_files", lambda: [p for p, _n in sources])  # the cache key
     built = []
     real_build = bundle._build_zip
     monkeypatch.setattr(bundle, "_build_zip", lambda s=None: built.append(1) or real_build(s))
@@ -104,11 +105,18 @@ def test_the_bundle_is_cached_in_the_users_cache_and_rebuilt_when_a_source_chang
     assert built == [1, 1] and second != first
     assert b"# edited" in zipfile.ZipFile(io.BytesIO(second)).read("preflight/probe/runner.py")
     now = sorted(os.listdir(cache))
-    assert len(now) == 1 and now != cached  # the stale bundle is gone
+    assert len(now) == 2 and set(cached) < set(now)  # the older one stays (another install may be using it)
+    for n in range(bundle.CACHE_KEEP + 2):  # but no more than CACHE_KEEP of them
+        with open(edited, "a") as fh:
+            fh.write("\n# edit %d\n" % n)
+        os.utime(edited, ns=(n + 10**18, n + 10**18))
+        latest = bundle._cached_zip()
+    assert len(os.listdir(cache)) == bundle.CACHE_KEEP
 
     shutil.rmtree(cache)
     cache.write_text("not a folder")  # cannot be used: built, still returned
-    assert bundle._cached_zip() == second and built == [1, 1, 1]
+    count = len(built)
+    assert bundle._cached_zip() == latest and len(built) == count + 1
 
 
 def test_the_cache_refuses_a_planted_symlink_or_a_folder_others_can_write(tmp_path, monkeypatch):
