@@ -3,6 +3,7 @@
     ib(view, nodes, choice, nccl, derived)   the rails from the ib_hca facts, NCCL_IB_DISABLE=0 beside them
                                              (the environment beats nccl.conf), the RoCE GID per NCCL version
     nvls(view, nodes, derived)               NCCL_NVLS_ENABLE=0 where NVLS cannot work on a node (preflight.derived.nvls)
+    cloud(view, nodes, derived)              FI_PROVIDER / FI_EFA_USE_DEVICE_RDMA on EFA, the vendor's script on Google's fabrics
     with_proof(derived, logs)                after the all-reduce: NCCL_NET_PLUGIN from what its NCCL log says
 
 The NCCL behaviour these follow (NCCL source, tags 2.18-2.28: src/transport/net_ib.cc ncclIbGetGidIndex,
@@ -306,3 +307,49 @@ def with_proof(derived: Derived, logs: Dict[str, Dict[str, Any]]) -> Tuple[List[
         return variables, []
     return variables, ["NCCL_NET_PLUGIN not written: the proven run on %s loaded no net plugin and used NCCL's internal %s"
                        % (on, "/".join(networks))]
+
+
+#: libfabric's EFA provider reads device RDMA (read) where the hardware has it; AWS's EFA/NCCL guide ("Get
+#: started with EFA and NCCL", EC2 User Guide) exports FI_EFA_USE_DEVICE_RDMA=1 for p4d and later.
+EFA_RDMA_TYPES = ("p4d.", "p4de.", "p5.", "p5e.", "p5en.", "p6-")
+
+
+def cloud(view: ClusterView, nodes: Sequence[str], derived: Derived) -> None:
+    """The cloud fabric's variables (preflight.derived.cloud): FI_PROVIDER=efa and FI_EFA_USE_DEVICE_RDMA=1 where
+    every node is on EFA with aws-ofi-nccl; for Google's fabrics a note naming the vendor's env script found on
+    the nodes. Never NCCL_IB_HCA over EFA (ib() leaves EFA devices out)."""
+    from preflight.derived import cloud as cloud_fabric
+    fabrics = cloud_fabric.of(view)
+    on = {fabrics[n].fabric for n in nodes if n in fabrics}
+    if not on & set(cloud_fabric.CLOUD):
+        return
+    if len(on) > 1 or any(n not in fabrics for n in nodes):
+        derived.notes.append("no cloud fabric variables written: the nodes are not all on one fabric (%s; see cloud_fabric)"
+                             % ", ".join(sorted(str(f) for f in on)))
+        return
+    fabric, all_facts = on.pop(), [fabrics[n].facts for n in nodes]
+    if fabric == "efa":
+        _efa_env(nodes, [bool(cloud_fabric.plugins_of(f, "efa")) for f in all_facts], all_facts, derived)
+        return
+    scripts = sorted({cloud_fabric.profile_of(f, fabric) for f in all_facts} - {None})
+    derived.notes.append("%s: source %s (the vendor's NCCL settings for this fabric, Google Cloud's GPUDirect guide) "
+                         "before this file; NCCL_NET_PLUGIN is pinned once the all-reduce's NCCL log shows the plugin "
+                         "carried the traffic" % (fabric, " or ".join(scripts) if scripts else "the plugin's NCCL env script (not found on the nodes)"))
+
+
+def _efa_env(nodes: Sequence[str], plugged: Sequence[bool], facts: Sequence[Dict[str, Any]], derived: Derived) -> None:
+    missing = [n for n, ok in zip(nodes, plugged) if not ok]
+    if missing:
+        derived.notes.append("FI_PROVIDER not written: aws-ofi-nccl not found on %s, NCCL would not use EFA there "
+                             "(see cloud_fabric)" % fold_names(missing))
+        return
+    where = fold_names(list(nodes))
+    derived.variables.append(EnvVar("FI_PROVIDER", "efa", [
+        "cloud_fabric check: EFA devices and aws-ofi-nccl on %s" % where,
+        "libfabric opens only the efa provider (AWS EC2 User Guide, 'Get started with EFA and NCCL'; aws-ofi-nccl "
+        "README): no silent fall-back to another provider such as tcp"]))
+    types = sorted({str(f.get("product_name")) for f in facts})
+    if all(t.startswith(EFA_RDMA_TYPES) for t in types):
+        derived.variables.append(EnvVar("FI_EFA_USE_DEVICE_RDMA", "1", [
+            "cloud_fabric check: instance type %s, whose EFA devices support RDMA read" % ", ".join(types),
+            "AWS EC2 User Guide, 'Get started with EFA and NCCL': set for p4d and later instance types"]))
