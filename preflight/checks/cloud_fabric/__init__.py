@@ -1,8 +1,8 @@
 """cloud_fabric: each node's cloud GPU fabric is recognised from its own facts and has what that fabric needs.
 
 Fabrics, recognised on the node (never through a cloud API, which nodes may not reach):
-- efa     AWS Elastic Fabric Adapter: devices under class/infiniband bound to the efa driver (ib_hca's
-          is_efa), `fi_info -p efa` when libfabric's fi_info is on PATH or in /opt/amazon/efa/bin, the
+- efa     AWS Elastic Fabric Adapter: devices under class/infiniband bound to the efa driver
+          (preflight.probe.rdma.is_efa), `fi_info -p efa` when libfabric's fi_info is on PATH or in /opt/amazon/efa/bin, the
           instance type from DMI (class/dmi/id/product_name: "p5.48xlarge" on Nitro instances), the
           aws-ofi-nccl plugin (libnccl-net*.so under /opt/amazon/ofi-nccl or /opt/aws-ofi-nccl).
 - tcpx    Google GPUDirect-TCPX (A3 High): the plugin directory (/usr/local/tcpx or /var/lib/tcpx), the

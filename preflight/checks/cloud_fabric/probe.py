@@ -24,7 +24,7 @@ import re
 from typing import Any, Dict, List, Optional
 
 from preflight.model import ParseError
-from preflight.checks.ib_hca.probe import is_efa, natural_key
+from preflight.probe.rdma import is_efa, natural_key
 
 #: Where each fabric's NCCL plugin is installed (read under the host root).
 #: efa: the EFA installer's aws-ofi-nccl (/opt/amazon/ofi-nccl, AWS EC2 User Guide "Get started with EFA and

@@ -46,7 +46,7 @@ Rule decisions (fatal → FAIL with action `isolate`, degradation → WARN):
   counters WARN (an event in the past, e.g. a switch reboot, is evidence, not proof); a counter lower
   than before means it was cleared (reboot, perfquery -R) and is not compared.
 - saturated counters WARN; no HCA: SKIP; a probe that could not read the counters: ERROR.
-- AWS EFA devices (ib_hca's is_efa) are not read: they have hw_counters/, not the IBTA counters/, so reading
+- AWS EFA devices (preflight.probe.rdma.is_efa) are not read: they have hw_counters/, not the IBTA counters/, so reading
   them would say "counters unavailable" on every healthy EFA device; a node with only EFA devices SKIPs
   naming them (ib_hca and cloud_fabric judge them).
 

@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from preflight.model import ParseError
 from preflight.probe import kernlog
-from preflight.checks.ib_hca.probe import is_efa
+from preflight.probe.rdma import is_efa
 
 INTERVAL_S = 1.0
 #: Width in bits of each IBTA PortCounters field (IBA spec vol. 1, PortCounters attribute): the value
