@@ -26,6 +26,7 @@ SCENARIOS = {
     "xid": ("test_e2e_hw_checks", "test_fault_on_one_node_is_named", "xid"),
     "nic": ("test_e2e_datanet", "test_data_cable_pulled_fails_those_nodes_and_keeps_management_out_of_the_env", None),
     "ib_hca": ("test_e2e_catalogue", "test_hardware_fault_is_named", "ib_port_down"),
+    "cloud_fabric": ("test_cloud_fabric", "test_simulated_p5_nodes_over_ssh_one_without_the_plugin", None),
     "ib_errors": ("test_e2e_checks_v2", "test_ib_errors_names_the_flapping_port_while_it_flaps", None),
     "gpudirect": ("test_e2e_hw_checks", "test_fault_on_one_node_is_named", "gpudirect"),
     "topology": ("test_e2e_hw_checks", "test_fault_on_one_node_is_named", "topology"),
