@@ -250,3 +250,20 @@ def test_simulated_p5_nodes_over_ssh_one_without_the_plugin(sim_cluster, tmp_pat
     assert "export NCCL_IB_HCA" not in env and "rdmap" not in env
     assert "export FI_PROVIDER='efa'" in env and "export FI_EFA_USE_DEVICE_RDMA='1'" in env
     assert "# cloud_fabric check: EFA devices and aws-ofi-nccl on n001\n" in env
+
+
+@pytest.mark.parametrize("name, pinned", [
+    ("tcpxo_a3mega_fastrak", "FasTrak"),            # NCCL 2.21.5
+    ("gib_a3ultra", "gIB"),                          # NCCL 2.23.4
+    ("efa_ofi_mpirun_prefixed", None),               # NCCL 2.9.9: no NCCL_NET before 2.10
+    ("gib_plugin_missing_socket", None),             # NCCL's own Socket: nothing to pin
+])
+def test_the_proven_plugin_network_is_pinned_with_nccl_net(name, pinned):
+    from preflight.checks.allreduce.nccllog import nccl_summary
+    log = nccl_summary([parse_nccl_log((FIXTURES / "allreduce" / (name + ".log")).read_text())])
+    derived = Derived(nodes=["n001", "n002"])
+    variables, _notes = envfabric.with_proof(derived, {"n001": log, "n002": log})
+    got = {v.key: v for v in variables}
+    assert (got["NCCL_NET"].value if "NCCL_NET" in got else None) == pinned
+    if pinned:
+        assert "fails at init instead of falling back to sockets" in " ".join(got["NCCL_NET"].why)

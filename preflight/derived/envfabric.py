@@ -29,6 +29,10 @@ NCCL_GID_AUTO = (2, 21, 0)
 #: NCCL_NET_PLUGIN=NAME makes NCCL load libnccl-net-NAME.so (src/plugin/net.cc; "none": no plugin).
 PLUGIN_FILE_RE = re.compile(r"(?:^|/)libnccl-net-([A-Za-z0-9_.-]{1,64})\.so(?:\.[0-9.]+)?$")
 PLUGIN_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: A network's name as NCCL_NET takes it ("AWS Libfabric", "GPUDirectTCPX_v7", "FasTrak", "gIB").
+NET_NAME_RE = re.compile(r"^[A-Za-z0-9_.-][A-Za-z0-9 _.-]{0,63}$")
+#: NCCL_NET exists from NCCL 2.10 (NCCL's environment-variable documentation).
+NCCL_NET_SINCE = (2, 10, 0)
 
 
 def nccl_versions(view: ClusterView, nodes: Sequence[str]) -> Dict[str, Optional[str]]:
@@ -265,6 +269,20 @@ def seen(logs: Dict[str, Dict[str, Any]], key: str) -> List[str]:
     return sorted({str(v) for log in logs.values() for v in log.get(key) or [] if v})
 
 
+def _pin_network(external: List[str], versions: List[str], carried: str) -> List[EnvVar]:
+    """NCCL_NET=<the plugin's network> where one plugin network carried the proven run on NCCL 2.10 or later:
+    NCCL then fails at init instead of falling back to its internal IB or Socket transport when the plugin
+    does not load (NCCL's documentation of NCCL_NET: 'to make sure NCCL uses an external plugin and doesn't
+    automatically fall back on the internal IB or Socket implementation')."""
+    keys = [version_key(v) for v in versions]
+    if len(external) != 1 or not NET_NAME_RE.match(external[0]) or not keys or any(k is None or k < NCCL_NET_SINCE for k in keys):
+        return []
+    return [EnvVar("NCCL_NET", external[0], [
+        "all-reduce NCCL log: %s" % carried,
+        "NCCL %s: with the network named, a node where the plugin does not load fails at init instead of "
+        "falling back to sockets at a fraction of the bandwidth (NCCL_NET, NCCL 2.10 and later)" % ", ".join(versions)])]
+
+
 def with_proof(derived: Derived, logs: Dict[str, Dict[str, Any]]) -> Tuple[List[EnvVar], List[str]]:
     """The variables and extra notes once the proof's NCCL log is known: NCCL_NET_PLUGIN pinned to what the
     proven run used, and the NCCL_IB_DISABLE=1 comment saying which net plugin carries the traffic.
@@ -290,6 +308,7 @@ def with_proof(derived: Derived, logs: Dict[str, Dict[str, Any]]) -> Tuple[List[
             if var.key == "NCCL_IB_DISABLE" and var.value == "1":
                 variables[i] = EnvVar(var.key, var.value, ["ib_hca check: no ACTIVE InfiniBand/RoCE port on %s: NCCL's own InfiniBand "
                                                            "transport is off; %s, which this does not turn off" % (fold_names(derived.nodes), carried)])
+        variables.extend(_pin_network(external, seen(logs, "version"), carried))
         names = sorted({m.group(1) for m in (PLUGIN_FILE_RE.search(p) for p in loaded) if m})
         if len(names) == 1 and PLUGIN_NAME_RE.match(names[0]):
             variables.append(EnvVar("NCCL_NET_PLUGIN", names[0], [
