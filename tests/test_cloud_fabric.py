@@ -267,3 +267,9 @@ def test_the_proven_plugin_network_is_pinned_with_nccl_net(name, pinned):
     assert (got["NCCL_NET"].value if "NCCL_NET" in got else None) == pinned
     if pinned:
         assert "fails at init instead of falling back to sockets" in " ".join(got["NCCL_NET"].why)
+
+
+def test_tcpx_nodes_get_a_note_not_a_made_up_script(node_probe):
+    facts = node_probe(lambda n: cloud_hw.install_google(n, "tcpx", [8244] * 4))
+    note = env_of({"a": facts, "b": facts}).notes[0]
+    assert note.startswith("tcpx: no vendor NCCL env script found beside the plugin (the TCPX plugin ships none)")

@@ -351,9 +351,13 @@ def cloud(view: ClusterView, nodes: Sequence[str], derived: Derived) -> None:
         _efa_env(nodes, [bool(cloud_fabric.plugins_of(f, "efa")) for f in all_facts], all_facts, derived)
         return
     scripts = sorted({cloud_fabric.profile_of(f, fabric) for f in all_facts} - {None})
-    derived.notes.append("%s: source %s (the vendor's NCCL settings for this fabric, Google Cloud's GPUDirect guide) "
-                         "before this file; NCCL_NET_PLUGIN is pinned once the all-reduce's NCCL log shows the plugin "
-                         "carried the traffic" % (fabric, " or ".join(scripts) if scripts else "the plugin's NCCL env script (not found on the nodes)"))
+    then = "NCCL_NET is pinned once the all-reduce's NCCL log shows the plugin carried the traffic"
+    if scripts:
+        derived.notes.append("%s: source %s (the vendor's NCCL settings for this fabric) before this file; %s"
+                             % (fabric, " or ".join(scripts), then))
+    else:
+        derived.notes.append("%s: no vendor NCCL env script found beside the plugin (the TCPX plugin ships none): set the "
+                             "plugin's variables as Google Cloud's GPUDirect guide lists them; %s" % (fabric, then))
 
 
 def _efa_env(nodes: Sequence[str], plugged: Sequence[bool], facts: Sequence[Dict[str, Any]], derived: Derived) -> None:
