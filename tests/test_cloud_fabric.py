@@ -273,3 +273,18 @@ def test_tcpx_nodes_get_a_note_not_a_made_up_script(node_probe):
     facts = node_probe(lambda n: cloud_hw.install_google(n, "tcpx", [8244] * 4))
     note = env_of({"a": facts, "b": facts}).notes[0]
     assert note.startswith("tcpx: no vendor NCCL env script found beside the plugin (the TCPX plugin ships none)")
+
+
+def test_an_efa_cluster_whose_proof_ran_over_sockets_is_said_not_proven(node_probe):
+    """The commonest EFA failure seen at the proof: the NCCL log says Socket on nodes that are on EFA."""
+    from preflight.checks.allreduce.nccllog import nccl_summary
+    facts = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge"))
+    derived = env_of({"n001": facts, "n002": facts})
+    assert derived.fabric == "efa"
+    derived.nodes = ["n001", "n002"]
+    socket = nccl_summary([parse_nccl_log((FIXTURES / "allreduce" / "socket_fallback.log").read_text())])
+    variables, notes = envfabric.with_proof(derived, {"n001": socket, "n002": socket})
+    assert "NCCL_NET" not in {v.key for v in variables}
+    assert notes[0].startswith("not proven for efa: the nodes are on efa (cloud_fabric), but the all-reduce's NCCL traffic went over NET/Socket")
+    efa = nccl_summary([parse_nccl_log((FIXTURES / "allreduce" / "efa_ofi_mpirun_prefixed.log").read_text())])
+    assert not any(n.startswith("not proven") for n in envfabric.with_proof(derived, {"n001": efa, "n002": efa})[1])

@@ -283,6 +283,17 @@ def _pin_network(external: List[str], versions: List[str], carried: str) -> List
         "falling back to sockets at a fraction of the bandwidth (NCCL_NET, NCCL 2.10 and later)" % ", ".join(versions)])]
 
 
+def _fabric_not_proven(derived: Derived, logs: Dict[str, Dict[str, Any]]) -> Optional[str]:
+    """The note when the nodes' cloud fabric (derived.fabric) is not the one the proof's NCCL log says carried
+    the traffic (an EFA run over Socket: aws-ofi-nccl did not load); None when it is, or nothing says."""
+    proven = seen(logs, "fabric")
+    if derived.fabric is None or not proven or proven == [derived.fabric]:
+        return None
+    return ("not proven for %s: the nodes are on %s (cloud_fabric), but the all-reduce's NCCL traffic went over %s "
+            "(%s); the fabric's plugin did not carry it, so nothing is pinned to that run"
+            % (derived.fabric, derived.fabric, "/".join(seen(logs, "transport")) or "?", ", ".join(proven)))
+
+
 def with_proof(derived: Derived, logs: Dict[str, Dict[str, Any]]) -> Tuple[List[EnvVar], List[str]]:
     """The variables and extra notes once the proof's NCCL log is known: NCCL_NET_PLUGIN pinned to what the
     proven run used, and the NCCL_IB_DISABLE=1 comment saying which net plugin carries the traffic.
@@ -295,6 +306,9 @@ def with_proof(derived: Derived, logs: Dict[str, Dict[str, Any]]) -> Tuple[List[
     'none'; an internal IB/Socket run beside a loaded plugin is pinned with 'none'.
     """
     variables = list(derived.variables)
+    unproven = _fabric_not_proven(derived, logs)
+    if unproven:
+        return variables, [unproven]
     networks = sorted({t.split("/", 1)[1] for log in logs.values() for t in log.get("transport") or [] if str(t).startswith("NET/")})
     if not networks:
         return variables, []
@@ -347,6 +361,7 @@ def cloud(view: ClusterView, nodes: Sequence[str], derived: Derived) -> None:
                              % ", ".join(sorted(str(f) for f in on)))
         return
     fabric, all_facts = on.pop(), [fabrics[n].facts for n in nodes]
+    derived.fabric = fabric
     if fabric == "efa":
         _efa_env(nodes, [bool(cloud_fabric.plugins_of(f, "efa")) for f in all_facts], all_facts, derived)
         return

@@ -435,7 +435,8 @@ def nccl_summary(logs: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
         faults.extend(f for f in log.get("net_faults") or [] if f not in faults)
         failures.extend(f for f in log.get("failures") or [] if f["line"] not in [g["line"] for g in failures])
     return {
-        "version": seen("version"), "transport": seen("transport"), "plugin": seen("plugin"), "devices": devices,
+        "version": seen("version"), "transport": seen("transport"), "fabric": seen("fabric"), "plugin": seen("plugin"),
+        "devices": devices,
         "socket_ifaces": sorted({d["name"] for log in logs if log.get("network") == "Socket"
                                  for d in log.get("devices") or [] if isinstance(d, dict)}),
         "oob": sorted({(log.get("oob") or {}).get("name") for log in logs if log.get("oob")}),
