@@ -63,9 +63,9 @@ def _efa(facts: Mapping[str, Any], multi: bool) -> Tuple[List[Tuple[Status, str]
 
 
 def _plugin_missing(fabric: str, multi: bool) -> Optional[Tuple[Status, str]]:
-    dirs = ", ".join(_dirs(fabric))
     if not multi:
         return None
+    dirs = ", ".join(_dirs(fabric))
     return (Status.FAIL, "%s not found (no libnccl-net*.so in %s): %s" % (PLUGIN[fabric], dirs, FALLBACK))
 
 
@@ -94,7 +94,7 @@ def _google(fabric: str, facts: Mapping[str, Any], multi: bool) -> Tuple[List[Tu
     if not cloud.plugins_of(facts, fabric):
         problems.append(_plugin_missing(fabric, multi))
     seen = "%s at MTU %s, RxDM %s" % (plural(len(nics), "GPU NIC"), "/".join(sorted({str(n.get("mtu")) for n in nics})) or "-",
-                                      "pid %d" % rxdm[0]["pid"] if rxdm else "not running (single-node run)")
+                                      "pid %d" % rxdm[0]["pid"] if rxdm else "not running" + ("" if multi else " (single-node run)"))
     return [p for p in problems if p is not None], seen
 
 
