@@ -3,6 +3,7 @@
     ib(view, nodes, choice, nccl, derived)   the rails from the ib_hca facts, NCCL_IB_DISABLE=0 beside them
                                              (the environment beats nccl.conf), the RoCE GID per NCCL version
     nvls(view, nodes, derived)               NCCL_NVLS_ENABLE=0 where NVLS cannot work on a node (preflight.derived.nvls)
+    cloud(view, nodes, derived)              FI_PROVIDER / FI_EFA_USE_DEVICE_RDMA on EFA, the vendor's script on Google's fabrics
     with_proof(derived, logs)                after the all-reduce: NCCL_NET_PLUGIN from what its NCCL log says
 
 The NCCL behaviour these follow (NCCL source, tags 2.18-2.28: src/transport/net_ib.cc ncclIbGetGidIndex,
@@ -31,6 +32,10 @@ NCCL_GID_AUTO = (2, 21, 0)
 #: NCCL_NET_PLUGIN=NAME makes NCCL load libnccl-net-NAME.so (src/plugin/net.cc; "none": no plugin).
 PLUGIN_FILE_RE = re.compile(r"(?:^|/)libnccl-net-([A-Za-z0-9_.-]{1,64})\.so(?:\.[0-9.]+)?$")
 PLUGIN_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: A network's name as NCCL_NET takes it ("AWS Libfabric", "GPUDirectTCPX_v7", "FasTrak", "gIB").
+NET_NAME_RE = re.compile(r"^[A-Za-z0-9_.-][A-Za-z0-9 _.-]{0,63}$")
+#: NCCL_NET exists from NCCL 2.10 (NCCL's environment-variable documentation).
+NCCL_NET_SINCE = (2, 10, 0)
 
 
 def nccl_versions(view: ClusterView, nodes: Sequence[str]) -> Dict[str, Optional[str]]:
@@ -264,6 +269,31 @@ def seen(logs: Dict[str, Dict[str, Any]], key: str) -> List[str]:
     return sorted({str(v) for log in logs.values() for v in log.get(key) or [] if v})
 
 
+def _pin_network(external: List[str], versions: List[str], carried: str) -> List[EnvVar]:
+    """NCCL_NET=<the plugin's network> where one plugin network carried the proven run on NCCL 2.10 or later:
+    NCCL then fails at init instead of falling back to its internal IB or Socket transport when the plugin
+    does not load (NCCL's documentation of NCCL_NET: 'to make sure NCCL uses an external plugin and doesn't
+    automatically fall back on the internal IB or Socket implementation')."""
+    keys = [version_key(v) for v in versions]
+    if len(external) != 1 or not NET_NAME_RE.match(external[0]) or not keys or any(k is None or k < NCCL_NET_SINCE for k in keys):
+        return []
+    return [EnvVar("NCCL_NET", external[0], [
+        "all-reduce NCCL log: %s" % carried,
+        "NCCL %s: with the network named, a node where the plugin does not load fails at init instead of "
+        "falling back to sockets at a fraction of the bandwidth (NCCL_NET, NCCL 2.10 and later)" % ", ".join(versions)])]
+
+
+def _fabric_not_proven(derived: Derived, logs: Dict[str, Dict[str, Any]]) -> Optional[str]:
+    """The note when the nodes' cloud fabric (derived.fabric) is not the one the proof's NCCL log says carried
+    the traffic (an EFA run over Socket: aws-ofi-nccl did not load); None when it is, or nothing says."""
+    proven = seen(logs, "fabric")
+    if derived.fabric is None or not proven or proven == [derived.fabric]:
+        return None
+    return ("not proven for %s: the nodes are on %s (cloud_fabric), but the all-reduce's NCCL traffic went over %s "
+            "(%s); the fabric's plugin did not carry it, so nothing is pinned to that run"
+            % (derived.fabric, derived.fabric, "/".join(seen(logs, "transport")) or "?", ", ".join(proven)))
+
+
 def with_proof(derived: Derived, logs: Dict[str, Dict[str, Any]]) -> Tuple[List[EnvVar], List[str]]:
     """The variables and extra notes once the proof's NCCL log is known: NCCL_NET_PLUGIN pinned to what the
     proven run used, and the NCCL_IB_DISABLE=1 comment saying which net plugin carries the traffic.
@@ -276,6 +306,9 @@ def with_proof(derived: Derived, logs: Dict[str, Dict[str, Any]]) -> Tuple[List[
     'none'; an internal IB/Socket run beside a loaded plugin is pinned with 'none'.
     """
     variables = list(derived.variables)
+    unproven = _fabric_not_proven(derived, logs)
+    if unproven:
+        return variables, [unproven]
     networks = sorted({t.split("/", 1)[1] for log in logs.values() for t in log.get("transport") or [] if str(t).startswith("NET/")})
     if not networks:
         return variables, []
@@ -289,6 +322,7 @@ def with_proof(derived: Derived, logs: Dict[str, Dict[str, Any]]) -> Tuple[List[
             if var.key == "NCCL_IB_DISABLE" and var.value == "1":
                 variables[i] = EnvVar(var.key, var.value, ["ib_hca check: no ACTIVE InfiniBand/RoCE port on %s: NCCL's own InfiniBand "
                                                            "transport is off; %s, which this does not turn off" % (fold_names(derived.nodes), carried)])
+        variables.extend(_pin_network(external, seen(logs, "version"), carried))
         names = sorted({m.group(1) for m in (PLUGIN_FILE_RE.search(p) for p in loaded) if m})
         if len(names) == 1 and PLUGIN_NAME_RE.match(names[0]):
             variables.append(EnvVar("NCCL_NET_PLUGIN", names[0], [
@@ -306,3 +340,54 @@ def with_proof(derived: Derived, logs: Dict[str, Dict[str, Any]]) -> Tuple[List[
         return variables, []
     return variables, ["NCCL_NET_PLUGIN not written: the proven run on %s loaded no net plugin and used NCCL's internal %s"
                        % (on, "/".join(networks))]
+
+
+#: libfabric's EFA provider reads device RDMA (read) where the hardware has it; AWS's EFA/NCCL guide ("Get
+#: started with EFA and NCCL", EC2 User Guide) exports FI_EFA_USE_DEVICE_RDMA=1 for p4d and later.
+EFA_RDMA_TYPES = ("p4d.", "p4de.", "p5.", "p5e.", "p5en.", "p6-")
+
+
+def cloud(view: ClusterView, nodes: Sequence[str], derived: Derived) -> None:
+    """The cloud fabric's variables (preflight.derived.cloud): FI_PROVIDER=efa and FI_EFA_USE_DEVICE_RDMA=1 where
+    every node is on EFA with aws-ofi-nccl; for Google's fabrics a note naming the vendor's env script found on
+    the nodes. Never NCCL_IB_HCA over EFA (ib() leaves EFA devices out)."""
+    from preflight.derived import cloud as cloud_fabric
+    fabrics = cloud_fabric.of(view)
+    on = {fabrics[n].fabric for n in nodes if n in fabrics}
+    if not on & set(cloud_fabric.CLOUD):
+        return
+    if len(on) > 1 or any(n not in fabrics for n in nodes):
+        derived.notes.append("no cloud fabric variables written: the nodes are not all on one fabric (%s; see cloud_fabric)"
+                             % ", ".join(sorted(str(f) for f in on)))
+        return
+    fabric, all_facts = on.pop(), [fabrics[n].facts for n in nodes]
+    derived.fabric = fabric
+    if fabric == "efa":
+        _efa_env(nodes, [bool(cloud_fabric.plugins_of(f, "efa")) for f in all_facts], all_facts, derived)
+        return
+    scripts = sorted({cloud_fabric.profile_of(f, fabric) for f in all_facts} - {None})
+    then = "NCCL_NET is pinned once the all-reduce's NCCL log shows the plugin carried the traffic"
+    if scripts:
+        derived.notes.append("%s: source %s (the vendor's NCCL settings for this fabric) before this file; %s"
+                             % (fabric, " or ".join(scripts), then))
+    else:
+        derived.notes.append("%s: no vendor NCCL env script found beside the plugin (the TCPX plugin ships none): set the "
+                             "plugin's variables as Google Cloud's GPUDirect guide lists them; %s" % (fabric, then))
+
+
+def _efa_env(nodes: Sequence[str], plugged: Sequence[bool], facts: Sequence[Dict[str, Any]], derived: Derived) -> None:
+    missing = [n for n, ok in zip(nodes, plugged) if not ok]
+    if missing:
+        derived.notes.append("FI_PROVIDER not written: aws-ofi-nccl not found on %s, NCCL would not use EFA there "
+                             "(see cloud_fabric)" % fold_names(missing))
+        return
+    where = fold_names(list(nodes))
+    derived.variables.append(EnvVar("FI_PROVIDER", "efa", [
+        "cloud_fabric check: EFA devices and aws-ofi-nccl on %s" % where,
+        "libfabric opens only the efa provider (AWS EC2 User Guide, 'Get started with EFA and NCCL'; aws-ofi-nccl "
+        "README): no silent fall-back to another provider such as tcp"]))
+    types = sorted({str(f.get("product_name")) for f in facts})
+    if all(t.startswith(EFA_RDMA_TYPES) for t in types):
+        derived.variables.append(EnvVar("FI_EFA_USE_DEVICE_RDMA", "1", [
+            "cloud_fabric check: instance type %s, whose EFA devices support RDMA read" % ", ".join(types),
+            "AWS EC2 User Guide, 'Get started with EFA and NCCL': set for p4d and later instance types"]))

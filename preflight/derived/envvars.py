@@ -42,6 +42,7 @@ class Derived:
     left_out  {node: why} for healthy nodes dropped because one of their facts was refused
     per_node  {node: {key: value}}: values with no single right value across the nodes (not exported)
     versions  {"nccl": [...], "torch": [...]}: the versions the driver check found on the nodes
+    fabric    the cloud fabric every node is on ("efa", "tcpx", "tcpxo", "gib": preflight.derived.cloud), else None
     """
 
     variables: List[EnvVar] = field(default_factory=list)
@@ -51,6 +52,7 @@ class Derived:
     left_out: Dict[str, str] = field(default_factory=dict)
     per_node: Dict[str, Dict[str, str]] = field(default_factory=dict)
     versions: Dict[str, List[str]] = field(default_factory=dict)
+    fabric: Optional[str] = None
 
     def as_dict(self) -> Dict[str, str]:
         return {v.key: v.value for v in self.variables}

@@ -60,6 +60,7 @@ def derive(view: ClusterView, healthy: Optional[Sequence[str]] = None) -> Derive
     _socket(view, choice, chosen, derived)
     envfabric.ib(view, nodes, choice, nccl, derived)
     envfabric.nvls(view, nodes, derived)
+    envfabric.cloud(view, nodes, derived)
     _rendezvous(view, nodes, chosen, derived)
     _async_error_handling(view, nodes, derived)
     derived.variables.append(

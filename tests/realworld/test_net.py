@@ -30,8 +30,9 @@ from preflight.output.envfile import derive
 from preflight.model import ClusterView, NodeInfo, Status
 from preflight.derived import rails as derived_rails
 from preflight.probe.context import NodeContext
+from tests.paths import REPO
 
-REALWORLD = Path(__file__).resolve().parent.parent / ".." / "shared" / "realworld"
+REALWORLD = Path(os.environ.get("PREFLIGHT_REALWORLD") or os.path.join(REPO, "..", "shared", "realworld")).resolve()
 KINDS = ("ib_sysfs", "ip_addr_json", "ping", "lspci")
 PROBLEMS = (Status.WARN, Status.FAIL, Status.ERROR)
 

@@ -282,6 +282,7 @@ def parse_nccl_log(text: str) -> Dict[str, Any]:
                   evidence a finding quotes
       nranks      the communicator's size ("nranks N"), else the nccl-tests header's rank count, else None
       transport   "NET/" + network
+      fabric      the fabric that network is (fabric_of): "efa", "tcpx", "tcpxo", "gib", "ib", "socket", None
       devices     the network's devices on every host, in the order first seen: IB "mlx5_0:1/IB" strings,
                   Socket {"name", "addr"} dicts
       per_host    {host: {"network", "devices", "oob", "bootstrap", "net_paths"}} for each host that listed
@@ -358,6 +359,23 @@ def _devices_of(listed: Mapping[str, List[Any]], network: Optional[str]) -> List
     return list(listed.get(network) or next((v for k, v in listed.items() if k.startswith(network[:2])), []))
 
 
+#: The fabric a network name belongs to (its "Using network X"): aws-ofi-nccl names itself "AWS Libfabric"
+#: (awsefaeks log in ../shared/realworld) or "Libfabric"; Google's plugins "GPUDirectTCPX_v7" (TCPX),
+#: "FasTrak" (TCPXO), "gIB" (tests/fixtures/cloud_fabric/*.log cite their sources).
+FABRICS = ((re.compile(r"^(AWS )?Libfabric$"), "efa"), (re.compile(r"^GPUDirectTCPX"), "tcpx"),
+           (re.compile(r"^FasTrak"), "tcpxo"), (re.compile(r"^gIB"), "gib"), (re.compile(r"^IB"), "ib"),
+           (re.compile(r"^(Fast)?Socket$"), "socket"))
+
+
+def fabric_of(network: Optional[str], provider: Optional[str] = None) -> Optional[str]:
+    """"efa" | "tcpx" | "tcpxo" | "gib" | "ib" | "socket" for a log's network, else None (unknown or none);
+    aws-ofi-nccl over another libfabric provider than efa is that provider's name."""
+    for pattern, fabric in FABRICS:
+        if network and pattern.match(network):
+            return provider if fabric == "efa" and provider not in (None, "efa") else fabric
+    return None
+
+
 def _finish(r: _Reader) -> Dict[str, Any]:
     """The per-host and whole-log answers from what the lines said."""
     out = r.out
@@ -368,6 +386,7 @@ def _finish(r: _Reader) -> Dict[str, Any]:
     out["network"], out["network_from"] = _network(merged, r.chosen, sorted(out["net_paths"]), r.raised)
     chosen = out["network"]
     out["transport"] = "NET/%s" % chosen if chosen else None
+    out["fabric"] = fabric_of(chosen, out.get("provider"))
     out["devices"] = _devices_of(merged, chosen)
     for name, h in r.by_host.items():
         if h["oob"] is not None:
@@ -416,7 +435,8 @@ def nccl_summary(logs: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
         faults.extend(f for f in log.get("net_faults") or [] if f not in faults)
         failures.extend(f for f in log.get("failures") or [] if f["line"] not in [g["line"] for g in failures])
     return {
-        "version": seen("version"), "transport": seen("transport"), "plugin": seen("plugin"), "devices": devices,
+        "version": seen("version"), "transport": seen("transport"), "fabric": seen("fabric"), "plugin": seen("plugin"),
+        "devices": devices,
         "socket_ifaces": sorted({d["name"] for log in logs if log.get("network") == "Socket"
                                  for d in log.get("devices") or [] if isinstance(d, dict)}),
         "oob": sorted({(log.get("oob") or {}).get("name") for log in logs if log.get("oob")}),

@@ -46,8 +46,11 @@ Rule decisions (fatal → FAIL with action `isolate`, degradation → WARN):
   counters WARN (an event in the past, e.g. a switch reboot, is evidence, not proof); a counter lower
   than before means it was cleared (reboot, perfquery -R) and is not compared.
 - saturated counters WARN; no HCA: SKIP; a probe that could not read the counters: ERROR.
+- AWS EFA devices (preflight.probe.rdma.is_efa) are not read: they have hw_counters/, not the IBTA counters/, so reading
+  them would say "counters unavailable" on every healthy EFA device; a node with only EFA devices SKIPs
+  naming them (ib_hca and cloud_fabric judge them).
 
-Facts: {"interval_s": float, "at": unix time of the second read,
+Facts: {"interval_s": float, "at": unix time of the second read, "efa": [EFA device names, not read],
         "ports": [{"hca", "port", "link_layer", "state", "before": {counter: int|None}, "after": {...}}],
         "hca_pci": {hca: "0000:19:00.0"|None}, "uptime_s": float|None,
         "kernel_log": {"source": "journalctl"|"dmesg"|None, "error": str|None, "lines": int, "first_ts": float|None,

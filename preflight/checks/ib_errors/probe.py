@@ -9,6 +9,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from preflight.model import ParseError
 from preflight.probe import kernlog
+from preflight.probe.rdma import is_efa
 
 INTERVAL_S = 1.0
 #: Width in bits of each IBTA PortCounters field (IBA spec vol. 1, PortCounters attribute): the value
@@ -129,7 +130,11 @@ def probe(ctx: Any) -> Dict[str, Any]:
     root = ctx.sys_path("class", "infiniband")
     interval = float(ctx.config.get("interval_s", INTERVAL_S))
     ports: List[Dict[str, Any]] = []
+    efa: List[str] = []
     for hca in ctx.listdir(root):
+        if is_efa(ctx, os.path.join(root, hca)):  # no IB PortCounters (counters/): EFA publishes hw_counters/
+            efa.append(hca)
+            continue
         for entry in ctx.listdir(os.path.join(root, hca, "ports")):
             if not entry.isdigit():
                 raise ParseError("%s: unexpected port entry %r" % (hca, entry))
@@ -146,14 +151,14 @@ def probe(ctx: Any) -> Dict[str, Any]:
                 }
             )
     if not ports:
-        return {"interval_s": 0.0, "at": time.time(), "ports": []}
+        return {"interval_s": 0.0, "at": time.time(), "ports": [], "efa": efa}
     started = time.monotonic()
     for p in ports:
         p["before"] = _read_counters(ctx, p["dir"])
     time.sleep(interval)
     for p in ports:
         p["after"] = _read_counters(ctx, p.pop("dir"))
-    facts = {"interval_s": round(time.monotonic() - started, 3), "at": time.time(), "ports": ports}
+    facts = {"interval_s": round(time.monotonic() - started, 3), "at": time.time(), "ports": ports, "efa": efa}
     facts["hca_pci"] = {hca: _hca_pci(ctx, hca) for hca in sorted({p["hca"] for p in ports})}
     facts["uptime_s"] = kernlog.uptime(ctx)
     klog = kernlog.read(ctx)

@@ -205,7 +205,11 @@ def rule(view: ClusterView) -> List[Finding]:
         else:
             valid[name] = facts
     for name, facts in valid.items():
-        if not facts["ports"]:
+        if not facts["ports"] and facts.get("efa"):
+            out.append(Finding(NAME, name, Status.SKIP, "only AWS EFA devices (%s): they have no InfiniBand error "
+                               "counters (the efa driver publishes hw_counters/); ib_hca and cloud_fabric judge them"
+                               % plural(len(facts["efa"]), "device")))
+        elif not facts["ports"]:
             out.append(Finding(NAME, name, Status.SKIP, "no InfiniBand/RoCE HCA"))
         else:
             out.append(_node(view, name, facts))

@@ -8,13 +8,12 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.model import ParseError
+from preflight.probe.rdma import is_efa, natural_key  # noqa: F401  (this module's API too)
 
 STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
 PHYS_STATES = {0: "NOP", 1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining", 5: "LinkUp",
                6: "LinkErrorRecovery", 7: "Phy Test"}
 LINK_LAYERS = {"InfiniBand": "ib", "Ethernet": "roce"}
-#: The PCI vendor id of Amazon's EFA functions (device/vendor), where device/uevent names no driver.
-EFA_VENDOR = "0x1d0f"
 _NUMBERED = re.compile(r"^(\d+): (\S.*)$")
 _RATE = re.compile(r"^(\d+(?:\.\d+)?) Gb/sec(?: \((\d+X)(?: ?([A-Za-z0-9]+))?\))?$")
 
@@ -67,11 +66,6 @@ def _number(value: float) -> Any:
     return int(value) if value == int(value) else value
 
 
-def natural_key(name: str) -> Tuple[Any, ...]:
-    """mlx5_2 sorts before mlx5_10."""
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
-
-
 def _port_netdev(ctx: Any, hca_dir: str, port: int) -> Optional[str]:
     """The netdev of an HCA port: device/net/*; with several, the one whose dev_port is port-1."""
     net_dir = os.path.join(hca_dir, "device", "net")
@@ -119,24 +113,6 @@ def read_port(ctx: Any, hca: str, port: int) -> Dict[str, Any]:
     return {"hca": hca, "port": port, **link, "link_layer": link_layer, "netdev": _port_netdev(ctx, hca_dir, port),
             "roce_v2_gid_index": gids[0]["index"] if gids else None,
             "roce_v2_ip": gids[0]["ip"] if gids else None, "roce_v2_gids": gids}
-
-
-def _driver(ctx: Any, hca_dir: str) -> Optional[str]:
-    """The kernel driver bound to the HCA's PCI function ('efa', 'mlx5_core'), from device/uevent's DRIVER=
-    line; None when unreadable."""
-    for line in (ctx.read(os.path.join(hca_dir, "device", "uevent")) or "").splitlines():
-        if line.startswith("DRIVER="):
-            return line[len("DRIVER="):].strip() or None
-    return None
-
-
-def is_efa(ctx: Any, hca_dir: str) -> bool:
-    """An AWS Elastic Fabric Adapter: bound to the efa driver, or (no uevent) on a PCI function of Amazon's
-    vendor id 0x1d0f."""
-    driver = _driver(ctx, hca_dir)
-    if driver is not None:
-        return driver == "efa"
-    return (ctx.read(os.path.join(hca_dir, "device", "vendor")) or "").strip().lower() == EFA_VENDOR
 
 
 def read_efa_port(ctx: Any, device: str, port: int) -> Dict[str, Any]:

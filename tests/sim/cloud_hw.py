@@ -1,0 +1,99 @@
+"""Cloud GPU fabrics presented to a simulated node through the interfaces the real ones use.
+
+    install_aws(node, instance_type, efa=32, plugin=True, fi_info=FI_INFO_P5)   an EC2 p4d/p5-like node
+    install_google(node, fabric, mtus, rxdm=True, plugin=True)                 an A3 High/Mega-like node
+
+What is written, and where real nodes have it:
+- EFA devices: class/infiniband/rdmap*/ as the efa driver publishes them (sim.ib_hw.efa_files, sources there).
+- DMI: class/dmi/id/product_name is the instance type on EC2 Nitro instances ("p5.48xlarge"), sys_vendor
+  "Amazon EC2"; on Compute Engine product_name is "Google Compute Engine" (no machine type).
+- aws-ofi-nccl: /opt/amazon/ofi-nccl/lib/libnccl-net.so (the EFA installer's layout, AWS EC2 User Guide).
+- fi_info: a program on PATH answering `-p efa` in libfabric's format (ofiwg/libfabric#5689's listing).
+- Google GPU NICs: class/net/ethN with device/uevent DRIVER=gve, mtu and ifindex (eth0 the host NIC at 1460,
+  eth1.. the GPU NICs at 8244: Google Cloud's GPUDirect-TCPX(O) guides create the GPU VPCs with --mtu=8244).
+- the RxDM: /proc/<pid>/comm under the node's host root (TCPX tcpgpudmarxd, TCPXO fastrak_gpumem_manager,
+  which the kernel shortens to 15 characters), the plugin at /var/lib/tcpx(o)/lib64/libnccl-net.so with
+  TCPXO's nccl-env-profile.sh beside it.
+The node is a SimNode (tests/sim/cluster.py) or any object with write_sys, write_host_file and
+install_executable; in a SimNode class/net is the namespace's own sysfs, so install_google needs a stand-in.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, List, Optional
+
+from sim import ib_hw
+
+#: `fi_info -p efa` on a 4-device node, in the format of ofiwg/libfabric#5689 (fi_info 1.x: one rdm and one
+#: dgrm domain per device); addresses ours.
+FI_INFO_P5 = "".join(
+    "provider: efa\n    fabric: efa\n    domain: %s-%s\n    version: 122.0\n    type: FI_EP_%s\n    protocol: FI_PROTO_EFA\n"
+    % (ib_hw.efa_name(i), kind, kind.upper()) for i in range(4) for kind in ("rdm", "dgrm"))
+#: libfabric's answer where no EFA device can be opened (fi_getinfo: -61, FI_ENODATA), exit 1.
+FI_INFO_NONE = "fi_getinfo: -61 (No data available)"
+
+
+def install_aws(node: Any, instance_type: str, efa: int = 32, plugin: bool = True,
+                fi_info: Optional[str] = FI_INFO_P5) -> List[str]:
+    """An EC2 node: `efa` EFA devices, its DMI, aws-ofi-nccl unless plugin=False, fi_info on PATH (None:
+    absent; FI_INFO_NONE: present, finding no efa provider). Returns the EFA device names."""
+    names = ib_hw.install_efa(node, count=efa) if efa else []
+    node.write_sys("class/dmi/id/product_name", instance_type + "\n")
+    node.write_sys("class/dmi/id/sys_vendor", "Amazon EC2\n")
+    if plugin:
+        node.write_host_file("/opt/amazon/ofi-nccl/lib/libnccl-net.so", "\x7fELF (aws-ofi-nccl, preflight simulator)\n")
+    if fi_info is not None:
+        ok = fi_info != FI_INFO_NONE
+        node.install_executable("fi_info", "#!/bin/sh\n# fi_info (preflight simulator)\ncat <<'EOF'%s\n%s\nEOF\nexit %d\n" % (
+            "" if ok else " >&2", fi_info.rstrip("\n"), 0 if ok else 1))
+    return names
+
+
+def gve_files(name: str, ifindex: int, mtu: int) -> dict:
+    base = "class/net/%s" % name
+    return {base + "/mtu": "%d\n" % mtu, base + "/ifindex": "%d\n" % ifindex,
+            base + "/device/uevent": "DRIVER=gve\nPCI_CLASS=20000\nPCI_ID=1AE0:0042\n"}
+
+
+def install_google(node: Any, fabric: str, mtus: Iterable[int], rxdm: bool = True, plugin: bool = True) -> List[str]:
+    """An A3-like node: the host NIC eth0 at 1460 and one GPU NIC per entry of `mtus` (eth1..), the RxDM of
+    `fabric` ("tcpx" | "tcpxo") running unless rxdm=False, its plugin unless plugin=False. Returns the GPU NICs."""
+    nics = ["eth%d" % (i + 1) for i, _ in enumerate(mtus)]
+    for rel, text in gve_files("eth0", 2, 1460).items():
+        node.write_sys(rel, text)
+    for i, (name, mtu) in enumerate(zip(nics, mtus)):
+        for rel, text in gve_files(name, 3 + i, mtu).items():
+            node.write_sys(rel, text)
+    node.write_sys("class/dmi/id/product_name", "Google Compute Engine\n")
+    node.write_sys("class/dmi/id/sys_vendor", "Google\n")
+    node.write_host_file("/proc/1/comm", "systemd\n")
+    if rxdm:
+        node.write_host_file("/proc/4242/comm", {"tcpx": "tcpgpudmarxd", "tcpxo": "fastrak_gpumem_manager"[:15]}[fabric] + "\n")
+    if plugin:
+        lib = "/var/lib/%s/lib64" % fabric
+        node.write_host_file(lib + "/libnccl-net.so", "\x7fELF (%s plugin, preflight simulator)\n" % fabric)
+        if fabric == "tcpxo":
+            node.write_host_file(lib + "/nccl-env-profile.sh", "# nccl-env-profile.sh (preflight simulator)\n")
+    return nics
+
+
+class StandIn:
+    """A node's sysfs root, host root and PATH directory, for probes run in-process (no sshd)."""
+
+    def __init__(self, root: Any) -> None:
+        self.sys_dir, self.root_dir, self.bin_dir = (os.path.join(str(root), d) for d in ("sys", "root", "bin"))
+        for d in (self.sys_dir, self.root_dir, self.bin_dir):
+            os.makedirs(d, exist_ok=True)
+
+    def write_sys(self, relpath: str, text: str) -> None:
+        ib_hw.write_tree(self.sys_dir, {relpath: text})
+
+    def write_host_file(self, path: str, text: str) -> None:
+        ib_hw.write_tree(self.root_dir, {path.lstrip("/"): text})
+
+    def install_executable(self, name: str, text: str) -> None:
+        path = os.path.join(self.bin_dir, name)
+        with open(path, "w") as handle:
+            handle.write(text)
+        os.chmod(path, 0o755)
