@@ -1,7 +1,7 @@
 """The command line's Kubernetes parts: the --k8s options, `preflight k8s manifest`, the nodes as an
 inventory, and after a run the env file's ConfigMap and --drain/--resume (cordon/taint).
 
-preflight/cli.py calls these at four points and stays the one place where errors become exit codes:
+preflight/cli/ calls these at four points and stays the one place where errors become exit codes:
 everything here raises UsageError/KubeError (one line, exit 2). Printing goes to the console the CLI
 hands over (plain text, markup off) or, for notes before the run, to stderr as the CLI's own notes do.
 """

@@ -1,7 +1,7 @@
 """Which interface is each node's data network: the one choice mtu, ports, the env file and the bench share.
 
 Controller only (never shipped to the nodes). `choose(view)` reads the nic check's facts (every node's
-interfaces, from preflight/checks/nic.py's probe) and picks, per node, the one interface that NCCL's bootstrap,
+interfaces, from preflight/checks/nic/'s probe) and picks, per node, the one interface that NCCL's bootstrap,
 gloo, the rendezvous port and the bandwidth test will use. It is the single source of truth for that
 choice: the nic, mtu and ports rules, the NCCL env-file writer and the bench launcher all call it, so
 they can never disagree about which interface "the data network" is.

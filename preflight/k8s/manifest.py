@@ -32,7 +32,7 @@ monitoring agents) and tolerates every NoSchedule/NoExecute taint, the GPU opera
 included, so a cordoned or tainted node can still be checked — and resumed.
 
 Objects follow the Kubernetes API reference for v1.30-1.32 (core/v1, apps/v1, rbac.authorization.k8s.io/v1);
-tests/test_k8s_manifest.py validates them against the published OpenAPI schemas where kubernetes-validate
+tests/transport/test_k8s_unit.py validates them against the published OpenAPI schemas where kubernetes-validate
 is installed.
 """
 

@@ -24,7 +24,7 @@ GPU_FIX = fixture_dir("gpu")
 # ---------------------------------------------------------------------------------------------- parsers
 
 
-# parse_* cases: tests/fixtures/driver/*.json, run by tests/test_fixtures.py
+# parse_* cases: tests/fixtures/driver/*.json, run by tests/checks/test_fixtures.py
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ def gpu_facts(case):
 # ---------------------------------------------------------------------------------------------- parsers
 
 
-# parse_* and find_nvswitches cases: tests/fixtures/fabric_manager/**/*.json, run by tests/test_fixtures.py
+# parse_* and find_nvswitches cases: tests/fixtures/fabric_manager/**/*.json, run by tests/checks/test_fixtures.py
 
 
 def test_systemctl_fixtures_ran_the_command_the_probe_runs():

@@ -47,7 +47,7 @@ XML_CASES = sorted(glob.glob(os.path.join(FIX, "*.xml")))
 NVLINK_CASES = sorted(glob.glob(os.path.join(FIX, "*.nvlink.txt")))
 
 
-# parse_* cases: tests/fixtures/gpu/*.json, run by tests/test_fixtures.py
+# parse_* cases: tests/fixtures/gpu/*.json, run by tests/checks/test_fixtures.py
 
 
 def test_recorded_commands_are_the_probes():
@@ -137,7 +137,7 @@ def test_probe_reads_nvidia_smi_when_nvml_is_unavailable(tmp_path, monkeypatch, 
     facts = gpu_probe.probe(NodeContext(sysfs_root=str(tmp_path)))
     assert facts.pop("nvml_error") == "NVML Shared Library Not Found"
     assert facts.pop("nvlink_unreadable") == []
-    # the health facts come from the same XML (judged by gpu_memory / gpu_state: tests/test_check_gpu_health.py)
+    # the health facts come from the same XML (judged by gpu_memory / gpu_state: tests/checks/test_gpu_health.py)
     assert facts.pop("health") == gpu_health.parse_health_xml(read(os.path.join(FIX, "h100_hgx_550.xml")))
     assert facts == with_links(expected("h100_hgx_550"), "h100_hgx_550")
     json.dumps(facts)  # facts travel as JSON

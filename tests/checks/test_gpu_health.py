@@ -1,6 +1,6 @@
 """gpu_memory and gpu_state (issue 21 items 1 and 4): the health facts the gpu probe reads through NVML (the
 FakeNVML answers in pynvml's own types) or parses from nvidia-smi -q -x (recorded fixtures edited in place,
-and the real captures in tests/test_realworld_gpu.py), and the rules with each fault's healthy twin."""
+and the real captures in tests/realworld/test_gpu.py), and the rules with each fault's healthy twin."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ GIB = 1 << 30
 
 
 # probe cases on the fixture trees and parse_* cases: tests/fixtures/ib_hca/*.json, run by
-# tests/test_fixtures.py
+# tests/checks/test_fixtures.py
 
 
 def test_fixture_trees_match_the_writer():

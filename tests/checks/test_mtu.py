@@ -21,7 +21,7 @@ CASES = sorted(p.stem for p in FIXTURES.glob("*.json"))
 # ---------------------------------------------------------------------------------------------- parser
 
 
-# parse_ping cases: tests/fixtures/mtu/*.json, run by tests/test_fixtures.py
+# parse_ping cases: tests/fixtures/mtu/*.json, run by tests/checks/test_fixtures.py
 
 
 def test_recorded_pings_are_df_pings():

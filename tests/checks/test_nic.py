@@ -22,7 +22,7 @@ FIXTURES = Path(TESTS) / "fixtures" / "nic"
 
 # --------------------------------------------------------------------------------------------- parsers
 # parse_* and probe cases (node snapshots with recorded `ip` output): tests/fixtures/nic/*.json, run by
-# tests/test_fixtures.py
+# tests/checks/test_fixtures.py
 
 
 def test_gpu_node_kinds_and_speeds():

@@ -1,4 +1,4 @@
-"""xid check (parser cases: tests/fixtures/xid, run by tests/test_fixtures.py): the probe against fake journalctl/dmesg, the rule."""
+"""xid check (parser cases: tests/fixtures/xid, run by tests/checks/test_fixtures.py): the probe against fake journalctl/dmesg, the rule."""
 
 from __future__ import annotations
 

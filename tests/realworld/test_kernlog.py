@@ -5,7 +5,7 @@ None of the captures there is a kernel log; they are what a node's kernel log mu
 "Fatal", "Timeout", "heartbeat"). Each is parsed as dmesg output by the xid and ib_errors parsers and judged by
 the xid rule: no Xid/SXid, no non-Xid GPU failure, no link event, and the verdict is PASS. The real kernel-log
 captures found in public issues are fixtures in tests/fixtures/xid/ (sources in each case's json), judged in
-tests/test_check_xid.py. The folder is not committed; when it is absent every test here skips with the reason
+tests/checks/test_xid.py. The folder is not committed; when it is absent every test here skips with the reason
 (PREFLIGHT_REALWORLD=DIR points elsewhere).
 """
 

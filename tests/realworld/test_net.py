@@ -6,7 +6,7 @@ facts agree with the capture, read here independently with plain string handling
 raises no warning). The captures are public data kept outside the repository (see its SOURCES.md);
 without that folder every case is skipped with the reason. Nothing from it is copied into tests/.
 
-    .venv/bin/python -m pytest -q tests/test_realworld_net.py -rs
+    .venv/bin/python -m pytest -q tests/realworld/test_net.py -rs
 """
 
 import ipaddress

@@ -50,7 +50,7 @@ def test_bundle_carries_bytecode_for_this_python():
     zf = zipfile.ZipFile(io.BytesIO(bundle.base_zip()))
     names = set(zf.namelist())
     assert zf.read("bytecode/MAGIC") == importlib.util.MAGIC_NUMBER
-    for module in ("preflight/probe/runner.py", "preflight/model.py", "preflight/checks/nic.py", "pynvml.py"):
+    for module in ("preflight/probe/runner.py", "preflight/model.py", "preflight/checks/nic/", "pynvml.py"):
         if module in names:
             code = marshal.loads(zf.read("bytecode/" + module + "c"))
             assert code.co_filename == "bundle/" + module

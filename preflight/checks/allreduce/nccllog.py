@@ -1,7 +1,7 @@
 """What NCCL chose, read from its NCCL_DEBUG=INFO output: network, devices, GPUDirect RDMA, intra-node paths.
 
 Pure parsing, controller side: preflight.probe.bench_agent runs every nccl rank with NCCL_DEBUG_ENV and
-sends each rank's log back; the allreduce check (preflight/checks/allreduce.py) turns what this module
+sends each rank's log back; the allreduce check (preflight/checks/allreduce/) turns what this module
 reads into per-node findings.
 """
 

@@ -1,7 +1,7 @@
 """How the all-reduce bench is launched: every node's agent config, the size sweeps, the deadlines.
 
 Controller only (never shipped to the nodes): preflight.checks.allreduce.stage runs what this module plans, and
-preflight.checks.allreduce.localize plans the rounds after it; the allreduce check (preflight/checks/allreduce.py)
+preflight.checks.allreduce.localize plans the rounds after it; the allreduce check (preflight/checks/allreduce/)
 judges what came back.
 
 make_configs() gives every node its preflight.probe.bench_agent config (backend, ranks, the size sweep,
