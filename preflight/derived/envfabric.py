@@ -19,11 +19,11 @@ import ipaddress
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from preflight.model import ClusterView
-from preflight.derived import versions
-from preflight.derived import rails
+from preflight.derived import cloud as cloud_fabric, rails, versions
+from preflight.derived.envvars import Derived, EnvVar, HCA_OK, fold_names, refuse, version_key
+from preflight.derived.nvls import assess
 from preflight.derived.rails import port_label
-from preflight.derived.envvars import HCA_OK, Derived, EnvVar, fold_names, refuse, version_key
+from preflight.model import ClusterView
 
 #: NCCL 2.21 picks the RoCE GID per port (ncclIbGetGidIndex: the first RoCE v2 entry of NCCL_IB_ADDR_FAMILY
 #: within NCCL_IB_ADDR_RANGE); before, NCCL_IB_GID_INDEX defaulted to 0 (RoCE v1 on mlx5).
@@ -118,7 +118,6 @@ def nvls(view: ClusterView, nodes: Sequence[str], derived: Derived) -> None:
     0 costs nothing where NVLS cannot work, and it must be the same on every rank (NCCL_NVLS_ENABLE is one
     of the settings nccl_env requires to match): with NCCL 2.29 and later a failed multicast bind fails the
     job's init instead of falling back (src/transport/nvls.cc; 2.29.2 release notes)."""
-    from preflight.derived.nvls import assess
 
     by_name = {n.name: n for n in view.live}
     states = {n: assess(view, by_name[n]) for n in nodes if n in by_name}
@@ -351,7 +350,6 @@ def cloud(view: ClusterView, nodes: Sequence[str], derived: Derived) -> None:
     """The cloud fabric's variables (preflight.derived.cloud): FI_PROVIDER=efa and FI_EFA_USE_DEVICE_RDMA=1 where
     every node is on EFA with aws-ofi-nccl; for Google's fabrics a note naming the vendor's env script found on
     the nodes. Never NCCL_IB_HCA over EFA (ib() leaves EFA devices out)."""
-    from preflight.derived import cloud as cloud_fabric
     fabrics = cloud_fabric.of(view)
     on = {fabrics[n].fabric for n in nodes if n in fabrics}
     if not on & set(cloud_fabric.CLOUD):

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from preflight.common import fold, version_key  # noqa: F401  (version_key: this module's API too)
+from preflight.common import fold, version_key
 from preflight.model import Finding, Status
 
 #: Interface names NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME can carry. Linux allows almost anything in a

@@ -12,13 +12,13 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from preflight.model import Finding, Status
 from preflight.probe.gpu_facts import bus12, short_bus_id
 
 
 @dataclass(frozen=True)
 class GpuFabric:
     """One GPU's NVLink fabric registration (nvmlGpuFabricInfo_t / nvidia-smi's <fabric>, R535+)."""
-
     state: Optional[str]  # "Completed" | "In Progress" | "Not Started"
     status: Optional[str]  # "Success" | an NVML error string | "N/A"
     clique_id: Optional[int]
@@ -32,7 +32,6 @@ class GpuFabric:
 @dataclass(frozen=True)
 class Gpu:
     """One GPU as the driver listed it. `facts` is its entry of the schema above (for the gpu rule)."""
-
     index: int
     name: Optional[str]
     pci_bus_id: Optional[str]  # as the driver prints it: 00000000:4E:00.0
@@ -57,7 +56,6 @@ class Gpu:
 @dataclass(frozen=True)
 class NodeGpus:
     """A node's GPU facts, typed: what every reader outside the gpu check uses."""
-
     source: Optional[str]  # "nvml" | "nvidia-smi" | None: no driver answered
     error: Optional[str]
     driver_version: Optional[str]
@@ -133,7 +131,6 @@ def per_health_node(check: str, view: Any, judge_gpu: Any, summary: Any, report_
     is that PASS message. CPU-only nodes SKIP; a node without health facts, or none of whose GPUs were
     read, is an ERROR naming why (the gpu check reports the cause itself); health reads that stopped part
     way (a wedged or slow NVML) are a WARN beside what was read, from the one check passing report_stopped."""
-    from preflight.model import Finding, Status
 
     out: List[Any] = []
     for node in view.live:

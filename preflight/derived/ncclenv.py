@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from preflight.derived import datanet
-from preflight.derived import envfabric
-from preflight.derived.envvars import IFNAME_EXPECTED, IFNAME_OK, Derived, EnvVar, fold_names, is_ipv4, refuse
+from preflight.derived import datanet, envfabric
+from preflight.derived.envvars import Derived, EnvVar, IFNAME_EXPECTED, IFNAME_OK, fold_names, is_ipv4, refuse
 from preflight.model import ClusterView
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 import re

@@ -61,6 +61,7 @@ from typing import Any, List, Optional, Tuple
 from preflight.checks.driver import NAME as DRIVER
 from preflight.common import version_key
 from preflight.derived import versions
+from preflight.derived.gpus import node_gpus
 from preflight.probe.ncclconf import effective
 
 #: From this NCCL a failed multicast bind fails the communicator under the default NCCL_NVLS_ENABLE=2.
@@ -125,8 +126,6 @@ def _nccl(view: Any, node: str) -> Optional[str]:
 
 def assess(view: Any, node: Any) -> NvlsState:
     """The NVLS state of one live node (a NodeInfo) in this cluster view. Pure."""
-    from preflight.derived.gpus import node_gpus
-
     if node.gpus_per_node == 0:
         return NvlsState("cpu", "CPU-only node (gpus_per_node: 0)")
     nccl = _nccl(view, node.name)

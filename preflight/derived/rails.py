@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from preflight.checks.ib_hca import NAME
 from preflight.common import majority
 from preflight.model import ClusterView, probe_error
-from preflight.checks.ib_hca import NAME
 
 DERIVED = "rails"
 

@@ -5,9 +5,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from preflight.checks.allreduce import NAME, nccllog
+from preflight.checks.allreduce.busbw import (GPU_VERDICT_MIN, curve, gbps, rank_table, sku_warn_level, stragglers,
+    sweep_cut, threshold_for, verdict_point, wrong_values)
+from preflight.checks.allreduce.judge import SLOW_FRACTION, judge_nodes, reference, warn_fraction
+from preflight.checks.allreduce.localize import verdict_localization
+from preflight.checks.allreduce.nccllog import hca_mismatch, ifname_allows, nccl_summary
+from preflight.checks.allreduce.wording import contention, cut_phrase, doc_problem, explain_failure, ranks_phrase
 from preflight.common import fold, human_bytes, plural
 from preflight.model import ClusterView, Finding, ParseError, Status
-from preflight.checks.allreduce import NAME
 
 #: What the cluster finding says when no absolute figure applies (the fleet rounds may then judge).
 NO_THRESHOLD = "no threshold applies (set expect.busbw_gbps)"
@@ -19,16 +25,11 @@ SPARSE_STEP = 2
 def parse_nccl_log(text: str) -> Dict[str, Any]:
     """preflight.checks.allreduce.nccllog.parse_nccl_log, where the fixture cases under tests/fixtures/allreduce
     find this check's parser."""
-    from preflight.checks.allreduce import nccllog
 
     return nccllog.parse_nccl_log(text)
 
 
 def rank_findings(view: ClusterView) -> List[Finding]:
-    from preflight.checks.allreduce.busbw import (
-        GPU_VERDICT_MIN, curve, gbps, rank_table, sku_warn_level, stragglers, sweep_cut, threshold_for, verdict_point,
-        wrong_values)
-    from preflight.checks.allreduce.wording import contention, cut_phrase, doc_problem, explain_failure, ranks_phrase
 
     meta = dict(view.cluster.get(NAME) or {})
     if meta.get("skip"):
@@ -170,9 +171,6 @@ def _fleet_findings(view: ClusterView, meta: Mapping[str, Any]) -> Tuple[List[Fi
     """What the rounds after the whole-cluster run found: (node findings, notes for the cluster finding,
     the status they imply, data). Node rounds name a node on its own; pair rounds beside a known-good node
     (preflight.checks.allreduce.localize); both judge against the fleet median (meta["slow_fraction"])."""
-    from preflight.checks.allreduce.busbw import gbps
-    from preflight.checks.allreduce.judge import SLOW_FRACTION, judge_nodes, reference, warn_fraction
-    from preflight.checks.allreduce.localize import verdict_localization
 
     frac = float(meta.get("slow_fraction") or SLOW_FRACTION)
     named: Dict[str, List[str]] = {}
@@ -324,7 +322,6 @@ def nccl_findings(view: ClusterView, meta: Mapping[str, Any], docs: Mapping[str,
     returned errors of its own (bootstrap, connect, proxy) on a node whose ranks failed; a WARN when it
     only listed such an interface or reported faults it survived. Across nodes, a WARN when NCCL_IB_HCA
     names HCAs and the nodes' NCCL listed different ones. Action fix_config."""
-    from preflight.checks.allreduce.nccllog import nccl_summary
 
     env = dict(meta.get("env") or {})
     out: List[Finding] = []
@@ -366,8 +363,6 @@ def _node_logs(doc: Mapping[str, Any]) -> Tuple[List[Dict[str, Any]], List[str]]
 def _node_nccl_finding(view: ClusterView, node: str, doc: Mapping[str, Any], facts: Dict[str, Any],
                        env: Mapping[str, Any], active: List[str]) -> Finding:
     """One node's NCCL finding (see nccl_findings); `active`: the node's ACTIVE rails (ib_hca facts)."""
-    from preflight.checks.allreduce.nccllog import ifname_allows
-
     ifspec = env.get("NCCL_SOCKET_IFNAME")
     what = "NCCL %s, %s on %s" % ("/".join(facts["version"]) or "?", "/".join(facts["transport"]) or
                                   "no network (single node)", ",".join(facts["devices"]) or "no device")
@@ -449,7 +444,6 @@ def _failure_words(failures: Sequence[Mapping[str, Any]]) -> Optional[Tuple[bool
 def _hca_findings(hcas_used: Mapping[str, Sequence[str]], spec: Optional[str]) -> List[Finding]:
     """A WARN (fix_config) naming the nodes whose NCCL listed other HCAs than the rest when the env file's
     NCCL_IB_HCA names them (nccllog.hca_mismatch); different names without it are only reported."""
-    from preflight.checks.allreduce.nccllog import hca_mismatch
 
     found = hca_mismatch(hcas_used, spec)
     if not found:
@@ -466,7 +460,6 @@ def _hca_findings(hcas_used: Mapping[str, Sequence[str]], spec: Optional[str]) -
 def rule(view: ClusterView) -> List[Finding]:
     """The all-reduce judged: each rank's figures (rank_findings), the fleet rounds that localize a slow or
     broken node, and what NCCL's own log says of the path it took (nccl_findings)."""
-    from preflight.checks.allreduce.wording import contention, doc_problem
 
     meta = dict(view.cluster.get(NAME) or {})
     docs = {n: (view.facts.get(n) or {}).get(NAME) for n in meta.get("nodes") or []}

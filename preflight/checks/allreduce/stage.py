@@ -22,13 +22,14 @@ import secrets
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from preflight.derived import datanet
 from preflight.checks.allreduce import judge, localize, plan, timeplan
 from preflight.checks.allreduce.busbw import threshold_for
-from preflight.transport.contract import Fleet
+from preflight.derived import datanet, rails
+from preflight.derived.gpus import node_gpus
 from preflight.inventory import Inventory
 from preflight.model import ClusterView, NodeInfo
 from preflight.probe import portclaim
+from preflight.transport.contract import Fleet
 
 #: Groups run side by side start timing together, at least this long after their launch (bench_worker).
 ROUND_START_MIN_S = 3.0
@@ -42,7 +43,6 @@ _AGENT_SET = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 class BenchResult:
     """What the bench adds to the run: per-node agent documents and the cluster-level metadata."""
-
     def __init__(self) -> None:
         self.docs: Dict[str, Dict[str, Any]] = {}
         self.meta: Dict[str, Any] = {}
@@ -67,8 +67,6 @@ def _hardware(view: ClusterView, nodes: Sequence[str], choice: Any) -> Dict[str,
     """gpu_model and nic_gbps for the built-in bandwidth profile, from the gpu/ib_hca facts and the
     nic choice the view carries (datanet.of); rails, the HCA ports NCCL should use per node (the check
     judges NCCL's choice against them without reading another check's facts)."""
-    from preflight.derived import rails
-    from preflight.derived.gpus import node_gpus
 
     out: Dict[str, Any] = {}
     models = set()

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from preflight.common import plural
-from preflight.model import ClusterView, Finding, Status, probe_error
 from preflight.checks.cloud_fabric import NAME
+from preflight.checks.cloud_fabric.probe import PLUGIN_DIRS
+from preflight.common import plural
 from preflight.derived import cloud
 from preflight.derived.envvars import fold_names
+from preflight.model import ClusterView, Finding, Status, probe_error
 
 EFA_DEVICES = {"p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32,
                "p5en.48xlarge": 16, "p6-b200.48xlarge": 8}
@@ -70,7 +71,6 @@ def _plugin_missing(fabric: str, multi: bool) -> Optional[Tuple[Status, str]]:
 
 
 def _dirs(fabric: str) -> Tuple[str, ...]:
-    from preflight.checks.cloud_fabric.probe import PLUGIN_DIRS
     return PLUGIN_DIRS[fabric] + (PLUGIN_DIRS["gke"] if fabric in ("tcpx", "tcpxo") else ())
 
 

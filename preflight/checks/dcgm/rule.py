@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from preflight.checks.dcgm import NAME
 from preflight.common import plural
 from preflight.model import ClusterView, Finding, Status, per_gpu_node
-from preflight.checks.dcgm import NAME
 
 EXIT_TEST_FAILED, EXIT_ISOLATE, EXIT_NO_HOSTENGINE = 226, 205, 235
 PERSISTENCE_MODE = 29  # DCGM_FR_PERSISTENCE_MODE

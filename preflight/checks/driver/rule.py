@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.common import fold, majority, plural
-from preflight.model import ClusterView, Finding, Status, probe_error
 from preflight.checks.driver import NAME
+from preflight.common import fold, majority, plural
 from preflight.derived.versions import nccl_version, public
+from preflight.model import ClusterView, Finding, Status, probe_error
 
 NOT_FOUND = "not found"
 

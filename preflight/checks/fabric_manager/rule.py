@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-from preflight.model import ClusterView, Finding, Status, per_gpu_node
 from preflight.checks.fabric_manager import NAME
 from preflight.checks.fabric_manager.probe import IMEX_DIR
+from preflight.derived.gpus import node_gpus
+from preflight.model import ClusterView, Finding, Status, per_gpu_node
 
 HANG = "NCCL init will hang on this node"
 
@@ -229,6 +230,5 @@ def _tray(node: Any, facts: Dict[str, Any], record: Any) -> List[Finding]:
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    from preflight.derived.gpus import node_gpus  # controller side: not in the node bundle
 
     return per_gpu_node(NAME, view, lambda node, facts: _node(node, facts, node_gpus(view, node.name)))

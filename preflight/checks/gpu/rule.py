@@ -5,12 +5,12 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from preflight.checks.gpu import NAME
+from preflight.checks.gpu.probe import ACCESS_VARIABLES, HW_THROTTLE
 from preflight.common import fold, majority, plural
 from preflight.model import ClusterView, Finding, Status, per_gpu_node
 from preflight.probe.gpu_facts import bus12, gpu_label
 from preflight.probe.nvml import NVML_TOTAL_S
-from preflight.checks.gpu import NAME
-from preflight.checks.gpu.probe import ACCESS_VARIABLES, HW_THROTTLE
 
 #: Reasons worth a warning: the driver is cooling the GPU down.
 SW_THROTTLE = ("sw_thermal_slowdown",)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, List
 
-from preflight.common import plural
-from preflight.model import ClusterView, Finding, Status
 from preflight.checks.gpu_memory import NAME
+from preflight.common import plural
+from preflight.derived.gpus import per_health_node
+from preflight.model import ClusterView, Finding, Status
 
 #: NVIDIA GPU Memory Error Management, "Row Remapping": legacy page retirement supports at most 64 pages.
 RETIRED_PAGES_MAX = 64
@@ -72,6 +73,5 @@ def _summary(record: Any, read: List[Any]) -> str:
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    from preflight.derived.gpus import per_health_node
 
     return per_health_node(NAME, view, lambda gpu, record: _gpu(gpu, record.health_window_s), _summary)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, List
 
-from preflight.common import plural
-from preflight.model import ClusterView, Finding, Status
 from preflight.checks.gpu_pcie import NAME
+from preflight.common import plural
+from preflight.derived.gpus import per_health_node
+from preflight.model import ClusterView, Finding, Status
 
 #: Replays inside the window that make the link failing now (fewer are one noisy sample).
 WINDOW_MIN = 3
@@ -50,7 +51,6 @@ def _summary(record: Any, read: List[Any]) -> str:
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    from preflight.derived.gpus import per_health_node
 
     return per_health_node(NAME, view, lambda gpu, record: _gpu(gpu, record.health_window_s), _summary,
                            report_stopped=False)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-from preflight.common import majority, plural
-from preflight.model import ClusterView, Finding, Status
 from preflight.checks.gpu_state import NAME
+from preflight.common import majority, plural
+from preflight.derived.gpus import node_gpus, per_health_node
+from preflight.model import ClusterView, Finding, Status
 
 #: A power limit this far below the default is a cap (rounding in the driver's milliwatts is not).
 POWER_SLACK = 0.02
@@ -89,7 +90,6 @@ def _gpu(gpu: Any, fleet: Fleet) -> List[Any]:
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    from preflight.derived.gpus import node_gpus, per_health_node
 
     records = [r for r in (node_gpus(view, n.name) for n in view.live if n.gpus_per_node) if r and r.health_source]
     fleet = Fleet(records)

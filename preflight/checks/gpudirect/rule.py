@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.common import plural
-from preflight.model import ClusterView, Finding, Status, per_gpu_node
 from preflight.checks.gpudirect import NAME
 from preflight.checks.gpudirect.probe import REDIRECTS
+from preflight.common import plural
+from preflight.model import ClusterView, Finding, Status, per_gpu_node
 
 #: The first NCCL that registers GPU memory through DMA-BUF (NCCL 2.19 release notes: NCCL_DMABUF_ENABLE).
 DMABUF_NCCL = (2, 19)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from preflight.checks.ib_errors import NAME
+from preflight.checks.ib_errors.probe import COUNTERS, DOWN, WIDTH_BITS, port_name
 from preflight.common import plural
 from preflight.model import ClusterView, Finding, Status, probe_error
 from preflight.probe import kernlog
-from preflight.checks.ib_errors import NAME
-from preflight.checks.ib_errors.probe import COUNTERS, WIDTH_BITS, DOWN, port_name
 
 SOURCE = "NVIDIA NVSentinel nic-health-monitor defaults"
 #: Any increase fails (NVSentinel: thresholdType delta, threshold 0, fatal).

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from preflight.checks.limits import NAME
 from preflight.common import human_bytes, plural
 from preflight.model import ClusterView, Finding, Status, per_gpu_node
-from preflight.checks.limits import NAME
 
 #: One NCCL SHM segment (the three protocols' buffers of one connection), as NCCL reports it failing.
 SHM_SEGMENT_BYTES = 9637888

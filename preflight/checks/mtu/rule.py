@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.common import fold, majority
-from preflight.model import ClusterView, Finding, Status, probe_error
 from preflight.checks.mtu import NAME
 from preflight.checks.mtu.probe import COUNT
+from preflight.common import fold, majority
+from preflight.derived import datanet
+from preflight.model import ClusterView, Finding, Status, probe_error
 
 IP_ICMP_HEADERS = 28
 SMALL_PAYLOAD = 1000
@@ -15,8 +16,6 @@ SMALL_PAYLOAD = 1000
 
 def plan(view: ClusterView) -> Dict[str, Dict[str, Any]]:
     """{node: probe config}: ring (or full-mesh) targets over each node's chosen data interface."""
-    from preflight.derived import datanet
-
     choice = datanet.of(view)
     ordered = [n.name for n in view.live if n.name in choice.nodes]
     mesh = bool(view.cluster.get("mtu_full_mesh"))
@@ -99,7 +98,6 @@ def common_end(pairs: List[Tuple[str, str]]) -> Optional[str]:
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    from preflight.derived import datanet
 
     out: List[Finding] = []
     choice = datanet.of(view)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from preflight.common import nccl_list, nccl_selects
+from preflight.checks.nccl_env import NAME
+from preflight.common import fold, majority, nccl_list, nccl_selects
+from preflight.derived import datanet, envfabric, envvars, ncclenv
 from preflight.model import ClusterView, Finding, Status, probe_error
 from preflight.probe.ncclconf import effective
-from preflight.checks.nccl_env import NAME
 
 #: Variables whose value must agree across ranks: NCCL picks its transport, protocol, algorithm and
 #: buffer sizes per rank, and ranks that disagree hang at the first collective or fall back to a slow path.
@@ -101,7 +102,6 @@ def _addressed(view: ClusterView, node: str) -> Dict[str, str]:
 
 
 def _node_ifaces(view: ClusterView) -> Dict[str, str]:
-    from preflight.derived import datanet
 
     choice = datanet.of(view)
     out = {}
@@ -114,16 +114,12 @@ def _node_ifaces(view: ClusterView) -> Dict[str, str]:
 
 def _nccl_versions(view: ClusterView) -> Dict[str, Optional[Tuple[int, int, int]]]:
     """{node: its NCCL version as a tuple}, from the driver check's facts (the env writer's reading)."""
-    from preflight.derived import envfabric, envvars
-
     names = [n.name for n in view.live]
     return {n: envvars.version_key(v) for n, v in envfabric.nccl_versions(view, names).items()}
 
 
 def _recommended(view: ClusterView, nodes: List[str]) -> Tuple[Dict[str, str], Dict[str, Dict[str, str]]]:
     """(the env file's variables, {node: its per-node values}) derived over the same facts."""
-    from preflight.derived import ncclenv
-
     if not nodes:
         return {}, {}
     derived = ncclenv.derive(view, nodes)
@@ -131,7 +127,6 @@ def _recommended(view: ClusterView, nodes: List[str]) -> Tuple[Dict[str, str], D
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    from preflight.common import fold, majority
 
     out: List[Finding] = []
     versions = _nccl_versions(view)

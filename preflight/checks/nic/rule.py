@@ -6,14 +6,14 @@ import ipaddress
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.common import fold, majority
-from preflight.model import ClusterView, Finding, Status, probe_error
 from preflight.checks.nic import NAME
+from preflight.common import fold, majority
+from preflight.derived import datanet
+from preflight.derived.datanet import excluded_reason, speed_text
+from preflight.model import ClusterView, Finding, Status, probe_error
 
 def describe(entry: Dict[str, Any]) -> str:
     """'eth1 198.19.0.3/16 mtu 9000 (100 Gb/s)'."""
-    from preflight.derived.datanet import speed_text
-
     return "%s %s/%s mtu %s (%s)" % (
         entry["iface"],
         entry["ip"],
@@ -24,7 +24,6 @@ def describe(entry: Dict[str, Any]) -> str:
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    from preflight.derived import datanet
 
     out: List[Finding] = []
     errors = set()
@@ -101,7 +100,6 @@ def _fell_back(view: ClusterView, entry: Dict[str, Any], interfaces: List[Dict[s
     (the cross-node choice already fails a node whose data NIC is down in the shared subnet), and the mtu
     check judges a chosen interface at another MTU; on a node alone nothing else does, so nic does.
     """
-    from preflight.derived.datanet import excluded_reason
 
     want = view.expect.get("mtu")
     alone = len(view.nodes) == 1
@@ -145,7 +143,6 @@ def _speed_drift(choice: Any) -> List[Finding]:
     A tie (as many nodes at one speed as at another, none more common) has no reference speed
     (preflight.common.majority): one cluster-wide WARN names the split instead of taking a side.
     """
-    from preflight.derived.datanet import speed_text
 
     speeds: Dict[Optional[int], List[str]] = {}
     for name, entry in choice.nodes.items():

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, List
 
-from preflight.common import plural
-from preflight.model import ClusterView, Finding, Status
 from preflight.checks.nvlink_errors import NAME
+from preflight.common import plural
+from preflight.derived.gpus import node_gpus, per_health_node
+from preflight.model import ClusterView, Finding, Status
 
 #: DCGM_LIMIT_MAX_NVLINK_CRC_ERROR: CRC errors per second that matter (DCGM, from the driver team).
 CRC_PER_S = 100.0
@@ -47,7 +48,6 @@ def _summary(record: Any, read: List[Any]) -> str:
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    from preflight.derived.gpus import node_gpus, per_health_node
 
     out = []
     for finding in per_health_node(NAME, view, lambda gpu, record: _gpu(gpu, record.health_window_s), _summary,

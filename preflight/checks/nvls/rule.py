@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, List
 
-from preflight.common import plural
-from preflight.model import ClusterView, Finding, Status
 from preflight.checks.nvls import NAME
+from preflight.common import plural
+from preflight.derived.nvls import assess
+from preflight.model import ClusterView, Finding, Status
 
 #: not-applicable reasons under which NCCL_NVLS_ENABLE=1 makes NCCL try multicast on hardware without it
 NO_HARDWARE = ("no_fabric", "model", "driver")
@@ -38,7 +39,6 @@ def _unusable(node: str, state: Any) -> Finding:
 
 
 def _node(view: ClusterView, node: Any) -> List[Finding]:
-    from preflight.derived.nvls import assess  # controller side: not in the node bundle
 
     state = assess(view, node)
     name = node.name

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.common import plural
-from preflight.model import ClusterView, Finding, Status, probe_error
 from preflight.checks.pcie import NAME
 from preflight.checks.pcie.probe import KINDS
+from preflight.common import plural
+from preflight.model import ClusterView, Finding, Status, probe_error
 
 TOTALS = {"correctable": "TOTAL_ERR_COR", "nonfatal": "TOTAL_ERR_NONFATAL", "fatal": "TOTAL_ERR_FATAL"}
 #: DCGM's per-lane replay budget: a 1e-12 bit error rate at the link rate, per minute (GT/s x 1e9 x 1e-12 x 60).

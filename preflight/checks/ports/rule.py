@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from preflight.common import clock_offset, fold, plural
-from preflight.model import ClusterView, Finding, Status, probe_error
-from preflight.probe import portclaim
 from preflight.checks.ports import NAME
 from preflight.checks.ports.probe import RETRY_S, WINDOW_S
+from preflight.common import clock_offset, fold, plural
+from preflight.derived import datanet
+from preflight.model import ClusterView, Finding, Status, probe_error
+from preflight.probe import portclaim
 
 DEFAULT_PORT = 29500
 
 
 def plan(view: ClusterView) -> Dict[str, Dict[str, Any]]:
     """{node: probe config}: the head listens on master_port, every other node connects to it."""
-    from preflight.derived import datanet
-
     choice = datanet.of(view)
     port = int(view.cluster.get("master_port", DEFAULT_PORT))
     head = view.head.name

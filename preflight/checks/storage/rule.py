@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional
 
-from preflight.model import ClusterView, Finding, Status, probe_error
 from preflight.checks.storage import NAME
+from preflight.model import ClusterView, Finding, Status, probe_error
 
 GiB = 1 << 30
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from preflight.common import majority, plural
-from preflight.model import ClusterView, Finding, Status, per_gpu_node
 from preflight.checks.topology import NAME
+from preflight.common import majority, plural
+from preflight.derived import rails as nccl_rails
+from preflight.model import ClusterView, Finding, Status, per_gpu_node
 
 def _label(dev: Dict[str, Any], index: Optional[int] = None) -> str:
     if dev["kind"] == "hca":
@@ -144,7 +145,6 @@ def compute_devices(devices: Sequence[Dict[str, Any]], rails: Optional[Any]) -> 
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    from preflight.derived import rails as nccl_rails
 
     valid = {n: f for n, f in view.of(NAME).items() if isinstance(f, dict) and isinstance(f.get("devices"), list)
              and view.node(n).gpus_per_node > 0}

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.common import plural
-from preflight.model import ClusterView, Finding, Status, per_gpu_node
-from preflight.probe import kernlog, nvrm
 from preflight.checks.xid import NAME
 from preflight.checks.xid.probe import NVLINK_XIDS
+from preflight.common import plural
+from preflight.derived.gpus import node_gpus
+from preflight.model import ClusterView, Finding, Status, per_gpu_node
+from preflight.probe import kernlog, nvrm
 
 #: Where the classification comes from.
 XID_SOURCE = (
@@ -297,6 +298,5 @@ def _judge(node: Any, facts: Dict[str, Any], record: Any, window: Optional[float
 
 def rule(view: ClusterView) -> List[Finding]:
     window = view.cluster.get("xid_window_s")
-    from preflight.derived.gpus import node_gpus  # controller side: not in the node bundle
 
     return per_gpu_node(NAME, view, lambda node, facts: _judge(node, facts, node_gpus(view, node.name), window))
