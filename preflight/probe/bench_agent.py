@@ -123,6 +123,8 @@ from preflight.probe import portclaim
 
 WORKER_MODULE = "preflight.probe.bench_worker"
 WORKER_PATH = "preflight/probe/bench_worker.py"  # inside the probe bundle's zip
+COMPUTE_MODULE = "preflight.probe.bench_compute"
+COMPUTE_PATH = "preflight/probe/bench_compute.py"
 
 DEFAULT_DEADLINES = {"init_s": 60.0, "op_s": 30.0, "total_s": 300.0, "kill_grace_s": 3.0, "fail_grace_s": 5.0}
 STDERR_TAIL = 4000
@@ -328,23 +330,31 @@ def merge(docs: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def worker_source(bundle: Optional[bytes] = None) -> str:
-    """bench_worker's source: from the probe bundle's zip when given, else from its importer.
+    """The ranks' program: bench_worker's source, preceded by bench_compute's as the string literal
+    COMPUTE_SOURCE (bench_worker._compute_module compiles it); from the probe bundle's zip when given,
+    else from the importer.
 
     The bundle is imported from memory on the node (nothing is written to disk), so the ranks get the
-    worker's source on stdin (`python -u - CONFIG`), not a file path.
+    program on stdin (`python -u - CONFIG`), not a file path.
     """
+    compute, worker = (_source(bundle, module, path) for module, path in (
+        (COMPUTE_MODULE, COMPUTE_PATH), (WORKER_MODULE, WORKER_PATH)))
+    return "COMPUTE_SOURCE = %r\n%s" % (compute, worker)
+
+
+def _source(bundle: Optional[bytes], module: str, path: str) -> str:
     if bundle:
         import io
         import zipfile
 
         with zipfile.ZipFile(io.BytesIO(bundle)) as zf:
-            return zf.read(WORKER_PATH).decode("utf-8")
+            return zf.read(path).decode("utf-8")
     import importlib.util
 
-    spec = importlib.util.find_spec(WORKER_MODULE)
-    source = spec.loader.get_source(WORKER_MODULE) if spec is not None and spec.loader is not None else None
+    spec = importlib.util.find_spec(module)
+    source = spec.loader.get_source(module) if spec is not None and spec.loader is not None else None
     if not source:
-        raise ImportError("cannot read the source of %s" % WORKER_MODULE)
+        raise ImportError("cannot read the source of %s" % module)
     return source
 
 
