@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--shadow", action="store_true", help="with --history: decide drains and escalations, record and "
                        "print them, drain nothing")
     check.add_argument("--plan", action="store_true", help="print how long each all-reduce phase should take on this fleet (sizes, rounds, deadlines; with --json: as JSON) and exit; touches no node")
+    check.add_argument("--tier", choices=("quick", "standard", "burn-in"), default="quick", help="quick: the node checks "
+                       "and the all-reduce; standard: + GEMM, copy and SDC digest in the all-reduce's ranks (gpu_compute); "
+                       "burn-in: the compute phase as a soak (--plan prints each tier's expected time)")
     check.add_argument("--hostfile", metavar="PATH", help="write the nodes that passed, for a launcher")
     check.add_argument("--hostfile-format", choices=("plain", "deepspeed", "mpi", "mpich", "slurm"), default="plain")
     check.add_argument("-v", "--verbose", action="store_true", help="one line per finding, passes included")
@@ -351,7 +354,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     inv = _load_inventory(args)
     if getattr(args, "plan", False):
         from preflight.checks.allreduce.timeplan import print_plan
-        return print_plan(inv, args.json, print)
+        return print_plan(inv, args.json, print, getattr(args, "tier", "quick"))
     if getattr(args, "dcgm_level", None):
         from preflight import engine
 
@@ -401,6 +404,7 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
         timeout=args.timeout,
         accept_new_host_keys=args.accept_new_host_keys,
         capture=bool(getattr(args, "capture", None)),
+        tier=getattr(args, "tier", "quick"),
     )
     engine.select_checks(opts.only, opts.skip)  # usage errors before any connection
     if getattr(args, "capture", None):

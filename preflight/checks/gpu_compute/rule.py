@@ -46,7 +46,10 @@ def reason_names(mask: int) -> List[str]:
 
 
 def rule(view: ClusterView) -> List[Finding]:
-    meta = view.cluster.get("allreduce") or {}
+    meta = view.cluster.get("allreduce")
+    if not meta:
+        return [Finding(NAME, None, Status.SKIP, "not run: the all-reduce did not run (skipped, or no node passed "
+                        "the node checks)")]
     if meta.get("skip"):
         return [Finding(NAME, None, Status.SKIP, "not run: the all-reduce did not run (%s)" % meta["skip"])]
     if not meta.get("compute"):
