@@ -74,6 +74,8 @@ def _versions(torch, gpu):
     """What a digest depends on besides the part: torch, and on a GPU CUDA and the driver (cuBLAS picks
     kernels by all of them)."""
     out = {"torch": str(torch.__version__).split("+")[0]}
+    if not gpu:  # BLAS blocks a CPU GEMM by its thread count: another count, another (right) digest
+        out["threads"] = torch.get_num_threads()
     if gpu:
         out["cuda"] = torch.version.cuda
         out["driver"] = _driver_version()
@@ -163,37 +165,38 @@ def _copy(torch, device, gpu, nbytes):
 
 def _sdc(torch, device, gpu, n, steps):
     """The silent-data-corruption computation: from fixed seeded inputs (made on the CPU, so identical on
-    every rank), `steps` chained fp32 GEMMs with tanh between them, TF32 off and deterministic algorithms
-    on; its sha256 digest must equal every other rank's of the same part, driver and torch. Run twice: a
+    every rank), `steps` chained fp32 GEMMs with tanh between them (on a GPU: TF32 off, deterministic
+    algorithms on); its sha256 digest must equal every other rank's of the same part, driver and torch. Run twice: a
     part that disagrees with itself is named even when it is alone of its kind."""
     gen = torch.Generator(device="cpu").manual_seed(SDC_SEED)
     x0 = torch.randn(n, n, generator=gen)
     ws = [torch.randn(n, n, generator=gen) / (n ** 0.5) for _ in range(steps)]
     tf32 = torch.backends.cuda.matmul.allow_tf32 if gpu else None
-    deterministic = torch.are_deterministic_algorithms_enabled()
+    deterministic = torch.are_deterministic_algorithms_enabled() if gpu else None
     digests = []
     try:
-        if gpu:
+        if gpu:  # on a CPU matmul is deterministic for a fixed shape and thread count (in the digest's
+            # kind), and the switch costs seconds of imports there
             torch.backends.cuda.matmul.allow_tf32 = False
-        torch.use_deterministic_algorithms(True)
+            torch.use_deterministic_algorithms(True)
         for _ in range(2):
             x = x0.to(device)
             for w in ws:
                 x = torch.tanh(torch.matmul(x, w.to(device)))
             digests.append(hashlib.sha256(_raw_bytes(torch, x.cpu().contiguous())).hexdigest()[:32])
     finally:
-        torch.use_deterministic_algorithms(deterministic)
         if gpu:
+            torch.use_deterministic_algorithms(deterministic)
             torch.backends.cuda.matmul.allow_tf32 = tf32
     return {"digest": digests[0], "repeat_agree": digests[0] == digests[1],
             "what": "%d chained %dx%d fp32 GEMMs + tanh, seed %d, TF32 off" % (steps, n, n, SDC_SEED)}
 
 
 def _raw_bytes(torch, t):
-    try:
-        return t.numpy().tobytes()
-    except (RuntimeError, TypeError):  # a torch built without numpy
-        return bytes(t.view(torch.uint8).flatten().tolist())
+    """A contiguous CPU tensor's bytes, read in place (t.numpy() would import numpy: seconds on a loaded node)."""
+    import ctypes
+
+    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
 
 
 class _NvmlSampler(threading.Thread):

@@ -97,9 +97,10 @@ def _where(r: Dict[str, Any]) -> str:
 
 
 def _kind(r: Dict[str, Any]) -> Tuple[str, ...]:
-    """Ranks whose digests must agree: the same part, and the same libraries that pick its kernels."""
+    """Ranks whose digests must agree: the same part, the same libraries that pick its kernels (and on a
+    CPU the same BLAS thread count)."""
     v = r.get("versions") or {}
-    return (str(r.get("device")), str(v.get("driver")), str(v.get("cuda")), str(v.get("torch")))
+    return (str(r.get("device")), str(v.get("driver")), str(v.get("cuda")), str(v.get("torch")), str(v.get("threads")))
 
 
 def sdc_findings(records: Sequence[Dict[str, Any]]) -> List[Finding]:
