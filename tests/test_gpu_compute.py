@@ -247,3 +247,60 @@ def test_check_plan_prints_each_tier_before_anything_runs(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "preflight", "check", str(inv), "--plan", "--tier", "soak"],
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+# ------------------------------------------------------------------------------ end to end, over SSH
+
+#: the same corruption, installed the way a site library hooks a package: applied when torch is imported
+#: (not at interpreter start, so the node's probes do not import torch)
+LAZY_BAD_MATMUL = '''
+import importlib.abc, importlib.util, sys
+
+def _patch(torch):
+    real = torch.matmul
+    def bad(a, b, *args, **kwargs):
+        out = real(a, b, *args, **kwargs)
+        if out.is_floating_point() and out.numel() > 7:
+            out.view(-1)[7] *= 1.000001
+        return out
+    torch.matmul = bad
+
+class _OnTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        run = spec.loader.exec_module
+        def exec_module(module):
+            run(module)
+            _patch(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, _OnTorch())
+'''
+
+
+@needs_torch
+def test_standard_tier_end_to_end_names_the_node_whose_library_corrupts_matmul(sim_cluster):
+    from tests.test_e2e_allreduce import inventory, run_preflight
+
+    cluster = sim_cluster(3)
+    site = os.path.join(cluster.node("n003").dir, "badlib")
+    os.makedirs(site)
+    with open(os.path.join(site, "sitecustomize.py"), "w") as fh:
+        fh.write(LAZY_BAD_MATMUL)
+    python = os.path.join(site, "python3")
+    with open(python, "w") as fh:  # n003's interpreter: the real one, with the bad library on its path
+        fh.write("#!/bin/sh\nPYTHONPATH=%s exec %s \"$@\"\n" % (site, sys.executable))
+    os.chmod(python, 0o755)
+    inv = inventory(cluster, {"init_timeout": 180, "op_timeout": 30}, expect={"busbw_gbps": 0.001},
+                    node_overrides={"n003": {"python": python}})
+    rc, doc, _wall = run_preflight(cluster, inv, "--only", "gpu_compute", "--tier", "standard")
+    found = [r for r in doc["results"] if r["check"] == "gpu_compute"]
+    bad = [r for r in found if r["status"] == "fail"]
+    assert rc == 1 and [(r["node"], r.get("action")) for r in bad] == [("n003", "isolate")], found
+    assert "silent data corruption" in bad[0]["message"] and "rank 2" in bad[0]["message"]
+    assert sorted(r["node"] for r in found if r["status"] == "pass") == ["n001", "n002"], found
+    assert cluster.leftover_processes() == {}

@@ -32,9 +32,10 @@ def compute_phase(torch, dist, device, gpu, spec, emit):
     Every rank starts at once (a barrier): the GPUs of a node load the power and cooling together, as a
     job does. Returns the "compute" event's fields: {"device", "versions", "gemm": {dtype: {"tflops",
     "first_tflops", "n", "iters", "s"}}, "copy": {"gbps", "bytes"}, "sdc": {"digest", "repeat_agree",
-    "what"}, "nvml": [samples] | null, "nvml_error"}.
+    "what"}, "nvml": [samples] | null, "nvml_error", "wall_s"}.
     """
     dist.barrier()
+    t0 = time.monotonic()
     sampler = _NvmlSampler(torch, device, float(spec.get("sample_s", 0.2))) if gpu else None
     out = {"device": _device_name(torch, device, gpu), "versions": _versions(torch, gpu), "gemm": {}}
     if sampler is not None:
@@ -54,6 +55,7 @@ def compute_phase(torch, dist, device, gpu, spec, emit):
     if sampler is not None:
         out["nvml"], out["nvml_error"] = sampler.samples, sampler.error
     dist.barrier()
+    out["wall_s"] = round(time.monotonic() - t0, 3)  # what the phase added to the run, on this rank
     return out
 
 
