@@ -178,7 +178,11 @@ def test_quick_tier_skips_and_a_rank_without_its_compute_phase_is_named():
     docs[0]["ranks"][0].update(compute=None, compute_error="RuntimeError: CUDA error: an illegal memory access")
     findings = gc.rule(_view(docs, ["g0"], backend="nccl"))
     assert [(f.status, f.node) for f in findings] == [(Status.FAIL, "g0")]
-    assert "illegal memory access" in findings[0].message
+    assert "illegal memory access" in findings[0].message and findings[0].action == "check_app"
+    docs[0]["ranks"][0].update(status="timeout", compute_error=None)  # the all-reduce's verdict, not ours
+    findings = gc.rule(_view(docs, ["g0"], backend="nccl"))
+    assert [(f.status, f.node, f.action) for f in findings] == [(Status.ERROR, "g0", "retest")]
+    assert "see allreduce" in findings[0].message
 
 
 # ------------------------------------------------------------------------------ NVML under load

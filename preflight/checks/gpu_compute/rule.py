@@ -56,10 +56,9 @@ def rule(view: ClusterView) -> List[Finding]:
         return [Finding(NAME, None, Status.SKIP, "not run: --tier quick (the compute phase runs with --tier "
                         "standard or burn-in)")]
     records, missing = gather(view, meta)
-    findings = [Finding(NAME, node, Status.ERROR if why.startswith("no all-reduce") else Status.FAIL,
-                        "compute phase did not complete: %s" % why,
-                        action="retest" if why.startswith("no all-reduce") else "check_app")
-                for node, why in sorted(missing.items())]
+    findings = [Finding(NAME, node, Status.FAIL if own else Status.ERROR, "compute phase %s: %s" % (
+        "failed" if own else "not run", why), action="check_app" if own else "retest")
+        for node, (own, why) in sorted(missing.items())]
     findings += sdc_findings(records)
     findings += rate_findings(records)
     bad = {f.node for f in findings if f.status.is_problem or f.status is Status.WARN}
@@ -71,21 +70,24 @@ def rule(view: ClusterView) -> List[Finding]:
     return findings
 
 
-def gather(view: ClusterView, meta: Dict[str, Any]) -> Tuple[List[Dict[str, Any]], Dict[str, str]]:
-    """Every rank's compute record with its node and rank, and {node: why} for nodes without one."""
+def gather(view: ClusterView, meta: Dict[str, Any]) -> Tuple[List[Dict[str, Any]], Dict[str, Tuple[bool, str]]]:
+    """Every rank's compute record with its node and rank, and {node: (own, why)} for nodes without one:
+    own when the compute phase itself failed, not when the all-reduce stopped first (that is the
+    allreduce check's verdict, not repeated here as a fault)."""
     records: List[Dict[str, Any]] = []
-    missing: Dict[str, str] = {}
+    missing: Dict[str, Tuple[bool, str]] = {}
     for node in meta.get("nodes") or []:
         doc = (view.facts.get(node) or {}).get("allreduce")
         if not isinstance(doc, dict) or not doc.get("ranks"):
-            missing[node] = "no all-reduce result from this node (see allreduce)"
+            missing[node] = (False, "no all-reduce result from this node (see allreduce)")
             continue
         for rank in doc["ranks"]:
             comp = rank.get("compute")
             if not isinstance(comp, dict) or not isinstance(comp.get("sdc"), dict):
-                why = rank.get("compute_error") or rank.get("error") or "rank %s stopped before it (%s)" % (
-                    rank.get("rank"), rank.get("status"))
-                missing[node] = "rank %s: %s" % (rank.get("rank"), why)
+                own = rank.get("status") == "ok" and bool(rank.get("compute_error"))
+                why = rank.get("compute_error") if own else "the all-reduce stopped first on rank %s (%s; see " \
+                    "allreduce)" % (rank.get("rank"), rank.get("status"))
+                missing[node] = (own, "rank %s: %s" % (rank.get("rank"), why) if own else why)
                 continue
             records.append(dict(comp, node=node, rank=rank.get("rank"), local_rank=rank.get("local_rank"),
                                 gpu=doc.get("backend") == "nccl"))
