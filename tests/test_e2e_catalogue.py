@@ -34,6 +34,7 @@ SCENARIOS = {
     "nccl_env": ("test_e2e_checks_v2", "test_nccl_env_names_the_stale_line_in_one_nodes_etc_nccl_conf", None),
     "storage": ("test_e2e_checks_v2", "test_storage_names_the_node_whose_shared_path_is_a_local_directory", None),
     "allreduce": ("test_e2e_allreduce", "test_mtu_black_hole_hangs_at_a_size_and_the_pairs_name_the_node", None),
+    "gpu_compute": ("test_gpu_compute", "test_standard_tier_end_to_end_names_the_node_whose_library_corrupts_matmul", None),
     "dcgm": ("test_e2e_catalogue", "test_hardware_fault_is_named", "dcgm_isolate"),
     "pcie": ("test_e2e_catalogue", "test_hardware_fault_is_named", "aer_fatal"),
     # NVLS never FAILs (a performance feature: never a drain): its WARN end to end on a GB200 tray without IMEX
