@@ -136,6 +136,7 @@ def test_a_gpu_slow_in_both_passes_warns_past_10_and_fails_past_20_percent_with_
 def test_healthy_twins_one_noisy_pass_the_power_cap_and_another_model_are_not_named():
     fleet = [_gpu(700.0)] * 4
     noisy = _gpu(700.0, passes=[520.0, 702.0])  # one pass low, the confirming pass at the median
+    noisy["gemm"]["fp8"] = {"error": "TypeError: _scaled_mm() missing 1 required positional argument"}  # recorded
     l40s = [_gpu(300.0, model="NVIDIA L40S", gbps=800.0, digest="dL")] * 2  # another part: its own fleet (too few)
     findings = _judge(fleet, fleet[:3] + [noisy], l40s)
     assert not [f for f in findings if f.status.is_problem or f.status is Status.WARN], findings
