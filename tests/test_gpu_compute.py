@@ -8,7 +8,6 @@ bad math library or a GPU flipping a mantissa bit would. Nothing in preflight kn
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 import os
@@ -18,10 +17,10 @@ import threading
 
 import pytest
 
-from preflight.checks.allreduce import tiers, timeplan
+from preflight.checks.allreduce import tiers
 from preflight.checks.gpu_compute import rule as gc
 from preflight.model import ClusterView, NodeInfo, Status
-from preflight.probe import bench_agent, bench_compute
+from preflight.probe import bench_compute
 
 from tests.sim.gpu_hw import FakeNVML
 from tests.test_bench_agent import config, free_port, our_ranks, run_all

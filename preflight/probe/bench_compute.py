@@ -167,7 +167,6 @@ def _copy(torch, device, gpu, nbytes):
         dst.copy_(src)
     times = [_timed(torch, gpu, lambda: dst.copy_(src), 1) for _ in range(10)]
     ok = bool(dst.eq(1.0).all().item())
-    del src, dst
     return {"gbps": round(2.0 * count * 4 / statistics.median(times) / 1e9, 3), "bytes": count * 4, "ok": ok}
 
 
