@@ -30,6 +30,8 @@
 #                                capability, and cuInit's wall/CPU time (is it cheap enough for the probe?)
 #   nvls_verdict.txt             the nvls check on this node's gpu, fabric_manager, driver and nccl_env probe facts
 #   nccl_nvls_info.txt           where nccl-tests' all_reduce_perf is on PATH: its NCCL_DEBUG=INFO NVLS lines
+#   compute.json, compute_verdicts.txt   issue 36: the standard tier's compute phase on every local GPU (GEMM,
+#                                copy, SDC digest, NVML samples under load) and gpu_compute's verdicts
 #                                ("NVLS multicast support is (not) available", "Failed to bind ... NVLS")
 # The files are ours to commit as fixtures (tests/fixtures/<check>/, with a .json beside each naming the
 # command, the machine and the expected facts); see tests/fixtures/README.md.
@@ -212,6 +214,32 @@ if command -v all_reduce_perf > /dev/null; then
     | grep -E "NCCL version|NVLS|nvls|Multicast" > "$OUT/nccl_nvls_info.txt"
   echo "all_reduce_perf NVLS lines: $(wc -l < "$OUT/nccl_nvls_info.txt") (nccl_nvls_info.txt)"
 fi
+# issue 36: the standard tier's compute phase on every local GPU (nccl, one node, the all-reduce's own ranks):
+# compute.json (per rank: GEMM bf16/fp8 TFLOPS, copy GB/s, SDC digest, NVML samples under load) and
+# compute_verdicts.txt (gpu_compute on it, with the datasheet-peak line)
+"$PYTHON" - "$OUT" <<'EOF' | tee "$OUT/compute_verdicts.txt"
+import json, os, subprocess, sys
+from preflight.checks.allreduce import tiers
+from preflight.checks.gpu_compute import rule as gc
+from preflight.model import ClusterView, NodeInfo
+from preflight.probe import bench_agent
+out = sys.argv[1]
+gpus = len(subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.splitlines())
+spec = tiers.compute_spec("standard", "nccl")
+cfg = {"backend": "nccl", "master_addr": "127.0.0.1", "master_port": 29533, "world_size": gpus, "node_rank": 0,
+       "local_world_size": gpus, "sizes": [1 << 20], "warmup": 1, "iters": 2, "compute": spec,
+       "deadlines": {"init_s": 120, "op_s": 60, "total_s": 300}}
+doc = bench_agent.run(cfg)
+json.dump(doc, open(os.path.join(out, "compute.json"), "w"), indent=1, sort_keys=True)
+for r in doc["ranks"]:
+    c = r.get("compute") or {}
+    shown = {k: c.get(k) for k in ("device", "gemm", "copy", "sdc", "wall_s", "nvml_error")}
+    print("rank %s %s: %s" % (r["rank"], r["status"], json.dumps(shown) if c else r.get("compute_error") or r.get("error")))
+view = ClusterView([NodeInfo("this", "127.0.0.1", gpus, True, {})], {"this": {"allreduce": doc}}, {},
+                   {"allreduce": {"backend": "nccl", "nodes": ["this"], "compute": spec}}, {})
+for f in gc.rule(view):
+    print("%s gpu_compute: %s" % (f.status.value.upper(), f.message))
+EOF
 "$PYTHON" -c "from preflight.checks import gpu; print('probe budget: probe_timeout_s 30 (runner default), NVML_BUDGET_S %g, nvidia-smi -q -x timeout 60' % gpu.NVML_BUDGET_S)" | tee -a "$OUT/timing.txt"
 echo "--- fabric: nvidia-smi -q -i 0 vs our struct"; cat "$OUT/nvidia_smi_fabric_gpu0.txt" "$OUT/fabric_struct_gpu0.txt"
 echo "--- NVLink"; cat "$OUT/nvlink_counts.txt" 2>/dev/null

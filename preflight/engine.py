@@ -35,6 +35,7 @@ class Options:
     gather_also: Sequence[str] = ()  # checks whose facts are gathered but not judged (e.g. for the env file)
     capture: bool = False  # nodes send back every command output and file read (preflight.output.capture)
     previous: Optional[Dict[str, Any]] = None  # the last run's report (--history): rules compare against it
+    tier: str = "quick"  # --tier: standard / burn-in add the compute phase to the all-reduce (allreduce/tiers.py)
 
 
 @dataclass
@@ -170,7 +171,11 @@ def run(inv: Inventory, opts: Options) -> RunReport:
     prepared = [n for n in gathered if checks[n].prepare is not None]  # their phase-1 probe config
     phase1 = [n for n in gathered if (checks[n].phase == 1 and checks[n].probe is not None) or n in prepared]
     phase2 = [n for n in gathered if checks[n].phase == 2]
-    crossnode = [n for n in selected if checks[n].crossnode is not None]
+    # a cross-node test runs when selected, or (--tier standard, burn-in) when a selected check reads it
+    wanted = set(selected) if opts.tier == "quick" else set(selected) | {d for n in selected for d in checks[n].needs}
+    crossnode = [n for n in gathered if checks[n].crossnode is not None and n in wanted]
+    # judged after the cross-node tests: those tests and the checks that read their results (gpu_compute)
+    late = [n for n in selected if n in crossnode or any(d in crossnode for d in checks[n].needs)]
     infos = node_infos(inv)
     specs = {s.name: s for s in inv.nodes}
     deadline = _deadline(opts.timeout)
@@ -218,7 +223,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
 
         view = ClusterView(infos, facts, inv.expect, cluster, unreachable, derived)
         # The node checks' verdicts are final here (a cross-node test only adds its own facts): judge them once.
-        findings = judge(view, [n for n in selected if n not in crossnode])
+        findings = judge(view, [n for n in selected if n not in late])
         if crossnode or opts.gather_also:
             from preflight.derived import ncclenv
 
@@ -240,9 +245,9 @@ def run(inv: Inventory, opts: Options) -> RunReport:
     view = ClusterView(infos, facts, inv.expect, cluster, unreachable, derived)
     if env is not None:
         findings.extend(with_action(f, "fix_config") for f in env.refused)
-    for check in crossnode:
+    for check in late:
         findings.extend(judge(view, [check]))
-        summarise = checks[check].crossnode.summary
+        summarise = checks[check].crossnode.summary if check in crossnode else None
         if summarise is not None:
             summaries[check] = summarise(findings, cluster.get(check) or {}, times.get(check + "_s"))
     return RunReport(

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     inv = _load_inventory(args)
     if getattr(args, "plan", False):
         from preflight.checks.allreduce.timeplan import print_plan
-        return print_plan(inv, args.json, print)
+        return print_plan(inv, args.json, print, getattr(args, "tier", "quick"))
     if getattr(args, "dcgm_level", None):
         from preflight import engine
 
@@ -144,6 +144,7 @@ def _check_inventory(args: argparse.Namespace, inv: Any) -> int:
         timeout=args.timeout,
         accept_new_host_keys=args.accept_new_host_keys,
         capture=bool(getattr(args, "capture", None)),
+        tier=getattr(args, "tier", "quick"),
     )
     engine.select_checks(opts.only, opts.skip)  # usage errors before any connection
     if getattr(args, "capture", None):

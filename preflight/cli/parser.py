@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--shadow", action="store_true", help="with --history: decide drains and escalations, record and "
                        "print them, drain nothing")
     check.add_argument("--plan", action="store_true", help="print how long each all-reduce phase should take on this fleet (sizes, rounds, deadlines; with --json: as JSON) and exit; touches no node")
+    check.add_argument("--tier", choices=("quick", "standard", "burn-in"), default="quick", help="quick: the node checks "
+                       "and the all-reduce; standard: + GEMM, copy and SDC digest in the all-reduce's ranks (gpu_compute); "
+                       "burn-in: the compute phase as a soak (--plan prints each tier's expected time)")
     check.add_argument("--hostfile", metavar="PATH", help="write the nodes that passed, for a launcher")
     check.add_argument("--hostfile-format", choices=("plain", "deepspeed", "mpi", "mpich", "slurm"), default="plain")
     check.add_argument("-v", "--verbose", action="store_true", help="one line per finding, passes included")

@@ -35,6 +35,9 @@ Config (built by the controller)::
                                        # beside known-good nodes (bench_worker._node_phase)
       "run_id": "9f2c...",             # optional: this launch's id; a rank whose store answers with
                                        # another id is at another preflight run's store (bench_worker)
+      "compute": {"seconds": 2, "gemm_n": 8192, "copy_bytes": 1073741824, "sdc_n": 512, "sdc_steps": 8},
+                                       # optional (--tier standard): GEMM, copy and SDC digest after the
+                                       # sweep, in the same ranks (bench_worker._compute_phase)
     }
 
 Two runs at once: the agent that hosts the store (node_rank 0, first task) claims the rendezvous port
@@ -88,7 +91,9 @@ Result document::
          "nodes": null | [{"pass": 0, "node": 0, "ranks": 2, "bytes": N, "time_s": .., "min_s": .., "ok": true}],
          "node_error": null | "...",   # the partner-free tests of the same phase (bench_worker._node_phase)
          "sweep_s": null | 0.9,        # seconds from init_done to the pair phase's start (the sweep)
-         "node_s": null | 0.4}         # seconds of that phase spent in the partner-free tests
+         "node_s": null | 0.4,         # seconds of that phase spent in the partner-free tests
+         "compute": null | {"device", "versions", "gemm", "copy", "sdc", "nvml"},  # bench_worker._compute_phase
+         "compute_error": null | "..."}  # the compute phase failed; the sweep's results stand
       ]
     }
 
@@ -118,6 +123,8 @@ from preflight.probe import portclaim
 
 WORKER_MODULE = "preflight.probe.bench_worker"
 WORKER_PATH = "preflight/probe/bench_worker.py"  # inside the probe bundle's zip
+COMPUTE_MODULE = "preflight.probe.bench_compute"
+COMPUTE_PATH = "preflight/probe/bench_compute.py"
 
 DEFAULT_DEADLINES = {"init_s": 60.0, "op_s": 30.0, "total_s": 300.0, "kill_grace_s": 3.0, "fail_grace_s": 5.0}
 STDERR_TAIL = 4000
@@ -179,6 +186,8 @@ class _Rank:
         self.init_at = None  # type: Optional[float]
         self.sweep_s = None  # type: Optional[float]
         self.node_s = None  # type: Optional[float]
+        self.compute = None  # type: Optional[Dict[str, Any]]
+        self.compute_error = None  # type: Optional[str]
 
     @property
     def settled(self) -> bool:
@@ -243,6 +252,8 @@ class _Rank:
             "node_error": self.node_error,
             "sweep_s": self.sweep_s,
             "node_s": self.node_s,
+            "compute": self.compute,
+            "compute_error": self.compute_error,
         }
 
     def settle_in_pairs(self, why: str) -> bool:
@@ -319,23 +330,31 @@ def merge(docs: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def worker_source(bundle: Optional[bytes] = None) -> str:
-    """bench_worker's source: from the probe bundle's zip when given, else from its importer.
+    """The ranks' program: bench_worker's source, preceded by bench_compute's as the string literal
+    COMPUTE_SOURCE (bench_worker._compute_module compiles it); from the probe bundle's zip when given,
+    else from the importer.
 
     The bundle is imported from memory on the node (nothing is written to disk), so the ranks get the
-    worker's source on stdin (`python -u - CONFIG`), not a file path.
+    program on stdin (`python -u - CONFIG`), not a file path.
     """
+    compute, worker = (_source(bundle, module, path) for module, path in (
+        (COMPUTE_MODULE, COMPUTE_PATH), (WORKER_MODULE, WORKER_PATH)))
+    return "COMPUTE_SOURCE = %r\n%s" % (compute, worker)
+
+
+def _source(bundle: Optional[bytes], module: str, path: str) -> str:
     if bundle:
         import io
         import zipfile
 
         with zipfile.ZipFile(io.BytesIO(bundle)) as zf:
-            return zf.read(WORKER_PATH).decode("utf-8")
+            return zf.read(path).decode("utf-8")
     import importlib.util
 
-    spec = importlib.util.find_spec(WORKER_MODULE)
-    source = spec.loader.get_source(WORKER_MODULE) if spec is not None and spec.loader is not None else None
+    spec = importlib.util.find_spec(module)
+    source = spec.loader.get_source(module) if spec is not None and spec.loader is not None else None
     if not source:
-        raise ImportError("cannot read the source of %s" % WORKER_MODULE)
+        raise ImportError("cannot read the source of %s" % module)
     return source
 
 
@@ -484,6 +503,7 @@ def _spawn(cfg: Dict[str, Any], rank: _Rank, sel: selectors.BaseSelector) -> Non
         "pairs": cfg.get("pairs"),
         "node": cfg.get("node"),
         "run_id": cfg.get("run_id"),
+        "compute": cfg.get("compute"),
     }
     rank.started = rank.last_progress = time.monotonic()
     try:
@@ -629,13 +649,19 @@ def _on_event(rank: _Rank, event: Dict[str, Any], sizes: List[int]) -> None:
         rank.pairs_s = round(now - rank.pairs_t0, 3) if rank.pairs_t0 is not None else None
         if kind == "pairs_error":
             rank.pairs_error = str(event.get("error") or "unknown error")
+    elif kind in ("compute", "compute_step", "compute_error"):  # the compute tier (bench_worker._compute_phase)
+        if kind == "compute":
+            rank.compute = {k: v for k, v in event.items() if k not in ("event", "t")}
+        elif kind == "compute_error":
+            rank.compute_error = str(event.get("error") or "unknown error")
+        rank.last_progress = now
     elif kind == "done":
         rank.done, rank.last_progress = True, now
     elif kind == "error":
         rank.where(sizes)
         rank.status = "error"
         rank.error = str(event.get("error") or "unknown error")
-        if event.get("stage") in ("init", "size", "finish"):
+        if event.get("stage") in ("init", "size", "finish", "compute"):
             rank.stage, rank.bytes = event["stage"], event.get("bytes")
 
 

@@ -2,7 +2,8 @@
 
 Started by bench_agent (one process per GPU, or one per CPU node) as
 
-    python -u - '<json config>'       (this file's source on stdin)
+    python -u - '<json config>'       (this file's source on stdin, after a COMPUTE_SOURCE line: see
+                                       _compute_module)
 
 (the probe bundle lives in memory on the node, so there is no file to point at; running it as a file
 works the same)
@@ -33,6 +34,9 @@ before torch is imported, so a library that prints cannot corrupt the stream):
                                                        _node_phase); {"event": "node_done"} or
                                                        {"event": "node_error", "error": ..}
     {"event": "pairs_done"} | {"event": "pairs_error", "error": "..."}
+    {"event": "compute_step", "what": "gemm bf16"}      the compute tier (config "compute", after the pairs):
+    {"event": "compute", "gemm": .., "copy": .., "sdc": ..}   progress, then its figures (bench_compute);
+    {"event": "compute_error", "error": "..."}                or why it stopped (the sweep's results stand)
     {"event": "done", "t": ...}                        process group destroyed
     {"event": "error", "stage": "init"|"size"|"finish", "bytes": N|null, "error": "Type: message"}
 
@@ -247,6 +251,12 @@ def main(argv):
                 _pair_phase(torch, dist, device, gpu, rank, done_sizes[-1], cfg)
             except Exception as exc:  # the sweep's results stand; the agent reports this as pairs_error
                 emit("pairs_error", error=_describe(exc))
+        if cfg.get("compute"):
+            state.update(stage="compute", bytes=None)
+            try:
+                emit("compute", **_compute_module().compute_phase(torch, dist, device, gpu, cfg["compute"], emit))
+            except Exception as exc:  # the sweep's results stand; the agent reports this as compute_error
+                emit("compute_error", error=_describe(exc))
         state.update(stage="finish", bytes=None)
         dist.destroy_process_group()
         emit("done")
@@ -258,6 +268,22 @@ def main(argv):
 
 #: The longest a rank waits for start_at (its agent's init deadline still bounds it).
 MAX_START_WAIT_S = 120.0
+
+
+def _compute_module():
+    """preflight.probe.bench_compute: from the source the agent put before this program (COMPUTE_SOURCE,
+    a string literal: this program comes on stdin, the bundle is not on its path), else imported (run as a
+    file from a checkout)."""
+    source = globals().get("COMPUTE_SOURCE")
+    if source is None:
+        from preflight.probe import bench_compute
+
+        return bench_compute
+    import types
+
+    module = types.ModuleType("bench_compute")
+    exec(compile(source, "bench_compute.py", "exec"), module.__dict__)
+    return module
 
 
 def _wait_for_start(start_at):

@@ -186,7 +186,7 @@ def cache_dir() -> Optional[str]:
 #: where a node run starts: the bootstrap imports the runner; a bench run starts the agent and its ranks
 #: start the worker by module name (python -m), which no import statement shows
 NODE_ENTRY_POINTS = ("preflight/__init__.py", "preflight/probe/runner.py", "preflight/probe/bench_agent.py",
-                     "preflight/probe/bench_worker.py")
+                     "preflight/probe/bench_worker.py", "preflight/probe/bench_compute.py")
 
 
 def _sources() -> List[Tuple[str, str]]:
@@ -267,7 +267,7 @@ def _build_zip(sources: Optional[List[Tuple[str, str]]] = None) -> bytes:
     compiles the source, as before. Source only: the bench's agent and worker (imported by a bench
     run, not by a probe run).
     """
-    skip = {"preflight/probe/bench_agent.py", "preflight/probe/bench_worker.py"}
+    skip = {"preflight/probe/bench_agent.py", "preflight/probe/bench_worker.py", "preflight/probe/bench_compute.py"}
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         for path, name in sources if sources is not None else _sources():

@@ -27,6 +27,7 @@ SCENARIOS = {
     "nic": ("e2e.test_datanet", "test_data_cable_pulled_fails_those_nodes_and_keeps_management_out_of_the_env", None),
     "ib_hca": ("e2e.test_catalogue", "test_hardware_fault_is_named", "ib_port_down"),
     "cloud_fabric": ("checks.test_cloud_fabric", "test_simulated_p5_nodes_over_ssh_one_without_the_plugin", None),
+    "gpu_compute": ("checks.test_gpu_compute", "test_standard_tier_end_to_end_names_the_node_whose_library_corrupts_matmul", None),
     "ib_errors": ("e2e.test_checks_v2", "test_ib_errors_names_the_flapping_port_while_it_flaps", None),
     "gpudirect": ("e2e.test_hw_checks", "test_fault_on_one_node_is_named", "gpudirect"),
     "topology": ("e2e.test_hw_checks", "test_fault_on_one_node_is_named", "topology"),

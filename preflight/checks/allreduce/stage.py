@@ -22,7 +22,7 @@ import secrets
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from preflight.checks.allreduce import judge, localize, plan, timeplan
+from preflight.checks.allreduce import judge, localize, plan, tiers, timeplan
 from preflight.checks.allreduce.busbw import threshold_for
 from preflight.derived import datanet, rails
 from preflight.derived.gpus import node_gpus
@@ -101,6 +101,7 @@ def _run_groups(
     settings: Dict[str, Any],
     pairs: Optional[Sequence[Sequence[Sequence[str]]]] = None,
     node_phase: bool = False,
+    compute: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
     """Run one all-reduce per group, all groups at once. {"configs", "docs", "unanswered"}.
 
@@ -133,6 +134,7 @@ def _run_groups(
         if node:
             for cfg in cfgs.values():
                 cfg["node"] = node
+        tiers.with_compute(cfgs, compute)  # --tier standard / burn-in: the compute phase in the same ranks
         metas.append(plan.cluster_meta(cfgs))
         configs.update(cfgs)
     # "tasks": a transport that launches one task per rank (srun) splits the node's ranks across them
@@ -153,7 +155,7 @@ def _run_groups(
 def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str], env: Any, opts: Any) -> BenchResult:
     """The whole-cluster all-reduce, then localization rounds if it failed or was slow and no node stands out."""
     result = BenchResult()
-    settings = _settings(inv)
+    settings = dict(_settings(inv), tier=getattr(opts, "tier", "quick"))
     if inv.cluster.get("allreduce", {}).get("enabled") is False:
         result.meta = {"skip": "disabled in the inventory (cluster.allreduce.enabled: false)"}
         return result
@@ -199,9 +201,10 @@ def _measure(result: BenchResult, fleet: Fleet, view: ClusterView, nodes: List[N
     # the partner-free tests ride on the sweep too (gloo loopback; nccl NVLink): cluster.allreduce.node_round
     # false turns them off with the separate NIC round
     node_phase = settings["node_round"] is not False
+    compute = tiers.compute_spec(settings["tier"], "gloo" if gloo else "nccl")
     first = _run_groups(fleet, [nodes], addr_of, port, env_vars,
                         dict(settings, pair_iters=ROUND_MIN_ITERS if gloo else settings["iters"]),
-                        pairs=rotations, node_phase=node_phase)
+                        pairs=rotations, node_phase=node_phase, compute=compute)
     timings: Dict[str, Any] = {"run_s": round(time.monotonic() - t0, 3)}
     timings.update(_slowest_start(first["docs"]))
     result.docs = first["docs"]
@@ -209,6 +212,8 @@ def _measure(result: BenchResult, fleet: Fleet, view: ClusterView, nodes: List[N
     meta["unanswered"] = first["unanswered"]
     meta["env"] = env_vars
     meta["timings_s"] = timings
+    if compute:
+        meta["compute"] = compute  # the gpu_compute check reads the ranks' figures against it
     meta.update(_hardware(view, [n.name for n in nodes], choice))
     alone = localize.node_results(first["docs"], first["configs"]) if node_phase else None
     if alone:

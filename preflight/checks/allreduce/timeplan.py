@@ -200,9 +200,12 @@ def write(tp: Mapping[str, Any], json_path: Optional[str], echo: Any) -> None:
             echo(line)
 
 
-def print_plan(inv: Any, json_path: Optional[str], echo: Any) -> int:
-    """`preflight check --plan`: write(for_inventory(inv)); exit status 0."""
-    write(for_inventory(inv), json_path, echo)
+def print_plan(inv: Any, json_path: Optional[str], echo: Any, tier: str = "quick") -> int:
+    """`preflight check --plan [--tier T]`: write(for_inventory(inv)) with the tier's plan; exit status 0."""
+    from preflight.checks.allreduce import tiers
+
+    tp = for_inventory(inv)
+    write(dict(tp, tier=tiers.plan(tier, tp["backend"], tp["expected_s"])), json_path, echo)
     return 0
 
 
@@ -232,4 +235,8 @@ def render(tp: Mapping[str, Any]) -> List[str]:
                  "the screening: at most %d (ceil(log2 n) = %d halvings + 2 confirmations)" % (
                      a["launch_s"], a["launch_per_doubling_s"], a["op"], a["hop_latency_s"] * 1e6,
                      tp["rounds"]["planned_max"], tp["rounds"]["log2_bound"]))
+    if tp.get("tier"):
+        from preflight.checks.allreduce import tiers
+
+        lines += tiers.render(tp["tier"])
     return lines
