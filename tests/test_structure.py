@@ -379,3 +379,23 @@ def test_functions_stay_short():
                      % (MAX_FUNCTION_LINES, "; ".join(new)))
     fixed = sorted(set(LONG_FUNCTIONS) - set(found))
     assert not fixed, "now short (or gone): remove from LONG_FUNCTIONS: %s" % ", ".join(fixed)
+
+
+def test_no_merge_conflict_marker_is_committed():
+    """A merge left half-resolved (a `<<<<<<<` line in .ci/run breaks CI before one test runs) fails here by file
+    and line, whatever the file type."""
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout: %s" % listed.stderr.decode(errors="replace").strip())
+    wrong = []
+    for rel in listed.stdout.decode().split("\0"):
+        path = os.path.join(ROOT, rel)
+        if not rel or not os.path.isfile(path) or rel.startswith("tests/fixtures/"):
+            continue
+        with open(path, "rb") as fh:
+            for number, line in enumerate(fh, 1):
+                if line.startswith((b"<<<<<<< ", b">>>>>>> ")):
+                    wrong.append("%s:%d: %s" % (rel, number, line[:40].decode(errors="replace").rstrip()))
+    assert not wrong, "merge conflict markers:\n" + "\n".join(wrong)
