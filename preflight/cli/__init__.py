@@ -17,8 +17,8 @@ import sys
 import threading
 from typing import Any, Iterator, List, Optional
 
-from preflight.errors import EXIT_INTERRUPTED, EXIT_USAGE, PreflightError
 from preflight.cli.parser import build_parser
+from preflight.errors import EXIT_INTERRUPTED, EXIT_USAGE, PreflightError
 
 #: each command's module (preflight.cli.<module>.run(args)), imported only when that command runs
 COMMANDS = {"check": "check", "env": "check", "k8s": "k8s", "node": "node", "checks": "catalogue", "diff": "diff",

@@ -1,4 +1,6 @@
-"""preflight checks: every check with its claim, what it reads and how long it takes, from the declarations alone (no check's code imported); --markdown gives README.md's tables."""
+"""preflight checks: every check with its claim, what it reads and how long it takes, from the declarations alone (no
+check's code imported); --markdown gives README.md's tables.
+"""
 
 from __future__ import annotations
 

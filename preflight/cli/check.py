@@ -1,15 +1,18 @@
-"""preflight check / env: load the inventory (or this machine, or a Slurm allocation), run the engine, act on the fleet (drain, resume, cordon) and write the outputs."""
+"""preflight check / env: load the inventory (or this machine, or a Slurm allocation), run the engine, act on the fleet
+(drain, resume, cordon) and write the outputs.
+"""
 
 from __future__ import annotations
 
-from preflight.errors import UsageError
-from preflight.cli import k8s as k8s_command
-from typing import Any, Iterator
 import argparse
 import contextlib
 import math
 import sys
 import threading
+from typing import Any, Iterator
+
+from preflight.cli import k8s as k8s_command
+from preflight.errors import UsageError
 
 
 def _load_inventory(args: argparse.Namespace) -> Any:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from preflight.errors import EXIT_OK, EXIT_PROBLEMS
-from preflight.errors import UsageError
 import argparse
 import math
 import sys
+
+from preflight.errors import EXIT_OK, EXIT_PROBLEMS, UsageError
 
 
 def run(args: argparse.Namespace) -> int:

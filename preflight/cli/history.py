@@ -1,12 +1,14 @@
-"""preflight history: what the history database says (a node's timeline, flapping nodes, lemons, repeat faults, failure rates, time between incidents)."""
+"""preflight history: what the history database says (a node's timeline, flapping nodes, lemons, repeat faults, failure
+rates, time between incidents).
+"""
 
 from __future__ import annotations
 
-from preflight.errors import EXIT_OK
-from preflight.errors import UsageError
 import argparse
 import os
 import sys
+
+from preflight.errors import EXIT_OK, UsageError
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from preflight import __version__
-from preflight.errors import EXIT_USAGE
-from preflight.cli import k8s as k8s_command
-from typing import List
 import argparse
+from typing import List
+
+from preflight import __version__
+from preflight.cli import k8s as k8s_command
+from preflight.errors import EXIT_USAGE
 
 
 class _Parser(argparse.ArgumentParser):

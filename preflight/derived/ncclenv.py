@@ -1,13 +1,16 @@
-"""The NCCL environment derived from every node's facts: what the env file recommends, the all-reduce launches with, and the nccl_env check compares a node's own settings against; computed once per run (engine) from the data network, the rails, the driver facts and the ports check's rendezvous port."""
+"""The NCCL environment derived from every node's facts: what the env file recommends, the all-reduce launches with,
+and the nccl_env check compares a node's own settings against; computed once per run (engine) from the data network,
+the rails, the driver facts and the ports check's rendezvous port.
+"""
 
 from __future__ import annotations
 
-from preflight.derived import datanet, envfabric
-from preflight.derived.envvars import Derived, EnvVar, IFNAME_EXPECTED, IFNAME_OK, fold_names, is_ipv4, refuse
-from preflight.model import ClusterView
-from typing import Any, Dict, List, Optional, Sequence, Tuple
 import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from preflight.derived import datanet, envfabric
+from preflight.derived.envvars import IFNAME_EXPECTED, IFNAME_OK, Derived, EnvVar, fold_names, is_ipv4, refuse
+from preflight.model import ClusterView
 
 #: torch renamed NCCL_ASYNC_ERROR_HANDLING to TORCH_NCCL_ASYNC_ERROR_HANDLING in 2.2, and its default is
 #: 3 (SkipCleanUp: kill the process without ncclCommAbort, which can itself hang) since then; 1 (TearDown)

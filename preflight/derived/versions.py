@@ -1,4 +1,6 @@
-"""Versions read from the driver check's facts that several readers share: the NCCL a torch job on a node loads (the env file's version-gated variables, the NVLS readiness, the all-reduce's report)."""
+"""Versions read from the driver check's facts that several readers share: the NCCL a torch job on a node loads (the
+env file's version-gated variables, the NVLS readiness, the all-reduce's report).
+"""
 
 from __future__ import annotations
 

@@ -78,8 +78,6 @@ from preflight.transport.contract import RunResult
 #: a process kept for a next phase waits for its config this long past the phase's deadline (wait_s)
 NEXT_PHASE_SLACK_S = 30
 
-
-
 _zip_lock = threading.Lock()
 _zip: List[bytes] = []
 
@@ -97,14 +95,16 @@ def _cached_zip() -> bytes:
     next run: building costs about 0.3 s (deflate, marshal, compiling every module at OPTIMIZE), on every
     run's first phase.
 
-    The name carries a digest of every source's path, size and mtime and of this Python's magic number, as a
-    .pyc's header carries its source's; the newest CACHE_KEEP bundles are kept (one per install in use). Nothing is written into the installed
-    package (a read-only or shared install works, and uninstalling leaves nothing behind): the cache is
-    cache_dir(), and where it cannot be used the bundle is built every run.
+    The name carries a digest of the path, size and mtime of every file of the package (a superset of the
+    bundle's sources, stat'ed, not read: a hit costs milliseconds) and of this Python's magic number, as a
+    .pyc's header carries its source's; the newest CACHE_KEEP bundles are kept (one per install in use).
+    Nothing is written into the installed package (a read-only or shared install works, and uninstalling
+    leaves nothing behind): the cache is cache_dir(), and where it cannot be used the bundle is built every
+    run.
     """
     stamp = [importlib.util.MAGIC_NUMBER.hex(), preflight.__version__, "optimize=%d" % OPTIMIZE]
     try:
-        for path in _package_files():  # every file of the package: a stat each, no source read (a hit costs ~5 ms)
+        for path in _package_files():
             st = os.stat(path)
             stamp.append("%s %d %d" % (path, st.st_size, st.st_mtime_ns))
     except OSError:

@@ -6,8 +6,18 @@ import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from preflight.checks.allreduce import NAME, nccllog
-from preflight.checks.allreduce.busbw import (GPU_VERDICT_MIN, curve, gbps, rank_table, sku_warn_level, stragglers,
-    sweep_cut, threshold_for, verdict_point, wrong_values)
+from preflight.checks.allreduce.busbw import (
+    GPU_VERDICT_MIN,
+    curve,
+    gbps,
+    rank_table,
+    sku_warn_level,
+    stragglers,
+    sweep_cut,
+    threshold_for,
+    verdict_point,
+    wrong_values,
+)
 from preflight.checks.allreduce.judge import SLOW_FRACTION, judge_nodes, reference, warn_fraction
 from preflight.checks.allreduce.localize import verdict_localization
 from preflight.checks.allreduce.nccllog import hca_mismatch, ifname_allows, nccl_summary

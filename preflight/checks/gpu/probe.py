@@ -8,9 +8,9 @@ from typing import Any, Dict
 from preflight.probe.gpu_facts import guest_mode, no_gpu_facts
 from preflight.probe.gpu_health import health_from_nvml, parse_health_xml
 from preflight.probe.gpu_nvml import facts_from_nvml, wedged_facts
-from preflight.probe.nvidia_smi import clock_events_by_bus, merge_nvlink, read_nvlink_status
-from preflight.probe.nvidia_smi import parse_nvidia_smi_xml
-from preflight.probe.nvidia_smi import parse_nvlink_status  # noqa: F401 - the parser tests/fixtures/gpu/*.nvlink.json name
+# parse_nvlink_status is not called here: it is imported as this check's parser, the one tests/fixtures/gpu/*.nvlink.json name
+from preflight.probe.nvidia_smi import (  # noqa: F401
+    clock_events_by_bus, merge_nvlink, parse_nvidia_smi_xml, parse_nvlink_status, read_nvlink_status)
 from preflight.probe.nvml import NvmlSlow, NvmlWedged, bounded_nvml, load_nvml, nvml_shutdown, nvml_wedged
 from preflight.probe.pci import hypervisor
 

@@ -7,8 +7,16 @@ from typing import Any, Dict, List, Optional, Tuple
 from preflight.checks.ib_hca import NAME
 from preflight.common import fold, human_bytes, majority, plural
 from preflight.derived import rails
-from preflight.derived.rails import (PORT_LIST, active_rates, is_active, judged_ports, port_label, port_plan,
-    rate_text, valid_ports)
+from preflight.derived.rails import (
+    PORT_LIST,
+    active_rates,
+    is_active,
+    judged_ports,
+    port_label,
+    port_plan,
+    rate_text,
+    valid_ports,
+)
 from preflight.model import ClusterView, Finding, Status, probe_error
 
 #: Below this locked-memory limit RDMA registration of NCCL's buffers fails: FAIL.

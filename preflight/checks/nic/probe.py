@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional
 
 from preflight.model import ParseError
 
+
 def _load_json_list(text: str, source: str) -> List[Dict[str, Any]]:
     try:
         doc = json.loads(text)

@@ -12,6 +12,7 @@ from preflight.derived import datanet
 from preflight.derived.datanet import excluded_reason, speed_text
 from preflight.model import ClusterView, Finding, Status, probe_error
 
+
 def describe(entry: Dict[str, Any]) -> str:
     """'eth1 198.19.0.3/16 mtu 9000 (100 Gb/s)'."""
     return "%s %s/%s mtu %s (%s)" % (

@@ -9,6 +9,7 @@ import socket
 import time
 from typing import Any, Dict
 
+
 def probe(ctx: Any) -> Dict[str, Any]:
     """Node basics, read from the standard library alone."""
     try:

@@ -6,7 +6,7 @@ from typing import List
 
 from preflight.checks.ssh import NAME
 from preflight.common import clock_offset
-from preflight.model import ClusterView, FAILURE_KINDS, Finding, Status, probe_error
+from preflight.model import FAILURE_KINDS, ClusterView, Finding, Status, probe_error
 
 MIN_PYTHON = (3, 8)
 MAX_SKEW_S = 1.0

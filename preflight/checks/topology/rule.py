@@ -9,6 +9,7 @@ from preflight.common import majority, plural
 from preflight.derived import rails as nccl_rails
 from preflight.model import ClusterView, Finding, Status, per_gpu_node
 
+
 def _label(dev: Dict[str, Any], index: Optional[int] = None) -> str:
     if dev["kind"] == "hca":
         return "%s (%s)" % (dev.get("name"), dev["bdf"])
