@@ -34,6 +34,7 @@ def pair_check(monkeypatch):
     def plant(name, **attrs):
         module = types.ModuleType(name)
         module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        module.__path__ = []  # a package, as a check folder is: its missing parts (probe.py) are simply not found
         module.__dict__.update(attrs)
         monkeypatch.setitem(sys.modules, name, module)
 
