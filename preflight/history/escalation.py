@@ -31,27 +31,33 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from preflight.history.db import History
-from preflight.inventory import HISTORY_FLAP_CHECKS as FLAP_CHECKS_DEFAULT
 from preflight.history.subjects import gpu_index, subject_of
+from preflight.inventory import HISTORY_FLAP_CHECKS, HISTORY_SETTINGS
 
 INSPECT = "inspect"
 HARDWARE_ACTIONS = ("isolate", "reset_gpu", "reboot")
 LADDER_STARTS = ("reset_gpu", "reboot")
 
 
+def _default(key: str) -> Any:
+    """The inventory's default for cluster.history.KEY: one table holds the defaults and their bounds."""
+    return HISTORY_SETTINGS[key][0]
+
 
 @dataclass(frozen=True)
 class Settings:
-    escalation_window_s: float = 7 * 86400
-    reset_attempts: int = 1
-    reboot_threshold: int = 2
-    drain_after: int = 2
-    drain_window_s: float = 7 * 86400
-    breaker_fraction: float = 0.5
-    breaker_window_s: float = 300
-    retention_runs: Optional[int] = None
-    retention_days: Optional[float] = None
-    flap_checks: Tuple[str, ...] = FLAP_CHECKS_DEFAULT
+    """cluster.history as the ladder and the drain policy read it; every default is HISTORY_SETTINGS's."""
+
+    escalation_window_s: float = _default("escalation_window_s")
+    reset_attempts: int = _default("reset_attempts")
+    reboot_threshold: int = _default("reboot_threshold")
+    drain_after: int = _default("drain_after")
+    drain_window_s: float = _default("drain_window_s")
+    breaker_fraction: float = _default("breaker_fraction")
+    breaker_window_s: float = _default("breaker_window_s")
+    retention_runs: Optional[int] = _default("retention_runs")
+    retention_days: Optional[float] = _default("retention_days")
+    flap_checks: Tuple[str, ...] = HISTORY_FLAP_CHECKS
 
     @classmethod
     def from_cluster(cls, cluster: Mapping[str, Any]) -> "Settings":

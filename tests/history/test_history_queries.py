@@ -258,3 +258,24 @@ def test_history_settings_reach_the_policy(tmp_path):
                     "nodes: [a]\n")
     s = escalation.Settings.from_cluster(inventory.load(str(path)).cluster)
     assert (s.drain_after, s.breaker_fraction, s.flap_checks, s.retention_days, s.reboot_threshold) == (3, 0.1, ("ssh",), 400, 2)
+
+
+def test_the_history_defaults_have_one_source():
+    """Settings' defaults are read from inventory.HISTORY_SETTINGS (no second copy to drift) and it has every key."""
+    import ast
+    import dataclasses
+    import inspect
+
+    from preflight import inventory
+
+    fields = {f.name: f.default for f in dataclasses.fields(escalation.Settings)}
+    assert set(fields) == set(inventory.HISTORY_SETTINGS) | {"flap_checks"}, "Settings and HISTORY_SETTINGS list other keys"
+    assert fields == dict({k: v[0] for k, v in inventory.HISTORY_SETTINGS.items()}, flap_checks=inventory.HISTORY_FLAP_CHECKS)
+    body = ast.parse(inspect.getsource(escalation.Settings)).body[0].body
+    copies = [
+        "%s = %s" % (st.target.id, ast.unparse(st.value))
+        for st in body
+        if isinstance(st, ast.AnnAssign) and st.value is not None
+        and ast.unparse(st.value) not in ("_default(%r)" % st.target.id, "HISTORY_FLAP_CHECKS")
+    ]
+    assert not copies, "Settings restates defaults HISTORY_SETTINGS holds: %s" % ", ".join(copies)
