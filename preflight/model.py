@@ -219,7 +219,7 @@ class Setting:
     key      its place under `cluster:`: "mtu_full_mesh", or "expect.mtu" for `cluster: expect: mtu:`
     kind     one of SETTING_KINDS: bool, int (low..high), number (low..high, in unit), version (a string),
              paths (absolute directory paths)
-    doc      one line: what it asks of the check (the README's settings table)
+    doc      one line: what it asks of the check (the check settings table, docs/inventory.md)
     default  the value rules see when the inventory leaves it out (expect.* keys: absent, no expectation)
     """
 

@@ -1,5 +1,5 @@
 """preflight checks: every check with its claim, what it reads and how long it takes, from the declarations alone (no
-check's code imported); --markdown gives README.md's tables.
+check's code imported); --markdown gives the user guide's two generated tables (docs/checks.md, docs/inventory.md).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from preflight.errors import EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
-    """The catalogue as a table, or README.md's two tables with --markdown."""
+    """The catalogue as a table, or the user guide's two tables with --markdown."""
     if args.markdown:
-        from preflight.output.report import checks_markdown, settings_markdown
+        from preflight.output.markdown import checks_markdown, settings_markdown
 
         sys.stdout.write(checks_markdown() + "\n" + settings_markdown())
         return EXIT_OK

@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--debug", action="store_true", help="log details to stderr")
 
     checks = sub.add_parser("checks", help="list every check with its claim")
-    checks.add_argument("--markdown", action="store_true", help="print README.md's check table (claim, why, fix) and check settings table")
+    checks.add_argument("--markdown", action="store_true", help="print the user guide's check table (claim, why, fix) and check settings table (docs/checks.md, docs/inventory.md)")
 
     history = sub.add_parser("history", help="what the history database says: a node's timeline, flapping nodes, "
                              "lemons, repeat faults, failure rates, time between incidents")

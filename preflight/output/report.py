@@ -34,38 +34,6 @@ def fold(names: Iterable[Optional[str]]) -> str:
     return folded if all(names) else ", ".join(filter(None, ["cluster", folded]))
 
 
-def checks_markdown() -> str:
-    """README.md's check table, from the CHECK declarations (`preflight checks --markdown`)."""
-    def cell(text: str) -> str:
-        return " ".join(text.split()).replace("|", "\\|")
-
-    lines = ["| check | claim | why it matters | fix |", "|---|---|---|---|"]
-    for name, check in catalogue.entries().items():  # the declarations: no check code imported
-        lines.append("| `%s` | %s | %s | %s |" % (name, cell(check.claim), cell(check.why), cell(check.fix)))
-    return "\n".join(lines) + "\n"
-
-
-def _number(value: float) -> str:
-    return "%d" % value if value == int(value) else "%g" % value
-
-
-def settings_markdown() -> str:
-    """README.md's table of check settings, from the Setting declarations (`preflight checks --markdown`)."""
-    def cell(text: str) -> str:
-        return " ".join(text.split()).replace("|", "\\|")
-
-    lines = ["| `cluster:` key | value | default | read by | what it asks |", "|---|---|---|---|---|"]
-    for key, setting in catalogue.settings().items():
-        value = setting.kind
-        if setting.kind in ("int", "number"):
-            value = "%s %s-%s%s" % (setting.kind, _number(setting.low), _number(setting.high),
-                                    " " + setting.unit if setting.unit else "")
-        default = "(none)" if setting.default in (None, [], ()) else str(setting.default).lower()
-        lines.append("| `%s` | %s | %s | %s | %s |" % (
-            key, value, default, ", ".join("`%s`" % n for n in catalogue.readers(key)), cell(setting.doc)))
-    return "\n".join(lines) + "\n"
-
-
 #: Version of the --json document's shape (report.schema.json, shipped beside this module). Raise it on
 #: any change a reader could trip on (a key removed or renamed, a meaning changed); adding keys is 1.x.
 SCHEMA_VERSION = "1.0"

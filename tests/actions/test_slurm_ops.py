@@ -363,26 +363,27 @@ def test_unloadable_slurm_conf_is_one_line_with_its_fix(cluster, tmp_path):
         assert time.monotonic() - t0 < 30  # not Slurm's 60 s of retries, nor a "check slurmctld" timeout
 
 
-# --- 2. the README's Prolog: fail -> drained with a preflight: reason -> fix -> --resume returns it ----
+# --- 2. the guide's Prolog: fail -> drained with a preflight: reason -> fix -> --resume returns it -----
 
 
-def _readme_wrapper():
-    with open(os.path.join(REPO, "README.md")) as fh:
+def _guide_wrapper():
+    """The Prolog wrapper exactly as docs/node.md prints it."""
+    with open(os.path.join(REPO, "docs", "node.md")) as fh:
         text = fh.read()
     start = text.index("# /usr/local/bin/preflight-node (root:root 0755)")
     start = text.rindex("```sh\n", 0, start) + len("```sh\n")
     return text[start:text.index("```", start)]
 
 
-def test_prolog_from_the_readme_drains_with_a_reason_resume_returns(cluster, tmp_path):
+def test_prolog_from_the_guide_drains_with_a_reason_resume_returns(cluster, tmp_path):
     s = cluster.slurm
     inv = cluster.inventory(str(tmp_path / "hosts.yaml"), node_overrides={n.name: {"data_interface": "eth1"} for n in cluster.nodes})
-    wrapper = _readme_wrapper().replace("/opt/preflight/bin/preflight", PREFLIGHT).replace("/etc/preflight/hosts.yaml", inv)
+    wrapper = _guide_wrapper().replace("/opt/preflight/bin/preflight", PREFLIGHT).replace("/etc/preflight/hosts.yaml", inv)
     path = tmp_path / "preflight-node"
     path.write_text(wrapper)
     prolog = tmp_path / "prolog"
     # the simulated node's tools and sysfs, as the TaskProlog gives tasks (tests/sim/slurm.py), then the
-    # README's wrapper, run as Slurm runs a Prolog: without arguments
+    # guide's wrapper, run as Slurm runs a Prolog: without arguments
     prolog.write_text("#!/bin/sh\nexport PATH=%s/$SLURMD_NODENAME/bin:/usr/sbin:/usr/bin:/sbin:/bin PREFLIGHT_SYSFS_ROOT=%s/$SLURMD_NODENAME/sys "
                       "PYTHONPATH=%s SLURM_CONF=%s\nexec sh %s\n" % (cluster.root, cluster.root, REPO, s.conf, path))
     os.chmod(path, 0o755)
@@ -402,7 +403,7 @@ def test_prolog_from_the_readme_drains_with_a_reason_resume_returns(cluster, tmp
     out = _run(cluster, ["check", "--slurm", "--nodelist", "n[001-002]", "--only", "ssh,nic", "--resume"])
     assert out.returncode == 0, out.stdout + out.stderr
     assert "n002" not in s.reasons() and "resume: n002" in out.stdout, out.stdout + out.stderr
-    assert s.run(["scontrol", "release", job]).returncode == 0  # the README's release of the held job
+    assert s.run(["scontrol", "release", job]).returncode == 0  # the guide's release of the held job
     # released: no longer held (a requeued job may wait for its BeginTime before it runs on n002)
     _wait("the job released", lambda: not any(j.startswith(job + " ") and "held" in j.lower() for j in s.jobs()), 60)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import difflib
 import importlib
 import os
 import subprocess
@@ -13,7 +12,6 @@ import zipfile
 from preflight import checks
 from preflight.transport import bundle
 from preflight.model import Check
-from preflight.output.report import checks_markdown
 from tests.paths import REPO
 
 
@@ -108,33 +106,6 @@ def test_every_check_explains_itself():
             assert getattr(check, field).strip(), "%s: empty %s" % (name, field)
 
 
-def readme_table() -> str:
-    with open(os.path.join(REPO, "README.md")) as fh:
-        text = fh.read()
-    start = text.index("\n", text.index("<!-- generated from the CHECK declarations")) + 1
-    return text[start:text.index("<!-- end of the check table -->")]
-
-
-def test_readme_check_table_matches_the_declarations():
-    have, want = readme_table(), checks_markdown()
-    if have != want:
-        drift = [
-            line[1:].split("|")[1].strip() if line.count("|") > 2 else line[1:]
-            for line in difflib.ndiff(have.splitlines(), want.splitlines())
-            if line.startswith("+ ")
-        ]
-        raise AssertionError(
-            "README.md's check table drifted from the CHECK declarations (rows: %s); regenerate it with "
-            "`preflight checks --markdown`" % ", ".join(drift)
-        )
-
-
-def test_checks_markdown_escapes_pipes_and_keeps_one_row_per_check():
-    rows = checks_markdown().splitlines()[2:]
-    assert [r.split("`")[1] for r in rows] == list(checks.CHECK_NAMES)
-    assert all(r.count(" | ") == 3 for r in rows)
-
-
 def test_every_bundled_module_imports_with_the_standard_library_alone(tmp_path):
     """python3 -I -S with only the bundle zip on sys.path: a stray top-level import fails here, not on a node."""
     path = tmp_path / "bundle.zip"
@@ -166,22 +137,6 @@ def test_the_bundle_holds_no_controller_only_module():
 
 
 # --- check settings: declared on the Check, validated by the inventory from the catalogue ------------------
-
-
-def readme_block(start: str, end: str) -> str:
-    with open(os.path.join(REPO, "README.md")) as fh:
-        text = fh.read()
-    begin = text.index("\n", text.index(start)) + 1
-    return text[begin:text.index(end)]
-
-
-def test_readme_settings_table_matches_the_declarations():
-    have = readme_block("<!-- generated from the Setting declarations", "<!-- end of the settings table -->")
-    from preflight.output.report import settings_markdown
-
-    assert have == settings_markdown(), (
-        "README.md's settings table drifted from the checks' Setting declarations; regenerate it with "
-        "`preflight checks --markdown` (the second table)")
 
 
 def test_settings_are_well_formed_and_clash_with_no_run_key():
