@@ -176,6 +176,16 @@ def test_every_repository_path_the_guide_names_exists():
     assert not missing, "docs/ or README.md name paths that do not exist: %s (moved? say where now)" % ", ".join(missing)
 
 
+def test_how_it_works_prints_the_layer_order_the_structure_test_enforces():
+    from tests.test_structure import ORDER
+
+    text = read(os.path.join(DOCS, "how-it-works.md"))
+    printed = re.search(r"\n    (vocabulary <.*?)\n\n", text, re.S).group(1)
+    layers = [re.sub(r"\(.*?\)", "", layer).strip() for layer in " ".join(printed.split()).split(" < ")]
+    assert [sorted(layer.split(", ")) for layer in layers] == [sorted(layer.split(", ")) for layer in ORDER], (
+        "docs/how-it-works.md's layer order is not tests/test_structure.py's ORDER: %s" % " < ".join(ORDER))
+
+
 # --- the site ---------------------------------------------------------------------------------------------
 
 
