@@ -20,7 +20,7 @@ from preflight.checks.ib_errors import rule as ib_errors_rule
 from preflight.checks.allreduce.nccllog import fabric_of, parse_nccl_log
 from preflight.derived import envfabric
 from preflight.derived.envvars import Derived
-from preflight.model import Status
+from preflight.model import ParseError, Status
 from preflight.probe.context import NodeContext
 from tests.builders import view
 
@@ -221,10 +221,36 @@ def test_ib_errors_still_reads_the_ib_ports_beside_efa(node_probe):
     ("tcpxo_a3mega_fastrak", "FasTrak", "tcpxo"),
     ("gib_a3ultra", "gIB", "gib"),
     ("gib_plugin_missing_socket", "Socket", "socket"),
+    # real captures (their .json names the source)
+    ("efa_nccl1597_p5en_libfabric_real_excerpt", "Libfabric", "efa"),
+    ("tcpx_lab18_a3high_real_excerpt", "GPUDirectTCPX_v7", "tcpx"),
+    ("tcpxo_lab22_a3mega_real", "FasTrak", "tcpxo"),
+    ("gib_dranet_a4_ray_real_excerpt", "gIB", "gib"),
 ])
 def test_each_fabrics_nccl_log_reads_to_its_network(name, network, fabric):
     log = parse_nccl_log((FIXTURES / "allreduce" / (name + ".log")).read_text())
     assert (log["network"], log["fabric"]) == (network, fabric)
+
+
+@pytest.mark.parametrize("line, provider, banner", [
+    # aws-ofi-nccl 1.14+ (src/nccl_ofi_net.cpp: "Selected provider is %s, fabric is %s (found %d nics)")
+    ("NET/OFI Selected provider is efa, fabric is efa-direct (found 32 nics)", "efa", None),
+    ("NET/OFI Selected Provider is efa (found 16 nics)", "efa", None),  # NVIDIA/nccl#1597
+    # src/nccl_ofi_net.cpp: "Initializing " PACKAGE_STRING
+    ("NET/OFI Initializing aws-ofi-nccl 1.14.0", None, "aws-ofi-nccl 1.14.0"),
+    ("NET/OFI Initializing aws-ofi-nccl 1.7.3-aws", None, "aws-ofi-nccl 1.7.3-aws"),
+    ("NET/GPUDirectTCPX ver. 3.1.8.", None, "GPUDirectTCPX 3.1.8"),  # skypilot-org/skypilot's TCPX example
+])
+def test_the_plugin_banner_and_the_provider_are_read(line, provider, banner):
+    log = parse_nccl_log("ip-10-0-0-1:11:12 [0] NCCL INFO %s\n" % line)
+    assert (log["provider"], log["plugin_version"]) == (provider, banner)
+
+
+def test_a_line_cut_to_its_device_prefix_is_still_read_and_a_note_is_not():
+    log = parse_nccl_log("## 8 Using network GPUDirectTCPX\n[3] NCCL INFO Using network GPUDirectTCPX_v7\n")
+    assert log["network"] == "GPUDirectTCPX_v7" and log["hosts"] == []
+    with pytest.raises(ParseError):
+        parse_nccl_log("      8 Using network GPUDirectTCPX\n")
 
 
 def test_fabric_names():
