@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from preflight.checks.cloud_fabric import probe as cf_probe
+from preflight.checks.cloud_fabric import efa_counters
 from preflight.checks.cloud_fabric import rule as cf_rule
 from preflight.checks.ib_errors import probe as ib_errors_probe
 from preflight.checks.ib_errors import rule as ib_errors_rule
@@ -318,3 +319,62 @@ def test_an_efa_cluster_whose_proof_ran_over_sockets_is_said_not_proven(node_pro
     assert notes[0].startswith("not proven for efa: the nodes are on efa (cloud_fabric), but the all-reduce's NCCL traffic went over NET/Socket")
     efa = nccl_summary([parse_nccl_log((FIXTURES / "allreduce" / "efa_ofi_mpirun_prefixed.log").read_text())])
     assert not any(n.startswith("not proven") for n in envfabric.with_proof(derived, {"n001": efa, "n002": efa})[1])
+
+
+# ------------------------------------------------------------------------------------ EFA hw_counters
+
+
+def _previous(node, facts):
+    """The previous run's record of cloud_fabric on `node`, as the history hands it to the rule."""
+    data = {"efa_counters": efa_counters.kept(facts["efa_counters"]), "at": facts["at"]}
+    return {"started_at": "2026-11-27T08:00:00Z", "results": [{"check": "cloud_fabric", "node": node, "data": data}]}
+
+
+def judged_since(facts_by_node, previous):
+    v = view({n: {"cloud_fabric": f} for n, f in facts_by_node.items()}, cluster={"previous": previous})
+    return {f.node: f for f in cf_rule.rule(v)}
+
+
+def test_busy_healthy_efa_counters_pass_with_and_without_a_previous_reading(node_probe):
+    """The healthy twin: traffic counters ~1e14, every fault counter 0."""
+    facts = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", counters={}))
+    assert facts["efa_counters"]["rdmap16s0"]["port"]["rdma_read_resp_bytes"] == cloud_hw.BUSY
+    assert facts["efa_counters"]["rdmap16s0"]["device"]["no_completion_cmds"] == 0
+    alone = judged({"n001": facts, "n002": facts})["n001"]
+    assert alone.status is Status.PASS and "nothing in fault counters" in alone.message
+    assert "no previous reading" in alone.message and alone.data["efa_counters"]["rdmap16s0"]["rx_drops"] == 0
+    later = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", counters={i: {"tx_bytes": cloud_hw.BUSY * 2}
+                                                                               for i in range(32)}))
+    found = judged_since({"n001": later, "n002": later}, _previous("n001", facts))["n001"]
+    assert found.status is Status.PASS and "no fault counter grew" in found.message, found.message
+
+
+def test_errors_since_boot_alone_are_shown_not_judged(node_probe):
+    facts = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", counters={3: {"rx_drops": 12}}))
+    found = judged({"n001": facts, "n002": facts})["n001"]
+    assert found.status is Status.PASS and "%s rx_drops 12" % ib_hw.efa_name(3) in found.message
+
+
+def test_a_device_that_stopped_completing_admin_commands_fails_reboot_and_drops_warn(node_probe):
+    before = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", counters={}))
+    now = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", counters={5: {"no_completion_cmds": 3},
+                                                                             7: {"rx_drops": 40}}))
+    found = judged_since({"n001": now, "n002": before}, _previous("n001", before))["n001"]
+    assert found.status is Status.FAIL and found.action == "reboot"
+    assert found.message.startswith("AWS EFA: no_completion_cmds (admin commands the device never completed) grew "
+                                    "since 2026-11-27T08:00:00Z: %s +3; rx_drops" % ib_hw.efa_name(5)), found.message
+    drops = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", counters={7: {"rx_drops": 40}}))
+    warned = judged_since({"n001": drops, "n002": before}, _previous("n001", before))["n001"]
+    assert warned.status is Status.WARN and "%s +40" % ib_hw.efa_name(7) in warned.message and warned.action is None
+
+
+def test_counters_lower_than_before_mean_a_reload_not_a_fault(node_probe):
+    before = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", counters={0: {"rx_drops": 50}}))
+    now = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", counters={1: {"rx_drops": 2}}))
+    found = judged_since({"n001": now, "n002": before}, _previous("n001", before))["n001"]
+    assert found.status is Status.PASS and "driver was reloaded" in found.message
+
+
+def test_a_garbled_hw_counter_is_a_parse_error_naming_the_file(node_probe):
+    with pytest.raises(ParseError, match="rdmap16s0 port 1 hw_counters/rx_drops"):
+        node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", efa=1, counters={0: {"rx_drops": "N/A"}}))

@@ -34,11 +34,37 @@ FI_INFO_P5 = "".join(
 FI_INFO_NONE = "fi_getinfo: -61 (No data available)"
 
 
+#: The efa driver's counters (amzn/amzn-drivers kernel/linux/efa/src/efa_verbs.c EFA_DEFINE_PORT_STATS and
+#: EFA_DEFINE_DEVICE_STATS), each file one decimal count. A busy p5 device's traffic counters run to ~1e14
+#: (ai-dynamo/nixl#1656: rdmap79s0 tx_bytes 113,939,005,799,538 on a p5.48xlarge); the error ones stay 0.
+EFA_PORT_COUNTERS = ("tx_bytes", "tx_pkts", "rx_bytes", "rx_pkts", "rx_drops", "send_bytes", "send_wrs", "recv_bytes",
+                     "recv_wrs", "rdma_read_wrs", "rdma_read_bytes", "rdma_read_wr_err", "rdma_read_resp_bytes",
+                     "rdma_write_wrs", "rdma_write_bytes", "rdma_write_wr_err", "rdma_write_recv_bytes", "retrans_bytes",
+                     "retrans_pkts", "retrans_timeout_events", "unresponsive_remote_events", "impaired_remote_conn_events")
+EFA_DEVICE_COUNTERS = ("submitted_cmds", "completed_cmds", "cmds_err", "no_completion_cmds", "keep_alive_rcvd",
+                       "alloc_pd_err", "create_qp_err", "create_cq_err", "reg_mr_err", "alloc_ucontext_err",
+                       "create_ah_err", "mmap_err")
+BUSY = 113939005799538
+
+
+def write_efa_counters(node: Any, device: str, values: Optional[dict] = None) -> None:
+    """Every hw_counters file of one EFA device: traffic at BUSY, errors and retransmissions 0, then `values`."""
+    for name in EFA_PORT_COUNTERS + EFA_DEVICE_COUNTERS:
+        quiet = name.endswith(("_err", "_drops", "_events")) or name.startswith(("retrans_", "no_completion"))
+        value = 0 if quiet else BUSY
+        value = (values or {}).get(name, value)
+        where = "ports/1/hw_counters" if name in EFA_PORT_COUNTERS else "hw_counters"
+        node.write_sys("class/infiniband/%s/%s/%s" % (device, where, name), "%s\n" % value)
+
+
 def install_aws(node: Any, instance_type: str, efa: int = 32, plugin: bool = True,
-                fi_info: Optional[str] = FI_INFO_P5) -> List[str]:
+                fi_info: Optional[str] = FI_INFO_P5, counters: Optional[dict] = None) -> List[str]:
     """An EC2 node: `efa` EFA devices, its DMI, aws-ofi-nccl unless plugin=False, fi_info on PATH (None:
-    absent; FI_INFO_NONE: present, finding no efa provider). Returns the EFA device names."""
+    absent; FI_INFO_NONE: present, finding no efa provider), and with counters ({device index: {counter:
+    value}}, {} for all-healthy) every device's hw_counters. Returns the EFA device names."""
     names = ib_hw.install_efa(node, count=efa) if efa else []
+    for i, name in enumerate(names if counters is not None else []):
+        write_efa_counters(node, name, counters.get(i))
     node.write_sys("class/dmi/id/product_name", instance_type + "\n")
     node.write_sys("class/dmi/id/sys_vendor", "Amazon EC2\n")
     if plugin:

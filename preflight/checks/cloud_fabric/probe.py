@@ -7,7 +7,9 @@ Facts: {"product_name": str|None, "sys_vendor": str|None,
         "plugins": {"efa"|"tcpx"|"tcpxo"|"gke"|"gib": [plugin library paths]} (keys: PLUGIN_DIRS),
         "profiles": {plugin key: the vendor's NCCL env script found beside the plugin},
         "rxdm": [{"pid": int, "comm": str, "fabric": "tcpx"|"tcpxo"}],
-        "gve": [{"name", "ifindex": int|None, "mtu": int|None}]  gVNIC interfaces, by ifindex}
+        "gve": [{"name", "ifindex": int|None, "mtu": int|None}]  gVNIC interfaces, by ifindex,
+        "efa_counters": {EFA device: {"port": {counter: int}, "device": {counter: int}}}  the efa driver's
+                        hw_counters (ports/1/hw_counters/ and the device-level hw_counters/), "at": unix time}
 
 `fi_info -p efa` format (libfabric's fi_info, real output in ofiwg/libfabric#5689):
     provider: efa
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Any, Dict, List, Optional
 
 from preflight.model import ParseError
@@ -51,6 +54,7 @@ PROFILES = ("lib64/nccl-env-profile.sh", "scripts/set_nccl_env.sh", "set_nccl_en
 #: fastrak_gpumem_manager (google/nccl-plugin-gpudirect-tcpxo, scripts/entrypoint_rxdm_container.sh).
 RXDM = {"tcpgpudmarxd": "tcpx", "fastrak_gpumem_manager"[:15]: "tcpxo"}
 FI_INFO_DIRS = ("/opt/amazon/efa/bin",)
+_COUNTER = re.compile(r"^[a-z0-9_]{1,64}$")
 _PLUGIN_FILE = re.compile(r"^libnccl-net(?:-[A-Za-z0-9_.-]+)?\.so(?:\.[0-9.]+)?$")
 _FIELD = re.compile(r"^\s+(fabric|domain|version|type|protocol):\s*(.*?)\s*$")
 
@@ -136,6 +140,35 @@ def _gve(ctx: Any) -> List[Dict[str, Any]]:
     return sorted(out, key=lambda i: (i["ifindex"] is None, i["ifindex"] or 0, natural_key(i["name"])))
 
 
+def parse_hw_counter(text: Optional[str], where: str) -> Optional[int]:
+    """One hw_counters/<name> file → its value (a decimal count, amzn-drivers kernel/linux/efa/src/efa_verbs.c
+    fills them from the device's statistics); None when the file cannot be read; anything else raises
+    ParseError naming the file."""
+    if text is None:
+        return None
+    value = text.strip()
+    if not value.isdigit():
+        raise ParseError("%s: expected a non-negative integer, got %.40r" % (where, text))
+    return int(value)
+
+
+def _counters(ctx: Any, folder: str, where: str) -> Dict[str, int]:
+    out = {}
+    for name in sorted(ctx.listdir(folder)):
+        if _COUNTER.match(name):
+            value = parse_hw_counter(ctx.read(os.path.join(folder, name)), "%s/%s" % (where, name))
+            if value is not None:
+                out[name] = value
+    return out
+
+
+def efa_counters(ctx: Any, root: str, devices: List[str]) -> Dict[str, Dict[str, Dict[str, int]]]:
+    """{device: {"port": ports/1/hw_counters, "device": hw_counters}} of each EFA device (one port each)."""
+    return {dev: {"port": _counters(ctx, os.path.join(root, dev, "ports", "1", "hw_counters"), dev + " port 1 hw_counters"),
+                  "device": _counters(ctx, os.path.join(root, dev, "hw_counters"), dev + " hw_counters")}
+            for dev in devices}
+
+
 def probe(ctx: Any) -> Dict[str, Any]:
     """The node's fabric facts (module doc): RDMA devices, fi_info, plugins, RxDM processes, gVNICs, DMI."""
     root = ctx.sys_path("class", "infiniband")
@@ -151,4 +184,5 @@ def probe(ctx: Any) -> Dict[str, Any]:
         "fi_info": _fi_info(ctx) if efa else None,
         "plugins": plugins, "profiles": _profiles(ctx, plugins),
         "rxdm": _rxdm(ctx), "gve": _gve(ctx),
+        "efa_counters": efa_counters(ctx, root, efa), "at": time.time(),
     }

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from preflight.checks.cloud_fabric import NAME
+from preflight.checks.cloud_fabric import NAME, efa_counters
 from preflight.checks.cloud_fabric.probe import PLUGIN_DIRS
 from preflight.common import plural
 from preflight.derived import cloud
@@ -36,15 +36,18 @@ PLUGIN = {"efa": "aws-ofi-nccl", "tcpx": "the GPUDirect-TCPX plugin", "tcpxo": "
 FALLBACK = "NCCL falls back to its socket transport at about a tenth of the fabric's bandwidth"
 
 
-def _efa(facts: Mapping[str, Any], multi: bool) -> Tuple[List[Tuple[Status, str]], str]:
-    """(problems, what was seen) for an EFA node."""
+Problem = Tuple[Status, str, str]  # (status, what, action)
+
+
+def _efa(facts: Mapping[str, Any], multi: bool, before: Tuple[Any, ...] = (None, None)) -> Tuple[List[Problem], str]:
+    """(problems, what was seen) for an EFA node; before: (the previous run's kept hw_counters, its start)."""
     count, itype = len(facts.get("efa") or []), facts.get("product_name")
-    problems: List[Tuple[Status, str]] = []
+    problems: List[Problem] = []
     want = EFA_DEVICES.get(itype or "")
     seen = "%s on %s" % (plural(count, "EFA device"), itype or "an unknown instance type (no DMI product_name)")
     if want is not None and count < want:
         problems.append((Status.FAIL, "%s, expected %d on %s (AWS EFA instance types): launch it with every EFA "
-                         "interface" % (plural(count, "EFA device"), want, itype)))
+                         "interface" % (plural(count, "EFA device"), want, itype), "fix_config"))
     elif want is None:
         seen += " (not in the documented table: the count is compared with the other EFA nodes by ib_hca)"
     plugins = cloud.plugins_of(facts, "efa")
@@ -57,40 +60,43 @@ def _efa(facts: Mapping[str, Any], multi: bool) -> Tuple[List[Tuple[Status, str]
         seen += "; fi_info not found, libfabric's efa provider not confirmed"
     elif not any(p.get("provider", "").split(";")[0] == "efa" for p in fi.get("providers") or []):
         problems.append((Status.FAIL, "fi_info -p efa lists no efa provider (%s): libfabric cannot open the EFA "
-                         "devices, so aws-ofi-nccl cannot either; %s" % (fi.get("error") or "no provider listed", FALLBACK)))
+                         "devices, so aws-ofi-nccl cannot either; %s" % (fi.get("error") or "no provider listed", FALLBACK),
+                         "fix_config"))
     else:
         seen += "; fi_info: efa provider on %s" % plural(len({p.get("domain") for p in fi["providers"]}), "domain")
-    return [p for p in problems if p is not None], seen
+    found, counted = efa_counters.judge(efa_counters.kept(facts.get("efa_counters") or {}), *before)
+    problems.extend((Status.FAIL, what, "reboot") if word == "fail" else (Status.WARN, what, "") for word, what in found)
+    return [p for p in problems if p is not None], seen + "; " + counted
 
 
-def _plugin_missing(fabric: str, multi: bool) -> Optional[Tuple[Status, str]]:
+def _plugin_missing(fabric: str, multi: bool) -> Optional[Problem]:
     if not multi:
         return None
     dirs = ", ".join(_dirs(fabric))
-    return (Status.FAIL, "%s not found (no libnccl-net*.so in %s): %s" % (PLUGIN[fabric], dirs, FALLBACK))
+    return (Status.FAIL, "%s not found (no libnccl-net*.so in %s): %s" % (PLUGIN[fabric], dirs, FALLBACK), "fix_config")
 
 
 def _dirs(fabric: str) -> Tuple[str, ...]:
     return PLUGIN_DIRS[fabric] + (PLUGIN_DIRS["gke"] if fabric in ("tcpx", "tcpxo") else ())
 
 
-def _google(fabric: str, facts: Mapping[str, Any], multi: bool) -> Tuple[List[Tuple[Status, str]], str]:
+def _google(fabric: str, facts: Mapping[str, Any], multi: bool) -> Tuple[List[Problem], str]:
     """(problems, what was seen) for a TCPX/TCPXO node: GPU NICs, their MTU, the RxDM, the plugin."""
     gve = facts.get("gve") or []
     nics = gve[1:]  # the first gVNIC is the host NIC (eth0), the others carry GPU traffic
     want = GPU_NICS[fabric]
-    problems: List[Tuple[Status, str]] = []
+    problems: List[Problem] = []
     if len(nics) < want:
         problems.append((Status.FAIL, "%s beside the host NIC, expected %d for %s: attach every GPU NIC"
-                         % (plural(len(nics), "GPU NIC"), want, NAMES[fabric])))
+                         % (plural(len(nics), "GPU NIC"), want, NAMES[fabric]), "fix_config"))
     wrong = ["%s MTU %s" % (n.get("name"), n.get("mtu")) for n in nics if n.get("mtu") != GPU_NIC_MTU]
     if wrong:
         problems.append((Status.FAIL, "%s (expected MTU %d on every GPU NIC: set the GPU VPC's MTU to %d)"
-                         % (", ".join(wrong), GPU_NIC_MTU, GPU_NIC_MTU)))
+                         % (", ".join(wrong), GPU_NIC_MTU, GPU_NIC_MTU), "fix_config"))
     rxdm = [p for p in facts.get("rxdm") or [] if p.get("fabric") == fabric]
     if not rxdm and multi:
         problems.append((Status.FAIL, "the receive-datapath manager (RxDM) is not running: %s cannot receive; "
-                         "start the RxDM before NCCL" % PLUGIN[fabric]))
+                         "start the RxDM before NCCL" % PLUGIN[fabric], "fix_config"))
     if not cloud.plugins_of(facts, fabric):
         problems.append(_plugin_missing(fabric, multi))
     seen = "%s at MTU %s, RxDM %s" % (plural(len(nics), "GPU NIC"), "/".join(sorted({str(n.get("mtu")) for n in nics})) or "-",
@@ -98,7 +104,7 @@ def _google(fabric: str, facts: Mapping[str, Any], multi: bool) -> Tuple[List[Tu
     return [p for p in problems if p is not None], seen
 
 
-def _node(name: str, nf: cloud.NodeFabric, multi: bool) -> Finding:
+def _node(name: str, nf: cloud.NodeFabric, multi: bool, before: Tuple[Any, ...] = (None, None)) -> Finding:
     fabric, facts = nf.fabric, nf.facts
     if fabric == "none":
         return Finding(NAME, name, Status.SKIP, "no cloud GPU fabric and no RDMA device (sockets only)")
@@ -108,19 +114,23 @@ def _node(name: str, nf: cloud.NodeFabric, multi: bool) -> Finding:
         return Finding(NAME, name, Status.WARN, "signs of several fabrics: %s; NCCL uses one net plugin, say which "
                        "one by NCCL_NET" % ", ".join(NAMES[p] for p in nf.parts), data={"fabric": fabric, "parts": nf.parts})
     if fabric == "efa":
-        problems, seen = _efa(facts, multi)
+        problems, seen = _efa(facts, multi, before)
     elif fabric in GPU_NICS:
         problems, seen = _google(fabric, facts, multi)
     else:  # gib: its RoCE rails are ib_hca's
         problems, seen = [], "gIB plugin %s; the RoCE rails are judged by ib_hca" % ", ".join(facts["plugins"]["gib"])
-    data = {"fabric": fabric, "instance_type": facts.get("product_name")}
+    data: Dict[str, Any] = {"fabric": fabric, "instance_type": facts.get("product_name")}
+    if fabric == "efa":
+        data.update(efa_counters=efa_counters.kept(facts.get("efa_counters") or {}), at=facts.get("at"))
     if not multi and not cloud.plugins_of(facts, fabric):
         seen += "; no %s: not needed on a single-node run (install it before running across nodes)" % PLUGIN[fabric]
     if not problems:
         return Finding(NAME, name, Status.PASS, "%s: %s" % (NAMES[fabric], seen), data=data)
-    return Finding(NAME, name, Status.FAIL, "%s: %s" % (NAMES[fabric], "; ".join(m for _, m in problems)),
+    failed = [p for p in problems if p[0] is Status.FAIL]
+    return Finding(NAME, name, Status.FAIL if failed else Status.WARN,
+                   "%s: %s" % (NAMES[fabric], "; ".join(m for _, m, _ in failed + [p for p in problems if p not in failed])),
                    expected="the %s devices, NICs, plugin and RxDM this node type is documented with" % NAMES[fabric],
-                   actual=seen, data=data, action="fix_config")
+                   actual=seen, data=data, action=failed[0][2] if failed else None)
 
 
 def rule(view: ClusterView) -> List[Finding]:
@@ -134,7 +144,8 @@ def rule(view: ClusterView) -> List[Finding]:
             out.append(probe_error(NAME, name, raw.get(name), listed=None) or Finding(
                 NAME, name, Status.ERROR, "no cloud_fabric facts from this node", action="retest"))
             continue
-        out.append(_node(name, nf, multi))
+        kept, _at, since = efa_counters.previous(view, NAME, name)
+        out.append(_node(name, nf, multi, (kept, since)))
     groups: Dict[str, List[str]] = {}
     for name, nf in fabrics.items():
         if nf.fabric in cloud.CLOUD or (nf.fabric == "ib" and any(f.fabric in cloud.CLOUD for f in fabrics.values())):
