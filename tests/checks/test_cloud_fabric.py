@@ -133,7 +133,8 @@ def test_an_a3_mega_like_node_passes_and_its_env_names_the_vendor_profile(node_p
     assert facts["rxdm"] == [{"pid": 4242, "comm": "fastrak_gpumem_", "fabric": "tcpxo"}]
     found = judged({"n001": facts, "n002": facts})
     assert [f.status for f in found.values()] == [Status.PASS] * 2
-    assert found["n001"].message == "GPUDirect-TCPXO: 8 GPU NICs at MTU 8244, RxDM pid 4242"
+    assert found["n001"].message == ("GPUDirect-TCPXO: 8 GPU NICs at MTU 8244, RxDM pid 4242; the installer ships "
+                                     "NCCL 2.21.5; the NCCL jobs load here is unknown")
     env = env_of({"n001": facts, "n002": facts})
     assert env.as_dict() == {} and "source /var/lib/tcpxo/lib64/nccl-env-profile.sh" in env.notes[0]
 
@@ -152,9 +153,9 @@ def test_rxdm_not_running_fails_across_nodes_but_not_on_one(node_probe):
     assert idle["rxdm"] == []
     bad = judged({"a": idle, "b": idle})["a"]
     assert bad.status is Status.FAIL and "receive-datapath manager (RxDM) is not running" in bad.message
-    assert bad.actual == "8 GPU NICs at MTU 8244, RxDM not running"
+    assert bad.actual.startswith("8 GPU NICs at MTU 8244, RxDM not running;")
     alone = judged({"a": idle})["a"]
-    assert alone.status is Status.PASS and alone.message.endswith("RxDM not running (single-node run)")
+    assert alone.status is Status.PASS and alone.message.count("RxDM not running (single-node run);") == 1
 
 
 def test_a3_high_tcpx_needs_four_gpu_nics(node_probe):
@@ -378,3 +379,45 @@ def test_counters_lower_than_before_mean_a_reload_not_a_fault(node_probe):
 def test_a_garbled_hw_counter_is_a_parse_error_naming_the_file(node_probe):
     with pytest.raises(ParseError, match="rdmap16s0 port 1 hw_counters/rx_drops"):
         node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", efa=1, counters={0: {"rx_drops": "N/A"}}))
+
+
+# ------------------------------------------------------------------------ plugin and NCCL versions
+
+
+def judged_with_nccl(facts, nccl):
+    driver = {"nccl_python": {"distribution": "nvidia-nccl-cu12", "version": nccl}, "nccl_system": []}
+    v = view({n: {"cloud_fabric": facts, "driver": driver} for n in ("n001", "n002")})
+    return {f.node: f for f in cf_rule.rule(v)}["n001"]
+
+
+def test_aws_ofi_nccl_known_incompatible_with_its_nccl_fails_and_its_twins_do_not(node_probe):
+    facts = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", ofi="1.14.0"))
+    assert facts["plugin_versions"] == {"efa": "1.14.0"}
+    old = judged_with_nccl(facts, "2.16.5")
+    assert old.status is Status.FAIL and old.action == "fix_config"
+    assert "aws-ofi-nccl 1.14.0 works with NCCL 2.17.1 and later (aws-ofi-nccl release notes), this node's jobs " \
+           "load NCCL 2.16.5" in old.message
+    ok = judged_with_nccl(facts, "2.21.5")
+    assert ok.status is Status.PASS and "within its aws-ofi-nccl release notes (NCCL 2.17.1 and later)" in ok.message
+    newer = judged_with_nccl(facts, "2.31.2")  # newer than any release tested: not known bad
+    assert newer.status is Status.PASS
+    before_ranges = judged_with_nccl(node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", ofi="1.4.0")), "2.16.5")
+    assert before_ranges.status is Status.PASS and "compatibility unknown" in before_ranges.message
+    older_plugin = judged_with_nccl(node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", ofi="1.7.3-aws")), "2.16.5")
+    assert older_plugin.status is Status.PASS and "NCCL 2.4.8 and later" in older_plugin.message
+
+
+def test_google_plugin_beside_its_own_nccl_or_another_is_said_never_failed(node_probe):
+    facts = node_probe(lambda n: cloud_hw.install_google(n, "tcpxo", [8244] * 8, nccl="2.21.5"))
+    assert facts["bundled_nccl"] == {"tcpxo": ["2.21.5"]}
+    own = judged_with_nccl(facts, "2.21.5")
+    assert own.status is Status.PASS and own.message.endswith("jobs load NCCL 2.21.5, the one the installer ships (Google qualifies it)")
+    other = judged_with_nccl(facts, "2.27.3")
+    assert other.status is Status.PASS and "not the installer's 2.21.5" in other.message and "unknown" in other.message
+
+
+def test_an_incompatible_plugin_on_a_single_node_run_is_said_not_failed(node_probe):
+    facts = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", ofi="1.14.0"))
+    driver = {"nccl_python": {"distribution": "nvidia-nccl-cu12", "version": "2.16.5"}, "nccl_system": []}
+    alone = cf_rule.rule(view({"n001": {"cloud_fabric": facts, "driver": driver}}))[0]
+    assert alone.status is Status.PASS and "a single-node run does not use it" in alone.message

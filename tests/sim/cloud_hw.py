@@ -58,17 +58,19 @@ def write_efa_counters(node: Any, device: str, values: Optional[dict] = None) ->
 
 
 def install_aws(node: Any, instance_type: str, efa: int = 32, plugin: bool = True,
-                fi_info: Optional[str] = FI_INFO_P5, counters: Optional[dict] = None) -> List[str]:
+                fi_info: Optional[str] = FI_INFO_P5, counters: Optional[dict] = None, ofi: str = "1.14.0") -> List[str]:
     """An EC2 node: `efa` EFA devices, its DMI, aws-ofi-nccl unless plugin=False, fi_info on PATH (None:
     absent; FI_INFO_NONE: present, finding no efa provider), and with counters ({device index: {counter:
-    value}}, {} for all-healthy) every device's hw_counters. Returns the EFA device names."""
+    value}}, {} for all-healthy) every device's hw_counters. The plugin library carries aws-ofi-nccl's init
+    banner "Initializing aws-ofi-nccl <ofi>" as the real one does (src/nccl_ofi_net.cpp). Returns the EFA device names."""
     names = ib_hw.install_efa(node, count=efa) if efa else []
     for i, name in enumerate(names if counters is not None else []):
         write_efa_counters(node, name, counters.get(i))
     node.write_sys("class/dmi/id/product_name", instance_type + "\n")
     node.write_sys("class/dmi/id/sys_vendor", "Amazon EC2\n")
     if plugin:
-        node.write_host_file("/opt/amazon/ofi-nccl/lib/libnccl-net.so", "\x7fELF (aws-ofi-nccl, preflight simulator)\n")
+        node.write_host_file("/opt/amazon/ofi-nccl/lib/libnccl-net.so", "\x7fELF (aws-ofi-nccl, preflight simulator)\0"
+                             "Initializing aws-ofi-nccl %s\0" % ofi)
     if fi_info is not None:
         ok = fi_info != FI_INFO_NONE
         node.install_executable("fi_info", "#!/bin/sh\n# fi_info (preflight simulator)\ncat <<'EOF'%s\n%s\nEOF\nexit %d\n" % (
@@ -82,9 +84,12 @@ def gve_files(name: str, ifindex: int, mtu: int) -> dict:
             base + "/device/uevent": "DRIVER=gve\nPCI_CLASS=20000\nPCI_ID=1AE0:0042\n"}
 
 
-def install_google(node: Any, fabric: str, mtus: Iterable[int], rxdm: bool = True, plugin: bool = True) -> List[str]:
+def install_google(node: Any, fabric: str, mtus: Iterable[int], rxdm: bool = True, plugin: bool = True,
+                   nccl: Optional[str] = "2.21.5") -> List[str]:
     """An A3-like node: the host NIC eth0 at 1460 and one GPU NIC per entry of `mtus` (eth1..), the RxDM of
-    `fabric` ("tcpx" | "tcpxo") running unless rxdm=False, its plugin unless plugin=False. Returns the GPU NICs."""
+    `fabric` ("tcpx" | "tcpxo") running unless rxdm=False, its plugin unless plugin=False, with the NCCL the
+    installer ships beside it (libnccl.so.<nccl>, as the TCPX installer's lib64 holds libnccl.so.2.19.4 in
+    elideng-sg/hypercomputer-internode-deepdive assets/lab-18/after_tcpx_inpod_fabric.txt). Returns the GPU NICs."""
     nics = ["eth%d" % (i + 1) for i, _ in enumerate(mtus)]
     for rel, text in gve_files("eth0", 2, 1460).items():
         node.write_sys(rel, text)
@@ -99,6 +104,8 @@ def install_google(node: Any, fabric: str, mtus: Iterable[int], rxdm: bool = Tru
     if plugin:
         lib = "/var/lib/%s/lib64" % fabric
         node.write_host_file(lib + "/libnccl-net.so", "\x7fELF (%s plugin, preflight simulator)\n" % fabric)
+        if nccl:
+            node.write_host_file(lib + "/libnccl.so." + nccl, "\x7fELF (NCCL %s, preflight simulator)\n" % nccl)
         if fabric == "tcpxo":
             node.write_host_file(lib + "/nccl-env-profile.sh", "# nccl-env-profile.sh (preflight simulator)\n")
     return nics

@@ -9,7 +9,9 @@ Facts: {"product_name": str|None, "sys_vendor": str|None,
         "rxdm": [{"pid": int, "comm": str, "fabric": "tcpx"|"tcpxo"}],
         "gve": [{"name", "ifindex": int|None, "mtu": int|None}]  gVNIC interfaces, by ifindex,
         "efa_counters": {EFA device: {"port": {counter: int}, "device": {counter: int}}}  the efa driver's
-                        hw_counters (ports/1/hw_counters/ and the device-level hw_counters/), "at": unix time}
+                        hw_counters (ports/1/hw_counters/ and the device-level hw_counters/), "at": unix time,
+        "plugin_versions": {plugin key: version}  read from the plugin library's own banner (aws-ofi-nccl),
+        "bundled_nccl": {plugin key: [NCCL versions of the libnccl.so.X.Y.Z files beside the plugin]}}
 
 `fi_info -p efa` format (libfabric's fi_info, real output in ofiwg/libfabric#5689):
     provider: efa
@@ -169,6 +171,55 @@ def efa_counters(ctx: Any, root: str, devices: List[str]) -> Dict[str, Dict[str,
             for dev in devices}
 
 
+#: aws-ofi-nccl logs "Initializing " PACKAGE_STRING at init (src/nccl_ofi_net.cpp), so its library holds the
+#: literal "Initializing aws-ofi-nccl 1.14.0" (autoconf's PACKAGE_STRING, "aws-ofi-nccl <version>").
+BANNERS = {"efa": re.compile(rb"Initializing aws-ofi-nccl (\d+\.\d+\.\d+(?:-aws)?)")}
+_BUNDLED = re.compile(r"^libnccl\.so\.(\d+\.\d+\.\d+)$")
+_CHUNK = 1 << 20
+_MAX_SCAN = 256 << 20
+
+
+def library_banner(path: str, pattern: "re.Pattern[bytes]") -> Optional[str]:
+    """The first match of `pattern`'s group in a library file, read in 1 MiB chunks (up to 256 MiB); None when
+    absent or unreadable."""
+    tail = b""
+    try:
+        with open(path, "rb") as handle:
+            for _ in range(_MAX_SCAN // _CHUNK):
+                chunk = handle.read(_CHUNK)
+                if not chunk:
+                    return None
+                m = pattern.search(tail + chunk)
+                if m:
+                    return m.group(1).decode("ascii", "replace")
+                tail = chunk[-128:]
+    except OSError:
+        return None
+    return None
+
+
+def _plugin_versions(ctx: Any, plugins: Dict[str, List[str]]) -> Dict[str, str]:
+    out = {}
+    for key, pattern in BANNERS.items():
+        found = (library_banner(ctx.host_path(p), pattern) for p in plugins.get(key) or [])
+        version = next((v for v in found if v), None)
+        if version:
+            out[key] = version
+    return out
+
+
+def _bundled_nccl(ctx: Any, plugins: Dict[str, List[str]]) -> Dict[str, List[str]]:
+    """{plugin key: the NCCL versions of libnccl.so.X.Y.Z files in the plugin's own directory} (Google's
+    installers ship the NCCL they qualify beside the plugin)."""
+    out = {}
+    for key, paths in plugins.items():
+        dirs = sorted({os.path.dirname(p) for p in paths})
+        found = sorted({m.group(1) for d in dirs for n in ctx.listdir(ctx.host_path(d)) for m in [_BUNDLED.match(n)] if m})
+        if found:
+            out[key] = found
+    return out
+
+
 def probe(ctx: Any) -> Dict[str, Any]:
     """The node's fabric facts (module doc): RDMA devices, fi_info, plugins, RxDM processes, gVNICs, DMI."""
     root = ctx.sys_path("class", "infiniband")
@@ -185,4 +236,5 @@ def probe(ctx: Any) -> Dict[str, Any]:
         "plugins": plugins, "profiles": _profiles(ctx, plugins),
         "rxdm": _rxdm(ctx), "gve": _gve(ctx),
         "efa_counters": efa_counters(ctx, root, efa), "at": time.time(),
+        "plugin_versions": _plugin_versions(ctx, plugins), "bundled_nccl": _bundled_nccl(ctx, plugins),
     }

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from preflight.checks.cloud_fabric import NAME, efa_counters
+from preflight.checks.cloud_fabric import NAME, compat, efa_counters
 from preflight.checks.cloud_fabric.probe import PLUGIN_DIRS
 from preflight.common import plural
-from preflight.derived import cloud
+from preflight.derived import cloud, versions
 from preflight.derived.envvars import fold_names
 from preflight.model import ClusterView, Finding, Status, probe_error
 
@@ -39,8 +39,10 @@ FALLBACK = "NCCL falls back to its socket transport at about a tenth of the fabr
 Problem = Tuple[Status, str, str]  # (status, what, action)
 
 
-def _efa(facts: Mapping[str, Any], multi: bool, before: Tuple[Any, ...] = (None, None)) -> Tuple[List[Problem], str]:
-    """(problems, what was seen) for an EFA node; before: (the previous run's kept hw_counters, its start)."""
+def _efa(facts: Mapping[str, Any], multi: bool, before: Tuple[Any, ...] = (None, None),
+         nccl: Optional[str] = None) -> Tuple[List[Problem], str]:
+    """(problems, what was seen) for an EFA node; before: (the previous run's kept hw_counters, its start);
+    nccl: the NCCL version the node's jobs load (the driver check's), None when unknown."""
     count, itype = len(facts.get("efa") or []), facts.get("product_name")
     problems: List[Problem] = []
     want = EFA_DEVICES.get(itype or "")
@@ -54,7 +56,10 @@ def _efa(facts: Mapping[str, Any], multi: bool, before: Tuple[Any, ...] = (None,
     if not plugins:
         problems.append(_plugin_missing("efa", multi))
     else:
-        seen += "; aws-ofi-nccl %s" % ", ".join(plugins)
+        bad, said = compat.ofi((facts.get("plugin_versions") or {}).get("efa"), nccl)
+        seen += "; aws-ofi-nccl %s (%s)" % (", ".join(plugins), said if multi or not bad else bad + "; a single-node run does not use it")
+        if bad and multi:
+            problems.append((Status.FAIL, bad, "fix_config"))
     fi = facts.get("fi_info")
     if fi is None:
         seen += "; fi_info not found, libfabric's efa provider not confirmed"
@@ -80,7 +85,12 @@ def _dirs(fabric: str) -> Tuple[str, ...]:
     return PLUGIN_DIRS[fabric] + (PLUGIN_DIRS["gke"] if fabric in ("tcpx", "tcpxo") else ())
 
 
-def _google(fabric: str, facts: Mapping[str, Any], multi: bool) -> Tuple[List[Problem], str]:
+def _shipped(facts: Mapping[str, Any], fabric: str) -> List[str]:
+    found = facts.get("bundled_nccl") or {}
+    return list(found.get(fabric) or (found.get("gke") if fabric in ("tcpx", "tcpxo") else None) or [])
+
+
+def _google(fabric: str, facts: Mapping[str, Any], multi: bool, nccl: Optional[str] = None) -> Tuple[List[Problem], str]:
     """(problems, what was seen) for a TCPX/TCPXO node: GPU NICs, their MTU, the RxDM, the plugin."""
     gve = facts.get("gve") or []
     nics = gve[1:]  # the first gVNIC is the host NIC (eth0), the others carry GPU traffic
@@ -97,14 +107,18 @@ def _google(fabric: str, facts: Mapping[str, Any], multi: bool) -> Tuple[List[Pr
     if not rxdm and multi:
         problems.append((Status.FAIL, "the receive-datapath manager (RxDM) is not running: %s cannot receive; "
                          "start the RxDM before NCCL" % PLUGIN[fabric], "fix_config"))
-    if not cloud.plugins_of(facts, fabric):
+    plugged = bool(cloud.plugins_of(facts, fabric))
+    if not plugged:
         problems.append(_plugin_missing(fabric, multi))
     seen = "%s at MTU %s, RxDM %s" % (plural(len(nics), "GPU NIC"), "/".join(sorted({str(n.get("mtu")) for n in nics})) or "-",
                                       "pid %d" % rxdm[0]["pid"] if rxdm else "not running" + ("" if multi else " (single-node run)"))
+    if plugged:
+        seen += "; " + compat.bundled(NAMES[fabric], _shipped(facts, fabric), nccl)
     return [p for p in problems if p is not None], seen
 
 
-def _node(name: str, nf: cloud.NodeFabric, multi: bool, before: Tuple[Any, ...] = (None, None)) -> Finding:
+def _node(name: str, nf: cloud.NodeFabric, multi: bool, before: Tuple[Any, ...] = (None, None),
+          nccl: Optional[str] = None) -> Finding:
     fabric, facts = nf.fabric, nf.facts
     if fabric == "none":
         return Finding(NAME, name, Status.SKIP, "no cloud GPU fabric and no RDMA device (sockets only)")
@@ -114,11 +128,12 @@ def _node(name: str, nf: cloud.NodeFabric, multi: bool, before: Tuple[Any, ...] 
         return Finding(NAME, name, Status.WARN, "signs of several fabrics: %s; NCCL uses one net plugin, say which "
                        "one by NCCL_NET" % ", ".join(NAMES[p] for p in nf.parts), data={"fabric": fabric, "parts": nf.parts})
     if fabric == "efa":
-        problems, seen = _efa(facts, multi, before)
+        problems, seen = _efa(facts, multi, before, nccl)
     elif fabric in GPU_NICS:
-        problems, seen = _google(fabric, facts, multi)
+        problems, seen = _google(fabric, facts, multi, nccl)
     else:  # gib: its RoCE rails are ib_hca's
-        problems, seen = [], "gIB plugin %s; the RoCE rails are judged by ib_hca" % ", ".join(facts["plugins"]["gib"])
+        problems, seen = [], "gIB plugin %s (%s); the RoCE rails are judged by ib_hca" % (
+            ", ".join(facts["plugins"]["gib"]), compat.bundled(NAMES[fabric], _shipped(facts, fabric), nccl))
     data: Dict[str, Any] = {"fabric": fabric, "instance_type": facts.get("product_name")}
     if fabric == "efa":
         data.update(efa_counters=efa_counters.kept(facts.get("efa_counters") or {}), at=facts.get("at"))
@@ -145,7 +160,7 @@ def rule(view: ClusterView) -> List[Finding]:
                 NAME, name, Status.ERROR, "no cloud_fabric facts from this node", action="retest"))
             continue
         kept, _at, since = efa_counters.previous(view, NAME, name)
-        out.append(_node(name, nf, multi, (kept, since)))
+        out.append(_node(name, nf, multi, (kept, since), compat.nccl_of(view, name, versions.nccl_version)))
     groups: Dict[str, List[str]] = {}
     for name, nf in fabrics.items():
         if nf.fabric in cloud.CLOUD or (nf.fabric == "ib" and any(f.fabric in cloud.CLOUD for f in fabrics.values())):
