@@ -111,6 +111,32 @@ def install_google(node: Any, fabric: str, mtus: Iterable[int], rxdm: bool = Tru
     return nics
 
 
+AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"  # canonical/cloud-init DataSourceAzure.py
+
+
+def install_azure_nd(node: Any, family: Optional[str] = "ndv5", hcas: int = 8) -> List[str]:
+    """An Azure ND VM: DMI as Hyper-V presents it (sys_vendor Microsoft Corporation, product_name Virtual Machine,
+    Azure's chassis asset tag), 8 InfiniBand HCAs, and unless family=None the Azure HPC image's per-size
+    customization (/opt/microsoft/<family>/topo.xml linked to /opt/microsoft/<family>-topo.xml,
+    Azure/azhpc-images components/customizations/ndv5.sh). Returns the HCA names."""
+    for rel, text in (("product_name", "Virtual Machine"), ("sys_vendor", "Microsoft Corporation"),
+                      ("chassis_asset_tag", AZURE_ASSET_TAG)):
+        node.write_sys("class/dmi/id/" + rel, text + "\n")
+    if family:
+        node.write_host_file("/opt/microsoft/%s/topo.xml" % family, "<system version=\"1\"></system>\n")
+    return ib_hw.install_hcas(node, [{}] * hcas)
+
+
+def install_oci(node: Any, link_layer: str = "roce", hcas: int = 8) -> List[str]:
+    """An OCI bare-metal GPU node: DMI chassis asset tag "OracleCloud.com" (canonical/cloud-init
+    DataSourceOracle.py), `hcas` ConnectX ports on RoCE (or InfiniBand). Returns the HCA names."""
+    node.write_sys("class/dmi/id/chassis_asset_tag", "OracleCloud.com\n")
+    node.write_sys("class/dmi/id/sys_vendor", "Oracle Corporation\n")
+    specs = [{"link_layer": link_layer, "rate_gbps": 200, "netdev": "rdma%d" % i, "ipv4": "10.224.%d.7" % i}
+             if link_layer == "roce" else {} for i in range(hcas)]
+    return ib_hw.install_hcas(node, specs)
+
+
 class StandIn:
     """A node's sysfs root, host root and PATH directory, for probes run in-process (no sshd)."""
 

@@ -10,6 +10,8 @@ Facts: {"product_name": str|None, "sys_vendor": str|None,
         "gve": [{"name", "ifindex": int|None, "mtu": int|None}]  gVNIC interfaces, by ifindex,
         "efa_counters": {EFA device: {"port": {counter: int}, "device": {counter: int}}}  the efa driver's
                         hw_counters (ports/1/hw_counters/ and the device-level hw_counters/), "at": unix time,
+        "chassis_asset_tag": str|None (DMI: Azure and OCI mark their VMs here), "azure_family": "ndv5"|"ndv4"|None
+                        (the Azure HPC image's per-SKU customization, /opt/microsoft/<family>/topo.xml),
         "plugin_versions": {plugin key: version}  read from the plugin library's own banner (aws-ofi-nccl),
         "bundled_nccl": {plugin key: [NCCL versions of the libnccl.so.X.Y.Z files beside the plugin]}}
 
@@ -174,6 +176,9 @@ def efa_counters(ctx: Any, root: str, devices: List[str]) -> Dict[str, Dict[str,
 #: aws-ofi-nccl logs "Initializing " PACKAGE_STRING at init (src/nccl_ofi_net.cpp), so its library holds the
 #: literal "Initializing aws-ofi-nccl 1.14.0" (autoconf's PACKAGE_STRING, "aws-ofi-nccl <version>").
 BANNERS = {"efa": re.compile(rb"Initializing aws-ofi-nccl (\d+\.\d+\.\d+(?:-aws)?)")}
+#: The Azure HPC image links /opt/microsoft/<family>/topo.xml only on the VM size it was customised for
+#: (Azure/azhpc-images components/customizations/ndv5.sh, ndv4.sh, run at boot per VM size).
+AZURE_FAMILIES = ("ndv5", "ndv4")
 _BUNDLED = re.compile(r"^libnccl\.so\.(\d+\.\d+\.\d+)$")
 _CHUNK = 1 << 20
 _MAX_SCAN = 256 << 20
@@ -237,4 +242,7 @@ def probe(ctx: Any) -> Dict[str, Any]:
         "rxdm": _rxdm(ctx), "gve": _gve(ctx),
         "efa_counters": efa_counters(ctx, root, efa), "at": time.time(),
         "plugin_versions": _plugin_versions(ctx, plugins), "bundled_nccl": _bundled_nccl(ctx, plugins),
+        "chassis_asset_tag": (ctx.read(os.path.join(dmi, "chassis_asset_tag")) or "").strip() or None,
+        "azure_family": next((f for f in AZURE_FAMILIES
+                              if os.path.exists(ctx.host_path("/opt/microsoft/%s/topo.xml" % f))), None),
     }
