@@ -84,6 +84,15 @@ def gve_files(name: str, ifindex: int, mtu: int) -> dict:
             base + "/device/uevent": "DRIVER=gve\nPCI_CLASS=20000\nPCI_ID=1AE0:0042\n"}
 
 
+def own_class_net(node: Any) -> None:
+    """Give a SimNode a class/net of its own (it links the namespace's /sys/class/net, whose veths no driver
+    file can make gVNICs): A3 GPU NICs are then presented as files, the same tree the probe reads on a real
+    VM. Only for runs that do not judge the namespace's real interfaces (the nic and mtu checks)."""
+    net = os.path.join(node.sys_dir, "class", "net")
+    if os.path.islink(net):
+        os.unlink(net)
+
+
 def install_google(node: Any, fabric: str, mtus: Iterable[int], rxdm: bool = True, plugin: bool = True,
                    nccl: Optional[str] = "2.21.5") -> List[str]:
     """An A3-like node: the host NIC eth0 at 1460 and one GPU NIC per entry of `mtus` (eth1..), the RxDM of
