@@ -55,12 +55,8 @@ def kept(counters: Mapping[str, Any]) -> Dict[str, Dict[str, int]]:
 
 def previous(view: Any, check: str, node: str) -> Tuple[Optional[Dict[str, Any]], Optional[float], Optional[str]]:
     """({device: counters}, unix time, started_at) the check kept for the node in the previous run, else Nones."""
-    prev = view.cluster.get("previous") or {}
-    for result in prev.get("results") or []:
-        data = result.get("data") or {}
-        if result.get("check") == check and result.get("node") == node and isinstance(data.get("efa_counters"), dict):
-            return data["efa_counters"], data.get("at"), prev.get("started_at")
-    return None, None, None
+    data, started = view.previous(check, node, "efa_counters")
+    return (data["efa_counters"], data.get("at"), started) if data else (None, None, None)
 
 
 def judge(now: Mapping[str, Mapping[str, int]], before: Optional[Mapping[str, Any]], since: Optional[str]
