@@ -421,3 +421,18 @@ def test_an_incompatible_plugin_on_a_single_node_run_is_said_not_failed(node_pro
     driver = {"nccl_python": {"distribution": "nvidia-nccl-cu12", "version": "2.16.5"}, "nccl_system": []}
     alone = cf_rule.rule(view({"n001": {"cloud_fabric": facts, "driver": driver}}))[0]
     assert alone.status is Status.PASS and "a single-node run does not use it" in alone.message
+
+
+def test_the_nccl_beside_gib_is_read_through_its_soname_link(node_probe):
+    """gIB's lib64 is used through libnccl.so.2 (LD_PRELOAD=/usr/local/gib/lib64/libnccl.so.2 in users' manifests):
+    the link's target names the version."""
+    import os
+
+    def gib(n):
+        n.write_host_file("/usr/local/gib/lib64/libnccl-net.so", "\x7fELF\n")
+        n.write_host_file("/usr/local/gib/lib64/libnccl.so.2.27.3", "\x7fELF\n")
+        os.symlink("libnccl.so.2.27.3", os.path.join(n.root_dir, "usr/local/gib/lib64/libnccl.so.2"))
+        ib_hw.install_hcas(n, [{"link_layer": "roce", "rate_gbps": 400}])
+    facts = node_probe(gib)
+    assert facts["bundled_nccl"] == {"gib": ["2.27.3"]}
+    assert "jobs load NCCL 2.27.3, the one the installer ships" in judged_with_nccl(facts, "2.27.3").message

@@ -219,7 +219,9 @@ def _bundled_nccl(ctx: Any, plugins: Dict[str, List[str]]) -> Dict[str, List[str
     out = {}
     for key, paths in plugins.items():
         dirs = sorted({os.path.dirname(p) for p in paths})
-        found = sorted({m.group(1) for d in dirs for n in ctx.listdir(ctx.host_path(d)) for m in [_BUNDLED.match(n)] if m})
+        names = [os.path.basename(os.path.realpath(os.path.join(ctx.host_path(d), n)))  # libnccl.so.2 -> .so.2.27.3
+                 for d in dirs for n in ctx.listdir(ctx.host_path(d)) if n.startswith("libnccl.so.")]
+        found = sorted({m.group(1) for m in map(_BUNDLED.match, names) if m})
         if found:
             out[key] = found
     return out
