@@ -22,6 +22,9 @@ Rule decisions (expectations and their sources in rule.py):
   only across nodes (the healthy twin). fi_info present but listing no efa provider: FAIL.
 - TCPX/TCPXO: GPU NICs (gve interfaces other than the first, the host NIC) fewer than 4 (TCPX) / 8 (TCPXO),
   or one whose MTU is not 8244: FAIL; the RxDM not running or the plugin absent on a multi-node run: FAIL.
+- aws-ofi-nccl beside the NCCL the node's jobs load (compat.py, from the plugin's release notes): a pair the
+  notes rule out FAILs (fix_config) on a multi-node run; a pair they do not cover is said unknown. Google's
+  plugins are compared with the NCCL their installer ships beside them, never failed.
 - EFA hw_counters (efa_counters.py says which are faults, from the efa driver's source): a fault counter that
   grew since the previous run (--history) WARNs, no_completion_cmds (the device stopped completing its
   driver's admin commands) FAILs with reboot; one reading alone is shown, never judged (no threshold is
