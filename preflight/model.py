@@ -173,6 +173,16 @@ class ClusterView:
     def node(self, name: str) -> NodeInfo:
         return self._by_name[name]
 
+    def previous(self, check: str, node: str, key: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+        """(the data of `check`'s finding on `node` in the previous run, when it holds `key` as a dict; that
+        run's started_at), else (None, None): what a rule compares this run's counters with (--history)."""
+        prev = self.cluster.get("previous") or {}
+        for result in prev.get("results") or []:
+            data = result.get("data") or {}
+            if result.get("check") == check and result.get("node") == node and isinstance(data.get(key), dict):
+                return data, prev.get("started_at")
+        return None, None
+
     def of(self, check: str) -> Dict[str, Any]:
         """{node name: that check's raw facts} for every live node (a missing entry maps to None)."""
         return {n.name: self.facts[n.name].get(check) for n in self.live}

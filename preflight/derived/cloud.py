@@ -56,6 +56,27 @@ def profile_of(facts: Mapping[str, Any], fabric: str) -> Optional[str]:
     return profiles.get(fabric) or (profiles.get("gke") if fabric in ("tcpx", "tcpxo") else None)
 
 
+#: DMI marks of each cloud (cloud-init's datasources read the same: canonical/cloud-init
+#: cloudinit/sources/DataSourceAzure.py's chassis asset tag, DataSourceOracle.py's "OracleCloud.com";
+#: EC2 Nitro's sys_vendor "Amazon EC2"; Compute Engine's product_name "Google Compute Engine").
+AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
+OCI_ASSET_TAG = "OracleCloud.com"
+
+
+def provider_of(facts: Mapping[str, Any]) -> Optional[str]:
+    """"aws" | "gcp" | "azure" | "oci" from the node's DMI, else None."""
+    tag = facts.get("chassis_asset_tag")
+    if tag == AZURE_ASSET_TAG:
+        return "azure"
+    if tag == OCI_ASSET_TAG:
+        return "oci"
+    if facts.get("sys_vendor") == "Amazon EC2":
+        return "aws"
+    if facts.get("product_name") == "Google Compute Engine":
+        return "gcp"
+    return None
+
+
 def fabric_of(facts: Mapping[str, Any]) -> str:
     found = parts_of(facts)
     return found[0] if len(found) == 1 else ("none" if not found else "mixed")

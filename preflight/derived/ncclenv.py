@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from preflight.derived import datanet, envfabric
+from preflight.derived import datanet, envfabric, envvendor
 from preflight.derived.envvars import IFNAME_EXPECTED, IFNAME_OK, Derived, EnvVar, fold_names, is_ipv4, refuse
 from preflight.model import ClusterView
 
@@ -63,6 +63,7 @@ def derive(view: ClusterView, healthy: Optional[Sequence[str]] = None) -> Derive
     envfabric.ib(view, nodes, choice, nccl, derived)
     envfabric.nvls(view, nodes, derived)
     envfabric.cloud(view, nodes, derived)
+    envvendor.tuning(view, nodes, derived)
     _rendezvous(view, nodes, chosen, derived)
     _async_error_handling(view, nodes, derived)
     derived.variables.append(

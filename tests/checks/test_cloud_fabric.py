@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 from preflight.checks.cloud_fabric import probe as cf_probe
+from preflight.checks.cloud_fabric import efa_counters
 from preflight.checks.cloud_fabric import rule as cf_rule
 from preflight.checks.ib_errors import probe as ib_errors_probe
 from preflight.checks.ib_errors import rule as ib_errors_rule
 from preflight.checks.allreduce.nccllog import fabric_of, parse_nccl_log
 from preflight.derived import envfabric
 from preflight.derived.envvars import Derived
-from preflight.model import Status
+from preflight.model import ParseError, Status
 from preflight.probe.context import NodeContext
 from tests.builders import view
 
@@ -132,7 +133,8 @@ def test_an_a3_mega_like_node_passes_and_its_env_names_the_vendor_profile(node_p
     assert facts["rxdm"] == [{"pid": 4242, "comm": "fastrak_gpumem_", "fabric": "tcpxo"}]
     found = judged({"n001": facts, "n002": facts})
     assert [f.status for f in found.values()] == [Status.PASS] * 2
-    assert found["n001"].message == "GPUDirect-TCPXO: 8 GPU NICs at MTU 8244, RxDM pid 4242"
+    assert found["n001"].message == ("GPUDirect-TCPXO: 8 GPU NICs at MTU 8244, RxDM pid 4242; the installer ships "
+                                     "NCCL 2.21.5; the NCCL jobs load here is unknown")
     env = env_of({"n001": facts, "n002": facts})
     assert env.as_dict() == {} and "source /var/lib/tcpxo/lib64/nccl-env-profile.sh" in env.notes[0]
 
@@ -151,9 +153,9 @@ def test_rxdm_not_running_fails_across_nodes_but_not_on_one(node_probe):
     assert idle["rxdm"] == []
     bad = judged({"a": idle, "b": idle})["a"]
     assert bad.status is Status.FAIL and "receive-datapath manager (RxDM) is not running" in bad.message
-    assert bad.actual == "8 GPU NICs at MTU 8244, RxDM not running"
+    assert bad.actual.startswith("8 GPU NICs at MTU 8244, RxDM not running;")
     alone = judged({"a": idle})["a"]
-    assert alone.status is Status.PASS and alone.message.endswith("RxDM not running (single-node run)")
+    assert alone.status is Status.PASS and alone.message.count("RxDM not running (single-node run);") == 1
 
 
 def test_a3_high_tcpx_needs_four_gpu_nics(node_probe):
@@ -221,10 +223,36 @@ def test_ib_errors_still_reads_the_ib_ports_beside_efa(node_probe):
     ("tcpxo_a3mega_fastrak", "FasTrak", "tcpxo"),
     ("gib_a3ultra", "gIB", "gib"),
     ("gib_plugin_missing_socket", "Socket", "socket"),
+    # real captures (their .json names the source)
+    ("efa_nccl1597_p5en_libfabric_real_excerpt", "Libfabric", "efa"),
+    ("tcpx_lab18_a3high_real_excerpt", "GPUDirectTCPX_v7", "tcpx"),
+    ("tcpxo_lab22_a3mega_real", "FasTrak", "tcpxo"),
+    ("gib_dranet_a4_ray_real_excerpt", "gIB", "gib"),
 ])
 def test_each_fabrics_nccl_log_reads_to_its_network(name, network, fabric):
     log = parse_nccl_log((FIXTURES / "allreduce" / (name + ".log")).read_text())
     assert (log["network"], log["fabric"]) == (network, fabric)
+
+
+@pytest.mark.parametrize("line, provider, banner", [
+    # aws-ofi-nccl 1.14+ (src/nccl_ofi_net.cpp: "Selected provider is %s, fabric is %s (found %d nics)")
+    ("NET/OFI Selected provider is efa, fabric is efa-direct (found 32 nics)", "efa", None),
+    ("NET/OFI Selected Provider is efa (found 16 nics)", "efa", None),  # NVIDIA/nccl#1597
+    # src/nccl_ofi_net.cpp: "Initializing " PACKAGE_STRING
+    ("NET/OFI Initializing aws-ofi-nccl 1.14.0", None, "aws-ofi-nccl 1.14.0"),
+    ("NET/OFI Initializing aws-ofi-nccl 1.7.3-aws", None, "aws-ofi-nccl 1.7.3-aws"),
+    ("NET/GPUDirectTCPX ver. 3.1.8.", None, "GPUDirectTCPX 3.1.8"),  # skypilot-org/skypilot's TCPX example
+])
+def test_the_plugin_banner_and_the_provider_are_read(line, provider, banner):
+    log = parse_nccl_log("ip-10-0-0-1:11:12 [0] NCCL INFO %s\n" % line)
+    assert (log["provider"], log["plugin_version"]) == (provider, banner)
+
+
+def test_a_line_cut_to_its_device_prefix_is_still_read_and_a_note_is_not():
+    log = parse_nccl_log("## 8 Using network GPUDirectTCPX\n[3] NCCL INFO Using network GPUDirectTCPX_v7\n")
+    assert log["network"] == "GPUDirectTCPX_v7" and log["hosts"] == []
+    with pytest.raises(ParseError):
+        parse_nccl_log("      8 Using network GPUDirectTCPX\n")
 
 
 def test_fabric_names():
@@ -292,3 +320,119 @@ def test_an_efa_cluster_whose_proof_ran_over_sockets_is_said_not_proven(node_pro
     assert notes[0].startswith("not proven for efa: the nodes are on efa (cloud_fabric), but the all-reduce's NCCL traffic went over NET/Socket")
     efa = nccl_summary([parse_nccl_log((FIXTURES / "allreduce" / "efa_ofi_mpirun_prefixed.log").read_text())])
     assert not any(n.startswith("not proven") for n in envfabric.with_proof(derived, {"n001": efa, "n002": efa})[1])
+
+
+# ------------------------------------------------------------------------------------ EFA hw_counters
+
+
+def _previous(node, facts):
+    """The previous run's record of cloud_fabric on `node`, as the history hands it to the rule."""
+    data = {"efa_counters": efa_counters.kept(facts["efa_counters"]), "at": facts["at"]}
+    return {"started_at": "2026-11-27T08:00:00Z", "results": [{"check": "cloud_fabric", "node": node, "data": data}]}
+
+
+def judged_since(facts_by_node, previous):
+    v = view({n: {"cloud_fabric": f} for n, f in facts_by_node.items()}, cluster={"previous": previous})
+    return {f.node: f for f in cf_rule.rule(v)}
+
+
+def test_busy_healthy_efa_counters_pass_with_and_without_a_previous_reading(node_probe):
+    """The healthy twin: traffic counters ~1e14, every fault counter 0."""
+    facts = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", counters={}))
+    assert facts["efa_counters"]["rdmap16s0"]["port"]["rdma_read_resp_bytes"] == cloud_hw.BUSY
+    assert facts["efa_counters"]["rdmap16s0"]["device"]["no_completion_cmds"] == 0
+    alone = judged({"n001": facts, "n002": facts})["n001"]
+    assert alone.status is Status.PASS and "nothing in fault counters" in alone.message
+    assert "no previous reading" in alone.message and alone.data["efa_counters"]["rdmap16s0"]["rx_drops"] == 0
+    later = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", counters={i: {"tx_bytes": cloud_hw.BUSY * 2}
+                                                                               for i in range(32)}))
+    found = judged_since({"n001": later, "n002": later}, _previous("n001", facts))["n001"]
+    assert found.status is Status.PASS and "no fault counter grew" in found.message, found.message
+
+
+def test_errors_since_boot_alone_are_shown_not_judged(node_probe):
+    facts = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", counters={3: {"rx_drops": 12}}))
+    found = judged({"n001": facts, "n002": facts})["n001"]
+    assert found.status is Status.PASS and "%s rx_drops 12" % ib_hw.efa_name(3) in found.message
+
+
+def test_a_device_that_stopped_completing_admin_commands_fails_reboot_and_drops_warn(node_probe):
+    before = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", counters={}))
+    now = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", counters={5: {"no_completion_cmds": 3},
+                                                                             7: {"rx_drops": 40}}))
+    found = judged_since({"n001": now, "n002": before}, _previous("n001", before))["n001"]
+    assert found.status is Status.FAIL and found.action == "reboot"
+    assert found.message.startswith("AWS EFA: no_completion_cmds (admin commands the device never completed) grew "
+                                    "since 2026-11-27T08:00:00Z: %s +3; rx_drops" % ib_hw.efa_name(5)), found.message
+    drops = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", counters={7: {"rx_drops": 40}}))
+    warned = judged_since({"n001": drops, "n002": before}, _previous("n001", before))["n001"]
+    assert warned.status is Status.WARN and "%s +40" % ib_hw.efa_name(7) in warned.message and warned.action is None
+
+
+def test_counters_lower_than_before_mean_a_reload_not_a_fault(node_probe):
+    before = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", counters={0: {"rx_drops": 50}}))
+    now = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", counters={1: {"rx_drops": 2}}))
+    found = judged_since({"n001": now, "n002": before}, _previous("n001", before))["n001"]
+    assert found.status is Status.PASS and "driver was reloaded" in found.message
+
+
+def test_a_garbled_hw_counter_is_a_parse_error_naming_the_file(node_probe):
+    with pytest.raises(ParseError, match="rdmap16s0 port 1 hw_counters/rx_drops"):
+        node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", efa=1, counters={0: {"rx_drops": "N/A"}}))
+
+
+# ------------------------------------------------------------------------ plugin and NCCL versions
+
+
+def judged_with_nccl(facts, nccl):
+    driver = {"nccl_python": {"distribution": "nvidia-nccl-cu12", "version": nccl}, "nccl_system": []}
+    v = view({n: {"cloud_fabric": facts, "driver": driver} for n in ("n001", "n002")})
+    return {f.node: f for f in cf_rule.rule(v)}["n001"]
+
+
+def test_aws_ofi_nccl_known_incompatible_with_its_nccl_fails_and_its_twins_do_not(node_probe):
+    facts = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", ofi="1.14.0"))
+    assert facts["plugin_versions"] == {"efa": "1.14.0"}
+    old = judged_with_nccl(facts, "2.16.5")
+    assert old.status is Status.FAIL and old.action == "fix_config"
+    assert "aws-ofi-nccl 1.14.0 works with NCCL 2.17.1 and later (aws-ofi-nccl release notes), this node's jobs " \
+           "load NCCL 2.16.5" in old.message
+    ok = judged_with_nccl(facts, "2.21.5")
+    assert ok.status is Status.PASS and "within its aws-ofi-nccl release notes (NCCL 2.17.1 and later)" in ok.message
+    newer = judged_with_nccl(facts, "2.31.2")  # newer than any release tested: not known bad
+    assert newer.status is Status.PASS
+    before_ranges = judged_with_nccl(node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", ofi="1.4.0")), "2.16.5")
+    assert before_ranges.status is Status.PASS and "compatibility unknown" in before_ranges.message
+    older_plugin = judged_with_nccl(node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", ofi="1.7.3-aws")), "2.16.5")
+    assert older_plugin.status is Status.PASS and "NCCL 2.4.8 and later" in older_plugin.message
+
+
+def test_google_plugin_beside_its_own_nccl_or_another_is_said_never_failed(node_probe):
+    facts = node_probe(lambda n: cloud_hw.install_google(n, "tcpxo", [8244] * 8, nccl="2.21.5"))
+    assert facts["bundled_nccl"] == {"tcpxo": ["2.21.5"]}
+    own = judged_with_nccl(facts, "2.21.5")
+    assert own.status is Status.PASS and own.message.endswith("jobs load NCCL 2.21.5, the one the installer ships (Google qualifies it)")
+    other = judged_with_nccl(facts, "2.27.3")
+    assert other.status is Status.PASS and "not the installer's 2.21.5" in other.message and "unknown" in other.message
+
+
+def test_an_incompatible_plugin_on_a_single_node_run_is_said_not_failed(node_probe):
+    facts = node_probe(lambda n: cloud_hw.install_aws(n, "p5.48xlarge", ofi="1.14.0"))
+    driver = {"nccl_python": {"distribution": "nvidia-nccl-cu12", "version": "2.16.5"}, "nccl_system": []}
+    alone = cf_rule.rule(view({"n001": {"cloud_fabric": facts, "driver": driver}}))[0]
+    assert alone.status is Status.PASS and "a single-node run does not use it" in alone.message
+
+
+def test_the_nccl_beside_gib_is_read_through_its_soname_link(node_probe):
+    """gIB's lib64 is used through libnccl.so.2 (LD_PRELOAD=/usr/local/gib/lib64/libnccl.so.2 in users' manifests):
+    the link's target names the version."""
+    import os
+
+    def gib(n):
+        n.write_host_file("/usr/local/gib/lib64/libnccl-net.so", "\x7fELF\n")
+        n.write_host_file("/usr/local/gib/lib64/libnccl.so.2.27.3", "\x7fELF\n")
+        os.symlink("libnccl.so.2.27.3", os.path.join(n.root_dir, "usr/local/gib/lib64/libnccl.so.2"))
+        ib_hw.install_hcas(n, [{"link_layer": "roce", "rate_gbps": 400}])
+    facts = node_probe(gib)
+    assert facts["bundled_nccl"] == {"gib": ["2.27.3"]}
+    assert "jobs load NCCL 2.27.3, the one the installer ships" in judged_with_nccl(facts, "2.27.3").message

@@ -33,7 +33,10 @@ from preflight.model import ParseError
 #   NVLS multicast support is available on dev 0                  transport/nvls.cc
 #   NCCL_SOCKET_IFNAME set by environment to eth1                 misc/param.cc ("set to eth1" in 2.2x+)
 #   comm 0x55.. rank 0 nranks 16 cudaDev 0 ... - Init START        init.cc (2.19+; the communicator's size)
-#   NET/OFI Selected Provider is efa                              aws-ofi-nccl (the libfabric provider)
+#   NET/OFI Selected Provider is efa                              aws-ofi-nccl (the libfabric provider; 1.14+:
+#                                                                 "Selected provider is efa, fabric is efa-direct")
+#   NET/OFI Initializing aws-ofi-nccl 1.14.0 | NET/FasTrak <time>: Initializing network FasTrak, version: 1.0.17
+#   | NET/gIB : Initializing gIB v1.0.6 | NET/GPUDirectTCPX ver. 3.1.8.   the net plugin's banner (its version)
 #   Call to connect returned Connection timed out, retrying       misc/socket.cc (INFO, yet a network fault:
 #                                                                 the peer's address does not answer)
 # When the log has no "Using" line (an excerpt, or a failure before init ended), the network is read from
@@ -48,7 +51,9 @@ from preflight.model import ParseError
 # hosts may name the same rail apart (mlx5_2/mlx5_3 on one, mlx5_0/mlx5_1 on the other: NVIDIA/nccl#981,
 # #1277) and a channel's "NET/Socket/1" is an index into its own host's list.
 
-_NCCL_LINE = re.compile(r"(?P<host>\S*?):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:(?P<src>\S+):\d+ )?NCCL (?P<level>INFO|WARN|TRACE) ?(?P<msg>.*)$")
+# A line's "host:pid:tid " prefix may be missing where a log was cut down to "[dev] NCCL INFO ..." (the TCPX capture
+# in tests/fixtures/allreduce/tcpx_lab18_a3high_real_excerpt.log): such lines count for a host named "".
+_NCCL_LINE = re.compile(r"(?:(?P<host>\S*?):(?P<pid>\d+):(?P<tid>\d+) )?\[(?P<dev>\d+)\] (?:(?P<src>\S+):\d+ )?NCCL (?P<level>INFO|WARN|TRACE) ?(?P<msg>.*)$")
 _NCCL_VERSION = re.compile(r"NCCL version (?P<version>\d+\.\d+\.\d+)(?:\+cuda(?P<cuda>[\w.]+))?")
 _NET_USING = re.compile(r"^NET/(?P<net>\w+) ?: Using (?P<devs>.*?)(?:\s*; OOB (?P<oob>\S*))?\s*$")
 _NET_DEV = re.compile(r"\[(?P<index>\d+)\](?P<dev>\S+)")
@@ -114,7 +119,7 @@ class _Reader:
             "version": None, "cuda": None, "plugin": None, "network": None, "transport": None, "devices": [],
             "oob": None, "ib_no_device": False, "gdr": {}, "gdr_used": None, "net_paths": [], "intra": [],
             "bootstrap": [], "env": {}, "warnings": [], "hosts": [], "provider": None, "network_from": None,
-            "net_faults": [], "failures": [], "nranks": None, "lines": {}, "per_host": {},
+            "net_faults": [], "failures": [], "nranks": None, "lines": {}, "per_host": {}, "plugin_version": None,
         }
         self.tests_ranks: List[int] = []
         self.raised: List[str] = []  # the net plugins an error chain passed through
@@ -137,6 +142,12 @@ def _on_error_frame(r: _Reader, m: Match, msg: str, h: Dict[str, Any], number: i
 
 def _on_provider(r: _Reader, m: Match, msg: str, h: Dict[str, Any], number: int) -> None:
     r.out["provider"] = m.group("provider")
+
+
+def _on_plugin_version(r: _Reader, m: Match, msg: str, h: Dict[str, Any], number: int) -> None:
+    """The net plugin's own banner: '<name> <version>' ("aws-ofi-nccl 1.14.0", "FasTrak 1.0.17", "gIB 1.0.6")."""
+    if r.out["plugin_version"] is None:
+        r.out["plugin_version"] = "%s %s" % (m.group("name"), m.group("version").rstrip("."))
 
 
 def _on_net_using(r: _Reader, m: Match, msg: str, h: Dict[str, Any], number: int) -> None:
@@ -224,7 +235,11 @@ Handler = Callable[[_Reader, Match, str, Dict[str, Any], int], None]
 #: are listed at the top of this module.
 _INFO_LINES: Tuple[Tuple[Pattern, Handler], ...] = (
     (re.compile(r"(?:transport/)?(?P<file>net_socket|net_ib|ib_plugin|p2p_plugin)\.cc?:\d+ -> \d+"), _on_error_frame),
-    (re.compile(r"NET/OFI Selected Provider is (?P<provider>\S+)"), _on_provider),
+    (re.compile(r"NET/OFI Selected [Pp]rovider is (?P<provider>[\w.-]+)"), _on_provider),
+    (re.compile(r"NET/OFI Initializing (?P<name>aws-ofi-nccl) (?P<version>\S+)"), _on_plugin_version),
+    (re.compile(r"NET/FasTrak .*?Initializing network (?P<name>FasTrak), version: (?P<version>[\w.]+)"), _on_plugin_version),
+    (re.compile(r"NET/gIB ?: Initializing (?P<name>gIB) v(?P<version>[\w.]+)"), _on_plugin_version),
+    (re.compile(r"NET/(?P<name>GPUDirectTCPX) ver\. (?P<version>[\w.]+)"), _on_plugin_version),
     (_NET_USING, _on_net_using),
     (re.compile(r"Bootstrap\S* ?: Using(?P<rest>.*)$"), _on_bootstrap),
     (re.compile(r"Using network (?P<net>.+?)\s*$"), _on_using_network),
@@ -236,7 +251,7 @@ _INFO_LINES: Tuple[Tuple[Pattern, Handler], ...] = (
                 r"'(?P<name>[^']*)'"), _on_gdr_hca),
     (re.compile(r".*GPU Direct RDMA (?P<state>Enabled|Disabled) for GPU \S+ / HCA (?P<index>\d+)"), _on_gdr_old),
     (re.compile(r"(?:Channel|Ring) \d+(?:/\d+)? : \d+(?:\[\w+\])? -> \d+(?:\[\w+\])?(?: \[(?:send|receive)\])? "
-                r"via (?P<via>.+?)\s*$"), _on_channel),
+                r"via (?P<via>.+?)(?:\s+\[[^\]]*\])*\s*$"), _on_channel),
     (re.compile(r".*Connected all rings.*\bGDR (?P<gdr>\d)"), _on_ring_gdr),
     (re.compile(r".*NVLS multicast support is available|Connected NVLS"), _on_nvls),
     (re.compile(r"(?P<var>NCCL_\w+) set (?:by environment )?to (?P<value>.*)$"), _on_env),
@@ -268,12 +283,14 @@ def parse_nccl_log(text: str) -> Dict[str, Any]:
 
     Returns {"version", "cuda", "plugin", "provider", "network", "network_from", "transport", "devices",
     "oob", "ib_no_device", "gdr", "gdr_used", "net_paths", "intra", "bootstrap", "env", "warnings",
-    "net_faults", "failures", "nranks", "hosts", "per_host", "lines"}:
+    "net_faults", "failures", "nranks", "hosts", "per_host", "lines", "plugin_version"}:
       network     "IB" | "Socket" | a plugin's name ("IBext_v8", "AWS Libfabric"): "Using network X", else
                   the network that listed devices (IB before Socket, as NCCL tries them), else the one of
                   the NET channel lines, else the net plugin an error passed through
       network_from "using" | "devices" | "channels" | "error" | None: which of those said it
       provider    the libfabric provider aws-ofi-nccl selected ("efa"), else None
+      plugin_version  the net plugin's banner, "<name> <version>" ("aws-ofi-nccl 1.14.0", "FasTrak 1.0.17",
+                  "gIB 1.0.6", "GPUDirectTCPX 3.1.8"), else None
       net_faults  up to 10 lines (INFO or WARN) that show the network failing: timed out, refused, closed by
                   the peer, unreachable, a completion error
       failures    up to 10 of NCCL's own failures, {"stage": "bootstrap"|"proxy"|"connect"|"network",
@@ -314,7 +331,7 @@ def _read_line(r: _Reader, line: str, number: int) -> None:
         if header:
             r.tests_ranks.append(int(header.group("rank")))
         return
-    name = m.group("host").rsplit(">:", 1)[-1].rsplit("]", 1)[-1]  # "[1,0]<stdout>:host", "[0] host"
+    name = (m.group("host") or "").rsplit(">:", 1)[-1].rsplit("]", 1)[-1]  # "[1,0]<stdout>:host", "[0] host"
     h = r.host(name)
     msg, level, src = m.group("msg").strip(), m.group("level"), m.group("src") or ""
     if any(f in msg for f in NET_FAULTS) and len(out["net_faults"]) < 10:
@@ -436,6 +453,7 @@ def nccl_summary(logs: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
         failures.extend(f for f in log.get("failures") or [] if f["line"] not in [g["line"] for g in failures])
     return {
         "version": seen("version"), "transport": seen("transport"), "fabric": seen("fabric"), "plugin": seen("plugin"),
+        "plugin_version": seen("plugin_version"),
         "devices": devices,
         "socket_ifaces": sorted({d["name"] for log in logs if log.get("network") == "Socket"
                                  for d in log.get("devices") or [] if isinstance(d, dict)}),

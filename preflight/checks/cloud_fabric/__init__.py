@@ -22,6 +22,13 @@ Rule decisions (expectations and their sources in rule.py):
   only across nodes (the healthy twin). fi_info present but listing no efa provider: FAIL.
 - TCPX/TCPXO: GPU NICs (gve interfaces other than the first, the host NIC) fewer than 4 (TCPX) / 8 (TCPXO),
   or one whose MTU is not 8244: FAIL; the RxDM not running or the plugin absent on a multi-node run: FAIL.
+- aws-ofi-nccl beside the NCCL the node's jobs load (compat.py, from the plugin's release notes): a pair the
+  notes rule out FAILs (fix_config) on a multi-node run; a pair they do not cover is said unknown. Google's
+  plugins are compared with the NCCL their installer ships beside them, never failed.
+- EFA hw_counters (efa_counters.py says which are faults, from the efa driver's source): a fault counter that
+  grew since the previous run (--history) WARNs, no_completion_cmds (the device stopped completing its
+  driver's admin commands) FAILs with reboot; one reading alone is shown, never judged (no threshold is
+  documented); traffic and retransmission counters are never judged.
 - the nodes of one run on different fabrics: FAIL (cluster), NCCL cannot join them over one net plugin.
 Unproven without the hardware: the plugin directories and the RxDM process names follow Google's and AWS's
 published install layouts (rule.py cites them); no capture of a live node's /proc was available.
@@ -43,7 +50,7 @@ CHECK = Check(
     "installer) or Google's plugin installer; start the RxDM; set the GPU NICs' VPC MTU to 8244.",
     needs=("ssh",),
     action="fix_config",
-    reads="sysfs class/infiniband, class/net/*/{mtu,ifindex,device/uevent}, class/dmi/id/product_name; "
+    reads="sysfs class/infiniband (EFA hw_counters too), class/net/*/{mtu,ifindex,device/uevent}, class/dmi/id/product_name; "
     "fi_info -p efa; plugin directories; /proc/*/comm",
     takes="< 0.5 s",
     order=62,

@@ -7,7 +7,13 @@ Facts: {"product_name": str|None, "sys_vendor": str|None,
         "plugins": {"efa"|"tcpx"|"tcpxo"|"gke"|"gib": [plugin library paths]} (keys: PLUGIN_DIRS),
         "profiles": {plugin key: the vendor's NCCL env script found beside the plugin},
         "rxdm": [{"pid": int, "comm": str, "fabric": "tcpx"|"tcpxo"}],
-        "gve": [{"name", "ifindex": int|None, "mtu": int|None}]  gVNIC interfaces, by ifindex}
+        "gve": [{"name", "ifindex": int|None, "mtu": int|None}]  gVNIC interfaces, by ifindex,
+        "efa_counters": {EFA device: {"port": {counter: int}, "device": {counter: int}}}  the efa driver's
+                        hw_counters (ports/1/hw_counters/ and the device-level hw_counters/), "at": unix time,
+        "chassis_asset_tag": str|None (DMI: Azure and OCI mark their VMs here), "azure_family": "ndv5"|"ndv4"|None
+                        (the Azure HPC image's per-SKU customization, /opt/microsoft/<family>/topo.xml),
+        "plugin_versions": {plugin key: version}  read from the plugin library's own banner (aws-ofi-nccl),
+        "bundled_nccl": {plugin key: [NCCL versions of the libnccl.so.X.Y.Z files beside the plugin]}}
 
 `fi_info -p efa` format (libfabric's fi_info, real output in ofiwg/libfabric#5689):
     provider: efa
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Any, Dict, List, Optional
 
 from preflight.model import ParseError
@@ -51,6 +58,7 @@ PROFILES = ("lib64/nccl-env-profile.sh", "scripts/set_nccl_env.sh", "set_nccl_en
 #: fastrak_gpumem_manager (google/nccl-plugin-gpudirect-tcpxo, scripts/entrypoint_rxdm_container.sh).
 RXDM = {"tcpgpudmarxd": "tcpx", "fastrak_gpumem_manager"[:15]: "tcpxo"}
 FI_INFO_DIRS = ("/opt/amazon/efa/bin",)
+_COUNTER = re.compile(r"^[a-z0-9_]{1,64}$")
 _PLUGIN_FILE = re.compile(r"^libnccl-net(?:-[A-Za-z0-9_.-]+)?\.so(?:\.[0-9.]+)?$")
 _FIELD = re.compile(r"^\s+(fabric|domain|version|type|protocol):\s*(.*?)\s*$")
 
@@ -136,6 +144,89 @@ def _gve(ctx: Any) -> List[Dict[str, Any]]:
     return sorted(out, key=lambda i: (i["ifindex"] is None, i["ifindex"] or 0, natural_key(i["name"])))
 
 
+def parse_hw_counter(text: Optional[str], where: str) -> Optional[int]:
+    """One hw_counters/<name> file → its value (a decimal count, amzn-drivers kernel/linux/efa/src/efa_verbs.c
+    fills them from the device's statistics); None when the file cannot be read; anything else raises
+    ParseError naming the file."""
+    if text is None:
+        return None
+    value = text.strip()
+    if not value.isdigit():
+        raise ParseError("%s: expected a non-negative integer, got %.40r" % (where, text))
+    return int(value)
+
+
+def _counters(ctx: Any, folder: str, where: str) -> Dict[str, int]:
+    out = {}
+    for name in sorted(ctx.listdir(folder)):
+        if _COUNTER.match(name):
+            value = parse_hw_counter(ctx.read(os.path.join(folder, name)), "%s/%s" % (where, name))
+            if value is not None:
+                out[name] = value
+    return out
+
+
+def efa_counters(ctx: Any, root: str, devices: List[str]) -> Dict[str, Dict[str, Dict[str, int]]]:
+    """{device: {"port": ports/1/hw_counters, "device": hw_counters}} of each EFA device (one port each)."""
+    return {dev: {"port": _counters(ctx, os.path.join(root, dev, "ports", "1", "hw_counters"), dev + " port 1 hw_counters"),
+                  "device": _counters(ctx, os.path.join(root, dev, "hw_counters"), dev + " hw_counters")}
+            for dev in devices}
+
+
+#: aws-ofi-nccl logs "Initializing " PACKAGE_STRING at init (src/nccl_ofi_net.cpp), so its library holds the
+#: literal "Initializing aws-ofi-nccl 1.14.0" (autoconf's PACKAGE_STRING, "aws-ofi-nccl <version>").
+BANNERS = {"efa": re.compile(rb"Initializing aws-ofi-nccl (\d+\.\d+\.\d+(?:-aws)?)")}
+#: The Azure HPC image links /opt/microsoft/<family>/topo.xml only on the VM size it was customised for
+#: (Azure/azhpc-images components/customizations/ndv5.sh, ndv4.sh, run at boot per VM size).
+AZURE_FAMILIES = ("ndv5", "ndv4")
+_BUNDLED = re.compile(r"^libnccl\.so\.(\d+\.\d+\.\d+)$")
+_CHUNK = 1 << 20
+_MAX_SCAN = 256 << 20
+
+
+def library_banner(path: str, pattern: "re.Pattern[bytes]") -> Optional[str]:
+    """The first match of `pattern`'s group in a library file, read in 1 MiB chunks (up to 256 MiB); None when
+    absent or unreadable."""
+    tail = b""
+    try:
+        with open(path, "rb") as handle:
+            for _ in range(_MAX_SCAN // _CHUNK):
+                chunk = handle.read(_CHUNK)
+                if not chunk:
+                    return None
+                m = pattern.search(tail + chunk)
+                if m:
+                    return m.group(1).decode("ascii", "replace")
+                tail = chunk[-128:]
+    except OSError:
+        return None
+    return None
+
+
+def _plugin_versions(ctx: Any, plugins: Dict[str, List[str]]) -> Dict[str, str]:
+    out = {}
+    for key, pattern in BANNERS.items():
+        found = (library_banner(ctx.host_path(p), pattern) for p in plugins.get(key) or [])
+        version = next((v for v in found if v), None)
+        if version:
+            out[key] = version
+    return out
+
+
+def _bundled_nccl(ctx: Any, plugins: Dict[str, List[str]]) -> Dict[str, List[str]]:
+    """{plugin key: the NCCL versions of libnccl.so.X.Y.Z files in the plugin's own directory} (Google's
+    installers ship the NCCL they qualify beside the plugin)."""
+    out = {}
+    for key, paths in plugins.items():
+        dirs = sorted({os.path.dirname(p) for p in paths})
+        names = [os.path.basename(os.path.realpath(os.path.join(ctx.host_path(d), n)))  # libnccl.so.2 -> .so.2.27.3
+                 for d in dirs for n in ctx.listdir(ctx.host_path(d)) if n.startswith("libnccl.so.")]
+        found = sorted({m.group(1) for m in map(_BUNDLED.match, names) if m})
+        if found:
+            out[key] = found
+    return out
+
+
 def probe(ctx: Any) -> Dict[str, Any]:
     """The node's fabric facts (module doc): RDMA devices, fi_info, plugins, RxDM processes, gVNICs, DMI."""
     root = ctx.sys_path("class", "infiniband")
@@ -151,4 +242,9 @@ def probe(ctx: Any) -> Dict[str, Any]:
         "fi_info": _fi_info(ctx) if efa else None,
         "plugins": plugins, "profiles": _profiles(ctx, plugins),
         "rxdm": _rxdm(ctx), "gve": _gve(ctx),
+        "efa_counters": efa_counters(ctx, root, efa), "at": time.time(),
+        "plugin_versions": _plugin_versions(ctx, plugins), "bundled_nccl": _bundled_nccl(ctx, plugins),
+        "chassis_asset_tag": (ctx.read(os.path.join(dmi, "chassis_asset_tag")) or "").strip() or None,
+        "azure_family": next((f for f in AZURE_FAMILIES
+                              if os.path.exists(ctx.host_path("/opt/microsoft/%s/topo.xml" % f))), None),
     }

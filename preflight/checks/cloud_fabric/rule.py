@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from preflight.checks.cloud_fabric import NAME
+from preflight.checks.cloud_fabric import NAME, compat, efa_counters
 from preflight.checks.cloud_fabric.probe import PLUGIN_DIRS
 from preflight.common import plural
-from preflight.derived import cloud
+from preflight.derived import cloud, versions
 from preflight.derived.envvars import fold_names
 from preflight.model import ClusterView, Finding, Status, probe_error
 
@@ -36,69 +36,89 @@ PLUGIN = {"efa": "aws-ofi-nccl", "tcpx": "the GPUDirect-TCPX plugin", "tcpxo": "
 FALLBACK = "NCCL falls back to its socket transport at about a tenth of the fabric's bandwidth"
 
 
-def _efa(facts: Mapping[str, Any], multi: bool) -> Tuple[List[Tuple[Status, str]], str]:
-    """(problems, what was seen) for an EFA node."""
+Problem = Tuple[Status, str, str]  # (status, what, action)
+
+
+def _efa(facts: Mapping[str, Any], multi: bool, before: Tuple[Any, ...] = (None, None),
+         nccl: Optional[str] = None) -> Tuple[List[Problem], str]:
+    """(problems, what was seen) for an EFA node; before: (the previous run's kept hw_counters, its start);
+    nccl: the NCCL version the node's jobs load (the driver check's), None when unknown."""
     count, itype = len(facts.get("efa") or []), facts.get("product_name")
-    problems: List[Tuple[Status, str]] = []
+    problems: List[Problem] = []
     want = EFA_DEVICES.get(itype or "")
     seen = "%s on %s" % (plural(count, "EFA device"), itype or "an unknown instance type (no DMI product_name)")
     if want is not None and count < want:
         problems.append((Status.FAIL, "%s, expected %d on %s (AWS EFA instance types): launch it with every EFA "
-                         "interface" % (plural(count, "EFA device"), want, itype)))
+                         "interface" % (plural(count, "EFA device"), want, itype), "fix_config"))
     elif want is None:
         seen += " (not in the documented table: the count is compared with the other EFA nodes by ib_hca)"
     plugins = cloud.plugins_of(facts, "efa")
     if not plugins:
         problems.append(_plugin_missing("efa", multi))
     else:
-        seen += "; aws-ofi-nccl %s" % ", ".join(plugins)
+        bad, said = compat.ofi((facts.get("plugin_versions") or {}).get("efa"), nccl)
+        seen += "; aws-ofi-nccl %s (%s)" % (", ".join(plugins), said if multi or not bad else bad + "; a single-node run does not use it")
+        if bad and multi:
+            problems.append((Status.FAIL, bad, "fix_config"))
     fi = facts.get("fi_info")
     if fi is None:
         seen += "; fi_info not found, libfabric's efa provider not confirmed"
     elif not any(p.get("provider", "").split(";")[0] == "efa" for p in fi.get("providers") or []):
         problems.append((Status.FAIL, "fi_info -p efa lists no efa provider (%s): libfabric cannot open the EFA "
-                         "devices, so aws-ofi-nccl cannot either; %s" % (fi.get("error") or "no provider listed", FALLBACK)))
+                         "devices, so aws-ofi-nccl cannot either; %s" % (fi.get("error") or "no provider listed", FALLBACK),
+                         "fix_config"))
     else:
         seen += "; fi_info: efa provider on %s" % plural(len({p.get("domain") for p in fi["providers"]}), "domain")
-    return [p for p in problems if p is not None], seen
+    found, counted = efa_counters.judge(efa_counters.kept(facts.get("efa_counters") or {}), *before)
+    problems.extend((Status.FAIL, what, "reboot") if word == "fail" else (Status.WARN, what, "") for word, what in found)
+    return [p for p in problems if p is not None], seen + "; " + counted
 
 
-def _plugin_missing(fabric: str, multi: bool) -> Optional[Tuple[Status, str]]:
+def _plugin_missing(fabric: str, multi: bool) -> Optional[Problem]:
     if not multi:
         return None
     dirs = ", ".join(_dirs(fabric))
-    return (Status.FAIL, "%s not found (no libnccl-net*.so in %s): %s" % (PLUGIN[fabric], dirs, FALLBACK))
+    return (Status.FAIL, "%s not found (no libnccl-net*.so in %s): %s" % (PLUGIN[fabric], dirs, FALLBACK), "fix_config")
 
 
 def _dirs(fabric: str) -> Tuple[str, ...]:
     return PLUGIN_DIRS[fabric] + (PLUGIN_DIRS["gke"] if fabric in ("tcpx", "tcpxo") else ())
 
 
-def _google(fabric: str, facts: Mapping[str, Any], multi: bool) -> Tuple[List[Tuple[Status, str]], str]:
+def _shipped(facts: Mapping[str, Any], fabric: str) -> List[str]:
+    found = facts.get("bundled_nccl") or {}
+    return list(found.get(fabric) or (found.get("gke") if fabric in ("tcpx", "tcpxo") else None) or [])
+
+
+def _google(fabric: str, facts: Mapping[str, Any], multi: bool, nccl: Optional[str] = None) -> Tuple[List[Problem], str]:
     """(problems, what was seen) for a TCPX/TCPXO node: GPU NICs, their MTU, the RxDM, the plugin."""
     gve = facts.get("gve") or []
     nics = gve[1:]  # the first gVNIC is the host NIC (eth0), the others carry GPU traffic
     want = GPU_NICS[fabric]
-    problems: List[Tuple[Status, str]] = []
+    problems: List[Problem] = []
     if len(nics) < want:
         problems.append((Status.FAIL, "%s beside the host NIC, expected %d for %s: attach every GPU NIC"
-                         % (plural(len(nics), "GPU NIC"), want, NAMES[fabric])))
+                         % (plural(len(nics), "GPU NIC"), want, NAMES[fabric]), "fix_config"))
     wrong = ["%s MTU %s" % (n.get("name"), n.get("mtu")) for n in nics if n.get("mtu") != GPU_NIC_MTU]
     if wrong:
         problems.append((Status.FAIL, "%s (expected MTU %d on every GPU NIC: set the GPU VPC's MTU to %d)"
-                         % (", ".join(wrong), GPU_NIC_MTU, GPU_NIC_MTU)))
+                         % (", ".join(wrong), GPU_NIC_MTU, GPU_NIC_MTU), "fix_config"))
     rxdm = [p for p in facts.get("rxdm") or [] if p.get("fabric") == fabric]
     if not rxdm and multi:
         problems.append((Status.FAIL, "the receive-datapath manager (RxDM) is not running: %s cannot receive; "
-                         "start the RxDM before NCCL" % PLUGIN[fabric]))
-    if not cloud.plugins_of(facts, fabric):
+                         "start the RxDM before NCCL" % PLUGIN[fabric], "fix_config"))
+    plugged = bool(cloud.plugins_of(facts, fabric))
+    if not plugged:
         problems.append(_plugin_missing(fabric, multi))
     seen = "%s at MTU %s, RxDM %s" % (plural(len(nics), "GPU NIC"), "/".join(sorted({str(n.get("mtu")) for n in nics})) or "-",
                                       "pid %d" % rxdm[0]["pid"] if rxdm else "not running" + ("" if multi else " (single-node run)"))
+    if plugged:
+        seen += "; " + compat.bundled(NAMES[fabric], _shipped(facts, fabric), nccl)
     return [p for p in problems if p is not None], seen
 
 
-def _node(name: str, nf: cloud.NodeFabric, multi: bool) -> Finding:
+def _node(name: str, nf: cloud.NodeFabric, multi: bool, before: Tuple[Any, ...] = (None, None),
+          nccl: Optional[str] = None) -> Finding:
     fabric, facts = nf.fabric, nf.facts
     if fabric == "none":
         return Finding(NAME, name, Status.SKIP, "no cloud GPU fabric and no RDMA device (sockets only)")
@@ -108,19 +128,24 @@ def _node(name: str, nf: cloud.NodeFabric, multi: bool) -> Finding:
         return Finding(NAME, name, Status.WARN, "signs of several fabrics: %s; NCCL uses one net plugin, say which "
                        "one by NCCL_NET" % ", ".join(NAMES[p] for p in nf.parts), data={"fabric": fabric, "parts": nf.parts})
     if fabric == "efa":
-        problems, seen = _efa(facts, multi)
+        problems, seen = _efa(facts, multi, before, nccl)
     elif fabric in GPU_NICS:
-        problems, seen = _google(fabric, facts, multi)
+        problems, seen = _google(fabric, facts, multi, nccl)
     else:  # gib: its RoCE rails are ib_hca's
-        problems, seen = [], "gIB plugin %s; the RoCE rails are judged by ib_hca" % ", ".join(facts["plugins"]["gib"])
-    data = {"fabric": fabric, "instance_type": facts.get("product_name")}
+        problems, seen = [], "gIB plugin %s (%s); the RoCE rails are judged by ib_hca" % (
+            ", ".join(facts["plugins"]["gib"]), compat.bundled(NAMES[fabric], _shipped(facts, fabric), nccl))
+    data: Dict[str, Any] = {"fabric": fabric, "instance_type": facts.get("product_name")}
+    if fabric == "efa":
+        data.update(efa_counters=efa_counters.kept(facts.get("efa_counters") or {}), at=facts.get("at"))
     if not multi and not cloud.plugins_of(facts, fabric):
         seen += "; no %s: not needed on a single-node run (install it before running across nodes)" % PLUGIN[fabric]
     if not problems:
         return Finding(NAME, name, Status.PASS, "%s: %s" % (NAMES[fabric], seen), data=data)
-    return Finding(NAME, name, Status.FAIL, "%s: %s" % (NAMES[fabric], "; ".join(m for _, m in problems)),
+    failed = [p for p in problems if p[0] is Status.FAIL]
+    return Finding(NAME, name, Status.FAIL if failed else Status.WARN,
+                   "%s: %s" % (NAMES[fabric], "; ".join(m for _, m, _ in failed + [p for p in problems if p not in failed])),
                    expected="the %s devices, NICs, plugin and RxDM this node type is documented with" % NAMES[fabric],
-                   actual=seen, data=data, action="fix_config")
+                   actual=seen, data=data, action=failed[0][2] if failed else None)
 
 
 def rule(view: ClusterView) -> List[Finding]:
@@ -134,7 +159,8 @@ def rule(view: ClusterView) -> List[Finding]:
             out.append(probe_error(NAME, name, raw.get(name), listed=None) or Finding(
                 NAME, name, Status.ERROR, "no cloud_fabric facts from this node", action="retest"))
             continue
-        out.append(_node(name, nf, multi))
+        kept, _at, since = efa_counters.previous(view, NAME, name)
+        out.append(_node(name, nf, multi, (kept, since), compat.nccl_of(view, name, versions.nccl_version)))
     groups: Dict[str, List[str]] = {}
     for name, nf in fabrics.items():
         if nf.fabric in cloud.CLOUD or (nf.fabric == "ib" and any(f.fabric in cloud.CLOUD for f in fabrics.values())):

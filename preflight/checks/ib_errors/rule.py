@@ -94,12 +94,8 @@ def judge_since(previous: Mapping[str, Any], now: Mapping[str, Any], seconds: fl
 
 def _previous_counters(view: ClusterView, node: str) -> Tuple[Optional[Dict[str, Any]], Optional[float], Optional[str]]:
     """({port: counters}, unix time, started_at) this check recorded for the node in the previous run."""
-    prev = view.cluster.get("previous") or {}
-    for result in prev.get("results") or []:
-        data = result.get("data") or {}
-        if result.get("check") == NAME and result.get("node") == node and isinstance(data.get("counters"), dict):
-            return data["counters"], data.get("at"), prev.get("started_at")
-    return None, None, None
+    data, started = view.previous(NAME, node, "counters")
+    return (data["counters"], data.get("at"), started) if data else (None, None, None)
 
 
 def judge_log(facts: Mapping[str, Any], window: Optional[float]) -> Tuple[List[Tuple[str, Status, str]], Dict[str, int], str]:
