@@ -16,7 +16,6 @@ import re
 from typing import Any, Dict, Optional, Tuple
 
 from preflight.errors import UsageError
-from preflight.inventory import HISTORY_SETTINGS
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -44,6 +43,9 @@ def duration(text: str) -> Optional[float]:
 
 
 def _bounded(flag: str, key: str, value: float, example: str) -> float:
+    # imported here: the parser imports this module for its options, and `preflight --help` reads no YAML
+    from preflight.inventory import HISTORY_SETTINGS
+
     _, low, high, what = HISTORY_SETTINGS[key]
     if not low <= value <= high:
         raise UsageError("%s: %s %g is out of range (%g to %g): %s" % (flag, key, value, low, high, what),

@@ -2,7 +2,7 @@
 
 The same contract as preflight.transport.pool.SessionPool — `run(configs, deadline_of) -> {node: Outcome}`,
 cancel, close, describe — and in fact the same pool: KubeFleet is a SessionPool whose sessions are KubeSessions,
-so the engine, the rules, the report and the bench never know which engine carried the bundle.
+so the engine, the rules, the report and the bench never know which backend carried the bundle.
 
 One phase on one node is one process on the controller:
 

@@ -23,21 +23,19 @@ Backends are tried in REGISTRY order; the first that one of its `chosen_by` opti
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 
-@dataclass(frozen=True)
-class Option:
+# NamedTuples, not dataclasses: the parser reads these for `preflight --help`, which imports no dataclasses
+class Option(NamedTuple):
     """One command-line option a backend brings: argparse's flags and keywords; commands: where it applies."""
 
     flags: Tuple[str, ...]
-    kwargs: Dict[str, Any] = field(default_factory=dict)
+    kwargs: Dict[str, Any]
     commands: Tuple[str, ...] = ("check", "env")
 
 
-@dataclass(frozen=True)
-class Backend:
+class Backend(NamedTuple):
     """A transport backend's declaration."""
 
     name: str  # cluster.transport's value and the Inventory's transport

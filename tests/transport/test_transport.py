@@ -82,7 +82,7 @@ def test_every_fleet_implements_the_written_contract():
     wanted = [n for n in ("run", "cancel", "close", "describe", "__enter__", "__exit__") if n in vars(contract.Fleet)]
     assert len(wanted) == 6
     params = list(inspect.signature(contract.Fleet.run).parameters)
-    for engine in (SessionPool, SlurmFleet, KubeFleet):
+    for backend in (SessionPool, SlurmFleet, KubeFleet):
         for name in wanted:
-            assert callable(getattr(engine, name, None)), "%s lacks %s" % (engine.__name__, name)
-        assert list(inspect.signature(engine.run).parameters) == params, engine.__name__
+            assert callable(getattr(backend, name, None)), "%s lacks %s" % (backend.__name__, name)
+        assert list(inspect.signature(backend.run).parameters) == params, backend.__name__
