@@ -190,11 +190,13 @@ def _timelines(hist: Any, doc: dict) -> Any:
 
 
 def _would_drain(args: argparse.Namespace, inv: Any, applier: Any) -> Any:
-    """For the history's drain policy: the nodes the applier's drain step would take out from given
-    findings (its nodes' marks before the run), or None without --drain/--shadow or an applier."""
-    if not (getattr(args, "drain", False) or getattr(args, "shadow", False)) or applier is None:
+    """For the history's drain policy: the nodes the drain step would take out from given findings (the
+    applier's marks of its nodes before the run; without an applier, e.g. --shadow over SSH, every node
+    in service), or None without --drain/--shadow."""
+    if not (getattr(args, "drain", False) or getattr(args, "shadow", False)):
         return None
-    return policy.would_drain(applier.marks(), [s.name for s in inv.nodes], args.max_drain_fraction)
+    return policy.would_drain(applier.marks() if applier is not None else {}, [s.name for s in inv.nodes],
+                              args.max_drain_fraction)
 
 
 class _Progress:

@@ -108,8 +108,8 @@ def get(name: str) -> Backend:
 
 
 def inventory_names() -> Tuple[str, ...]:
-    """What `cluster: transport:` may say."""
-    return tuple(b.name for b in REGISTRY.values() if b.in_inventory)
+    """What `cluster: transport:` may say, the default first."""
+    return tuple(b.name for b in sorted(REGISTRY.values(), key=lambda b: b.switch is not None) if b.in_inventory)
 
 
 def by_kind(kind: Optional[str]) -> Optional[Backend]:

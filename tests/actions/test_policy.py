@@ -38,7 +38,7 @@ def test_every_registered_backend_brings_every_hook_and_its_options():
         assert b.options, b.name  # each brings its own options (ssh: --accept-new-host-keys)
         assert (b.switch is None) == (not b.chosen_by), b.name
     assert list(backends.REGISTRY)[-1] == "ssh" and backends.get("ssh").switch is None  # the default comes last
-    assert backends.inventory_names() == ("slurm", "ssh")
+    assert backends.inventory_names() == ("ssh", "slurm")
     assert [b.name for b in backends.acting()] == ["slurm", "k8s"]
 
 
