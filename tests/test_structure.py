@@ -356,7 +356,6 @@ LONG_FUNCTIONS = {
     "preflight/probe/bench_worker.py:main": "one rank's life: init, sweep, report (node side, no helpers module)",
     "preflight/slurm/allocation.py:allocate": "salloc, its wait and its failure modes",
     "preflight/slurm/fleet.py:_collect": "one srun step's output, parts and failures",
-    "preflight/transport/ssh.py:run_bundle": "one SSH session's protocol: connect, send, read, deadline, kill",
 }
 
 
