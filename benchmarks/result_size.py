@@ -4,7 +4,7 @@
 One SimCluster node with a real sshd and a real Slurm (tests/sim). Its kernel log is made SIZE bytes of
 messages that do not compress well, and the xid probe runs with capture, so the node's result document
 carries the whole log back (as `preflight check --capture` does on a node with a long log). Each size is
-run over SSH (transport.fleet.Fleet) and through srun (slurm.fleet.SlurmFleet, one step), interleaved,
+run over SSH (transport.pool.SessionPool) and through srun (slurm.fleet.SlurmFleet, one step), interleaved,
 `--repeats` times; the median wall time of each is printed with the ratio srun/SSH, and each run must
 bring the log back whole (its SHA-256 is compared), else the script exits 1.
 
@@ -62,7 +62,7 @@ def main() -> int:
 
     from preflight import inventory
     from preflight.slurm import fleet as slurm
-    from preflight.transport import fleet as ssh_fleet
+    from preflight.transport import pool as ssh_pool
     from tests.sim.cluster import SimCluster
 
     failed = 0
@@ -77,7 +77,7 @@ def main() -> int:
         with cluster.in_ctl():
             alloc = slurm.allocate(nodelist=node.name)
             srun = slurm.SlurmFleet(slurm.specs_for(alloc), alloc)
-            ssh = ssh_fleet.Fleet([spec])
+            ssh = ssh_pool.SessionPool([spec])
             try:
                 for size in sizes:
                     text = kernel_log(int(size * 1e6))

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from preflight import checks as catalogue
 from preflight.errors import UsageError
 from preflight.transport.contract import Outcome, Progress
-from preflight.transport.fleet import Fleet
+from preflight.transport import backends
 from preflight.inventory import Inventory, NodeSpec
 from preflight.model import FAILURE_KINDS, NOT_RUN, NOT_RUN_MESSAGE, ClusterView, Finding, NodeInfo, Status, with_action
 
@@ -151,24 +151,30 @@ def _derive(view: ClusterView) -> Dict[str, Any]:
 
 
 def open_fleet(inv: Inventory, opts: Options) -> Any:
-    """The transport for this inventory (a contract.Fleet): SSH/local fan-out (transport.fleet.Fleet), srun
-    steps (slurm.fleet.SlurmFleet) or kubectl exec into agent pods (k8s.fleet.KubeFleet)."""
-    if inv.transport == "slurm":
-        from preflight.slurm import fleet as slurm
-
-        return slurm.fleet_for(inv, opts.progress)
-    if inv.transport == "k8s":
-        from preflight.k8s import fleet as k8s
-
-        return k8s.fleet_for(inv, opts.progress, opts.parallel)
-    return Fleet(inv.nodes, opts.parallel, opts.accept_new_host_keys, opts.progress)
+    """The transport for this inventory (a contract.Fleet), from its registered backend
+    (preflight.transport.backends): SSH/local sessions, srun steps or kubectl exec into agent pods."""
+    return backends.get(inv.transport).module().open_fleet(inv, opts)
 
 
-def run(inv: Inventory, opts: Options) -> RunReport:
+@dataclass
+class _Selection:
+    """Which checks run in which phase: phase 1, phase 2 (planned from phase 1), the cross-node tests, and
+    the checks judged after those tests."""
+
+    selected: List[str]
+    checks: Dict[str, Any]
+    prepared: List[str]  # checks whose phase-1 probe config is prepared on the controller
+    phase1: List[str]
+    phase2: List[str]
+    crossnode: List[str]
+    late: List[str]
+
+
+def _select(opts: Options) -> _Selection:
     selected = select_checks(opts.only, opts.skip)
     gathered = catalogue.closure(list(selected) + list(opts.gather_also))
     checks = {name: catalogue.get(name) for name in gathered}
-    prepared = [n for n in gathered if checks[n].prepare is not None]  # their phase-1 probe config
+    prepared = [n for n in gathered if checks[n].prepare is not None]
     phase1 = [n for n in gathered if (checks[n].phase == 1 and checks[n].probe is not None) or n in prepared]
     phase2 = [n for n in gathered if checks[n].phase == 2]
     # a cross-node test runs when selected, or (--tier standard, burn-in) when a selected check reads it
@@ -176,93 +182,122 @@ def run(inv: Inventory, opts: Options) -> RunReport:
     crossnode = [n for n in gathered if checks[n].crossnode is not None and n in wanted]
     # judged after the cross-node tests: those tests and the checks that read their results (gpu_compute)
     late = [n for n in selected if n in crossnode or any(d in crossnode for d in checks[n].needs)]
-    infos = node_infos(inv)
-    specs = {s.name: s for s in inv.nodes}
+    return _Selection(selected, checks, prepared, phase1, phase2, crossnode, late)
+
+
+@dataclass
+class _Gathered:
+    """What one run has gathered so far (filled phase by phase)."""
+
+    facts: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    unreachable: Dict[str, str] = field(default_factory=dict)
+    captures: Optional[Dict[str, Dict[str, Any]]] = None
+    times: Dict[str, float] = field(default_factory=dict)
+
+
+def _phase1(fleet: Any, inv: Inventory, opts: Options, sel: _Selection, cluster: Dict[str, Any], got: _Gathered) -> None:
     deadline = _deadline(opts.timeout)
+    t0 = time.monotonic()
+    configs = {
+        s.name: _probe_config(
+            sel.phase1, s, deadline(s),
+            {n: sel.checks[n].prepare(cluster, s.name, s.name == inv.head_name) for n in sel.prepared},
+            capture=opts.capture,
+        )
+        for s in inv.nodes
+    }
+    outcomes = fleet.run(configs, deadline, then=bool(sel.phase2))
+    got.unreachable.update(_absorb(got.facts, outcomes, sel.phase1, got.captures, cluster[FAILURE_KINDS]))
+    got.times["phase1_s"] = time.monotonic() - t0
+
+
+def _phase2(fleet: Any, inv: Inventory, opts: Options, sel: _Selection, view: ClusterView, got: _Gathered) -> None:
+    """The network probes each node's phase-2 checks plan from phase 1 (on the nodes that answered)."""
+    deadline = _deadline(opts.timeout)
+    specs = {s.name: s for s in inv.nodes}
+    t0 = time.monotonic()
+    plans = {name: sel.checks[name].plan(view) if sel.checks[name].plan else {} for name in sel.phase2}
+    configs = {}
+    for node in view.live:
+        per_check = {name: plans[name][node.name] for name in sel.phase2 if node.name in plans[name]}
+        if per_check:
+            configs[node.name] = _probe_config(list(per_check), specs[node.name], deadline(specs[node.name]),
+                                               per_check, capture=opts.capture)
+    failed = _absorb(got.facts, fleet.run(configs, deadline), sel.phase2, got.captures)
+    for name, why in failed.items():
+        for check in configs[name]["checks"]:
+            got.facts[name][check] = {"probe_error": "network probe run failed: %s" % why}
+    got.times["phase2_s"] = time.monotonic() - t0
+
+
+def _crossnode(fleet: Any, inv: Inventory, opts: Options, sel: _Selection, view: ClusterView, findings: List[Finding],
+               cluster: Dict[str, Any], got: _Gathered) -> Any:
+    """The cross-node tests on the nodes the node checks left healthy; returns the derived env (or None)."""
+    if not (sel.crossnode or opts.gather_also):
+        return None
+    from preflight.derived import ncclenv
+
+    sick = {f.node for f in findings if f.status.is_problem}
+    env = ncclenv.derive(view, [n.name for n in view.live if n.name not in sick])
+    healthy = list(env.nodes)  # a node whose facts the env file cannot carry is left out of the bench too
+    for check in sel.crossnode:
+        if not view.live:
+            break
+        t0 = time.monotonic()
+        ran = sel.checks[check].crossnode.run(fleet, inv, view, healthy, env, opts)
+        for name, doc in ran.docs.items():
+            got.facts[name][check] = doc
+        cluster[check] = ran.meta
+        got.times[check + "_s"] = time.monotonic() - t0
+    return env
+
+
+def run(inv: Inventory, opts: Options) -> RunReport:
+    """One run: phase 1 on every node, phase 2 planned from it, the node checks judged, the cross-node
+    tests on the healthy nodes, then the checks that read their results."""
+    sel = _select(opts)
+    infos = node_infos(inv)
     started = time.time()
-    times: Dict[str, float] = {}
-    facts: Dict[str, Dict[str, Any]] = {}
-    unreachable: Dict[str, str] = {}
+    got = _Gathered(captures={} if opts.capture else None)
     summaries: Dict[str, Any] = {}
-    captures: Optional[Dict[str, Dict[str, Any]]] = {} if opts.capture else None
-    env: Any = None
     cluster = dict(inv.cluster)
     cluster[FAILURE_KINDS] = {}  # {node: NodeFailure.kind} of the nodes that gave no phase-1 result
     if opts.previous:
         cluster["previous"] = opts.previous
 
     with open_fleet(inv, opts) as fleet:
-        t0 = time.monotonic()
-        configs = {
-            s.name: _probe_config(
-                phase1, s, deadline(s), {n: checks[n].prepare(cluster, s.name, s.name == inv.head_name) for n in prepared},
-                capture=opts.capture,
-            )
-            for s in inv.nodes
-        }
-        unreachable.update(_absorb(facts, fleet.run(configs, deadline, then=bool(phase2)), phase1, captures,
-                                   cluster[FAILURE_KINDS]))
-        times["phase1_s"] = time.monotonic() - t0
-
-        view = ClusterView(infos, facts, inv.expect, cluster, unreachable)
+        _phase1(fleet, inv, opts, sel, cluster, got)
+        view = ClusterView(infos, got.facts, inv.expect, cluster, got.unreachable)
         derived = _derive(view)
-        if phase2 and view.live:
-            t0 = time.monotonic()
-            plans = {name: checks[name].plan(view) if checks[name].plan else {} for name in phase2}
-            configs = {}
-            for node in view.live:
-                per_check = {name: plans[name][node.name] for name in phase2 if node.name in plans[name]}
-                if per_check:
-                    configs[node.name] = _probe_config(list(per_check), specs[node.name], deadline(specs[node.name]),
-                                                       per_check, capture=opts.capture)
-            failed = _absorb(facts, fleet.run(configs, deadline), phase2, captures)
-            for name, why in failed.items():
-                for check in configs[name]["checks"]:
-                    facts[name][check] = {"probe_error": "network probe run failed: %s" % why}
-            times["phase2_s"] = time.monotonic() - t0
-
-        view = ClusterView(infos, facts, inv.expect, cluster, unreachable, derived)
+        if sel.phase2 and view.live:
+            _phase2(fleet, inv, opts, sel, view, got)
+        view = ClusterView(infos, got.facts, inv.expect, cluster, got.unreachable, derived)
         # The node checks' verdicts are final here (a cross-node test only adds its own facts): judge them once.
-        findings = judge(view, [n for n in selected if n not in late])
-        if crossnode or opts.gather_also:
-            from preflight.derived import ncclenv
-
-            sick = {f.node for f in findings if f.status.is_problem}
-            healthy = [n.name for n in view.live if n.name not in sick]
-            env = ncclenv.derive(view, healthy)
-            healthy = list(env.nodes)  # a node whose facts the env file cannot carry is left out of the bench too
-        for check in crossnode:
-            if not view.live:
-                break
-            t0 = time.monotonic()
-            ran = checks[check].crossnode.run(fleet, inv, view, healthy, env, opts)
-            for name, doc in ran.docs.items():
-                facts[name][check] = doc
-            cluster[check] = ran.meta
-            times[check + "_s"] = time.monotonic() - t0
+        findings = judge(view, [n for n in sel.selected if n not in sel.late])
+        env = _crossnode(fleet, inv, opts, sel, view, findings, cluster, got)
         transport = fleet.describe()
 
-    view = ClusterView(infos, facts, inv.expect, cluster, unreachable, derived)
+    view = ClusterView(infos, got.facts, inv.expect, cluster, got.unreachable, derived)
     if env is not None:
         findings.extend(with_action(f, "fix_config") for f in env.refused)
-    for check in late:
+    for check in sel.late:
         findings.extend(judge(view, [check]))
-        summarise = checks[check].crossnode.summary if check in crossnode else None
+        summarise = sel.checks[check].crossnode.summary if check in sel.crossnode else None
         if summarise is not None:
-            summaries[check] = summarise(findings, cluster.get(check) or {}, times.get(check + "_s"))
+            summaries[check] = summarise(findings, cluster.get(check) or {}, got.times.get(check + "_s"))
     return RunReport(
         inventory=inv,
-        selected=selected,
+        selected=sel.selected,
         findings=findings,
         view=view,
         started_at=datetime.datetime.fromtimestamp(started, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         duration_s=time.time() - started,
         allreduce=summaries.get("allreduce"),
         summaries=summaries,
-        phase_times=times,
+        phase_times=got.times,
         env=env,
         transport=transport,
-        captures=captures or {},
+        captures=got.captures or {},
     )
 
 

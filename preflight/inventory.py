@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from preflight import common
 from preflight.errors import InventoryError
 from preflight.located_yaml import Located
+from preflight.transport import backends
 
 # --- what may appear where ---------------------------------------------------------------------
 
@@ -39,7 +40,6 @@ NODE_KEYS = (
 #: the run's own `cluster:` keys; the checks' keys (and every `expect:` key) come from their CHECK's
 #: settings (preflight.checks.settings()), so a new check's key needs no edit here
 CLUSTER_KEYS = ("master_port", "head", "expect", "allreduce", "transport", "max_nodes", "history")
-TRANSPORTS = ("ssh", "slurm")
 ALLREDUCE_KEYS = ("sizes", "warmup", "iters", "init_timeout", "op_timeout", "total_timeout", "enabled", "slow_fraction",
                   "node_round")
 TOP_KEYS = ("defaults", "cluster", "nodes")
@@ -142,8 +142,8 @@ class Inventory:
     expect: Dict[str, Any] = field(default_factory=dict)
     cluster: Dict[str, Any] = field(default_factory=dict)
     sha256: str = ""
-    transport: str = "ssh"  # "slurm": nodes are Slurm node names, reached with srun (preflight.slurm.fleet)
-    allocation: Any = None  # preflight.slurm.allocation.Allocation the run uses (None: the transport makes one)
+    transport: str = "ssh"  # the registered backend that reaches the nodes (preflight.transport.backends)
+    allocation: Any = None  # the scheduler's hold on the nodes (a Slurm Allocation, a Kubernetes Target); None: the transport makes one
 
     @property
     def head_name(self) -> str:
@@ -283,8 +283,8 @@ class _TooMany(ValueError):
         self.size = size
 
 
-def load(path: str, max_nodes: Optional[int] = None) -> Inventory:
-    """Read, parse and validate an inventory file. Raises InventoryError."""
+def _read(path: str) -> Tuple[bytes, Located]:
+    """The file's bytes and its parsed YAML (with lines); a file that cannot be read is an InventoryError."""
     try:
         with open(path, "rb") as handle:
             raw = handle.read()
@@ -299,16 +299,12 @@ def load(path: str, max_nodes: Optional[int] = None) -> Inventory:
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise InventoryError(path, line, "not UTF-8 text", "save the file as UTF-8") from None
-    doc = Located(path, text)
-    v = _Validator(doc)
-    top = doc.data
-    if top is None:
-        raise InventoryError(path, 1, "the inventory is empty", "list your hosts under `nodes:` (see inventory/hosts.example.yaml)")
-    top = v.mapping(top, (), TOP_KEYS, "the inventory")
+    return raw, Located(path, text)
 
-    defaults = dict(DEFAULTS)
-    defaults.update(v.node_settings(v.mapping(top.get("defaults"), ("defaults",), NODE_KEYS, "defaults"), ("defaults",)))
 
+def _cluster(v: _Validator, top: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
+    """(cluster's raw keys, `expect:` validated, the run's cluster settings: the checks' keys, master_port,
+    allreduce) from `cluster:`."""
     declared = check_settings()
     check_keys = tuple(k for k in declared if "." not in k)
     expect_keys = tuple(k.split(".", 1)[1] for k in declared if k.startswith("expect."))
@@ -326,94 +322,108 @@ def load(path: str, max_nodes: Optional[int] = None) -> Inventory:
         else _setting_value(v, declared[key], cluster_raw[key], ("cluster", key))
         for key in check_keys
     }
+    return cluster_raw, expect, dict(check_values, master_port=master_port, allreduce=allreduce)
 
+
+def _transport(v: _Validator, cluster_raw: Dict[str, Any]) -> str:
+    """`cluster: transport:`, one of the registered backends an inventory may name (preflight.transport.backends)."""
+    names = backends.inventory_names()
     transport = cluster_raw.get("transport", "ssh")
-    if transport not in TRANSPORTS:
-        raise v.fail(("cluster", "transport"), "transport %r is not one of %s" % (transport, ", ".join(TRANSPORTS)),
-                     "write `transport: ssh` or `transport: slurm`")
+    if transport not in names:
+        raise v.fail(("cluster", "transport"), "transport %r is not one of %s" % (transport, ", ".join(names)),
+                     "write %s" % " or ".join("`transport: %s`" % n for n in names))
+    return transport
 
-    nodes_raw = top.get("nodes")
+
+def _entry(v: _Validator, item: Any, where: Tuple[Any, ...]) -> Tuple[str, Dict[str, Any], Optional[str], Tuple[Any, ...]]:
+    """(host pattern, its node settings, its name or None, where its host is) of one `nodes:` item."""
+    if isinstance(item, str) or (isinstance(item, int) and not isinstance(item, bool)):
+        return str(item), {}, None, where
+    if not isinstance(item, dict):
+        raise v.fail(where, "a node must be a host string or a mapping, not %s" % _kind(item), "write `- host` or `- host: ...`")
+    v.mapping(item, where, ("host", "name") + NODE_KEYS, "a node entry")
+    if "host" not in item or item["host"] in (None, ""):
+        raise v.fail(where, "node entry has no host", "add `host: NAME-OR-ADDRESS`")
+    if not isinstance(item["host"], str):
+        raise v.fail(where + ("host",), "host must be a string", "write the host name or address")
+    name = item.get("name")
+    if name is not None and (not isinstance(name, str) or not NAME_RE.match(name)):
+        raise v.fail(where + ("name",), "name %r is not valid" % (name,), "use letters, digits, '.', '_' and '-'")
+    return item["host"], v.node_settings(item, where), name, where + ("host",)
+
+
+def _hosts_of(v: _Validator, pattern: str, where: Tuple[Any, ...], limit: int, before: int) -> List[str]:
+    """The hosts a pattern names (a range expanded), within the node limit."""
+    try:
+        return _expand(pattern, limit - before) if "[" in pattern else [pattern]
+    except _TooMany as exc:
+        raise v.fail(
+            where,
+            "host range %r names %d hosts; with the %d before it that is more than the limit of %d nodes"
+            % (pattern, exc.size, before, limit),
+            "check the range; for a cluster this large set `cluster: max_nodes:` or pass --max-nodes",
+        ) from None
+    except ValueError as exc:
+        raise v.fail(where, "bad host range %r: %s" % (pattern, exc), "write ranges like gpu-[001-064,070]") from None
+
+
+def _nodes(v: _Validator, nodes_raw: Any, defaults: Dict[str, Any], limit: int) -> Tuple[List[NodeSpec], Dict[str, int]]:
+    """Every node of `nodes:` with its settings, and {name: line}; duplicates and the limit refused."""
     if nodes_raw is None or nodes_raw == []:
         raise v.fail(("nodes",), "no nodes in the inventory", "list hosts under `nodes:`, e.g. `- gpu-[001-004]`")
     if not isinstance(nodes_raw, list):
         raise v.fail(("nodes",), "nodes must be a list, not %s" % _kind(nodes_raw), "write one `- host` item per line")
-
-    limit = max_nodes if max_nodes is not None else MAX_NODES
-    if max_nodes is None and cluster_raw.get("max_nodes") is not None:
-        limit = v.integer(cluster_raw["max_nodes"], ("cluster", "max_nodes"), "max_nodes", 1, 10**7)
     nodes: List[NodeSpec] = []
     names: Dict[str, int] = {}
     hosts: Dict[Tuple[str, Any], int] = {}
     for index, item in enumerate(nodes_raw):
-        where = ("nodes", index)
-        line = doc.line(*where) or 0
-        if isinstance(item, str) or (isinstance(item, int) and not isinstance(item, bool)):
-            pattern, settings, name = str(item), {}, None
-        elif isinstance(item, dict):
-            v.mapping(item, where, ("host", "name") + NODE_KEYS, "a node entry")
-            if "host" not in item or item["host"] in (None, ""):
-                raise v.fail(where, "node entry has no host", "add `host: NAME-OR-ADDRESS`")
-            if not isinstance(item["host"], str):
-                raise v.fail(where + ("host",), "host must be a string", "write the host name or address")
-            pattern = item["host"]
-            settings = v.node_settings(item, where)
-            name = item.get("name")
-            if name is not None and (not isinstance(name, str) or not NAME_RE.match(name)):
-                raise v.fail(where + ("name",), "name %r is not valid" % (name,), "use letters, digits, '.', '_' and '-'")
-            where = where + ("host",)
-        else:
-            raise v.fail(where, "a node must be a host string or a mapping, not %s" % _kind(item), "write `- host` or `- host: ...`")
-        try:
-            expanded = _expand(pattern, limit - len(nodes)) if "[" in pattern else [pattern]
-        except _TooMany as exc:
-            raise v.fail(
-                where,
-                "host range %r names %d hosts; with the %d before it that is more than the limit of %d nodes"
-                % (pattern, exc.size, len(nodes), limit),
-                "check the range; for a cluster this large set `cluster: max_nodes:` or pass --max-nodes",
-            ) from None
-        except ValueError as exc:
-            raise v.fail(where, "bad host range %r: %s" % (pattern, exc), "write ranges like gpu-[001-064,070]") from None
+        line = v.doc.line("nodes", index) or 0
+        pattern, settings, name, where = _entry(v, item, ("nodes", index))
+        expanded = _hosts_of(v, pattern, where, limit, len(nodes))
         if name is not None and len(expanded) > 1:
             raise v.fail(("nodes", index, "name"), "name given for a range of %d hosts" % len(expanded), "drop `name:` or list the hosts one by one")
         for host in expanded:
             if not valid_host(host):
                 raise v.fail(where, "host %r is not a valid host name or address" % host, "use a DNS name or an IP address; no spaces or shell characters")
-            merged = dict(defaults)
-            merged.update(settings)
-            spec = NodeSpec(name=name or host, host=host, line=line, **merged)
+            spec = NodeSpec(name=name or host, host=host, line=line, **dict(defaults, **settings))
             if spec.name in names:
                 raise v.fail(where, "duplicate node %r (first at line %d)" % (spec.name, names[spec.name]), "list each node once")
             key = (host, spec.port or 22)  # `host: X` and `host: X, port: 22` are the same sshd
             if key in hosts:
-                raise v.fail(
-                    where,
-                    "duplicate host %r port %d (first at line %d)" % (host, key[1], hosts[key]),
-                    "list each host once (port 22 is the default)",
-                )
+                raise v.fail(where, "duplicate host %r port %d (first at line %d)" % (host, key[1], hosts[key]),
+                             "list each host once (port 22 is the default)")
             if len(nodes) >= limit:
                 raise v.fail(where, "more than %d nodes" % limit, "set `cluster: max_nodes:` or pass --max-nodes for a cluster this large")
             names[spec.name] = line
             hosts[key] = line
             nodes.append(spec)
+    return nodes, names
 
+
+def load(path: str, max_nodes: Optional[int] = None) -> Inventory:
+    """Read, parse and validate an inventory file. Raises InventoryError."""
+    raw, doc = _read(path)
+    v = _Validator(doc)
+    top = doc.data
+    if top is None:
+        raise InventoryError(path, 1, "the inventory is empty", "list your hosts under `nodes:` (see inventory/hosts.example.yaml)")
+    top = v.mapping(top, (), TOP_KEYS, "the inventory")
+    defaults = dict(DEFAULTS)
+    defaults.update(v.node_settings(v.mapping(top.get("defaults"), ("defaults",), NODE_KEYS, "defaults"), ("defaults",)))
+    cluster_raw, expect, cluster = _cluster(v, top)
+    transport = _transport(v, cluster_raw)
+    limit = max_nodes if max_nodes is not None else MAX_NODES
+    if max_nodes is None and cluster_raw.get("max_nodes") is not None:
+        limit = v.integer(cluster_raw["max_nodes"], ("cluster", "max_nodes"), "max_nodes", 1, 10**7)
+    nodes, names = _nodes(v, top.get("nodes"), defaults, limit)
     head = cluster_raw.get("head")
     if head is not None and not isinstance(head, str):
         raise v.fail(("cluster", "head"), "head must be a node name, not %s" % _kind(head), "write `head: NODE-NAME`")
     if head is not None and head not in names:
         raise v.fail(("cluster", "head"), "head %r is not one of the nodes" % (head,), "use a node's name as listed under nodes:")
-    history = _history_settings(v, cluster_raw.get("history"))
-    cluster = dict(check_values, master_port=master_port, allreduce=allreduce, history=history)
-    return Inventory(
-        path=path,
-        nodes=nodes,
-        master_port=master_port,
-        head=head,
-        expect=expect,
-        cluster=cluster,
-        sha256=hashlib.sha256(raw).hexdigest(),
-        transport=transport,
-    )
+    cluster["history"] = _history_settings(v, cluster_raw.get("history"))
+    return Inventory(path=path, nodes=nodes, master_port=cluster["master_port"], head=head, expect=expect,
+                     cluster=cluster, sha256=hashlib.sha256(raw).hexdigest(), transport=transport)
 
 
 def check_settings() -> Dict[str, Any]:

@@ -277,18 +277,20 @@ LAYERS = (
                     "preflight/located_yaml.py")),
     ("node side", ("preflight/probe/*", "preflight/checks/__init__.py", "preflight/checks/*/__init__.py",
                    "preflight/checks/*/probe.py")),
+    ("backend declarations", ("preflight/transport/backends.py",)),  # data, read by the inventory and the parser
     ("inventory", ("preflight/inventory.py",)),
     ("derived", ("preflight/derived/*",)),
     ("stages", ("preflight/checks/*/stage.py",)),  # placed here for matching order; ranked below
     ("rules", ("preflight/checks/*/*",)),
+    ("actions", ("preflight/actions/*",)),  # the drain policy: pure, over findings; the appliers sit in transport
     ("transport", ("preflight/transport/*", "preflight/slurm/*", "preflight/k8s/*")),
     ("engine", ("preflight/engine.py",)),
-    ("actions, outputs, history", ("preflight/actions/*", "preflight/output/*", "preflight/history/*")),
+    ("outputs, history", ("preflight/output/*", "preflight/history/*")),
     ("cli", ("preflight/cli/*", "preflight/__main__.py")),
 )
 #: the order the layers stand in (LAYERS lists stages early only so that stage.py matches before rules' glob)
-ORDER = ("vocabulary", "node side", "inventory", "derived", "rules", "transport", "stages", "engine",
-         "actions, outputs, history", "cli")
+ORDER = ("vocabulary", "node side", "backend declarations", "inventory", "derived", "rules", "actions", "transport",
+         "stages", "engine", "outputs, history", "cli")
 
 
 def layer_of(rel: str) -> Optional[str]:
@@ -351,12 +353,9 @@ LONG_FUNCTIONS = {
     "preflight/checks/ports/rule.py:rule": "reference, per-node judgement and the head's overload evidence",
     "preflight/derived/datanet.py:choose": "the data-network choice: pinned, inventory, routes, majority",
     "preflight/derived/envfabric.py:gid": "NCCL_IB_GID_INDEX: the GID table's per-node agreement",
-    "preflight/engine.py:run": "one run's phases in order (gather, derive, judge, cross-node, act)",
-    "preflight/inventory.py:load": "the inventory's top-level keys, validated in file order",
     "preflight/probe/bench_worker.py:main": "one rank's life: init, sweep, report (node side, no helpers module)",
     "preflight/slurm/allocation.py:allocate": "salloc, its wait and its failure modes",
     "preflight/slurm/fleet.py:_collect": "one srun step's output, parts and failures",
-    "preflight/transport/ssh.py:run_bundle": "one SSH session's protocol: connect, send, read, deadline, kill",
 }
 
 

@@ -7,81 +7,40 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import sys
 import threading
 from typing import Any, Iterator
 
-from preflight.cli import k8s as k8s_command
+from preflight.actions import policy
+from preflight.actions import settings as drain_settings
+from preflight.actions.policy import Request
 from preflight.errors import UsageError
+from preflight.transport import backends
 
 
-def _load_inventory(args: argparse.Namespace) -> Any:
-    from preflight import inventory
-
-    if getattr(args, "slurm", False) and not getattr(args, "k8s", False):
-        return _slurm_inventory(args)
-    k8s = k8s_command.wanted(args)  # --k8s: the nodes from Kubernetes (its options without it: a usage error)
-    if not k8s and (getattr(args, "nodelist", None) or getattr(args, "partition", None) or getattr(args, "nodes", None)):
-        raise UsageError("--nodelist/--partition/--nodes apply only with --slurm", "add --slurm")
-    if args.inventory and not k8s:
-        if args.gpus_per_node is not None:
-            raise UsageError("--gpus-per-node applies only without an inventory", "set gpus_per_node in the inventory")
-        if args.max_nodes is not None and args.max_nodes < 1:
-            raise UsageError("--max-nodes must be at least 1", "e.g. --max-nodes 20000")
-        inv = inventory.load(args.inventory, max_nodes=args.max_nodes)
-    else:
-        inv = k8s_command.inventory(args) if k8s else inventory.local_inventory(args.gpus_per_node)
+def _load_inventory(args: argparse.Namespace, backend: Any) -> Any:
+    """The nodes from the backend the command line chose (preflight.transport.backends)."""
+    if args.master_port is not None and not 0 < args.master_port < 65536:
+        raise UsageError("--master-port %d is out of range" % args.master_port, "use 1-65535")
+    inv = backend.module().inventory_of(args)
     if args.master_port is not None:
-        if not 0 < args.master_port < 65536:
-            raise UsageError("--master-port %d is out of range" % args.master_port, "use 1-65535")
         inv.master_port = args.master_port
         inv.cluster["master_port"] = args.master_port
     return inv
 
 
-def _alloc_wait(args: argparse.Namespace) -> float:
-    from preflight.slurm import allocation
-
-    wait = getattr(args, "alloc_wait", None)
-    if wait is None:
-        return allocation.ALLOC_WAIT_S
-    if wait < 1:
-        raise UsageError("--alloc-wait must be at least 1 second", "e.g. --alloc-wait 300")
-    return wait
-
-
-def _slurm_inventory(args: argparse.Namespace) -> Any:
-    """The allocation as the inventory: this job's nodes, or an allocation made now (released after the run)."""
-    from preflight.slurm import allocation as slurm
-
-    if args.inventory:
-        raise UsageError("--slurm takes its nodes from Slurm, not from an inventory file",
-                         "drop the inventory, or write `transport: slurm` under `cluster:` in it")
-    if args.nodes is not None and args.nodes < 1:
-        raise UsageError("--nodes must be at least 1", "e.g. --nodes 16")
-    python = slurm.checked_python(args.python)
-    if args.nodelist and (args.partition or args.nodes):
-        raise UsageError("give --nodelist or --partition/--nodes, not both", "e.g. --nodelist gpu-[001-064]")
-    if args.nodelist or args.partition or args.nodes:
-        recheck = getattr(args, "resume", False) and not getattr(args, "dry_run", False)
-        alloc = slurm.allocate(nodelist=args.nodelist, partition=args.partition, nodes=args.nodes, recheck_ours=recheck,
-                               timeout=_alloc_wait(args), run_s=slurm.run_budget(args.timeout))
-    else:
-        alloc = slurm.current_allocation()
-    try:
-        inv = slurm.inventory(alloc, python=python, gpus_per_node=args.gpus_per_node)
-        note = alloc.gpu_note()
-        if note:
-            sys.stderr.write("preflight: note: %s\n" % note)
-        if args.master_port is not None:
-            if not 0 < args.master_port < 65536:
-                raise UsageError("--master-port %d is out of range" % args.master_port, "use 1-65535")
-            inv.master_port = args.master_port
-            inv.cluster["master_port"] = args.master_port
-    except BaseException:
-        alloc.release()
-        raise
-    return inv
+def _acting_check(args: argparse.Namespace, backend: Any, inv: Any) -> None:
+    """--drain/--resume need a backend that acts on nodes (a scheduler's: the registry's `acts`)."""
+    acts = backends.acting()
+    if inv is None and not backend.acts and not args.inventory:
+        raise UsageError("--drain/--resume act on %s nodes" % " or ".join(b.title for b in acts),
+                         "add %s" % " or ".join(b.switch for b in acts))
+    if inv is not None and not backends.get(inv.transport).acts:
+        named = [b for b in acts if b.in_inventory]
+        raise UsageError("--drain/--resume act on %s nodes; %s uses transport %s" % (
+            " or ".join(b.title for b in named), inv.path, inv.transport),
+            "add %s under `cluster:` in it (%s node names), or use %s" % (
+                " or ".join("`transport: %s`" % b.name for b in named), "/".join(b.title for b in named),
+                " or ".join(b.switch for b in named)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,34 +49,26 @@ def run(args: argparse.Namespace) -> int:
     if args.timeout is not None and not (math.isfinite(args.timeout) and 0 < args.timeout <= 86400):
         raise UsageError("--timeout %s is not a usable deadline" % args.timeout, "give seconds from 0.1 to 86400, e.g. --timeout 30")
     acting = getattr(args, "drain", False) or getattr(args, "resume", False)
-    if acting and not getattr(args, "slurm", False) and not getattr(args, "k8s", False) and not args.inventory:
-        raise UsageError("--drain/--resume act on Slurm or Kubernetes nodes", "add --slurm or --k8s")
+    backend = backends.chosen(args)
+    if acting:
+        _acting_check(args, backend, None)
     if not 0 <= getattr(args, "max_drain_fraction", 0.2) <= 1:
         raise UsageError("--max-drain-fraction must be between 0 and 1", "e.g. --max-drain-fraction 0.2")
-    inv = _load_inventory(args)
-    if getattr(args, "plan", False):
-        from preflight.checks.allreduce.timeplan import print_plan
-        return print_plan(inv, args.json, print, getattr(args, "tier", "quick"))
-    if getattr(args, "dcgm_level", None):
-        from preflight import engine
-
-        args.timeout = engine.dcgm_timeout(args.dcgm_level, args.timeout)
-        inv.cluster["dcgm_level"] = args.dcgm_level
-    if inv.transport == "slurm" and getattr(args, "alloc_wait", None) is not None:
-        inv.cluster["alloc_wait_s"] = _alloc_wait(args)  # for the allocation the transport makes
-    if acting and inv.transport not in ("slurm", "k8s"):
-        raise UsageError("--drain/--resume act on Slurm nodes; %s uses transport %s" % (inv.path, inv.transport),
-                         "add `transport: slurm` under `cluster:` in it (Slurm node names), or use --slurm")
-    if acting and inv.allocation is None:
-        from preflight import common
-        from preflight.slurm import allocation as slurm
-
-        # the inventory's nodes, allocated now (as the transport would), with --resume's recheck of the
-        # nodes preflight drained: a drained node cannot be allocated otherwise
-        recheck = getattr(args, "resume", False) and not getattr(args, "dry_run", False)
-        inv.allocation = slurm.allocate(nodelist=common.fold([s.name for s in inv.nodes]), recheck_ours=recheck,
-                                        timeout=_alloc_wait(args), run_s=slurm.run_budget(args.timeout))
+    drain_settings.check(args)
+    inv = _load_inventory(args, backend)
     try:
+        if getattr(args, "plan", False):
+            from preflight.checks.allreduce.timeplan import print_plan
+            return print_plan(inv, args.json, print, getattr(args, "tier", "quick"))
+        if getattr(args, "dcgm_level", None):
+            from preflight import engine
+
+            args.timeout = engine.dcgm_timeout(args.dcgm_level, args.timeout)
+            inv.cluster["dcgm_level"] = args.dcgm_level
+        if acting:
+            _acting_check(args, backend, inv)
+        drain_settings.apply(args, inv.cluster)
+        backends.get(inv.transport).module().prepare(args, inv, acting)
         return _check_inventory(args, inv)
     finally:
         if inv.allocation is not None:
@@ -181,13 +132,7 @@ def _run_and_act(args: argparse.Namespace, inv: Any, opts: Any, console: Any, hi
     from preflight import engine
     from preflight.output import files, report
 
-    if inv.transport == "ssh" and any(not s.local for s in inv.nodes):
-        from preflight.transport import ssh_config
-
-        try:
-            ssh_config.load_ssh_configs(s.ssh_config for s in inv.nodes if not s.local)
-        except ssh_config.SSHConfigError as exc:
-            raise UsageError(str(exc), "fix the ssh_config (preflight reads it as OpenSSH does, Include included)") from None
+    hooks = backends.get(inv.transport).module()
     if getattr(args, "hostfile", None):
         files.check_hostfile_names(inv, args.hostfile_format)
     progress = None if args.no_progress or not console.is_terminal else _Progress(console, len(inv.nodes))
@@ -201,25 +146,25 @@ def _run_and_act(args: argparse.Namespace, inv: Any, opts: Any, console: Any, hi
     finally:
         if progress:
             progress.close()
-    if inv.transport == "slurm" and inv.allocation is not None:
-        from preflight.slurm import drain
-
-        # nodes Slurm had out of service when the run began: unavailable, not this run's failures
-        result.findings = drain.set_aside(result.findings, inv.allocation.excluded, strict=getattr(args, "count_unavailable", False))
+    # nodes the scheduler had out of service when the run began: unavailable, not this run's failures
+    result.findings = hooks.set_aside(result.findings, inv, args)
     doc = report.to_json(result)
     report.render(result, console, verbose=getattr(args, "verbose", False))
+    applier = hooks.applier(inv)
     findings, actions = result.findings, []
     if hist is not None:
         from preflight.history import recorder
 
-        findings, actions = recorder.decide(hist[0], doc, result.findings, inv.cluster, _would_drain(args, inv),
-                                            getattr(args, "shadow", False), say)
+        findings, actions = recorder.decide(hist[0], doc, result.findings, inv.cluster, _would_drain(args, inv, applier),
+                                            getattr(args, "shadow", False), say, kind=applier.kind if applier else "drain")
+    for path, text, note in hooks.outputs(args, inv, result):
+        files.write(path, text)
+        say(note)
     # act on the verdict before writing files: an interrupt or a write error from here on leaves the
     # nodes as the verdict says, never a rechecked node resumed without it
-    if inv.transport == "k8s":
-        k8s_command.after_run(args, inv, result, console)
-    else:
-        _drain(args, inv, findings, console)
+    request = _request(args)
+    if applier is not None and applier.wanted(request):
+        actions += applier.act(findings, [s.name for s in inv.nodes], request, say)
     metrics = None
     if hist is not None:
         recorder.record(hist[0], hist[1], doc, result.view.facts, actions, inv.cluster, say)
@@ -227,6 +172,11 @@ def _run_and_act(args: argparse.Namespace, inv: Any, opts: Any, console: Any, hi
     timelines = _timelines(hist, doc) if getattr(args, "html", None) else None
     files.write_outputs(args, result, doc, say, metrics, timelines)
     return result.exit_code
+
+
+def _request(args: argparse.Namespace) -> Request:
+    return Request(drain=getattr(args, "drain", False), resume=getattr(args, "resume", False),
+                   max_fraction=getattr(args, "max_drain_fraction", 0.2), dry_run=getattr(args, "dry_run", False))
 
 
 def _timelines(hist: Any, doc: dict) -> Any:
@@ -239,26 +189,14 @@ def _timelines(hist: Any, doc: dict) -> Any:
     return {n["name"]: queries.timeline(hist[0], n["name"], limit=HISTORY_RUNS) for n in doc["nodes"]}
 
 
-def _would_drain(args: argparse.Namespace, inv: Any) -> Any:
-    """For the history's drain policy: the nodes Slurm's drain step would drain from given findings
-    (Slurm's state before the run; none known without an allocation), or None without --drain/--shadow."""
-    if not (getattr(args, "drain", False) or getattr(args, "shadow", False)) or inv.transport == "k8s":
+def _would_drain(args: argparse.Namespace, inv: Any, applier: Any) -> Any:
+    """For the history's drain policy: the nodes the drain step would take out from given findings (the
+    applier's marks of its nodes before the run; without an applier, e.g. --shadow over SSH, every node
+    in service), or None without --drain/--shadow."""
+    if not (getattr(args, "drain", False) or getattr(args, "shadow", False)):
         return None
-    from preflight.slurm import drain
-
-    state = inv.allocation.state if inv.allocation is not None else {}
-    nodes = [s.name for s in inv.nodes]
-    return lambda findings: sorted(drain.plan(findings, nodes, state, drain=True, resume=False,
-                                              max_fraction=args.max_drain_fraction).drain)
-
-
-def _drain(args: argparse.Namespace, inv: Any, findings: Any, console: Any) -> None:
-    """--drain / --resume: act on Slurm node states from this run's findings (see preflight.slurm.drain)."""
-    from preflight.slurm import drain
-
-    if inv.allocation is not None and (getattr(args, "drain", False) or getattr(args, "resume", False) or inv.allocation.held):
-        drain.act(findings, [s.name for s in inv.nodes], inv.allocation, args.drain, args.resume,
-                  args.max_drain_fraction, args.dry_run, lambda line: console.print(line, markup=False, highlight=False))
+    return policy.would_drain(applier.marks() if applier is not None else {}, [s.name for s in inv.nodes],
+                              args.max_drain_fraction)
 
 
 class _Progress:

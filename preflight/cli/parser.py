@@ -6,8 +6,10 @@ import argparse
 from typing import List
 
 from preflight import __version__
+from preflight.actions import settings as drain_settings
 from preflight.cli import k8s as k8s_command
 from preflight.errors import EXIT_USAGE
+from preflight.transport import backends
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="check the nodes of an inventory (or this machine)")
     check.add_argument("inventory", nargs="?", help="hosts.yaml; omit to check this machine locally, without SSH")
-    _common(check)
+    _common(check, "check")
     check.add_argument("--only", type=_names, metavar="NAMES", help="run only these checks (comma-separated)")
     check.add_argument("--skip", type=_names, default=[], metavar="NAMES", help="skip these checks (comma-separated)")
     check.add_argument("--json", metavar="PATH", help="write the JSON report to PATH ('-' = stdout)")
@@ -51,20 +53,20 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--dcgm-level", type=int, choices=(1, 2, 3), default=1, metavar="N",
                        help="where dcgmi exists: run `dcgmi diag -r N` (1 quick, default; 2 medium, raises the deadline to fit; "
                        "3 long, only with --timeout that fits it)")
-    check.add_argument("--drain", action="store_true", help="with Slurm: drain failing nodes (reason 'preflight: <check>: <finding>')")
-    check.add_argument("--resume", action="store_true", help="with Slurm: return to service nodes preflight drained that now pass")
-    check.add_argument("--dry-run", action="store_true", help="with --drain/--resume: print the scontrol commands, change nothing")
-    check.add_argument("--count-unavailable", action="store_true",
-                       help="with Slurm: count nodes Slurm has out of service (drained, down) as failures (exit 1), "
-                            "not as unavailable")
+    check.add_argument("--drain", action="store_true", help="with Slurm: drain failing nodes (reason 'preflight: <check>: "
+                       "<finding>'); with Kubernetes: cordon and taint them")
+    check.add_argument("--resume", action="store_true", help="with Slurm or Kubernetes: return to service nodes preflight "
+                       "took out that now pass")
+    check.add_argument("--dry-run", action="store_true", help="with --drain/--resume: print the scontrol (kubectl) commands, change nothing")
     check.add_argument("--max-drain-fraction", type=float, default=0.2, metavar="F",
                        help="drain nothing when more than this share of nodes fails (default 0.2)")
+    drain_settings.add_options(check)  # --drain-after N/W, --drain-limit F[/W]
 
     env = sub.add_parser("env", help="fast path: gather what the NCCL env needs and write the env file")
     env.add_argument("inventory", nargs="?", help="hosts.yaml; omit for this machine")
-    _common(env)
+    _common(env, "env")
     env.add_argument("--with-allreduce", action="store_true", help="also prove the env with the all-reduce test")
-    k8s_command.extend(sub, _Parser, check, env)  # --k8s and its options; `preflight k8s manifest`
+    k8s_command.extend(sub, _Parser)  # `preflight k8s manifest`
 
     node = sub.add_parser("node", help="this machine alone, fast, log lines and exit code (Slurm HealthCheckProgram / Prolog)")
     node.add_argument("--only", type=_names, metavar="NAMES", help="run only these checks (comma-separated)")
@@ -101,20 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--max-nodes", type=int, metavar="N", help="refuse inventories of more nodes (default 10000, or cluster.max_nodes)")
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="per-node command deadline (overrides command_timeout)")
     p.add_argument("-j", "--parallel", type=int, default=64, metavar="N", help="nodes worked on at once (default 64)")
-    p.add_argument("--accept-new-host-keys", action="store_true", help="record unknown host keys (changed keys still fail)")
     p.add_argument("--gpus-per-node", type=int, metavar="N", help="without an inventory: GPUs this machine should have")
     p.add_argument("--master-port", type=int, metavar="PORT", help="override cluster.master_port")
     p.add_argument("--env-file", metavar="PATH", help="write the recommended NCCL env file (sourced by launch scripts)")
-    p.add_argument("--slurm", action="store_true", help="nodes and transport from Slurm: this allocation (SLURM_JOB_ID), or --nodelist / --partition --nodes")
-    p.add_argument("--nodelist", metavar="NODES", help="with --slurm: allocate these Slurm nodes for the run (e.g. gpu-[001-064]); with --k8s: check these Kubernetes nodes")
-    p.add_argument("--partition", metavar="P", help="with --slurm: allocate --nodes N nodes of partition P for the run")
-    p.add_argument("--nodes", type=int, metavar="N", help="with --slurm --partition: how many nodes")
-    p.add_argument("--python", metavar="PATH", help="with --slurm: the interpreter the nodes run the probe with "
-                   "(default python3 on the nodes' PATH under srun)")
-    p.add_argument("--alloc-wait", type=float, metavar="SECONDS", help="when preflight allocates Slurm nodes: how long to wait for them (default 120; whole nodes: one running a job is waited for)")
+    backends.add_options(p, command)  # each transport backend's own (--slurm, --k8s, ... and theirs)
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.add_argument("--debug", action="store_true", help="log transport details to stderr")

@@ -17,7 +17,8 @@ Schema (version in ``PRAGMA user_version``, raised by MIGRATIONS in order, each 
     gpus(serial, uuid, node_id, idx, first_run, last_run)       each slot a board was seen in
     gpu_failures(run_id, serial, uuid, node_id, idx)            the gpu check failed that board
     busbw(run_id, node_id, gbps)                                node_id NULL: the run's headline figure
-    actions(run_id, node_id, kind, subject, reason, shadow)     drain, resume, escalate, hold, breaker;
+    actions(run_id, node_id, kind, subject, reason, shadow)     drain (Slurm), cordon (Kubernetes), resume,
+                                                                escalate, hold, breaker;
                                                                 shadow 1: what --shadow would have done
 
 Damage it survives, each said in one line (HistoryError or the `say` callback):
@@ -283,7 +284,7 @@ class History:
         self.conn.executemany("INSERT INTO gpu_failures VALUES(?,?,?,?,?)", failed)
 
     def add_actions(self, run: int, actions: Iterable[Mapping[str, Any]], in_transaction: bool = False) -> None:
-        """Record actions (kind: drain, resume, escalate, hold, breaker) taken or, shadow, only decided."""
+        """Record actions (kind: drain, cordon, resume, escalate, hold, breaker) taken or, shadow, only decided."""
         rows = [(run, self._id("nodes", a["node"]) if a.get("node") else None, a["kind"], a.get("subject"),
                  a.get("reason"), 1 if a.get("shadow") else 0) for a in actions]
         if not rows:

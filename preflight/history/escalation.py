@@ -19,7 +19,7 @@ The drain policy (with --drain and a --history):
   all-reduce) drains only once the same fault was seen on the node in `drain_after` runs within
   `drain_window_s`: one noisy night never drains a node, and a retest-class fault that keeps coming
   back is no longer left in service forever;
-- the circuit breaker: when the nodes preflight drained within `breaker_window_s` plus this run's
+- the circuit breaker: when the nodes preflight drained (or cordoned) within `breaker_window_s` plus this run's
   would exceed `breaker_fraction` of the fleet, this run drains nothing new (NVSentinel's circuit
   breaker: 50% of nodes in 5 minutes, docs.nvidia.com/nvsentinel components/circuit-breaker);
 - --shadow: every decision is recorded (actions.shadow = 1) and printed, nothing is drained.
@@ -163,7 +163,7 @@ def breaker(h: History, now: float, s: Settings, fleet: int, new: Sequence[str])
     """Why draining `new` now would trip the circuit breaker, or None."""
     recent = {r[0] for r in h.conn.execute(
         "SELECT n.name FROM actions a JOIN runs r ON r.id = a.run_id JOIN nodes n ON n.id = a.node_id"
-        " WHERE a.kind='drain' AND a.shadow=0 AND r.started_at >= ?", (now - s.breaker_window_s,))}
+        " WHERE a.kind IN ('drain', 'cordon') AND a.shadow=0 AND r.started_at >= ?", (now - s.breaker_window_s,))}
     total = recent | set(new)
     if not new or fleet <= 0 or len(total) <= s.breaker_fraction * fleet:
         return None

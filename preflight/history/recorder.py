@@ -34,12 +34,14 @@ def open_history(path: str, say: Say) -> Tuple[History, Optional[str]]:
 
 
 def decide(h: History, doc: Mapping[str, Any], findings: Sequence[Any], cluster: Mapping[str, Any],
-           would_drain: Optional[Callable[[List[Any]], List[str]]], shadow: bool, say: Say) -> Tuple[List[Any], List[Dict[str, Any]]]:
+           would_drain: Optional[Callable[[List[Any]], List[str]]], shadow: bool, say: Say,
+           kind: str = "drain") -> Tuple[List[Any], List[Dict[str, Any]]]:
     """The findings the drain step should act on, and the actions to record with the run.
 
-    would_drain(findings) -> the nodes the drain step would drain from those findings (None: no
-    --drain, only escalations are decided). With shadow, nothing is drained: the returned findings hold
-    every node back, and the decisions are recorded as shadow actions."""
+    would_drain(findings) -> the nodes the drain step would take out from those findings (None: no
+    --drain, only escalations are decided); kind: what the applier's drain is called, recorded as the
+    action's kind ("drain" for Slurm, "cordon" for Kubernetes). With shadow, nothing is taken out: the
+    returned findings hold every node back, and the decisions are recorded as shadow actions."""
     from preflight.common import printable
 
     s = escalation.Settings.from_cluster(cluster)
@@ -63,13 +65,14 @@ def decide(h: History, doc: Mapping[str, Any], findings: Sequence[Any], cluster:
     if policy.breaker or shadow:
         held = escalation.DrainPolicy(held={n: "circuit breaker" if policy.breaker else "shadow" for n in new})
         out = escalation.drain_input(out, held)
-        kind = "breaker" if policy.breaker else "drain"
-        actions.extend({"node": n, "kind": kind, "reason": policy.breaker or "would drain", "shadow": shadow} for n in new)
+        decided = "breaker" if policy.breaker else kind
+        actions.extend({"node": n, "kind": decided, "reason": policy.breaker or "would %s" % kind, "shadow": shadow}
+                       for n in new)
         if shadow and new:
-            say("shadow: would have drained %s; drained nothing" % ", ".join(sorted(new)))
+            say("shadow: would have %sed %s; %sed nothing" % (kind, ", ".join(sorted(new)), kind))
     else:
         why = {f.node: "%s: %s" % (f.check, f.message) for f in reversed(out) if f.status.is_problem}
-        actions.extend({"node": n, "kind": "drain", "reason": policy.confirmed.get(n) or why.get(n), "shadow": False}
+        actions.extend({"node": n, "kind": kind, "reason": policy.confirmed.get(n) or why.get(n), "shadow": False}
                        for n in new)
     return out, actions
 

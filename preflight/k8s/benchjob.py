@@ -13,7 +13,7 @@ the agent pods. One run:
        is stuck on what does not resolve by itself (Unschedulable: its GPUs are in use; ImagePullBackOff:
        kubectl.STUCK_REASONS): such a node is a named failure at once, the others go on.
     3. `kubectl attach -i` to each pod with its node's payload, exactly the exec payload (one KubeSession
-       a node with attach=True, driven by the same Fleet pool and deadlines); results come back on the
+       a node with attach=True, driven by the same SessionPool and deadlines); results come back on the
        attach stream (they are in the pods' logs too).
     4. delete the Job (its pods with it), always: after the run, on a timeout, on Ctrl-C/SIGTERM
        (KubeFleet.cancel). A preflight that was SIGKILLed cannot: its Job (annotated preflight/owner: the
@@ -42,7 +42,7 @@ from preflight.k8s import manifest
 from preflight.k8s.kubectl import KubeError, NodePod, parse_node_pods, said, stuck_reason
 from preflight.transport import bundle
 from preflight.transport.contract import NodeFailure, Outcome, Progress
-from preflight.transport.fleet import Fleet
+from preflight.transport.pool import SessionPool
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class BenchJob:
         self.jobs = 0
         self._lock = threading.Lock()
         self._job: Optional[str] = None
-        self._fleet: Optional[Fleet] = None
+        self._fleet: Optional[SessionPool] = None
         self._cancelled = False
 
     def run(self, configs: Dict[str, Dict[str, Any]], deadline_of: Callable[[NodeSpec], float]) -> Dict[str, Outcome]:
@@ -157,7 +157,7 @@ class BenchJob:
                 outcomes[node] = Outcome(node, failure=NodeFailure("unreachable", "all-reduce pod for %s did not run "
                                                                    "(--k8s-wait %g s): %s" % (node, self.target.launch_wait_s, why)))
             if pods:
-                fleet = Fleet([self.specs[n] for n in pods], self.parallel, False, self.progress,
+                fleet = SessionPool([self.specs[n] for n in pods], self.parallel, False, self.progress,
                               connect=lambda spec: self.attach(spec, pods[spec.name]))
                 with self._lock:
                     self._fleet = fleet

@@ -1,8 +1,8 @@
 """Kubernetes as a transport: the bundle goes into each node's agent pod over `kubectl exec -i`.
 
-The same contract as preflight.transport.fleet.Fleet — `run(configs, deadline_of) -> {node: Outcome}`,
-cancel, close, describe — and in fact the same pool: KubeFleet is a Fleet whose sessions are KubeSessions,
-so the engine, the rules, the report and the bench never know which engine carried the bundle.
+The same contract as preflight.transport.pool.SessionPool — `run(configs, deadline_of) -> {node: Outcome}`,
+cancel, close, describe — and in fact the same pool: KubeFleet is a SessionPool whose sessions are KubeSessions,
+so the engine, the rules, the report and the bench never know which backend carried the bundle.
 
 One phase on one node is one process on the controller:
 
@@ -51,7 +51,7 @@ from preflight.k8s.kubectl import (AGENT_LABEL, CONTAINER, NodePod, Kubectl, Kub
                                    parse_nodes, said)
 from preflight.transport import bundle
 from preflight.transport.contract import NodeFailure, Outcome, Progress, RunResult, Session
-from preflight.transport.fleet import Fleet
+from preflight.transport.pool import SessionPool
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +341,7 @@ class KubeSession(Session):
         self.end_kept()
 
 
-class KubeFleet(Fleet):
+class KubeFleet(SessionPool):
     """The SSH fleet's pool over KubeSessions: same run / cancel / close, same Outcome per node.
 
     A run of bench configs (the all-reduce) goes to an Indexed Job instead (preflight.k8s.benchjob)."""

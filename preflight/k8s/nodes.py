@@ -1,8 +1,10 @@
-"""Act on Kubernetes nodes from a run's findings: cordon+taint failing ones, resume only preflight's own.
+"""Kubernetes applies the drain policy (preflight.actions.policy): cordon+taint failing nodes, resume only
+preflight's own.
 
-The policy is Slurm's (preflight.slurm.drain.plan: a failing node is drained, a node someone else took out
-is left alone, --resume returns only nodes preflight took out that pass now, nothing is drained when more
-than --max-drain-fraction fail); only the mechanism differs:
+The policy is the scheduler-neutral one (a failing node is taken out, a node someone else took out is left
+alone, --resume returns only nodes preflight took out that pass now, nothing is taken out when more than
+--max-drain-fraction fail; with --history, N-in-W, the circuit breaker and --shadow decided before it);
+only the mechanism is Kubernetes':
 
     drain    spec.unschedulable=true, the taint preflight/unhealthy=<check>:NoSchedule and the annotation
              preflight/drained="preflight: <check>: <finding>" (who did it and why)
@@ -32,12 +34,13 @@ import re
 import shlex
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from preflight.common import fold
 from preflight.k8s.kubectl import Kubectl, KubeError, NodeState, parse_nodes, said
+from preflight.actions import policy
+from preflight.actions.policy import Mark, Request
 from preflight.model import Finding
-from preflight.slurm import drain as policy
 
 ANNOTATION = "preflight/drained"
 TAINT_KEY = "preflight/unhealthy"
@@ -66,26 +69,29 @@ def stale_marks(node: NodeState) -> bool:
     return not node.unschedulable and (ANNOTATION in node.annotations or has_taint(node))
 
 
-def as_slurm_state(node: NodeState) -> Dict[str, Any]:
-    """A node in the shape the shared policy reads: cordoned = DRAIN; preflight's whole cordon = our reason."""
-    state = ["DRAIN"] if node.unschedulable else ["IDLE"]
-    reason = node.annotations.get(ANNOTATION)
+def mark_of(node: NodeState) -> Mark:
+    """A node in the policy's words: cordoned = out of service; preflight's whole cordon = ours; any other
+    cordon (no annotation of preflight's, or its taint taken off by hand) = someone else's."""
+    theirs = None
     if node.unschedulable and not cordoned_by_us(node):
-        reason = ("unschedulable without preflight's %s annotation" % ANNOTATION if not policy.ours(reason) else
-                  "unschedulable with preflight's annotation but without its %s taint (changed by hand)" % TAINT_KEY)
-    return {"state": state, "reason": reason}
+        theirs = "cordoned by someone else: " + (
+            "unschedulable without preflight's %s annotation" % ANNOTATION
+            if not policy.ours(node.annotations.get(ANNOTATION)) else
+            "unschedulable with preflight's annotation but without its %s taint (changed by hand)" % TAINT_KEY)
+    back = theirs or (None if node.unschedulable else "not cordoned any more: schedulable")
+    return Mark(out=node.unschedulable, theirs=theirs, back=back)
 
 
 @dataclass
 class Actions:
-    plan: Any  # preflight.slurm.drain.Plan
+    plan: policy.Plan
     labels: Dict[str, str] = field(default_factory=dict)  # node -> pass|fail for nodes not left alone
     cleared: List[str] = field(default_factory=list)  # in service with preflight's stale marks: cleared
     errors: List[str] = field(default_factory=list)
     done: List[str] = field(default_factory=list)
 
     def lines(self) -> List[str]:
-        out = [line.replace("drained by someone else", "cordoned by someone else") for line in self.plan.lines()]
+        out = self.plan.lines()
         if self.cleared:
             out.append("cleared preflight's annotation and taint from %s (uncordoned by hand since preflight "
                        "cordoned it)" % fold(self.cleared))
@@ -96,8 +102,8 @@ def plan(findings: Iterable[Finding], nodes: Dict[str, NodeState], drain: bool, 
          max_fraction: float = 0.2) -> Actions:
     """What to cordon, resume and label, from this run's findings and the nodes as read before acting."""
     findings = list(findings)
-    state = {name: as_slurm_state(n) for name, n in nodes.items()}
-    p = policy.plan(findings, list(nodes), state, drain=drain, resume=resume, max_fraction=max_fraction)
+    marks = {name: mark_of(n) for name, n in nodes.items()}
+    p = policy.plan(findings, list(nodes), marks, drain=drain, resume=resume, max_fraction=max_fraction)
     worst = policy.worst_findings(findings)
     labels = {n: ("fail" if n in worst else "pass") for n in nodes if n not in p.left_alone}
     cleared = [n for n in labels if stale_marks(nodes[n]) and n not in p.drain]
@@ -168,7 +174,7 @@ def apply(actions: Actions, kubectl: Kubectl, nodes: Dict[str, NodeState], findi
                 if fresh.unschedulable and not cordoned_by_us(fresh):
                     actions.plan.drain.pop(name, None)
                     actions.labels.pop(name, None)
-                    actions.plan.left_alone[name] = as_slurm_state(fresh)["reason"]
+                    actions.plan.left_alone[name] = mark_of(fresh).theirs or "cordoned by someone else"
                     return
             node = fresh
 
@@ -190,3 +196,29 @@ def _reread(kubectl: Kubectl, name: str) -> Optional[NodeState]:
 
 def summary(actions: Actions) -> str:
     return "cordoned %s; resumed %s" % (fold(actions.plan.drain) or "none", fold(actions.plan.resume) or "none")
+
+
+class KubeApplier:
+    """The policy carried out on Kubernetes nodes with merge patches (preflight.actions.policy.Applier)."""
+
+    kind = "cordon"
+
+    def __init__(self, target: Any) -> None:
+        self.target = target  # preflight.k8s.fleet.Target: the kubectl and the nodes as read before the run
+
+    def marks(self) -> Dict[str, Mark]:
+        return {name: mark_of(node) for name, node in self.target.nodes.items()}
+
+    def wanted(self, request: Request) -> bool:
+        return request.drain or request.resume
+
+    def act(self, findings: Sequence[Finding], nodes: Sequence[str], request: Request,
+            say: Callable[[str], None]) -> List[Dict[str, Any]]:
+        target = self.target
+        actions = plan(findings, target.nodes, drain=request.drain, resume=request.resume,
+                       max_fraction=request.max_fraction)
+        shown = apply(actions, target.kubectl, target.nodes, findings, dry_run=request.dry_run)
+        for line in actions.lines() + ["would run: " + line for line in shown]:
+            say(line)
+        actions.plan.done = [(n, "resume") for n in actions.plan.resume if n in actions.done]
+        return policy.resumed(actions.plan, "cordon, taint and annotation removed")

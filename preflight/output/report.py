@@ -17,6 +17,7 @@ from preflight import common
 from preflight.common import plural
 from preflight.engine import RunReport
 from preflight.model import ACTIONS, Finding, Status, is_consequence, not_run, unavailable
+from preflight.transport import backends
 
 STYLE = {
     Status.PASS: "green",
@@ -323,18 +324,6 @@ def render(report: RunReport, console: Any, verbose: bool = False) -> None:
 
 NODE_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "unavailable": "yellow"}
 
-#: The fix for an unreachable node when Slurm carried the run: Slurm's words, not SSH's.
-SLURM_SSH_FIX = ("check the node's slurmd (systemctl status slurmd; its log), what Slurm says of it "
-                 "(scontrol show node NODE: State, Reason) and munge (munge -n | ssh NODE unmunge, clocks in "
-                 "sync); python3 must be on the nodes' PATH under srun (or give --python)")
-
-
-#: ... and when Kubernetes carried it (preflight/k8s): the agent pod, the node's kubelet, the operator's rights.
-K8S_SSH_FIX = ("check the node's preflight agent pod (kubectl -n preflight describe pod POD: events, image), the "
-               "node's kubelet (kubectl describe node NODE: Ready) and your rights (kubectl auth can-i create "
-               "pods --subresource=exec -n preflight); python3 must be in the agent's image")
-
-
 #: up to this many failed checks the report prints why each matters as well as its fix; beyond it, the
 #: fixes alone (the why stays in `preflight checks`), so a many-cause incident still fits one screen
 WHY_MAX = 3
@@ -343,9 +332,9 @@ WHY_MAX = 3
 def fix_text(report: RunReport, check: str) -> str:
     """A check's fix as printed under the report: the catalogue's, except where the transport changes
     what an operator does about it (an unreachable node under Slurm is slurmd/munge, not sshd/keys)."""
-    kind = (report.transport or {}).get("kind")
-    if check == "ssh" and kind in ("slurm", "k8s"):
-        return SLURM_SSH_FIX if kind == "slurm" else K8S_SSH_FIX
+    backend = backends.by_kind((report.transport or {}).get("kind"))
+    if check == "ssh" and backend is not None and backend.unreachable_fix:
+        return backend.unreachable_fix  # the backend's words (slurmd/munge, the agent pod), not SSH's
     return catalogue.entry(check).fix
 
 

@@ -1,61 +1,32 @@
-"""Drain failing Slurm nodes and return to service the ones preflight drained that now pass.
+"""Slurm applies the drain policy (preflight.actions.policy): scontrol drain / resume, and nodes Slurm had
+out of service set aside.
 
-Decisions:
-- A node is drained when one of its findings is fail or error and a check decided a fault there: a node
-  whose worst finding's action is *retest* (an ERROR: the check could not decide, e.g. a result damaged
-  in transit) is not drained, and is named "not drained ... retest" (a false drain costs a healthy node
-  as surely as a missed fault costs a job); it counts toward neither the blast radius nor --resume. The
-  reason is
-  `preflight: <check>: <finding>` cut to REASON_MAX characters (Slurm keeps the reason whole, but
-  `sinfo -R` and admins' eyes do not), on one line. The reason names the root cause: a FAIL before an
-  ERROR, and never a consequence ("mtu: not tested: no data interface" when nic FAILs on the node).
-- A node drained by someone else (any reason not starting `preflight:`) or marked DOWN by Slurm is never
-  touched, also when that happened during the run: each node is read again just before each `scontrol
-  update` (drain, re-drain of a node resumed for its recheck, resume), and one that is someone else's now
-  is named "left alone: n003 (drained by someone else during this run: ...)". A node Slurm had out of service when the run began is *unavailable* (set_aside): not
-  checked, named with its state and reason, not counted in the exit code or the blast radius
-  (--count-unavailable counts it as failing, as before).
-- `--resume` returns to service only nodes whose drain reason starts `preflight:` and which passed this
-  run (they were checked: findings exist for them and none is a problem).
-- When more than `max_fraction` of the nodes this run checked fail, nothing is drained: a fabric-wide
-  fault must not empty the cluster. The run says so, with its figures (failed / checked, unavailable
-  nodes left out of both).
-- scontrol is run with argv lists (no shell); `dry_run` only returns the commands.
+- A node's Slurm state ({"state", "reason"}) becomes the policy's Mark: drained or draining is out of
+  service; drained by someone else (any reason not starting `preflight:`) or DOWN is theirs, never
+  touched, also when that happened during the run (each node is read again just before each `scontrol
+  update`: drain, re-drain of a node resumed for its recheck, resume).
+- A node Slurm had out of service when the run began is *unavailable* (set_aside): not checked, named
+  with its state and reason, not counted in the exit code or the blast radius (--count-unavailable
+  counts it as failing, as before).
+- scontrol is run with argv lists (no shell); `dry_run` only prints the commands.
 """
 
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Sequence
 
-from preflight.common import fold, plural, printable
-from preflight.model import UNAVAILABLE, Finding, Status, is_consequence, unavailable
-from preflight.slurm.scontrol import REASON_PREFIX, SlurmError, down as _down, drained as _drained, left_alone_why, node_info, ours
-
-PREFIX = REASON_PREFIX
-REASON_MAX = 120
+from preflight.actions import policy
+from preflight.actions.policy import REASON_MAX, Mark, Request, reason_for, worst_findings  # noqa: F401  (the policy's
+# words, where Slurm's callers have read them)
+from preflight.model import UNAVAILABLE, Finding, Status
+from preflight.slurm.scontrol import down as _down, drained as _drained, left_alone_why, node_info
 
 
-def reason_for(finding: Finding) -> str:
-    text = printable(" ".join(("%s %s: %s" % (PREFIX, finding.check, finding.message)).split()))  # scontrol show node
-    return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3] + "..."
-
-
-def worst_findings(findings: Iterable[Finding]) -> Dict[str, Finding]:
-    """{node: the finding its drain reason (and node-mode headline) names}: the root cause. The ssh
-    finding first (the transport explains every 'not checked'), then a finding that is not a
-    consequence (`model.is_consequence`: "not tested: no data interface" beside nic's FAIL), then a
-    FAIL (a decided fault) before an ERROR (a check that could not decide)."""
-    worst: Dict[str, Finding] = {}
-
-    def key(f: Finding) -> Any:
-        return (f.check == "ssh", not is_consequence(f), f.status is Status.FAIL)
-
-    for f in findings:
-        if f.node is not None and f.status.is_problem and (f.node not in worst or key(f) > key(worst[f.node])):
-            worst[f.node] = f
-    return worst
+def mark_of(info: Dict[str, Any]) -> Mark:
+    """A Slurm node state ({"state": [...], "reason": str|None}) in the policy's words."""
+    return Mark(out=_drained(list(info.get("state") or [])), theirs=left_alone_why("drain", info),
+                back=left_alone_why("resume", info))
 
 
 def set_aside(findings: Iterable[Finding], out_of_service: Dict[str, Dict[str, Any]], strict: bool = False) -> List[Finding]:
@@ -74,39 +45,11 @@ def set_aside(findings: Iterable[Finding], out_of_service: Dict[str, Dict[str, A
     return out
 
 
-@dataclass
-class Plan:
-    drain: Dict[str, str] = field(default_factory=dict)  # node -> reason
-    resume: List[str] = field(default_factory=list)
-    left_alone: Dict[str, str] = field(default_factory=dict)  # node -> someone else's reason
-    refused: Optional[str] = None
-    undecided: List[str] = field(default_factory=list)  # problems only a check that could not decide: not drained
-    resumed_already: List[str] = field(default_factory=list)  # in service since the recheck reservation
-
-    def updates(self) -> List[Tuple[str, str, List[str]]]:
-        """(node, "drain" | "resume", the scontrol argv) for each update the plan makes, drains first."""
-        out = [(n, "drain", ["scontrol", "update", "nodename=%s" % n, "state=drain", "reason=%s" % r])
-               for n, r in sorted(self.drain.items())]
-        out += [(n, "resume", ["scontrol", "update", "nodename=%s" % n, "state=resume"]) for n in sorted(self.resume)
-                if n not in self.resumed_already]
-        return out
+class Plan(policy.Plan):
+    """The policy's plan, with the scontrol commands that carry it out."""
 
     def commands(self) -> List[List[str]]:
-        return [argv for _, _, argv in self.updates()]
-
-    def lines(self) -> List[str]:
-        out = []
-        if self.refused:
-            out.append("drain: refused: %s" % self.refused)
-        if self.drain:
-            out.append("drain: %s" % fold(self.drain))
-        if self.undecided:
-            out.append("not drained: %s (no check decided a fault there: retest)" % fold(self.undecided))
-        if self.resume:
-            out.append("resume: %s" % fold(self.resume))
-        for node, why in sorted(self.left_alone.items()):
-            out.append("left alone: %s (%s)" % (node, why))
-        return [printable(line) for line in out]  # another user's reason, as Slurm holds it
+        return [argv_for(self, node, kind) for node, kind in self.steps()]
 
 
 def plan(findings: Iterable[Finding], checked: Sequence[str], slurm_state: Dict[str, Dict[str, Any]],
@@ -115,60 +58,30 @@ def plan(findings: Iterable[Finding], checked: Sequence[str], slurm_state: Dict[
 
     checked: the nodes this run covered. slurm_state: {node: {"state": [...], "reason": str|None}}.
     """
-    findings = list(findings)
-    worst = worst_findings(findings)
-    aside = {f.node for f in findings if unavailable(f)}
-    seen = {f.node for f in findings if f.node is not None and not unavailable(f)}
-    out = Plan()
-    for node in checked:
-        info = slurm_state.get(node) or {"state": [], "reason": None}
-        reason = info.get("reason")
-        why = left_alone_why("drain", info)
-        if why is not None:
-            out.left_alone[node] = why
-            continue
-        if node in aside:  # not checked in this run (e.g. drained by preflight, no --resume): as it is
-            continue
-        if node in worst:
-            if worst[node].action == "retest":  # no check decided a fault: run it again, never drain for it
-                out.undecided.append(node)
-            elif drain and not _drained(info["state"]):
-                out.drain[node] = reason_for(worst[node])
-        elif resume and node in seen and _drained(info["state"]) and ours(reason):
-            out.resume.append(node)
-    judged = [n for n in checked if n not in out.left_alone and n not in aside]
-    failing = [n for n in judged if n in worst and n not in out.undecided]
-    if out.drain and judged and len(failing) > max_fraction * len(judged):
-        left_out = len(checked) - len(judged)
-        out.refused = ("%s of the %d checked in this run failed (%.0f%% > --max-drain-fraction %.0f%%%s): looks "
-                       "cluster-wide (fabric, config), not per node; drained nothing (would have drained %s)" % (
-                           plural(len(failing), "node"), len(judged), 100.0 * len(failing) / len(judged), 100 * max_fraction,
-                           "; %d unavailable or left alone not counted" % left_out if left_out else "", fold(out.drain)))
-        out.drain = {}
-    return out
+    marks = {node: mark_of(info) for node, info in slurm_state.items()}
+    return policy.plan(findings, checked, marks, drain=drain, resume=resume, max_fraction=max_fraction, into=Plan)
 
 
-def apply(p: Plan, run: Any, read: Callable[[str], Dict[str, Any]]) -> List[str]:
+def argv_for(p: policy.Plan, node: str, kind: str) -> List[str]:
+    """The scontrol update for one step of the plan."""
+    if kind == "drain":
+        return ["scontrol", "update", "nodename=%s" % node, "state=drain", "reason=%s" % p.drain[node]]
+    return ["scontrol", "update", "nodename=%s" % node, "state=resume"]
+
+
+def apply(p: policy.Plan, run: Callable[[List[str]], Any], read: Callable[[str], Dict[str, Any]]) -> List[str]:
     """Run the plan's scontrol updates with `run(argv) -> CompletedProcess`, each just after re-reading its
-    node with `read(node) -> {"state", "reason"}`: a node someone drained (or Slurm set DOWN) since the run
-    began is theirs, so it leaves the plan for p.left_alone ("during this run"); a node that cannot be
-    re-read is not touched. Returns error lines."""
-    errors = []
-    for node, kind, argv in p.updates():
-        try:
-            why = left_alone_why(kind, read(node))
-        except SlurmError as exc:
-            errors.append("could not re-read %s before its %s (%s): left as it is" % (node, kind, exc.message))
-            continue
-        if why is not None:
-            p.left_alone[node] = why.replace("someone else", "someone else during this run", 1)
-            p.drain.pop(node, None)
-            p.resume = [n for n in p.resume if n != node]
-            continue
+    node with `read(node) -> {"state", "reason"}` (policy.apply: a node someone drained, or Slurm set
+    DOWN, since the run began is left alone; one that cannot be re-read is not touched). Returns error lines."""
+
+    def update(node: str, kind: str) -> Any:
+        argv = argv_for(p, node, kind)
         done = run(argv)
         if done.returncode != 0:
-            errors.append("%s failed: %s" % (" ".join(argv[:3]), (done.stderr or "").strip()[:200]))
-    return errors
+            return "%s failed: %s" % (" ".join(argv[:3]), (done.stderr or "").strip()[:200])
+        return None
+
+    return policy.apply(p, update, lambda node: mark_of(read(node)))
 
 
 def _read_node(node: str) -> Dict[str, Any]:
@@ -176,11 +89,12 @@ def _read_node(node: str) -> Dict[str, Any]:
 
 
 def act(findings: Sequence[Finding], nodes: Sequence[str], alloc: Any, drain: bool, resume: bool, max_fraction: float,
-        dry_run: bool, say: Callable[[str], None]) -> None:
+        dry_run: bool, say: Callable[[str], None]) -> Plan:
     """--drain / --resume on the run's allocation (preflight.slurm.allocation.Allocation): plan from the
     findings and Slurm's state before the run, say the plan, then apply it (or, dry_run, print the
     scontrol commands). The nodes resumed for the recheck (alloc.held) are drained again, with this
-    run's reason or their old one, unless they passed; then the allocation is settled."""
+    run's reason or their old one, unless they passed; then the allocation is settled. Returns the plan
+    (p.done: the updates carried out)."""
     from preflight.slurm import scontrol
 
     held = alloc.held
@@ -195,10 +109,33 @@ def act(findings: Sequence[Finding], nodes: Sequence[str], alloc: Any, drain: bo
     if dry_run:
         for line in p.lines():
             say(line)
-        for argv in p.commands():
-            say("would run: " + shlex.join(argv))
-        return
+        for node, kind in p.steps():
+            say("would run: " + shlex.join(argv_for(p, node, kind)))
+        return p
     errors = apply(p, scontrol.run, _read_node)
     for line in p.lines() + ["drain: " + line for line in errors]:  # what was done, after the re-reads
         say(line)
     alloc.settle()  # the held nodes are drained again or returned, as the plan says: the reservation goes
+    p.done.extend((n, "resume") for n in p.resumed_already)
+    return p
+
+
+class SlurmApplier:
+    """The policy carried out with scontrol on the run's allocation (preflight.actions.policy.Applier)."""
+
+    kind = "drain"
+
+    def __init__(self, alloc: Any) -> None:
+        self.alloc = alloc
+
+    def marks(self) -> Dict[str, Mark]:
+        state = self.alloc.state if self.alloc is not None else {}
+        return {node: mark_of(info) for node, info in state.items()}
+
+    def wanted(self, request: Request) -> bool:
+        return self.alloc is not None and (request.drain or request.resume or bool(self.alloc.held))
+
+    def act(self, findings: Sequence[Finding], nodes: Sequence[str], request: Request,
+            say: Callable[[str], None]) -> List[Dict[str, Any]]:
+        p = act(findings, nodes, self.alloc, request.drain, request.resume, request.max_fraction, request.dry_run, say)
+        return policy.resumed(p, "scontrol update state=resume")

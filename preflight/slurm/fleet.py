@@ -1,7 +1,7 @@
 """Slurm as a transport: the allocation is the inventory, one srun step per phase carries the bundle.
 
 The transport contract (preflight.transport.contract.Fleet) — `run(configs, deadline_of) -> {node: Outcome}` — so the
-engine, the rules, the report and the bench never know which engine carried the bundle.
+engine, the rules, the report and the bench never know which backend carried the bundle.
 
 One job step across all the nodes carries every phase of a run, one task per node:
 

@@ -19,6 +19,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preflight.common import expand, fold
+from preflight.actions.policy import REASON_PREFIX, ours  # noqa: F401  (whose a reason is: the policy's words)
 from preflight.errors import PreflightError
 
 SRUN = "srun"
@@ -60,15 +61,6 @@ GRANTED_RE = re.compile(r"Granted job allocation (\d+)")
 CONTROLLER_FAIL_RE = re.compile(r"(Unable to confirm allocation for job \S+|Unable to create step for job \S+|"
                                 r"Unable to contact slurm controller|Slurm job \S+ has expired|"
                                 r"Only allocated \d+ nodes asked for \d+)(?::\s*(.*))?$", re.M)
-
-
-#: How a drain reason preflight wrote begins (preflight.slurm.drain): only such drains are preflight's to undo.
-REASON_PREFIX = "preflight:"
-
-
-def ours(reason: Optional[str]) -> bool:
-    """A drain reason preflight wrote (the node-mode wrapper's included)."""
-    return bool(reason) and reason.startswith(REASON_PREFIX)
 
 
 def drained(state: Sequence[str]) -> bool:

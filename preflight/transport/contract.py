@@ -1,7 +1,7 @@
-"""The transport contract: what every engine (SSH, local, Slurm, Kubernetes) delivers to the engine above it.
+"""The transport contract: what every backend (SSH, local, Slurm, Kubernetes) delivers to the engine above it.
 
 Everything above a transport (the phases in preflight/engine.py, the rules, the report, the env file, the
-all-reduce launcher) sees only the names in this module, so it never knows which engine carried the bundle.
+all-reduce launcher) sees only the names in this module, so it never knows which backend carried the bundle.
 
 A **Fleet** runs the probe bundle (preflight/transport/bundle.py) on many nodes at once:
 
@@ -10,16 +10,16 @@ A **Fleet** runs the probe bundle (preflight/transport/bundle.py) on many nodes 
                     The result has the same keys, in the same order. Nodes not named are left alone
                     (a process kept for them by an earlier `then=True` run is ended first).
         deadline_of deadline_of(NodeSpec) -> seconds: the node's whole run (connect/launch included) must
-                    end within it; an engine whose launch runs the node's login shell may count it from
+                    end within it; a backend whose launch runs the node's login shell may count it from
                     when that shell started the command, and bound the shell's start on its own (SSH:
                     its start-up files may be slow on a healthy node; NodeFailure "login_shell"). A node past it is Outcome(failure=NodeFailure("timeout", ...)) and
                     everything the run started on it is killed; it never delays the other nodes beyond
                     their own deadlines.
-        then        another phase follows on these nodes: an engine may keep each node's process waiting
+        then        another phase follows on these nodes: a backend may keep each node's process waiting
                     for the next config (bundle.py "more": true) instead of starting a new one.
         One node's failure is data, never an exception: Outcome.failure is a NodeFailure whose kind is
         one of NodeFailure.KINDS and whose message names the cause and the fix. An Outcome with a result
-        is a node that answered; an engine must never turn a received result into a failure (a process
+        is a node that answered; a backend must never turn a received result into a failure (a process
         that cannot exit after it printed its result still answered). Only a fault of preflight itself,
         or Ctrl-C (KeyboardInterrupt, after cancel()), propagates.
     fleet.cancel()      kill every run in flight, on every node, and start no more (Ctrl-C; any thread).
@@ -31,11 +31,11 @@ A **Fleet** runs the probe bundle (preflight/transport/bundle.py) on many nodes 
 A node's stdout is read with **bundle.ResultReader** (feed bytes as they arrive, has_result() as soon as
 the whole result is in, finish() -> RunResult). It reassembles the framed result (the `preflight-part`
 lines, each with its sequence number and the result line with the length and checksum of the whole),
-so a line an engine splits, joins or interleaves is put back together or detected, in time linear in
-the result's size. A new engine feeds it whatever the node printed, line by line or in any chunks.
+so a line a backend splits, joins or interleaves is put back together or detected, in time linear in
+the result's size. A new backend feeds it whatever the node printed, line by line or in any chunks.
 
-A **Session** is one node's connection for an engine that has one per node (SSH, local); fleet.Fleet
-drives sessions. An engine that launches many nodes in one command (Slurm's srun step, a Kubernetes
+A **Session** is one node's connection for a backend that has one per node (SSH, local); pool.SessionPool
+drives sessions. A backend that launches many nodes in one command (Slurm's srun step, a Kubernetes
 Job) implements Fleet directly.
 """
 
@@ -103,7 +103,7 @@ class Outcome:
 
 
 class Fleet(Protocol):
-    """An engine that runs the bundle on many nodes (see the module docstring for the whole contract)."""
+    """A backend that runs the bundle on many nodes (see the module docstring for the whole contract)."""
 
     def run(self, configs: Dict[str, Dict[str, Any]], deadline_of: Callable[[NodeSpec], float],
             then: bool = False) -> Dict[str, Outcome]:
@@ -126,7 +126,7 @@ class Fleet(Protocol):
 
 
 class Session(Protocol):
-    """One node's connection that runs bundles (SSHSession, LocalSession); fleet.Fleet drives them.
+    """One node's connection that runs bundles (SSHSession, LocalSession); pool.SessionPool drives them.
 
     open() connects (raises NodeFailure); run_bundle(config, deadline_s, then) runs the bundle once and
     returns its RunResult (raises NodeFailure: timeout, unreachable, cancelled); with then=True a session

@@ -146,6 +146,18 @@ class ShellStarts:
             self._cond.notify_all()
 
 
+def _pump(chan: Any, run: bundle.ResultReader) -> bool:
+    """Feed what the channel holds now (stdout to the result reader, stderr kept); whether anything came."""
+    got = False
+    while chan.recv_ready():
+        run.feed(chan.recv(65536))
+        got = True
+    while chan.recv_stderr_ready():
+        run.err += chan.recv_stderr(65536)
+        got = True
+    return got
+
+
 class _ShellStart:
     """One login shell's start on a new channel: its own bound, and its place in the ShellStarts gate
     (given back once, when the pid line arrives or the run ends without it)."""
@@ -333,35 +345,7 @@ class SSHSession(Session):
         run = bundle.ResultReader()
         # a kept process waits for the next phase as long as this phase may last on the slowest node
         config = dict(config, deadline_s=deadline_s + 5, more=then, wait_s=deadline_s + bundle.NEXT_PHASE_SLACK_S)
-        blob: Optional[bytes] = None  # the zip, until the node asks for it (it has none kept) or finishes
-        kept, self._kept = self._kept, None
-        if kept is not None and (kept[0].closed or kept[0].exit_status_ready()):
-            kept = None  # the kept process is gone (its wait for this phase ran out): start anew
-        shell: Optional[_ShellStart] = None  # a new login shell starting, until its pid line arrives
-        try:
-            if kept is not None:
-                chan, run.pid = kept
-                sent_at = time.time()
-                chan.sendall(json.dumps(config, separators=(",", ":")).encode() + b"\n")
-            else:
-                # The payload is built before the remote command starts: until its pid arrives a Ctrl-C
-                # cannot kill it, so nothing slow (the first bundle build) may sit between the two.
-                payload = bundle.stdin_payload(config, ask=True)
-                blob = bundle.base_zip()
-                if not self.starts.enter(lambda: self.cancelled):
-                    raise NodeFailure("cancelled", "interrupted before the probe started")
-                # the login shell's start has its own bound: its start-up files may be slow on a healthy
-                # node (a shared home), and the run's deadline then counts from the command's start
-                shell = _ShellStart(self.starts, max(deadline_s, self.SHELL_START_S))
-                chan = self.conn.transport.open_session(timeout=self.spec.connect_timeout)
-                sent_at = time.time()
-                chan.exec_command(bundle.remote_command(self.spec.python))
-                chan.sendall(payload)
-                self.bundle = self.bundle or "kept"  # until the node asks for the zip
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            if shell is not None:
-                shell.done(reached=False)
-            raise NodeFailure("unreachable", "connection lost while starting the probe: %s" % (exc or type(exc).__name__)) from None
+        chan, sent_at, blob, shell = self._start(config, deadline_s, run)
         end = started + deadline_s
         cancel_at: Optional[float] = None
         keep = False
@@ -394,21 +378,9 @@ class SSHSession(Session):
                 if remaining <= 0 and shell is not None and shell.open:
                     raise login_shell_failure(shell.done(), run.err)  # no pid: nothing started to kill
                 if remaining <= 0:
-                    self._kill(run.pid)
-                    if self.kill_hung:
-                        self.close()  # the node's stdin watchdog ends the run when the connection drops
-                    raise NodeFailure(
-                        "timeout",
-                        "timed out: no answer within %g s%s" % (deadline_s, "; killed the remote process group" if run.pid else ""),
-                    )
+                    raise self._timed_out(run, deadline_s)
                 select.select([chan], [], [], min(remaining, 1.0))
-                got = False
-                while chan.recv_ready():
-                    run.feed(chan.recv(65536))
-                    got = True
-                while chan.recv_stderr_ready():
-                    run.err += chan.recv_stderr(65536)
-                    got = True
+                got = _pump(chan, run)
                 if run.wants_bundle is not None and blob is not None:
                     self._send_bundle(chan, run, blob)
                     blob = None
@@ -419,10 +391,7 @@ class SSHSession(Session):
                     break
                 if chan.closed and not got:
                     break
-            if run.refused and run.damage is None:  # the zip it asked for failed its SHA-256 on arrival
-                run.damage = "the probe bundle arrived damaged (%s)" % run.refused
-            if run.unsaved:
-                log.debug("%s: could not keep the probe bundle (%s): it is sent again next run", self.spec.name, run.unsaved)
+            self._note_bundle(run)
             if keep:
                 self._kept = (chan, run.pid)
                 return run.finish(None, sent_at, started)
@@ -432,28 +401,7 @@ class SSHSession(Session):
                 self._kill(run.pid)
                 return run.finish(None, sent_at, started)
             rc = chan.recv_exit_status() if chan.exit_status_ready() else None
-            # drain what is left after the exit status, within a bound: a background job started by the
-            # node's shell start-up file may hold stdout open for ever
-            drain_end = min(end, time.monotonic() + self.DRAIN_S)
-            held = False
-            while not chan.eof_received:
-                remaining = drain_end - time.monotonic()
-                if remaining <= 0:
-                    held = True
-                    break
-                select.select([chan], [], [], min(remaining, 0.5))
-                while chan.recv_ready():
-                    run.feed(chan.recv(65536))
-                while chan.recv_stderr_ready():
-                    run.err += chan.recv_stderr(65536)
-                if chan.closed:
-                    break
-            if held and run.pid is not None:
-                # the process group lives on (that background job): it was started by our command, so
-                # it does not outlive the run
-                log.info("%s: output still open %g s after the exit status; killing process group %d",
-                         self.spec.name, self.DRAIN_S, run.pid)
-                self._kill(run.pid)
+            self._drain_tail(chan, run, end)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise NodeFailure("unreachable", "connection lost during the probe: %s" % (exc or type(exc).__name__)) from None
         finally:
@@ -464,6 +412,80 @@ class SSHSession(Session):
             if not keep:
                 chan.close()
         return run.finish(rc, sent_at, started)
+
+    def _start(self, config: Dict[str, Any], deadline_s: float,
+               run: bundle.ResultReader) -> Tuple[Any, float, Optional[bytes], Optional["_ShellStart"]]:
+        """Send the config to the process kept from the last phase, or start a new one through the login
+        shell: (channel, when the config was sent, the bundle zip to send when the node asks for it or
+        None, the login shell's start until its pid line arrives or None)."""
+        import paramiko
+
+        blob: Optional[bytes] = None  # the zip, until the node asks for it (it has none kept) or finishes
+        kept, self._kept = self._kept, None
+        if kept is not None and (kept[0].closed or kept[0].exit_status_ready()):
+            kept = None  # the kept process is gone (its wait for this phase ran out): start anew
+        shell: Optional[_ShellStart] = None  # a new login shell starting, until its pid line arrives
+        try:
+            if kept is not None:
+                chan, run.pid = kept
+                sent_at = time.time()
+                chan.sendall(json.dumps(config, separators=(",", ":")).encode() + b"\n")
+                return chan, sent_at, blob, shell
+            # The payload is built before the remote command starts: until its pid arrives a Ctrl-C
+            # cannot kill it, so nothing slow (the first bundle build) may sit between the two.
+            payload = bundle.stdin_payload(config, ask=True)
+            blob = bundle.base_zip()
+            if not self.starts.enter(lambda: self.cancelled):
+                raise NodeFailure("cancelled", "interrupted before the probe started")
+            # the login shell's start has its own bound: its start-up files may be slow on a healthy
+            # node (a shared home), and the run's deadline then counts from the command's start
+            shell = _ShellStart(self.starts, max(deadline_s, self.SHELL_START_S))
+            chan = self.conn.transport.open_session(timeout=self.spec.connect_timeout)
+            sent_at = time.time()
+            chan.exec_command(bundle.remote_command(self.spec.python))
+            chan.sendall(payload)
+            self.bundle = self.bundle or "kept"  # until the node asks for the zip
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            if shell is not None:
+                shell.done(reached=False)
+            raise NodeFailure("unreachable", "connection lost while starting the probe: %s" % (exc or type(exc).__name__)) from None
+        return chan, sent_at, blob, shell
+
+    def _timed_out(self, run: bundle.ResultReader, deadline_s: float) -> NodeFailure:
+        """No answer within the deadline: the remote process group killed (and, with kill_hung, the
+        connection closed: the node's stdin watchdog ends the run when it drops); the failure to raise."""
+        self._kill(run.pid)
+        if self.kill_hung:
+            self.close()
+        return NodeFailure("timeout", "timed out: no answer within %g s%s" % (
+            deadline_s, "; killed the remote process group" if run.pid else ""))
+
+    def _note_bundle(self, run: bundle.ResultReader) -> None:
+        """What the node said of the bundle zip: damaged on arrival (the result's damage), or not kept."""
+        if run.refused and run.damage is None:  # the zip it asked for failed its SHA-256 on arrival
+            run.damage = "the probe bundle arrived damaged (%s)" % run.refused
+        if run.unsaved:
+            log.debug("%s: could not keep the probe bundle (%s): it is sent again next run", self.spec.name, run.unsaved)
+
+    def _drain_tail(self, chan: Any, run: bundle.ResultReader, end: float) -> None:
+        """Read what is left after the exit status, within a bound: a background job started by the node's
+        shell start-up file may hold stdout open for ever; its process group, started by our command, is
+        then killed so it does not outlive the run."""
+        drain_end = min(end, time.monotonic() + self.DRAIN_S)
+        held = False
+        while not chan.eof_received:
+            remaining = drain_end - time.monotonic()
+            if remaining <= 0:
+                held = True
+                break
+            select.select([chan], [], [], min(remaining, 0.5))
+            _pump(chan, run)
+            if chan.closed:
+                break
+        if held and run.pid is not None:
+            log.info("%s: output still open %g s after the exit status; killing process group %d",
+                     self.spec.name, self.DRAIN_S, run.pid)
+            self._kill(run.pid)
 
     def _send_bundle(self, chan: Any, run: bundle.ResultReader, blob: bytes) -> None:
         """The node kept no usable copy of this bundle (`run.wants_bundle` says why): send the zip."""

@@ -151,13 +151,13 @@ def test_phases_share_one_node_process_and_nothing_is_left(sim_cluster):
     a new process always prints its clock line first, a kept one does not); a node the next phase does
     not name has its kept process ended; after the last phase nothing is left."""
     from preflight import inventory
-    from preflight.transport.fleet import Fleet
+    from preflight.transport.pool import SessionPool
 
     cluster = sim_cluster(2)
     specs = inventory.load(cluster.inventory()).nodes
     cfg = {"mode": "probe", "checks": {"ssh": {}}, "probe_timeout_s": 20}
     with cluster.in_ctl():
-        fleet = Fleet(specs)
+        fleet = SessionPool(specs)
         try:
             one = fleet.run({s.name: cfg for s in specs}, lambda s: 30, then=True)
             assert all(o.failure is None and o.run.clock is not None for o in one.values()), one
@@ -177,7 +177,7 @@ def test_a_kept_process_that_overruns_the_next_phase_is_killed(sim_cluster):
     """The kept process's pid (from its first phase) is what the deadline kills: its process group,
     pings included, does not outlive the run."""
     from preflight import inventory
-    from preflight.transport.fleet import Fleet
+    from preflight.transport.pool import SessionPool
 
     cluster = sim_cluster(1)
     specs = inventory.load(cluster.inventory()).nodes
@@ -186,7 +186,7 @@ def test_a_kept_process_that_overruns_the_next_phase_is_killed(sim_cluster):
         "iface": "lo", "source_ip": "127.0.0.1", "mtu": 1500, "size": 1472, "small_size": 56, "count": 1000,
         "targets": [{"peer": "self", "ip": "127.0.0.1"}]}}}  # 1,000 pings 50 ms apart: 50 s
     with cluster.in_ctl():
-        fleet = Fleet(specs)
+        fleet = SessionPool(specs)
         try:
             assert fleet.run({"n001": first}, lambda s: 30, then=True)["n001"].failure is None
             out = fleet.run({"n001": slow}, lambda s: 3)["n001"]

@@ -316,3 +316,64 @@ def test_allreduce_interrupted_deletes_its_job(deployed):
     assert api.items("jobs") == []
     assert not [p for p in api.items("pods") if "bench" in p["metadata"]["name"]]
     _no_leftovers(cluster, api)
+
+
+# --- the drain policy on Kubernetes: the same N-in-W, circuit breaker and --shadow as Slurm's drains ---------
+
+
+def _decided(db):
+    from preflight.history.db import History
+
+    with History(db) as h:
+        return h.conn.execute("SELECT a.run_id, n.name, a.kind, a.shadow FROM actions a JOIN nodes n ON n.id = a.node_id"
+                              " ORDER BY a.run_id, a.kind").fetchall()
+
+
+def test_cordons_obey_the_history_policy_and_resumes_are_recorded(deployed, tmp_path):
+    """A config-class fault (mtu black hole: fix_config) is held the first run, shadowed the second, kept by
+    the circuit breaker the third (--drain-limit 0.1/1h: one node of eight is past 10%), cordoned the fourth,
+    and resumed once healed; the database says each decision with Kubernetes' word for it."""
+    cluster, api = deployed
+    db = str(tmp_path / "audit.sqlite")
+    argv = SELECT + ONLY_NET + ["--drain", "--history", db]
+
+    def cordoned(name):
+        return bool(api.get("nodes", name)["spec"].get("unschedulable"))
+
+    cluster.mtu_blackhole("n003")
+    first = _run(api, argv)
+    said = " ".join(first.stdout.split())
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert "not drained yet: n003: mtu seen in 1 of the 2 runs needed within 7 d (not a decided hardware fault)" in said, said
+    assert not cordoned("n003")
+
+    shadow = _run(api, argv + ["--shadow"])
+    assert "shadow: would have cordoned n003; cordoned nothing" in " ".join(shadow.stdout.split()), shadow.stdout
+    assert not cordoned("n003")
+
+    tripped = _run(api, argv + ["--drain-limit", "0.1/1h"])
+    assert "drain: circuit breaker: 1 nodes drained by preflight within 3600 s" in " ".join(tripped.stdout.split()), tripped.stdout
+    assert not cordoned("n003")
+
+    last = _run(api, argv)
+    assert cordoned("n003") and api.get("nodes", "n003")["metadata"]["annotations"]["preflight/drained"].startswith("preflight: mtu:")
+    assert not any(cordoned(n.name) for n in cluster.nodes if n.name != "n003"), last.stdout
+    cluster.heal()
+    back = _run(api, SELECT + ONLY_NET + ["--resume", "--history", db])
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert not cordoned("n003")
+    assert _decided(db) == [(1, "n003", "hold", 0), (2, "n003", "cordon", 1), (3, "n003", "breaker", 0),
+                            (4, "n003", "cordon", 0), (5, "n003", "resume", 0)]
+
+
+def test_drain_after_one_cordons_at_once_under_a_breaker_it_does_not_trip(deployed, tmp_path):
+    """The twin: with --drain-after 1/1d the same config-class fault cordons on its first run, under a circuit
+    breaker it does not trip (one node of eight, within --drain-limit 0.5/1h)."""
+    cluster, api = deployed
+    db = str(tmp_path / "audit.sqlite")
+    cluster.mtu_blackhole("n004")
+    out = _run(api, SELECT + ONLY_NET + ["--drain", "--history", db, "--drain-after", "1/1d", "--drain-limit", "0.5/1h"])
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert api.get("nodes", "n004")["spec"].get("unschedulable") is True, out.stdout
+    assert "not drained yet" not in out.stdout and "circuit breaker" not in out.stdout
+    assert _decided(db) == [(1, "n004", "cordon", 0)]

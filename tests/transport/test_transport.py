@@ -70,19 +70,19 @@ def test_local_result_counts_when_the_process_cannot_exit(tmp_path):
 
 
 def test_every_fleet_implements_the_written_contract():
-    """contract.Fleet is what the engine and the bench call: every engine's fleet has its methods, with
-    run's parameters in the same order (a new engine, e.g. Kubernetes, is added to this list)."""
+    """contract.Fleet is what the engine and the bench call: every backend's fleet has its methods, with
+    run's parameters in the same order (a new backend is added to this list)."""
     import inspect
 
     from preflight.k8s.fleet import KubeFleet
     from preflight.slurm.fleet import SlurmFleet
     from preflight.transport import contract
-    from preflight.transport.fleet import Fleet
+    from preflight.transport.pool import SessionPool
 
     wanted = [n for n in ("run", "cancel", "close", "describe", "__enter__", "__exit__") if n in vars(contract.Fleet)]
     assert len(wanted) == 6
     params = list(inspect.signature(contract.Fleet.run).parameters)
-    for engine in (Fleet, SlurmFleet, KubeFleet):
+    for backend in (SessionPool, SlurmFleet, KubeFleet):
         for name in wanted:
-            assert callable(getattr(engine, name, None)), "%s lacks %s" % (engine.__name__, name)
-        assert list(inspect.signature(engine.run).parameters) == params, engine.__name__
+            assert callable(getattr(backend, name, None)), "%s lacks %s" % (backend.__name__, name)
+        assert list(inspect.signature(backend.run).parameters) == params, backend.__name__

@@ -68,7 +68,7 @@ def model_nvlinks(name: Optional[str]) -> Optional[int]:
     return None
 
 
-class Fleet:
+class GpuReference:
     """What the GPUs of every judged node share: the reference a design choice is measured against."""
 
     def __init__(self, nodes: List[Tuple[Any, Dict[str, Any]]]) -> None:
@@ -104,8 +104,8 @@ class Fleet:
         return "MIG %s on %s" % ("disabled" if mine else "enabled", fold(other))
 
 
-def _alone(node: Any, facts: Dict[str, Any]) -> Fleet:
-    return Fleet([(node, facts)])
+def _alone(node: Any, facts: Dict[str, Any]) -> GpuReference:
+    return GpuReference([(node, facts)])
 
 
 def topology_links(topology_facts: Any) -> Set[str]:
@@ -125,7 +125,7 @@ def topology_links(topology_facts: Any) -> Set[str]:
 
 
 def gpu_problems(
-    gpu: Dict[str, Any], node_max_links: int, fleet: Optional[Fleet] = None, node: str = "",
+    gpu: Dict[str, Any], node_max_links: int, fleet: Optional[GpuReference] = None, node: str = "",
     topology_seen: Optional[Set[str]] = None, slow_open: bool = False, shape: str = MODEL,
 ) -> List[Tuple[Any, ...]]:
     """(status, message, expected, actual[, action]) for everything wrong with one GPU. topology_seen: the
@@ -223,7 +223,7 @@ def _link_problems(gpu: Dict[str, Any], label: str, node_max_links: int, shape: 
     return []
 
 
-def _notes(gpus: List[Dict[str, Any]], fleet: Fleet) -> List[str]:
+def _notes(gpus: List[Dict[str, Any]], fleet: GpuReference) -> List[str]:
     """What the PASS message says about shared platform choices (not faults, but worth seeing)."""
     notes = []
     seen = set()
@@ -246,7 +246,7 @@ def _notes(gpus: List[Dict[str, Any]], fleet: Fleet) -> List[str]:
     return notes
 
 
-def _node_findings(node: Any, facts: Dict[str, Any], fleet: Optional[Fleet] = None,
+def _node_findings(node: Any, facts: Dict[str, Any], fleet: Optional[GpuReference] = None,
                    topology_facts: Any = None) -> List[Finding]:
     name, expected = node.name, node.gpus_per_node
     fleet = fleet or _alone(node, facts)
@@ -390,7 +390,7 @@ def rule(view: ClusterView) -> List[Finding]:
         facts = view.facts[node.name].get(NAME)
         if node.gpus_per_node and isinstance(facts, dict) and facts.get("source") is not None:
             judged.append((node, facts))
-    fleet = Fleet(judged)
+    fleet = GpuReference(judged)
     return per_gpu_node(
         NAME, view, lambda node, facts: _node_findings(node, facts, fleet,
                                                        view.facts[node.name].get("topology"))

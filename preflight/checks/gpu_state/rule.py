@@ -15,7 +15,7 @@ RESET_ACTIONS = ("Reset", "Drain and Reset", "Drain P2P", "Bus Reset")
 REBOOT_ACTIONS = ("Reboot", "System Reboot")
 
 
-class Fleet:
+class ModelReference:
     """Per model, what the run's GPUs of that model share: a setting every one of them has is the site's
     choice (a power policy, an exclusive-mode cluster), not a node's fault."""
 
@@ -37,7 +37,7 @@ class Fleet:
         return strict and top == (gpu.health or {}).get(key)
 
 
-def _gpu(gpu: Any, fleet: Fleet) -> List[Any]:
+def _gpu(gpu: Any, fleet: ModelReference) -> List[Any]:
     h = gpu.health or {}
     out: List[Any] = []
     mode = h.get("compute_mode")
@@ -92,7 +92,7 @@ def _gpu(gpu: Any, fleet: Fleet) -> List[Any]:
 def rule(view: ClusterView) -> List[Finding]:
 
     records = [r for r in (node_gpus(view, n.name) for n in view.live if n.gpus_per_node) if r and r.health_source]
-    fleet = Fleet(records)
+    fleet = ModelReference(records)
     return per_health_node(
         NAME, view, lambda gpu, record: _gpu(gpu, fleet),
         lambda record, read: "%s: compute mode, processes, power limit, clocks and recovery action as expected"

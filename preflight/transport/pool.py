@@ -1,4 +1,4 @@
-"""The contract's Fleet for SSH and local nodes: one Session per node, driven by a bounded pool.
+"""SessionPool: the contract's Fleet for SSH and local nodes, one Session per node, driven by a bounded pool.
 
 Results are data, {node: Outcome}. One connection per node, opened once and reused by every phase (local
 facts, network facts, the all-reduce); a phase run with then=True also leaves each node's process waiting
@@ -27,7 +27,7 @@ def session_for(spec: NodeSpec, accept_new_host_keys: bool = False) -> Session:
     return LocalSession(spec) if spec.local else SSHSession(spec, accept_new_host_keys)
 
 
-class Fleet:
+class SessionPool:
     """The sessions to every node of an inventory, and the pool that drives them (contract.Fleet)."""
 
     def __init__(
@@ -180,7 +180,7 @@ class Fleet:
         for session in sessions:
             session.close()
 
-    def __enter__(self) -> "Fleet":
+    def __enter__(self) -> "SessionPool":
         return self
 
     def __exit__(self, *exc: Any) -> None:
