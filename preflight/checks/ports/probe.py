@@ -169,18 +169,20 @@ def listen(cfg: Dict[str, Any]) -> Dict[str, Any]:
         claim.close()
 
 
-def _listen_claimed(cfg: Dict[str, Any], result: Dict[str, Any], addr: str, port: int) -> Dict[str, Any]:
-    """listen(), once the port is claimed for this run."""
-    window = float(cfg.get("window_s", WINDOW_S))
-    expect = set(cfg.get("expect_peers") or [])
-    expect_names = set(cfg.get("expect_names") or [])
+def _open_listener(result: Dict[str, Any], addr: str, port: int, backlog: int) -> Optional[socket.socket]:
+    """The bound, listening socket; None when bind or listen failed, with the errno in `result` (and, for a
+    port in use, who holds it and free ports above it)."""
     try:
         sock = _bind(addr, port)
         # every peer connects at about the same time (as a job's ranks reach TCPStore): a backlog smaller
         # than the peers overflows, and the kernel then drops the handshake's last ACK of the rest, whose
-        # connect() has returned: they send hello and wait for a reply that never comes (at 1,000 simulated
-        # nodes with listen(128): 972 healthy nodes "connected, then timed out")
-        sock.listen(max(128, len(expect), len(expect_names)) + 16)
+        # connect() has returned: they send hello and wait for a reply that never comes
+        try:
+            sock.listen(backlog)
+        except OSError:
+            sock.close()  # bound but not listening: nothing may hold the port after this probe
+            raise
+        return sock
     except OSError as exc:
         result["error"] = "%s: %s" % (_errno_name(exc), exc.strerror or exc)
         result["errno"] = _errno_name(exc)
@@ -190,6 +192,16 @@ def _listen_claimed(cfg: Dict[str, Any], result: Dict[str, Any], addr: str, port
             except (ParseError, OSError) as hexc:
                 result["holders_error"] = str(hexc)
             result["free_ports"] = free_ports_above(addr, port)
+        return None
+
+
+def _listen_claimed(cfg: Dict[str, Any], result: Dict[str, Any], addr: str, port: int) -> Dict[str, Any]:
+    """listen(), once the port is claimed for this run."""
+    window = float(cfg.get("window_s", WINDOW_S))
+    expect = set(cfg.get("expect_peers") or [])
+    expect_names = set(cfg.get("expect_names") or [])
+    sock = _open_listener(result, addr, port, max(128, len(expect), len(expect_names)) + 16)
+    if sock is None:
         return result
     result["listening"] = True
     overflows = listenq.listen_overflows()  # the kernel's drops for a full accept queue: overload evidence
