@@ -343,13 +343,6 @@ MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS = {
     "preflight/checks/allreduce/stage.py:_measure": "the sweep's rounds and their deadlines in one loop",
     "preflight/checks/allreduce/timeplan.py:time_plan": "one table of phases, each a few lines",
-    "preflight/checks/fabric_manager/rule.py:_node": "one node's fabric states, NVSwitch and VM shapes",
-    "preflight/checks/mtu/rule.py:rule": "reference, per-path judgement and the blame of one end",
-    "preflight/checks/nccl_env/rule.py:rule": "reference env, per-node comparison and wording",
-    "preflight/checks/ports/probe.py:_listen_claimed": "the head's listener and its claim in one socket lifetime",
-    "preflight/checks/ports/rule.py:rule": "reference, per-node judgement and the head's overload evidence",
-    "preflight/derived/datanet.py:choose": "the data-network choice: pinned, inventory, routes, majority",
-    "preflight/derived/envfabric.py:gid": "NCCL_IB_GID_INDEX: the GID table's per-node agreement",
     "preflight/engine.py:run": "one run's phases in order (gather, derive, judge, cross-node, act)",
     "preflight/inventory.py:load": "the inventory's top-level keys, validated in file order",
     "preflight/probe/bench_worker.py:main": "one rank's life: init, sweep, report (node side, no helpers module)",
