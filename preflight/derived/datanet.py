@@ -387,7 +387,9 @@ def _node_choice(survey: _Survey, name: str, data_net: Optional[str],
         return None, _no_subnet_reason(name, survey.cands[name], survey.rejected, survey.total)
     if name in down_nodes:
         return None, _down_reason(down_nodes[name], data_net, by_subnet.get(data_net) or {})
-    if name not in by_subnet.get(data_net, {}):
+    if not by_subnet.get(data_net):  # up on no node: configured on the down nodes only
+        return None, "no interface in the data subnet %s (configured on %s, down there)" % (data_net, fold(down_nodes))
+    if name not in by_subnet[data_net]:
         return None, _not_in_subnet_reason(name, data_net, by_subnet[data_net], survey.facts[name])
     mine = by_subnet[data_net][name]
     conflicts = survey.conflicts.get(name, {})
