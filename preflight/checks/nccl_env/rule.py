@@ -148,12 +148,16 @@ def rule(view: ClusterView) -> List[Finding]:
     return out
 
 
-def _read_settings(view: ClusterView) -> Tuple[List[Finding], Dict[str, Dict[str, Tuple[str, str]]], Dict[str, List[str]]]:
+#: {node: {variable: (value, where it is set)}}
+_Settings = Dict[str, Dict[str, Tuple[str, str]]]
+
+
+def _read_settings(view: ClusterView) -> Tuple[List[Finding], _Settings, Dict[str, List[str]]]:
     """(probe errors, {node: {variable: (value, where it is set)}} as the node's NCCL reads them, {node: its
     malformed conf lines, as text})."""
     out: List[Finding] = []
     versions = _nccl_versions(view)
-    settings: Dict[str, Dict[str, Tuple[str, str]]] = {}
+    settings: _Settings = {}
     malformed: Dict[str, List[str]] = {}
     for name, facts in view.of(NAME).items():
         err = probe_error(NAME, name, facts, listed=("files", "conf-file list"))
@@ -170,7 +174,7 @@ def _read_settings(view: ClusterView) -> Tuple[List[Finding], Dict[str, Dict[str
     return out, settings, malformed
 
 
-def _contradictions(view: ClusterView, nodes: List[str], settings: Dict[str, Dict[str, Tuple[str, str]]],
+def _contradictions(view: ClusterView, nodes: List[str], settings: _Settings,
                     common: Dict[str, str], per_node: Dict[str, Dict[str, str]],
                     problems: Dict[str, List[Finding]]) -> set:
     """A FAIL in `problems` for every setting that contradicts the recommended env; returns the (node,
@@ -198,7 +202,7 @@ def _contradictions(view: ClusterView, nodes: List[str], settings: Dict[str, Dic
     return contradicted
 
 
-def _drift(key: str, nodes: List[str], settings: Dict[str, Dict[str, Tuple[str, str]]],
+def _drift(key: str, nodes: List[str], settings: _Settings,
            per_node: Dict[str, Dict[str, str]], contradicted: set, problems: Dict[str, List[Finding]]) -> None:
     """A finding in `problems` for every node whose `key` differs from the other nodes' (the majority; a tie
     names the split), unless the env file asks for that value on that node or it was already contradicted."""

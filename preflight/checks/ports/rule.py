@@ -134,7 +134,8 @@ def _unreached_head(head: _Head, facts: Dict[str, Any], ssh: Dict[str, Any]) -> 
     """One finding on the head when most connectors could not reach the listening head (no foreign reply among
     them): the head's end, a firewall there (FAIL) or a listener too busy to answer (ERROR, retest); a
     minority failing is each node's own path. Sets head.unreached to the nodes it covers."""
-    connecting = {n: f for n, f in facts.items() if n != head.name and isinstance(f, dict) and f.get("role") == "connect"}
+    connecting = {n: f for n, f in facts.items()
+                  if n != head.name and isinstance(f, dict) and f.get("role") == "connect"}
     unreached = sorted((n for n, f in connecting.items() if not f.get("handshake") and not f.get("reply")), key=str)
     if not (head.ok and len(unreached) >= 2 and 2 * len(unreached) > len(connecting)):
         return []
