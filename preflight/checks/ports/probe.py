@@ -117,12 +117,14 @@ def find_holders(port: int, proc: str = "/proc") -> List[Dict[str, Any]]:
     return out
 
 
-def _bind(addr: str, port: int) -> socket.socket:
+def _bind(addr: str, port: int, backlog: int = 0) -> socket.socket:
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((addr, port))
+        if backlog:
+            sock.listen(backlog)
     except OSError:
         sock.close()
         raise
@@ -170,19 +172,9 @@ def listen(cfg: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _open_listener(result: Dict[str, Any], addr: str, port: int, backlog: int) -> Optional[socket.socket]:
-    """The bound, listening socket; None when bind or listen failed, with the errno in `result` (and, for a
-    port in use, who holds it and free ports above it)."""
+    """The listening socket, or None with why in `result`."""
     try:
-        sock = _bind(addr, port)
-        # every peer connects at about the same time (as a job's ranks reach TCPStore): a backlog smaller
-        # than the peers overflows, and the kernel then drops the handshake's last ACK of the rest, whose
-        # connect() has returned: they send hello and wait for a reply that never comes
-        try:
-            sock.listen(backlog)
-        except OSError:
-            sock.close()  # bound but not listening: nothing may hold the port after this probe
-            raise
-        return sock
+        return _bind(addr, port, backlog)
     except OSError as exc:
         result["error"] = "%s: %s" % (_errno_name(exc), exc.strerror or exc)
         result["errno"] = _errno_name(exc)
@@ -200,6 +192,8 @@ def _listen_claimed(cfg: Dict[str, Any], result: Dict[str, Any], addr: str, port
     window = float(cfg.get("window_s", WINDOW_S))
     expect = set(cfg.get("expect_peers") or [])
     expect_names = set(cfg.get("expect_names") or [])
+    # peers connect at about once (as a job's ranks reach TCPStore): a backlog below their number overflows, the
+    # kernel drops the last ACK of the rest, and their hello waits for a reply that never comes
     sock = _open_listener(result, addr, port, max(128, len(expect), len(expect_names)) + 16)
     if sock is None:
         return result
