@@ -343,16 +343,8 @@ MAX_FUNCTION_LINES = 80
 #: functions past MAX_FUNCTION_LINES today, each with why it is still long: debt to split into named steps, not
 #: a licence. A new long function fails; a listed one that shrinks below the limit must leave the list.
 LONG_FUNCTIONS = {
-    "preflight/checks/allreduce/rule.py:rank_findings": "the per-rank judgement: figures, sweep cut, stragglers, wording",
     "preflight/checks/allreduce/stage.py:_measure": "the sweep's rounds and their deadlines in one loop",
     "preflight/checks/allreduce/timeplan.py:time_plan": "one table of phases, each a few lines",
-    "preflight/checks/fabric_manager/rule.py:_node": "one node's fabric states, NVSwitch and VM shapes",
-    "preflight/checks/mtu/rule.py:rule": "reference, per-path judgement and the blame of one end",
-    "preflight/checks/nccl_env/rule.py:rule": "reference env, per-node comparison and wording",
-    "preflight/checks/ports/probe.py:_listen_claimed": "the head's listener and its claim in one socket lifetime",
-    "preflight/checks/ports/rule.py:rule": "reference, per-node judgement and the head's overload evidence",
-    "preflight/derived/datanet.py:choose": "the data-network choice: pinned, inventory, routes, majority",
-    "preflight/derived/envfabric.py:gid": "NCCL_IB_GID_INDEX: the GID table's per-node agreement",
     "preflight/probe/bench_worker.py:main": "one rank's life: init, sweep, report (node side, no helpers module)",
     "preflight/slurm/allocation.py:allocate": "salloc, its wait and its failure modes",
     "preflight/slurm/fleet.py:_collect": "one srun step's output, parts and failures",

@@ -223,8 +223,80 @@ def of(view: ClusterView) -> Choice:
 
 
 def choose(view: ClusterView) -> Choice:
-    """Pick each live node's data interface (policy in the module docstring). Pure."""
+    """Pick each live node's data interface (policy in the module docstring). Pure.
+
+    The steps: the candidates (`_survey`), addresses every node shares or some nodes both hold
+    (`_shared_addresses`), the data subnet (`_data_subnet`: a quorum's best, kept where down links are), each
+    node's interface (`_node_choice`: pinned by the inventory, else its best in the data subnet), the reason."""
     choice = Choice()
+    survey = _survey(view, choice)
+    _shared_addresses(survey)
+    data_net, down_nodes = _data_subnet(survey)
+    choice.subnet = data_net
+    for name in survey.nodes:
+        entry, why = _node_choice(survey, name, data_net, down_nodes)
+        if entry is None:
+            choice.missing[name] = why
+        else:
+            choice.nodes[name] = entry
+            _explain_skips(choice, name, survey.cands[name], survey.rejected)
+    choice.reason = _reason(survey, data_net, down_nodes)
+    return choice
+
+
+@dataclass
+class _Survey:
+    """The live nodes' addresses as the choice weighs them.
+
+    facts       {node: nic facts} of the nodes whose nic probe answered
+    nodes       those of them that are live, in inventory order
+    cands       {node: candidates on up interfaces}
+    down        {node: candidates on interfaces that are down}: configured, not usable
+    pinned      {node: the inventory's data_interface}
+    host_local  {subnet: why}: subnets where some address is on every node (docker0's 172.17.0.1)
+    conflicts   {node: {ip: "198.19.0.12 on eth1 is also on n003"}}
+    by_subnet   {subnet: {node: its up candidates there}}
+    rejected    {subnet: why it is not the data subnet}
+    """
+
+    facts: Dict[str, Dict[str, Any]]
+    nodes: List[str]
+    pinned: Dict[str, str]
+    cands: Dict[str, List[_Cand]] = field(default_factory=dict)
+    down: Dict[str, List[_Cand]] = field(default_factory=dict)
+    host_local: Dict[str, str] = field(default_factory=dict)
+    conflicts: Dict[str, Dict[str, str]] = field(default_factory=dict)
+    by_subnet: Dict[str, Dict[str, List[_Cand]]] = field(default_factory=dict)
+    rejected: Dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return len(self.nodes)
+
+    def rank(self, net: str, holders: Optional[Dict[str, List[_Cand]]] = None) -> Tuple[Any, ...]:
+        """How good a subnet is as the data network (higher wins)."""
+        # Typical (upper-median) speed and MTU: one node's degraded link must not move the cluster off
+        # its data network; that node is reported by the speed-drift and mtu rules instead. With
+        # `holders` (up or down interfaces), a down link's unknown speed does not count.
+        per_node = [_best(cs) for cs in (holders or self.by_subnet[net]).values()]
+        speeds = [c.iface.get("speed_mbps") or 0 for c in per_node]
+        if holders:
+            speeds = [s for s in speeds if s] or [0]
+        speed = statistics.median_high(speeds)
+        mtu = statistics.median_high([c.iface.get("mtu") or 0 for c in per_node])
+        mgmt = any(c.mgmt for c in per_node)
+        slow_mgmt = mgmt and speed <= SLOW_MGMT_MBPS
+        pins = sum(1 for c in per_node if self.pinned.get(c.node) == c.name)
+        return (pins, not slow_mgmt, speed, mtu, len(per_node), not mgmt, _neg_name(net))
+
+
+def _best(cs: List[_Cand]) -> _Cand:
+    return max(cs, key=_node_rank)
+
+
+def _survey(view: ClusterView, choice: Choice) -> _Survey:
+    """Every live node's candidates: up, IPv4, not excluded by name or kind (the rest noted in
+    choice.skipped; a node without nic facts in choice.missing)."""
     facts_by_node: Dict[str, Dict[str, Any]] = {}
     for name, facts in view.of(CHECK_NAME).items():
         if probe_error(CHECK_NAME, name, facts) is not None or not isinstance(facts.get("interfaces"), list):
@@ -232,15 +304,12 @@ def choose(view: ClusterView) -> Choice:
         else:
             facts_by_node[name] = facts
     nodes = [n.name for n in view.live if n.name in facts_by_node]
-    total = len(nodes)
-
-    # Candidates: up, IPv4, not excluded by name or kind.
-    cands: Dict[str, List[_Cand]] = {}
-    down: Dict[str, List[_Cand]] = {}  # addresses on interfaces that are down: configured, not usable
+    pinned = {n: view.node(n).settings.get("data_interface") for n in nodes}
+    survey = _Survey(facts_by_node, nodes, {n: p for n, p in pinned.items() if p})
     for name in nodes:
         mgmt_ips = _mgmt_ips(view, name, facts_by_node[name])
         skipped = choice.skipped.setdefault(name, [])
-        cands[name] = []
+        survey.cands[name] = []
         for iface in facts_by_node[name]["interfaces"]:
             addrs = _ipv4(iface)
             if not addrs:
@@ -254,125 +323,115 @@ def choose(view: ClusterView) -> Choice:
             is_mgmt = any(str(a.ip) in mgmt_ips for a in addrs)
             if not iface.get("up"):
                 skipped.append((iface["name"], "down"))
-                down.setdefault(name, []).extend(_Cand(name, iface, addr, is_mgmt) for addr in addrs)
+                survey.down.setdefault(name, []).extend(_Cand(name, iface, addr, is_mgmt) for addr in addrs)
                 continue
             for addr in addrs:
-                cands[name].append(_Cand(name, iface, addr, is_mgmt))
+                survey.cands[name].append(_Cand(name, iface, addr, is_mgmt))
+    return survey
 
-    # Host-local subnets: some address in them is held by EVERY node (docker0's 172.17.0.1) on a virtual
-    # link. The same address on only some of the nodes, or on every node's physical NIC (two hosts), is
-    # an address conflict between them, named on each of them.
+
+def _shared_addresses(survey: _Survey) -> None:
+    """Fills the survey's host-local subnets, address conflicts and subnets.
+
+    Host-local subnets: some address in them is held by EVERY node (docker0's 172.17.0.1) on a virtual
+    link. The same address on only some of the nodes, or on every node's physical NIC (two hosts), is
+    an address conflict between them, named on each of them."""
+    cands = survey.cands
     holders_of_ip: Dict[str, set] = {}
-    for name in nodes:
+    for name in survey.nodes:
         for c in cands[name]:
             holders_of_ip.setdefault(str(c.addr.ip), set()).add(name)
-    host_local: Dict[str, str] = {}
-    conflicts: Dict[str, Dict[str, str]] = {}  # {node: {ip: "198.19.0.12 on eth1 is also on n003"}}
     for ip, holders in holders_of_ip.items():
         if len(holders) < 2:
             continue
         holding = [c for name in holders for c in cands[name] if str(c.addr.ip) == ip]
-        if len(holders) == total and not all(c.iface.get("physical") for c in holding):
-            host_local.setdefault(str(holding[0].addr.network), "same address %s on every node" % ip)
+        if len(holders) == survey.total and not all(c.iface.get("physical") for c in holding):
+            survey.host_local.setdefault(str(holding[0].addr.network), "same address %s on every node" % ip)
             continue
         for name in holders:
             iface_name = next(c.name for c in cands[name] if str(c.addr.ip) == ip)
-            conflicts.setdefault(name, {})[ip] = "%s on %s is also on %s" % (ip, iface_name, fold(holders - {name}))
-
-    # Subnets: who holds them, and how good they are.
-    by_subnet: Dict[str, Dict[str, List[_Cand]]] = {}
-    for name in nodes:
+            survey.conflicts.setdefault(name, {})[ip] = "%s on %s is also on %s" % (
+                ip, iface_name, fold(holders - {name}))
+    for name in survey.nodes:
         for c in cands[name]:
-            by_subnet.setdefault(str(c.addr.network), {}).setdefault(name, []).append(c)
-    pinned = {n: view.node(n).settings.get("data_interface") for n in nodes}
-    pinned = {n: p for n, p in pinned.items() if p}
+            survey.by_subnet.setdefault(str(c.addr.network), {}).setdefault(name, []).append(c)
 
-    def best(cs: List[_Cand]) -> _Cand:
-        return max(cs, key=_node_rank)
 
-    def subnet_rank(net: str, holders: Optional[Dict[str, List[_Cand]]] = None) -> Tuple[Any, ...]:
-        # Typical (upper-median) speed and MTU: one node's degraded link must not move the cluster off
-        # its data network; that node is reported by the speed-drift and mtu rules instead. With
-        # `holders` (up or down interfaces), a down link's unknown speed does not count.
-        per_node = [best(cs) for cs in (holders or by_subnet[net]).values()]
-        speeds = [c.iface.get("speed_mbps") or 0 for c in per_node]
-        if holders:
-            speeds = [s for s in speeds if s] or [0]
-        speed = statistics.median_high(speeds)
-        mtu = statistics.median_high([c.iface.get("mtu") or 0 for c in per_node])
-        mgmt = any(c.mgmt for c in per_node)
-        slow_mgmt = mgmt and speed <= SLOW_MGMT_MBPS
-        pins = sum(1 for c in per_node if pinned.get(c.node) == c.name)
-        return (pins, not slow_mgmt, speed, mtu, len(per_node), not mgmt, _neg_name(net))
-
+def _data_subnet(survey: _Survey) -> Tuple[Optional[str], Dict[str, List[_Cand]]]:
+    """(the data subnet, {node: its down candidates there}): the best subnet a quorum of nodes holds (all of
+    one or two nodes, else a strict majority), kept where its links went down (_down_data_net). Fills
+    survey.rejected with why every other subnet is not it."""
+    total, by_subnet = survey.total, survey.by_subnet
     quorum = total if total <= 2 else total // 2 + 1
-    qualified = [net for net, holders in by_subnet.items() if net not in host_local and len(holders) >= quorum]
-    rejected: Dict[str, str] = dict(host_local)
+    qualified = [net for net, holders in by_subnet.items() if net not in survey.host_local and len(holders) >= quorum]
+    rejected: Dict[str, str] = dict(survey.host_local)
     for net, holders in by_subnet.items():
         if net not in rejected and net not in qualified:
             rejected[net] = "only on %d of %d nodes" % (len(holders), total)
-    data_net = max(qualified, key=subnet_rank) if qualified else None
-    data_net, down_nodes = _down_data_net(data_net, by_subnet, down, host_local, quorum, subnet_rank)
+    data_net = max(qualified, key=survey.rank) if qualified else None
+    data_net, down_nodes = _down_data_net(data_net, by_subnet, survey.down, survey.host_local, quorum, survey.rank)
     rejected.pop(data_net, None)
-    choice.subnet = data_net
+    survey.rejected = rejected
+    return data_net, down_nodes
 
-    for name in nodes:
-        want = pinned.get(name)
-        if want:
-            entry, why = _pinned_entry(name, want, facts_by_node[name]["interfaces"], cands[name], data_net)
-            if entry is None:
-                choice.missing[name] = why
-            else:
-                choice.nodes[name] = entry
-        elif data_net is None:
-            choice.missing[name] = _no_subnet_reason(name, cands[name], rejected, total)
-        elif name in down_nodes:
-            choice.missing[name] = _down_reason(down_nodes[name], data_net, by_subnet.get(data_net) or {})
-        elif name not in by_subnet.get(data_net, {}):
-            choice.missing[name] = _not_in_subnet_reason(name, data_net, by_subnet[data_net], facts_by_node[name])
-        else:
-            mine = by_subnet[data_net][name]
-            clean = [c for c in mine if str(c.addr.ip) not in conflicts.get(name, {})]
-            if clean:
-                choice.nodes[name] = best(clean).entry(pinned=False)
-            else:
-                choice.missing[name] = "address conflict: " + "; ".join(
-                    conflicts[name][str(c.addr.ip)] for c in mine
-                )
-        if name in choice.nodes:
-            _explain_skips(choice, name, cands[name], rejected)
 
+def _node_choice(survey: _Survey, name: str, data_net: Optional[str],
+                 down_nodes: Dict[str, List[_Cand]]) -> Tuple[Optional[Dict[str, Any]], str]:
+    """(one node's choice entry, '') or (None, why it has none): the inventory's data_interface when set,
+    else its best candidate in the data subnet whose address no other node holds."""
+    want = survey.pinned.get(name)
+    if want:
+        return _pinned_entry(name, want, survey.facts[name]["interfaces"], survey.cands[name], data_net)
+    by_subnet = survey.by_subnet
     if data_net is None:
-        choice.reason = "no subnet is shared by the nodes" + (
+        return None, _no_subnet_reason(name, survey.cands[name], survey.rejected, survey.total)
+    if name in down_nodes:
+        return None, _down_reason(down_nodes[name], data_net, by_subnet.get(data_net) or {})
+    if not by_subnet.get(data_net):  # up on no node: configured on the down nodes only
+        return None, "no interface in the data subnet %s (configured on %s, down there)" % (data_net, fold(down_nodes))
+    if name not in by_subnet[data_net]:
+        return None, _not_in_subnet_reason(name, data_net, by_subnet[data_net], survey.facts[name])
+    mine = by_subnet[data_net][name]
+    conflicts = survey.conflicts.get(name, {})
+    clean = [c for c in mine if str(c.addr.ip) not in conflicts]
+    if clean:
+        return _best(clean).entry(pinned=False), ""
+    return None, "address conflict: " + "; ".join(conflicts[str(c.addr.ip)] for c in mine)
+
+
+def _reason(survey: _Survey, data_net: Optional[str], down_nodes: Dict[str, List[_Cand]]) -> str:
+    """'data subnet 198.19.0.0/16 on 4 of 4 nodes (100 Gb/s, mtu 9000); passed over ...', or why none."""
+    by_subnet, rejected, total = survey.by_subnet, survey.rejected, survey.total
+    if data_net is None:
+        return "no subnet is shared by the nodes" + (
             " (%s)" % "; ".join("%s: %s" % kv for kv in sorted(rejected.items())) if rejected else ""
         )
-    elif not by_subnet.get(data_net):
-        choice.reason = "data subnet %s is configured on %d of %d nodes and down on every one" % (
+    if not by_subnet.get(data_net):
+        return "data subnet %s is configured on %d of %d nodes and down on every one" % (
             data_net,
             len(down_nodes),
             total,
         )
-    else:
-        holders = by_subnet[data_net]
-        per_node = [best(cs) for cs in holders.values()]
-        speeds = sorted({c.iface.get("speed_mbps") for c in per_node}, key=lambda s: s or 0)
-        choice.reason = "data subnet %s on %d of %d nodes (%s, mtu %s)" % (
-            data_net,
-            len(holders),
-            total,
-            "/".join(speed_text(s) for s in speeds),
-            "/".join(str(m) for m in sorted({c.iface.get("mtu") for c in per_node})),
-        )
-        others = [
-            "%s (%s)" % (net, _subnet_note(net, by_subnet, rejected, data_net))
-            for net in sorted(by_subnet)
-            if net != data_net
-        ]
-        if others:
-            choice.reason += "; passed over " + ", ".join(others)
-        if down_nodes:
-            choice.reason += "; down on %s" % fold(down_nodes)
-    return choice
+    holders = by_subnet[data_net]
+    per_node = [_best(cs) for cs in holders.values()]
+    speeds = sorted({c.iface.get("speed_mbps") for c in per_node}, key=lambda s: s or 0)
+    reason = "data subnet %s on %d of %d nodes (%s, mtu %s)" % (
+        data_net,
+        len(holders),
+        total,
+        "/".join(speed_text(s) for s in speeds),
+        "/".join(str(m) for m in sorted({c.iface.get("mtu") for c in per_node})),
+    )
+    others = [
+        "%s (%s)" % (net, _subnet_note(net, by_subnet, rejected, data_net))
+        for net in sorted(by_subnet)
+        if net != data_net
+    ]
+    if others:
+        reason += "; passed over " + ", ".join(others)
+    if down_nodes:
+        reason += "; down on %s" % fold(down_nodes)
+    return reason
 
 
 def _down_data_net(

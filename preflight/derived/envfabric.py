@@ -165,6 +165,32 @@ def gid(view: ClusterView, nodes: Sequence[str], rails: Sequence[str], choice: A
     """The RoCE GID: the RoCE v2 IPv4 entry in the data subnet (a VLAN's, not the untagged lowest one), pinned
     with NCCL_IB_GID_INDEX where NCCL < 2.21 needs it, NCCL_IB_ADDR_RANGE where 2.21+ would pick another."""
     subnet = choice.subnet
+    picked, lowest, unclear = _gid_picks(view, nodes, rails, subnet)
+    if unclear:
+        derived.notes.append(
+            "NCCL_IB_GID_INDEX not written: %s; set NCCL_IB_GID_INDEX (NCCL_IB_ADDR_RANGE from NCCL 2.21) to the RoCE v2 entry of the data network by hand"
+            % "; ".join("%s: %s" % (", ".join(where), why) for why, where in unclear.items())
+        )
+        return
+    entries = [(n, label, g) for n in nodes for label, g in picked[n].items()]
+    versions = {n: version_key(nccl.get(n)) for n in nodes}
+    shown = ", ".join(derived.versions.get("nccl") or []) or "not found"
+    by_subnet = " (the entry in the data subnet %s)" % subnet if any(in_subnet(g.get("ip"), subnet) for _, _, g in entries) else ""
+    if all(v is not None and v >= NCCL_GID_AUTO for v in versions.values()):
+        gate = _gid_auto(entries, lowest, subnet, shown, by_subnet, derived)
+        if gate is None:
+            return
+    elif any(v is None for v in versions.values()):
+        gate = "NCCL's version was not found on %s; pinned, as NCCL before 2.21 needs" % fold_names([n for n, v in versions.items() if v is None])
+    else:
+        gate = "NCCL %s: before 2.21 NCCL uses GID index 0 (RoCE v1) unless told" % shown
+    _gid_index(nodes, picked, entries, by_subnet, gate, derived)
+
+
+def _gid_picks(view: ClusterView, nodes: Sequence[str], rails: Sequence[str], subnet: Optional[str]) -> Tuple[
+        Dict[str, Dict[str, Dict[str, Any]]], Dict[str, Dict[str, int]], Dict[str, List[str]]]:
+    """({node: {rail: the GID picked}}, {node: {rail: its lowest RoCE v2 IPv4 GID index}}, {why no GID: the
+    node rails without one}): the GID in the data subnet, else a port's only one."""
     picked: Dict[str, Dict[str, Dict[str, Any]]] = {}
     lowest: Dict[str, Dict[str, int]] = {}
     unclear: Dict[str, List[str]] = {}
@@ -181,47 +207,45 @@ def gid(view: ClusterView, nodes: Sequence[str], rails: Sequence[str], choice: A
                 continue
             picked.setdefault(node, {})[label] = pick
             lowest.setdefault(node, {})[label] = gids[0]["index"]
-    if unclear:
+    return picked, lowest, unclear
+
+
+def _gid_auto(entries: List[Tuple[str, str, Dict[str, Any]]], lowest: Dict[str, Dict[str, int]], subnet: Optional[str],
+              shown: str, by_subnet: str, derived: Derived) -> Optional[str]:
+    """NCCL 2.21 and later on every node: a note when its own pick is the GID wanted, NCCL_IB_ADDR_RANGE when
+    the data subnet's range steers it there (None: done); else why the index must be pinned instead."""
+    moved = [(n, label, g) for n, label, g in entries if g["index"] != lowest[n][label]]
+    if not moved:
+        indexes = sorted({g["index"] for _, _, g in entries})
         derived.notes.append(
-            "NCCL_IB_GID_INDEX not written: %s; set NCCL_IB_GID_INDEX (NCCL_IB_ADDR_RANGE from NCCL 2.21) to the RoCE v2 entry of the data network by hand"
-            % "; ".join("%s: %s" % (", ".join(where), why) for why, where in unclear.items())
+            "NCCL_IB_GID_INDEX not written: NCCL %s (2.21 and later) picks the first RoCE v2 IPv4 GID per port itself, here GID %s%s; "
+            "a pinned index would freeze a GID table that can change" % (shown, ",".join(map(str, indexes)), by_subnet)
         )
-        return
-    entries = [(n, label, g) for n in nodes for label, g in picked[n].items()]
-    versions = {n: version_key(nccl.get(n)) for n in nodes}
-    shown = ", ".join(derived.versions.get("nccl") or []) or "not found"
-    by_subnet = " (the entry in the data subnet %s)" % subnet if any(in_subnet(g.get("ip"), subnet) for _, _, g in entries) else ""
-    if all(v is not None and v >= NCCL_GID_AUTO for v in versions.values()):
-        moved = [(n, label, g) for n, label, g in entries if g["index"] != lowest[n][label]]
-        if not moved:
-            indexes = sorted({g["index"] for _, _, g in entries})
-            derived.notes.append(
-                "NCCL_IB_GID_INDEX not written: NCCL %s (2.21 and later) picks the first RoCE v2 IPv4 GID per port itself, here GID %s%s; "
-                "a pinned index would freeze a GID table that can change" % (shown, ",".join(map(str, indexes)), by_subnet)
+        return None
+    n, label, g = moved[0]
+    found = "on %s the first RoCE v2 IPv4 GID is GID %d, outside the data subnet; GID %d (%s%s) is in it" % (
+        "%s %s" % (n, label), lowest[n][label], g["index"], g.get("ip"), " on %s" % g["ndev"] if g.get("ndev") else "")
+    outside = ["%s %s" % (n, label) for n, label, g in entries if not in_subnet(g.get("ip"), subnet)]
+    if not outside:
+        derived.variables.append(
+            EnvVar(
+                "NCCL_IB_ADDR_RANGE",
+                str(ipaddress.ip_network(subnet, strict=False)),
+                ["ib_hca check: %s" % found,
+                 "NCCL %s (2.21 and later) picks the first RoCE v2 GID within NCCL_IB_ADDR_RANGE: RoCE stays on the interface/VLAN "
+                 "that carries the data subnet, whatever the GID table's order" % shown],
             )
-            return
-        n, label, g = moved[0]
-        found = "on %s the first RoCE v2 IPv4 GID is GID %d, outside the data subnet; GID %d (%s%s) is in it" % (
-            "%s %s" % (n, label), lowest[n][label], g["index"], g.get("ip"), " on %s" % g["ndev"] if g.get("ndev") else "")
-        outside = ["%s %s" % (n, label) for n, label, g in entries if not in_subnet(g.get("ip"), subnet)]
-        if not outside:
-            derived.variables.append(
-                EnvVar(
-                    "NCCL_IB_ADDR_RANGE",
-                    str(ipaddress.ip_network(subnet, strict=False)),
-                    ["ib_hca check: %s" % found,
-                     "NCCL %s (2.21 and later) picks the first RoCE v2 GID within NCCL_IB_ADDR_RANGE: RoCE stays on the interface/VLAN "
-                     "that carries the data subnet, whatever the GID table's order" % shown],
-                )
-            )
-            return
-        # a range would leave the ports addressed outside the data subnet without a GID: pin the index instead
-        gate = "NCCL %s would pick another GID itself (%s), and NCCL_IB_ADDR_RANGE cannot serve %s, addressed outside it" % (
-            shown, found, ", ".join(outside))
-    elif any(v is None for v in versions.values()):
-        gate = "NCCL's version was not found on %s; pinned, as NCCL before 2.21 needs" % fold_names([n for n, v in versions.items() if v is None])
-    else:
-        gate = "NCCL %s: before 2.21 NCCL uses GID index 0 (RoCE v1) unless told" % shown
+        )
+        return None
+    # a range would leave the ports addressed outside the data subnet without a GID: pin the index instead
+    return "NCCL %s would pick another GID itself (%s), and NCCL_IB_ADDR_RANGE cannot serve %s, addressed outside it" % (
+        shown, found, ", ".join(outside))
+
+
+def _gid_index(nodes: Sequence[str], picked: Dict[str, Dict[str, Dict[str, Any]]],
+               entries: List[Tuple[str, str, Dict[str, Any]]], by_subnet: str, gate: str, derived: Derived) -> None:
+    """NCCL_IB_GID_INDEX when every port's pick has one index; per-node values when each node's ports agree
+    but the nodes differ; a note when a node's ports differ (NCCL takes one index per process)."""
     indexes = {g["index"] for _, _, g in entries}
     if len(indexes) == 1:
         index = indexes.pop()

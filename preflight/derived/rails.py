@@ -18,9 +18,18 @@ from preflight.model import ClusterView, probe_error
 DERIVED = "rails"
 
 
+#: Its reading of the ib_hca facts, on the view (ports_of)
+PORTS = "rail_ports"
+
+
 def of(view: Any) -> Dict[str, Any]:
     """usable_hcas(view), computed once per view."""
     return view.derive(DERIVED, usable_hcas)
+
+
+def ports_of(view: Any) -> Dict[str, Any]:
+    """read_ports(view), computed once per view: what usable_hcas and the ib_hca rule both judge ports by."""
+    return view.derive(PORTS, read_ports)
 
 
 def compute_hcas(view: Any, node: str) -> Optional[Set[str]]:
@@ -182,6 +191,14 @@ def judged_ports(plan: Dict[str, Any], facts: Dict[str, Any]) -> List[Dict[str, 
     return out
 
 
+def read_ports(view: ClusterView) -> Dict[str, Any]:
+    """The ib_hca facts read once: {"valid": {node: facts with a port list} (valid_ports), "plan": the fleet
+    reference (port_plan), "judged": {node: each port with its role and reference} (judged_ports)}."""
+    valid = valid_ports(view)
+    plan = port_plan(view, valid)
+    return {"valid": valid, "plan": plan, "judged": {name: judged_ports(plan, facts) for name, facts in valid.items()}}
+
+
 def usable_hcas(view: ClusterView) -> Dict[str, Any]:
     """The ports NCCL should use, per node, for the env-file writer. Pure.
 
@@ -199,15 +216,15 @@ def usable_hcas(view: ClusterView) -> Dict[str, Any]:
                                                       rail, else None
              "rate_gbps": {link layer: Gb/s}}        the expected rates used
     """
-    valid = valid_ports(view)
-    plan = port_plan(view, valid)
+    ports = ports_of(view)
+    valid, plan = ports["valid"], ports["plan"]
     layer, rate = plan["layer"], plan["rate"]
     nodes: Dict[str, List[str]] = {}
     left_out: Dict[str, List[Tuple[str, str]]] = {}
     gids = set()
     all_layers: List[str] = []
     for name in (n.name for n in view.live if n.name in valid):
-        judged = [j for j in judged_ports(plan, valid[name]) if j["usable"]]
+        judged = [j for j in ports["judged"][name] if j["usable"]]
         all_layers.extend(j["port"]["link_layer"] for j in judged)
         rails = [j["port"] for j in judged if j["rail"]]
         nodes[name] = [port_label(p) for p in rails]

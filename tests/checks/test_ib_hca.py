@@ -304,6 +304,23 @@ def test_usable_hcas_mixed_layers_picks_the_majority_layer_and_says_what_it_left
     }
 
 
+def test_the_rule_and_the_rails_read_the_ports_once_per_view(monkeypatch):
+    """The ib_hca rule judges each port by the same reading the rails (NCCL_IB_HCA, topology) come from: the
+    port list, the fleet reference and each port's role are computed once on the view, not once per reader."""
+    reads = []
+    real = derived_rails.port_plan
+    for module in (derived_rails, ib_hca_rule):  # wherever a port plan can be built from
+        monkeypatch.setattr(module, "port_plan", lambda *a: reads.append(a) or real(*a), raising=False)
+    v = view_of({"n001": h100_bf3(), "n002": h100_bf3()})
+    findings = ib_hca_rule.rule(v)
+    assert derived_rails.of(v)["nodes"] == {"n001": H100_RAILS, "n002": H100_RAILS}
+    assert derived_rails.compute_hcas(v, "n001") == {p.split(":")[0] for p in H100_RAILS}
+    assert len(reads) == 1
+    # the rule's verdicts come from that reading: the BlueField port is named as not for NCCL in its PASS
+    passes = {f.node: f.message for f in findings if f.status is Status.PASS}
+    assert set(passes) == {"n001", "n002"} and "not for NCCL: mlx5_bond_0:1" in passes["n001"]
+
+
 def test_usable_hcas_tied_layers_pick_nothing():
     """Two InfiniBand and two RoCE ports per node: no majority (the one tie rule), no rails chosen."""
     facts = {"hcas": {}, "ports": [port("mlx5_0"), port("mlx5_1"), port("mlx5_2", rate=200, layer="roce"),

@@ -402,6 +402,20 @@ def test_data_nic_down_on_half_the_nodes_fails_them_instead_of_moving_to_managem
     assert all(s == Status.PASS for name, s in statuses.items() if int(name[1:]) not in down)
 
 
+def test_data_nic_down_where_configured_and_absent_on_the_third_node_fails_all_three_by_name():
+    """The data subnet down on the two nodes that have it and no data NIC at all on the third: the choice
+    keeps the data subnet (never management) and names each node's fault; it used to raise KeyError (the
+    third node's reason looked up the subnet's up holders, of which there are none)."""
+    facts = {"n%03d" % i: sim_node(i, data_up=False) for i in (1, 2, 3)}
+    facts["n003"]["interfaces"] = [i for i in facts["n003"]["interfaces"] if i["name"] != "eth1"]
+    view = view_of(facts)
+    choice = datanet.choose(view)
+    assert choice.subnet == "198.19.0.0/16" and choice.nodes == {}
+    assert "data NIC down: eth1 198.19.0.11/16 is down" in choice.missing["n001"]
+    assert choice.missing["n003"] == "no interface in the data subnet 198.19.0.0/16 (configured on n[001-002], down there)"
+    assert _statuses(nic_rule.rule(view)) == {"n001": Status.FAIL, "n002": Status.FAIL, "n003": Status.FAIL}
+
+
 def test_data_nic_down_everywhere_with_a_fast_management_network_still_fails():
     """Even when the management port is as fast as the data port, a down data NIC is a failure."""
     facts = {"n%03d" % i: sim_node(i, data_up=False) for i in (1, 2)}

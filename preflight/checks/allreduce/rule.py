@@ -39,24 +39,68 @@ def parse_nccl_log(text: str) -> Dict[str, Any]:
     return nccllog.parse_nccl_log(text)
 
 
+@dataclasses.dataclass
+class _Run:
+    """The whole-cluster run as the rule reads it: its nodes, their results, the per-rank table and the curve.
+    `data` is the cluster finding's data, filled in as the judgement goes."""
+
+    meta: Dict[str, Any]
+    nodes: List[str]
+    docs: Dict[str, Dict[str, Any]]
+    missing: Dict[str, str]
+    backend: str
+    table: Dict[int, Tuple[str, Dict[str, Any]]]
+    world: int
+    node_of: Dict[int, str]
+    points: List[Dict[str, Any]]
+    data: Dict[str, Any]
+    where: str
+
+
 def rank_findings(view: ClusterView) -> List[Finding]:
+    """The whole-cluster run judged from each rank's figures: a node without a result or a failed rank FAILs
+    (explain_failure), wrong sums FAIL, a sweep that proves no bandwidth is an ERROR, and the busbw at the
+    verdict size is judged against the threshold (threshold_for) and the GPU's warn level."""
 
     meta = dict(view.cluster.get(NAME) or {})
     if meta.get("skip"):
         return [Finding(NAME, None, Status.SKIP, str(meta["skip"]))]
+    nodes, unanswered = _run_nodes(view, meta)
+    if not nodes:
+        return [Finding(NAME, None, Status.ERROR, "no all-reduce results gathered (the bench did not run)")]
+    taken = contention({n: (view.facts.get(n) or {}).get(NAME) for n in nodes}, meta)
+    if taken:  # another run (or program) held the rendezvous: no node is judged
+        return [Finding(NAME, None, Status.ERROR, taken, action="retest")]
+    run = _read_run(view, meta, nodes, unanswered)
+    out = [Finding(NAME, name, Status.FAIL, why) for name, why in run.missing.items()]
+    broken = _broken(run)
+    if broken is not None:
+        return out + broken
+    if run.world < 2:
+        return [Finding(NAME, None, Status.WARN, "a single rank: no all-reduce traffic to measure", data=run.data)]
+    point = verdict_point(run.points, run.backend)
+    cut = sweep_cut(run.table)
+    if cut:
+        run.data["cut"] = cut
+    unproven = _unproven(run, point, cut)
+    if unproven is not None:
+        return [unproven]
+    return [_busbw_verdict(view, run, point, _figures(run, point, cut))]
+
+
+def _run_nodes(view: ClusterView, meta: Mapping[str, Any]) -> Tuple[List[str], Dict[str, Any]]:
+    """(the run's nodes, {node: why it did not answer}): the bench's list, else every live node with a result,
+    and the nodes that did not answer after them."""
     nodes = list(meta.get("nodes") or [n.name for n in view.live if view.facts[n.name].get(NAME) is not None])
     unanswered = dict(meta.get("unanswered") or {})
     for name in unanswered:
         if name not in nodes:
             nodes.append(name)
-    if not nodes:
-        return [Finding(NAME, None, Status.ERROR, "no all-reduce results gathered (the bench did not run)")]
+    return nodes, unanswered
 
-    taken = contention({n: (view.facts.get(n) or {}).get(NAME) for n in nodes}, meta)
-    if taken:  # another run (or program) held the rendezvous: no node is judged
-        return [Finding(NAME, None, Status.ERROR, taken, action="retest")]
 
-    out: List[Finding] = []
+def _read_run(view: ClusterView, meta: Dict[str, Any], nodes: List[str], unanswered: Mapping[str, Any]) -> _Run:
+    """The run's results sorted into usable documents and missing nodes, with its per-rank table and curve."""
     docs: Dict[str, Dict[str, Any]] = {}
     missing: Dict[str, str] = {}
     for name in nodes:
@@ -81,58 +125,62 @@ def rank_findings(view: ClusterView) -> List[Finding]:
     points = curve(docs, world)
     data: Dict[str, Any] = {"curve": points, "backend": backend, "world_size": world, "nodes": len(nodes)}
     where = "%d ranks on %s" % (world, plural(len(nodes), "node"))
+    return _Run(meta, nodes, docs, missing, backend, table, world, node_of, points, data, where)
 
-    for name, why in missing.items():
-        out.append(Finding(NAME, name, Status.FAIL, why))
 
-    bad = {r: (n, e) for r, (n, e) in table.items() if e.get("status") != "ok"}
-    if bad or missing:
-        message, implicated = explain_failure(meta, docs, missing, table, bad, node_of, points, data, world)
-        out.append(Finding(NAME, None, Status.FAIL, message, data=data))
-        out.extend(Finding(NAME, name, Status.FAIL, why) for name, why in implicated.items())
-        return out
+def _broken(run: _Run) -> Optional[List[Finding]]:
+    """The cluster FAIL (and the nodes it implicates) when a rank failed or a node has no result, or the
+    FAIL for wrong sums; None when every rank completed with the right sums."""
+    bad = {r: (n, e) for r, (n, e) in run.table.items() if e.get("status") != "ok"}
+    if bad or run.missing:
+        message, implicated = explain_failure(run.meta, run.docs, run.missing, run.table, bad, run.node_of,
+                                              run.points, run.data, run.world)
+        out = [Finding(NAME, None, Status.FAIL, message, data=run.data)]
+        return out + [Finding(NAME, name, Status.FAIL, why) for name, why in implicated.items()]
+    wrong = wrong_values(run.table)
+    if not wrong:
+        return None
+    world = run.world
+    nbytes, ranks, sample = wrong[0]
+    msg = "all-reduce returned wrong sums at %s on %s: expected %g, got %g (%d elements)" % (
+        human_bytes(nbytes), ranks_phrase(ranks, run.node_of), sample.get("expected", float("nan")),
+        sample.get("got", float("nan")), sample.get("mismatches", 0))
+    run.data["wrong"] = [{"bytes": b, "ranks": rs} for b, rs, _s in wrong]
+    return [Finding(NAME, None, Status.FAIL, msg, expected="every element = %g" % sample.get(
+        "expected", world * (world + 1) / 2.0), actual="%g" % sample.get("got", float("nan")), data=run.data)]
 
-    wrong = wrong_values(table)
-    if wrong:
-        nbytes, ranks, sample = wrong[0]
-        msg = "all-reduce returned wrong sums at %s on %s: expected %g, got %g (%d elements)" % (
-            human_bytes(nbytes), ranks_phrase(ranks, node_of), sample.get("expected", float("nan")),
-            sample.get("got", float("nan")), sample.get("mismatches", 0))
-        data["wrong"] = [{"bytes": b, "ranks": rs} for b, rs, _s in wrong]
-        out.append(Finding(NAME, None, Status.FAIL, msg, expected="every element = %g" % sample.get(
-            "expected", world * (world + 1) / 2.0), actual="%g" % sample.get("got", float("nan")), data=data))
-        return out
 
-    if world < 2:
-        out.append(Finding(NAME, None, Status.WARN, "a single rank: no all-reduce traffic to measure", data=data))
-        return out
-    point = verdict_point(points, backend)
-    cut = sweep_cut(table)
-    if cut:
-        data["cut"] = cut
+def _unproven(run: _Run, point: Optional[Dict[str, Any]], cut: Optional[Dict[str, Any]]) -> Optional[Finding]:
+    """The finding for a sweep that proves no bandwidth (too sparse, too slow, or too small to judge), or None
+    when `point` (the verdict size) can be judged."""
+    points, where, data = run.points, run.where, run.data
     if cut and points and int(cut["bytes"]) > SPARSE_STEP * points[-1]["bytes"]:
         # a sparse size list: the time of a small, latency-bound size says little about one many times
         # larger, so the cut is no measurement of bandwidth, and the run proves none (never an exit 0)
-        out.append(Finding(NAME, None, Status.ERROR, "all-reduce bandwidth not proven across %s: %s, a %dx step "
-                           "from a size too small to project from; list cluster.allreduce.sizes in doubling steps"
-                           % (where, cut_phrase(cut, points), int(cut["bytes"]) // points[-1]["bytes"]),
-                           action="fix_config", data=data))
-        return out
+        return Finding(NAME, None, Status.ERROR, "all-reduce bandwidth not proven across %s: %s, a %dx step "
+                       "from a size too small to project from; list cluster.allreduce.sizes in doubling steps"
+                       % (where, cut_phrase(cut, points), int(cut["bytes"]) // points[-1]["bytes"]),
+                       action="fix_config", data=data)
     if point is None and cut and points:
-        out.append(Finding(NAME, None, Status.FAIL, "all-reduce too slow to reach %s across %s: %s" % (
-            human_bytes(GPU_VERDICT_MIN), where, cut_phrase(cut, points)), data=data))
-        return out
+        return Finding(NAME, None, Status.FAIL, "all-reduce too slow to reach %s across %s: %s" % (
+            human_bytes(GPU_VERDICT_MIN), where, cut_phrase(cut, points)), data=data)
     if point is None:
         # the sweep ended below the size that proves bandwidth: not a pass (exit 1), and the fix is the list
         largest = human_bytes(points[-1]["bytes"]) if points else "none"
-        out.append(Finding(NAME, None, Status.ERROR, "all-reduce completed across %s, but the largest size (%s) is "
-                           "below %s: bus bandwidth not judged; add a size of at least %s to cluster.allreduce.sizes"
-                           % (where, largest, human_bytes(GPU_VERDICT_MIN), human_bytes(GPU_VERDICT_MIN)),
-                           action="fix_config", data=data))
-        return out
+        return Finding(NAME, None, Status.ERROR, "all-reduce completed across %s, but the largest size (%s) is "
+                       "below %s: bus bandwidth not judged; add a size of at least %s to cluster.allreduce.sizes"
+                       % (where, largest, human_bytes(GPU_VERDICT_MIN), human_bytes(GPU_VERDICT_MIN)),
+                       action="fix_config", data=data)
+    return None
+
+
+def _figures(run: _Run, point: Dict[str, Any], cut: Optional[Dict[str, Any]]) -> str:
+    """'busbw 180 GB/s (algbw 95 GB/s) at 1 GiB across 16 ranks on 2 nodes; straggler: ...; ...': the
+    verdict size's figures, the straggler and the sweep cut (each also put in the run's data)."""
+    points, node_of, data = run.points, run.node_of, run.data
     figures = "busbw %s (algbw %s) at %s across %s" % (
-        gbps(point["busbw_gbps"]), gbps(point["algbw_gbps"]), human_bytes(point["bytes"]), where)
-    straggler = stragglers(points, node_of, float(meta.get("slow_fraction") or 0.2))
+        gbps(point["busbw_gbps"]), gbps(point["algbw_gbps"]), human_bytes(point["bytes"]), run.where)
+    straggler = stragglers(points, node_of, float(run.meta.get("slow_fraction") or 0.2))
     data["slowest_per_size"] = [{"bytes": p["bytes"], "rank": p["slowest_rank"], "node": node_of.get(p["slowest_rank"])}
                                 for p in points]
     if straggler:
@@ -142,11 +190,16 @@ def rank_findings(view: ClusterView) -> List[Finding]:
     if cut:
         figures += "; " + cut_phrase(cut, points)
     data["verdict_bytes"] = point["bytes"]
+    return figures
+
+
+def _busbw_verdict(view: ClusterView, run: _Run, point: Dict[str, Any], figures: str) -> Finding:
+    """The verdict size's busbw against the threshold (WARN without one), and below the GPU's warn level."""
+    meta, nodes, backend, data = run.meta, run.nodes, run.backend, run.data
     threshold = threshold_for(view, meta, nodes, backend)
     if threshold is None:
-        out.append(Finding(NAME, None, Status.WARN, "all-reduce %s; %s" % (figures, NO_THRESHOLD),
-                           actual="%.2f GB/s" % point["busbw_gbps"], data=data))
-        return out
+        return Finding(NAME, None, Status.WARN, "all-reduce %s; %s" % (figures, NO_THRESHOLD),
+                       actual="%.2f GB/s" % point["busbw_gbps"], data=data)
     limit, source = threshold
     data.update(threshold_gbps=limit, threshold_source=source)
     expected = "busbw >= %g GB/s (%s)" % (limit, source)
@@ -159,22 +212,18 @@ def rank_findings(view: ClusterView) -> List[Finding]:
                               meta.get("nic_gbps") or view.expect.get("nic_gbps"))
     if point["busbw_gbps"] >= limit and warn and warn[0] > limit and point["busbw_gbps"] < warn[0]:
         data.update(warn_gbps=warn[0], warn_source=warn[1])
-        out.append(Finding(NAME, None, Status.WARN, "all-reduce %s, below %g GB/s (%s)" % (figures, warn[0], warn[1]),
-                           expected="busbw >= %g GB/s" % warn[0], actual=actual, data=data))
-        return out
+        return Finding(NAME, None, Status.WARN, "all-reduce %s, below %g GB/s (%s)" % (figures, warn[0], warn[1]),
+                       expected="busbw >= %g GB/s" % warn[0], actual=actual, data=data)
     if point["busbw_gbps"] >= limit:
-        out.append(Finding(NAME, None, Status.PASS, "all-reduce " + figures, expected=expected, actual=actual,
-                           data=data))
-        return out
+        return Finding(NAME, None, Status.PASS, "all-reduce " + figures, expected=expected, actual=actual, data=data)
     msg = "all-reduce %s, below %g GB/s (%s)" % (figures, limit, source)
     slow = point["slowest_rank"]
     if point["median_time_s"] > 0 and point["time_s"] > 1.5 * point["median_time_s"]:
-        msg += "; slowest %s at %.1fx the median rank" % (ranks_phrase([slow], node_of),
+        msg += "; slowest %s at %.1fx the median rank" % (ranks_phrase([slow], run.node_of),
                                                           point["time_s"] / point["median_time_s"])
     else:
-        msg += "; slowest %s" % ranks_phrase([slow], node_of)
-    out.append(Finding(NAME, None, Status.FAIL, msg, expected=expected, actual=actual, data=data))
-    return out
+        msg += "; slowest %s" % ranks_phrase([slow], run.node_of)
+    return Finding(NAME, None, Status.FAIL, msg, expected=expected, actual=actual, data=data)
 
 
 def _fleet_findings(view: ClusterView, meta: Mapping[str, Any]) -> Tuple[List[Finding], List[str], Status, Dict[str, Any]]:

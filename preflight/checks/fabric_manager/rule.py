@@ -62,80 +62,21 @@ def fabric_health(name: str, record: Any) -> List[Finding]:
 
 
 def _node(node: Any, facts: Dict[str, Any], record: Any) -> List[Finding]:
+    """One node's fabric: without NVSwitch a GB200 tray (_tray) or a SKIP; with NVSwitches the service, its
+    version against the driver, each GPU's fabric registration and health, else a PASS naming them."""
     name = node.name
     switches = facts.get("nvswitches") or []
     if not switches:
-        if record is not None and any(g.fabric for g in record.gpus):
-            return _tray(node, facts, record)
-        if record is not None and len(record.gpus) == 1 and node.gpus_per_node <= 1:
-            # a VM given one GPU of an NVSwitch board (cloud 1x H100/H200 SXM): NVML answers Not Supported
-            # for its fabric state (leptonai/gpud PR 1140), and one GPU has no peer to reach over NVLink
-            return [Finding(NAME, name, Status.SKIP, "one GPU, no NVSwitch visible and no NVLink fabric state "
-                            "reported (a single GPU or a VM given one): fabric manager not needed")]
-        return [Finding(NAME, name, Status.SKIP, "no NVSwitch on this node (PCIe/NVLink-bridge system): fabric manager not needed")]
-    out: List[Finding] = []
+        return _without_nvswitch(node, facts, record)
     fabric_problems, fabric_good = _gpu_fabric(record)
     service = facts.get("service")
-    if service is None:
-        why = facts.get("service_error") or "service state not gathered"
-        if fabric_good and not fabric_problems:
-            note = " (nvidia-fabricmanager state unreadable: %s)" % why
-        else:
-            out.append(
-                Finding(NAME, name, Status.WARN, "cannot verify nvidia-fabricmanager: %s" % why, expected="active", actual="unknown")
-            )
-            note = ""
-    else:
-        note = ""
-        state = service.get("ActiveState")
-        if service.get("LoadState") != "loaded":
-            out.append(
-                Finding(
-                    NAME,
-                    name,
-                    Status.FAIL,
-                    "nvidia-fabricmanager is not installed (LoadState=%s); %s" % (service.get("LoadState"), HANG),
-                    expected="loaded, active",
-                    actual="LoadState=%s" % service.get("LoadState"),
-                )
-            )
-        elif state != "active":
-            detail = "Result=%s" % service.get("Result", "?")
-            if service.get("ExecMainStatus") not in (None, "", "0"):
-                detail += ", exit status %s" % service["ExecMainStatus"]
-            out.append(
-                Finding(
-                    NAME,
-                    name,
-                    Status.FAIL,
-                    "nvidia-fabricmanager is %s (%s); %s" % (state, detail, HANG),
-                    expected="active",
-                    actual="%s/%s" % (state, service.get("SubState")),
-                )
-            )
-    fm, driver = facts.get("fm_version"), facts.get("driver_version")
-    if not driver and record is not None:
-        driver = record.driver_version
-    if fm is None:
-        if service is not None and service.get("LoadState") == "loaded":
-            out.append(
-                Finding(NAME, name, Status.WARN, "fabric manager version unknown (nv-fabricmanager --version did not answer)", expected=driver, actual="unknown")
-            )
-    elif driver and fm != driver:
-        out.append(
-            Finding(
-                NAME,
-                name,
-                Status.FAIL,
-                "fabric manager %s does not match driver %s (expected the same version)" % (fm, driver),
-                expected=driver,
-                actual=fm,
-            )
-        )
+    out, note = _service_findings(name, facts, service, bool(fabric_good and not fabric_problems))
+    out += _version_findings(name, facts, service, record)
     for problem in fabric_problems:
         out.append(Finding(NAME, name, Status.FAIL, problem, expected="Completed/Success"))
     out.extend(fabric_health(name, record))
     if not out:
+        fm = facts.get("fm_version")
         parts = ["%d NVSwitches" % len(switches)]
         if service is not None:
             parts.append("nvidia-fabricmanager %s (%s)" % (service.get("ActiveState"), service.get("SubState")))
@@ -145,6 +86,85 @@ def _node(node: Any, facts: Dict[str, Any], record: Any) -> List[Finding]:
             parts.append("fabric Completed on %d GPUs" % fabric_good)
         out.append(Finding(NAME, name, Status.PASS, ", ".join(parts) + note, actual=fm))
     return out
+
+
+def _without_nvswitch(node: Any, facts: Dict[str, Any], record: Any) -> List[Finding]:
+    """A node with no NVSwitch PCI function: a tray of an NVLink rack when its GPUs report fabric state, else
+    a SKIP (fabric manager not needed)."""
+    if record is not None and any(g.fabric for g in record.gpus):
+        return _tray(node, facts, record)
+    if record is not None and len(record.gpus) == 1 and node.gpus_per_node <= 1:
+        # a VM given one GPU of an NVSwitch board (cloud 1x H100/H200 SXM): NVML answers Not Supported
+        # for its fabric state (leptonai/gpud PR 1140), and one GPU has no peer to reach over NVLink
+        return [Finding(NAME, node.name, Status.SKIP, "one GPU, no NVSwitch visible and no NVLink fabric state "
+                        "reported (a single GPU or a VM given one): fabric manager not needed")]
+    return [Finding(NAME, node.name, Status.SKIP, "no NVSwitch on this node (PCIe/NVLink-bridge system): fabric manager not needed")]
+
+
+def _service_findings(name: str, facts: Dict[str, Any], service: Any, fabric_up: bool) -> Tuple[List[Finding], str]:
+    """(findings, a note for the PASS) on nvidia-fabricmanager's unit: not installed or not active FAILs; an
+    unreadable state WARNs, or is only noted when every GPU's fabric registered (`fabric_up`)."""
+    out: List[Finding] = []
+    if service is None:
+        why = facts.get("service_error") or "service state not gathered"
+        if fabric_up:
+            return out, " (nvidia-fabricmanager state unreadable: %s)" % why
+        out.append(
+            Finding(NAME, name, Status.WARN, "cannot verify nvidia-fabricmanager: %s" % why, expected="active", actual="unknown")
+        )
+        return out, ""
+    state = service.get("ActiveState")
+    if service.get("LoadState") != "loaded":
+        out.append(
+            Finding(
+                NAME,
+                name,
+                Status.FAIL,
+                "nvidia-fabricmanager is not installed (LoadState=%s); %s" % (service.get("LoadState"), HANG),
+                expected="loaded, active",
+                actual="LoadState=%s" % service.get("LoadState"),
+            )
+        )
+    elif state != "active":
+        detail = "Result=%s" % service.get("Result", "?")
+        if service.get("ExecMainStatus") not in (None, "", "0"):
+            detail += ", exit status %s" % service["ExecMainStatus"]
+        out.append(
+            Finding(
+                NAME,
+                name,
+                Status.FAIL,
+                "nvidia-fabricmanager is %s (%s); %s" % (state, detail, HANG),
+                expected="active",
+                actual="%s/%s" % (state, service.get("SubState")),
+            )
+        )
+    return out, ""
+
+
+def _version_findings(name: str, facts: Dict[str, Any], service: Any, record: Any) -> List[Finding]:
+    """The fabric manager's version against the driver's: a mismatch FAILs, an installed service whose
+    version did not answer WARNs."""
+    fm, driver = facts.get("fm_version"), facts.get("driver_version")
+    if not driver and record is not None:
+        driver = record.driver_version
+    if fm is None:
+        if service is not None and service.get("LoadState") == "loaded":
+            return [
+                Finding(NAME, name, Status.WARN, "fabric manager version unknown (nv-fabricmanager --version did not answer)", expected=driver, actual="unknown")
+            ]
+    elif driver and fm != driver:
+        return [
+            Finding(
+                NAME,
+                name,
+                Status.FAIL,
+                "fabric manager %s does not match driver %s (expected the same version)" % (fm, driver),
+                expected=driver,
+                actual=fm,
+            )
+        ]
+    return []
 
 
 def _tray(node: Any, facts: Dict[str, Any], record: Any) -> List[Finding]:

@@ -11,11 +11,8 @@ from preflight.derived.rails import (
     PORT_LIST,
     active_rates,
     is_active,
-    judged_ports,
     port_label,
-    port_plan,
     rate_text,
-    valid_ports,
 )
 from preflight.model import ClusterView, Finding, Status, probe_error
 
@@ -124,7 +121,8 @@ def _count_findings(name: str, usable: int, counts: Dict[str, int], want_count: 
 
 def rule(view: ClusterView) -> List[Finding]:
     out: List[Finding] = []
-    valid = valid_ports(view)
+    ports = rails.ports_of(view)  # valid ports, fleet reference, each port's role: read once, as the rails are
+    valid = ports["valid"]
     for name, facts in view.of(NAME).items():
         if name not in valid:
             out.append(probe_error(NAME, name, facts, listed=PORT_LIST))
@@ -135,8 +133,7 @@ def rule(view: ClusterView) -> List[Finding]:
     if not with_hcas and not (expected_some and (want_count is None or want_count > 0)):
         with_efa = {f.node for f in efa}
         return out + efa + [Finding(NAME, n, Status.SKIP, "no InfiniBand/RoCE HCA") for n in valid if n not in with_efa]
-    plan = port_plan(view, valid)
-    judged = {n: judged_ports(plan, f) for n, f in valid.items()}
+    judged = ports["judged"]
     counts = {n: sum(1 for j in js if j["usable"]) for n, js in judged.items()}
     not_for_nccl = rails.of(view)["left_out"]
     for name in (node.name for node in view.live if node.name in valid):

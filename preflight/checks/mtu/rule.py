@@ -98,62 +98,88 @@ def common_end(pairs: List[Tuple[str, str]]) -> Optional[str]:
 
 
 def rule(view: ClusterView) -> List[Finding]:
+    """One MTU on every node's data interface (expect.mtu, else the majority), full-size DF pings carried on
+    every tested path (a failing path blamed on its common or uncleared end), and a PASS for every tested
+    node with nothing against it."""
 
-    out: List[Finding] = []
     choice = datanet.of(view)
     mtus = {name: entry["mtu"] for name, entry in choice.nodes.items()}
-
-    # 1. One MTU everywhere: against expect.mtu, else the majority; a tie has no reference value.
-    want = view.expect.get("mtu")
-    if mtus:
-        reference = want if want is not None else majority(list(mtus.values()))[0]
-        holders = sorted(n for n, m in mtus.items() if m == reference)
-        split = " · ".join(
-            "%s on %s" % (m, fold(n for n, v in mtus.items() if v == m)) for m in sorted(set(mtus.values()), reverse=True)
-        )
-        for name in [n.name for n in view.live if n.name in mtus]:
-            if reference is None or mtus[name] != reference:
-                if want is not None:
-                    basis = "expected %s" % reference
-                elif reference is not None:
-                    basis = "%s: %s" % (fold(holders), reference)
-                else:
-                    basis = "no majority: %s; set expect.mtu" % split
-                out.append(
-                    Finding(
-                        NAME,
-                        name,
-                        Status.FAIL,
-                        "%s %s: mtu %s (%s)" % (name, choice.nodes[name]["iface"], mtus[name], basis),
-                        expected=str(reference) if reference is not None else "one MTU on every node",
-                        actual=str(mtus[name]),
-                    )
-                )
-
-    # 2. Paths.
-    problems: List[Tuple[str, str, Status, str]] = []
-    tested: Dict[str, List[str]] = {}
-    retried: Dict[str, List[str]] = {}  # paths whose first ping got no reply and whose second did
-    # nodes at an end of a path that carried full-size DF frames: both ways, the echo reply being as big as the
-    # request (RFC 792), so such a node's interface and switch port pass them; not the broken end of another path
-    carried: set = set()
+    out = _mtu_findings(view, choice, mtus)
+    paths = _Paths()
     for name, facts in view.of(NAME).items():
         err = probe_error(NAME, name, facts, listed=("targets", "ping results"))
         if err:
             out.append(err)
             continue
-        tested[name] = []
+        paths.read(name, facts, mtus)
+    blamed_on = _path_findings(paths, out)
+    against = {f.node for f in out if f.status in (Status.FAIL, Status.WARN, Status.ERROR)}
+    return out + _passes(view, choice, paths, blamed_on, against)
+
+
+def _mtu_findings(view: ClusterView, choice: Any, mtus: Dict[str, Any]) -> List[Finding]:
+    """One MTU everywhere: against expect.mtu, else the majority; a tie has no reference value."""
+    out: List[Finding] = []
+    want = view.expect.get("mtu")
+    if not mtus:
+        return out
+    reference = want if want is not None else majority(list(mtus.values()))[0]
+    holders = sorted(n for n, m in mtus.items() if m == reference)
+    split = " · ".join(
+        "%s on %s" % (m, fold(n for n, v in mtus.items() if v == m)) for m in sorted(set(mtus.values()), reverse=True)
+    )
+    for name in [n.name for n in view.live if n.name in mtus]:
+        if reference is None or mtus[name] != reference:
+            if want is not None:
+                basis = "expected %s" % reference
+            elif reference is not None:
+                basis = "%s: %s" % (fold(holders), reference)
+            else:
+                basis = "no majority: %s; set expect.mtu" % split
+            out.append(
+                Finding(
+                    NAME,
+                    name,
+                    Status.FAIL,
+                    "%s %s: mtu %s (%s)" % (name, choice.nodes[name]["iface"], mtus[name], basis),
+                    expected=str(reference) if reference is not None else "one MTU on every node",
+                    actual=str(mtus[name]),
+                )
+            )
+    return out
+
+
+class _Paths:
+    """What the nodes' pings found: each path's problem, the peers each node tested, the paths answered only
+    on the second try, and the nodes that carried full-size frames on some path."""
+
+    def __init__(self) -> None:
+        self.problems: List[Tuple[str, str, Status, str]] = []
+        self.tested: Dict[str, List[str]] = {}
+        self.retried: Dict[str, List[str]] = {}  # paths whose first ping got no reply and whose second did
+        # nodes at an end of a path that carried full-size DF frames: both ways, the echo reply being as big as
+        # the request (RFC 792), so such a node's interface and switch port pass them; not the broken end of
+        # another path
+        self.carried: set = set()
+
+    def read(self, name: str, facts: Dict[str, Any], mtus: Dict[str, Any]) -> None:
+        self.tested[name] = []
         for t in facts["targets"]:
-            tested[name].append(t["peer"])
+            self.tested[name].append(t["peer"])
             if t.get("first_try") or t.get("small_first_try"):
-                retried.setdefault(name, []).append(t["peer"])
+                self.retried.setdefault(name, []).append(t["peer"])
             if t.get("jumbo_ok"):
-                carried.update((name, t["peer"]))
+                self.carried.update((name, t["peer"]))
             found = _path_problem(name, t, mtus.get(t["peer"]))
             if found:
-                problems.append((name, t["peer"], found[0], found[1]))
+                self.problems.append((name, t["peer"], found[0], found[1]))
 
-    failing = [(src, dst) for src, dst, status, _ in problems if status == Status.FAIL]
+
+def _path_findings(paths: _Paths, out: List[Finding]) -> Dict[str, str]:
+    """Appends each problem path's finding to `out`, owned by the end at fault: the common end of every
+    failing path, else the end that carries full-size frames on no other path; returns {node: on whom its
+    failing path was blamed}."""
+    failing = [(src, dst) for src, dst, status, _ in paths.problems if status == Status.FAIL]
     culprit = common_end(failing)
     blamed_on: Dict[str, str] = {}
     if culprit:
@@ -166,16 +192,16 @@ def rule(view: ClusterView) -> List[Finding]:
                 data={"paths": ["%s → %s" % p for p in failing]},
             )
         )
-    for src, dst, status, message in problems:
+    for src, dst, status, message in paths.problems:
         owner = src
-        cleared = [end for end in (src, dst) if end in carried]
+        cleared = [end for end in (src, dst) if end in paths.carried]
         if culprit and status == Status.FAIL:
             owner = culprit
             if src != culprit:
                 blamed_on[src] = "%s (the common end)" % culprit
         elif status == Status.FAIL and len(cleared) == 1:
-            # one end carries full-size frames on another path (seen at 1,000 simulated nodes: the black-holed
-            # node's own ping went untested, and the one failing path was blamed on the healthy pinger)
+            # one end carries full-size frames on another path (a black-holed node's own ping may go
+            # untested, and its one failing path must not be blamed on the healthy pinger)
             owner = dst if cleared[0] == src else src
             message += " (%s carries full-size frames on another path: the fault is at %s's end)" % (cleared[0], owner)
             if owner != src:
@@ -184,15 +210,18 @@ def rule(view: ClusterView) -> List[Finding]:
             message += " (one failing path: the fault may be at either end)"
         out.append(Finding(NAME, owner, status, message, data={"path": [src, dst]},
                            action="retest" if status == Status.ERROR else None))
+    return blamed_on
 
-    # 3. PASS for every tested node with nothing against it.
-    against = {f.node for f in out if f.status in (Status.FAIL, Status.WARN, Status.ERROR)}
-    for name in [n.name for n in view.live if n.name in tested]:
+
+def _passes(view: ClusterView, choice: Any, paths: _Paths, blamed_on: Dict[str, str], against: set) -> List[Finding]:
+    """A PASS for every tested node with nothing `against` it (a SKIP when it had no peer to ping)."""
+    out: List[Finding] = []
+    for name in [n.name for n in view.live if n.name in paths.tested]:
         if name in against:
             continue
         entry = choice.nodes.get(name)
         head = "%s mtu %s" % (entry["iface"], entry["mtu"]) if entry else "mtu"
-        peers = tested[name]
+        peers = paths.tested[name]
         if not peers:
             out.append(Finding(NAME, name, Status.SKIP, "%s: no other node with a data interface to ping" % head))
             continue
@@ -201,7 +230,7 @@ def rule(view: ClusterView) -> List[Finding]:
         message = "%s: %s-byte DF pings reach %s" % (head, size, shown)
         if name in blamed_on:
             message = "%s: path to %s failed, blamed on %s" % (head, ", ".join(peers), blamed_on[name])
-        elif name in retried:
-            message += " (%s answered the second, slower try only)" % fold(retried[name])
+        elif name in paths.retried:
+            message += " (%s answered the second, slower try only)" % fold(paths.retried[name])
         out.append(Finding(NAME, name, Status.PASS, message, actual=str(entry["mtu"]) if entry else None))
     return out

@@ -127,10 +127,37 @@ def _recommended(view: ClusterView, nodes: List[str]) -> Tuple[Dict[str, str], D
 
 
 def rule(view: ClusterView) -> List[Finding]:
+    """Each node's effective NCCL settings against the env file's recommendation (a contradiction FAILs) and
+    against the other nodes (drift FAILs for a MUST_MATCH variable, else WARNs), malformed conf lines WARN;
+    a node with none of these PASSes."""
 
+    out, settings, malformed = _read_settings(view)
+    if not settings:
+        return out
+    nodes = [n.name for n in view.live if n.name in settings]
+    common, per_node = _recommended(view, nodes)
+    problems: Dict[str, List[Finding]] = {n: [] for n in nodes}
+    contradicted = _contradictions(view, nodes, settings, common, per_node, problems)
+    for key in sorted({k for s in settings.values() for k in s}):
+        _drift(key, nodes, settings, per_node, contradicted, problems)
+    for name in nodes:
+        node_out = problems[name]
+        for text in malformed[name]:
+            node_out.append(Finding(NAME, name, Status.WARN, "%s: conf line %s" % (name, text)))
+        out.extend(node_out or [_pass(name, settings[name])])
+    return out
+
+
+#: {node: {variable: (value, where it is set)}}
+_Settings = Dict[str, Dict[str, Tuple[str, str]]]
+
+
+def _read_settings(view: ClusterView) -> Tuple[List[Finding], _Settings, Dict[str, List[str]]]:
+    """(probe errors, {node: {variable: (value, where it is set)}} as the node's NCCL reads them, {node: its
+    malformed conf lines, as text})."""
     out: List[Finding] = []
     versions = _nccl_versions(view)
-    settings: Dict[str, Dict[str, Tuple[str, str]]] = {}
+    settings: _Settings = {}
     malformed: Dict[str, List[str]] = {}
     for name, facts in view.of(NAME).items():
         err = probe_error(NAME, name, facts, listed=("files", "conf-file list"))
@@ -144,13 +171,15 @@ def rule(view: ClusterView) -> List[Finding]:
             for f in facts["files"]
             for m in f.get("malformed") or []
         ]
-    if not settings:
-        return out
-    nodes = [n.name for n in view.live if n.name in settings]
-    common, per_node = _recommended(view, nodes)
-    ifaces = _node_ifaces(view)
-    problems: Dict[str, List[Finding]] = {n: [] for n in nodes}
+    return out, settings, malformed
 
+
+def _contradictions(view: ClusterView, nodes: List[str], settings: _Settings,
+                    common: Dict[str, str], per_node: Dict[str, Dict[str, str]],
+                    problems: Dict[str, List[Finding]]) -> set:
+    """A FAIL in `problems` for every setting that contradicts the recommended env; returns the (node,
+    variable) pairs that did, which the drift step does not judge again."""
+    ifaces = _node_ifaces(view)
     contradicted = set()
     for name in nodes:
         rec = dict(common, **per_node.get(name, {}))
@@ -170,56 +199,53 @@ def rule(view: ClusterView) -> List[Finding]:
                         data={"key": key, "value": value, "source": where},
                     )
                 )
+    return contradicted
 
-    keys = sorted({k for s in settings.values() for k in s})
-    for key in keys:
-        values = [settings[n][key][0] if key in settings[n] else UNSET for n in nodes]
-        ref, count, _ = majority(values)
-        if ref is not None and count == len(nodes):
-            continue
-        holders = {}
-        for n, v in zip(nodes, values):
-            holders.setdefault(v, []).append(n)
-        for name, value in zip(nodes, values):
-            if value == ref or (name, key) in contradicted or per_node.get(name, {}).get(key) == value:
-                continue  # (a per-node value the env file asks for is no drift)
-            where = settings[name][key][1] if key in settings[name] else "not set"
-            if ref is not None:
-                basis = "%s: %s" % (fold(holders[ref]), "unset" if ref == UNSET else "%s=%s" % (key, ref))
-            else:
-                basis = "no majority: " + " · ".join(
-                    "%s %s" % (fold(ns), "unset" if v == UNSET else "=" + v) for v, ns in sorted(holders.items())
-                )
-            shown = "%s unset" % key if value == UNSET else "%s=%s (%s)" % (key, value, where)
-            problems[name].append(
-                Finding(
-                    NAME,
-                    name,
-                    Status.FAIL if key in MUST_MATCH else Status.WARN,
-                    "%s: %s differs from the other nodes (%s)" % (name, shown, basis),
-                    expected=None if ref is None else ("unset" if ref == UNSET else ref),
-                    actual="unset" if value == UNSET else value,
-                    data={"key": key, "value": None if value == UNSET else value, "source": where},
-                )
-            )
 
-    for name in nodes:
-        node_out = problems[name]
-        for text in malformed[name]:
-            node_out.append(Finding(NAME, name, Status.WARN, "%s: conf line %s" % (name, text)))
-        if not node_out:
-            mine = settings[name]
-            listed = ", ".join("%s=%s (%s)" % (k, v, w) for k, (v, w) in sorted(mine.items()))
-            node_out.append(
-                Finding(
-                    NAME,
-                    name,
-                    Status.PASS,
-                    ("%d NCCL variable%s, as on every node: %s" % (len(mine), "" if len(mine) == 1 else "s", listed))
-                    if mine
-                    else "no NCCL variables set (NCCL defaults), as on every node",
-                    actual=str(len(mine)),
-                )
+def _drift(key: str, nodes: List[str], settings: _Settings,
+           per_node: Dict[str, Dict[str, str]], contradicted: set, problems: Dict[str, List[Finding]]) -> None:
+    """A finding in `problems` for every node whose `key` differs from the other nodes' (the majority; a tie
+    names the split), unless the env file asks for that value on that node or it was already contradicted."""
+    values = [settings[n][key][0] if key in settings[n] else UNSET for n in nodes]
+    ref, count, _ = majority(values)
+    if ref is not None and count == len(nodes):
+        return
+    holders: Dict[str, List[str]] = {}
+    for n, v in zip(nodes, values):
+        holders.setdefault(v, []).append(n)
+    for name, value in zip(nodes, values):
+        if value == ref or (name, key) in contradicted or per_node.get(name, {}).get(key) == value:
+            continue  # (a per-node value the env file asks for is no drift)
+        where = settings[name][key][1] if key in settings[name] else "not set"
+        if ref is not None:
+            basis = "%s: %s" % (fold(holders[ref]), "unset" if ref == UNSET else "%s=%s" % (key, ref))
+        else:
+            basis = "no majority: " + " · ".join(
+                "%s %s" % (fold(ns), "unset" if v == UNSET else "=" + v) for v, ns in sorted(holders.items())
             )
-        out.extend(node_out)
-    return out
+        shown = "%s unset" % key if value == UNSET else "%s=%s (%s)" % (key, value, where)
+        problems[name].append(
+            Finding(
+                NAME,
+                name,
+                Status.FAIL if key in MUST_MATCH else Status.WARN,
+                "%s: %s differs from the other nodes (%s)" % (name, shown, basis),
+                expected=None if ref is None else ("unset" if ref == UNSET else ref),
+                actual="unset" if value == UNSET else value,
+                data={"key": key, "value": None if value == UNSET else value, "source": where},
+            )
+        )
+
+
+def _pass(name: str, mine: Dict[str, Tuple[str, str]]) -> Finding:
+    """'3 NCCL variables, as on every node: ...', or that none is set."""
+    listed = ", ".join("%s=%s (%s)" % (k, v, w) for k, (v, w) in sorted(mine.items()))
+    return Finding(
+        NAME,
+        name,
+        Status.PASS,
+        ("%d NCCL variable%s, as on every node: %s" % (len(mine), "" if len(mine) == 1 else "s", listed))
+        if mine
+        else "no NCCL variables set (NCCL defaults), as on every node",
+        actual=str(len(mine)),
+    )

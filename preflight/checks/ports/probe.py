@@ -117,12 +117,14 @@ def find_holders(port: int, proc: str = "/proc") -> List[Dict[str, Any]]:
     return out
 
 
-def _bind(addr: str, port: int) -> socket.socket:
+def _bind(addr: str, port: int, backlog: int = 0) -> socket.socket:
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((addr, port))
+        if backlog:
+            sock.listen(backlog)
     except OSError:
         sock.close()
         raise
@@ -169,18 +171,10 @@ def listen(cfg: Dict[str, Any]) -> Dict[str, Any]:
         claim.close()
 
 
-def _listen_claimed(cfg: Dict[str, Any], result: Dict[str, Any], addr: str, port: int) -> Dict[str, Any]:
-    """listen(), once the port is claimed for this run."""
-    window = float(cfg.get("window_s", WINDOW_S))
-    expect = set(cfg.get("expect_peers") or [])
-    expect_names = set(cfg.get("expect_names") or [])
+def _open_listener(result: Dict[str, Any], addr: str, port: int, backlog: int) -> Optional[socket.socket]:
+    """The listening socket, or None with why in `result`."""
     try:
-        sock = _bind(addr, port)
-        # every peer connects at about the same time (as a job's ranks reach TCPStore): a backlog smaller
-        # than the peers overflows, and the kernel then drops the handshake's last ACK of the rest, whose
-        # connect() has returned: they send hello and wait for a reply that never comes (at 1,000 simulated
-        # nodes with listen(128): 972 healthy nodes "connected, then timed out")
-        sock.listen(max(128, len(expect), len(expect_names)) + 16)
+        return _bind(addr, port, backlog)
     except OSError as exc:
         result["error"] = "%s: %s" % (_errno_name(exc), exc.strerror or exc)
         result["errno"] = _errno_name(exc)
@@ -190,6 +184,18 @@ def _listen_claimed(cfg: Dict[str, Any], result: Dict[str, Any], addr: str, port
             except (ParseError, OSError) as hexc:
                 result["holders_error"] = str(hexc)
             result["free_ports"] = free_ports_above(addr, port)
+        return None
+
+
+def _listen_claimed(cfg: Dict[str, Any], result: Dict[str, Any], addr: str, port: int) -> Dict[str, Any]:
+    """listen(), once the port is claimed for this run."""
+    window = float(cfg.get("window_s", WINDOW_S))
+    expect = set(cfg.get("expect_peers") or [])
+    expect_names = set(cfg.get("expect_names") or [])
+    # peers connect at about once (as a job's ranks reach TCPStore): a backlog below their number overflows, the
+    # kernel drops the last ACK of the rest, and their hello waits for a reply that never comes
+    sock = _open_listener(result, addr, port, max(128, len(expect), len(expect_names)) + 16)
+    if sock is None:
         return result
     result["listening"] = True
     overflows = listenq.listen_overflows()  # the kernel's drops for a full accept queue: overload evidence

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from preflight.checks.ports import NAME
@@ -78,96 +79,114 @@ def _connect_hint(err: Optional[str], errno_name: Optional[str]) -> str:
     return err or "failed"
 
 
+@dataclass
+class _Head:
+    """The head's side of the test as the rule judges the others by: its facts, whether it listened, whether
+    its listen failed (its own FAIL says why), and the connectors that could not reach it when they were
+    most of them (the head's end: they are not judged)."""
+
+    name: str
+    port: int
+    facts: Any
+    ok: bool = False
+    failed: bool = False
+    unreached: List[str] = field(default_factory=list)
+
+
 def rule(view: ClusterView) -> List[Finding]:
-    out: List[Finding] = []
-    head = view.head.name
-    port = int(view.cluster.get("master_port", DEFAULT_PORT))
+    """The head listened on the rendezvous port and every other node connected and heard preflight's reply: a
+    connector's failure FAILs it with the hint its errno gives; most connectors failing is the head's end; a
+    busy head or one that began listening late is an ERROR (retest), judging no node."""
+    head = _Head(view.head.name, int(view.cluster.get("master_port", DEFAULT_PORT)), None)
     facts = view.of(NAME)
-    head_facts = facts.get(head)
-    head_ok = False
-    if isinstance(head_facts, dict) and "busy" in head_facts:
+    head.facts = facts.get(head.name)
+    if isinstance(head.facts, dict) and "busy" in head.facts:
         # another preflight run holds the port on the head: nothing here is known to be wrong, and what
         # the other nodes reached is that run's listener or store: judge no node, say to retest
         return [Finding(NAME, None, Status.ERROR, "not tested: port %d on the head %s is in use by %s "
                         "(its all-reduce or its port test); retest when it has finished" % (
-                            port, head, portclaim.describe(head_facts["busy"])),
-                        action="retest", data={"busy": head_facts["busy"]})]
-    if head in facts:
-        err = probe_error(NAME, head, head_facts)
+                            head.port, head.name, portclaim.describe(head.facts["busy"])),
+                        action="retest", data={"busy": head.facts["busy"]})]
+    out: List[Finding] = []
+    if head.name in facts:
+        err = probe_error(NAME, head.name, head.facts)
         if err:
             out.append(err)
-        elif head_facts.get("listening"):
-            head_ok = True
+        elif head.facts.get("listening"):
+            head.ok = True
         else:
-            out.append(_listen_failure(head, port, head_facts))
-    # Most nodes failing to reach the listening head (no foreign reply among them) is the head's end: a firewall
-    # there, or a listener too busy to answer (1,000 simulated nodes on 2 cores: 606 connect timeouts, 380
-    # silences). One finding on the head, those nodes not tested; a minority failing is each node's own path.
+            head.failed = True
+            out.append(_listen_failure(head.name, head.port, head.facts))
     ssh = view.of("ssh")  # the clock offsets _late_head corrects with
-    connecting = {n: f for n, f in facts.items() if n != head and isinstance(f, dict) and f.get("role") == "connect"}
-    unreached = sorted((n for n, f in connecting.items() if not f.get("handshake") and not f.get("reply")), key=str)
-    head_unreached = head_ok and len(unreached) >= 2 and 2 * len(unreached) > len(connecting)
-    if head_unreached:
-        busy = _overload(head_facts, unreached, sum(
-            1 for n in unreached if _late_head(ssh, head, head_facts, n, connecting[n]) is not None))
-        why = ("its listener, preflight's own, could not keep up (%s): the head overloaded, not a firewall; not "
-               "tested, retest" % busy) if busy else "the head's end (a firewall on it dropping them), not theirs"
-        out.append(Finding(
-            NAME, head, Status.ERROR if busy else Status.FAIL, "%s of %s nodes could not reach or hear the head %s on "
-            "port %d (%s): %s" % (len(unreached), len(connecting), head, port, fold(unreached), why),
-            expected="every node connects and hears preflight's reply", actual="%d unreached" % len(unreached),
-            data={"unreached": unreached}, action="retest" if busy else None))
+    out += _unreached_head(head, facts, ssh)
     for name, f in facts.items():
-        if name == head:
-            continue
-        if head_unreached and name in unreached:
-            out.append(Finding(NAME, name, Status.SKIP,
-                               "not tested: most nodes could not reach the head %s on port %d (its finding says "
-                               "why)" % (head, port)))
-            continue
-        err = probe_error(NAME, name, f)
-        if err:
-            out.append(err)
-            continue
-        target = "%s:%s" % (f.get("host"), f.get("port", port))
-        if (
-            head in facts
-            and not head_ok
-            and not probe_error(NAME, head, head_facts)
-        ):
-            # The fault is the head's (its FAIL names it); this node is not at fault and nothing here was
-            # judged: SKIP, so the node's status stays its own (255 healthy nodes of a 256-node run read
-            # 'fail' and left the hostfile when this was an ERROR: issue 22's 256-node run).
-            out.append(Finding(NAME, name, Status.SKIP,
-                               "not tested: the head %s could not listen on port %d (its finding says why)" % (head, port)))
-            continue
-        if f.get("handshake"):
-            out.append(Finding(NAME, name, Status.PASS, "connected to %s on %s (%s)" % (head, target, _attempts(f))))
-        elif f.get("connected") and not f.get("reply"):
-            # the head accepted the connection and said nothing, every try within the node's retry window: its
-            # listener too busy to answer (at 1,000 simulated nodes on 2 shared cores, 199 healthy nodes), which
-            # says nothing against this node; a foreign reply (below) does
-            out.append(Finding(NAME, name, Status.ERROR, "%s → %s %s: connected, but the head did not answer within "
-                               "%ss (%s): not tested; retest" % (name, head, target, f.get("elapsed_s"),
-                                                                 f.get("error") or "no reply"), action="retest"))
-        elif f.get("connected"):
-            out.append(Finding(NAME, name, Status.FAIL, "%s → %s %s: connected, but %s" % (
-                name, head, target, f.get("error") or "no preflight reply"), expected="preflight's listener",
-                actual=f.get("reply") or "no reply"))
-        elif (late := _late_head(ssh, head, head_facts, name, f)) is not None:
-            out.append(Finding(NAME, name, Status.ERROR, "%s → %s %s: refused for %ss, and the head began listening only "
-                               "%.1fs after this node's last try (its probe started late: the head too busy): not "
-                               "tested; retest" % (name, head, target, f.get("elapsed_s"), late), action="retest"))
-        else:
-            out.append(Finding(NAME, name, Status.FAIL, "%s → %s %s: %s after %ss (%s)" % (
-                name, head, target, _connect_hint(f.get("error"), f.get("errno")), f.get("elapsed_s"), f.get("error")),
-                expected="a TCP connection to the rendezvous port", actual=f.get("errno") or f.get("error")))
-    if head_ok and not head_unreached:
-        names = sorted({p["name"] for p in head_facts.get("peers") or [] if p.get("name")})
-        out.append(Finding(NAME, head, Status.PASS, "listened on port %d; %s connected%s%s" % (
-            port, plural(len(names), "peer"), " (%s)" % fold(names) if names else "", _squatter_text(head_facts)),
-            actual=str(port)))
+        if name != head.name:
+            out.append(_connector_finding(head, name, f, ssh))
+    if head.ok and not head.unreached:
+        names = sorted({p["name"] for p in head.facts.get("peers") or [] if p.get("name")})
+        out.append(Finding(NAME, head.name, Status.PASS, "listened on port %d; %s connected%s%s" % (
+            head.port, plural(len(names), "peer"), " (%s)" % fold(names) if names else "",
+            _squatter_text(head.facts)), actual=str(head.port)))
     return out
+
+
+def _unreached_head(head: _Head, facts: Dict[str, Any], ssh: Dict[str, Any]) -> List[Finding]:
+    """One finding on the head when most connectors could not reach the listening head (no foreign reply among
+    them): the head's end, a firewall there (FAIL) or a listener too busy to answer (ERROR, retest); a
+    minority failing is each node's own path. Sets head.unreached to the nodes it covers."""
+    connecting = {n: f for n, f in facts.items()
+                  if n != head.name and isinstance(f, dict) and f.get("role") == "connect"}
+    unreached = sorted((n for n, f in connecting.items() if not f.get("handshake") and not f.get("reply")), key=str)
+    if not (head.ok and len(unreached) >= 2 and 2 * len(unreached) > len(connecting)):
+        return []
+    head.unreached = unreached
+    busy = _overload(head.facts, unreached, sum(
+        1 for n in unreached if _late_head(ssh, head.name, head.facts, n, connecting[n]) is not None))
+    why = ("its listener, preflight's own, could not keep up (%s): the head overloaded, not a firewall; not "
+           "tested, retest" % busy) if busy else "the head's end (a firewall on it dropping them), not theirs"
+    return [Finding(
+        NAME, head.name, Status.ERROR if busy else Status.FAIL, "%s of %s nodes could not reach or hear the head %s on "
+        "port %d (%s): %s" % (len(unreached), len(connecting), head.name, head.port, fold(unreached), why),
+        expected="every node connects and hears preflight's reply", actual="%d unreached" % len(unreached),
+        data={"unreached": unreached}, action="retest" if busy else None)]
+
+
+def _connector_finding(head: _Head, name: str, f: Any, ssh: Dict[str, Any]) -> Finding:
+    """One connecting node's finding: PASS on preflight's reply; SKIP when the head's end is at fault; ERROR
+    (retest) when the head was too busy to answer or listen in time; else FAIL with its errno's hint."""
+    if name in head.unreached:
+        return Finding(NAME, name, Status.SKIP, "not tested: most nodes could not reach the head %s on port %d "
+                       "(its finding says why)" % (head.name, head.port))
+    err = probe_error(NAME, name, f)
+    if err:
+        return err
+    target = "%s:%s" % (f.get("host"), f.get("port", head.port))
+    if head.failed:
+        # The fault is the head's (its FAIL names it); this node is not at fault and nothing here was
+        # judged: SKIP, so the node's status stays its own (an ERROR would fail every healthy node and
+        # empty the hostfile)
+        return Finding(NAME, name, Status.SKIP, "not tested: the head %s could not listen on port %d (its finding "
+                       "says why)" % (head.name, head.port))
+    if f.get("handshake"):
+        return Finding(NAME, name, Status.PASS, "connected to %s on %s (%s)" % (head.name, target, _attempts(f)))
+    if f.get("connected") and not f.get("reply"):
+        # the head accepted the connection and said nothing, every try within the node's retry window: its
+        # listener too busy to answer, which says nothing against this node; a foreign reply (below) does
+        return Finding(NAME, name, Status.ERROR, "%s → %s %s: connected, but the head did not answer within "
+                       "%ss (%s): not tested; retest" % (name, head.name, target, f.get("elapsed_s"),
+                                                         f.get("error") or "no reply"), action="retest")
+    if f.get("connected"):
+        return Finding(NAME, name, Status.FAIL, "%s → %s %s: connected, but %s" % (
+            name, head.name, target, f.get("error") or "no preflight reply"), expected="preflight's listener",
+            actual=f.get("reply") or "no reply")
+    late = _late_head(ssh, head.name, head.facts, name, f)
+    if late is not None:
+        return Finding(NAME, name, Status.ERROR, "%s → %s %s: refused for %ss, and the head began listening only "
+                       "%.1fs after this node's last try (its probe started late: the head too busy): not "
+                       "tested; retest" % (name, head.name, target, f.get("elapsed_s"), late), action="retest")
+    return Finding(NAME, name, Status.FAIL, "%s → %s %s: %s after %ss (%s)" % (
+        name, head.name, target, _connect_hint(f.get("error"), f.get("errno")), f.get("elapsed_s"), f.get("error")),
+        expected="a TCP connection to the rendezvous port", actual=f.get("errno") or f.get("error"))
 
 
 def _late_head(ssh: Dict[str, Any], head: str, head_facts: Any, name: str, f: Dict[str, Any]) -> Optional[float]:
