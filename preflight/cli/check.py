@@ -60,12 +60,19 @@ def _slurm_inventory(args: argparse.Namespace) -> Any:
     if args.nodes is not None and args.nodes < 1:
         raise UsageError("--nodes must be at least 1", "e.g. --nodes 16")
     python = slurm.checked_python(args.python)
-    if args.nodelist and (args.partition or args.nodes):
+    if args.nodelist and args.nodes:
         raise UsageError("give --nodelist or --partition/--nodes, not both", "e.g. --nodelist gpu-[001-064]")
+    qos = getattr(args, "qos", None)
+    if getattr(args, "preemptible", False) and not (args.partition or qos):
+        raise UsageError("--preemptible needs the partition or QOS your site lets user jobs preempt",
+                         "e.g. --partition burnin --preemptible (slurm.conf: PreemptType=preempt/partition_prio, "
+                         "PriorityTier lower than the users' partitions)")
     if args.nodelist or args.partition or args.nodes:
         recheck = getattr(args, "resume", False) and not getattr(args, "dry_run", False)
         alloc = slurm.allocate(nodelist=args.nodelist, partition=args.partition, nodes=args.nodes, recheck_ours=recheck,
-                               timeout=_alloc_wait(args), run_s=slurm.run_budget(args.timeout))
+                               timeout=_alloc_wait(args), run_s=slurm.run_budget(args.timeout), qos=qos)
+    elif qos or getattr(args, "preemptible", False):
+        raise UsageError("--qos/--preemptible apply when preflight allocates", "add --nodelist NODES")
     else:
         alloc = slurm.current_allocation()
     try:
@@ -206,6 +213,7 @@ def _run_and_act(args: argparse.Namespace, inv: Any, opts: Any, console: Any, hi
 
         # nodes Slurm had out of service when the run began: unavailable, not this run's failures
         result.findings = drain.set_aside(result.findings, inv.allocation.excluded, strict=getattr(args, "count_unavailable", False))
+        result.findings = _gated(args, inv, result.findings)
     doc = report.to_json(result)
     report.render(result, console, verbose=getattr(args, "verbose", False))
     findings, actions = result.findings, []
@@ -237,6 +245,19 @@ def _timelines(hist: Any, doc: dict) -> Any:
     from preflight.output.html import HISTORY_RUNS
 
     return {n["name"]: queries.timeline(hist[0], n["name"], limit=HISTORY_RUNS) for n in doc["nodes"]}
+
+
+def _gated(args: argparse.Namespace, inv: Any, findings: Any) -> Any:
+    """--resume --tier standard|burn-in: the nodes rechecked for return hold back unless the tier passed on
+    them (preflight.actions.tier_gate); a preempted burn-in job is reported as such (preflight.slurm.preempt)."""
+    from preflight.actions import tier_gate
+    from preflight.slurm import preempt
+
+    if getattr(args, "preemptible", False):
+        findings = preempt.mark(findings, inv.allocation)
+    if getattr(args, "resume", False) and getattr(args, "tier", "quick") != "quick":
+        findings = tier_gate.hold(findings, args.tier, list(inv.allocation.held))
+    return findings
 
 
 def _would_drain(args: argparse.Namespace, inv: Any) -> Any:

@@ -111,7 +111,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env-file", metavar="PATH", help="write the recommended NCCL env file (sourced by launch scripts)")
     p.add_argument("--slurm", action="store_true", help="nodes and transport from Slurm: this allocation (SLURM_JOB_ID), or --nodelist / --partition --nodes")
     p.add_argument("--nodelist", metavar="NODES", help="with --slurm: allocate these Slurm nodes for the run (e.g. gpu-[001-064]); with --k8s: check these Kubernetes nodes")
-    p.add_argument("--partition", metavar="P", help="with --slurm: allocate --nodes N nodes of partition P for the run")
+    p.add_argument("--partition", metavar="P", help="with --slurm: allocate --nodes N nodes of partition P for the run "
+                   "(with --nodelist: allocate those nodes in partition P)")
+    p.add_argument("--qos", metavar="Q", help="with --slurm, when preflight allocates: the job's QOS (salloc --qos)")
+    p.add_argument("--preemptible", action="store_true", help="with --slurm --partition P or --qos Q that the site "
+                   "lets any user job preempt: a burn-in that yields; a preempted run reports its nodes preempted, "
+                   "neither failed nor resumed")
     p.add_argument("--nodes", type=int, metavar="N", help="with --slurm --partition: how many nodes")
     p.add_argument("--python", metavar="PATH", help="with --slurm: the interpreter the nodes run the probe with "
                    "(default python3 on the nodes' PATH under srun)")

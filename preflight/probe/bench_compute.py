@@ -37,11 +37,12 @@ def compute_phase(torch, dist, device, gpu, spec, emit):
     dist.barrier()
     t0 = time.monotonic()
     sampler = _NvmlSampler(torch, device, float(spec.get("sample_s", 0.2))) if gpu else None
-    out = {"device": _device_name(torch, device, gpu), "versions": _versions(torch, gpu), "gemm": {}}
+    out = {"device": _device_name(torch, device, gpu), "versions": _versions(torch, gpu), "gemm": {}, "windows": {}}
     if sampler is not None:
         sampler.start()
     try:
         for dtype in _fast_dtypes(torch, device, gpu):
+            began = round(time.time(), 3)  # the NVML samples' clock: the soak's trend is judged per dtype
             try:
                 out["gemm"][dtype] = _gemm(torch, device, gpu, dtype, int(spec.get("gemm_n", 4096)),
                                            float(spec.get("seconds", 2.0)))
@@ -50,6 +51,7 @@ def compute_phase(torch, dist, device, gpu, spec, emit):
                     raise
                 # torch._scaled_mm is private and its signature moved between releases: recorded, not judged
                 out["gemm"][dtype] = {"error": "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0][:300])}
+            out["windows"][dtype] = [began, round(time.time(), 3)]
             emit("compute_step", what="gemm " + dtype)
         out["copy"] = _copy(torch, device, gpu, int(spec.get("copy_bytes", 1 << 30)))
         emit("compute_step", what="copy")
@@ -59,7 +61,7 @@ def compute_phase(torch, dist, device, gpu, spec, emit):
             sampler.stop.set()
             sampler.join(5.0)
     if sampler is not None:
-        out["nvml"], out["nvml_error"] = sampler.samples, sampler.error
+        out["nvml"], out["nvml_error"], out["nvml_limits"] = sampler.samples, sampler.error, sampler.limits
     dist.barrier()
     out["wall_s"] = round(time.monotonic() - t0, 3)  # what the phase added to the run, on this rank
     return out
@@ -212,7 +214,7 @@ class _NvmlSampler(threading.Thread):
 
     def __init__(self, torch, device, every):
         threading.Thread.__init__(self, name="nvml-sampler", daemon=True)
-        self.every, self.stop, self.samples, self.error = every, threading.Event(), [], None
+        self.every, self.stop, self.samples, self.error, self.limits = every, threading.Event(), [], None, {}
         self.bus_id, self.index = None, device.index
         props = torch.cuda.get_device_properties(device)
         if hasattr(props, "pci_bus_id"):  # NVML's "domain:bus:device.function"; torch gives the numbers
@@ -233,7 +235,9 @@ class _NvmlSampler(threading.Thread):
             self.error = "nvmlInit: %s" % exc
             return
         try:
-            self.samples.extend(sample_nvml(pynvml, self._handle(pynvml), self.stop, self.every))
+            handle = self._handle(pynvml)
+            self.limits = temperature_limits(pynvml, handle)
+            self.samples.extend(sample_nvml(pynvml, handle, self.stop, self.every))
         except Exception as exc:  # noqa: BLE001 - as above
             self.error = "%s: %s" % (type(exc).__name__, exc)
         finally:
@@ -243,6 +247,19 @@ class _NvmlSampler(threading.Thread):
         if self.bus_id:
             return nvml.nvmlDeviceGetHandleByPciBusId(self.bus_id)
         return nvml.nvmlDeviceGetHandleByIndex(self.index)
+
+
+def temperature_limits(nvml, handle):
+    """{"slowdown_c", "shutdown_c"}: the GPU's own thresholds (nvmlDeviceGetTemperatureThreshold), the
+    burn-in's thermal trend is judged against; a value the part does not report is None."""
+    out = {}
+    for key, kind in (("slowdown_c", "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN"),
+                      ("shutdown_c", "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN")):
+        try:
+            out[key] = int(nvml.nvmlDeviceGetTemperatureThreshold(handle, getattr(nvml, kind)))
+        except Exception:  # noqa: BLE001 - NVMLError_NotSupported on parts without it: the trend goes unjudged
+            out[key] = None
+    return out
 
 
 def sample_nvml(nvml, handle, stop, every, limit=600):

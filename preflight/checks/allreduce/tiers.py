@@ -22,7 +22,8 @@ TIERS = ("quick", "standard", "burn-in")
 SPECS = {
     ("standard", "nccl"): {"seconds": 4.0, "gemm_n": 8192, "copy_bytes": 1 << 30, "sdc_n": 1024, "sdc_steps": 8},
     ("standard", "gloo"): {"seconds": 1.0, "gemm_n": 256, "copy_bytes": 16 << 20, "sdc_n": 128, "sdc_steps": 4},
-    ("burn-in", "nccl"): {"seconds": 60.0, "gemm_n": 8192, "copy_bytes": 1 << 30, "sdc_n": 1024, "sdc_steps": 8},
+    ("burn-in", "nccl"): {"seconds": 60.0, "gemm_n": 8192, "copy_bytes": 1 << 30, "sdc_n": 1024, "sdc_steps": 8,
+                          "sample_s": 0.5},
     ("burn-in", "gloo"): {"seconds": 5.0, "gemm_n": 256, "copy_bytes": 16 << 20, "sdc_n": 128, "sdc_steps": 4},
 }
 #: Per GEMM dtype: input creation and the library's first call (cuBLAS handle, kernel choice).

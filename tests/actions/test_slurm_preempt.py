@@ -1,0 +1,107 @@
+"""A burn-in that yields: `--partition burnin --preemptible` on a real Slurm (tests/sim/slurm.py) whose
+slurm.conf makes the burn-in partition preemptible by the users' partition (preempt/partition_prio,
+PreemptMode=REQUEUE). A user's job onto a node under burn-in displaces preflight's job; preflight reports
+both nodes preempted (unavailable: not failed, not drained, not resumed) and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from preflight.slurm import preempt
+from tests.paths import REPO
+
+#: the site's configuration the README's burn-in section gives: user work preempts the burn-in partition
+PREEMPTIBLE = ("PreemptType=preempt/partition_prio\n"
+               "PreemptMode=REQUEUE\n"
+               "PartitionName=users Nodes=ALL PriorityTier=10 MaxTime=INFINITE State=UP\n"
+               "PartitionName=burnin Nodes=ALL PriorityTier=1 PreemptMode=REQUEUE MaxTime=INFINITE State=UP\n")
+OLD = "preflight: gpu_compute: repaired, burn-in pending"
+
+
+@pytest.fixture(scope="module")
+def cluster(slurm_cluster):
+    return slurm_cluster(2, slurm_conf=PREEMPTIBLE)
+
+
+def _wait(what, ok, timeout=90.0):
+    until = time.monotonic() + timeout
+    while not ok():
+        if time.monotonic() > until:
+            raise AssertionError("no %s within %g s" % (what, timeout))
+        time.sleep(0.2)
+
+
+def _preflight(cluster, extra, **kw):
+    env = dict(cluster.slurm.env(), PYTHONPATH=REPO)
+    argv = [sys.executable, "-m", "preflight", "check", "--slurm", "--nodelist", "n[001-002]", "--no-progress",
+            "--tier", "burn-in", "--json", "-"] + extra
+    return cluster.ctl_popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=REPO, **kw)
+
+
+def _running_preflight_job(s):
+    return [j.split()[0] for j in s.jobs() if " preflight-" in j and " RUNNING " in j]
+
+
+def test_a_user_job_preempts_the_burn_in_and_preflight_reports_it_preempted(cluster):
+    s = cluster.slurm
+    proc = _preflight(cluster, ["--partition", "burnin", "--preemptible"])
+    user = None
+    try:
+        _wait("preflight's burn-in job running", lambda: _running_preflight_job(s) or proc.poll() is not None)
+        assert proc.poll() is None, proc.communicate()
+        job = _running_preflight_job(s)[0]
+        # the node checks are one step (JOB.0); the all-reduce with its burn-in soak the next: preempted there
+        _wait("the burn-in's all-reduce step", lambda: any(st.split()[0].startswith(job + ".") and
+                                                            st.split()[0] != job + ".0" for st in s.leftover_steps())
+              or proc.poll() is not None, 180)
+        assert proc.poll() is None, proc.communicate()
+        # a user's job onto n001 in the users' partition: Slurm preempts the burn-in to run it
+        user = s.run(["salloc", "--no-shell", "-p", "users", "-w", "n001", "-N1", "-t", "5", "--immediate=60"])
+        assert "Granted" in user.stdout + user.stderr, user.stderr
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        s.run(["scancel", "-p", "users"])
+    record = s.run(["scontrol", "-o", "show", "job", job]).stdout
+    fields = preempt.parse_job(record)
+    assert preempt.preempted(fields), fields  # what Slurm did, read as preflight reads it
+    assert proc.returncode == 0, err  # preempted is neither a failure nor an error
+    doc = json.loads(out)
+    nodes = {n["name"]: n for n in doc["nodes"]}
+    for name in ("n001", "n002"):
+        mine = [f for f in doc["results"] if f["node"] == name]
+        said = [f["message"] for f in mine if (f.get("data") or {}).get("unavailable")]
+        assert said and "Slurm preempted job %s (partition burnin)" % job in said[0], mine
+        assert nodes[name]["status"] == "unavailable", nodes[name]
+        assert not [f for f in mine if f["status"] in ("fail", "error")], mine
+    assert "Traceback" not in err
+    assert s.reasons() == {}  # nothing drained, nothing resumed
+    _wait("no preflight job or step left", lambda: not [j for j in s.jobs() if "preflight" in j] and not s.leftover_steps())
+
+
+def test_preemptible_without_a_partition_or_qos_is_a_usage_error(cluster):
+    proc = _preflight(cluster, ["--preemptible"])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "--preemptible needs the partition or QOS" in err and "Traceback" not in err
+
+
+def test_a_burn_in_the_user_job_did_not_touch_passes_in_the_preemptible_partition(cluster):
+    """The healthy twin: the same preemptible burn-in with no user job finishes and passes."""
+    s = cluster.slurm
+    s.wait_idle(["n001", "n002"])
+    proc = _preflight(cluster, ["--partition", "burnin", "--preemptible"])
+    out, err = proc.communicate(timeout=300)
+    doc = json.loads(out)
+    assert proc.returncode == 0, err
+    assert not [f for f in doc["results"] if (f.get("data") or {}).get("unavailable")]
+    passed = {f["node"] for f in doc["results"] if f["check"] == "gpu_compute" and f["status"] == "pass" and f["node"]}
+    assert passed == {"n001", "n002"}, doc["results"]
