@@ -29,23 +29,33 @@ REQUIRED: Dict[str, Tuple[str, ...]] = {
 #: Checks that run only where their tool exists: a SKIP (dcgmi or nvbandwidth not installed, a CPU node)
 #: does not hold the node back.
 WHERE_PRESENT = frozenset(("dcgm", "nvbandwidth"))
+#: Collective checks whose PASS may be one cluster-wide line (node None).
+COLLECTIVE = frozenset(("allreduce",))
 
 
 def unproven(findings: Sequence[Finding], tier: str, node: str) -> Optional[Tuple[str, str]]:
-    """(check, why) for the first check of `tier` that did not pass on `node` in this run; None when all did."""
+    """(check, why) for the first check of `tier` that did not pass on `node` in this run; None when all did.
+
+    A cluster-wide finding of a check counts for every node: its warning or failure (the all-reduce soak
+    varied between rounds) holds each one back, and its PASS stands for the collective checks whose pass
+    is one line for the fleet (the all-reduce on a small fleet; gpu_compute's per-node PASS then proves the
+    node's ranks took part)."""
     for check in REQUIRED.get(tier, ()):
         mine = [f for f in findings if f.node == node and f.check == check]
-        if any(f.status.is_problem or f.status is Status.WARN for f in mine):
-            worst = max(mine, key=lambda f: f.status.rank)
+        fleet = [f for f in findings if f.node is None and f.check == check]
+        bad = [f for f in mine + fleet if f.status.is_problem or f.status is Status.WARN]
+        if bad:
+            worst = max(bad, key=lambda f: f.status.rank)
             return check, "%s %s: %s" % (check, worst.status.value, worst.message)
-        if any(f.status is Status.PASS for f in mine):
+        if any(f.status is Status.PASS for f in mine) or (check in COLLECTIVE and not mine and
+                                                          any(f.status is Status.PASS for f in fleet)):
             continue
         if mine and check in WHERE_PRESENT:
             continue
         if mine:
             return check, "%s skipped: %s" % (check, mine[0].message)
-        cluster = [f for f in findings if f.node is None and f.check == check and f.status is not Status.PASS]
-        return check, "%s did not run here%s" % (check, ": " + cluster[0].message if cluster else
+        said = [f for f in fleet if f.status is not Status.PASS]
+        return check, "%s did not run here%s" % (check, ": " + said[0].message if said else
                                                   " (not selected, or no result from this node)")
     return None
 

@@ -105,6 +105,17 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "plan", False):
         from preflight.checks.allreduce.timeplan import print_plan
         return print_plan(inv, args.json, print, getattr(args, "tier", "quick"))
+    inv.cluster["tier"] = getattr(args, "tier", "quick")  # the checks that run only in a tier read it (nvbandwidth)
+    if getattr(args, "dcgm_level", None) is None:  # burn-in runs DCGM's long diagnostic where dcgmi exists
+        from preflight import engine
+
+        args.dcgm_level = 3 if inv.cluster["tier"] == "burn-in" else 1
+        if args.dcgm_level == 3 and args.timeout is None:
+            args.timeout = engine.dcgm_budget_s(3)  # a burn-in takes its time: the deadline fits level 3
+        elif args.dcgm_level == 3 and args.timeout < engine.dcgm_budget_s(3):
+            args.dcgm_level = 1
+            sys.stderr.write("preflight: note: --tier burn-in runs `dcgmi diag -r 3` only with a --timeout of %.0f s or "
+                             "more; level 1 in this run\n" % engine.dcgm_budget_s(3))
     if getattr(args, "dcgm_level", None):
         from preflight import engine
 

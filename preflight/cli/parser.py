@@ -42,15 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--plan", action="store_true", help="print how long each all-reduce phase should take on this fleet (sizes, rounds, deadlines; with --json: as JSON) and exit; touches no node")
     check.add_argument("--tier", choices=("quick", "standard", "burn-in"), default="quick", help="quick: the node checks "
                        "and the all-reduce; standard: + GEMM, copy and SDC digest in the all-reduce's ranks (gpu_compute); "
-                       "burn-in: the compute phase as a soak (--plan prints each tier's expected time)")
+                       "burn-in: soaks, DCGM level 3, nvbandwidth (--plan prints each tier's expected time)")
     check.add_argument("--hostfile", metavar="PATH", help="write the nodes that passed, for a launcher")
     check.add_argument("--hostfile-format", choices=("plain", "deepspeed", "mpi", "mpich", "slurm"), default="plain")
     check.add_argument("-v", "--verbose", action="store_true", help="one line per finding, passes included")
     check.add_argument("--capture", metavar="DIR", help="write every node's raw command outputs and sysfs reads "
                        "to DIR as test fixtures (DIR/<node>/<check>.json), to send with a bug report")
-    check.add_argument("--dcgm-level", type=int, choices=(1, 2, 3), default=1, metavar="N",
+    check.add_argument("--dcgm-level", type=int, choices=(1, 2, 3), default=None, metavar="N",
                        help="where dcgmi exists: run `dcgmi diag -r N` (1 quick, default; 2 medium, raises the deadline to fit; "
-                       "3 long, only with --timeout that fits it)")
+                       "3 long, only with --timeout that fits it; --tier burn-in: 3 by default, the deadline raised to fit)")
     check.add_argument("--drain", action="store_true", help="with Slurm: drain failing nodes (reason 'preflight: <check>: <finding>')")
     check.add_argument("--resume", action="store_true", help="with Slurm: return to service nodes preflight drained that now pass")
     check.add_argument("--dry-run", action="store_true", help="with --drain/--resume: print the scontrol commands, change nothing")
@@ -111,12 +111,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env-file", metavar="PATH", help="write the recommended NCCL env file (sourced by launch scripts)")
     p.add_argument("--slurm", action="store_true", help="nodes and transport from Slurm: this allocation (SLURM_JOB_ID), or --nodelist / --partition --nodes")
     p.add_argument("--nodelist", metavar="NODES", help="with --slurm: allocate these Slurm nodes for the run (e.g. gpu-[001-064]); with --k8s: check these Kubernetes nodes")
-    p.add_argument("--partition", metavar="P", help="with --slurm: allocate --nodes N nodes of partition P for the run "
-                   "(with --nodelist: allocate those nodes in partition P)")
+    p.add_argument("--partition", metavar="P", help="with --slurm: allocate --nodes N (or --nodelist) nodes in partition P")
     p.add_argument("--qos", metavar="Q", help="with --slurm, when preflight allocates: the job's QOS (salloc --qos)")
-    p.add_argument("--preemptible", action="store_true", help="with --slurm --partition P or --qos Q that the site "
-                   "lets any user job preempt: a burn-in that yields; a preempted run reports its nodes preempted, "
-                   "neither failed nor resumed")
+    p.add_argument("--preemptible", action="store_true", help="with --slurm --partition/--qos that user jobs preempt: "
+                   "a burn-in that yields; its nodes are reported preempted, neither failed nor resumed")
     p.add_argument("--nodes", type=int, metavar="N", help="with --slurm --partition: how many nodes")
     p.add_argument("--python", metavar="PATH", help="with --slurm: the interpreter the nodes run the probe with "
                    "(default python3 on the nodes' PATH under srun)")

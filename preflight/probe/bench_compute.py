@@ -56,6 +56,8 @@ def compute_phase(torch, dist, device, gpu, spec, emit):
         out["copy"] = _copy(torch, device, gpu, int(spec.get("copy_bytes", 1 << 30)))
         emit("compute_step", what="copy")
         out["sdc"] = _sdc(torch, device, gpu, int(spec.get("sdc_n", 512)), int(spec.get("sdc_steps", 8)))
+        if spec.get("soak_rounds"):  # burn-in: the all-reduce again, round after round (allreduce/soak.py)
+            out["soak"] = allreduce_soak(torch, dist, device, spec, emit)
     finally:
         if sampler is not None:
             sampler.stop.set()
@@ -199,6 +201,45 @@ def _sdc(torch, device, gpu, n, steps):
             torch.backends.cuda.matmul.allow_tf32 = tf32
     return {"digest": digests[0], "repeat_agree": digests[0] == digests[1],
             "what": "%d chained %dx%d fp32 GEMMs + tanh, seed %d, TF32 off" % (steps, n, n, SDC_SEED)}
+
+
+def allreduce_soak(torch, dist, device, spec, emit):
+    """The burn-in's all-reduce soak: `soak_rounds` rounds of about `soak_round_s` each, of one
+    `soak_bytes` all-reduce repeated, every rank doing the same count (calibrated on the slowest rank).
+    Returns {"bytes", "iters", "rounds": [the slowest rank's seconds per all-reduce, per round], "ok"}:
+    every rank holds the same figures (a MAX all-reduce of each round's time); ok: a last reduction of
+    (rank + 1) summed right on this rank."""
+    count = max(1, int(spec.get("soak_bytes", 1 << 20)) // 4)
+    buf = torch.ones(count, dtype=torch.float32, device=device)
+    dist.all_reduce(buf)  # untimed: the path is set up
+    one = torch.tensor([_timed_allreduce(torch, dist, buf, device, 1)], dtype=torch.float64, device=device)
+    dist.all_reduce(one, op=dist.ReduceOp.MAX)
+    iters = max(1, int(float(spec.get("soak_round_s", 1.0)) / max(float(one.item()), 1e-6)))
+    rounds = []
+    for _ in range(int(spec["soak_rounds"])):
+        took = torch.tensor([_timed_allreduce(torch, dist, buf, device, iters) / iters], dtype=torch.float64,
+                            device=device)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)
+        rounds.append(round(float(took.item()), 6))
+        emit("compute_step", what="allreduce soak round %d" % len(rounds))
+    world = dist.get_world_size()
+    buf.fill_(float(dist.get_rank() + 1))
+    dist.all_reduce(buf)
+    ok = bool(buf.eq(float(world * (world + 1) // 2)).all().item())
+    return {"bytes": count * 4, "iters": iters, "rounds": rounds, "ok": ok, "world": world}
+
+
+def _timed_allreduce(torch, dist, buf, device, iters):
+    """Seconds for iters blocking all-reduces of buf (synchronised on a GPU before the clock is read)."""
+    gpu = buf.is_cuda
+    if gpu:
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(buf)
+    if gpu:
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
 
 
 def _raw_bytes(torch, t):

@@ -37,10 +37,10 @@ def _wait(what, ok, timeout=90.0):
         time.sleep(0.2)
 
 
-def _preflight(cluster, extra, **kw):
+def _preflight(cluster, extra, tier="burn-in", **kw):
     env = dict(cluster.slurm.env(), PYTHONPATH=REPO)
     argv = [sys.executable, "-m", "preflight", "check", "--slurm", "--nodelist", "n[001-002]", "--no-progress",
-            "--tier", "burn-in", "--json", "-"] + extra
+            "--tier", tier, "--json", "-"] + extra
     return cluster.ctl_popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, cwd=REPO, **kw)
 
@@ -105,3 +105,25 @@ def test_a_burn_in_the_user_job_did_not_touch_passes_in_the_preemptible_partitio
     assert not [f for f in doc["results"] if (f.get("data") or {}).get("unavailable")]
     passed = {f["node"] for f in doc["results"] if f["check"] == "gpu_compute" and f["status"] == "pass" and f["node"]}
     assert passed == {"n001", "n002"}, doc["results"]
+
+
+def test_resume_with_a_tier_returns_a_node_only_after_that_tier_passed_on_it(cluster):
+    """n002, drained by preflight, is rechecked with --resume --tier standard: with the compute check left
+    out it is held back (drained again with its old reason, not drained for this); with it, it returns."""
+    s = cluster.slurm
+    s.wait_idle(["n001"])
+    s.drain("n002", OLD)
+    try:
+        proc = _preflight(cluster, ["--resume", "--skip", "gpu_compute"], tier="standard")
+        out, err = proc.communicate(timeout=300)
+        held = [f for f in json.loads(out)["results"] if (f.get("data") or {}).get("tier_gate")]
+        assert proc.returncode == 1 and [f["node"] for f in held] == ["n002"], err
+        assert "n002 not returned to service: --resume --tier standard needs allreduce, gpu_compute" in held[0]["message"]
+        assert s.reasons() == {"n002": OLD} and s.reservations() == [], err  # held: its old reason kept
+        proc = _preflight(cluster, ["--resume"], tier="standard")
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert s.reasons() == {} and s.reservations() == [] and "resume: n002" in err, err
+    finally:
+        cluster.heal()
+        s.settle(90)

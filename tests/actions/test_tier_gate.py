@@ -108,3 +108,15 @@ def test_a_job_that_was_not_preempted_changes_nothing():
     findings = [Finding("ssh", "n001", Status.FAIL, "probe bundle gave no result: Killed", action="isolate")]
     assert preempt.mark(findings, alloc, read=lambda job: preempt.parse_job(RUNNING)) == findings
     assert preempt.mark(findings, alloc, read=lambda job: None) == findings
+
+
+def test_a_cluster_wide_pass_of_the_all_reduce_counts_and_its_warning_holds_every_node():
+    findings = _passes("n1", ("ssh", "gpu_compute", "dcgm", "nvbandwidth")) + [
+        Finding("allreduce", None, Status.PASS, "ok")]
+    assert _resumed(findings, "burn-in")[0]
+    soak = Finding("allreduce", None, Status.WARN, "all-reduce soak: rounds 12.1-15.9 ms (spread 31%)")
+    ok, gated = _resumed(findings + [soak], "burn-in")
+    assert not ok and "allreduce warn: all-reduce soak" in gated[-1].message
+    # a cluster-wide pass does not stand for the compute, whose pass is per node
+    assert not _resumed(_passes("n1", ("ssh", "allreduce")) + [Finding("gpu_compute", None, Status.PASS, "x")],
+                        "standard")[0]
