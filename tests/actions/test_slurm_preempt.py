@@ -105,6 +105,8 @@ def test_a_burn_in_the_user_job_did_not_touch_passes_in_the_preemptible_partitio
     assert not [f for f in doc["results"] if (f.get("data") or {}).get("unavailable")]
     passed = {f["node"] for f in doc["results"] if f["check"] == "gpu_compute" and f["status"] == "pass" and f["node"]}
     assert passed == {"n001", "n002"}, doc["results"]
+    soaked = [f for f in doc["results"] if f["check"] == "allreduce" and (f.get("data") or {}).get("soak")]
+    assert [f["status"] for f in soaked] == ["pass"] and "rounds" in soaked[0]["message"], doc["results"]
 
 
 def test_resume_with_a_tier_returns_a_node_only_after_that_tier_passed_on_it(cluster):
