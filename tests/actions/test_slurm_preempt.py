@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
 from preflight.slurm import preempt
+from tests.actions.test_slurm_ops import _wait
 from tests.paths import REPO
 
 #: the site's configuration the README's burn-in section gives: user work preempts the burn-in partition
@@ -27,14 +27,6 @@ OLD = "preflight: gpu_compute: repaired, burn-in pending"
 @pytest.fixture(scope="module")
 def cluster(slurm_cluster):
     return slurm_cluster(2, slurm_conf=PREEMPTIBLE)
-
-
-def _wait(what, ok, timeout=90.0):
-    until = time.monotonic() + timeout
-    while not ok():
-        if time.monotonic() > until:
-            raise AssertionError("no %s within %g s" % (what, timeout))
-        time.sleep(0.2)
 
 
 def _preflight(cluster, extra, tier="burn-in", **kw):

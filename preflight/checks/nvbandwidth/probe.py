@@ -36,13 +36,10 @@ def probe(ctx: Any) -> Dict[str, Any]:
     if (ctx.config.get("node") or {}).get("gpus_per_node") == 0:
         facts["not_started"] = "CPU-only node"
         return facts
-    timeout = BUDGET_S
-    left = ctx.remaining()
-    if left is not None:
-        if left - DEADLINE_SLACK_S < 10.0:
-            facts["not_started"] = "only %.0f s left before the probe deadline" % max(left, 0.0)
-            return facts
-        timeout = min(timeout, left - DEADLINE_SLACK_S)
+    timeout, why = ctx.budget(BUDGET_S, DEADLINE_SLACK_S, 10.0)
+    if timeout is None:
+        facts["not_started"] = why
+        return facts
     argv = ["nvbandwidth", "-t"] + list(TESTCASES)
     t0 = time.monotonic()
     res = ctx.run(argv, timeout=timeout)
