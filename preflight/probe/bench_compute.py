@@ -205,28 +205,34 @@ def _sdc(torch, device, gpu, n, steps):
 
 def allreduce_soak(torch, dist, device, spec, emit):
     """The burn-in's all-reduce soak: `soak_rounds` rounds of about `soak_round_s` each, of one
-    `soak_bytes` all-reduce repeated, every rank doing the same count (calibrated on the slowest rank).
-    Returns {"bytes", "iters", "rounds": [the slowest rank's seconds per all-reduce, per round], "ok"}:
-    every rank holds the same figures (a MAX all-reduce of each round's time); ok: a last reduction of
-    (rank + 1) summed right on this rank."""
+    `soak_bytes` all-reduce repeated. Every rank does the same count: each round's count comes from the
+    previous round's pace on the slowest rank (a MAX all-reduce), so a fabric that slows down shortens the
+    next round instead of running it past the agent's op deadline. Returns {"bytes", "iters": [per round],
+    "rounds": [the slowest rank's seconds per all-reduce, per round], "ok", "world"}: every rank holds the
+    same figures; ok: a last reduction of (rank + 1) summed right on this rank."""
     count = max(1, int(spec.get("soak_bytes", 1 << 20)) // 4)
     buf = torch.ones(count, dtype=torch.float32, device=device)
     dist.all_reduce(buf)  # untimed: the path is set up
-    one = torch.tensor([_timed_allreduce(torch, dist, buf, device, 1)], dtype=torch.float64, device=device)
-    dist.all_reduce(one, op=dist.ReduceOp.MAX)
-    iters = max(1, int(float(spec.get("soak_round_s", 1.0)) / max(float(one.item()), 1e-6)))
-    rounds = []
+    per_op = _slowest(torch, dist, device, _timed_allreduce(torch, dist, buf, device, 3) / 3)
+    rounds, iters = [], []
     for _ in range(int(spec["soak_rounds"])):
-        took = torch.tensor([_timed_allreduce(torch, dist, buf, device, iters) / iters], dtype=torch.float64,
-                            device=device)
-        dist.all_reduce(took, op=dist.ReduceOp.MAX)
-        rounds.append(round(float(took.item()), 6))
+        n = max(1, int(float(spec.get("soak_round_s", 1.0)) / max(per_op, 1e-6)))
+        per_op = _slowest(torch, dist, device, _timed_allreduce(torch, dist, buf, device, n) / n)
+        rounds.append(round(per_op, 6))
+        iters.append(n)
         emit("compute_step", what="allreduce soak round %d" % len(rounds))
     world = dist.get_world_size()
     buf.fill_(float(dist.get_rank() + 1))
     dist.all_reduce(buf)
     ok = bool(buf.eq(float(world * (world + 1) // 2)).all().item())
     return {"bytes": count * 4, "iters": iters, "rounds": rounds, "ok": ok, "world": world}
+
+
+def _slowest(torch, dist, device, seconds):
+    """The largest of every rank's `seconds` (a MAX all-reduce): what the collective's pace is."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
 
 
 def _timed_allreduce(torch, dist, buf, device, iters):

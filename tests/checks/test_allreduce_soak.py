@@ -29,7 +29,7 @@ def test_the_soak_runs_its_rounds_in_the_ranks_and_cpu_nodes_pass_on_completion(
     port = free_port()
     docs = run_all(*[(dict(config(port, 2, node_rank=i, sizes=[1024]), compute=SHORT),) for i in range(2)])
     soaks = [r["compute"]["soak"] for d in docs for r in d["ranks"]]
-    assert all(s["ok"] and len(s["rounds"]) == 3 and s["world"] == 2 for s in soaks), soaks
+    assert all(s["ok"] and len(s["rounds"]) == 3 == len(s["iters"]) and s["world"] == 2 for s in soaks), soaks
     assert soaks[0]["rounds"] == soaks[1]["rounds"]  # every rank holds the slowest rank's figures
     found = soak.soak_findings(_view(docs, ["n0", "n1"], SHORT))
     assert [f.status for f in found] == [Status.PASS] and "CPU: judged on completion" in found[0].message
@@ -38,7 +38,7 @@ def test_the_soak_runs_its_rounds_in_the_ranks_and_cpu_nodes_pass_on_completion(
 
 def _recorded(rounds, ok=True, backend="nccl"):
     docs = [{"backend": backend, "ranks": [{"rank": 0, "status": "ok", "compute": {"soak": {
-        "bytes": 256 << 20, "iters": 200, "rounds": rounds, "ok": ok, "world": 16}}}]}]
+        "bytes": 256 << 20, "iters": [200] * len(rounds), "rounds": rounds, "ok": ok, "world": 16}}}]}]
     spec = dict(tiers.SPECS[("burn-in", backend)], tier="burn-in")
     return soak.soak_findings(_view(docs, ["g0"], spec))
 

@@ -53,8 +53,10 @@ def soak_findings(view: ClusterView) -> List[Finding]:
     rounds = [float(t) for t in rec["rounds"]]
     med = statistics.median(rounds)
     busbw = 2.0 * (rec["world"] - 1) / rec["world"] * rec["bytes"] / med / 1e9 if med > 0 and rec.get("world") else 0.0
-    said = "all-reduce soak: %d rounds of %d x %s MiB, %.4g-%.4g ms per all-reduce (median %.4g ms, %.3g GB/s bus)" % (
-        len(rounds), rec["iters"], rec["bytes"] >> 20, 1e3 * min(rounds), 1e3 * max(rounds), 1e3 * med, busbw)
+    iters = rec.get("iters") or []
+    said = "all-reduce soak: %d rounds, %d x %s MiB all-reduces, %.4g-%.4g ms each (median %.4g ms, %.3g GB/s bus)" % (
+        len(rounds), sum(iters) if isinstance(iters, list) else iters * len(rounds), rec["bytes"] >> 20,
+        1e3 * min(rounds), 1e3 * max(rounds), 1e3 * med, busbw)
     data = {"soak": {k: rec.get(k) for k in ("bytes", "iters", "rounds", "world", "backend")}}
     if not rec.get("ok", True):
         return [Finding(NAME, None, Status.FAIL, "%s; the sums after it were wrong" % said, expected="exact sums",
