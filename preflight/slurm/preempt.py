@@ -40,9 +40,12 @@ def parse_job(text: str) -> Dict[str, str]:
 
 
 def preempted(fields: Dict[str, str]) -> bool:
-    """The job was displaced by another: cancelled by preemption, or requeued by it."""
+    """The job was displaced by another: cancelled by preemption, or requeued by it. PreemptTime is set
+    the moment slurmctld starts the preemption, while JobState may still read COMPLETING (its flag wins
+    over the base state in scontrol's output until every node has ended the job): read right after the
+    steps died, that is what the run sees."""
     state = fields.get("JobState", "")
-    if state == "PREEMPTED":
+    if state == "PREEMPTED" or fields.get("PreemptTime", "None") not in ("None", "Unknown", ""):
         return True
     return state in ("PENDING", "REQUEUED", "REQUEUE_HOLD") and fields.get("Restarts", "0") not in ("", "0")
 

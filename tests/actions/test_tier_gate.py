@@ -76,14 +76,18 @@ PREEMPTED_JOB = ("JobId=7 JobName=preflight-a1b2-4242-1700000000-login1 UserId=r
                  "SecsPreSuspend=0 LastSchedEval=2026-11-28T08:40:01 Scheduler=Main Partition=burnin "
                  "AllocNode:Sid=ctl:1234 NodeList=n[001-002] BatchHost=n001 NumNodes=2")
 REQUEUED_BATCH = "JobId=9 JobState=PENDING Reason=BeginTime Requeue=1 Restarts=1 Partition=burnin NodeList=(null)"
-RUNNING = "JobId=8 JobState=RUNNING Reason=None Restarts=0 Partition=burnin NodeList=n[001-002]"
+RUNNING = ("JobId=8 JobState=RUNNING Reason=None Restarts=0 PreemptEligibleTime=2026-11-28T08:40:01 PreemptTime=None "
+           "Partition=burnin NodeList=n[001-002]")
+#: read while the nodes end the preempted job: the COMPLETING flag shows, PreemptTime is already set
+COMPLETING = "JobId=7 JobState=COMPLETING Reason=None Restarts=0 PreemptTime=2026-11-28T08:40:10 Partition=burnin"
 
 
 def test_slurms_job_record_says_preempted_or_requeued_and_a_running_job_is_neither():
     assert preempt.preempted(preempt.parse_job(PREEMPTED_JOB))
     assert preempt.preempted(preempt.parse_job(REQUEUED_BATCH))
+    assert preempt.preempted(preempt.parse_job(COMPLETING))
     assert not preempt.preempted(preempt.parse_job(RUNNING))
-    assert not preempt.preempted(preempt.parse_job("JobId=8 JobState=CANCELLED Reason=None Restarts=0"))
+    assert not preempt.preempted(preempt.parse_job("JobId=8 JobState=CANCELLED Reason=None Restarts=0 PreemptTime=None"))
 
 
 def test_a_preempted_job_marks_its_nodes_unavailable_keeping_a_fault_found_before():
