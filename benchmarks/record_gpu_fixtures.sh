@@ -33,6 +33,15 @@
 #   compute.json, compute_verdicts.txt   issue 36: the standard tier's compute phase on every local GPU (GEMM,
 #                                copy, SDC digest, NVML samples under load) and gpu_compute's verdicts
 #                                ("NVLS multicast support is (not) available", "Failed to bind ... NVLS")
+#   compute_figures.txt          issue 36 item 3: per GPU the GEMM TFLOPS per dtype (both passes, the cold first
+#                                chunk), copy GB/s, SDC digest and repeat agreement, from compute.json
+#   compute_burnin.json, compute_burnin_verdicts.txt   a shortened burn-in (BURNIN_SECONDS per GEMM dtype,
+#                                default 20; the all-reduce soak: 10 rounds of 1 s), its trend and soak verdicts
+#   nvml_samples_rank<N>.csv     the NVML samples taken under that load (t, SM/memory MHz, W, C, clock-event
+#                                reasons); the header: the GPU's slowdown/shutdown thresholds, the dtype windows
+#   nvbandwidth.{txt,rc,stderr}, nvbandwidth_parsed.json   where nvbandwidth is on PATH: the nvbandwidth check's
+#                                three testcases and what its parser makes of them (or its parse error)
+#   dcgmi_diag_r3.{json,rc}      only with RECORD_DCGM_L3=1 (about 30 minutes): the burn-in's DCGM level 3
 # The files are ours to commit as fixtures (tests/fixtures/<check>/, with a .json beside each naming the
 # command, the machine and the expected facts); see tests/fixtures/README.md.
 set -u
@@ -240,6 +249,70 @@ view = ClusterView([NodeInfo("this", "127.0.0.1", gpus, True, {})], {"this": {"a
 for f in gc.rule(view):
     print("%s gpu_compute: %s" % (f.status.value.upper(), f.message))
 EOF
+# issue 36 item 3: the standard run's figures in one table, then a shortened burn-in with its NVML samples
+"$PYTHON" - "$OUT" <<'EOF' | tee "$OUT/compute_figures.txt"
+import json, os, sys
+doc = json.load(open(os.path.join(sys.argv[1], "compute.json")))
+for r in doc["ranks"]:
+    c = r.get("compute") or {}
+    gemm = " ".join("%s %s TFLOPS (passes %s, first %s)" % (d, g.get("tflops"), g.get("passes"), g.get("first_tflops"))
+                    if "tflops" in g else "%s error %s" % (d, g.get("error")) for d, g in sorted((c.get("gemm") or {}).items()))
+    sdc = c.get("sdc") or {}
+    print("GPU %s (%s): %s; copy %s GB/s; SDC %s repeat_agree=%s; wall %s s; %d NVML samples" % (
+        r.get("local_rank"), c.get("device"), gemm or "no GEMM", (c.get("copy") or {}).get("gbps"), sdc.get("digest"),
+        sdc.get("repeat_agree"), c.get("wall_s"), len(c.get("nvml") or [])))
+EOF
+"$PYTHON" - "$OUT" "${BURNIN_SECONDS:-20}" <<'EOF' | tee "$OUT/compute_burnin_verdicts.txt"
+import csv, json, os, subprocess, sys
+from preflight.checks.allreduce import soak, tiers
+from preflight.checks.gpu_compute import rule as gc
+from preflight.model import ClusterView, NodeInfo
+from preflight.probe import bench_agent
+out, seconds = sys.argv[1], float(sys.argv[2])
+gpus = len(subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.splitlines())
+spec = dict(tiers.compute_spec("burn-in", "nccl"), seconds=seconds, soak_rounds=10, soak_round_s=1.0)
+cfg = {"backend": "nccl", "master_addr": "127.0.0.1", "master_port": 29534, "world_size": gpus, "node_rank": 0,
+       "local_world_size": gpus, "sizes": [1 << 20], "warmup": 1, "iters": 2, "compute": spec,
+       "deadlines": {"init_s": 120, "op_s": 4 * seconds + 60, "total_s": 6 * seconds + 300}}
+doc = bench_agent.run(cfg)
+json.dump(doc, open(os.path.join(out, "compute_burnin.json"), "w"), indent=1, sort_keys=True)
+for r in doc["ranks"]:
+    c = r.get("compute") or {}
+    with open(os.path.join(out, "nvml_samples_rank%s.csv" % r["rank"]), "w") as fh:
+        fh.write("# %s limits %s windows %s nvml_error %s\n" % (c.get("device"), json.dumps(c.get("nvml_limits")),
+                                                              json.dumps(c.get("windows")), c.get("nvml_error")))
+        w = csv.writer(fh)
+        w.writerow(["t", "sm_mhz", "mem_mhz", "power_w", "temp_c", "reasons"])
+        for s in c.get("nvml") or []:
+            w.writerow([s.get(k) for k in ("t", "sm_mhz", "mem_mhz", "power_w", "temp_c", "reasons")])
+    print("rank %s %s: soak %s" % (r["rank"], r["status"], json.dumps(c.get("soak")) if c else r.get("compute_error")))
+view = ClusterView([NodeInfo("this", "127.0.0.1", gpus, True, {})], {"this": {"allreduce": doc}}, {},
+                   {"allreduce": {"backend": "nccl", "nodes": ["this"], "compute": spec}}, {})
+for f in gc.rule(view) + soak.soak_findings(view):
+    print("%s %s: %s" % (f.status.value.upper(), f.check, f.message))
+EOF
+if command -v nvbandwidth > /dev/null; then
+  t0=$(now)
+  timeout 600 nvbandwidth -t host_to_device_memcpy_ce device_to_host_memcpy_ce device_to_device_memcpy_read_ce \
+    > "$OUT/nvbandwidth.txt" 2> "$OUT/nvbandwidth.stderr"; echo $? > "$OUT/nvbandwidth.rc"; t1=$(now)
+  echo "nvbandwidth rc=$(cat "$OUT/nvbandwidth.rc") wall_s=$(took "$t0" "$t1")" | tee -a "$OUT/timing.txt"
+  "$PYTHON" - "$OUT" <<'EOF'
+import json, os, sys
+from preflight.checks.nvbandwidth.probe import parse_nvbandwidth
+from preflight.model import ParseError
+out = sys.argv[1]
+try:
+    parsed = parse_nvbandwidth(open(os.path.join(out, "nvbandwidth.txt")).read())
+except ParseError as exc:
+    parsed = {"parse_error": str(exc)}
+json.dump(parsed, open(os.path.join(out, "nvbandwidth_parsed.json"), "w"), indent=1, sort_keys=True)
+print("nvbandwidth parsed: %s" % (parsed.get("parse_error") or ", ".join(sorted(parsed["tests"]))))
+EOF
+fi
+if [ "${RECORD_DCGM_L3:-0}" = 1 ] && command -v dcgmi > /dev/null; then
+  t0=$(now); timeout 3000 dcgmi diag -r 3 -j > "$OUT/dcgmi_diag_r3.json" 2>&1; echo $? > "$OUT/dcgmi_diag_r3.rc"; t1=$(now)
+  echo "dcgmi diag -r 3 -j rc=$(cat "$OUT/dcgmi_diag_r3.rc") wall_s=$(took "$t0" "$t1")" | tee -a "$OUT/timing.txt"
+fi
 "$PYTHON" -c "from preflight.checks import gpu; print('probe budget: probe_timeout_s 30 (runner default), NVML_BUDGET_S %g, nvidia-smi -q -x timeout 60' % gpu.NVML_BUDGET_S)" | tee -a "$OUT/timing.txt"
 echo "--- fabric: nvidia-smi -q -i 0 vs our struct"; cat "$OUT/nvidia_smi_fabric_gpu0.txt" "$OUT/fabric_struct_gpu0.txt"
 echo "--- NVLink"; cat "$OUT/nvlink_counts.txt" 2>/dev/null

@@ -72,14 +72,23 @@ def select_checks(only: Optional[Sequence[str]], skip: Sequence[str]) -> List[st
     return chosen
 
 
+def dcgm_budget_s(level: int) -> float:
+    """The per-node deadline `dcgmi diag -r LEVEL` needs: its budget, the probe's slack, the bundle's start and answer."""
+    from preflight.checks.dcgm import probe as dcgm_probe
+
+    return dcgm_probe.LEVEL_BUDGET_S[level] + 2 * dcgm_probe.DEADLINE_SLACK_S + 10.0
+
+
 def dcgm_timeout(level: int, timeout: Optional[float]) -> Optional[float]:
     """The per-node deadline a `--dcgm-level` run needs. Level 1 fits any deadline (the probe kills dcgmi
     before it); level 2 raises an unset deadline to fit DCGM's medium run; level 3 (DCGM's long stress run,
-    about 30 minutes) runs only with an explicit --timeout that fits it, never by accident."""
+    about 30 minutes) runs only with an explicit --timeout that fits it, never by accident (--tier burn-in
+    asks for it: the CLI sets that deadline)."""
     from preflight.checks.dcgm import probe as dcgm_probe
+
     if level <= 1:
         return timeout
-    need = dcgm_probe.LEVEL_BUDGET_S[level] + 2 * dcgm_probe.DEADLINE_SLACK_S + 10.0  # + the bundle's start and answer
+    need = dcgm_budget_s(level)
     if timeout is None and level == 2:
         return need
     if timeout is None or timeout < need:

@@ -5,6 +5,8 @@
                 refusal, and the Applier contract a scheduler implements
     settings.py the history-backed drain policy's settings from the command line (--drain-after N/W,
                 --drain-limit F[/W]) over the inventory's cluster.history
+    tier_gate.py --resume --tier standard|burn-in: a node returns only after the tier's checks passed on it
+                in this run
 
 Appliers: preflight/slurm/drain.py (scontrol drain/resume) and preflight/k8s/nodes.py (cordon, taint,
 annotation in one merge patch). The history's part of the policy (a retest-class or flapping fault drains

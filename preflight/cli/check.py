@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import sys
 import threading
 from typing import Any, Iterator
 
@@ -60,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "plan", False):
             from preflight.checks.allreduce.timeplan import print_plan
             return print_plan(inv, args.json, print, getattr(args, "tier", "quick"))
+        _tier_settings(args, inv)
         if getattr(args, "dcgm_level", None):
             from preflight import engine
 
@@ -187,6 +189,23 @@ def _timelines(hist: Any, doc: dict) -> Any:
     from preflight.output.html import HISTORY_RUNS
 
     return {n["name"]: queries.timeline(hist[0], n["name"], limit=HISTORY_RUNS) for n in doc["nodes"]}
+
+
+def _tier_settings(args: argparse.Namespace, inv: Any) -> None:
+    """The tier into the run's settings (the checks that run only in a tier read it: nvbandwidth); burn-in runs
+    DCGM's long diagnostic (level 3) where dcgmi exists, with a deadline that fits it unless --timeout is shorter."""
+    inv.cluster["tier"] = getattr(args, "tier", "quick")
+    if getattr(args, "dcgm_level", None) is not None:
+        return
+    from preflight import engine
+
+    args.dcgm_level = 3 if inv.cluster["tier"] == "burn-in" else 1
+    if args.dcgm_level == 3 and args.timeout is None:
+        args.timeout = engine.dcgm_budget_s(3)
+    elif args.dcgm_level == 3 and args.timeout < engine.dcgm_budget_s(3):
+        args.dcgm_level = 1
+        sys.stderr.write("preflight: note: --tier burn-in runs `dcgmi diag -r 3` only with a --timeout of %.0f s or "
+                         "more; level 1 in this run\n" % engine.dcgm_budget_s(3))
 
 
 def _would_drain(args: argparse.Namespace, inv: Any, applier: Any) -> Any:

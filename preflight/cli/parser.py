@@ -44,15 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--plan", action="store_true", help="print how long each all-reduce phase should take on this fleet (sizes, rounds, deadlines; with --json: as JSON) and exit; touches no node")
     check.add_argument("--tier", choices=("quick", "standard", "burn-in"), default="quick", help="quick: the node checks "
                        "and the all-reduce; standard: + GEMM, copy and SDC digest in the all-reduce's ranks (gpu_compute); "
-                       "burn-in: the compute phase as a soak (--plan prints each tier's expected time)")
+                       "burn-in: soaks, DCGM level 3, nvbandwidth (--plan prints each tier's expected time)")
     check.add_argument("--hostfile", metavar="PATH", help="write the nodes that passed, for a launcher")
     check.add_argument("--hostfile-format", choices=("plain", "deepspeed", "mpi", "mpich", "slurm"), default="plain")
     check.add_argument("-v", "--verbose", action="store_true", help="one line per finding, passes included")
     check.add_argument("--capture", metavar="DIR", help="write every node's raw command outputs and sysfs reads "
                        "to DIR as test fixtures (DIR/<node>/<check>.json), to send with a bug report")
-    check.add_argument("--dcgm-level", type=int, choices=(1, 2, 3), default=1, metavar="N",
+    check.add_argument("--dcgm-level", type=int, choices=(1, 2, 3), default=None, metavar="N",
                        help="where dcgmi exists: run `dcgmi diag -r N` (1 quick, default; 2 medium, raises the deadline to fit; "
-                       "3 long, only with --timeout that fits it)")
+                       "3 long, only with --timeout that fits it; --tier burn-in: 3 by default, the deadline raised to fit)")
     check.add_argument("--drain", action="store_true", help="with Slurm: drain failing nodes (reason 'preflight: <check>: "
                        "<finding>'); with Kubernetes: cordon and taint them")
     check.add_argument("--resume", action="store_true", help="with Slurm or Kubernetes: return to service nodes preflight "

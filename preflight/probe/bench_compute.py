@@ -37,11 +37,12 @@ def compute_phase(torch, dist, device, gpu, spec, emit):
     dist.barrier()
     t0 = time.monotonic()
     sampler = _NvmlSampler(torch, device, float(spec.get("sample_s", 0.2))) if gpu else None
-    out = {"device": _device_name(torch, device, gpu), "versions": _versions(torch, gpu), "gemm": {}}
+    out = {"device": _device_name(torch, device, gpu), "versions": _versions(torch, gpu), "gemm": {}, "windows": {}}
     if sampler is not None:
         sampler.start()
     try:
         for dtype in _fast_dtypes(torch, device, gpu):
+            began = round(time.time(), 3)  # the NVML samples' clock: the soak's trend is judged per dtype
             try:
                 out["gemm"][dtype] = _gemm(torch, device, gpu, dtype, int(spec.get("gemm_n", 4096)),
                                            float(spec.get("seconds", 2.0)))
@@ -50,16 +51,19 @@ def compute_phase(torch, dist, device, gpu, spec, emit):
                     raise
                 # torch._scaled_mm is private and its signature moved between releases: recorded, not judged
                 out["gemm"][dtype] = {"error": "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0][:300])}
+            out["windows"][dtype] = [began, round(time.time(), 3)]
             emit("compute_step", what="gemm " + dtype)
         out["copy"] = _copy(torch, device, gpu, int(spec.get("copy_bytes", 1 << 30)))
         emit("compute_step", what="copy")
         out["sdc"] = _sdc(torch, device, gpu, int(spec.get("sdc_n", 512)), int(spec.get("sdc_steps", 8)))
+        if spec.get("soak_rounds"):  # burn-in: the all-reduce again, round after round (allreduce/soak.py)
+            out["soak"] = allreduce_soak(torch, dist, device, spec, emit)
     finally:
         if sampler is not None:
             sampler.stop.set()
             sampler.join(5.0)
     if sampler is not None:
-        out["nvml"], out["nvml_error"] = sampler.samples, sampler.error
+        out["nvml"], out["nvml_error"], out["nvml_limits"] = sampler.samples, sampler.error, sampler.limits
     dist.barrier()
     out["wall_s"] = round(time.monotonic() - t0, 3)  # what the phase added to the run, on this rank
     return out
@@ -199,6 +203,51 @@ def _sdc(torch, device, gpu, n, steps):
             "what": "%d chained %dx%d fp32 GEMMs + tanh, seed %d, TF32 off" % (steps, n, n, SDC_SEED)}
 
 
+def allreduce_soak(torch, dist, device, spec, emit):
+    """The burn-in's all-reduce soak: `soak_rounds` rounds of about `soak_round_s` each, of one
+    `soak_bytes` all-reduce repeated. Every rank does the same count: each round's count comes from the
+    previous round's pace on the slowest rank (a MAX all-reduce), so a fabric that slows down shortens the
+    next round instead of running it past the agent's op deadline. Returns {"bytes", "iters": [per round],
+    "rounds": [the slowest rank's seconds per all-reduce, per round], "ok", "world"}: every rank holds the
+    same figures; ok: a last reduction of (rank + 1) summed right on this rank."""
+    count = max(1, int(spec.get("soak_bytes", 1 << 20)) // 4)
+    buf = torch.ones(count, dtype=torch.float32, device=device)
+    dist.all_reduce(buf)  # untimed: the path is set up
+    per_op = _slowest(torch, dist, device, _timed_allreduce(torch, dist, buf, device, 3) / 3)
+    rounds, iters = [], []
+    for _ in range(int(spec["soak_rounds"])):
+        n = max(1, int(float(spec.get("soak_round_s", 1.0)) / max(per_op, 1e-6)))
+        per_op = _slowest(torch, dist, device, _timed_allreduce(torch, dist, buf, device, n) / n)
+        rounds.append(round(per_op, 6))
+        iters.append(n)
+        emit("compute_step", what="allreduce soak round %d" % len(rounds))
+    world = dist.get_world_size()
+    buf.fill_(float(dist.get_rank() + 1))
+    dist.all_reduce(buf)
+    ok = bool(buf.eq(float(world * (world + 1) // 2)).all().item())
+    return {"bytes": count * 4, "iters": iters, "rounds": rounds, "ok": ok, "world": world}
+
+
+def _slowest(torch, dist, device, seconds):
+    """The largest of every rank's `seconds` (a MAX all-reduce): what the collective's pace is."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _timed_allreduce(torch, dist, buf, device, iters):
+    """Seconds for iters blocking all-reduces of buf (synchronised on a GPU before the clock is read)."""
+    gpu = buf.is_cuda
+    if gpu:
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(buf)
+    if gpu:
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
 def _raw_bytes(torch, t):
     """A contiguous CPU tensor's bytes, read in place (t.numpy() would import numpy: seconds on a loaded node)."""
     import ctypes
@@ -212,7 +261,7 @@ class _NvmlSampler(threading.Thread):
 
     def __init__(self, torch, device, every):
         threading.Thread.__init__(self, name="nvml-sampler", daemon=True)
-        self.every, self.stop, self.samples, self.error = every, threading.Event(), [], None
+        self.every, self.stop, self.samples, self.error, self.limits = every, threading.Event(), [], None, {}
         self.bus_id, self.index = None, device.index
         props = torch.cuda.get_device_properties(device)
         if hasattr(props, "pci_bus_id"):  # NVML's "domain:bus:device.function"; torch gives the numbers
@@ -233,7 +282,9 @@ class _NvmlSampler(threading.Thread):
             self.error = "nvmlInit: %s" % exc
             return
         try:
-            self.samples.extend(sample_nvml(pynvml, self._handle(pynvml), self.stop, self.every))
+            handle = self._handle(pynvml)
+            self.limits = temperature_limits(pynvml, handle)
+            self.samples.extend(sample_nvml(pynvml, handle, self.stop, self.every))
         except Exception as exc:  # noqa: BLE001 - as above
             self.error = "%s: %s" % (type(exc).__name__, exc)
         finally:
@@ -243,6 +294,19 @@ class _NvmlSampler(threading.Thread):
         if self.bus_id:
             return nvml.nvmlDeviceGetHandleByPciBusId(self.bus_id)
         return nvml.nvmlDeviceGetHandleByIndex(self.index)
+
+
+def temperature_limits(nvml, handle):
+    """{"slowdown_c", "shutdown_c"}: the GPU's own thresholds (nvmlDeviceGetTemperatureThreshold), the
+    burn-in's thermal trend is judged against; a value the part does not report is None."""
+    out = {}
+    for key, kind in (("slowdown_c", "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN"),
+                      ("shutdown_c", "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN")):
+        try:
+            out[key] = int(nvml.nvmlDeviceGetTemperatureThreshold(handle, getattr(nvml, kind)))
+        except Exception:  # noqa: BLE001 - NVMLError_NotSupported on parts without it: the trend goes unjudged
+            out[key] = None
+    return out
 
 
 def sample_nvml(nvml, handle, stop, every, limit=600):

@@ -134,6 +134,16 @@ class NodeContext:
         """Seconds left before the probe run's deadline (a long command must end before it); None: no limit."""
         return None if self.deadline is None else self.deadline - time.monotonic()
 
+    def budget(self, want: float, slack: float, least: float) -> Tuple[Optional[float], Optional[str]]:
+        """(seconds a long command may take, None) -- `want`, cut to end `slack` before the probe deadline --
+        or (None, why not) when less than `least` would be left for it."""
+        left = self.remaining()
+        if left is None:
+            return want, None
+        if left - slack < least:
+            return None, "only %.0f s left before the probe deadline" % max(left, 0.0)
+        return min(want, left - slack), None
+
     def host_path(self, path: str) -> str:
         """A node's absolute path (/etc/nccl.conf) as this probe reaches it: under the host root."""
         return os.path.join(self.host_root, path.lstrip("/"))

@@ -171,7 +171,8 @@ def checked_python(python: Optional[str]) -> str:
 
 
 def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, nodes: Optional[int] = None,
-             timeout: float = ALLOC_WAIT_S, recheck_ours: bool = False, run_s: float = 600.0) -> Allocation:
+             timeout: float = ALLOC_WAIT_S, recheck_ours: bool = False, run_s: float = 600.0,
+             qos: Optional[str] = None) -> Allocation:
     """Make an allocation for this run (salloc --no-shell); nodes Slurm reports unusable are left out.
 
     With a nodelist, down/drained nodes are named before allocating: asking for them would make the
@@ -225,6 +226,8 @@ def allocate(nodelist: Optional[str] = None, partition: Optional[str] = None, no
         raise UsageError("--partition needs --nodes N", "e.g. --partition gpu --nodes 16")
     if partition:
         argv += ["-p", partition]
+    if qos:  # a QOS the site lets user jobs preempt (--preemptible): see preflight.slurm.preempt
+        argv += ["--qos", qos]
     try:
         if held:
             _hold(pending, name, held)

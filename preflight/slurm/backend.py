@@ -8,11 +8,13 @@ import sys
 from typing import Any, List, Optional, Tuple
 
 from preflight import common
+from preflight.actions import tier_gate
 from preflight.errors import UsageError
 from preflight.inventory import Inventory
 from preflight.slurm import allocation as slurm
 from preflight.slurm import drain
 from preflight.slurm import fleet as slurm_fleet
+from preflight.slurm import preempt
 
 
 def _alloc_wait(args: argparse.Namespace) -> float:
@@ -37,11 +39,19 @@ def inventory_of(args: argparse.Namespace) -> Inventory:
     if args.nodes is not None and args.nodes < 1:
         raise UsageError("--nodes must be at least 1", "e.g. --nodes 16")
     python = slurm.checked_python(args.python)
-    if args.nodelist and (args.partition or args.nodes):
+    if args.nodelist and args.nodes:
         raise UsageError("give --nodelist or --partition/--nodes, not both", "e.g. --nodelist gpu-[001-064]")
+    qos = getattr(args, "qos", None)
+    if getattr(args, "preemptible", False) and not (args.partition or qos):
+        raise UsageError("--preemptible needs the partition or QOS your site lets user jobs preempt",
+                         "e.g. --partition burnin --preemptible (slurm.conf: PreemptType=preempt/partition_prio, "
+                         "PriorityTier lower than the users' partitions)")
     if args.nodelist or args.partition or args.nodes:
         alloc = slurm.allocate(nodelist=args.nodelist, partition=args.partition, nodes=args.nodes,
-                               recheck_ours=_recheck(args), timeout=_alloc_wait(args), run_s=slurm.run_budget(args.timeout))
+                               recheck_ours=_recheck(args), timeout=_alloc_wait(args), run_s=slurm.run_budget(args.timeout),
+                               qos=qos)
+    elif qos or getattr(args, "preemptible", False):
+        raise UsageError("--qos/--preemptible apply when preflight allocates", "add --nodelist NODES")
     else:
         alloc = slurm.current_allocation()
     try:
@@ -72,10 +82,17 @@ def open_fleet(inv: Inventory, opts: Any) -> Any:
 
 
 def set_aside(findings: List[Any], inv: Inventory, args: argparse.Namespace) -> List[Any]:
-    """Nodes Slurm had out of service when the run began: unavailable, not this run's failures."""
+    """Nodes Slurm had out of service when the run began: unavailable, not this run's failures; a preempted
+    burn-in job's nodes: preempted (preflight.slurm.preempt); with --resume --tier standard|burn-in, the nodes
+    rechecked for return held back unless the tier passed on them (preflight.actions.tier_gate)."""
     if inv.allocation is None:
         return findings
-    return drain.set_aside(findings, inv.allocation.excluded, strict=getattr(args, "count_unavailable", False))
+    findings = drain.set_aside(findings, inv.allocation.excluded, strict=getattr(args, "count_unavailable", False))
+    if getattr(args, "preemptible", False):
+        findings = preempt.mark(findings, inv.allocation)
+    if getattr(args, "resume", False) and getattr(args, "tier", "quick") != "quick":
+        findings = tier_gate.hold(findings, args.tier, list(inv.allocation.held))
+    return findings
 
 
 def outputs(args: argparse.Namespace, inv: Inventory, result: Any) -> List[Tuple[str, str, str]]:

@@ -101,8 +101,8 @@ def act(findings: Sequence[Finding], nodes: Sequence[str], alloc: Any, drain: bo
     p = plan(findings, nodes, alloc.state, drain=drain, resume=resume, max_fraction=max_fraction)
     worst = worst_findings(findings)
     for node, old in held.items():  # resumed only to be checked: back to drain unless it passed and --resume
-        if node not in p.resume:
-            p.drain[node] = reason_for(worst[node]) if node in worst else old
+        if node not in p.resume:  # a fault decided now names itself; an undecided recheck keeps the old reason
+            p.drain[node] = reason_for(worst[node]) if node in worst and worst[node].action != "retest" else old
     # the ones that passed were resumed inside the recheck reservation already: a second resume is an
     # invalid transition (IDLE to RESUME) that scontrol rejects
     p.resumed_already = [n for n in p.resume if n in held]

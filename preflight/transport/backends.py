@@ -63,7 +63,10 @@ SLURM = Backend(
     options=(
         Option(("--slurm",), dict(action="store_true", help="nodes and transport from Slurm: this allocation (SLURM_JOB_ID), or --nodelist / --partition --nodes")),
         Option(("--nodelist",), dict(metavar="NODES", help="with --slurm: allocate these Slurm nodes for the run (e.g. gpu-[001-064]); with --k8s: check these Kubernetes nodes")),
-        Option(("--partition",), dict(metavar="P", help="with --slurm: allocate --nodes N nodes of partition P for the run")),
+        Option(("--partition",), dict(metavar="P", help="with --slurm: allocate --nodes N (or --nodelist) nodes in partition P")),
+        Option(("--qos",), dict(metavar="Q", help="with --slurm, when preflight allocates: the job's QOS (salloc --qos)")),
+        Option(("--preemptible",), dict(action="store_true", help="with --slurm --partition/--qos that user jobs preempt: "
+                                        "a burn-in that yields; its nodes are reported preempted, neither failed nor resumed")),
         Option(("--nodes",), dict(type=int, metavar="N", help="with --slurm --partition: how many nodes")),
         Option(("--python",), dict(metavar="PATH", help="with --slurm: the interpreter the nodes run the probe with "
                                    "(default python3 on the nodes' PATH under srun)")),

@@ -179,7 +179,7 @@ def test_a_key_two_checks_read_is_declared_alike():
 #: what a rule may read from the view that no inventory key of a check supplies: the run's own keys
 #: (inventory.CLUSTER_KEYS) and what the engine or the CLI adds (the previous run's report for --history,
 #: --dcgm-level)
-ENGINE_KEYS = ("previous", "dcgm_level")
+ENGINE_KEYS = ("previous", "dcgm_level", "tier")
 
 
 def test_every_inventory_key_a_check_reads_is_declared_on_it():

@@ -232,6 +232,14 @@ def test_the_standard_tier_adds_under_a_minute_and_widens_the_deadlines():
     assert cfgs["a"]["deadlines"]["total_s"] > 300.0 + tiers.compute_s("burn-in", "nccl")
 
 
+def test_the_burn_in_plan_uses_the_node_checks_own_budgets():
+    from preflight.checks.dcgm import probe as dcgm_probe
+    from preflight.checks.nvbandwidth import probe as nvb_probe
+
+    assert (tiers.DCGM_LEVEL3_S, tiers.NVBANDWIDTH_S) == (dcgm_probe.LEVEL_BUDGET_S[3], nvb_probe.BUDGET_S)
+    assert tiers.node_checks_s("burn-in", "gloo") == {} and tiers.node_checks_s("standard", "nccl") == {}
+
+
 def test_check_plan_prints_each_tier_before_anything_runs(tmp_path):
     inv = tmp_path / "hosts.yaml"
     inv.write_text("defaults:\n  gpus_per_node: 8\nnodes:\n  - gpu-[01-04].invalid\n")
@@ -244,7 +252,9 @@ def test_check_plan_prints_each_tier_before_anything_runs(tmp_path):
         out[tier] = json.loads(done.stdout)["allreduce_plan"]["tier"]
     assert out["quick"]["added_s"] == 0 and out["standard"]["added_s"] == tiers.compute_s("standard", "nccl")
     assert out["burn-in"]["expected_s"] > out["standard"]["expected_s"] > out["quick"]["expected_s"]
-    assert tiers.NOT_YET in out["burn-in"]["runs"]
+    burn = " / ".join(out["burn-in"]["runs"])
+    assert "all-reduce soak: 20 rounds" in burn and "dcgmi diag -r 3" in burn and "nvbandwidth" in burn
+    assert "clock and thermal trend" in burn and out["burn-in"]["expected_with_tools_s"] > out["burn-in"]["expected_s"]
     done = subprocess.run([sys.executable, "-m", "preflight", "check", str(inv), "--plan", "--tier", "standard"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert "tier standard: expected" in done.stdout and "bf16/fp8 GEMM 4s each" in done.stdout

@@ -193,7 +193,8 @@ class SimCluster(FaultInjection):
 
     def __init__(self, n: int, *, prefix: Optional[str] = None, docker0: Union[bool, Iterable] = False,
                  root: Optional[str] = None, keep_root: bool = False, start_timeout: float = 60.0,
-                 slurm: bool = False, slurm_gpus: int = 0, sshd: bool = True, link_local: bool = True) -> None:
+                 slurm: bool = False, slurm_gpus: int = 0, sshd: bool = True, link_local: bool = True,
+                 slurm_conf: str = "") -> None:
         if not 1 <= n < MAX_NODES:
             raise ValueError("n must be between 1 and %d" % (MAX_NODES - 1))
         self.want_sshd = sshd
@@ -236,6 +237,7 @@ class SimCluster(FaultInjection):
         # UTS namespace whose hostname is the node name, so both transports see the same node.
         self.want_slurm = slurm
         self.slurm_gpus = slurm_gpus  # Gres=gpu:N on every Slurm node (tests/sim/slurm.py)
+        self.slurm_conf = slurm_conf  # lines added to slurm.conf (partitions, preemption: tests/sim/slurm.py)
         self.slurm = None
 
     # ---------------------------------------------------------------- lookup
@@ -290,7 +292,7 @@ class SimCluster(FaultInjection):
             if self.want_slurm:
                 from .slurm import SimSlurm
 
-                self.slurm = SimSlurm(self, gpus=self.slurm_gpus).start()
+                self.slurm = SimSlurm(self, gpus=self.slurm_gpus, extra_conf=self.slurm_conf).start()
             t4 = time.monotonic()
         except BaseException:
             self.stop()

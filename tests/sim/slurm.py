@@ -76,8 +76,9 @@ class SimSlurm:
     """The Slurm daemons of one SimCluster. Built by SimCluster(slurm=True); see the module docstring."""
 
     def __init__(self, cluster, message_timeout: int = 5, gpus: int = 0, tree_width: Optional[int] = None,
-                 proctrack: str = "linuxproc") -> None:
+                 proctrack: str = "linuxproc", extra_conf: str = "") -> None:
         self.cluster = cluster
+        self.extra_conf = extra_conf  # slurm.conf lines after the default partition (e.g. a preemptible one)
         self.gpus = gpus  # Gres=gpu:N per node, the devices being char-device stand-ins (see _gres)
         self.dir = os.path.join(cluster.root, "slurm")
         self.conf = os.path.join(self.dir, "slurm.conf")
@@ -164,7 +165,7 @@ class SimSlurm:
         ) % {"ctl": CTL_HOSTNAME, "ctl_ip": self.cluster.ctl_mgmt_ip, "ctld_port": CTLD_PORT,
              "slurmd_port": SLURMD_PORT, "sock": self.socket, "dir": self.dir, "nodes": nodes,
              "part": PARTITION, "msg_timeout": self.message_timeout, "proctrack": self.proctrack,
-             "tree_width": "TreeWidth=%d\n" % self.tree_width if self.tree_width else ""})
+             "tree_width": "TreeWidth=%d\n" % self.tree_width if self.tree_width else ""} + self.extra_conf)
 
     def _gres(self) -> None:
         """gres.conf (read from SLURM_CONF's folder) giving every node `gpus` GPU devices: character

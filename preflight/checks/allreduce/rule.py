@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from preflight.checks.allreduce import NAME, nccllog
+from preflight.checks.allreduce import NAME, nccllog, soak
 from preflight.checks.allreduce.busbw import (
     GPU_VERDICT_MIN,
     curve,
@@ -525,4 +525,4 @@ def rule(view: ClusterView) -> List[Finding]:
     if contention(docs, meta):
         return rank_findings(view)
     docs = {n: d for n, d in docs.items() if isinstance(d, dict) and not doc_problem(d)}
-    return _with_fleet(rank_findings(view), view, meta) + nccl_findings(view, meta, docs)
+    return _with_fleet(rank_findings(view), view, meta) + nccl_findings(view, meta, docs) + soak.soak_findings(view)

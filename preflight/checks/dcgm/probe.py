@@ -35,13 +35,10 @@ def probe(ctx: Any) -> Dict[str, Any]:
     if (ctx.config.get("node") or {}).get("gpus_per_node") == 0:
         facts["not_started"] = "CPU-only node"
         return facts
-    timeout = LEVEL_BUDGET_S[level]
-    left = ctx.remaining()
-    if left is not None:
-        if left - DEADLINE_SLACK_S < 5.0:
-            facts["not_started"] = "only %.0f s left before the probe deadline" % max(left, 0.0)
-            return facts
-        timeout = min(timeout, left - DEADLINE_SLACK_S)
+    timeout, why = ctx.budget(LEVEL_BUDGET_S[level], DEADLINE_SLACK_S, 5.0)
+    if timeout is None:
+        facts["not_started"] = why
+        return facts
     # dcgmi's own --timeout (DCGM 3.3.8+) stops the diagnostic inside nv-hostengine (dcgmStopDiagnostic): a kill
     # of the client alone would leave it running there. The kill at `timeout` is the backstop.
     argv = ["dcgmi", "diag", "-r", str(level), "-j", "--timeout", str(int(max(1.0, timeout - INNER_MARGIN_S)))]

@@ -10,7 +10,7 @@ import re
 import statistics
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from preflight.checks.gpu_compute import NAME
+from preflight.checks.gpu_compute import NAME, trend
 from preflight.model import ClusterView, Finding, Status
 
 #: A GPU this share below its model's fleet median WARNs, FAIL_FRACTION below FAILs (isolate).
@@ -61,6 +61,8 @@ def rule(view: ClusterView) -> List[Finding]:
         for node, (own, why) in sorted(missing.items())]
     findings += sdc_findings(records)
     findings += rate_findings(records)
+    if meta["compute"].get("tier") == "burn-in":  # a soak long enough for a clock and thermal trend
+        findings += trend.trend_findings(records)
     bad = {f.node for f in findings if f.status.is_problem or f.status is Status.WARN}
     for node in sorted({r["node"] for r in records} - bad):
         mine = [r for r in records if r["node"] == node]
