@@ -7,9 +7,10 @@ starts from facts a node could really send.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.model import ClusterView, NodeInfo
+from tests.paths import REPO
 
 
 def names(n: int) -> list:
@@ -198,19 +199,26 @@ def assert_one_located_line(tmp_path: Any, capsys: Any, text: str, line: int, wo
     assert words in lines[0], lines[0]
 
 
-def node_check(cluster: Any, name: str, *args: str, env: Optional[Dict[str, str]] = None) -> Any:
-    """`preflight node ARGS` (this tree's, not an installed script) inside a simulated node as slurmd runs it:
-    in its namespace with its own hostname, its bin/ first on PATH, its sysfs root, no SSH_CONNECTION.
-    The CompletedProcess; a traceback fails the test."""
+def node_argv(cluster: Any, name: Any, *args: str, env: Optional[Dict[str, str]] = None) -> Tuple[List[str], Dict[str, str]]:
+    """(argv, env) of `preflight node ARGS` (this tree's, not an installed script) inside a simulated node as
+    slurmd runs it: in its namespace with its own hostname, its bin/ first on PATH, its sysfs root, no
+    SSH_CONNECTION; `env` adds to that environment."""
     import sys
 
     node = cluster.node(name)
     full = {"PATH": "%s:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" % node.bin_dir,
             "PREFLIGHT_SYSFS_ROOT": node.sys_dir, "PREFLIGHT_NVML": "off", "HOME": "/root", "LANG": "C.UTF-8",
-            "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+            "PYTHONPATH": REPO}
     full.update(env or {})
     argv = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', node.name, sys.executable, "-m",
             "preflight", "node"] + list(args)
-    out = cluster.node_exec(node, argv, env=full, timeout=120)
+    return argv, full
+
+
+def node_check(cluster: Any, name: Any, *args: str, env: Optional[Dict[str, str]] = None) -> Any:
+    """`preflight node ARGS` run inside a simulated node (node_argv): the CompletedProcess; a traceback fails
+    the test."""
+    argv, full = node_argv(cluster, name, *args, env=env)
+    out = cluster.node_exec(name, argv, env=full, timeout=120)
     assert "Traceback" not in out.stderr, out.stderr
     return out
