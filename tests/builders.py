@@ -7,7 +7,7 @@ starts from facts a node could really send.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from preflight.model import ClusterView, NodeInfo
 from tests.paths import REPO
@@ -18,14 +18,22 @@ def names(n: int) -> list:
     return ["n%03d" % i for i in range(1, n + 1)]
 
 
-def view(facts_by_node: Dict[str, Dict[str, Any]], gpus: int = 8, hosts: Optional[Dict[str, str]] = None,
-         settings: Optional[Dict[str, Dict[str, Any]]] = None, **kw: Any) -> ClusterView:
-    """A ClusterView over the nodes of facts_by_node ({node: {check: facts}}), the first one the head."""
-    nodes = [
-        NodeInfo(name, (hosts or {}).get(name, name), gpus, is_head=(i == 0), settings=(settings or {}).get(name, {}))
-        for i, name in enumerate(facts_by_node)
+def view(facts_by_node: Mapping[str, Mapping[str, Any]], gpus: int = 8, hosts: Optional[Dict[str, str]] = None,
+         settings: Optional[Dict[str, Dict[str, Any]]] = None, nodes: Optional[Sequence[Any]] = None,
+         **kw: Any) -> ClusterView:
+    """The one ClusterView builder of the tests: the view over `nodes` with facts_by_node ({node: {check: facts}}).
+
+    `nodes` holds NodeInfo (kept as given) or names; by default the names of facts_by_node. A name becomes a
+    NodeInfo with `gpus` GPUs, its host from `hosts` (else the name) and its settings from `settings`, the
+    first node the head. kw: expect, cluster, unreachable, derived, as ClusterView takes them.
+    """
+    entries = list(facts_by_node) if nodes is None else list(nodes)
+    infos = [
+        entry if isinstance(entry, NodeInfo) else
+        NodeInfo(entry, (hosts or {}).get(entry, entry), gpus, is_head=(i == 0), settings=(settings or {}).get(entry, {}))
+        for i, entry in enumerate(entries)
     ]
-    return ClusterView(nodes, dict(facts_by_node), **kw)
+    return ClusterView(infos, dict(facts_by_node), **kw)
 
 
 # ------------------------------------------------------------------------------------------------ nic
@@ -155,7 +163,7 @@ def gpu_rule(facts: Dict[str, Any], gpus_per_node: int = 8, shm: int = 16 << 30)
     """The gpu rule on one node holding facts (and a roomy /dev/shm)."""
     from preflight.checks.gpu import rule as gpu_rule
     node = NodeInfo("gpu-001", "198.18.0.1", gpus_per_node)
-    return gpu_rule.rule(ClusterView([node], {"gpu-001": {"gpu": facts, "ssh": {"shm_bytes": shm}}}))
+    return gpu_rule.rule(view({"gpu-001": {"gpu": facts, "ssh": {"shm_bytes": shm}}}, nodes=[node]))
 
 
 def by_status(findings: list) -> Dict[Any, list]:

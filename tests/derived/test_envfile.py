@@ -19,9 +19,10 @@ from preflight import __version__
 from preflight.derived import ncclenv
 from preflight.output import envfile
 from preflight.engine import RunReport
-from preflight.model import ClusterView, Finding, NodeInfo, Status
+from preflight.model import Finding, NodeInfo, Status
 from tests.builders import iface
 from tests.builders import ib_port as port
+from tests import builders
 
 HOSTILE = ["x$(id)", "e;reboot", "a\nb", "a'b", "a,b", "=eth7", "^eth7", "`id`", "e$(id>p)", "qq zz", "a\"b", "x\\y"]
 
@@ -77,7 +78,7 @@ def cluster(n=3, data=None, torch="2.4.0+cu121", ib=None, ports=None, drop=(), m
         }
     for name in drop:
         del facts[name]
-    return ClusterView(infos, facts, cluster={"master_port": master_port})
+    return builders.view(facts, nodes=infos, cluster={"master_port": master_port})
 
 
 def names(derived):
