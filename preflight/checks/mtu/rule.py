@@ -174,8 +174,8 @@ def rule(view: ClusterView) -> List[Finding]:
             if src != culprit:
                 blamed_on[src] = "%s (the common end)" % culprit
         elif status == Status.FAIL and len(cleared) == 1:
-            # one end carries full-size frames on another path (seen at 1,000 simulated nodes: the black-holed
-            # node's own ping went untested, and the one failing path was blamed on the healthy pinger)
+            # one end carries full-size frames on another path (when the black-holed node's own ping went
+            # untested, the one failing path would otherwise be blamed on the healthy pinger)
             owner = dst if cleared[0] == src else src
             message += " (%s carries full-size frames on another path: the fault is at %s's end)" % (cleared[0], owner)
             if owner != src:

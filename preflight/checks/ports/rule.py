@@ -136,8 +136,8 @@ def rule(view: ClusterView) -> List[Finding]:
             and not probe_error(NAME, head, head_facts)
         ):
             # The fault is the head's (its FAIL names it); this node is not at fault and nothing here was
-            # judged: SKIP, so the node's status stays its own (255 healthy nodes of a 256-node run read
-            # 'fail' and left the hostfile when this was an ERROR: issue 22's 256-node run).
+            # judged: SKIP, so the node's status stays its own (an ERROR here would make every healthy node
+            # of the run read 'fail' and leave the hostfile for the head's fault).
             out.append(Finding(NAME, name, Status.SKIP,
                                "not tested: the head %s could not listen on port %d (its finding says why)" % (head, port)))
             continue
