@@ -80,9 +80,11 @@ def measure(root: str) -> Dict[str, object]:
 def new_check_files(root: str) -> List[str]:
     """The guard failures a minimal new check meets in a copy of root's tracked files: the files it touches
     beyond its own folder are the ones they name."""
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout.decode()
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True)
+    if listed.returncode != 0:
+        raise SystemExit("--new-check needs a git checkout (it copies the tracked files): %s" % root)
     with tempfile.TemporaryDirectory(prefix="preflight-newcheck-") as copy:
-        for rel in filter(None, listed.split("\0")):
+        for rel in filter(None, listed.stdout.decode().split("\0")):
             src = os.path.join(root, rel)
             if os.path.isfile(src) and not os.path.islink(src):
                 os.makedirs(os.path.dirname(os.path.join(copy, rel)), exist_ok=True)
@@ -128,7 +130,9 @@ def main(argv: List[str]) -> int:
     roots = [a for a in argv[1:] if a != "--new-check"] or [os.path.join(os.path.dirname(__file__), "..")]
     for root in map(os.path.abspath, roots):
         report(root, measure(root))
-        if plant:
+        if plant and not all(os.path.exists(os.path.join(root, g)) for g in GUARDS):
+            print("new check           not planted: %s has not the guards %s (an older tree)" % (root, ", ".join(GUARDS)))
+        elif plant:
             failed = new_check_files(root)
             named = sorted({m.group(0) for line in failed for m in re.finditer(
                 r"README\.md|docs/[\w/.-]+|tests/[\w/.-]+\.(?:py|json)", line.split(" - ", 1)[-1])})
