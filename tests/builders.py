@@ -100,6 +100,70 @@ def h100_bf3_ports(ib_rate: float = 400) -> List[Dict[str, Any]]:
     return rails + [ib_port("mlx5_bond_0", rate=200, layer="roce")]
 
 
+# ------------------------------------------------------------------------------------------------ nccl env
+
+
+def mgmt_ip(i: int) -> str:
+    """The management (ssh) address of env_view's node i."""
+    return "10.0.0.%d" % (10 + i)
+
+
+def data_ip(i: int) -> str:
+    """The data-network address of env_view's node i."""
+    return "10.1.0.%d" % (10 + i)
+
+
+def env_view(n=3, data=None, torch="2.4.0+cu121", ib=None, ports=None, drop=(), master_port=29500, nccl=None, extra=None):
+    """A ClusterView of n nodes with the facts the NCCL env derivation reads: lo, a 1 GbE management eno1, a
+    100 GbE data interface (eth1 unless `data` names another per node), docker0 with the same address
+    everywhere; ports verified unless `ports` overrides a node's facts; torch as given (a str, or {node:
+    str|None}); ib {node: [ports]}; nccl: the nvidia-nccl-cu12 wheel's version (a str, or {node: str|None};
+    None: no NCCL); extra {node: [more interfaces]}; the nodes in `drop` without facts."""
+    node_names = names(n)
+    data = data or {}
+    ib = ib or {}
+    ports = ports or {}
+    infos, facts = [], {}
+    for i, name in enumerate(node_names, 1):
+        infos.append(NodeInfo(name, mgmt_ip(i), 8, is_head=(i == 1)))
+        version = torch.get(name) if isinstance(torch, dict) else torch
+        nccl_version = nccl.get(name) if isinstance(nccl, dict) else nccl
+        if i == 1:
+            port_facts = {"role": "listen", "port": master_port, "bind_ip": "0.0.0.0", "listening": True,
+                          "peers": [{"ip": data_ip(j), "name": node_names[j - 1], "at_s": 0.1} for j in range(2, n + 1)]}
+        else:
+            port_facts = {"role": "connect", "host": data_ip(1), "port": master_port, "connected": True,
+                          "handshake": True, "reply": "preflight-ok n001", "attempts": 1, "elapsed_s": 0.01, "error": None}
+        facts[name] = {
+            "ssh": {"memlock_soft": None},
+            "nic": {
+                "interfaces": [
+                    dict(iface("lo", "127.0.0.1", 8, 65536, None, physical=False), kind="loopback", link_type="loopback"),
+                    iface("eno1", mgmt_ip(i), 24, 1500, 1000),
+                    iface(data.get(name, "eth1"), data_ip(i), 16, 9000, 100000),
+                    iface("docker0", "172.17.0.1", 16, 1500, None, kind="bridge", physical=False),
+                ] + list((extra or {}).get(name, [])),
+                "ssh_ip": mgmt_ip(i),
+            },
+            "ib_hca": {"hcas": {}, "ports": ib.get(name, [])},
+            "ports": ports.get(name, port_facts),
+            "driver": {"torch": {"version": version, "cuda": None, "path": "/opt/torch"} if version else None,
+                       "nccl_python": {"distribution": "nvidia-nccl-cu12", "version": nccl_version} if nccl_version else None,
+                       "nccl_system": []},
+        }
+    for name in drop:
+        del facts[name]
+    return view(facts, nodes=infos, cluster={"master_port": master_port})
+
+
+def roce_port(hca, gids, netdev="ens1f0np0"):
+    """A RoCE port as the ib_hca probe reports it: every RoCE v2 IPv4 GID [(index, ip, ndev)], lowest first."""
+    p = dict(ib_port(hca, rate=200, layer="roce", gid=gids[0][0] if gids else None), netdev=netdev)
+    p["roce_v2_ip"] = gids[0][1] if gids else None
+    p["roce_v2_gids"] = [{"index": i, "ip": ip, "ndev": ndev} for i, ip, ndev in gids]
+    return p
+
+
 # ------------------------------------------------------------------------------------------------ sim hooks
 
 

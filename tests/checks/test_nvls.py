@@ -234,9 +234,9 @@ def test_cpu_node_skips_and_missing_facts_are_an_error_to_retest():
 
 def env_view(states):
     """Nodes whose facts also carry what the env file needs for the data network (nic) and the rendezvous."""
-    from tests.derived.test_envfile import cluster  # the env file's own view builder (nic, ports, driver facts)
+    from tests.builders import env_view
 
-    base = cluster(n=len(states))
+    base = env_view(n=len(states))
     for name, facts in zip(sorted(base.facts), states):
         base.facts[name].update(facts)
     return base
