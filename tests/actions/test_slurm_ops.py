@@ -217,8 +217,8 @@ def test_a_launch_that_times_out_twice_is_retested_not_drained(cluster):
     ("Communication connection failure", tests/transport/test_slurm_e2e.py), is a FAIL that drains."""
     s = cluster.slurm
     s.freeze_slurmd("n002")
-    proc = cluster.slurm.preflight(["check", "--slurm", "--nodelist", ALL, "--only", "ssh", "--drain", "--timeout", "60",
-                                    "--json", "-", "--debug"])
+    proc = cluster.slurm.preflight(["check", "--slurm", "--nodelist", ALL, "--only", "ssh", "--drain", "--timeout",
+                                    "60", "--json", "-", "--debug"])
     doc = json.loads(proc.stdout)
     ssh = {r["node"]: r for r in doc["results"] if r["check"] == "ssh"}
     assert ssh["n002"]["status"] == "error" and ssh["n002"]["action"] == "retest", ssh["n002"]
@@ -604,7 +604,7 @@ def test_a_running_run_and_another_hosts_leftovers_are_not_cleaned(cluster, tmp_
         with _reaped(proc):
             _wait("n003's ping at the gate", reached.exists, timeout=150)
             mine = [r for r in s.reservations() if r != foreign]
-            second = cluster.slurm.preflight(["check", "--slurm", "--nodelist", "n001", "--only", "ssh", "--alloc-wait", "3"])
+            second = s.preflight(["check", "--slurm", "--nodelist", "n001", "--only", "ssh", "--alloc-wait", "3"])
             assert "killed preflight run" not in second.stderr, second.stderr
             assert "left as is: reservation %s over n004 of a preflight run on login2.example (pid 4242)" % foreign in \
                 " ".join(second.stderr.split()), second.stderr

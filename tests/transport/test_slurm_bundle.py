@@ -161,7 +161,8 @@ def test_without_sbcast_a_stopped_slurmd_is_named_from_the_launch_and_the_step_r
     env = dict(cluster.slurm.env(), PATH="%s:%s" % (bin_dir, "/usr/local/sbin:/usr/sbin:/sbin"))
     cluster.slurm.stop_slurmd("n002")
     try:
-        out = cluster.slurm.preflight(["check", "--slurm", "--nodelist", NODES, "--only", "ssh", "--json", "-"], env=env)
+        out = cluster.slurm.preflight(["check", "--slurm", "--nodelist", NODES, "--only", "ssh", "--json", "-"],
+                                      env=env)
     finally:
         cluster.heal()
         _settle(cluster)
