@@ -61,7 +61,8 @@ def test_printable_leaves_plain_text_alone():
 
 def _report(findings):
     nodes = [NodeSpec(name=n, host=n, line=i) for i, n in enumerate(("n001", "n002"))]
-    view = builders.view({s.name: {} for s in nodes}, nodes=[NodeInfo(s.name, s.host, 8, i == 0) for i, s in enumerate(nodes)])
+    view = builders.view({s.name: {} for s in nodes},
+                         nodes=[NodeInfo(s.name, s.host, 8, i == 0) for i, s in enumerate(nodes)])
     return RunReport(Inventory(path="hosts.yaml", nodes=nodes), ["nccl_env"], findings, view, "2026-11-25T13:00:00Z", 1.0)
 
 

@@ -41,7 +41,8 @@ def test_every_check_declares_a_valid_default_action():
 def test_engine_judge_applies_the_check_default():
     from preflight.model import NodeInfo
 
-    view = builders.view({"n1": {"ssh": {"probe_error": "boom"}}}, nodes=[NodeInfo("n1", "h", 0)], unreachable={"n2": "refused"})
+    view = builders.view({"n1": {"ssh": {"probe_error": "boom"}}},
+                         nodes=[NodeInfo("n1", "h", 0)], unreachable={"n2": "refused"})
     out = engine.judge(view, ["ssh", "nccl_env"])
     assert all(f.action for f in out if f.status.is_problem), out
     assert any(f.check == "nccl_env" and f.node == "n2" and f.action == "retest" for f in out)
@@ -112,7 +113,8 @@ def test_report_json_carries_gpu_serials_and_per_gpu_failure():
 
     gpus = [{"index": 0, "pci_bus_id": "00000000:18:00.0", "uuid": "GPU-a", "serial": "111", "ecc_uncorrectable_volatile": 2},
             {"index": 1, "pci_bus_id": "00000000:2A:00.0", "uuid": "GPU-b", "serial": "222"}]
-    view = builders.view({"n1": {"gpu": {"gpus": gpus}}, "n2": {}}, nodes=[NodeInfo("n1", "h", 2), NodeInfo("n2", "h2", 0)])
+    view = builders.view({"n1": {"gpu": {"gpus": gpus}}, "n2": {}},
+                         nodes=[NodeInfo("n1", "h", 2), NodeInfo("n2", "h2", 0)])
     hw = report.hardware(view)
     assert hw == {"n1": {"gpus": [
         {"index": 0, "pci_bus_id": "00000000:18:00.0", "uuid": "GPU-a", "serial": "111", "failed": True},

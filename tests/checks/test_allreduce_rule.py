@@ -186,7 +186,9 @@ def test_no_results_at_all_is_an_error_and_skip_needs_a_reason():
 def test_agent_error_document_is_a_node_failure():
     docs = [doc(0, [0], [KiB], world=2, backend="gloo"), {"probe_error": "did not finish within 30 s"}]
     names = ["n001", "n002"]
-    view = builders.view({n: {"allreduce": d} for n, d in zip(names, docs)}, nodes=[NodeInfo(n, n, 0) for n in names], cluster={"allreduce": {"backend": "gloo", "world_size": 2, "nodes": names}})
+    view = builders.view({n: {"allreduce": d} for n, d in zip(names, docs)},
+                         nodes=[NodeInfo(n, n, 0) for n in names],
+                         cluster={"allreduce": {"backend": "gloo", "world_size": 2, "nodes": names}})
     findings = ar_rule.rank_findings(view)
     assert the(findings, "n002").message == "bench agent failed: did not finish within 30 s"
     assert the(findings).status is Status.FAIL

@@ -211,7 +211,7 @@ def test_not_installed_skips_and_cpu_only_nodes_skip():
     out = dcgm_rule.rule(_one({"dcgmi": None, "level": 1, "ran": False}))
     assert [f.status for f in out] == [Status.SKIP] and "dcgmi not installed" in out[0].message
     cpu = view({"c1": {"dcgm": {"dcgmi": "/usr/bin/dcgmi", "level": 1, "ran": False,
-                                                                 "not_started": "CPU-only node"}}}, gpus=0)
+                                "not_started": "CPU-only node"}}}, gpus=0)
     assert [f.status for f in dcgm_rule.rule(cpu)] == [Status.SKIP]
 
 

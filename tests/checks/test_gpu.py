@@ -1063,7 +1063,7 @@ def test_healthy_but_unusual_matrix_gives_no_fail(tmp_path, monkeypatch, no_nvml
         g["name"], g["uuid"], g["nvlink"], g["fabric"] = "NVIDIA H100 PCIe", uuid, links[uuid], None
     node = NodeInfo("gpu-001", "198.18.0.1", 2)
     view = builders.view({"gpu-001": {"gpu": pcie, "ssh": {"shm_bytes": 16 * GiB},
-                                            "fabric_manager": {"nvswitches": []}}}, nodes=[node])
+                                      "fabric_manager": {"nvswitches": []}}}, nodes=[node])
     assert [f.status for f in gpu_rule.rule(view)] == [Status.PASS]
     assert [f.status for f in fabric_manager_rule.rule(view)] == [Status.SKIP]
     sim = _sim_node(tmp_path, monkeypatch)

@@ -110,7 +110,8 @@ def test_link_downed_since_last_run_warns():
 
 
 def test_no_hca_skips_and_missing_facts_error():
-    view = builders.view({"n1": {"ib_errors": {"interval_s": 0, "at": 1, "ports": []}}, "n2": {}}, nodes=[NodeInfo("n1", "n1", 0), NodeInfo("n2", "n2", 0)])
+    view = builders.view({"n1": {"ib_errors": {"interval_s": 0, "at": 1, "ports": []}}, "n2": {}},
+                         nodes=[NodeInfo("n1", "n1", 0), NodeInfo("n2", "n2", 0)])
     out = by_node(ib_errors_rule.rule(view))
     assert out["n1"].status is Status.SKIP and out["n2"].status is Status.ERROR
 

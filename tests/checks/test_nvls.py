@@ -224,7 +224,8 @@ def test_gb200_tray_whose_imex_state_is_unreadable_is_not_judged():
 
 
 def test_cpu_node_skips_and_missing_facts_are_an_error_to_retest():
-    view = builders.view({"c": {}, "g": {"gpu": {"probe_error": "boom"}, "fabric_manager": fm_facts()}}, nodes=[NodeInfo("c", "c", 0), NodeInfo("g", "g", 8)])
+    view = builders.view({"c": {}, "g": {"gpu": {"probe_error": "boom"}, "fabric_manager": fm_facts()}},
+                         nodes=[NodeInfo("c", "c", 0), NodeInfo("g", "g", 8)])
     found = [(f.node, f.status, f.action) for f in check_rule.rule(view)]
     assert found == [("c", Status.SKIP, None), ("g", Status.ERROR, "retest")]
 
@@ -234,9 +235,8 @@ def test_cpu_node_skips_and_missing_facts_are_an_error_to_retest():
 
 def env_view(states):
     """Nodes whose facts also carry what the env file needs for the data network (nic) and the rendezvous."""
-    from tests.builders import env_view
 
-    base = env_view(n=len(states))
+    base = builders.env_view(n=len(states))
     for name, facts in zip(sorted(base.facts), states):
         base.facts[name].update(facts)
     return base

@@ -150,7 +150,7 @@ def test_old_nonfatal_errors_warn_and_new_ones_fail():
 
 def test_cpu_only_nodes_are_judged_for_their_nics_and_missing_facts_error():
     cpu = view({"c1": {"pcie": {"uptime_s": 10.0, "window_s": 2.0,
-                                                                  "devices": [_dev("nic", NIC, total=(0, 0, 2))]}}}, gpus=0)
+                                "devices": [_dev("nic", NIC, total=(0, 0, 2))]}}}, gpus=0)
     assert [f.status for f in pcie_rule.rule(cpu)] == [Status.FAIL]
     assert [f.status for f in pcie_rule.rule(view({"n001": {}}))] == [Status.ERROR]
     assert [f.status for f in pcie_rule.rule(view({"n001": {"pcie": {"probe_error": "x"}}}))] == [Status.ERROR]

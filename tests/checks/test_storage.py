@@ -23,7 +23,8 @@ def test_mount_of_takes_the_longest_and_last_mount_point():
 
 def _view(n, paths, facts, expect=None):
     nodes = [NodeInfo("n%d" % i, "h%d" % i, 0, is_head=(i == 1)) for i in range(1, n + 1)]
-    return builders.view({k: {"storage": v} for k, v in facts.items()}, nodes=nodes, expect=expect or {}, cluster={"shared_paths": paths})
+    return builders.view({k: {"storage": v} for k, v in facts.items()},
+                         nodes=nodes, expect=expect or {}, cluster={"shared_paths": paths})
 
 
 def test_two_phases_on_a_real_directory(tmp_path):

@@ -97,14 +97,16 @@ def test_rule_gpu_without_hca_on_its_numa_node(tmp_path):
 
 
 def test_rule_without_gpus_is_an_error_and_cpu_nodes_skip():
-    view = builders.view({"n1": {"topology": {"devices": []}}, "c1": {"topology": {"devices": []}}}, nodes=[NodeInfo("n1", "n1", 8), NodeInfo("c1", "c1", 0)])
+    view = builders.view({"n1": {"topology": {"devices": []}}, "c1": {"topology": {"devices": []}}},
+                         nodes=[NodeInfo("n1", "n1", 8), NodeInfo("c1", "c1", 0)])
     assert [f.status for f in topology_rule.rule(view)] == [Status.ERROR, Status.SKIP]
 
 
 def _view_with_rails(facts_by_node, ports):
     """Topology facts plus ib_hca facts whose usable ports (preflight.derived.rails) pick NCCL's rails."""
     nodes = [NodeInfo(n, n, 8) for n in facts_by_node]
-    return builders.view({n: {"topology": f, "ib_hca": {"ports": ports}} for n, f in facts_by_node.items()}, nodes=nodes)
+    return builders.view({n: {"topology": f, "ib_hca": {"ports": ports}} for n, f in facts_by_node.items()},
+                         nodes=nodes)
 
 
 def with_storage_port(facts, numa):

@@ -43,7 +43,7 @@ def test_capture_read_as_a_kernel_log_gives_no_event_and_passes(path):
     assert facts["events"] == [] and facts["nvrm"] == [] and facts["unparsed"] == []
     assert ib_errors_probe.parse_link_events(text, "dmesg")["events"] == []
     view = builders.view({"n1": {"xid": {"nvidia": True, "source": "dmesg", "log_error": None,
-                                                                  "uptime_s": 1e6, "log": facts}}}, cluster={})
+                                         "uptime_s": 1e6, "log": facts}}}, cluster={})
     assert [f.status for f in xid_rule.rule(view)] == [Status.PASS]
 
 

@@ -221,8 +221,11 @@ def test_a_damaged_result_is_a_retest_for_the_ssh_check_and_a_dead_node_still_fa
     from preflight.model import FAILURE_KINDS, NodeInfo
 
     nodes = [NodeInfo(name=n, host=n, gpus_per_node=0) for n in ("n1", "n2")]
-    view = builders.view({}, nodes=nodes, cluster={FAILURE_KINDS: {"n1": "damaged", "n2": "unreachable"}}, unreachable={"n1": "probe bundle exited 0 without a result: result damaged in transit: CRC32 1 expected 2",
-                                    "n2": "unreachable: connection refused (198.18.0.3:22)"})
+    view = builders.view({},
+                         nodes=nodes,
+                         cluster={FAILURE_KINDS: {"n1": "damaged", "n2": "unreachable"}},
+                         unreachable={"n1": "probe bundle exited 0 without a result: result damaged in transit: CRC32 1 expected 2",
+                                      "n2": "unreachable: connection refused (198.18.0.3:22)"})
     by_node = {f.node: f for f in ssh_rule.rule(view)}
     assert by_node["n1"].status is Status.ERROR and by_node["n1"].action == "retest"
     assert "damaged in transit" in by_node["n1"].message
@@ -248,10 +251,13 @@ def test_srun_failing_for_the_controller_is_no_verdict_on_the_nodes():
     assert controller_failure(node_side) is None and parse_srun_stderr(node_side)[0] == {
         "n385": "Communication connection failure"}
     nodes = [NodeInfo(name=n, host=n, gpus_per_node=0) for n in ("n1", "n2")]
-    view = builders.view({}, nodes=nodes, cluster={FAILURE_KINDS: {"n1": "scheduler", "n2": "protocol"}}, unreachable={"n1": "not checked: srun could not run the step (Unable to confirm allocation "
-                                          "for job 1: Socket timed out on send/recv operation): Slurm's controller "
-                                          "did not answer, not this node",
-                                    "n2": "probe bundle gave no result: no output from the task (srun rc 1)"})
+    view = builders.view({},
+                         nodes=nodes,
+                         cluster={FAILURE_KINDS: {"n1": "scheduler", "n2": "protocol"}},
+                         unreachable={"n1": "not checked: srun could not run the step (Unable to confirm allocation "
+                                            "for job 1: Socket timed out on send/recv operation): Slurm's controller "
+                                            "did not answer, not this node",
+                                      "n2": "probe bundle gave no result: no output from the task (srun rc 1)"})
     by_node = {f.node: f for f in ssh_rule.rule(view)}
     assert by_node["n1"].status is Status.ERROR and by_node["n1"].action == "retest"
     assert "Slurm's controller" in by_node["n1"].message
