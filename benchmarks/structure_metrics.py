@@ -55,7 +55,8 @@ NEW_CHECK = {
                    "order=99)\n",
     "probe.py": '"""zz_new\'s node half."""\n\n\ndef probe(ctx):\n    return {"ok": True}\n',
     "rule.py": '"""zz_new\'s controller half."""\n\nfrom preflight.model import Finding, Status\n\n\n'
-               "def rule(view):\n    return [Finding(\"zz_new\", n.name, Status.PASS, \"planted\") for n in view.live]\n",
+               "def rule(view):\n"
+               "    return [Finding(\"zz_new\", n.name, Status.PASS, \"planted\") for n in view.live]\n",
 }
 #: the guards a new check meets (each names what was forgotten)
 GUARDS = ["tests/checks/test_catalogue.py", "tests/checks/test_fixtures.py", "tests/test_structure.py"]
@@ -131,7 +132,8 @@ def main(argv: List[str]) -> int:
     for root in map(os.path.abspath, roots):
         report(root, measure(root))
         if plant and not all(os.path.exists(os.path.join(root, g)) for g in GUARDS):
-            print("new check           not planted: %s has not the guards %s (an older tree)" % (root, ", ".join(GUARDS)))
+            print("new check           not planted: %s has not the guards %s (an older tree)"
+                  % (root, ", ".join(GUARDS)))
         elif plant:
             failed = new_check_files(root)
             named = sorted({m.group(0) for line in failed for m in re.finditer(

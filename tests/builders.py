@@ -30,7 +30,8 @@ def view(facts_by_node: Mapping[str, Mapping[str, Any]], gpus: int = 8, hosts: O
     entries = list(facts_by_node) if nodes is None else list(nodes)
     infos = [
         entry if isinstance(entry, NodeInfo) else
-        NodeInfo(entry, (hosts or {}).get(entry, entry), gpus, is_head=(i == 0), settings=(settings or {}).get(entry, {}))
+        NodeInfo(entry, (hosts or {}).get(entry, entry), gpus, is_head=(i == 0),
+                 settings=(settings or {}).get(entry, {}))
         for i, entry in enumerate(entries)
     ]
     return ClusterView(infos, dict(facts_by_node), **kw)
@@ -271,7 +272,8 @@ def assert_one_located_line(tmp_path: Any, capsys: Any, text: str, line: int, wo
     assert words in lines[0], lines[0]
 
 
-def node_argv(cluster: Any, name: Any, *args: str, env: Optional[Dict[str, str]] = None) -> Tuple[List[str], Dict[str, str]]:
+def node_argv(cluster: Any, name: Any, *args: str,
+              env: Optional[Dict[str, str]] = None) -> Tuple[List[str], Dict[str, str]]:
     """(argv, env) of `preflight node ARGS` (this tree's, not an installed script) inside a simulated node as
     slurmd runs it: in its namespace with its own hostname, its bin/ first on PATH, its sysfs root, no
     SSH_CONNECTION; `env` adds to that environment."""

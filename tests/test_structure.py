@@ -360,3 +360,20 @@ def test_a_stale_citation_is_caught_and_another_projects_file_is_not():
     assert missing_citations("see checks/xid.py and tests/sim/slurm.py", here) == ["checks/xid.py"]
     assert missing_citations("as preflight/derived/nowhere.py derives it", here) == ["preflight/derived/nowhere.py"]
     assert missing_citations("NVIDIA/NVSentinel docs/nic-health-monitor.md, torch/version.py", here) == []
+
+
+# --- the walk of a rule's facts (the figure benchmarks/structure_metrics.py prints) ----------------------------
+
+
+def test_a_rules_walk_follows_calls_and_callbacks_and_counts_a_climb(monkeypatch):
+    gpu_memory = SHAPE.walk("gpu_memory")
+    assert gpu_memory.stops[0] == "preflight.checks.gpu_memory.rule:rule"
+    assert "preflight.derived.gpus:per_health_node" in gpu_memory.stops and gpu_memory.climbs == []
+    nccl_env = SHAPE.walk("nccl_env")
+    # datanet.of hands choose to view.derive: a callback is a stop though nothing calls it by name
+    assert "preflight.derived.datanet:choose" in nccl_env.stops, nccl_env.stops
+    real = SHAPE.rank
+    # planted: derived/ ranked above the rules, so the rule reading gpus climbs a layer
+    monkeypatch.setattr(SHAPE, "rank", lambda rel: 99 if rel.startswith("preflight/derived/") else real(rel))
+    climbs = SHAPE.walk("gpu_memory").climbs
+    assert climbs == ["preflight.checks.gpu_memory.rule:rule -> preflight.derived.gpus:per_health_node"], climbs
