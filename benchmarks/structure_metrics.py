@@ -97,7 +97,7 @@ def new_check_files(root: str) -> List[str]:
                 fh.write(text)
         done = subprocess.run([sys.executable, "-m", "pytest", "-n", "0", "-q", "-p", "no:cacheprovider", "-rf",
                                *GUARDS], cwd=copy, capture_output=True, text=True,
-                              env=dict(os.environ, PYTHONPATH=copy, PREFLIGHT_CACHE_DIR=os.devnull))
+                              env=dict(os.environ, PYTHONPATH=copy, PREFLIGHT_CACHE_DIR=os.devnull, COLUMNS="1000"))
     failed = [line for line in done.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
     if done.returncode not in (0, 1) or (done.returncode == 1 and not failed):
         raise SystemExit("the guards did not run in the copy (rc %d): %s" % (done.returncode, done.stdout[-2000:]))
@@ -137,7 +137,7 @@ def main(argv: List[str]) -> int:
         elif plant:
             failed = new_check_files(root)
             named = sorted({m.group(0) for line in failed for m in re.finditer(
-                r"README\.md|docs/[\w/.-]+|tests/[\w/.-]+\.(?:py|json)", line.split(" - ", 1)[-1])})
+                r"README\.md|docs/[\w/.-]+|tests/[\w/.-]+\.(?:py|json)", line.split(" - ", 1)[1] if " - " in line else "")})
             print("new check           %d files: 3 in its folder, and what %d failing guards name: %s"
                   % (3 + len(named), len(failed), ", ".join(named) or "-"))
             for line in failed:
