@@ -1,8 +1,9 @@
 """Guards for the package's shape (ARCHITECTURE.md, "Layout" and "Imports point one way").
 
-Read from the sources with `ast`, nothing is imported: every `import`/`from … import` in preflight/,
-module level or inside a function (a lazy import is still a dependency), becomes an edge between
-modules. Each test names the offending file and line, so a failure says what to move.
+Read from the sources with `ast` by tests/structure.py (the walker benchmarks/structure_metrics.py prints the
+figures with), nothing is imported: every `import`/`from … import` in preflight/, module level or inside a
+function (a lazy import is still a dependency), becomes an edge between modules. Each test names the
+offending file and line, so a failure says what to move.
 """
 
 from __future__ import annotations
