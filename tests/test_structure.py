@@ -310,10 +310,10 @@ def _bases() -> List[str]:
 
 def missing_citations(text: str, here: str) -> List[str]:
     """The paths `text` (written in the folder `here`) cites that are ours and do not exist. A path is ours when
-    its first folder is one of this repository's (preflight, tests, benchmarks, or a folder under a base), so
+    its first folder is preflight, tests, benchmarks or a folder of preflight/, preflight/checks/ or tests/, so
     another project's file named in a citation (NVIDIA/NVSentinel docs/nic-health-monitor.md) is not judged."""
-    ours = {"preflight", "tests", "benchmarks"}
-    for base in _bases():
+    ours = {"preflight", "tests", "benchmarks"}  # not docs/: other projects' docs/ are cited by the same name
+    for base in _bases()[1:]:
         ours.update(d for d in os.listdir(base) if os.path.isdir(os.path.join(base, d)))
     missing = []
     for path in CITED.findall(text):
