@@ -35,7 +35,7 @@ class Options:
     gather_also: Sequence[str] = ()  # checks whose facts are gathered but not judged (e.g. for the env file)
     capture: bool = False  # nodes send back every command output and file read (preflight.output.capture)
     previous: Optional[Dict[str, Any]] = None  # the last run's report (--history): rules compare against it
-    tier: str = "quick"  # --tier: standard / burn-in add the compute phase to the all-reduce (allreduce/tiers.py)
+    tier: str = "quick"  # --tier: standard / burn-in add the compute phase to the all-reduce (preflight/checks/allreduce/tiers.py)
 
 
 @dataclass

@@ -7,7 +7,8 @@ from each other.
 from __future__ import annotations
 
 from preflight import common
-from preflight.model import ClusterView, NodeInfo
+from preflight.model import NodeInfo
+from tests.builders import view
 
 GiB, MiB, KiB = common.GiB, common.MiB, common.KiB
 
@@ -40,7 +41,7 @@ def cluster(docs, gpus=8, expect=None, **meta):
     base = {"backend": docs[0]["backend"] if docs[0] else "nccl", "world_size": world, "nodes": names,
             "deadlines": {"init_s": 30, "op_s": 20, "total_s": 120}}
     base.update(meta)
-    return ClusterView(infos, facts, expect or {}, {"allreduce": base})
+    return view(facts, nodes=infos, expect=expect or {}, cluster={"allreduce": base})
 
 
 def eight_ranks_on(n_nodes, per_node, sizes, **kw):

@@ -7,9 +7,10 @@ starts from facts a node could really send.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from preflight.model import ClusterView, NodeInfo
+from tests.paths import REPO
 
 
 def names(n: int) -> list:
@@ -17,14 +18,23 @@ def names(n: int) -> list:
     return ["n%03d" % i for i in range(1, n + 1)]
 
 
-def view(facts_by_node: Dict[str, Dict[str, Any]], gpus: int = 8, hosts: Optional[Dict[str, str]] = None,
-         settings: Optional[Dict[str, Dict[str, Any]]] = None, **kw: Any) -> ClusterView:
-    """A ClusterView over the nodes of facts_by_node ({node: {check: facts}}), the first one the head."""
-    nodes = [
-        NodeInfo(name, (hosts or {}).get(name, name), gpus, is_head=(i == 0), settings=(settings or {}).get(name, {}))
-        for i, name in enumerate(facts_by_node)
+def view(facts_by_node: Mapping[str, Mapping[str, Any]], gpus: int = 8, hosts: Optional[Dict[str, str]] = None,
+         settings: Optional[Dict[str, Dict[str, Any]]] = None, nodes: Optional[Sequence[Any]] = None,
+         **kw: Any) -> ClusterView:
+    """The one ClusterView builder of the tests: the view over `nodes` with facts_by_node ({node: {check: facts}}).
+
+    `nodes` holds NodeInfo (kept as given) or names; by default the names of facts_by_node. A name becomes a
+    NodeInfo with `gpus` GPUs, its host from `hosts` (else the name) and its settings from `settings`, the
+    first node the head. kw: expect, cluster, unreachable, derived, as ClusterView takes them.
+    """
+    entries = list(facts_by_node) if nodes is None else list(nodes)
+    infos = [
+        entry if isinstance(entry, NodeInfo) else
+        NodeInfo(entry, (hosts or {}).get(entry, entry), gpus, is_head=(i == 0),
+                 settings=(settings or {}).get(entry, {}))
+        for i, entry in enumerate(entries)
     ]
-    return ClusterView(nodes, dict(facts_by_node), **kw)
+    return ClusterView(infos, dict(facts_by_node), **kw)
 
 
 # ------------------------------------------------------------------------------------------------ nic
@@ -91,6 +101,70 @@ def h100_bf3_ports(ib_rate: float = 400) -> List[Dict[str, Any]]:
     return rails + [ib_port("mlx5_bond_0", rate=200, layer="roce")]
 
 
+# ------------------------------------------------------------------------------------------------ nccl env
+
+
+def mgmt_ip(i: int) -> str:
+    """The management (ssh) address of env_view's node i."""
+    return "10.0.0.%d" % (10 + i)
+
+
+def data_ip(i: int) -> str:
+    """The data-network address of env_view's node i."""
+    return "10.1.0.%d" % (10 + i)
+
+
+def env_view(n=3, data=None, torch="2.4.0+cu121", ib=None, ports=None, drop=(), master_port=29500, nccl=None, extra=None):
+    """A ClusterView of n nodes with the facts the NCCL env derivation reads: lo, a 1 GbE management eno1, a
+    100 GbE data interface (eth1 unless `data` names another per node), docker0 with the same address
+    everywhere; ports verified unless `ports` overrides a node's facts; torch as given (a str, or {node:
+    str|None}); ib {node: [ports]}; nccl: the nvidia-nccl-cu12 wheel's version (a str, or {node: str|None};
+    None: no NCCL); extra {node: [more interfaces]}; the nodes in `drop` without facts."""
+    node_names = names(n)
+    data = data or {}
+    ib = ib or {}
+    ports = ports or {}
+    infos, facts = [], {}
+    for i, name in enumerate(node_names, 1):
+        infos.append(NodeInfo(name, mgmt_ip(i), 8, is_head=(i == 1)))
+        version = torch.get(name) if isinstance(torch, dict) else torch
+        nccl_version = nccl.get(name) if isinstance(nccl, dict) else nccl
+        if i == 1:
+            port_facts = {"role": "listen", "port": master_port, "bind_ip": "0.0.0.0", "listening": True,
+                          "peers": [{"ip": data_ip(j), "name": node_names[j - 1], "at_s": 0.1} for j in range(2, n + 1)]}
+        else:
+            port_facts = {"role": "connect", "host": data_ip(1), "port": master_port, "connected": True,
+                          "handshake": True, "reply": "preflight-ok n001", "attempts": 1, "elapsed_s": 0.01, "error": None}
+        facts[name] = {
+            "ssh": {"memlock_soft": None},
+            "nic": {
+                "interfaces": [
+                    dict(iface("lo", "127.0.0.1", 8, 65536, None, physical=False), kind="loopback", link_type="loopback"),
+                    iface("eno1", mgmt_ip(i), 24, 1500, 1000),
+                    iface(data.get(name, "eth1"), data_ip(i), 16, 9000, 100000),
+                    iface("docker0", "172.17.0.1", 16, 1500, None, kind="bridge", physical=False),
+                ] + list((extra or {}).get(name, [])),
+                "ssh_ip": mgmt_ip(i),
+            },
+            "ib_hca": {"hcas": {}, "ports": ib.get(name, [])},
+            "ports": ports.get(name, port_facts),
+            "driver": {"torch": {"version": version, "cuda": None, "path": "/opt/torch"} if version else None,
+                       "nccl_python": {"distribution": "nvidia-nccl-cu12", "version": nccl_version} if nccl_version else None,
+                       "nccl_system": []},
+        }
+    for name in drop:
+        del facts[name]
+    return view(facts, nodes=infos, cluster={"master_port": master_port})
+
+
+def roce_port(hca, gids, netdev="ens1f0np0"):
+    """A RoCE port as the ib_hca probe reports it: every RoCE v2 IPv4 GID [(index, ip, ndev)], lowest first."""
+    p = dict(ib_port(hca, rate=200, layer="roce", gid=gids[0][0] if gids else None), netdev=netdev)
+    p["roce_v2_ip"] = gids[0][1] if gids else None
+    p["roce_v2_gids"] = [{"index": i, "ip": ip, "ndev": ndev} for i, ip, ndev in gids]
+    return p
+
+
 # ------------------------------------------------------------------------------------------------ sim hooks
 
 
@@ -154,7 +228,7 @@ def gpu_rule(facts: Dict[str, Any], gpus_per_node: int = 8, shm: int = 16 << 30)
     """The gpu rule on one node holding facts (and a roomy /dev/shm)."""
     from preflight.checks.gpu import rule as gpu_rule
     node = NodeInfo("gpu-001", "198.18.0.1", gpus_per_node)
-    return gpu_rule.rule(ClusterView([node], {"gpu-001": {"gpu": facts, "ssh": {"shm_bytes": shm}}}))
+    return gpu_rule.rule(view({"gpu-001": {"gpu": facts, "ssh": {"shm_bytes": shm}}}, nodes=[node]))
 
 
 def by_status(findings: list) -> Dict[Any, list]:
@@ -198,19 +272,27 @@ def assert_one_located_line(tmp_path: Any, capsys: Any, text: str, line: int, wo
     assert words in lines[0], lines[0]
 
 
-def node_check(cluster: Any, name: str, *args: str, env: Optional[Dict[str, str]] = None) -> Any:
-    """`preflight node ARGS` (this tree's, not an installed script) inside a simulated node as slurmd runs it:
-    in its namespace with its own hostname, its bin/ first on PATH, its sysfs root, no SSH_CONNECTION.
-    The CompletedProcess; a traceback fails the test."""
+def node_argv(cluster: Any, name: Any, *args: str,
+              env: Optional[Dict[str, str]] = None) -> Tuple[List[str], Dict[str, str]]:
+    """(argv, env) of `preflight node ARGS` (this tree's, not an installed script) inside a simulated node as
+    slurmd runs it: in its namespace with its own hostname, its bin/ first on PATH, its sysfs root, no
+    SSH_CONNECTION; `env` adds to that environment."""
     import sys
 
     node = cluster.node(name)
     full = {"PATH": "%s:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" % node.bin_dir,
             "PREFLIGHT_SYSFS_ROOT": node.sys_dir, "PREFLIGHT_NVML": "off", "HOME": "/root", "LANG": "C.UTF-8",
-            "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+            "PYTHONPATH": REPO}
     full.update(env or {})
     argv = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', node.name, sys.executable, "-m",
             "preflight", "node"] + list(args)
-    out = cluster.node_exec(node, argv, env=full, timeout=120)
+    return argv, full
+
+
+def node_check(cluster: Any, name: Any, *args: str, env: Optional[Dict[str, str]] = None) -> Any:
+    """`preflight node ARGS` run inside a simulated node (node_argv): the CompletedProcess; a traceback fails
+    the test."""
+    argv, full = node_argv(cluster, name, *args, env=env)
+    out = cluster.node_exec(name, argv, env=full, timeout=120)
     assert "Traceback" not in out.stderr, out.stderr
     return out

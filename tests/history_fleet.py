@@ -1,7 +1,7 @@
 """Reports of simulated nightly runs over a fleet, in the --json document's shape, for the history tests
 and benchmarks/history_*.py: every node with its checks' findings and 8 GPUs with serials, and faults
-injected as the real checks word them (an Xid finding carries data.kind/code/pci as checks/xid.py
-writes it; an IB port finding data.port as checks/ib_hca.py does)."""
+injected as the real checks word them (an Xid finding carries data.kind/code/pci as preflight/checks/xid/rule.py
+writes it; an IB port finding data.port as preflight/checks/ib_hca/rule.py does)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def stamp(day: int, base: str = "2026-01-01T02:00:00") -> str:
 
 
 def xid(node: str, index: int, code: int = 79, action: str = "reset_gpu") -> Dict[str, Any]:
-    """An Xid finding on GPU `index` of `node`, worded and shaped as checks/xid.py writes it."""
+    """An Xid finding on GPU `index` of `node`, worded and shaped as preflight/checks/xid/rule.py writes it."""
     bus = "0000:%s:00" % BUS[index]
     return {"check": "xid", "node": node, "status": "fail", "action": action,
             "message": "%s GPU %d (%s.0): Xid %d in the last 24 h (last 3 h ago): GPU has fallen off the bus" % (node, index, bus, code),

@@ -14,10 +14,11 @@ from rich.console import Console
 from preflight.common import printable
 from preflight.engine import RunReport
 from preflight.inventory import Inventory, NodeSpec
-from preflight.model import ClusterView, Finding, NodeInfo, Status
+from preflight.model import Finding, NodeInfo, Status
 from preflight.output import report
 from preflight.slurm import drain
 from tests.paths import REPO
+from tests import builders
 
 
 #: what a hostile or corrupted node can put in a value: OSC 52 (set the clipboard, BEL- and ST-terminated),
@@ -60,7 +61,8 @@ def test_printable_leaves_plain_text_alone():
 
 def _report(findings):
     nodes = [NodeSpec(name=n, host=n, line=i) for i, n in enumerate(("n001", "n002"))]
-    view = ClusterView([NodeInfo(s.name, s.host, 8, i == 0) for i, s in enumerate(nodes)], {s.name: {} for s in nodes})
+    view = builders.view({s.name: {} for s in nodes},
+                         nodes=[NodeInfo(s.name, s.host, 8, i == 0) for i, s in enumerate(nodes)])
     return RunReport(Inventory(path="hosts.yaml", nodes=nodes), ["nccl_env"], findings, view, "2026-11-25T13:00:00Z", 1.0)
 
 

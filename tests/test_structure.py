@@ -1,19 +1,22 @@
 """Guards for the package's shape (ARCHITECTURE.md, "Layout" and "Imports point one way").
 
-Read from the sources with `ast`, nothing is imported: every `import`/`from … import` in preflight/,
-module level or inside a function (a lazy import is still a dependency), becomes an edge between
-modules. Each test names the offending file and line, so a failure says what to move.
+Read from the sources with `ast` by tests/structure.py (the walker benchmarks/structure_metrics.py prints the
+figures with), nothing is imported: every `import`/`from … import` in preflight/, module level or inside a
+function (a lazy import is still a dependency), becomes an edge between modules. Each test names the
+offending file and line, so a failure says what to move.
 """
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 import sys
-from typing import Dict, Iterator, List, Optional, Set, Tuple
+from typing import Dict, Iterator, List, Set, Tuple
 
 import pytest
 from tests.paths import REPO
+from tests.structure import Shape, check_of
 
 ROOT = REPO
 PKG = os.path.join(ROOT, "preflight")
@@ -46,83 +49,21 @@ def node_side(rel: str) -> bool:
     return rel.startswith(NODE_SIDE) or rel in NODE_SIDE or in_check
 
 
-def check_of(mod: str) -> Optional[str]:
-    """The check a module belongs to (preflight.checks.<name>[.part]), None outside check folders."""
-    parts = mod.split(".")
-    return parts[2] if len(parts) > 2 and parts[:2] == ["preflight", "checks"] else None
 NODE_OPTIONAL = {"pynvml", "torch"}  # imported lazily on the node, where present
 
 
-def _modules() -> Dict[str, str]:
-    """{dotted module name: path relative to ROOT} for every .py file under preflight/."""
-    out = {}
-    for dirpath, _dirs, files in os.walk(PKG):
-        for name in files:
-            if not name.endswith(".py"):
-                continue
-            rel = os.path.relpath(os.path.join(dirpath, name), ROOT)
-            dotted = rel[:-3].replace(os.sep, ".")
-            if dotted.endswith(".__init__"):
-                dotted = dotted[: -len(".__init__")]
-            out[dotted] = rel
-    return out
-
-
-MODULES = _modules()
+#: this checkout's modules, imports, layers and functions (tests/structure.py: the walker the figures use too)
+SHAPE = Shape(ROOT)
+MODULES = SHAPE.modules
 
 
 def _tree(rel: str) -> ast.Module:
-    with open(os.path.join(ROOT, rel), encoding="utf-8") as fh:
-        return ast.parse(fh.read(), rel)
+    return SHAPE.tree(rel)
 
 
-def _resolve(current: str, node: ast.ImportFrom) -> str:
-    """The absolute module a `from X import …` names (relative imports resolved)."""
-    if not node.level:
-        return node.module or ""
-    is_pkg = MODULES.get(current, "").endswith("__init__.py")
-    base = current.split(".")
-    base = base if is_pkg else base[:-1]
-    base = base[: len(base) - (node.level - 1)]
-    return ".".join(base + ([node.module] if node.module else []))
-
-
-def _top_level(tree: ast.Module) -> Iterator[ast.AST]:
-    """The statements that run when the module is imported: the body, into if/try, not into functions."""
-    todo = list(tree.body)
-    while todo:
-        node = todo.pop()
-        yield node
-        if isinstance(node, (ast.If, ast.Try)):
-            todo.extend(node.body + node.orelse + getattr(node, "finalbody", []))
-            todo.extend(stmt for h in getattr(node, "handlers", []) for stmt in h.body)
-
-
-def imports(mod: str, import_time_only: bool = False) -> Iterator[Tuple[int, str, Optional[str]]]:
-    """(line, imported module, imported name or None) for every import in module `mod` (or only those
-    that run when it is imported: the rule halves of checks import controller code inside functions)."""
-    tree = _tree(MODULES[mod])
-    for node in (_top_level(tree) if import_time_only else ast.walk(tree)):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield node.lineno, alias.name, None
-        elif isinstance(node, ast.ImportFrom):
-            target = _resolve(mod, node)
-            for alias in node.names:
-                sub = "%s.%s" % (target, alias.name)
-                if sub in MODULES:
-                    yield node.lineno, sub, None  # `from pkg import module`
-                else:
-                    yield node.lineno, target, alias.name
-
-
-def _edges() -> Dict[str, Set[str]]:
-    graph: Dict[str, Set[str]] = {m: set() for m in MODULES}
-    for mod in MODULES:
-        for _line, target, _name in imports(mod):
-            if target in MODULES and target != mod:
-                graph[mod].add(target)
-    return graph
+def imports(mod: str, import_time_only: bool = False):
+    """(line, imported module, imported name or None) for every import in module `mod` (Shape.imports)."""
+    return SHAPE.imports(mod, import_time_only)
 
 
 def _cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
@@ -167,7 +108,7 @@ def _is_package_init(target: str, mod: str) -> bool:
 
 
 def test_no_import_circle():
-    graph = _edges()
+    graph = SHAPE.edges()
     # a submodule importing its own package's __init__ is how packages work, not a circle between jobs
     for mod, targets in graph.items():
         graph[mod] = {t for t in targets if not _is_package_init(t, mod)}
@@ -203,7 +144,7 @@ def test_no_private_name_crosses_a_module():
         aliases = {}
         for node in ast.walk(_tree(MODULES[mod])):
             if isinstance(node, ast.ImportFrom):
-                target = _resolve(mod, node)
+                target = SHAPE.resolve(mod, node)
                 for alias in node.names:
                     if "%s.%s" % (target, alias.name) in MODULES:
                         aliases[alias.asname or alias.name] = "%s.%s" % (target, alias.name)
@@ -269,60 +210,21 @@ def test_disk_layout_is_the_import_layout():
 
 # --- layers: one declared order, like import-linter's layers contract ---------------------------------------
 
-#: The layers, lowest first. A module may import its own layer and the layers below, never one above: a
-#: back-arrow fails here with the file and line. Patterns are tried in order (the first that matches names the
-#: layer), so a check folder's declaration, probe and stage are placed before the folder's other modules.
-LAYERS = (
-    ("vocabulary", ("preflight/__init__.py", "preflight/model.py", "preflight/common.py", "preflight/errors.py",
-                    "preflight/located_yaml.py")),
-    ("node side", ("preflight/probe/*", "preflight/checks/__init__.py", "preflight/checks/*/__init__.py",
-                   "preflight/checks/*/probe.py")),
-    ("backend declarations", ("preflight/transport/backends.py",)),  # data, read by the inventory and the parser
-    ("inventory", ("preflight/inventory.py",)),
-    ("derived", ("preflight/derived/*",)),
-    ("stages", ("preflight/checks/*/stage.py",)),  # placed here for matching order; ranked below
-    ("rules", ("preflight/checks/*/*",)),
-    ("actions", ("preflight/actions/*",)),  # the drain policy: pure, over findings; the appliers sit in transport
-    ("transport", ("preflight/transport/*", "preflight/slurm/*", "preflight/k8s/*")),
-    ("engine", ("preflight/engine.py",)),
-    ("outputs, history", ("preflight/output/*", "preflight/history/*")),
-    ("cli", ("preflight/cli/*", "preflight/__main__.py")),
-)
-#: the order the layers stand in (LAYERS lists stages early only so that stage.py matches before rules' glob)
-ORDER = ("vocabulary", "node side", "backend declarations", "inventory", "derived", "rules", "actions", "transport",
-         "stages", "engine", "outputs, history", "cli")
+# The layers, lowest first, are tests/structure.py's LAYERS and ORDER (the figures read the same table).
 
 
-def layer_of(rel: str) -> Optional[str]:
+def layer_of(rel: str):
     """The layer of a module (its path relative to the repository), None when no pattern places it."""
-    import fnmatch
-
-    for name, patterns in LAYERS:
-        if any(fnmatch.fnmatchcase(rel, p) for p in patterns):
-            return name
-    return None
-
-
-def back_arrows() -> List[str]:
-    """Every import (module level or inside a function) from a module to one in a higher layer."""
-    wrong = []
-    for mod, rel in sorted(MODULES.items()):
-        here = layer_of(rel)
-        for line, target, _name in imports(mod):
-            there = layer_of(MODULES.get(target, ""))
-            if here and there and ORDER.index(there) > ORDER.index(here):
-                wrong.append("%s:%d imports %s: layer %r may not import %r (move the shared code down a layer)"
-                             % (rel, line, target, here, there))
-    return wrong
+    return SHAPE.layer_of(rel)
 
 
 def test_every_module_has_a_layer():
     unplaced = [rel for rel in MODULES.values() if layer_of(rel) is None]
-    assert not unplaced, "place these in tests/test_structure.py LAYERS: %s" % ", ".join(sorted(unplaced))
+    assert not unplaced, "place these in tests/structure.py LAYERS: %s" % ", ".join(sorted(unplaced))
 
 
 def test_imports_point_down_the_layers():
-    wrong = back_arrows()
+    wrong = SHAPE.back_arrows()
     assert not wrong, "\n".join(wrong)
 
 
@@ -330,9 +232,9 @@ def test_a_planted_back_arrow_is_caught(monkeypatch):
     """The guard itself fails: a derived module importing a check's rule, and a rule importing the CLI."""
     planted = {"preflight.derived.datanet": [(1, "preflight.checks.ib_hca.rule", None)],
                "preflight.checks.mtu.rule": [(1, "preflight.cli", None)]}
-    real = imports
-    monkeypatch.setitem(globals(), "imports", lambda mod, *a: list(real(mod, *a)) + planted.get(mod, []))
-    found = back_arrows()
+    real = SHAPE.imports
+    monkeypatch.setattr(SHAPE, "imports", lambda mod, *a: list(real(mod, *a)) + planted.get(mod, []))
+    found = SHAPE.back_arrows()
     assert any("derived/datanet.py:1 imports preflight.checks.ib_hca.rule" in w for w in found), found
     assert any("mtu/rule.py:1 imports preflight.cli:" in w for w in found), found
 
@@ -352,15 +254,7 @@ LONG_FUNCTIONS = {
 
 
 def long_functions() -> Dict[str, int]:
-    out = {}
-    for rel in MODULES.values():
-        for node in ast.walk(_tree(rel)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-                length = node.end_lineno - first + 1
-                if length > MAX_FUNCTION_LINES:
-                    out["%s:%s" % (rel, node.name)] = length
-    return out
+    return SHAPE.long_functions(MAX_FUNCTION_LINES)
 
 
 def test_functions_stay_short():
@@ -390,3 +284,86 @@ def test_no_merge_conflict_marker_is_committed():
                 if line.startswith((b"<<<<<<< ", b">>>>>>> ")):
                     wrong.append("%s:%d: %s" % (rel, number, line[:40].decode(errors="replace").rstrip()))
     assert not wrong, "merge conflict markers:\n" + "\n".join(wrong)
+
+
+# --- every file a docstring or comment cites exists ------------------------------------------------------------
+
+#: a path as prose cites one: folders and a file name with its extension (`tests/sim/slurm.py`, `checks/xid/rule.py`)
+CITED = re.compile(r"(?<![\w./-])([\w-]+(?:/[\w.-]+)+\.(?:py|md|json|sh|yaml|toml))")
+
+
+def _bases() -> List[str]:
+    """The folders a citation may start from: the root, preflight/, preflight/checks/ and tests/."""
+    return [ROOT, PKG, os.path.join(PKG, "checks"), os.path.join(ROOT, "tests")]
+
+
+def missing_citations(text: str, here: str) -> List[str]:
+    """The paths `text` (written in the folder `here`) cites that are ours and do not exist. A path is ours when
+    its first folder is preflight, tests, benchmarks or a folder of preflight/, preflight/checks/ or tests/, so
+    another project's file named in a citation (NVIDIA/NVSentinel docs/nic-health-monitor.md) is not judged."""
+    ours = {"preflight", "tests", "benchmarks"}  # not docs/: other projects' docs/ are cited by the same name
+    for base in _bases()[1:]:
+        ours.update(d for d in os.listdir(base) if os.path.isdir(os.path.join(base, d)))
+    missing = []
+    for path in CITED.findall(text):
+        if path.split("/")[0] not in ours:
+            continue
+        if not any(os.path.exists(os.path.join(base, path)) for base in _bases() + [here]):
+            missing.append(path)
+    return missing
+
+
+def _prose(rel: str) -> Iterator[Tuple[int, str]]:
+    """(line, text) of every comment and docstring of a source file."""
+    import io
+    import tokenize
+
+    with open(os.path.join(ROOT, rel), encoding="utf-8") as fh:
+        source = fh.read()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            yield tok.start[0], tok.string
+    for node in ast.walk(ast.parse(source, rel)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                yield node.body[0].lineno, doc
+
+
+def test_every_file_a_docstring_or_comment_cites_exists():
+    """A citation that outlived a move (a check's module named after the check became a folder) points readers
+    nowhere: named here by file and line, with the path to correct."""
+    wrong = []
+    for top in ("preflight", "tests"):
+        for dirpath, dirs, files in os.walk(os.path.join(ROOT, top)):
+            dirs[:] = [d for d in dirs if d not in ("__pycache__", "fixtures")]
+            for name in sorted(f for f in files if f.endswith(".py")):
+                rel = os.path.relpath(os.path.join(dirpath, name), ROOT)
+                for line, text in _prose(rel):
+                    wrong.extend("%s:%d cites %s, which does not exist" % (rel, line, p)
+                                 for p in missing_citations(text, dirpath))
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_stale_citation_is_caught_and_another_projects_file_is_not():
+    here = os.path.join(ROOT, "tests")
+    assert missing_citations("see checks/xid.py and tests/sim/slurm.py", here) == ["checks/xid.py"]
+    assert missing_citations("as preflight/derived/nowhere.py derives it", here) == ["preflight/derived/nowhere.py"]
+    assert missing_citations("NVIDIA/NVSentinel docs/nic-health-monitor.md, torch/version.py", here) == []
+
+
+# --- the walk of a rule's facts (the figure benchmarks/structure_metrics.py prints) ----------------------------
+
+
+def test_a_rules_walk_follows_calls_and_callbacks_and_counts_a_climb(monkeypatch):
+    gpu_memory = SHAPE.walk("gpu_memory")
+    assert gpu_memory.stops[0] == "preflight.checks.gpu_memory.rule:rule"
+    assert "preflight.derived.gpus:per_health_node" in gpu_memory.stops and gpu_memory.climbs == []
+    nccl_env = SHAPE.walk("nccl_env")
+    # datanet.of hands choose to view.derive: a callback is a stop though nothing calls it by name
+    assert "preflight.derived.datanet:choose" in nccl_env.stops, nccl_env.stops
+    real = SHAPE.rank
+    # planted: derived/ ranked above the rules, so the rule reading gpus climbs a layer
+    monkeypatch.setattr(SHAPE, "rank", lambda rel: 99 if rel.startswith("preflight/derived/") else real(rel))
+    climbs = SHAPE.walk("gpu_memory").climbs
+    assert climbs == ["preflight.checks.gpu_memory.rule:rule -> preflight.derived.gpus:per_health_node"], climbs

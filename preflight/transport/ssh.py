@@ -106,9 +106,9 @@ class ShellStarts:
 
     A login shell runs the node's start-up files before preflight's command (~/.bashrc, /etc/profile.d):
     on clusters whose home directories are shared (NFS), `pyenv init` or `conda init` there take a lock
-    or read the same files on every node at once, and 64 shells starting together took longer than 128
-    started 16 at a time (issue 40 item 12: 19-30 of 128 healthy nodes past 60 s at -j 64, all 128 in
-    33 s at -j 16). The wait here is the controller's own queue: it counts against no node's bound.
+    or read the same files on every node at once, and 64 shells starting together take longer than 128
+    started 16 at a time (healthy nodes then run past their deadline). The wait here is the controller's
+    own queue: it counts against no node's bound.
     """
 
     #: a shell start slower than this many seconds narrows the gate; one faster than a fifth of it widens it

@@ -12,6 +12,7 @@ from preflight.model import ACTIONS, Finding, Status, with_action
 from tests.history.test_history_diff import _report as diff_report
 from tests.output.test_junit import _report as junit_report
 from tests.output.test_report import make_report, render
+from tests import builders
 
 
 def test_action_round_trips_and_is_validated():
@@ -38,9 +39,10 @@ def test_every_check_declares_a_valid_default_action():
 
 
 def test_engine_judge_applies_the_check_default():
-    from preflight.model import ClusterView, NodeInfo
+    from preflight.model import NodeInfo
 
-    view = ClusterView([NodeInfo("n1", "h", 0)], {"n1": {"ssh": {"probe_error": "boom"}}}, unreachable={"n2": "refused"})
+    view = builders.view({"n1": {"ssh": {"probe_error": "boom"}}},
+                         nodes=[NodeInfo("n1", "h", 0)], unreachable={"n2": "refused"})
     out = engine.judge(view, ["ssh", "nccl_env"])
     assert all(f.action for f in out if f.status.is_problem), out
     assert any(f.check == "nccl_env" and f.node == "n2" and f.action == "retest" for f in out)
@@ -107,11 +109,12 @@ def test_diff_without_hardware_sections_reports_no_gpu_changes():
 
 
 def test_report_json_carries_gpu_serials_and_per_gpu_failure():
-    from preflight.model import ClusterView, NodeInfo
+    from preflight.model import NodeInfo
 
     gpus = [{"index": 0, "pci_bus_id": "00000000:18:00.0", "uuid": "GPU-a", "serial": "111", "ecc_uncorrectable_volatile": 2},
             {"index": 1, "pci_bus_id": "00000000:2A:00.0", "uuid": "GPU-b", "serial": "222"}]
-    view = ClusterView([NodeInfo("n1", "h", 2), NodeInfo("n2", "h2", 0)], {"n1": {"gpu": {"gpus": gpus}}, "n2": {}})
+    view = builders.view({"n1": {"gpu": {"gpus": gpus}}, "n2": {}},
+                         nodes=[NodeInfo("n1", "h", 2), NodeInfo("n2", "h2", 0)])
     hw = report.hardware(view)
     assert hw == {"n1": {"gpus": [
         {"index": 0, "pci_bus_id": "00000000:18:00.0", "uuid": "GPU-a", "serial": "111", "failed": True},

@@ -5,6 +5,7 @@ One 4-node cluster for the module; every test heals what it broke and returns ev
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -18,9 +19,8 @@ import time
 import pytest
 
 from tests.report_schema import assert_valid
-from tests.paths import REPO
+from tests.paths import PREFLIGHT, REPO
 
-PREFLIGHT = os.path.join(os.path.dirname(sys.executable), "preflight")
 N = 4
 ALL = "n[001-%03d]" % N
 OLD = "preflight: mtu: jumbo pings lost (old run)"
@@ -31,15 +31,18 @@ def cluster(slurm_cluster):
     return slurm_cluster(N)
 
 
-@pytest.fixture(autouse=True)
-def healed(cluster):
-    yield
-    cluster.heal()
-    cluster.slurm.settle(90)
+pytestmark = pytest.mark.usefixtures("slurm_healed")  # every test leaves the shared cluster as it found it
 
 
-def _run(cluster, argv, timeout=180, **kw):
-    return cluster.ctl([PREFLIGHT] + argv + ["--no-progress"], env=cluster.slurm.env(), timeout=timeout, **kw)
+@contextlib.contextmanager
+def _reaped(proc):
+    """proc, killed and waited for on the way out if it still runs: a failed wait leaves no preflight behind."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def _wait(what, ok, timeout=60.0):
@@ -54,8 +57,8 @@ def _wait(what, ok, timeout=60.0):
 
 
 def _start_resume(cluster, extra, **kw):
-    argv = [PREFLIGHT, "check", "--slurm", "--nodelist", ALL, "--resume", "--no-progress"] + extra
-    return cluster.ctl_popen(argv, env=cluster.slurm.env(), stdin=subprocess.DEVNULL, **kw)
+    argv = ["check", "--slurm", "--nodelist", ALL, "--resume"] + extra
+    return cluster.slurm.preflight(argv, popen=True, stdin=subprocess.DEVNULL, **kw)
 
 
 def _signal_kind(kind, proc):
@@ -174,19 +177,14 @@ def test_a_node_that_goes_down_mid_run_does_not_end_the_run_for_the_others(clust
     n003 is named by its own timeout."""
     s = cluster.slurm
     cluster.hang_commands("n003")
-    proc = cluster.ctl_popen([PREFLIGHT, "check", "--slurm", "--nodelist", ALL, "--only", "ssh", "--timeout", "25",
-                              "--json", "-", "--no-progress"], env=s.env(), stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    proc = s.preflight(["check", "--slurm", "--nodelist", ALL, "--only", "ssh", "--timeout", "25", "--json", "-"],
+                       popen=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with _reaped(proc):
         _wait("the step running", lambda: s.leftover_steps(), timeout=60)
         time.sleep(2)  # the other nodes' tasks are under way
         down = s.run(["scontrol", "update", "nodename=n003", "state=down", "reason=preflight-test: slurmd lost"])
         assert down.returncode == 0, down.stderr
         out, err = proc.communicate(timeout=150)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     doc = json.loads(out)
     ssh = {r["node"]: r for r in doc["results"] if r["check"] == "ssh"}
     assert {n: ssh[n]["status"] for n in ("n001", "n002", "n004")} == dict.fromkeys(("n001", "n002", "n004"), "pass"), err
@@ -201,8 +199,8 @@ def test_a_node_whose_task_dies_is_named_from_srun_at_once_not_at_its_deadline(c
     Killed") while the other tasks wait for the next phase in the same step: the phase ends then, n002
     named by what srun said, not 'timed out' after --timeout."""
     cluster.crash_commands("n002")
-    proc = _run(cluster, ["check", "--slurm", "--nodelist", ALL, "--skip", "allreduce", "--timeout", "120",
-                          "--json", "-"])
+    proc = cluster.slurm.preflight(["check", "--slurm", "--nodelist", ALL, "--skip", "allreduce", "--timeout", "120",
+                                    "--json", "-"])
     doc = json.loads(proc.stdout)
     ssh = {r["node"]: r for r in doc["results"] if r["check"] == "ssh"}
     assert ssh["n002"]["status"] == "fail" and "Killed" in ssh["n002"]["message"], ssh["n002"]
@@ -219,8 +217,8 @@ def test_a_launch_that_times_out_twice_is_retested_not_drained(cluster):
     ("Communication connection failure", tests/transport/test_slurm_e2e.py), is a FAIL that drains."""
     s = cluster.slurm
     s.freeze_slurmd("n002")
-    proc = _run(cluster, ["check", "--slurm", "--nodelist", ALL, "--only", "ssh", "--drain", "--timeout", "60",
-                          "--json", "-", "--debug"])
+    proc = cluster.slurm.preflight(["check", "--slurm", "--nodelist", ALL, "--only", "ssh", "--drain", "--timeout",
+                                    "60", "--json", "-", "--debug"])
     doc = json.loads(proc.stdout)
     ssh = {r["node"]: r for r in doc["results"] if r["check"] == "ssh"}
     assert ssh["n002"]["status"] == "error" and ssh["n002"]["action"] == "retest", ssh["n002"]
@@ -245,10 +243,9 @@ def test_a_step_srun_aborts_for_an_io_error_is_run_again_not_a_verdict_on_its_no
         planted.append(cluster.node(name).install_executable(
             "ping", "#!/bin/sh\n[ -e %s ] || { touch %s; sleep 40; }\nexec %s \"$@\"\n" % (flag, flag, shutil.which("ping"))))
     try:
-        proc = cluster.ctl_popen([PREFLIGHT, "check", "--slurm", "--nodelist", ALL, "--only", "ssh,nic,mtu",
-                                  "--timeout", "120", "--json", "-", "--debug", "--no-progress"],
-                                 env=cluster.slurm.env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE)
+        proc = cluster.slurm.preflight(["check", "--slurm", "--nodelist", ALL, "--only", "ssh,nic,mtu", "--timeout",
+                                        "120", "--json", "-", "--debug"], popen=True, stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         _wait("the slow pings", lambda: (tmp_path / "n003").exists() and (tmp_path / "n004").exists(), timeout=120)
         time.sleep(1)  # n001 and n002 answer phase 2 and end
         reset = cluster.slurm.break_step_io("n003")
@@ -307,8 +304,8 @@ def test_a_cancel_slurmctld_does_not_answer_is_a_warning_and_the_job_ends_at_its
 
 def test_data_link_down_drains_for_the_nic_not_for_mtu(cluster):
     cluster.data_link_down("n003")
-    out = _run(cluster, ["check", "--slurm", "--nodelist", ALL, "--skip", "allreduce", "--drain",
-                         "--max-drain-fraction", "0.5", "--json", "-"])
+    out = cluster.slurm.preflight(["check", "--slurm", "--nodelist", ALL, "--skip", "allreduce", "--drain",
+                                   "--max-drain-fraction", "0.5", "--json", "-"])
     doc = json.loads(out.stdout)
     assert_valid(doc)
     assert out.returncode == 1
@@ -325,7 +322,7 @@ def test_hand_drained_and_down_nodes_are_unavailable_not_failures(cluster):
     s.drain("n004", "disk replaced by hand")
     s.run(["scontrol", "update", "nodename=n003", "state=down", "reason=PSU swapped"])
     argv = ["check", "--slurm", "--nodelist", ALL, "--only", "ssh,driver", "--drain"]
-    out = _run(cluster, argv + ["--json", "-"])
+    out = cluster.slurm.preflight(argv + ["--json", "-"])
     assert out.returncode == 0, out.stderr[-2000:]
     doc = json.loads(out.stdout)
     assert_valid(doc)
@@ -337,10 +334,10 @@ def test_hand_drained_and_down_nodes_are_unavailable_not_failures(cluster):
     assert said["n003"].startswith("Slurm marked it DOWN") and "PSU swapped" in said["n003"], said
     assert "left alone: n003 (Slurm marked it DOWN" in out.stderr and "drained by someone else: disk replaced" in out.stderr
     assert cluster.slurm.reasons() == {"n003": "PSU swapped", "n004": "disk replaced by hand"}
-    text = _run(cluster, argv[:-1])
+    text = cluster.slurm.preflight(argv[:-1])
     assert "nodes: 2 pass · 0 warn · 0 fail · 2 unavailable" in text.stdout, text.stdout
     assert "n004: Slurm reports it IDLE+DRAIN (reason: disk replaced by hand); not checked" in text.stdout
-    strict = _run(cluster, argv[:-1] + ["--count-unavailable"])
+    strict = cluster.slurm.preflight(argv[:-1] + ["--count-unavailable"])
     assert strict.returncode == 1 and "nodes: 2 pass · 0 warn · 2 fail · 0 unavailable" in strict.stdout, strict.stdout
     assert "drain (isolate)" not in strict.stdout and "out of service already) 2 nodes: n[003-004]" in strict.stdout
 
@@ -355,8 +352,8 @@ def test_unloadable_slurm_conf_is_one_line_with_its_fix(cluster, tmp_path):
     for conf, words in ((str(tmp_path / "missing.conf"), ["cannot be read: No such file", "SLURM_CONF names it"]),
                         (str(bad), ["line %d cannot be parsed" % (len(bad.read_text().splitlines())), "slurm.conf(5)"])):
         t0 = time.monotonic()
-        out = cluster.ctl([PREFLIGHT, "check", "--slurm", "--nodelist", ALL, "--no-progress"],
-                          env=dict(cluster.slurm.env(), SLURM_CONF=conf), timeout=60)
+        out = cluster.slurm.preflight(["check", "--slurm", "--nodelist", ALL],
+                                      env=dict(cluster.slurm.env(), SLURM_CONF=conf), timeout=60)
         assert out.returncode == 2, out.stderr
         (line,) = out.stderr.strip().splitlines()
         assert all(w in line for w in words) and conf in line, line
@@ -400,7 +397,7 @@ def test_prolog_from_the_guide_drains_with_a_reason_resume_returns(cluster, tmp_
         cluster.heal()
     finally:
         s.set_prolog(None)
-    out = _run(cluster, ["check", "--slurm", "--nodelist", "n[001-002]", "--only", "ssh,nic", "--resume"])
+    out = cluster.slurm.preflight(["check", "--slurm", "--nodelist", "n[001-002]", "--only", "ssh,nic", "--resume"])
     assert out.returncode == 0, out.stdout + out.stderr
     assert "n002" not in s.reasons() and "resume: n002" in out.stdout, out.stdout + out.stderr
     assert s.run(["scontrol", "release", job]).returncode == 0  # the guide's release of the held job
@@ -427,17 +424,13 @@ def _drain_mid_run(cluster, tmp_path, argv, node, reason):
     `reason`, then open the gate. Returns the finished run (stdout, stderr, rc)."""
     reached, opened, planted = _gate(cluster, tmp_path, node)
     try:
-        proc = cluster.ctl_popen([PREFLIGHT] + argv + ["--no-progress"], env=cluster.slurm.env(), stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
+        proc = cluster.slurm.preflight(argv, popen=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)
+        with _reaped(proc):
             _wait("%s's ping at the gate" % node, reached.exists, timeout=150)
             cluster.slurm.drain(node, reason)
             opened.touch()
             out, err = proc.communicate(timeout=180)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
     finally:
         os.unlink(planted)
     return out, err, proc.returncode
@@ -473,7 +466,7 @@ def test_an_admins_drain_of_a_node_under_recheck_is_never_resumed(cluster, tmp_p
     assert "left alone: n003 (drained by someone else during this run: %s)" % RMA in " ".join(out.split()), out
     assert "resume: n004" in out and s.reservations() == [], out
     cluster.heal()
-    again = _run(cluster, argv)
+    again = cluster.slurm.preflight(argv)
     assert s.reasons() == {"n003": RMA}, (again.stdout, again.stderr[-2000:])
     assert "left alone: n003 (drained by someone else: %s)" % RMA in " ".join(again.stdout.split()), again.stdout
 
@@ -507,7 +500,7 @@ def _next_run_cleans(cluster, left_node):
     assert len(resv) == 1, s.reservations()
     shown = s.run(["scontrol", "-o", "show", "reservation", resv[0]]).stdout
     assert "Duration=365-00:00:00" in shown and "Nodes=%s " % left_node in shown, shown  # no end a run outlives
-    nxt = _run(cluster, ["check", "--slurm", "--nodelist", ALL, "--only", "ssh"])
+    nxt = cluster.slurm.preflight(["check", "--slurm", "--nodelist", ALL, "--only", "ssh"])
     err = nxt.stderr
     assert "a killed preflight run (pid" in err and "reservation %s over %s" % (resv[0], left_node) in err, err
     assert "%s: resumed for a recheck that never ended: drained again" % left_node in err, err
@@ -564,9 +557,8 @@ def test_sigkill_mid_step_of_drain_leaves_only_its_job_which_the_next_run_cancel
     cluster.mtu_blackhole("n003")
     reached, _, planted = _gate(cluster, tmp_path, "n003")
     try:
-        proc = cluster.ctl_popen([PREFLIGHT, "check", "--slurm", "--nodelist", ALL, "--only", "ssh,nic,mtu", "--drain",
-                                  "--no-progress"], env=s.env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)
+        proc = s.preflight(["check", "--slurm", "--nodelist", ALL, "--only", "ssh,nic,mtu", "--drain"], popen=True,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         _wait("n003's ping at the gate", reached.exists, timeout=150)
         _sigkill(proc)
         _wait("the orphaned step to end", lambda: not s.leftover_steps(), timeout=60)
@@ -574,7 +566,7 @@ def test_sigkill_mid_step_of_drain_leaves_only_its_job_which_the_next_run_cancel
         os.unlink(planted)
     left = [j.split()[0] for j in s.jobs() if " preflight-" in j]
     assert len(left) == 1 and s.reasons() == {} and s.reservations() == [], (s.jobs(), s.reasons())
-    nxt = _run(cluster, ["check", "--slurm", "--nodelist", ALL, "--only", "ssh"])
+    nxt = cluster.slurm.preflight(["check", "--slurm", "--nodelist", ALL, "--only", "ssh"])
     assert "a killed preflight run (pid" in nxt.stderr and "left job %s" % left[0] in nxt.stderr, nxt.stderr
     assert "job %s: cancelled" % left[0] in nxt.stderr and nxt.returncode == 0, nxt.stdout + nxt.stderr
     assert [j for j in s.jobs() if " preflight-" in j] == [], s.jobs()
@@ -610,10 +602,10 @@ def test_a_running_run_and_another_hosts_leftovers_are_not_cleaned(cluster, tmp_
     reached, opened, planted = _gate(cluster, tmp_path, "n003")
     try:
         proc = _start_resume(cluster, ["--only", "ssh,nic,mtu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
+        with _reaped(proc):
             _wait("n003's ping at the gate", reached.exists, timeout=150)
             mine = [r for r in s.reservations() if r != foreign]
-            second = _run(cluster, ["check", "--slurm", "--nodelist", "n001", "--only", "ssh", "--alloc-wait", "3"])
+            second = s.preflight(["check", "--slurm", "--nodelist", "n001", "--only", "ssh", "--alloc-wait", "3"])
             assert "killed preflight run" not in second.stderr, second.stderr
             assert "left as is: reservation %s over n004 of a preflight run on login2.example (pid 4242)" % foreign in \
                 " ".join(second.stderr.split()), second.stderr
@@ -621,10 +613,6 @@ def test_a_running_run_and_another_hosts_leftovers_are_not_cleaned(cluster, tmp_
             assert sorted(s.reservations()) == sorted(mine + [foreign]), s.reservations()
             opened.touch()
             out, err = proc.communicate(timeout=180)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
     finally:
         os.unlink(planted)
     assert proc.returncode == 0 and "resume: n003" in out, out + err[-2000:]

@@ -19,11 +19,12 @@ import pytest
 from preflight.checks.allreduce import localize, plan
 from preflight.checks.allreduce.busbw import busbw_factor
 from preflight.checks.allreduce import rule as ar_rule
-from preflight.model import ClusterView, NodeInfo, Status
+from preflight.model import NodeInfo, Status
 from preflight.transport import bundle
 
 from tests.allreduce_docs import GiB, KiB, MiB, cluster, doc, eight_ranks_on, fake_round, hung_entry, the
 from tests.paths import REPO, TESTS
+from tests import builders
 
 
 def test_pass_and_fail_against_expect():
@@ -176,17 +177,18 @@ def test_init_error_is_led_by_the_earliest_step_not_the_peer_that_noticed():
 
 
 def test_no_results_at_all_is_an_error_and_skip_needs_a_reason():
-    view = ClusterView([NodeInfo("n001", "n001", 8)], {"n001": {}})
+    view = builders.view({"n001": {}})
     assert the(ar_rule.rank_findings(view)).status is Status.ERROR
-    view = ClusterView([NodeInfo("n001", "n001", 8)], {"n001": {}}, cluster={"allreduce": {"skip": "one node only"}})
+    view = builders.view({"n001": {}}, cluster={"allreduce": {"skip": "one node only"}})
     assert the(ar_rule.rank_findings(view)).status is Status.SKIP
 
 
 def test_agent_error_document_is_a_node_failure():
     docs = [doc(0, [0], [KiB], world=2, backend="gloo"), {"probe_error": "did not finish within 30 s"}]
     names = ["n001", "n002"]
-    view = ClusterView([NodeInfo(n, n, 0) for n in names], {n: {"allreduce": d} for n, d in zip(names, docs)},
-                       cluster={"allreduce": {"backend": "gloo", "world_size": 2, "nodes": names}})
+    view = builders.view({n: {"allreduce": d} for n, d in zip(names, docs)},
+                         nodes=[NodeInfo(n, n, 0) for n in names],
+                         cluster={"allreduce": {"backend": "gloo", "world_size": 2, "nodes": names}})
     findings = ar_rule.rank_findings(view)
     assert the(findings, "n002").message == "bench agent failed: did not finish within 30 s"
     assert the(findings).status is Status.FAIL

@@ -8,8 +8,9 @@ import importlib.util
 import pytest
 
 from preflight.checks.allreduce import soak, tiers
-from preflight.model import ClusterView, NodeInfo, Status
+from preflight.model import NodeInfo, Status
 
+from tests import builders
 from tests.probe.test_bench_agent import config, free_port, our_ranks, run_all
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the bench needs torch")
@@ -21,7 +22,7 @@ SHORT = dict(tiers.SPECS[("burn-in", "gloo")], seconds=0.2, soak_rounds=3, soak_
 def _view(docs, names, compute):
     infos = [NodeInfo(n, "127.0.0.1", 0, i == 0, {}) for i, n in enumerate(names)]
     meta = {"backend": docs[0].get("backend", "gloo"), "nodes": list(names), "compute": compute}
-    return ClusterView(infos, {n: {"allreduce": d} for n, d in zip(names, docs)}, {}, {"allreduce": meta}, {})
+    return builders.view({n: {"allreduce": d} for n, d in zip(names, docs)}, nodes=infos, cluster={"allreduce": meta})
 
 
 @needs_torch

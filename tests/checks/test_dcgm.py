@@ -11,7 +11,7 @@ import pytest
 
 from preflight.checks.dcgm import probe as dcgm_probe
 from preflight.checks.dcgm import rule as dcgm_rule
-from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.model import ParseError, Status
 from preflight.probe.context import NodeContext
 from tests import fixture_cases as fc
 from tests.builders import StubNode, names, view
@@ -210,8 +210,8 @@ def test_no_hostengine_skips_alone_and_warns_when_other_nodes_ran_it():
 def test_not_installed_skips_and_cpu_only_nodes_skip():
     out = dcgm_rule.rule(_one({"dcgmi": None, "level": 1, "ran": False}))
     assert [f.status for f in out] == [Status.SKIP] and "dcgmi not installed" in out[0].message
-    cpu = ClusterView([NodeInfo("c1", "c1", 0)], {"c1": {"dcgm": {"dcgmi": "/usr/bin/dcgmi", "level": 1, "ran": False,
-                                                                 "not_started": "CPU-only node"}}})
+    cpu = view({"c1": {"dcgm": {"dcgmi": "/usr/bin/dcgmi", "level": 1, "ran": False,
+                                "not_started": "CPU-only node"}}}, gpus=0)
     assert [f.status for f in dcgm_rule.rule(cpu)] == [Status.SKIP]
 
 

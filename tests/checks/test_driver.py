@@ -10,10 +10,11 @@ import pytest
 
 from preflight.checks.driver import probe as driver_probe
 from preflight.checks.driver import rule as driver_rule
-from preflight.model import ClusterView, NodeInfo, Status
+from preflight.model import NodeInfo, Status
 from preflight.derived import versions
 from preflight.probe.context import NodeContext
 from tests.fixture_cases import fixture_dir, read
+from tests import builders
 
 FIX = fixture_dir("driver")
 GPU_FIX = fixture_dir("gpu")
@@ -149,7 +150,7 @@ def facts(drv="550.54.15", cuda="12.4", nccl="2.21.5", torch="2.3.0+cu121", torc
 def view(per_node, gpus=None, expect=None):
     gpus = gpus or {}
     nodes = [NodeInfo(n, n, gpus.get(n, 8)) for n in per_node]
-    return ClusterView(nodes, {n: {"driver": f} for n, f in per_node.items()}, expect=expect)
+    return builders.view({n: {"driver": f} for n, f in per_node.items()}, nodes=nodes, expect=expect)
 
 
 def statuses(findings):
@@ -237,7 +238,7 @@ def test_rule_fails_torch_built_for_newer_cuda_major_than_driver():
 
 def test_rule_errors_on_missing_or_failed_probe():
     nodes = [NodeInfo("a", "a", 8), NodeInfo("b", "b", 8), NodeInfo("c", "c", 8)]
-    found = driver_rule.rule(ClusterView(nodes, {"a": {"driver": {"probe_error": "boom"}}, "b": {}, "c": {"driver": facts()}}))
+    found = driver_rule.rule(builders.view({"a": {"driver": {"probe_error": "boom"}}, "b": {}, "c": {"driver": facts()}}, nodes=nodes))
     assert statuses(found) == [
         ("a", Status.ERROR, "probe failed: boom"),
         ("b", Status.ERROR, "no facts gathered for this check"),

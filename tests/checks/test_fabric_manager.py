@@ -12,9 +12,10 @@ import pytest
 from preflight.checks import fabric_manager as fm
 from preflight.checks.fabric_manager import probe as fm_probe
 from preflight.checks.fabric_manager import rule as fm_rule
-from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.model import NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
 from tests.fixture_cases import fixture_dir, meta
+from tests.builders import view
 
 FIX = fixture_dir("fabric_manager")
 GPU_FIX = fixture_dir("gpu")
@@ -127,7 +128,7 @@ def run(facts, gpu="h100_hgx_550", gpus_per_node=8):
     entry = {"fabric_manager": facts}
     if gpu:
         entry["gpu"] = gpu_facts(gpu)
-    return [(f.status, f.message) for f in fm_rule.rule(ClusterView([node], {"gpu-001": entry}))]
+    return [(f.status, f.message) for f in fm_rule.rule(view({"gpu-001": entry}, nodes=[node]))]
 
 
 def test_rule_passes_healthy_h100():
@@ -188,7 +189,7 @@ def test_rule_warns_unknown_version():
 
 def test_rule_errors_without_facts():
     nodes = [NodeInfo("a", "a", 8), NodeInfo("b", "b", 8)]
-    found = fm_rule.rule(ClusterView(nodes, {"a": {"fabric_manager": {"probe_error": "boom"}}, "b": {}}))
+    found = fm_rule.rule(view({"a": {"fabric_manager": {"probe_error": "boom"}}, "b": {}}, nodes=nodes))
     assert [(f.node, f.status) for f in found] == [("a", Status.ERROR), ("b", Status.ERROR)]
 
 
@@ -216,7 +217,7 @@ def test_sim_fabric_manager_failed_and_driver_outlier(tmp_path, monkeypatch):
 
     def judge():
         facts = {"fabric_manager": fm_probe.probe(ctx), "gpu": gpu_probe.probe(ctx)}
-        return [(f.status, f.message) for f in fm_rule.rule(ClusterView([NodeInfo("n001", "h", 8)], {"n001": facts}))]
+        return [(f.status, f.message) for f in fm_rule.rule(view({"n001": facts}, nodes=[NodeInfo("n001", "h", 8)]))]
 
     assert fm_probe.find_nvswitches(ctx) == switches
     assert judge() == [

@@ -8,9 +8,10 @@ import os
 
 from preflight.checks.fabric_manager import probe as fm_probe
 from preflight.checks.fabric_manager import rule as fm_rule
-from preflight.model import ClusterView, NodeInfo, Status
+from preflight.model import NodeInfo, Status
 from preflight.probe.context import NodeContext
 from tests.fixture_cases import fixture_dir, meta
+from tests.builders import view
 
 FIX = fixture_dir("fabric_manager")
 GPU_FIX = fixture_dir("gpu")
@@ -44,7 +45,7 @@ def run(fm_facts, gpu_facts, name="tray01"):
     entry = {"fabric_manager": fm_facts}
     if gpu_facts is not None:
         entry["gpu"] = gpu_facts
-    return [(f.status, f.message) for f in fm_rule.rule(ClusterView([node], {name: entry}))]
+    return [(f.status, f.message) for f in fm_rule.rule(view({name: entry}, nodes=[node]))]
 
 
 def test_gb200_tray_is_judged_by_gpu_fabric_and_imex():

@@ -20,7 +20,7 @@ from preflight.checks import gpu
 from preflight.checks.driver import probe as driver_probe
 from preflight.checks.gpu import probe as gpu_probe
 from preflight.checks.gpu import rule as gpu_rule
-from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.model import NodeInfo, ParseError, Status
 from preflight.probe import gpu_facts, gpu_health, gpu_nvml, nvidia_smi
 from preflight.probe import nvml as probe_nvml
 from preflight.probe.context import NodeContext
@@ -29,6 +29,7 @@ from tests.builders import gpu_with_links as with_links, nvml_answers
 from tests.fixture_cases import fixture_dir, meta, read
 from tests.sim.gpu_hw import FakeNVML
 from tests.paths import REPO
+from tests import builders
 
 FIX = fixture_dir("gpu")
 GiB = 1 << 30
@@ -260,7 +261,7 @@ def test_rule_warns_extra_gpus_and_leaves_shm_to_the_limits_check():
 def test_rule_skips_cpu_only_and_errors_without_facts():
     nodes = [NodeInfo("cpu-1", "h1", 0), NodeInfo("gpu-1", "h2", 8), NodeInfo("gpu-2", "h3", 8)]
     facts = {"cpu-1": {}, "gpu-1": {"gpu": {"probe_error": "ParseError: truncated"}}, "gpu-2": {}}
-    findings = gpu_rule.rule(ClusterView(nodes, facts))
+    findings = gpu_rule.rule(builders.view(facts, nodes=nodes))
     assert [(f.node, f.status) for f in findings] == [
         ("cpu-1", Status.SKIP),
         ("gpu-1", Status.ERROR),
@@ -333,7 +334,7 @@ def _topology_facts(gpu_bdfs, width=16):
 def _rule_with_topology(facts, topology):
     node = NodeInfo("gpu-001", "10.0.0.1", 8)
     entry = {"gpu": facts, "ssh": {"shm_bytes": 16 * GiB}, "topology": topology}
-    return gpu_rule.rule(ClusterView([node], {"gpu-001": entry}))
+    return gpu_rule.rule(builders.view({"gpu-001": entry}, nodes=[node]))
 
 
 def test_narrow_pcie_link_is_left_to_topology_when_it_read_the_gpu():
@@ -573,7 +574,7 @@ def test_legacy_ecc_layout_is_judged():
 
 def _view(facts_by_node):
     nodes = [NodeInfo(n, "198.18.0.%d" % i, len(f["gpus"])) for i, (n, f) in enumerate(sorted(facts_by_node.items()), 1)]
-    return ClusterView(nodes, {n: {"gpu": f, "ssh": {"shm_bytes": 16 * GiB}} for n, f in facts_by_node.items()})
+    return builders.view({n: {"gpu": f, "ssh": {"shm_bytes": 16 * GiB}} for n, f in facts_by_node.items()}, nodes=nodes)
 
 
 def test_mig_recorded_and_judged():
@@ -817,7 +818,7 @@ def test_gpus_this_process_may_not_open_are_a_warn_not_a_pass(tmp_path, monkeypa
     assert "; 2 of 8 GPUs checked: run preflight where it may open every GPU" in found[0].message
     # the health checks judge the 2 GPUs read, and their PASS says the others were not
     from preflight.checks.gpu_memory import rule as gpu_memory_rule
-    view = ClusterView([NodeInfo("gpu-001", "198.18.0.1", 8)], {"gpu-001": {"gpu": facts}})
+    view = builders.view({"gpu-001": {"gpu": facts}}, nodes=[NodeInfo("gpu-001", "198.18.0.1", 8)])
     (memory,) = gpu_memory_rule.rule(view)
     assert memory.status is Status.PASS and memory.message.startswith("2 GPUs: ")
     assert memory.message.endswith("; GPU 2-7 not read: this process may not open them (see the gpu check)")
@@ -927,7 +928,7 @@ def test_one_gpu_sxm_vm_through_nvml(links, tmp_path, monkeypatch, fake_pynvml):
     ctx = NodeContext(sysfs_root=str(tmp_path))
     facts = {"gpu": _bounded(gpu_probe.probe, ctx), "fabric_manager": fabric_manager_probe.probe(ctx), "ssh": {"shm_bytes": 16 * GiB}}
     assert facts["gpu"]["gpus"][0]["fabric"] is None and facts["gpu"]["gpus"][0]["nvlink"]["active"] == 0
-    view = ClusterView([NodeInfo("gpu-001", "198.18.0.1", 1)], {"gpu-001": facts})
+    view = builders.view({"gpu-001": facts}, nodes=[NodeInfo("gpu-001", "198.18.0.1", 1)])
     assert [(f.status, f.message) for f in gpu_rule.rule(view)] == [
         (Status.PASS, "1× NVIDIA H100 80GB HBM3, healthy; NVLink not judged: one GPU, no peer to link to (a VM: GPU "
                       "virtualization mode Pass-Through)")]
@@ -936,7 +937,7 @@ def test_one_gpu_sxm_vm_through_nvml(links, tmp_path, monkeypatch, fake_pynvml):
                       "one): fabric manager not needed")]
     assert [f.status for f in nvls_rule.rule(view)] == [Status.SKIP]
     facts["gpu"]["access"] = {"SLURM_JOB_GPUS": "3"}
-    held = ClusterView([NodeInfo("gpu-001", "198.18.0.1", 8)], {"gpu-001": facts})
+    held = builders.view({"gpu-001": facts}, nodes=[NodeInfo("gpu-001", "198.18.0.1", 8)])
     warn, fail = gpu_rule.rule(held)
     assert (warn.status, fail.status) == (Status.WARN, Status.FAIL)
     assert warn.message.startswith("7 of the node's 8 GPUs not checked: the job holds 1")
@@ -1061,8 +1062,8 @@ def test_healthy_but_unusual_matrix_gives_no_fail(tmp_path, monkeypatch, no_nvml
     for g, uuid in zip(pcie["gpus"], links):
         g["name"], g["uuid"], g["nvlink"], g["fabric"] = "NVIDIA H100 PCIe", uuid, links[uuid], None
     node = NodeInfo("gpu-001", "198.18.0.1", 2)
-    view = ClusterView([node], {"gpu-001": {"gpu": pcie, "ssh": {"shm_bytes": 16 * GiB},
-                                            "fabric_manager": {"nvswitches": []}}})
+    view = builders.view({"gpu-001": {"gpu": pcie, "ssh": {"shm_bytes": 16 * GiB},
+                                      "fabric_manager": {"nvswitches": []}}}, nodes=[node])
     assert [f.status for f in gpu_rule.rule(view)] == [Status.PASS]
     assert [f.status for f in fabric_manager_rule.rule(view)] == [Status.SKIP]
     sim = _sim_node(tmp_path, monkeypatch)
@@ -1076,7 +1077,7 @@ def test_healthy_but_unusual_matrix_gives_no_fail(tmp_path, monkeypatch, no_nvml
     facts = {"gpu": gpu_probe.probe(ctx), "topology": topology_probe.probe(ctx), "fabric_manager": fabric_manager_probe.probe(ctx),
              "gpudirect": gpudirect_probe.probe(ctx), "ssh": {"shm_bytes": 16 * GiB}}
     assert facts["gpu"]["virtual"] and all(d["numa_node"] is None for d in facts["topology"]["devices"])
-    vm = ClusterView([NodeInfo("gpu-001", "198.18.0.1", 8)], {"gpu-001": facts})
+    vm = builders.view({"gpu-001": facts}, nodes=[NodeInfo("gpu-001", "198.18.0.1", 8)])
     for check in map(checks.get, ("gpu", "topology", "fabric_manager", "gpudirect")):  # fail or error would drain
         assert [f.message for f in check.rule(vm) if f.status.is_problem] == [], check.name
 

@@ -19,9 +19,10 @@ import pytest
 
 from preflight.checks.allreduce import tiers
 from preflight.checks.gpu_compute import rule as gc
-from preflight.model import ClusterView, NodeInfo, Status
+from preflight.model import NodeInfo, Status
 from preflight.probe import bench_compute
 
+from tests.builders import view
 from tests.sim.gpu_hw import FakeNVML
 from tests.probe.test_bench_agent import config, free_port, our_ranks, run_all
 from tests.paths import REPO
@@ -50,7 +51,7 @@ def _view(docs, names, backend="gloo", compute=SMALL_COMPUTE):
     meta = {"backend": backend, "nodes": list(names)}
     if compute:
         meta["compute"] = compute
-    return ClusterView(infos, facts, {}, {"allreduce": meta}, {})
+    return view(facts, nodes=infos, expect={}, cluster={"allreduce": meta}, unreachable={})
 
 
 def _run_cluster(tmp_path, bad_node=None, n=3):

@@ -10,11 +10,12 @@ import re
 import pytest
 
 from preflight import checks
-from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.model import NodeInfo, ParseError, Status
 from preflight.probe import gpu_health, gpu_nvml
 from tests.builders import nvml_answers
 from tests.fixture_cases import fixture_dir, read
 from tests.sim.gpu_hw import FakeNVML
+from tests import builders
 
 H100_XML = read(os.path.join(fixture_dir("gpu"), "h100_hgx_550.xml"))
 P100_XML = read(os.path.join(fixture_dir("gpu"), "p100_legacy_ecc_510.xml"))
@@ -44,7 +45,7 @@ GPU_MEMORY, GPU_STATE = checks.get("gpu_memory"), checks.get("gpu_state")
 def judge(check, *node_facts):
     """check's rule over nodes n1, n2, ... each holding these gpu facts."""
     nodes = [NodeInfo("n%d" % (i + 1), "198.18.0.%d" % (i + 1), len(f["gpus"])) for i, f in enumerate(node_facts)]
-    view = ClusterView(nodes, {n.name: {"gpu": f} for n, f in zip(nodes, node_facts)})
+    view = builders.view({n.name: {"gpu": f} for n, f in zip(nodes, node_facts)}, nodes=nodes)
     return check.rule(view)
 
 
@@ -181,7 +182,7 @@ def test_no_health_facts_is_an_error_not_a_pass_and_cpu_nodes_skip():
     facts = xml_facts(H100_XML)
     del facts["health"]
     nodes = [NodeInfo("n1", "198.18.0.1", 8), NodeInfo("cpu1", "198.18.0.2", 0)]
-    view = ClusterView(nodes, {"n1": {"gpu": facts}, "cpu1": {}})
+    view = builders.view({"n1": {"gpu": facts}, "cpu1": {}}, nodes=nodes)
     for check in (GPU_MEMORY, GPU_STATE):
         statuses = {f.node: f.status for f in check.rule(view)}
         assert statuses == {"n1": Status.ERROR, "cpu1": Status.SKIP}
@@ -316,7 +317,7 @@ def test_nvlink_errors_not_judged_without_counters_or_on_nvidia_smi():
 
 def view_of(*node_facts):
     nodes = [NodeInfo("n%d" % (i + 1), "198.18.0.%d" % (i + 1), len(f["gpus"])) for i, f in enumerate(node_facts)]
-    return ClusterView(nodes, {n.name: {"gpu": f} for n, f in zip(nodes, node_facts)})
+    return builders.view({n.name: {"gpu": f} for n, f in zip(nodes, node_facts)}, nodes=nodes)
 
 
 # ------------------------------------------------------------------------------------------- gpu_pcie
@@ -355,7 +356,7 @@ def tray_view(facts, imex_channels=("channel0",)):
     fm = {"nvswitches": [], "service": None, "service_error": None, "fm_version": None, "driver_version": "570.86.15",
           "imex": {"LoadState": "loaded", "ActiveState": "active", "SubState": "running"}, "imex_error": None,
           "imex_channels": list(imex_channels)}
-    return ClusterView([node], {"tray1": {"gpu": facts, "fabric_manager": fm}})
+    return builders.view({"tray1": {"gpu": facts, "fabric_manager": fm}}, nodes=[node])
 
 
 def gb200_answers(per_gpu=None, versions=(3, 2)):

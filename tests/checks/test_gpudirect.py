@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from preflight.checks.gpudirect import probe as gpudirect_probe
 from preflight.checks.gpudirect import rule as gpudirect_rule
-from preflight.model import ClusterView, NodeInfo, Status
+from preflight.model import Status
 from preflight.probe.context import NodeContext
 from tests.builders import StubNode
 from tests.sim import gpu_hw, ib_hw, pci_hw
+from tests.builders import view
 
 
 def hgx_node(tmp_path, monkeypatch, hcas=2, vm=False, **faults):
@@ -26,7 +27,7 @@ def facts_of(node):
 
 def judge(facts, gpus=8, nccl=None):
     driver = {"nccl_python": {"version": nccl}} if nccl else {}
-    return gpudirect_rule.rule(ClusterView([NodeInfo("n001", "n001", gpus)], {"n001": {"gpudirect": facts, "driver": driver}}))
+    return gpudirect_rule.rule(view({"n001": {"gpudirect": facts, "driver": driver}}, gpus=gpus))
 
 
 def test_probe_and_rule_pass_a_healthy_hgx_node(tmp_path, monkeypatch):

@@ -5,10 +5,11 @@ import os
 
 from preflight.checks.ib_errors import probe as ib_errors_probe
 from preflight.checks.ib_errors import rule as ib_errors_rule
-from preflight.model import ClusterView, NodeInfo, Status
+from preflight.model import NodeInfo, Status
 from preflight.probe.context import NodeContext
 from tests.sim import ib_hw
 from tests.paths import TESTS
+from tests import builders
 
 ZERO = dict.fromkeys(ib_errors_probe.COUNTERS, 0)
 
@@ -43,7 +44,7 @@ def _view(ports_by_node, previous=None, at=1000.0):
     nodes = [NodeInfo(n, n, 8) for n in ports_by_node]
     facts = {n: {"ib_errors": {"interval_s": 1.0, "at": at, "ports": ps}} for n, ps in ports_by_node.items()}
     cluster = {"previous": previous} if previous else {}
-    return ClusterView(nodes, facts, cluster=cluster)
+    return builders.view(facts, nodes=nodes, cluster=cluster)
 
 
 def by_node(findings):
@@ -109,8 +110,8 @@ def test_link_downed_since_last_run_warns():
 
 
 def test_no_hca_skips_and_missing_facts_error():
-    view = ClusterView([NodeInfo("n1", "n1", 0), NodeInfo("n2", "n2", 0)],
-                       {"n1": {"ib_errors": {"interval_s": 0, "at": 1, "ports": []}}, "n2": {}})
+    view = builders.view({"n1": {"ib_errors": {"interval_s": 0, "at": 1, "ports": []}}, "n2": {}},
+                         nodes=[NodeInfo("n1", "n1", 0), NodeInfo("n2", "n2", 0)])
     out = by_node(ib_errors_rule.rule(view))
     assert out["n1"].status is Status.SKIP and out["n2"].status is Status.ERROR
 
@@ -131,7 +132,7 @@ def _log_facts(name="journalctl_hgx_link_flaps.txt", uptime=9200.0, text=None):
 
 
 def _rule(facts, **cluster):
-    view = ClusterView([NodeInfo("n1", "n1", 8)], {"n1": {"ib_errors": facts}}, cluster=cluster)
+    view = builders.view({"n1": {"ib_errors": facts}}, cluster=cluster)
     return ib_errors_rule.rule(view)[0]
 
 

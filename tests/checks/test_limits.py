@@ -9,7 +9,7 @@ import sys
 
 from preflight.checks.limits import probe as limits_probe
 from preflight.checks.limits import rule as limits_rule
-from preflight.model import ClusterView, NodeInfo, Status
+from preflight.model import Status
 from preflight.probe.context import NodeContext
 from tests.builders import view
 from tests.paths import REPO
@@ -93,7 +93,7 @@ def test_no_shm_fails():
 
 
 def test_cpu_only_nodes_skip_and_missing_facts_error():
-    cpu = ClusterView([NodeInfo("c1", "c1", 0)], {"c1": {"limits": _facts(stack=None, total=64 * MiB)}})
+    cpu = view({"c1": {"limits": _facts(stack=None, total=64 * MiB)}}, gpus=0)
     assert [f.status for f in limits_rule.rule(cpu)] == [Status.SKIP]
     assert [f.status for f in limits_rule.rule(view({"n001": {}}))] == [Status.ERROR]
 

@@ -9,8 +9,7 @@ from preflight.checks.nccl_env import rule as nccl_env_rule
 from preflight.model import Status
 from preflight.probe import ncclconf
 from preflight.probe.context import NodeContext
-from tests.checks.test_ib_hca import port
-from tests.derived.test_envfile import cluster
+from tests.builders import env_view, ib_port as port, roce_port
 
 
 def conf(path, role, *entries, malformed=()):
@@ -52,7 +51,7 @@ def test_nccl_list_matching(spec, name, port_, hit):
 
 
 def view_with(node_facts, ib=None):
-    view = cluster(3, ib=ib)
+    view = env_view(3, ib=ib)
     for name, f in node_facts.items():
         view.facts[name]["nccl_env"] = f
     return view
@@ -115,7 +114,7 @@ def test_drift_of_a_must_match_variable_fails_and_of_debug_warns():
 
 
 def test_a_tie_has_no_reference_and_names_every_differing_node():
-    view = cluster(2)
+    view = env_view(2)
     view.facts["n001"]["nccl_env"] = facts({"NCCL_ALGO": "Ring"})
     view.facts["n002"]["nccl_env"] = facts()
     out = nccl_env_rule.rule(view)
@@ -194,7 +193,7 @@ def test_user_conf_file_is_the_one_the_nodes_nccl_version_reads(version, where):
 def test_rule_reads_the_user_file_of_each_nodes_nccl_version():
     """The driver check's NCCL version decides: on 2.30.3 nodes the $HOME file (TC 0) is read, and it differs
     from the other nodes' TC 106 (read from the account's home on 2.21.5 nodes)."""
-    view = cluster(3, nccl={"n001": "2.21.5", "n002": "2.30.3", "n003": "2.21.5"})
+    view = env_view(3, nccl={"n001": "2.21.5", "n002": "2.30.3", "n003": "2.21.5"})
     for name in ("n001", "n002", "n003"):
         view.facts[name]["nccl_env"] = two_homes([("NCCL_IB_TC", "106")], [("NCCL_IB_TC", "0")])
     out = by_node(nccl_env_rule.rule(view))
@@ -241,11 +240,10 @@ def test_an_interface_list_that_also_selects_the_management_port_contradicts():
 def test_per_node_values_the_env_file_asks_for_are_no_drift_and_a_wrong_one_contradicts():
     """NCCL 2.19 and the RoCE v2 GID at index 3 on n001, 5 on n002/n003: the env file gives per-node values;
     nodes that set them are not drift (the healthy-but-unusual twin), a node that sets another index fails."""
-    from tests.derived.test_envfile import roce_port
 
     ib = {n: [roce_port("mlx5_0", [(i, "10.1.0.%d" % (10 + k), "ens1f0np0")])]
           for k, (n, i) in enumerate((("n001", 3), ("n002", 5), ("n003", 5)), 1)}
-    view = cluster(3, nccl="2.19.3", ib=ib)
+    view = env_view(3, nccl="2.19.3", ib=ib)
     for name, index in (("n001", "3"), ("n002", "5"), ("n003", "5")):
         view.facts[name]["nccl_env"] = facts(system=[("NCCL_IB_GID_INDEX", index)])
     assert {f.status for f in nccl_env_rule.rule(view)} == {Status.PASS}

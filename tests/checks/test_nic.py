@@ -11,7 +11,7 @@ import pytest
 from preflight.derived import datanet
 from preflight.checks.nic import probe as nic_probe
 from preflight.checks.nic import rule as nic_rule
-from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.model import ParseError, Status
 from preflight.probe.context import NodeContext
 from tests import fixture_cases as fc
 from tests.builders import iface, view
@@ -348,8 +348,7 @@ def test_probe_error_is_error_never_pass():
 
 
 def test_missing_facts_are_error():
-    view = ClusterView([NodeInfo("a", "a", 8)], {"a": {}})
-    findings = nic_rule.rule(view)
+    findings = nic_rule.rule(view({"a": {}}))
     assert [f.status for f in findings] == [Status.ERROR]
 
 

@@ -11,11 +11,12 @@ import pytest
 
 from preflight.checks.nccl_env import probe as nccl_env_probe
 from preflight.checks.nvls import rule as check_rule
-from preflight.model import ClusterView, NodeInfo, Status
+from preflight.model import NodeInfo, Status
 from preflight.derived import ncclenv
 from preflight.output import envfile
 from tests.builders import gpu_expected
 from tests.fixture_cases import fixture_dir, meta
+from tests import builders
 
 FM = fixture_dir("fabric_manager")
 SWITCHES = ["0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"]
@@ -58,7 +59,7 @@ def node_facts(gpu="h100_hgx_550", fm=None, nccl="2.29.2", conf="", environ=None
 
 
 def judge(facts, gpus_per_node=8):
-    view = ClusterView([NodeInfo("n001", "n001", gpus_per_node)], {"n001": facts})
+    view = builders.view({"n001": facts}, gpus=gpus_per_node)
     return [(f.status, f.message, f.action) for f in check_rule.rule(view)]
 
 
@@ -223,8 +224,8 @@ def test_gb200_tray_whose_imex_state_is_unreadable_is_not_judged():
 
 
 def test_cpu_node_skips_and_missing_facts_are_an_error_to_retest():
-    view = ClusterView([NodeInfo("c", "c", 0), NodeInfo("g", "g", 8)],
-                       {"c": {}, "g": {"gpu": {"probe_error": "boom"}, "fabric_manager": fm_facts()}})
+    view = builders.view({"c": {}, "g": {"gpu": {"probe_error": "boom"}, "fabric_manager": fm_facts()}},
+                         nodes=[NodeInfo("c", "c", 0), NodeInfo("g", "g", 8)])
     found = [(f.node, f.status, f.action) for f in check_rule.rule(view)]
     assert found == [("c", Status.SKIP, None), ("g", Status.ERROR, "retest")]
 
@@ -234,9 +235,8 @@ def test_cpu_node_skips_and_missing_facts_are_an_error_to_retest():
 
 def env_view(states):
     """Nodes whose facts also carry what the env file needs for the data network (nic) and the rendezvous."""
-    from tests.derived.test_envfile import cluster  # the env file's own view builder (nic, ports, driver facts)
 
-    base = cluster(n=len(states))
+    base = builders.env_view(n=len(states))
     for name, facts in zip(sorted(base.facts), states):
         base.facts[name].update(facts)
     return base

@@ -8,7 +8,7 @@ import time
 
 from preflight.checks.pcie import probe as pcie_probe
 from preflight.checks.pcie import rule as pcie_rule
-from preflight.model import ClusterView, NodeInfo, Status
+from preflight.model import Status
 from preflight.probe.context import NodeContext
 from tests.builders import StubNode, view
 from tests.sim.aer_hw import install_aer
@@ -149,8 +149,8 @@ def test_old_nonfatal_errors_warn_and_new_ones_fail():
 
 
 def test_cpu_only_nodes_are_judged_for_their_nics_and_missing_facts_error():
-    cpu = ClusterView([NodeInfo("c1", "c1", 0)], {"c1": {"pcie": {"uptime_s": 10.0, "window_s": 2.0,
-                                                                  "devices": [_dev("nic", NIC, total=(0, 0, 2))]}}})
+    cpu = view({"c1": {"pcie": {"uptime_s": 10.0, "window_s": 2.0,
+                                "devices": [_dev("nic", NIC, total=(0, 0, 2))]}}}, gpus=0)
     assert [f.status for f in pcie_rule.rule(cpu)] == [Status.FAIL]
     assert [f.status for f in pcie_rule.rule(view({"n001": {}}))] == [Status.ERROR]
     assert [f.status for f in pcie_rule.rule(view({"n001": {"pcie": {"probe_error": "x"}}}))] == [Status.ERROR]

@@ -5,8 +5,9 @@ import os
 
 from preflight.checks.storage import probe as storage_probe
 from preflight.checks.storage import rule as storage_rule
-from preflight.model import ClusterView, NodeInfo, Status
+from preflight.model import NodeInfo, Status
 from preflight.probe.context import NodeContext
+from tests import builders
 
 GiB = 1 << 30
 
@@ -22,8 +23,8 @@ def test_mount_of_takes_the_longest_and_last_mount_point():
 
 def _view(n, paths, facts, expect=None):
     nodes = [NodeInfo("n%d" % i, "h%d" % i, 0, is_head=(i == 1)) for i in range(1, n + 1)]
-    return ClusterView(nodes, {k: {"storage": v} for k, v in facts.items()}, expect=expect or {},
-                       cluster={"shared_paths": paths})
+    return builders.view({k: {"storage": v} for k, v in facts.items()},
+                         nodes=nodes, expect=expect or {}, cluster={"shared_paths": paths})
 
 
 def test_two_phases_on_a_real_directory(tmp_path):

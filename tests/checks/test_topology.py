@@ -8,10 +8,11 @@ import pytest
 
 from preflight.checks.topology import probe as topology_probe
 from preflight.checks.topology import rule as topology_rule
-from preflight.model import ClusterView, NodeInfo, ParseError, Status
+from preflight.model import NodeInfo, ParseError, Status
 from preflight.probe.context import NodeContext
 from tests.builders import StubNode
 from tests.sim import gpu_hw, ib_hw, pci_hw
+from tests import builders
 
 
 def test_numa_node_parser():
@@ -46,7 +47,7 @@ def test_probe_reads_the_tree(tmp_path):
 
 def _view(facts_by_node):
     nodes = [NodeInfo(n, n, 8) for n in facts_by_node]
-    return ClusterView(nodes, {n: {"topology": f} for n, f in facts_by_node.items()})
+    return builders.view({n: {"topology": f} for n, f in facts_by_node.items()}, nodes=nodes)
 
 
 def test_rule_passes_identical_nodes(tmp_path):
@@ -96,15 +97,16 @@ def test_rule_gpu_without_hca_on_its_numa_node(tmp_path):
 
 
 def test_rule_without_gpus_is_an_error_and_cpu_nodes_skip():
-    view = ClusterView([NodeInfo("n1", "n1", 8), NodeInfo("c1", "c1", 0)],
-                       {"n1": {"topology": {"devices": []}}, "c1": {"topology": {"devices": []}}})
+    view = builders.view({"n1": {"topology": {"devices": []}}, "c1": {"topology": {"devices": []}}},
+                         nodes=[NodeInfo("n1", "n1", 8), NodeInfo("c1", "c1", 0)])
     assert [f.status for f in topology_rule.rule(view)] == [Status.ERROR, Status.SKIP]
 
 
 def _view_with_rails(facts_by_node, ports):
     """Topology facts plus ib_hca facts whose usable ports (preflight.derived.rails) pick NCCL's rails."""
     nodes = [NodeInfo(n, n, 8) for n in facts_by_node]
-    return ClusterView(nodes, {n: {"topology": f, "ib_hca": {"ports": ports}} for n, f in facts_by_node.items()})
+    return builders.view({n: {"topology": f, "ib_hca": {"ports": ports}} for n, f in facts_by_node.items()},
+                         nodes=nodes)
 
 
 def with_storage_port(facts, numa):

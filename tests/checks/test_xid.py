@@ -8,9 +8,10 @@ import pytest
 
 from preflight.checks.xid import probe as xid_probe
 from preflight.checks.xid import rule as xid_rule
-from preflight.model import ClusterView, NodeInfo, Status
+from preflight.model import NodeInfo, Status
 from preflight.probe import kernlog
 from preflight.probe.context import NodeContext
+from tests import builders
 
 
 # ------------------------------------------------------------------------------------------------ probe
@@ -83,7 +84,7 @@ def _view(events_by_node, uptime=1000.0, window=None, gpus=8):
                     "uptime_s": uptime, "log": log},
             "gpu": {"gpus": [{"index": 2, "pci_bus_id": "00000000:44:00.0"}]},
         }
-    return ClusterView(nodes, facts, cluster={"xid_window_s": window})
+    return builders.view(facts, nodes=nodes, cluster={"xid_window_s": window})
 
 
 def test_rule_passes_a_clean_log():
@@ -194,7 +195,7 @@ def _judged(case, gpus=((2, "00000000:44:00.0"),), uptime=100000.0, window=None)
 
     facts = {"xid": {"nvidia": True, "source": "dmesg", "log_error": None, "uptime_s": uptime, "log": expected("xid", case)},
              "gpu": {"gpus": [{"index": i, "pci_bus_id": bus} for i, bus in gpus]}}
-    out = xid_rule.rule(ClusterView([NodeInfo("n1", "n1", 8)], {"n1": facts}, cluster={"xid_window_s": window}))
+    out = xid_rule.rule(builders.view({"n1": facts}, cluster={"xid_window_s": window}))
     return sorted(out, key=lambda f: f.message)
 
 

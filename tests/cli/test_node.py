@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
@@ -20,21 +19,12 @@ from preflight.errors import UsageError
 from preflight.model import Finding, Status
 from tests.report_schema import assert_valid
 from tests.sim import gpu_hw
-from tests.probe.test_probe_commands import reaper  # noqa: F401 - the fixture that kills what a test left
-from tests.paths import REPO
-
-PREFLIGHT = os.path.join(os.path.dirname(sys.executable), "preflight")
+from tests.builders import node_argv
 
 
 def _node_argv(cluster, node, *args, gpus=8):
-    """(argv, env) of `preflight node` as slurmd would run it inside the node (see the module docstring)."""
-    node = cluster.node(node)
-    env = {"PATH": "%s:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" % node.bin_dir,
-           "PREFLIGHT_SYSFS_ROOT": node.sys_dir, "PREFLIGHT_NVML": "off", "HOME": "/root", "LANG": "C.UTF-8",
-           "PYTHONPATH": REPO}  # this tree's preflight, not whichever one is installed
-    argv = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', node.name,
-            PREFLIGHT, "node"] + (["--gpus-per-node", str(gpus)] if gpus is not None else []) + list(args)
-    return argv, env
+    """(argv, env) of `preflight node` as slurmd would run it inside the node (tests.builders.node_argv)."""
+    return node_argv(cluster, node, *(["--gpus-per-node", str(gpus)] if gpus is not None else []), *args)
 
 
 def _node_run(cluster, node, *args, gpus=8):

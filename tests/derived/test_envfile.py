@@ -19,65 +19,14 @@ from preflight import __version__
 from preflight.derived import ncclenv
 from preflight.output import envfile
 from preflight.engine import RunReport
-from preflight.model import ClusterView, Finding, NodeInfo, Status
-from tests.builders import iface
+from preflight.model import Finding, Status
+from tests.builders import data_ip, env_view, iface, roce_port
 from tests.builders import ib_port as port
 
 HOSTILE = ["x$(id)", "e;reboot", "a\nb", "a'b", "a,b", "=eth7", "^eth7", "`id`", "e$(id>p)", "qq zz", "a\"b", "x\\y"]
 
 
 # ------------------------------------------------------------------------------------------------ facts
-
-
-def mgmt_ip(i):
-    return "10.0.0.%d" % (10 + i)
-
-
-def data_ip(i):
-    return "10.1.0.%d" % (10 + i)
-
-
-def cluster(n=3, data=None, torch="2.4.0+cu121", ib=None, ports=None, drop=(), master_port=29500, nccl=None, extra=None):
-    """A ClusterView of n nodes: lo, a 1 GbE management eno1, a 100 GbE data interface (eth1 unless
-    `data` names another per node), docker0 with the same address everywhere; ports verified unless
-    `ports` overrides a node's facts; torch as given (a str, or {node: str|None}); ib {node: [ports]};
-    nccl: the nvidia-nccl-cu12 wheel's version (a str, or {node: str|None}; None: no NCCL);
-    extra {node: [more interfaces]}."""
-    names = ["n%03d" % i for i in range(1, n + 1)]
-    data = data or {}
-    ib = ib or {}
-    ports = ports or {}
-    infos, facts = [], {}
-    for i, name in enumerate(names, 1):
-        infos.append(NodeInfo(name, mgmt_ip(i), 8, is_head=(i == 1)))
-        version = torch.get(name) if isinstance(torch, dict) else torch
-        nccl_version = nccl.get(name) if isinstance(nccl, dict) else nccl
-        if i == 1:
-            port_facts = {"role": "listen", "port": master_port, "bind_ip": "0.0.0.0", "listening": True,
-                          "peers": [{"ip": data_ip(j), "name": names[j - 1], "at_s": 0.1} for j in range(2, n + 1)]}
-        else:
-            port_facts = {"role": "connect", "host": data_ip(1), "port": master_port, "connected": True,
-                          "handshake": True, "reply": "preflight-ok n001", "attempts": 1, "elapsed_s": 0.01, "error": None}
-        facts[name] = {
-            "ssh": {"memlock_soft": None},
-            "nic": {
-                "interfaces": [
-                    dict(iface("lo", "127.0.0.1", 8, 65536, None, physical=False), kind="loopback", link_type="loopback"),
-                    iface("eno1", mgmt_ip(i), 24, 1500, 1000),
-                    iface(data.get(name, "eth1"), data_ip(i), 16, 9000, 100000),
-                    iface("docker0", "172.17.0.1", 16, 1500, None, kind="bridge", physical=False),
-                ] + list((extra or {}).get(name, [])),
-                "ssh_ip": mgmt_ip(i),
-            },
-            "ib_hca": {"hcas": {}, "ports": ib.get(name, [])},
-            "ports": ports.get(name, port_facts),
-            "driver": {"torch": {"version": version, "cuda": None, "path": "/opt/torch"} if version else None,
-                       "nccl_python": {"distribution": "nvidia-nccl-cu12", "version": nccl_version} if nccl_version else None,
-                       "nccl_system": []},
-        }
-    for name in drop:
-        del facts[name]
-    return ClusterView(infos, facts, cluster={"master_port": master_port})
 
 
 def names(derived):
@@ -174,7 +123,7 @@ def check_sources_cleanly(text, tmp_path):
 
 
 def test_uniform_names_give_exact_match_and_head_data_address():
-    derived = ncclenv.derive(cluster(3))
+    derived = ncclenv.derive(env_view(3))
     assert derived.as_dict() == {
         "NCCL_SOCKET_IFNAME": "=eth1",
         "GLOO_SOCKET_IFNAME": "eth1",
@@ -192,7 +141,7 @@ def test_uniform_names_give_exact_match_and_head_data_address():
 
 
 def test_differing_names_list_every_exact_name_and_leave_gloo_out():
-    derived = ncclenv.derive(cluster(3, data={"n003": "ens1f0"}))
+    derived = ncclenv.derive(env_view(3, data={"n003": "ens1f0"}))
     env = derived.as_dict()
     assert env["NCCL_SOCKET_IFNAME"] == "=ens1f0,eth1"
     assert "GLOO_SOCKET_IFNAME" not in env
@@ -201,7 +150,7 @@ def test_differing_names_list_every_exact_name_and_leave_gloo_out():
 
 
 def test_healthy_subset_only():
-    view = cluster(4, data={"n004": "ens1f0"})
+    view = env_view(4, data={"n004": "ens1f0"})
     derived = ncclenv.derive(view, ["n001", "n002", "n003"])
     assert derived.as_dict()["NCCL_SOCKET_IFNAME"] == "=eth1" and derived.as_dict()["GLOO_SOCKET_IFNAME"] == "eth1"
     assert derived.nodes == ["n001", "n002", "n003"]
@@ -209,7 +158,7 @@ def test_healthy_subset_only():
 
 def test_ib_uniform_gives_exact_hca_list():
     ports = [port("mlx5_0"), port("mlx5_1")]
-    derived = ncclenv.derive(cluster(3, ib={n: ports for n in ("n001", "n002", "n003")}))
+    derived = ncclenv.derive(env_view(3, ib={n: ports for n in ("n001", "n002", "n003")}))
     env = derived.as_dict()
     assert env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1"
     assert env["NCCL_IB_DISABLE"] == "0" and "NCCL_IB_GID_INDEX" not in env
@@ -220,7 +169,7 @@ def test_ib_uniform_gives_exact_hca_list():
 def test_down_port_on_one_node_writes_no_hca_list_and_says_why():
     good = [port("mlx5_0"), port("mlx5_1")]
     down = [port("mlx5_0"), port("mlx5_1", state="DOWN", phys="Disabled")]
-    derived = ncclenv.derive(cluster(3, ib={"n001": good, "n002": down, "n003": good}))
+    derived = ncclenv.derive(env_view(3, ib={"n001": good, "n002": down, "n003": good}))
     env = derived.as_dict()
     assert "NCCL_IB_HCA" not in env and "NCCL_IB_DISABLE" not in env
     note = next(n for n in derived.notes if n.startswith("NCCL_IB_HCA not written"))
@@ -230,12 +179,12 @@ def test_down_port_on_one_node_writes_no_hca_list_and_says_why():
 def test_slow_port_on_one_node_is_not_usable():
     good = [port("mlx5_0"), port("mlx5_1")]
     slow = [port("mlx5_0"), port("mlx5_1", rate=200)]
-    derived = ncclenv.derive(cluster(3, ib={"n001": good, "n002": slow, "n003": good}))
+    derived = ncclenv.derive(env_view(3, ib={"n001": good, "n002": slow, "n003": good}))
     assert "NCCL_IB_HCA" not in derived.as_dict()
 
 
 def test_missing_hca_facts_write_nothing_about_ib():
-    view = cluster(2, ib={"n001": [port("mlx5_0")], "n002": [port("mlx5_0")]})
+    view = env_view(2, ib={"n001": [port("mlx5_0")], "n002": [port("mlx5_0")]})
     view.facts["n002"]["ib_hca"] = {"probe_error": "boom"}
     derived = ncclenv.derive(view)
     assert not {"NCCL_IB_HCA", "NCCL_IB_DISABLE"} & set(derived.as_dict())
@@ -244,10 +193,10 @@ def test_missing_hca_facts_write_nothing_about_ib():
 
 def test_roce_gid_index():
     roce = [port("mlx5_0", rate=200, layer="roce", gid=3), port("mlx5_1", rate=200, layer="roce", gid=3)]
-    env = ncclenv.derive(cluster(2, ib={"n001": roce, "n002": roce})).as_dict()
+    env = ncclenv.derive(env_view(2, ib={"n001": roce, "n002": roce})).as_dict()
     assert env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1" and env["NCCL_IB_GID_INDEX"] == "3"
     other = [port("mlx5_0", rate=200, layer="roce", gid=5), port("mlx5_1", rate=200, layer="roce", gid=5)]
-    derived = ncclenv.derive(cluster(2, ib={"n001": roce, "n002": other}))
+    derived = ncclenv.derive(env_view(2, ib={"n001": roce, "n002": other}))
     assert "NCCL_IB_GID_INDEX" not in derived.as_dict() and "NCCL_IB_HCA" in derived.as_dict()
     assert any("NCCL_IB_GID_INDEX not written" in n for n in derived.notes)
 
@@ -265,7 +214,7 @@ def test_roce_gid_index():
 def test_async_error_handling_is_torchs_safe_default_never_the_hang_prone_mode(torch, written, note):
     """Issue 25.2: 1 (TearDown) calls ncclCommAbort, which can itself hang; torch 2.2+ defaults to 3. The file
     writes 3 where torch reads TORCH_NCCL_ASYNC_ERROR_HANDLING (so a leftover 1 does not win), nothing else."""
-    derived = ncclenv.derive(cluster(2, torch=torch))
+    derived = ncclenv.derive(env_view(2, torch=torch))
     env = derived.as_dict()
     assert env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING") == written
     assert "NCCL_ASYNC_ERROR_HANDLING" not in env
@@ -280,7 +229,7 @@ def test_async_error_handling_is_torchs_safe_default_never_the_hang_prone_mode(t
 
 @pytest.mark.parametrize("hostile", HOSTILE)
 def test_hostile_interface_name_is_refused_and_its_node_left_out(hostile, tmp_path):
-    view = cluster(3, data={"n002": hostile})
+    view = env_view(3, data={"n002": hostile})
     derived = ncclenv.derive(view)
     assert [(f.check, f.node, f.status) for f in derived.refused] == [("nic", "n002", Status.FAIL)]
     finding = derived.refused[0]
@@ -295,7 +244,7 @@ def test_hostile_interface_name_is_refused_and_its_node_left_out(hostile, tmp_pa
 
 
 def test_hostile_name_on_the_head_leaves_out_the_rendezvous(tmp_path):
-    view = cluster(3, data={"n001": "e$(id>p)"})
+    view = env_view(3, data={"n001": "e$(id>p)"})
     derived = ncclenv.derive(view)
     env = derived.as_dict()
     assert "MASTER_ADDR" not in env and "MASTER_PORT" not in env
@@ -307,7 +256,7 @@ def test_hostile_name_on_the_head_leaves_out_the_rendezvous(tmp_path):
 
 
 def test_same_hostile_name_everywhere_writes_nothing(tmp_path):
-    view = cluster(2, data={"n001": "x$(id)", "n002": "x$(id)"})
+    view = env_view(2, data={"n001": "x$(id)", "n002": "x$(id)"})
     derived = ncclenv.derive(view)
     assert derived.variables == [] and {f.node for f in derived.refused} == {"n001", "n002"}
     text = envfile.render(report(view, derived.refused, env=derived))
@@ -317,7 +266,7 @@ def test_same_hostile_name_everywhere_writes_nothing(tmp_path):
 @pytest.mark.parametrize("hca", ["mlx5_0$(id)", "mlx5 0", "mlx5_0;reboot"])
 def test_hostile_hca_name_is_refused(hca, tmp_path):
     ports = [dict(port("mlx5_0"), hca=hca)]
-    view = cluster(2, ib={"n001": ports, "n002": ports})
+    view = env_view(2, ib={"n001": ports, "n002": ports})
     derived = ncclenv.derive(view)
     assert not {"NCCL_IB_HCA", "NCCL_IB_DISABLE"} & set(derived.as_dict())
     assert [(f.check, f.status) for f in derived.refused] == [("ib_hca", Status.FAIL)]
@@ -329,24 +278,24 @@ def test_hostile_hca_name_is_refused(hca, tmp_path):
 def test_rendezvous_needs_the_ports_check_verified():
     # a node that did not complete the handshake: no MASTER_*, with a note naming it
     failed = {"role": "connect", "port": 29500, "connected": False, "handshake": False, "error": "refused"}
-    derived = ncclenv.derive(cluster(3, ports={"n003": failed}))
+    derived = ncclenv.derive(env_view(3, ports={"n003": failed}))
     assert "MASTER_ADDR" not in derived.as_dict()
     assert any("did not verify that n003 reach n001:29500" in n for n in derived.notes)
     # the head could not listen
     busy = {"role": "listen", "port": 29500, "listening": False, "errno": "EADDRINUSE", "peers": []}
-    assert "MASTER_PORT" not in ncclenv.derive(cluster(3, ports={"n001": busy})).as_dict()
+    assert "MASTER_PORT" not in ncclenv.derive(env_view(3, ports={"n001": busy})).as_dict()
     # facts for another port than the one the job will use
-    view = cluster(2)
+    view = env_view(2)
     view.cluster["master_port"] = 29501
     assert "MASTER_PORT" not in ncclenv.derive(view).as_dict()
     # the probe failed on the head
-    assert "MASTER_ADDR" not in ncclenv.derive(cluster(2, ports={"n001": {"probe_error": "x"}})).as_dict()
+    assert "MASTER_ADDR" not in ncclenv.derive(env_view(2, ports={"n001": {"probe_error": "x"}})).as_dict()
     # another port, verified
-    assert ncclenv.derive(cluster(2, master_port=29600)).as_dict()["MASTER_PORT"] == "29600"
+    assert ncclenv.derive(env_view(2, master_port=29600)).as_dict()["MASTER_PORT"] == "29600"
 
 
 def test_no_healthy_node_writes_nothing(tmp_path):
-    view = cluster(2)
+    view = env_view(2)
     derived = ncclenv.derive(view, [])
     assert derived.variables == [] and derived.notes == ["no node passed its checks: nothing could be verified"]
     assert check_sources_cleanly(envfile.render(report(view, env=derived)), tmp_path) == {}
@@ -356,7 +305,7 @@ def test_no_healthy_node_writes_nothing(tmp_path):
 
 
 def test_render_header_and_file_source_cleanly(tmp_path):
-    view = cluster(4, drop=("n004",), ib={n: [port("mlx5_0", layer="roce", rate=200, gid=3)] for n in ("n001", "n002", "n003")})
+    view = env_view(4, drop=("n004",), ib={n: [port("mlx5_0", layer="roce", rate=200, gid=3)] for n in ("n001", "n002", "n003")})
     view.unreachable["n004"] = "connection refused"
     findings = [
         Finding("ssh", "n004", Status.FAIL, "unreachable: connection refused"),
@@ -385,7 +334,7 @@ def test_render_header_and_file_source_cleanly(tmp_path):
 
 
 def test_render_says_whether_the_allreduce_proved_the_env():
-    view = cluster(2)
+    view = env_view(2)
     derived = ncclenv.derive(view)
     ok = Finding("allreduce", None, Status.WARN, "all-reduce busbw 1 GB/s across 2 ranks", data={"curve": []})
     meta = {"verdict": "warn", "summary": ok.message, "nodes": ["n001", "n002"]}
@@ -399,14 +348,14 @@ def test_render_says_whether_the_allreduce_proved_the_env():
 
 
 def test_render_without_a_derived_env_derives_for_the_healthy_nodes(tmp_path):
-    view = cluster(3, data={"n003": "ens1f0"})
+    view = env_view(3, data={"n003": "ens1f0"})
     findings = [Finding("nic", "n003", Status.FAIL, "whatever")]
     text = envfile.render(report(view, findings))
     assert check_sources_cleanly(text, tmp_path)["NCCL_SOCKET_IFNAME"] == "=eth1"
 
 
 def test_comments_stay_comments_whatever_the_facts_hold(tmp_path):
-    view = cluster(2)
+    view = env_view(2)
     derived = ncclenv.derive(view)
     derived.notes.append("evil\nexport EVIL=1\r\n$(touch p)\x00\x1b[2J\u2028export EVIL2=1")
     text = envfile.render(report(view, env=derived, path="/tmp/x\nexport EVIL3=1"))
@@ -449,7 +398,7 @@ def test_env_command_needs_an_env_file(tmp_path, capsys):
 
 
 def test_render_leaves_out_a_refused_node_even_when_the_caller_did_not_list_the_finding(tmp_path):
-    view = cluster(3, data={"n003": "x$(id)"})
+    view = env_view(3, data={"n003": "x$(id)"})
     text = envfile.render(report(view))  # no findings at all, no derived env: render derives it
     assert "# nodes: n[001-002] (2 of 3)" in text and "# left out: n003 (failed: nic)" in text
     assert "x$(id)" not in text
@@ -461,7 +410,7 @@ def test_h100_rails_plus_bluefield_ethernet_port_write_the_rails():
     the file says which port was left out and why."""
     from tests.builders import H100_RAILS, h100_bf3_ports
 
-    view = cluster(2, ib={"n001": h100_bf3_ports(), "n002": h100_bf3_ports()})
+    view = env_view(2, ib={"n001": h100_bf3_ports(), "n002": h100_bf3_ports()})
     derived = ncclenv.derive(view)
     assert derived.as_dict()["NCCL_IB_HCA"] == "=" + ",".join(H100_RAILS)
     hca = next(v for v in derived.variables if v.key == "NCCL_IB_HCA")
@@ -475,14 +424,14 @@ def test_h100_rails_plus_bluefield_ethernet_port_write_the_rails():
 
 def test_tied_link_layers_write_no_hca_list_and_say_why():
     ports = [port("mlx5_0"), port("mlx5_1", rate=200, layer="roce")]
-    derived = ncclenv.derive(cluster(2, ib={"n001": ports, "n002": ports}))
+    derived = ncclenv.derive(env_view(2, ib={"n001": ports, "n002": ports}))
     assert "NCCL_IB_HCA" not in derived.as_dict()
     assert any("NCCL_IB_HCA not written" in n and "as many InfiniBand as RoCE" in n and "no majority link layer" in n for n in derived.notes)
 
 
 def test_management_network_chosen_is_called_the_management_network():
     """A cluster whose only shared subnet is the management network: the comment must not say otherwise."""
-    view = cluster(2)
+    view = env_view(2)
     for f in view.facts.values():
         f["nic"]["interfaces"] = [i for i in f["nic"]["interfaces"] if i["name"] != "eth1"]
     derived = ncclenv.derive(view, ["n001", "n002"])
@@ -495,19 +444,11 @@ def test_management_network_chosen_is_called_the_management_network():
 # ------------------------------------------------------------------------------- issue 25: env file v2
 
 
-def roce_port(hca, gids, netdev="ens1f0np0"):
-    """A RoCE port as the ib_hca probe reports it: every RoCE v2 IPv4 GID [(index, ip, ndev)], lowest first."""
-    p = dict(port(hca, rate=200, layer="roce", gid=gids[0][0] if gids else None), netdev=netdev)
-    p["roce_v2_ip"] = gids[0][1] if gids else None
-    p["roce_v2_gids"] = [{"index": i, "ip": ip, "ndev": ndev} for i, ip, ndev in gids]
-    return p
-
-
 def test_interface_list_that_would_select_the_management_port_is_not_written_globally(tmp_path):
     """25.1: n003's data NIC is ens1f0, and on n001 an ens1f0 exists too (a 1 GbE port in another subnet):
     '=ens1f0,eth1' would make n001's NCCL match both. No global value; per-node values, said so."""
     extra = {"n001": [iface("ens1f0", "10.2.0.1", 24, 1500, 1000)]}
-    view = cluster(3, data={"n003": "ens1f0"}, extra=extra)
+    view = env_view(3, data={"n003": "ens1f0"}, extra=extra)
     derived = ncclenv.derive(view)
     env = derived.as_dict()
     assert "NCCL_SOCKET_IFNAME" not in env and "GLOO_SOCKET_IFNAME" not in env
@@ -527,7 +468,7 @@ def test_interface_list_that_would_select_the_management_port_is_not_written_glo
 
 def test_interface_list_is_written_where_each_node_has_exactly_one_of_the_names(tmp_path):
     """25.1, the healthy twin: names differ, but no node has the other name: the list selects the data NIC only."""
-    view = cluster(3, data={"n003": "ens1f0"})
+    view = env_view(3, data={"n003": "ens1f0"})
     derived = ncclenv.derive(view)
     var = next(v for v in derived.variables if v.key == "NCCL_SOCKET_IFNAME")
     assert var.value == "=ens1f0,eth1"
@@ -540,7 +481,7 @@ def test_interface_list_is_written_where_each_node_has_exactly_one_of_the_names(
 def test_ib_rails_turn_ib_on_over_a_leftover_disable(tmp_path):
     """25.3: NCCL_IB_DISABLE=0 beside NCCL_IB_HCA, so a leftover NCCL_IB_DISABLE=1 (environment, ~/.nccl.conf,
     /etc/nccl.conf: the environment beats both) cannot keep IB off; sourcing over one leaves it 0."""
-    view = cluster(2, ib={n: [port("mlx5_0"), port("mlx5_1")] for n in ("n001", "n002")})
+    view = env_view(2, ib={n: [port("mlx5_0"), port("mlx5_1")] for n in ("n001", "n002")})
     derived = ncclenv.derive(view)
     assert derived.as_dict()["NCCL_IB_DISABLE"] == "0"
     why = next(v for v in derived.variables if v.key == "NCCL_IB_DISABLE").why[0]
@@ -565,7 +506,7 @@ def test_roce_gid_index_follows_the_nccl_version(nccl, written, says):
     """25.4: before NCCL 2.21 the index must be pinned (NCCL uses GID 0 otherwise); from 2.21 NCCL picks it per
     port, and a pinned index would freeze a table that can change."""
     ports = [roce_port("mlx5_0", [(3, "10.1.0.%d" % i, "ens1f0np0")]) for i in (1, 2)]
-    derived = ncclenv.derive(cluster(2, nccl=nccl, ib={"n001": [ports[0]], "n002": [ports[1]]}))
+    derived = ncclenv.derive(env_view(2, nccl=nccl, ib={"n001": [ports[0]], "n002": [ports[1]]}))
     env = derived.as_dict()
     assert {k: env[k] for k in env if k in ("NCCL_IB_GID_INDEX", "NCCL_IB_ADDR_RANGE")} == written
     said = " ".join(derived.notes + [w for v in derived.variables for w in v.why])
@@ -577,7 +518,7 @@ def test_roce_gid_index_differing_across_nodes_before_2_21_gives_per_node_values
     NCCL's default (GID 0, RoCE v1) is wrong everywhere: per-node values, not only a note."""
     a = roce_port("mlx5_0", [(3, "10.1.0.11", "ens1f0np0")])
     b = roce_port("mlx5_0", [(5, "10.1.0.12", "ens1f0np0")])
-    view = cluster(2, nccl="2.19.3", ib={"n001": [a], "n002": [b]})
+    view = env_view(2, nccl="2.19.3", ib={"n001": [a], "n002": [b]})
     derived = ncclenv.derive(view)
     assert "NCCL_IB_GID_INDEX" not in derived.as_dict()
     assert derived.per_node == {"n001": {"NCCL_IB_GID_INDEX": "3"}, "n002": {"NCCL_IB_GID_INDEX": "5"}}
@@ -593,12 +534,12 @@ def vlan_ports(i):
 
 def test_roce_gid_is_the_entry_in_the_data_subnet_not_the_lowest():
     """25.5: the lowest RoCE v2 IPv4 GID is the untagged (lossy) one; the data subnet 10.1.0.0/16 is on the VLAN."""
-    derived = ncclenv.derive(cluster(2, nccl="2.19.3", ib={"n001": vlan_ports(1), "n002": vlan_ports(2)}))
+    derived = ncclenv.derive(env_view(2, nccl="2.19.3", ib={"n001": vlan_ports(1), "n002": vlan_ports(2)}))
     env = derived.as_dict()
     assert env["NCCL_IB_GID_INDEX"] == "5"
     assert "(the entry in the data subnet 10.1.0.0/16)" in next(v for v in derived.variables if v.key == "NCCL_IB_GID_INDEX").why[0]
     # NCCL 2.21+ would pick GID 3 itself (the first RoCE v2 IPv4 entry): the subnet range keeps it on the VLAN
-    derived = ncclenv.derive(cluster(2, nccl="2.23.4", ib={"n001": vlan_ports(1), "n002": vlan_ports(2)}))
+    derived = ncclenv.derive(env_view(2, nccl="2.23.4", ib={"n001": vlan_ports(1), "n002": vlan_ports(2)}))
     env = derived.as_dict()
     assert env["NCCL_IB_ADDR_RANGE"] == "10.1.0.0/16" and "NCCL_IB_GID_INDEX" not in env
     why = " ".join(next(v for v in derived.variables if v.key == "NCCL_IB_ADDR_RANGE").why)
@@ -609,17 +550,17 @@ def test_roce_gids_outside_the_data_subnet():
     """25.5, twins: one RoCE v2 IPv4 GID (outside the data subnet: rails have their own subnets) is the one;
     two and none in the data subnet: not guessed, said so."""
     one = {n: [roce_port("mlx5_0", [(3, "10.7.0.%d" % i, "ens1f0np0")])] for i, n in ((1, "n001"), (2, "n002"))}
-    assert ncclenv.derive(cluster(2, nccl="2.19.3", ib=one)).as_dict()["NCCL_IB_GID_INDEX"] == "3"
+    assert ncclenv.derive(env_view(2, nccl="2.19.3", ib=one)).as_dict()["NCCL_IB_GID_INDEX"] == "3"
     two = {n: [roce_port("mlx5_0", [(3, "10.7.0.%d" % i, "ens1f0np0"), (5, "10.8.0.%d" % i, "ens1f0np0.7")])]
            for i, n in ((1, "n001"), (2, "n002"))}
-    derived = ncclenv.derive(cluster(2, nccl="2.19.3", ib=two))
+    derived = ncclenv.derive(env_view(2, nccl="2.19.3", ib=two))
     assert "NCCL_IB_GID_INDEX" not in derived.as_dict() and "NCCL_IB_HCA" in derived.as_dict()
     assert any("2 RoCE v2 IPv4 GIDs, none in the data subnet 10.1.0.0/16" in n for n in derived.notes), derived.notes
 
 
 def test_users_own_debug_and_rendezvous_win_and_the_file_says_which_values_are_authoritative(tmp_path):
     """25.6: NCCL_DEBUG, MASTER_ADDR, MASTER_PORT keep a value the launch environment set; the rest replace it."""
-    view = cluster(2)
+    view = env_view(2)
     text = envfile.render(report(view, env=ncclenv.derive(view)))
     assert "# authoritative (the file's value replaces one already set): NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, " \
            "NCCL_IB_DISABLE, TORCH_NCCL_ASYNC_ERROR_HANDLING" in text
@@ -697,7 +638,7 @@ def test_net_plugin_follows_the_proofs_nccl_log(log, ib, plugin, says, tmp_path)
     """25.7: 'none' only where the proven run used NCCL's internal IB beside a loaded plugin; never on EFA; the
     NCCL_IB_DISABLE=1 comment names the plugin that carries the traffic instead of 'NCCL uses sockets'."""
     ports = {n: [port("mlx5_0"), port("mlx5_1")] for n in ("n001", "n002")} if ib else None
-    view = cluster(2, ib=ports, nccl="2.21.5")
+    view = env_view(2, ib=ports, nccl="2.21.5")
     derived = ncclenv.derive(view)
     findings, meta = proof(log)
     text = envfile.render(report(view, findings, env=derived, allreduce=meta))
@@ -714,10 +655,10 @@ def test_net_plugin_follows_the_proofs_nccl_log(log, ib, plugin, says, tmp_path)
 
 def test_header_names_the_versions_found_when_not_proven():
     """25.4: the header says which NCCL and torch the file was derived for (the driver check's facts)."""
-    view = cluster(2, nccl={"n001": "2.21.5", "n002": "2.21.5"})
+    view = env_view(2, nccl={"n001": "2.21.5", "n002": "2.21.5"})
     text = envfile.render(report(view, env=ncclenv.derive(view)))
     assert "# on the nodes: NCCL 2.21.5, torch 2.4.0+cu121 (driver check)" in text
-    text = envfile.render(report(cluster(2, torch=None), env=ncclenv.derive(cluster(2, torch=None))))
+    text = envfile.render(report(env_view(2, torch=None), env=ncclenv.derive(env_view(2, torch=None))))
     assert "# on the nodes: NCCL not found, torch not found (driver check)" in text
 
 
@@ -726,7 +667,7 @@ def test_roce_range_is_not_written_where_a_rail_is_addressed_outside_the_data_su
     in another subnet: NCCL_IB_ADDR_RANGE would leave mlx5_1 without a GID, so the index (5 on both) is pinned."""
     ib = {n: vlan_ports(i) + [roce_port("mlx5_1", [(5, "10.7.0.%d" % i, "ens2f0np0")], netdev="ens2f0np0")]
           for i, n in ((1, "n001"), (2, "n002"))}
-    derived = ncclenv.derive(cluster(2, nccl="2.23.4", ib=ib))
+    derived = ncclenv.derive(env_view(2, nccl="2.23.4", ib=ib))
     env = derived.as_dict()
     assert env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1" and env["NCCL_IB_GID_INDEX"] == "5" and "NCCL_IB_ADDR_RANGE" not in env
     why = " ".join(next(v for v in derived.variables if v.key == "NCCL_IB_GID_INDEX").why)

@@ -177,13 +177,13 @@ def test_every_repository_path_the_guide_names_exists():
 
 
 def test_how_it_works_prints_the_layer_order_the_structure_test_enforces():
-    from tests.test_structure import ORDER
+    from tests.structure import ORDER
 
     text = read(os.path.join(DOCS, "how-it-works.md"))
     printed = re.search(r"\n    (vocabulary <.*?)\n\n", text, re.S).group(1)
     layers = [re.sub(r"\(.*?\)", "", layer).strip() for layer in " ".join(printed.split()).split(" < ")]
     assert [sorted(layer.split(", ")) for layer in layers] == [sorted(layer.split(", ")) for layer in ORDER], (
-        "docs/how-it-works.md's layer order is not tests/test_structure.py's ORDER: %s" % " < ".join(ORDER))
+        "docs/how-it-works.md's layer order is not tests/structure.py's ORDER: %s" % " < ".join(ORDER))
 
 
 # --- the site ---------------------------------------------------------------------------------------------

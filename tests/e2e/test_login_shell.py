@@ -16,10 +16,11 @@ import time
 
 import pytest
 
-from preflight.model import FAILURE_KINDS, ClusterView, NodeInfo, Status
+from preflight.model import FAILURE_KINDS, NodeInfo, Status
 from preflight.transport.contract import NodeFailure
 from preflight.transport.ssh import ShellStarts
 from tests.paths import REPO
+from tests import builders
 
 
 
@@ -95,8 +96,11 @@ def test_the_ssh_check_makes_a_slow_login_shell_a_retest_never_an_isolate():
     why = "login shell slow: connected and authenticated, but the shell's start-up files had not finished after 60 s"
     from preflight.checks.ssh import rule as ssh_rule
     nodes = [NodeInfo("n001", "n001", 0), NodeInfo("n002", "n002", 0)]
-    view = ClusterView(nodes, {}, {}, {FAILURE_KINDS: {"n001": "login_shell", "n002": "timeout"}},
-                       unreachable={"n001": why, "n002": "timed out: no answer within 60 s"})
+    view = builders.view({},
+                         nodes=nodes,
+                         expect={},
+                         cluster={FAILURE_KINDS: {"n001": "login_shell", "n002": "timeout"}},
+                         unreachable={"n001": why, "n002": "timed out: no answer within 60 s"})
     by_node = {f.node: f for f in ssh_rule.rule(view)}
     assert (by_node["n001"].status, by_node["n001"].action) == (Status.ERROR, "retest"), by_node["n001"]
     assert by_node["n001"].message == why

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from preflight import engine
 from preflight.output import report
-from preflight.model import ClusterView, Finding, NodeInfo, Status
+from preflight.model import Finding, NodeInfo, Status
 from tests.output.test_report import make_report, render
+from tests import builders
 
 CHECKS = ["ssh", "gpu", "driver", "fabric_manager", "nic", "ib_hca", "mtu", "ports"]
 
@@ -14,7 +15,7 @@ def unreachable_run(dead=("gpu-0003",)):
     rep = make_report(4, [], selected=CHECKS)
     infos = [NodeInfo(s.name, s.host, 8, i == 0) for i, s in enumerate(rep.inventory.nodes)]
     why = {name: "unreachable: connection refused (%s:22); is sshd running?" % name for name in dead}
-    view = ClusterView(infos, {}, {}, {}, why)
+    view = builders.view({}, nodes=infos, expect={}, cluster={}, unreachable=why)
     findings = engine.judge(view, ["ssh"]) + [
         f for name in CHECKS[1:] for f in engine.judge(view, [name]) if f.node in dead
     ]

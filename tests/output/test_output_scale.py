@@ -18,10 +18,11 @@ from preflight import checks
 from preflight.engine import RunReport
 from preflight.model import NOT_RUN, NOT_RUN_MESSAGE
 from preflight.inventory import Inventory, NodeSpec
-from preflight.model import ClusterView, Finding, NodeInfo, Status
+from preflight.model import Finding, NodeInfo, Status
 from preflight.output import report
 from preflight.output.junit import to_junit
 from preflight.output.prometheus import to_prometheus
+from tests import builders
 
 #: a terminal screen: 24 lines is a VT100, 50 what a laptop's terminal shows; the report must fit the latter
 SCREEN_LINES = 50
@@ -66,7 +67,7 @@ def run(n: int) -> RunReport:
     nodes = [NodeSpec(name=name(i), host="10.0.%d.%d" % (i // 250, i % 250 + 1), line=i) for i in range(1, n + 1)]
     inv = Inventory(path="hosts.yaml", nodes=nodes, sha256="ab" * 32)
     infos = [NodeInfo(s.name, s.host, 8, i == 0) for i, s in enumerate(nodes)]
-    view = ClusterView(infos, {s.name: {} for s in nodes})
+    view = builders.view({s.name: {} for s in nodes}, nodes=infos)
     return RunReport(inv, list(SELECTED), findings, view, "2026-11-25T13:00:00Z", 42.0)
 
 

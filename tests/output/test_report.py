@@ -11,16 +11,17 @@ from rich.console import Console
 from preflight.output import report
 from preflight.engine import RunReport
 from preflight.inventory import Inventory, NodeSpec
-from preflight.model import ClusterView, Finding, NodeInfo, Status
+from preflight.model import Finding, NodeInfo, Status
 from tests.report_schema import assert_valid
 from tests.paths import REPO
+from tests import builders
 
 
 def make_report(n_nodes, findings, selected=("ssh", "driver", "ib_hca")):
     nodes = [NodeSpec(name="gpu-%04d" % i, host="10.0.%d.%d" % (i // 250, i % 250 + 1), line=i) for i in range(1, n_nodes + 1)]
     inv = Inventory(path="hosts.yaml", nodes=nodes, sha256="ab" * 32)
     infos = [NodeInfo(s.name, s.host, 8, i == 0) for i, s in enumerate(nodes)]
-    view = ClusterView(infos, {s.name: {} for s in nodes})
+    view = builders.view({s.name: {} for s in nodes}, nodes=infos)
     return RunReport(inv, list(selected), findings, view, "2026-11-22T13:00:00Z", 12.34)
 
 

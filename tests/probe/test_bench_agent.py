@@ -21,8 +21,9 @@ import pytest
 from preflight.checks.allreduce import localize, plan
 from preflight.checks.allreduce.nccllog import parse_nccl_log
 from preflight.checks.allreduce import rule as allreduce_rule
-from preflight.model import ClusterView, NodeInfo, Status
+from preflight.model import NodeInfo, Status
 from preflight.probe import bench_agent, portclaim
+from tests import builders
 
 # The ranks import torch; this process never does (it is slow, and the agent must not need it).
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the bench needs torch")
@@ -106,7 +107,7 @@ def rule_over(docs, nodes, backend="gloo"):
                                        "master_addr": "127.0.0.1", "master_port": 1, "deadlines": {}}
                                    for n, d in zip(nodes, docs)})
     infos = [NodeInfo(n, n, 0) for n in nodes]
-    view = ClusterView(infos, {n: {"allreduce": d} for n, d in zip(nodes, docs)}, cluster={"allreduce": meta})
+    view = builders.view({n: {"allreduce": d} for n, d in zip(nodes, docs)}, nodes=infos, cluster={"allreduce": meta})
     return allreduce_rule.rank_findings(view)
 
 
@@ -166,7 +167,7 @@ def test_missing_rank_is_an_init_timeout_within_the_deadline():
     infos = [NodeInfo("n001", "n001", 0), NodeInfo("n002", "n002", 0)]
     meta = {"backend": "gloo", "world_size": 3, "nodes": ["n001", "n002"], "ranks": {"n001": [0, 1], "n002": [2, 2]},
             "unanswered": {"n002": "no answer within 60 s"}}
-    view = ClusterView(infos, {"n001": {"allreduce": doc}}, cluster={"allreduce": meta})
+    view = builders.view({"n001": {"allreduce": doc}}, nodes=infos, cluster={"allreduce": meta})
     cluster = [f for f in allreduce_rule.rank_findings(view) if f.node is None][0]
     assert cluster.status is Status.FAIL
     assert "hung at init: rank 2 (n002) never reached the rendezvous at 127.0.0.1:%d within 10 s" % port in cluster.message

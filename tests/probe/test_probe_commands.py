@@ -14,8 +14,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from preflight.probe import context, runner
 from preflight.probe.context import NodeContext
 from preflight.transport import bundle
@@ -83,18 +81,6 @@ def gone(pids, wait_s=10.0):
     while any(alive(p) for p in pids) and time.monotonic() < end:
         time.sleep(0.02)
     return [p for p in pids if alive(p)]
-
-
-@pytest.fixture
-def reaper():
-    """Pids a test started indirectly: SIGKILLed after the test whatever it found, so none outlives it."""
-    started = []
-    yield started
-    for pid in started:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def test_a_command_that_times_out_is_killed_with_its_children(tmp_path, monkeypatch, reaper):

@@ -23,9 +23,10 @@ from preflight.checks.driver import probe as driver_probe
 from preflight.checks.fabric_manager import probe as fabric_manager_probe
 from preflight.checks.gpu import rule as gpu_rule
 from preflight.checks.nvls import rule as nvls_rule
-from preflight.model import ClusterView, NodeInfo, Status
+from preflight.model import NodeInfo, Status
 from preflight.probe import gpu_facts, gpu_health, nvidia_smi
 from tests.paths import REPO
+from tests import builders
 
 REAL = os.environ.get("PREFLIGHT_REALWORLD") or os.path.normpath(os.path.join(REPO, "..", "shared", "realworld"))
 HAVE = os.path.isdir(REAL)
@@ -110,7 +111,7 @@ def judge_nvlink(path: str) -> List[Any]:
     facts = {"source": "nvidia-smi", "error": None, "nvml_error": None, "driver_version": None, "cuda_version": None,
              "attached_gpus": len(gpus), "gpus": gpus, "nvlink_unreadable": []}
     node = NodeInfo("node01", "198.18.0.1", max(1, len(gpus)))
-    view = ClusterView([node], {"node01": {"gpu": facts, "ssh": {"shm_bytes": 16 << 30}}})
+    view = builders.view({"node01": {"gpu": facts, "ssh": {"shm_bytes": 16 << 30}}}, nodes=[node])
     return [f for f in gpu_rule.rule(view) if f.status != Status.PASS]
 
 
@@ -207,7 +208,7 @@ def judge_xml(path: str) -> List[Any]:
     if gpu_facts.guest_mode(facts):  # as the probe marks a node whose driver runs in a VM
         facts["virtual"] = gpu_facts.guest_mode(facts)
     node = NodeInfo("node01", "198.18.0.1", max(1, len(facts["gpus"])))
-    view = ClusterView([node], {"node01": {"gpu": facts, "ssh": {"shm_bytes": 16 << 30}}})
+    view = builders.view({"node01": {"gpu": facts, "ssh": {"shm_bytes": 16 << 30}}}, nodes=[node])
     return [f for check in map(checks.get, ("gpu", "gpu_memory", "gpu_state", "gpu_pcie")) for f in check.rule(view) if f.status != Status.PASS]
 
 
@@ -246,7 +247,7 @@ def judge_nvls(facts: Dict[str, Any], fabric: Dict[str, Any], nccl: str = "2.29.
     driver_facts = {"nccl_system": [{"soname": "libnccl.so.2", "path": "/usr/lib/libnccl.so." + nccl, "version": nccl}]}
     node_facts = {"gpu": facts, "fabric_manager": dict(fabric, driver_version=facts.get("driver_version")),
                   "driver": driver_facts}
-    return nvls_rule.rule(ClusterView([node], {"node01": node_facts}))
+    return nvls_rule.rule(builders.view({"node01": node_facts}, nodes=[node]))
 
 
 @pytest.mark.parametrize("path", XMLS, ids=[os.path.basename(p) for p in XMLS])

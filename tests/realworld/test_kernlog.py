@@ -19,8 +19,9 @@ import pytest
 from preflight.checks.ib_errors import probe as ib_errors_probe
 from preflight.checks.xid import probe as xid_probe
 from preflight.checks.xid import rule as xid_rule
-from preflight.model import ClusterView, NodeInfo, Status
+from preflight.model import Status
 from tests.paths import REPO
+from tests import builders
 
 REAL = os.environ.get("PREFLIGHT_REALWORLD") or os.path.normpath(os.path.join(REPO, "..", "shared", "realworld"))
 HAVE = os.path.isdir(REAL)
@@ -41,8 +42,8 @@ def test_capture_read_as_a_kernel_log_gives_no_event_and_passes(path):
     facts = xid_probe.parse_kernel_log(text, "dmesg")
     assert facts["events"] == [] and facts["nvrm"] == [] and facts["unparsed"] == []
     assert ib_errors_probe.parse_link_events(text, "dmesg")["events"] == []
-    view = ClusterView([NodeInfo("n1", "n1", 8)], {"n1": {"xid": {"nvidia": True, "source": "dmesg", "log_error": None,
-                                                                  "uptime_s": 1e6, "log": facts}}}, cluster={})
+    view = builders.view({"n1": {"xid": {"nvidia": True, "source": "dmesg", "log_error": None,
+                                         "uptime_s": 1e6, "log": facts}}}, cluster={})
     assert [f.status for f in xid_rule.rule(view)] == [Status.PASS]
 
 

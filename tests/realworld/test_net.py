@@ -27,9 +27,10 @@ from preflight.checks.mtu import rule as mtu_rule
 from preflight.checks.nic import probe as nic_probe
 from preflight.checks.nic import rule as nic_rule
 from preflight.output.envfile import derive
-from preflight.model import ClusterView, NodeInfo, Status
+from preflight.model import NodeInfo, Status
 from preflight.derived import rails as derived_rails
 from preflight.probe.context import NodeContext
+from tests import builders
 from tests.paths import REPO
 
 REALWORLD = Path(os.environ.get("PREFLIGHT_REALWORLD") or os.path.join(REPO, "..", "shared", "realworld")).resolve()
@@ -194,7 +195,7 @@ def _one_view(name_facts, check, ssh=True):
         facts[n] = {check: f}
         if ssh:
             facts[n]["ssh"] = {"memlock_soft": None}
-    return ClusterView(nodes, facts)
+    return builders.view(facts, nodes=nodes)
 
 
 def _agree_ib(path, facts):
@@ -230,7 +231,7 @@ def _agree_ip(path, facts):
     }
     assert got == raw
     # A healthy single node: the nic rule picks an interface and raises nothing.
-    view = ClusterView([NodeInfo("n1", "n1", 8, is_head=True)], {"n1": {"nic": facts}})
+    view = builders.view({"n1": {"nic": facts}}, nodes=[NodeInfo("n1", "n1", 8, is_head=True)])
     findings = nic_rule.rule(view)
     assert [f.message for f in findings if f.status in PROBLEMS] == []
     assert [f.status for f in findings] == [Status.PASS]
@@ -303,7 +304,7 @@ def _agree_lspci(path, facts):
     node = {"gpus": gpus, "hcas": [{"name": "mlx5_%d" % i, "bdf": h} for i, h in enumerate(hcas)],
             "paths": [{"gpu": gpus[0], "hca": "mlx5_0", "bridges": bridges}], "acs": facts,
             "peermem": "nvidia_peermem", "virtual": None, "iommu": "off"}
-    view = ClusterView([NodeInfo("n1", "n1", len(gpus))], {"n1": {"gpudirect": node}})
+    view = builders.view({"n1": {"gpudirect": node}}, gpus=len(gpus))
     findings = gpudirect_rule.rule(view)
     assert [f.message for f in findings if f.status in PROBLEMS] == []
     assert [f.status for f in findings] == [Status.PASS]

@@ -44,6 +44,7 @@ import subprocess
 import time
 from typing import Dict, List, Optional, Sequence
 
+from tests.paths import PREFLIGHT
 from .base import SimError, tail, write_file
 from .cluster import SimNode, as_node
 
@@ -106,6 +107,15 @@ class SimSlurm:
         for key in [k for k in env if k.startswith("SLURM_") and k != "SLURM_CONF"]:
             del env[key]  # an outer allocation's variables must not leak into this cluster's clients
         return env
+
+    def preflight(self, argv: Sequence[str], *, prefix: Sequence[str] = (), env: Optional[Dict[str, str]] = None,
+                  timeout: float = 180, popen: bool = False, **kw):
+        """`[PREFIX] preflight ARGV --no-progress` on the controller, a client of this cluster (env() unless
+        env is given): the CompletedProcess, or with popen=True the running Popen (killed at stop())."""
+        argv = [*prefix, PREFLIGHT, *argv, "--no-progress"]
+        if popen:
+            return self.cluster.ctl_popen(argv, env=env or self.env(), **kw)
+        return self.cluster.ctl(argv, env=env or self.env(), timeout=timeout, **kw)
 
     def _write_files(self) -> None:
         for d in ("sock", "state", "log", "spool"):

@@ -43,25 +43,16 @@ pytestmark = pytest.mark.skipif(bool(_MISSING), reason=_MISSING)
 
 
 @pytest.fixture(scope="module")
-def kube():
-    from tests.sim.netns import netns_available
-
-    ok, why = netns_available()
-    if not ok:
-        pytest.skip(why)
-    from tests.sim.cluster import SimCluster, cleanup_stale
+def kube(module_cluster):
+    """(cluster, api): the module's simulated nodes and the API-server double over them, stopped before the nodes."""
     from tests.sim.kubeapi import KubeAPI
 
-    cleanup_stale()
-    cluster = SimCluster(N).start()
-    api = None
+    cluster = module_cluster(N)
+    api = KubeAPI(cluster).start()
     try:
-        api = KubeAPI(cluster).start()
         yield cluster, api
     finally:
-        if api is not None:
-            api.stop()
-        cluster.stop()
+        api.stop()
 
 
 @pytest.fixture

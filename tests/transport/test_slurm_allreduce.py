@@ -20,13 +20,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
 
 import pytest
 import yaml
 
-PREFLIGHT = os.path.join(os.path.dirname(sys.executable), "preflight")
 N = 3
 #: 1 KiB to 64 KiB, doubling: 1 KiB fits a 1500-byte frame, the larger sizes need jumbo frames. Doubling
 #: steps keep each size within the sweep's budget (a size predicted to overrun half the op deadline is not run).
@@ -44,12 +42,7 @@ def cluster(slurm_cluster):
     return slurm_cluster(N)
 
 
-@pytest.fixture(autouse=True)
-def healed(cluster):
-    """Every test leaves the shared cluster as it found it: faults healed, no job, every node idle."""
-    yield
-    cluster.heal()
-    cluster.slurm.settle(90)
+pytestmark = pytest.mark.usefixtures("slurm_healed")  # every test leaves the shared cluster as it found it
 
 
 def _inventory(cluster, allreduce):
@@ -66,8 +59,8 @@ def test_allreduce_hang_through_srun_is_named_and_nothing_is_left(cluster):
     settings = {"sizes": SIZES, "warmup": 1, "iters": 2, "init_timeout": INIT_TIMEOUT, "op_timeout": 4,
                 "total_timeout": TOTAL_TIMEOUT, "slow_fraction": 0.6}
     t0 = time.monotonic()
-    out = cluster.ctl([PREFLIGHT, "check", _inventory(cluster, settings), "--only", "allreduce", "--no-progress",
-                       "--json", "-"], env=cluster.slurm.env(), timeout=600)
+    out = cluster.slurm.preflight(["check", _inventory(cluster, settings), "--only", "allreduce", "--json", "-"],
+                                  timeout=600)
     wall = time.monotonic() - t0
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     assert out.returncode == 1, (out.returncode, out.stderr[-3000:])
@@ -103,8 +96,8 @@ def test_one_srun_task_per_rank_and_every_phase_in_one_step(cluster):
     node's data-NIC address) rides in the sweep's own processes: no step of its own."""
     settings = {"sizes": [1024, 4096], "warmup": 1, "iters": 2, "init_timeout": INIT_TIMEOUT, "op_timeout": 20,
                 "total_timeout": TOTAL_TIMEOUT, "node_round": True}
-    out = cluster.ctl([PREFLIGHT, "check", _inventory(cluster, settings), "--only", "allreduce,mtu", "--no-progress",
-                       "--json", "-"], env=cluster.slurm.env(), timeout=600)
+    out = cluster.slurm.preflight(["check", _inventory(cluster, settings), "--only", "allreduce,mtu", "--json", "-"],
+                                  timeout=600)
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     doc = json.loads(out.stdout)
     assert out.returncode == 0, [r for r in doc["results"] if r["status"] != "pass"]

@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import zipfile
 
@@ -22,7 +21,6 @@ import pytest
 
 from tests.report_schema import assert_valid
 
-PREFLIGHT = os.path.join(os.path.dirname(sys.executable), "preflight")
 N = 3
 NODES = "n[001-003]"
 
@@ -47,8 +45,8 @@ def _wipe(folder):
 
 
 def _run(cluster, env=None):
-    out = cluster.ctl([PREFLIGHT, "check", "--slurm", "--nodelist", NODES, "--only", "ssh", "--debug",
-                       "--no-progress", "--json", "-"], env=env or cluster.slurm.env(), timeout=180)
+    out = cluster.slurm.preflight(["check", "--slurm", "--nodelist", NODES, "--only", "ssh", "--debug", "--json", "-"],
+                                  env=env)
     assert out.stdout.strip(), out.stderr[-3000:]
     doc = json.loads(out.stdout)
     assert_valid(doc)
@@ -163,8 +161,8 @@ def test_without_sbcast_a_stopped_slurmd_is_named_from_the_launch_and_the_step_r
     env = dict(cluster.slurm.env(), PATH="%s:%s" % (bin_dir, "/usr/local/sbin:/usr/sbin:/sbin"))
     cluster.slurm.stop_slurmd("n002")
     try:
-        out = cluster.ctl([PREFLIGHT, "check", "--slurm", "--nodelist", NODES, "--only", "ssh", "--no-progress",
-                           "--json", "-"], env=env, timeout=180)
+        out = cluster.slurm.preflight(["check", "--slurm", "--nodelist", NODES, "--only", "ssh", "--json", "-"],
+                                      env=env)
     finally:
         cluster.heal()
         _settle(cluster)
@@ -192,8 +190,8 @@ def test_an_interrupted_run_leaves_only_the_bundle_which_the_next_run_reuses(clu
     node holds this version's bundle and nothing else of preflight's, and the next run sends nothing."""
     cluster.hang_commands("n003")
     try:
-        proc = cluster.ctl_popen([PREFLIGHT, "check", "--slurm", "--nodelist", NODES, "--only", "ssh", "--no-progress",
-                                  "--timeout", "90"], env=cluster.slurm.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = cluster.slurm.preflight(["check", "--slurm", "--nodelist", NODES, "--only", "ssh", "--timeout", "90"],
+                                       popen=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         until = time.monotonic() + 60
         while not all(_bundles(cluster, n) for n in cluster.nodes) or not cluster.slurm.leftover_steps():
             assert proc.poll() is None and time.monotonic() < until, "no sbcast and step before the interrupt"

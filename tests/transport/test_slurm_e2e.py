@@ -9,14 +9,13 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 
 import pytest
 
+from tests.paths import PREFLIGHT
 from tests.report_schema import assert_valid
 
-PREFLIGHT = os.path.join(os.path.dirname(sys.executable), "preflight")
 N = 8
 
 
@@ -25,18 +24,11 @@ def cluster(slurm_cluster):
     return slurm_cluster(N, docker0=True)
 
 
-@pytest.fixture(autouse=True)
-def healed(cluster):
-    yield
-    cluster.heal()
-    for node, reason in cluster.slurm.reasons().items():  # drained by the test: back to service
-        cluster.slurm.run(["scontrol", "update", "nodename=%s" % node, "state=resume"])
-    cluster.slurm.wait_idle([n.name for n in cluster.nodes], 60)
+pytestmark = pytest.mark.usefixtures("slurm_healed")  # every test leaves the shared cluster as it found it
 
 
 def _run(cluster, argv, prefix=(), timeout=120):
-    out = cluster.ctl(list(prefix) + [PREFLIGHT] + argv + ["--no-progress"], env=cluster.slurm.env(), timeout=timeout)
-    return out
+    return cluster.slurm.preflight(argv, prefix=prefix, timeout=timeout)
 
 
 def _json(cluster, argv, prefix=()):

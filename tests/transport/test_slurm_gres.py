@@ -9,13 +9,10 @@ taken here against slurmctld/slurmd, not assumed.
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import pytest
 from tests.paths import REPO
-
-PREFLIGHT = os.path.join(os.path.dirname(sys.executable), "preflight")
 
 # Runs in the controller namespace: allocate as `--slurm --nodelist` does, then one split run (two
 # tasks a node, one GPU a task, as a bench run with two GPUs a node asks for).
@@ -57,10 +54,10 @@ def test_an_allocation_that_holds_none_of_its_gpus_gets_a_note(slurm_cluster):
     """Inside `salloc -N2` without --gpus on Gres=gpu:2 nodes: the run says why the GPU checks may see
     none (one stderr line), and still runs; with the GPUs held it says nothing."""
     cluster = slurm_cluster(2, slurm_gpus=2)
-    argv = [PREFLIGHT, "check", "--slurm", "--only", "ssh", "--no-progress"]
-    bare = cluster.ctl(["salloc", "-N2"] + argv, env=cluster.slurm.env(), timeout=120)
+    argv = ["check", "--slurm", "--only", "ssh"]
+    bare = cluster.slurm.preflight(argv, prefix=["salloc", "-N2"], timeout=120)
     assert bare.returncode == 0, bare.stderr[-2000:]
     notes = [l for l in bare.stderr.splitlines() if l.startswith("preflight: note: ")]
     assert len(notes) == 1 and "holds none of its nodes' GPUs (Gres gpu:2)" in notes[0], bare.stderr
-    held = cluster.ctl(["salloc", "-N2", "--gpus-per-node=2"] + argv, env=cluster.slurm.env(), timeout=120)
+    held = cluster.slurm.preflight(argv, prefix=["salloc", "-N2", "--gpus-per-node=2"], timeout=120)
     assert held.returncode == 0 and "preflight: note:" not in held.stderr, held.stderr[-2000:]

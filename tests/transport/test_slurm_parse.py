@@ -11,6 +11,7 @@ from preflight.model import Finding, Status
 from preflight.slurm.scontrol import (LAUNCH_REFUSED_RE, bad_state, gres_gpus, job_gpus, parse_show_node,
                                       parse_srun_stderr)
 from tests.paths import TESTS
+from tests import builders
 
 HERE = os.path.join(TESTS, "fixtures", "slurm")
 
@@ -217,12 +218,14 @@ def test_a_node_no_check_decided_is_not_drained_and_not_in_the_blast_radius():
 
 def test_a_damaged_result_is_a_retest_for_the_ssh_check_and_a_dead_node_still_fails():
     from preflight.checks.ssh import rule as ssh_rule
-    from preflight.model import FAILURE_KINDS, ClusterView, NodeInfo
+    from preflight.model import FAILURE_KINDS, NodeInfo
 
     nodes = [NodeInfo(name=n, host=n, gpus_per_node=0) for n in ("n1", "n2")]
-    view = ClusterView(nodes, {}, cluster={FAILURE_KINDS: {"n1": "damaged", "n2": "unreachable"}},
-                       unreachable={"n1": "probe bundle exited 0 without a result: result damaged in transit: CRC32 1 expected 2",
-                                    "n2": "unreachable: connection refused (198.18.0.3:22)"})
+    view = builders.view({},
+                         nodes=nodes,
+                         cluster={FAILURE_KINDS: {"n1": "damaged", "n2": "unreachable"}},
+                         unreachable={"n1": "probe bundle exited 0 without a result: result damaged in transit: CRC32 1 expected 2",
+                                      "n2": "unreachable: connection refused (198.18.0.3:22)"})
     by_node = {f.node: f for f in ssh_rule.rule(view)}
     assert by_node["n1"].status is Status.ERROR and by_node["n1"].action == "retest"
     assert "damaged in transit" in by_node["n1"].message
@@ -234,7 +237,7 @@ def test_srun_failing_for_the_controller_is_no_verdict_on_the_nodes():
     of the step would have read 'probe bundle gave no result' FAIL isolate; it is a retest naming Slurm's
     controller. The twin: a task that a node's slurmd failed to launch still names that node."""
     from preflight.checks.ssh import rule as ssh_rule
-    from preflight.model import FAILURE_KINDS, ClusterView, NodeInfo
+    from preflight.model import FAILURE_KINDS, NodeInfo
     from preflight.slurm.scontrol import controller_failure
 
     said = ("srun: error: Unable to confirm allocation for job 1: Socket timed out on send/recv operation\n"
@@ -248,11 +251,13 @@ def test_srun_failing_for_the_controller_is_no_verdict_on_the_nodes():
     assert controller_failure(node_side) is None and parse_srun_stderr(node_side)[0] == {
         "n385": "Communication connection failure"}
     nodes = [NodeInfo(name=n, host=n, gpus_per_node=0) for n in ("n1", "n2")]
-    view = ClusterView(nodes, {}, cluster={FAILURE_KINDS: {"n1": "scheduler", "n2": "protocol"}},
-                       unreachable={"n1": "not checked: srun could not run the step (Unable to confirm allocation "
-                                          "for job 1: Socket timed out on send/recv operation): Slurm's controller "
-                                          "did not answer, not this node",
-                                    "n2": "probe bundle gave no result: no output from the task (srun rc 1)"})
+    view = builders.view({},
+                         nodes=nodes,
+                         cluster={FAILURE_KINDS: {"n1": "scheduler", "n2": "protocol"}},
+                         unreachable={"n1": "not checked: srun could not run the step (Unable to confirm allocation "
+                                            "for job 1: Socket timed out on send/recv operation): Slurm's controller "
+                                            "did not answer, not this node",
+                                      "n2": "probe bundle gave no result: no output from the task (srun rc 1)"})
     by_node = {f.node: f for f in ssh_rule.rule(view)}
     assert by_node["n1"].status is Status.ERROR and by_node["n1"].action == "retest"
     assert "Slurm's controller" in by_node["n1"].message

@@ -28,7 +28,7 @@ from preflight.model import ClusterView, Finding, ParseError, Status
 #: What the cluster finding says when no absolute figure applies (the fleet rounds may then judge).
 NO_THRESHOLD = "no threshold applies (set expect.busbw_gbps)"
 #: A sweep cut before a size more than this many times the last one completed was projected from too far
-#: below it (the built-in sweeps double): its bandwidth is not proven (issue 23: a sparse size list).
+#: below it (the built-in sweeps double): its bandwidth is not proven (a sparse size list skips the sizes between).
 SPARSE_STEP = 2
 
 
