@@ -150,6 +150,14 @@ def _derive(view: ClusterView) -> Dict[str, Any]:
     return view.derived
 
 
+def _warm(fleet: Any, inv: Inventory, crossnode: Sequence[Any]) -> Dict[str, Dict[str, Any]]:
+    """{node: the phase-1 config's "warm"}: what the cross-node test starts ahead of itself (one test may)."""
+    for check in crossnode:
+        if check.crossnode.warm is not None:
+            return check.crossnode.warm(fleet, inv)
+    return {}
+
+
 def open_fleet(inv: Inventory, opts: Options) -> Any:
     """The transport for this inventory (a contract.Fleet): SSH/local fan-out (transport.fleet.Fleet), srun
     steps (slurm.fleet.SlurmFleet) or kubectl exec into agent pods (k8s.fleet.KubeFleet)."""
@@ -193,6 +201,8 @@ def run(inv: Inventory, opts: Options) -> RunReport:
 
     with open_fleet(inv, opts) as fleet:
         t0 = time.monotonic()
+        # the cross-node tests' processes start now, while the node checks run (CrossNode.warm)
+        warm = _warm(fleet, inv, [checks[n] for n in crossnode])
         configs = {
             s.name: _probe_config(
                 phase1, s, deadline(s), {n: checks[n].prepare(cluster, s.name, s.name == inv.head_name) for n in prepared},
@@ -200,7 +210,9 @@ def run(inv: Inventory, opts: Options) -> RunReport:
             )
             for s in inv.nodes
         }
-        unreachable.update(_absorb(facts, fleet.run(configs, deadline, then=bool(phase2)), phase1, captures,
+        for name, spec in warm.items():
+            configs[name]["warm"] = spec
+        unreachable.update(_absorb(facts, fleet.run(configs, deadline, then=bool(phase2 or warm)), phase1, captures,
                                    cluster[FAILURE_KINDS]))
         times["phase1_s"] = time.monotonic() - t0
 
@@ -215,7 +227,7 @@ def run(inv: Inventory, opts: Options) -> RunReport:
                 if per_check:
                     configs[node.name] = _probe_config(list(per_check), specs[node.name], deadline(specs[node.name]),
                                                        per_check, capture=opts.capture)
-            failed = _absorb(facts, fleet.run(configs, deadline), phase2, captures)
+            failed = _absorb(facts, fleet.run(configs, deadline, then=bool(warm)), phase2, captures)
             for name, why in failed.items():
                 for check in configs[name]["checks"]:
                     facts[name][check] = {"probe_error": "network probe run failed: %s" % why}

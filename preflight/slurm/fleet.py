@@ -323,6 +323,11 @@ class SlurmFleet:
             "against the node (one late slurmd times out its whole forwarding subtree); if it repeats, read slurmd's "
             "log there and `scontrol show node %s`") % (name, again, why, name))
 
+    def keeps_ranks(self, ranks: int) -> bool:
+        """A bench with one rank a node runs in the kept step's tasks (run's kept-step reuse), so ranks
+        started in phase 1 can be adopted; more ranks a node get a step of their own (one task per rank)."""
+        return ranks == 1
+
     def cancel(self) -> None:
         """Cancel the step in flight (Ctrl-C): scancel, then kill srun."""
         with self._lock:

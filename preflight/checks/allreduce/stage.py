@@ -59,6 +59,24 @@ def _participants(view: ClusterView, healthy: Sequence[str], inv: Inventory) -> 
     return head + [n for n in out if not n.is_head]  # the head hosts rank 0 (and the TCPStore)
 
 
+def warm(fleet: Fleet, inv: Inventory) -> Dict[str, Dict[str, Any]]:
+    """{node: the ranks its phase-1 run starts ahead of the all-reduce} (preflight.probe.bench_warm): each
+    imports torch and makes its CUDA context while the node checks run, and the bench later adopts it.
+    Only where the fleet runs the bench in the process that ran phase 1 (fleet.keeps_ranks(ranks a node));
+    none when the test is off (cluster.allreduce.enabled or .warm false) or would be a single rank. A
+    node that fails the node checks gets no bench: its warm ranks end with its process, never joining."""
+    raw = inv.cluster.get("allreduce") or {}
+    keeps = getattr(fleet, "keeps_ranks", None)
+    if raw.get("enabled") is False or raw.get("warm") is False or keeps is None:
+        return {}
+    backend = "nccl" if all(s.gpus_per_node > 0 for s in inv.nodes) else "gloo"
+    ranks = {s.name: s.gpus_per_node if backend == "nccl" else 1 for s in inv.nodes}
+    if sum(ranks.values()) < 2:
+        return {}
+    return {s.name: {"backend": backend, "local_world_size": ranks[s.name], "python": s.python}
+            for s in inv.nodes if keeps(ranks[s.name])}
+
+
 def _settings(inv: Inventory) -> Dict[str, Any]:
     return timeplan.settings(dict(inv.cluster.get("allreduce") or {}))
 
