@@ -342,8 +342,6 @@ MAX_FUNCTION_LINES = 80
 #: a licence. A new long function fails; a listed one that shrinks below the limit must leave the list.
 LONG_FUNCTIONS = {
     "preflight/checks/allreduce/rule.py:rank_findings": "the per-rank judgement: figures, sweep cut, stragglers, wording",
-    "preflight/checks/allreduce/stage.py:_measure": "the sweep's rounds and their deadlines in one loop",
-    "preflight/checks/allreduce/timeplan.py:time_plan": "one table of phases, each a few lines",
     "preflight/checks/fabric_manager/rule.py:_node": "one node's fabric states, NVSwitch and VM shapes",
     "preflight/checks/mtu/rule.py:rule": "reference, per-path judgement and the blame of one end",
     "preflight/checks/nccl_env/rule.py:rule": "reference env, per-node comparison and wording",
@@ -353,7 +351,6 @@ LONG_FUNCTIONS = {
     "preflight/derived/envfabric.py:gid": "NCCL_IB_GID_INDEX: the GID table's per-node agreement",
     "preflight/engine.py:run": "one run's phases in order (gather, derive, judge, cross-node, act)",
     "preflight/inventory.py:load": "the inventory's top-level keys, validated in file order",
-    "preflight/probe/bench_worker.py:main": "one rank's life: init, sweep, report (node side, no helpers module)",
     "preflight/slurm/allocation.py:allocate": "salloc, its wait and its failure modes",
     "preflight/slurm/fleet.py:_collect": "one srun step's output, parts and failures",
     "preflight/transport/ssh.py:run_bundle": "one SSH session's protocol: connect, send, read, deadline, kill",

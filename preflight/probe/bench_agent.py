@@ -307,6 +307,17 @@ def _normalise(config: Dict[str, Any]) -> Dict[str, Any]:
     return cfg
 
 
+def warm(spec: Dict[str, Any], bundle: Optional[bytes] = None) -> Dict[str, Any]:
+    """Start this node's ranks ahead of the bench (preflight.probe.bench_warm): {"started": n} or {"error"}."""
+    from preflight.probe import bench_warm
+
+    try:
+        source = worker_source(bundle)
+    except (OSError, ImportError, KeyError, ValueError) as exc:
+        return {"error": "cannot load the bench worker: %s" % exc}
+    return bench_warm.start(spec, source, default_python(), NCCL_DEBUG_ENV)
+
+
 def default_python() -> str:
     """The ranks' interpreter when the config names none: this one."""
     return sys.executable

@@ -3,7 +3,7 @@ checks run, then waits for its go; the bench agent adopts them instead of starti
 
 Node side, standard library only, Python 3.8 compatible. The controller asks for them in a phase-1
 config ({"warm": {"backend", "local_world_size", "python"}}, preflight.checks.allreduce.stage.warm); the
-node's runner calls start() in the bundle's main thread before its probes, and the same process later
+node's runner calls bench_agent.warm (start() here) in the bundle's main thread before its probes, and the same process later
 runs the bench (a transport that keeps a node's process from phase to phase). bench_agent._spawn then
 takes the warm rank of each local rank (take) and hands it its go (go): one JSON line on a pipe of its
 own, {"cfg": the worker config, "env": what its environment lacks (rank, world, rendezvous, NCCL/GLOO)}.
@@ -48,13 +48,11 @@ class Warm:
 WARM: Dict[int, Warm] = {}
 
 
-def warm_env(backend: str, local_rank: int, local_world_size: int) -> Dict[str, str]:
+def warm_env(backend: str, local_rank: int, local_world_size: int, nccl_env: Dict[str, str]) -> Dict[str, str]:
     """A warm rank's environment: the node process's, less what the go brings (bench_agent.rank_env)."""
-    from preflight.probe import bench_agent
-
     env = dict(os.environ)
     if backend == "nccl":
-        env.update(bench_agent.NCCL_DEBUG_ENV)
+        env.update(nccl_env)
         env.pop("NCCL_DEBUG_FILE", None)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update({"LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(local_world_size), "PYTHONUNBUFFERED": "1",
@@ -62,21 +60,19 @@ def warm_env(backend: str, local_rank: int, local_world_size: int) -> Dict[str, 
     return env
 
 
-def start(spec: Dict[str, Any], bundle: Optional[bytes] = None) -> Dict[str, Any]:
-    """Start spec["local_world_size"] warm ranks (any left from before are stopped first).
-    {"started": n} or {"error": why}: a failure here only means the bench starts its ranks cold."""
-    from preflight.probe import bench_agent
-
+def start(spec: Dict[str, Any], source: str, python: str, nccl_env: Dict[str, str]) -> Dict[str, Any]:
+    """Start spec["local_world_size"] warm ranks running `source` (any left from before are stopped first);
+    python: the interpreter when spec names none. {"started": n} or {"error": why}: a failure here only
+    means the bench starts its ranks cold (bench_agent.warm calls this)."""
     discard()
     try:
         backend = str(spec["backend"])
         count = int(spec.get("local_world_size") or 1)
-        python = str(spec.get("python") or bench_agent.default_python())
-        source = bench_agent.worker_source(bundle).encode("utf-8")
-    except (KeyError, TypeError, ValueError, OSError, ImportError) as exc:
+        python = str(spec.get("python") or python)
+    except (KeyError, TypeError, ValueError) as exc:
         return {"error": "cannot warm the ranks: %s" % exc}
     for local_rank in range(count):
-        env = warm_env(backend, local_rank, count)
+        env = warm_env(backend, local_rank, count, nccl_env)
         read_fd, go_fd = os.pipe()
         try:
             proc = subprocess.Popen([python, "-u", "-", json.dumps({"warm": True, "backend": backend,
@@ -91,7 +87,7 @@ def start(spec: Dict[str, Any], bundle: Optional[bytes] = None) -> Dict[str, Any
             os.close(read_fd)
         WARM[local_rank] = Warm(proc, go_fd, python, backend, env)
         try:
-            proc.stdin.write(source)
+            proc.stdin.write(source.encode("utf-8"))
         except OSError:
             pass  # it died at once: its exit status and stderr tell the bench that adopts it why
         finally:

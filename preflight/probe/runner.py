@@ -96,9 +96,9 @@ def _warm(spec: Optional[Dict[str, Any]], bundle: bytes) -> Optional[Dict[str, A
     """Start the all-reduce's ranks ahead of it (preflight.probe.bench_warm), in this, the main, thread."""
     if not spec:
         return None
-    from preflight.probe import bench_warm
+    from preflight.probe import bench_agent
 
-    return bench_warm.start(spec, bundle)
+    return bench_agent.warm(spec, bundle)
 
 
 def merge(results: List[Dict[str, Any]]) -> Dict[str, Any]:

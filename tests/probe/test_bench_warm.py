@@ -34,7 +34,7 @@ def no_warm_left():
 
 
 def warm(local=2, **spec):
-    return bench_warm.start(dict({"backend": "gloo", "local_world_size": local, "python": sys.executable}, **spec))
+    return bench_agent.warm(dict({"backend": "gloo", "local_world_size": local, "python": sys.executable}, **spec))
 
 
 def alive(pid):
@@ -110,8 +110,8 @@ def test_a_warm_rank_still_importing_at_the_init_deadline_is_named_at_its_import
 NODE = r"""
 import json, os, sys
 sys.path.insert(0, %(repo)r)
-from preflight.probe import bench_warm
-print(json.dumps(bench_warm.start({"backend": "gloo", "local_world_size": 2, "python": sys.executable})))
+from preflight.probe import bench_agent, bench_warm
+print(json.dumps(bench_agent.warm({"backend": "gloo", "local_world_size": 2, "python": sys.executable})))
 print(json.dumps([w.proc.pid for w in bench_warm.WARM.values()]), flush=True)
 if sys.stdin.readline().strip() == "exit":
     os._exit(0)  # the bootstrap's end after its last phase: no bench came for this node
