@@ -23,7 +23,8 @@ before torch is imported, so a library that prints cannot corrupt the stream):
     {"event": "size", "bytes": N, ..., "ok": false, "expected": 3.0, "got": 2.0, "mismatches": 12}
     {"event": "cut", "bytes": N, "took_s": .., "projected_s": .., "budget_s": ..}
                                                        the sweep stops before size N: the size before it took
-                                                       took_s on the slowest rank, so N would take about
+                                                       took_s on the slowest rank (its runs at its best
+                                                       iteration's pace, see _sweep), so N would take about
                                                        projected_s, over size_budget_s (all ranks agree)
     {"event": "pairs_start", "bytes": N, "iters": K}   the fleet rounds begin in this process (config "pairs",
                                                        see _pair_phase)
@@ -48,8 +49,9 @@ time. The buffer is refilled with (rank + 1) before every iteration (outside the
 never grow toward overflow.
 
 Budget: with size_budget_s in the config, after each size the ranks agree (a MAX all-reduce of the
-seconds each spent on it) on how long the next, larger size would take, scaled by its byte count; when
-that is over the budget the sweep ends there ("cut") instead of running into the agent's op deadline.
+seconds each would spend on it at its best iteration's pace) on how long the next, larger size would
+take, scaled by its byte count; when that is over the budget the sweep ends there ("cut") instead of
+running into the agent's op deadline.
 A slow link then ends as a slow, complete measurement, not as a killed rank and a connection reset.
 
 Correctness: after the timed iterations a freshly filled buffer is reduced once more and every element
@@ -290,19 +292,26 @@ def _rendezvous(torch, dist, device, gpu, rank, world_size, cfg):
 
 def _sweep(torch, dist, device, gpu, rank, world_size, cfg, state):
     """Every size in order, each timed and checked; stops before a size projected over the size budget
-    (the "cut"). [(bytes, seconds it took)] of the sizes run."""
+    (the "cut"). [(bytes, seconds it took)] of the sizes run.
+
+    The projection scales the size's runs (warm-up, timed, check) at the pace of its best iteration on
+    the slowest rank: the wall time of a small size on a starved CPU is mostly stalls (a 1 KiB size took
+    0.3 s under load, projected to 19 s at 64 KiB, and cut a healthy sweep), and stalls do not scale with
+    the byte count. A slow link slows every iteration, the best one too, so it is still cut in time."""
     expected = world_size * (world_size + 1) / 2.0
     sizes = list(cfg["sizes"])
     budget = cfg.get("size_budget_s")
+    runs = int(cfg.get("warmup", 2)) + max(1, int(cfg.get("iters", 5))) + 1
     done_sizes = []
     for i, nbytes in enumerate(sizes):
         state.update(stage="size", bytes=nbytes)
         started = time.monotonic()
-        emit("size", **_one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected))
+        out = _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected)
+        emit("size", **out)
         done_sizes.append((nbytes, time.monotonic() - started))
         if budget and i + 1 < len(sizes):
             state.update(bytes=sizes[i + 1])
-            took = _slowest(torch, dist, device, gpu, time.monotonic() - started)
+            took = _slowest(torch, dist, device, gpu, runs * float(out["min_s"]))
             projected = took * sizes[i + 1] / float(nbytes)
             if projected > float(budget):
                 emit("cut", bytes=sizes[i + 1], took_s=round(took, 4), projected_s=round(projected, 3),
