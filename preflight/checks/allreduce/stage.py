@@ -331,12 +331,14 @@ class _Rounds:
 
 
 def _slowest_start(docs: Dict[str, Dict[str, Any]]) -> Dict[str, Optional[float]]:
-    """The slowest rank's torch import and whole init (seconds from its start), where every rank got there."""
+    """The slowest rank's torch import and whole init (seconds from its start, or a warm rank's from its go),
+    where every rank got there; how many ranks were warm; the slowest sweep and phases after it."""
     out: Dict[str, Optional[float]] = {}
     entries = [e for doc in docs.values() for e in doc.get("ranks") or []]
     for key in ("import_s", "init_s"):
         values = [e.get(key) for e in entries]
         out["slowest_" + key] = max(values) if values and None not in values else None
+    out["warm_ranks"] = sum(1 for e in entries if e.get("warm"))  # started in phase 1 (bench_warm), adopted
     for key in ("sweep_s", "node_s", "pairs_s"):  # the sweep, the node tests, node tests + pairs (in run_s)
         values = [e[key] for e in entries if e.get(key) is not None]
         if values:
