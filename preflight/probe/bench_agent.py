@@ -93,7 +93,9 @@ Result document::
          "sweep_s": null | 0.9,        # seconds from init_done to the pair phase's start (the sweep)
          "node_s": null | 0.4,         # seconds of that phase spent in the partner-free tests
          "compute": null | {"device", "versions", "gemm", "copy", "sdc", "nvml"},  # bench_worker._compute_phase
-         "compute_error": null | "..."}  # the compute phase failed; the sweep's results stand
+         "compute_error": null | "...",  # the compute phase failed; the sweep's results stand
+         "warm": false}      # true: started during the node checks (bench_warm) and adopted; import_s is
+                             # then the rank's own import and init_s counts from its go
       ]
     }
 

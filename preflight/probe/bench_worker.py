@@ -8,14 +8,18 @@ Started by bench_agent (one process per GPU, or one per CPU node) as
 (the probe bundle lives in memory on the node, so there is no file to point at; running it as a file
 works the same)
 with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and the configured NCCL_*/GLOO_* variables in
-its environment. The JSON config carries what the environment does not: backend, sizes, warmup, iters,
+its environment. A rank started ahead of the bench (preflight.probe.bench_warm: during the node checks)
+gets the config {"warm": true, "backend", "go_fd"} instead: it imports torch, then waits on the pipe go_fd
+for one line, {"cfg": the config above, "env": the variables its environment lacks}, and goes on as any
+rank; EOF on that pipe ends it at once, whatever it is doing (_go_channel). The JSON config carries what the environment does not: backend, sizes, warmup, iters,
 start_at (optional: wall-clock time to start timing, see _wait_for_start), run_id (optional: see RUN_KEY)
 and the torch-side timeout (a backstop only: the agent's deadlines fire first and kill this process).
 
 Protocol: one JSON object per line on the *original* stdout (file descriptor 1 is re-pointed at stderr
 before torch is imported, so a library that prints cannot corrupt the stream):
 
-    {"event": "imported", "t": ...}                    torch imported
+    {"event": "imported", "t": ..., "import_s": ..}    torch imported (and on GPUs this rank's CUDA context
+                                                       made), import_s seconds after it began
     {"event": "store", "t": ...}                       connected to the rendezvous store, arrival recorded
     {"event": "arrived", "ranks": [0, 1, ...]}         global rank 0 only: ranks that reached the store so far
     {"event": "init_done", "t": ..., "pid": ...}       process group up and a first 1-element all-reduce done
