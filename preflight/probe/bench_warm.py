@@ -3,10 +3,10 @@ checks run, then waits for its go; the bench agent adopts them instead of starti
 
 Node side, standard library only, Python 3.8 compatible. The controller asks for them in a phase-1
 config ({"warm": {"backend", "local_world_size", "python"}}, preflight.checks.allreduce.stage.warm); the
-node's runner calls bench_agent.warm (start() here) in the bundle's main thread before its probes, and the same process later
-runs the bench (a transport that keeps a node's process from phase to phase). bench_agent._spawn then
-takes the warm rank of each local rank (take) and hands it its go (go): one JSON line on a pipe of its
-own, {"cfg": the worker config, "env": what its environment lacks (rank, world, rendezvous, NCCL/GLOO)}.
+node's runner calls bench_agent.warm (start() here) in the bundle's main thread before its probes, and
+the same process later runs the bench (a transport that keeps a node's process from phase to phase).
+bench_agent._spawn then takes the warm rank of each local rank (take) and hands it its go (go): one JSON
+line on a pipe of its own, {"cfg": the worker config, "env": what its environment lacks (rank, world, rendezvous, NCCL/GLOO)}.
 A warm rank that does not fit the bench (another interpreter or backend, or an environment variable that
 counts at import or CUDA init) is stopped and a cold one started: the verdict never depends on warming.
 

@@ -11,7 +11,8 @@ with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and the configured N
 its environment. A rank started ahead of the bench (preflight.probe.bench_warm: during the node checks)
 gets the config {"warm": true, "backend", "go_fd"} instead: it imports torch, then waits on the pipe go_fd
 for one line, {"cfg": the config above, "env": the variables its environment lacks}, and goes on as any
-rank; EOF on that pipe ends it at once, whatever it is doing (_go_channel). The JSON config carries what the environment does not: backend, sizes, warmup, iters,
+rank; EOF on that pipe ends it at once, whatever it is doing (_go_channel).
+The JSON config carries what the environment does not: backend, sizes, warmup, iters,
 start_at (optional: wall-clock time to start timing, see _wait_for_start), run_id (optional: see RUN_KEY)
 and the torch-side timeout (a backstop only: the agent's deadlines fire first and kill this process).
 

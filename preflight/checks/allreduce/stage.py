@@ -283,7 +283,7 @@ class _Rounds:
         # every group starts timing at once, once the slowest of them should have started: the slowest
         # start of the whole-cluster run, scaled by how many more ranks each node starts now
         ratio = float(local_ranks or 1) if self.meta["backend"] == "gloo" else 1.0
-        delay = ROUND_START_FACTOR * ratio * float(self.timings.get("slowest_init_s") or 0) + 1.0
+        delay = ROUND_START_FACTOR * ratio * float(self.timings.get("slowest_launch_s") or 0) + 1.0
         # never so late that the agents' init deadline fires first
         start_at = time.time() + min(max(ROUND_START_MIN_S, delay), 0.5 * self.short["deadlines"]["init_s"])
         if not sync:  # judged on completion: no need to wait for the others
@@ -300,7 +300,8 @@ class _Rounds:
         for spec in plan.node_rounds(self.nodes, self.meta["backend"]):
             results = [dict(g, **{"pass": 0}) for g in self.run_groups([[n.name] for n in self.nodes], spec["env"],
                                                                         spec["local_ranks"], sync=self.by_bandwidth)]
-            suspects, good = judge.node_suspects(results, self.settings["slow_fraction"]) if self.by_bandwidth else ([], [])
+            suspects, good = (judge.node_suspects(results, self.settings["slow_fraction"]) if self.by_bandwidth
+                              else ([], []))
             pairs = list(zip(suspects, good))
             if pairs:
                 again = self.run_groups([[s] for s, _g in pairs] + [[g] for _s, g in pairs], spec["env"],
@@ -339,6 +340,11 @@ def _slowest_start(docs: Dict[str, Dict[str, Any]]) -> Dict[str, Optional[float]
         values = [e.get(key) for e in entries]
         out["slowest_" + key] = max(values) if values and None not in values else None
     out["warm_ranks"] = sum(1 for e in entries if e.get("warm"))  # started in phase 1 (bench_warm), adopted
+    # what starting these ranks anew costs (the rounds do): a warm rank's init counts from its go, so its
+    # own import is added (an upper bound where the go found it still importing)
+    launch = [None if e.get("init_s") is None else e["init_s"] + float((e.get("warm") and e.get("import_s")) or 0)
+              for e in entries]
+    out["slowest_launch_s"] = max(launch) if launch and None not in launch else None
     for key in ("sweep_s", "node_s", "pairs_s"):  # the sweep, the node tests, node tests + pairs (in run_s)
         values = [e[key] for e in entries if e.get(key) is not None]
         if values:
