@@ -204,9 +204,20 @@ class _Gathered:
     times: Dict[str, float] = field(default_factory=dict)
 
 
-def _phase1(fleet: Any, inv: Inventory, opts: Options, sel: _Selection, cluster: Dict[str, Any], got: _Gathered) -> None:
+def _warm(fleet: Any, inv: Inventory, crossnode: Sequence[Any]) -> Dict[str, Dict[str, Any]]:
+    """{node: the phase-1 config's "warm"}: what the cross-node test starts ahead of itself (one test may)."""
+    for check in crossnode:
+        if check.crossnode.warm is not None:
+            return check.crossnode.warm(fleet, inv)
+    return {}
+
+
+def _phase1(fleet: Any, inv: Inventory, opts: Options, sel: _Selection, cluster: Dict[str, Any], got: _Gathered) -> bool:
+    """The node checks on every node; the cross-node test's processes start beside them (CrossNode.warm), so
+    the node keeps its process for them after this phase. Returns whether any were started."""
     deadline = _deadline(opts.timeout)
     t0 = time.monotonic()
+    warm = _warm(fleet, inv, [sel.checks[n] for n in sel.crossnode])
     configs = {
         s.name: _probe_config(
             sel.phase1, s, deadline(s),
@@ -215,13 +226,18 @@ def _phase1(fleet: Any, inv: Inventory, opts: Options, sel: _Selection, cluster:
         )
         for s in inv.nodes
     }
-    outcomes = fleet.run(configs, deadline, then=bool(sel.phase2))
+    for name, spec in warm.items():
+        configs[name]["warm"] = spec
+    outcomes = fleet.run(configs, deadline, then=bool(sel.phase2 or warm))
     got.unreachable.update(_absorb(got.facts, outcomes, sel.phase1, got.captures, cluster[FAILURE_KINDS]))
     got.times["phase1_s"] = time.monotonic() - t0
+    return bool(warm)
 
 
-def _phase2(fleet: Any, inv: Inventory, opts: Options, sel: _Selection, view: ClusterView, got: _Gathered) -> None:
-    """The network probes each node's phase-2 checks plan from phase 1 (on the nodes that answered)."""
+def _phase2(fleet: Any, inv: Inventory, opts: Options, sel: _Selection, view: ClusterView, got: _Gathered,
+            warm: bool = False) -> None:
+    """The network probes each node's phase-2 checks plan from phase 1 (on the nodes that answered); with warm
+    cross-node processes started in phase 1, each node keeps its process for them after this phase too."""
     deadline = _deadline(opts.timeout)
     specs = {s.name: s for s in inv.nodes}
     t0 = time.monotonic()
@@ -232,7 +248,7 @@ def _phase2(fleet: Any, inv: Inventory, opts: Options, sel: _Selection, view: Cl
         if per_check:
             configs[node.name] = _probe_config(list(per_check), specs[node.name], deadline(specs[node.name]),
                                                per_check, capture=opts.capture)
-    failed = _absorb(got.facts, fleet.run(configs, deadline), sel.phase2, got.captures)
+    failed = _absorb(got.facts, fleet.run(configs, deadline, then=warm), sel.phase2, got.captures)
     for name, why in failed.items():
         for check in configs[name]["checks"]:
             got.facts[name][check] = {"probe_error": "network probe run failed: %s" % why}
@@ -275,11 +291,11 @@ def run(inv: Inventory, opts: Options) -> RunReport:
         cluster["previous"] = opts.previous
 
     with open_fleet(inv, opts) as fleet:
-        _phase1(fleet, inv, opts, sel, cluster, got)
+        warm = _phase1(fleet, inv, opts, sel, cluster, got)
         view = ClusterView(infos, got.facts, inv.expect, cluster, got.unreachable)
         derived = _derive(view)
         if sel.phase2 and view.live:
-            _phase2(fleet, inv, opts, sel, view, got)
+            _phase2(fleet, inv, opts, sel, view, got, warm)
         view = ClusterView(infos, got.facts, inv.expect, cluster, got.unreachable, derived)
         # The node checks' verdicts are final here (a cross-node test only adds its own facts): judge them once.
         findings = judge(view, [n for n in sel.selected if n not in sel.late])

@@ -41,7 +41,7 @@ NODE_KEYS = (
 #: settings (preflight.checks.settings()), so a new check's key needs no edit here
 CLUSTER_KEYS = ("master_port", "head", "expect", "allreduce", "transport", "max_nodes", "history")
 ALLREDUCE_KEYS = ("sizes", "warmup", "iters", "init_timeout", "op_timeout", "total_timeout", "enabled", "slow_fraction",
-                  "node_round")
+                  "node_round", "warm")
 TOP_KEYS = ("defaults", "cluster", "nodes")
 
 DEFAULTS: Dict[str, Any] = {
@@ -519,7 +519,7 @@ def _check_allreduce(v: _Validator, allreduce: Dict[str, Any]) -> None:
                 raise v.fail(at, "sizes must be a list of byte counts", "e.g. [1048576, 16777216] (4 B to 64 GiB)")
         elif key in ("warmup", "iters"):
             allreduce[key] = v.integer(value, at, key, 0 if key == "warmup" else 1, 1000)
-        elif key in ("enabled", "node_round"):
+        elif key in ("enabled", "node_round", "warm"):
             if not isinstance(value, bool):
                 raise v.fail(at, "%s must be true or false" % key, "write true or false")
         elif key == "slow_fraction":

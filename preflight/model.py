@@ -212,10 +212,13 @@ class CrossNode:
     run(fleet, inventory, view, healthy node names, derived env, options) returns an object with
     `docs` ({node: facts}, stored as view.facts[node][check]) and `meta` (view.cluster[check]);
     summary(findings, meta, seconds), when given, is the report's section for it.
+    warm(fleet, inventory), when given: {node: what its phase-1 run starts ahead of the test} (the config's
+    "warm"; the all-reduce's ranks import torch while the node checks run), or {} where it cannot help.
     """
 
     run: Callable[..., Any]
     summary: Optional[Callable[..., Optional[Dict[str, Any]]]] = None
+    warm: Optional[Callable[..., Dict[str, Dict[str, Any]]]] = None
 
 
 #: the kinds of value a Setting holds; preflight.inventory validates each (SETTING_KINDS is its contract)

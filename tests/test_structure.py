@@ -245,9 +245,6 @@ MAX_FUNCTION_LINES = 80
 #: functions past MAX_FUNCTION_LINES today, each with why it is still long: debt to split into named steps, not
 #: a licence. A new long function fails; a listed one that shrinks below the limit must leave the list.
 LONG_FUNCTIONS = {
-    "preflight/checks/allreduce/stage.py:_measure": "the sweep's rounds and their deadlines in one loop",
-    "preflight/checks/allreduce/timeplan.py:time_plan": "one table of phases, each a few lines",
-    "preflight/probe/bench_worker.py:main": "one rank's life: init, sweep, report (node side, no helpers module)",
     "preflight/slurm/allocation.py:allocate": "salloc, its wait and its failure modes",
     "preflight/slurm/fleet.py:_collect": "one srun step's output, parts and failures",
 }

@@ -86,7 +86,8 @@ def get(name: str) -> Check:
             code["probe"] = importlib.import_module("%s.%s.probe" % (__name__, name)).probe
         if has_stage(name):
             stage = importlib.import_module("%s.%s.stage" % (__name__, name))
-            code["crossnode"] = CrossNode(run=stage.run, summary=getattr(stage, "summary", None))
+            code["crossnode"] = CrossNode(run=stage.run, summary=getattr(stage, "summary", None),
+                                          warm=getattr(stage, "warm", None))
         _loaded[name] = dataclasses.replace(declared, **code)
     return _loaded[name]
 

@@ -364,6 +364,10 @@ class KubeFleet(SessionPool):
             session.end_kept()
         return self.bench.run(configs, deadline_of)
 
+    def keeps_ranks(self, ranks: int) -> bool:
+        """The bench runs as an Indexed Job, not in the agent's kept exec: nothing warmed there is adopted."""
+        return False
+
     def cancel(self) -> None:
         self.bench.cancel()
         super().cancel()

@@ -93,7 +93,9 @@ Result document::
          "sweep_s": null | 0.9,        # seconds from init_done to the pair phase's start (the sweep)
          "node_s": null | 0.4,         # seconds of that phase spent in the partner-free tests
          "compute": null | {"device", "versions", "gemm", "copy", "sdc", "nvml"},  # bench_worker._compute_phase
-         "compute_error": null | "..."}  # the compute phase failed; the sweep's results stand
+         "compute_error": null | "...",  # the compute phase failed; the sweep's results stand
+         "warm": false}      # true: started during the node checks (bench_warm) and adopted; import_s is
+                             # then the rank's own import and init_s counts from its go
       ]
     }
 
@@ -188,6 +190,8 @@ class _Rank:
         self.node_s = None  # type: Optional[float]
         self.compute = None  # type: Optional[Dict[str, Any]]
         self.compute_error = None  # type: Optional[str]
+        self.warm = False  # started ahead of the bench and handed its go (bench_warm)
+        self.go_fd = None  # type: Optional[int]  # a warm rank's go pipe, kept open while it runs
 
     @property
     def settled(self) -> bool:
@@ -254,6 +258,7 @@ class _Rank:
             "node_s": self.node_s,
             "compute": self.compute,
             "compute_error": self.compute_error,
+            "warm": self.warm,
         }
 
     def settle_in_pairs(self, why: str) -> bool:
@@ -300,8 +305,24 @@ def _normalise(config: Dict[str, Any]) -> Dict[str, Any]:
     budget = cfg.get("size_budget_s")
     cfg["size_budget_s"] = float(deadlines["op_s"] * SIZE_BUDGET_FRACTION if budget is None else budget)
     cfg["env"] = {str(k): str(v) for k, v in (cfg.get("env") or {}).items()}
-    cfg["python"] = cfg.get("python") or sys.executable
+    cfg["python"] = cfg.get("python") or default_python()
     return cfg
+
+
+def warm(spec: Dict[str, Any], bundle: Optional[bytes] = None) -> Dict[str, Any]:
+    """Start this node's ranks ahead of the bench (preflight.probe.bench_warm): {"started": n} or {"error"}."""
+    from preflight.probe import bench_warm
+
+    try:
+        source = worker_source(bundle)
+    except (OSError, ImportError, KeyError, ValueError) as exc:
+        return {"error": "cannot load the bench worker: %s" % exc}
+    return bench_warm.start(spec, source, default_python(), NCCL_DEBUG_ENV)
+
+
+def default_python() -> str:
+    """The ranks' interpreter when the config names none: this one."""
+    return sys.executable
 
 
 def task_share(config: Dict[str, Any], local_id: int) -> Dict[str, Any]:
@@ -407,6 +428,14 @@ def run(
     finally:
         if claim is not None:
             claim.close()
+        _discard_warm()
+
+
+def _discard_warm() -> None:
+    """The ranks warmed for this node and not adopted (more than this bench wants) are stopped."""
+    from preflight.probe import bench_warm
+
+    bench_warm.discard()
 
 
 def _run_claimed(cfg: Dict[str, Any], doc: Dict[str, Any], t0: float, on_event: Optional[EventHook]) -> Dict[str, Any]:
@@ -464,7 +493,8 @@ def _trap_signals() -> Callable[[], None]:
     return restore
 
 
-def _rank_env(cfg: Dict[str, Any], rank: _Rank) -> Dict[str, str]:
+def rank_env(cfg: Dict[str, Any], rank: _Rank) -> Dict[str, str]:
+    """A rank's whole environment: this process's, the config's env, and the rank's identity."""
     env = dict(os.environ)
     env.update(cfg["env"])
     if cfg["backend"] == "nccl":
@@ -488,8 +518,7 @@ def _rank_env(cfg: Dict[str, Any], rank: _Rank) -> Dict[str, str]:
 
 
 def _spawn(cfg: Dict[str, Any], rank: _Rank, sel: selectors.BaseSelector) -> None:
-    import subprocess
-
+    """Start (or adopt, warm) the rank's process and watch its output."""
     worker_cfg = {
         "backend": cfg["backend"],
         "sizes": cfg["sizes"],
@@ -506,6 +535,35 @@ def _spawn(cfg: Dict[str, Any], rank: _Rank, sel: selectors.BaseSelector) -> Non
         "compute": cfg.get("compute"),
     }
     rank.started = rank.last_progress = time.monotonic()
+    if not _adopt(cfg, rank, worker_cfg):
+        _start_cold(cfg, rank, worker_cfg)
+    if rank.proc is None:
+        return
+    for stream, name in ((rank.proc.stdout, "out"), (rank.proc.stderr, "err")):
+        os.set_blocking(stream.fileno(), False)
+        sel.register(stream, selectors.EVENT_READ, (rank, name))
+        rank.open_fds += 1
+
+
+def _adopt(cfg: Dict[str, Any], rank: _Rank, worker_cfg: Dict[str, Any]) -> bool:
+    """Run this rank in the process warmed for its local rank during phase 1 (bench_warm), when there is
+    one that fits: its init deadline counts from this go, its torch import is already done or under way."""
+    from preflight.probe import bench_warm
+
+    warm = bench_warm.take(cfg, rank.local_rank)
+    if warm is None:
+        return False
+    if not bench_warm.go(warm, worker_cfg, rank_env(cfg, rank)):
+        bench_warm.stop(warm)
+        return False
+    rank.proc, rank.go_fd, rank.warm = warm.proc, warm.go_fd, True
+    return True
+
+
+def _start_cold(cfg: Dict[str, Any], rank: _Rank, worker_cfg: Dict[str, Any]) -> None:
+    """Start the rank's process now: the worker's source on stdin, its config as the argument."""
+    import subprocess
+
     try:
         # The program comes on stdin (`python -`): `ps` shows the rank and its config, not 9 KB of source.
         rank.proc = subprocess.Popen(
@@ -513,7 +571,7 @@ def _spawn(cfg: Dict[str, Any], rank: _Rank, sel: selectors.BaseSelector) -> Non
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=_rank_env(cfg, rank),
+            env=rank_env(cfg, rank),
             close_fds=True,
         )
     except OSError as exc:
@@ -528,10 +586,6 @@ def _spawn(cfg: Dict[str, Any], rank: _Rank, sel: selectors.BaseSelector) -> Non
             rank.proc.stdin.close()
         except OSError:
             pass
-    for stream, name in ((rank.proc.stdout, "out"), (rank.proc.stderr, "err")):
-        os.set_blocking(stream.fileno(), False)
-        sel.register(stream, selectors.EVENT_READ, (rank, name))
-        rank.open_fds += 1
 
 
 def _supervise(cfg, ranks, doc, t0, on_event) -> None:
@@ -612,7 +666,8 @@ def _on_event(rank: _Rank, event: Dict[str, Any], sizes: List[int]) -> None:
     now = time.monotonic()
     if kind == "imported":
         rank.step = "store"
-        rank.import_s = round(now - rank.started, 3)
+        # a warm rank imported before its go: its own figure (the import and CUDA init in the rank)
+        rank.import_s = event.get("import_s") if rank.warm else round(now - rank.started, 3)
     elif kind == "store":
         rank.step = "group"
     elif kind == "arrived":
@@ -738,6 +793,9 @@ def _stop(ranks: List[_Rank], grace: float) -> None:
             pass
         if r.exit is None and r.proc.returncode is not None:
             r.exit = r.proc.returncode
+        if r.go_fd is not None:  # a warm rank's lifeline: closed once it is gone (or it ends it)
+            os.close(r.go_fd)
+            r.go_fd = None
         for stream in (r.proc.stdout, r.proc.stderr):
             if stream is not None:
                 _drain_into(r, stream)

@@ -8,14 +8,19 @@ Started by bench_agent (one process per GPU, or one per CPU node) as
 (the probe bundle lives in memory on the node, so there is no file to point at; running it as a file
 works the same)
 with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and the configured NCCL_*/GLOO_* variables in
-its environment. The JSON config carries what the environment does not: backend, sizes, warmup, iters,
+its environment. A rank started ahead of the bench (preflight.probe.bench_warm: during the node checks)
+gets the config {"warm": true, "backend", "go_fd"} instead: it imports torch, then waits on the pipe go_fd
+for one line, {"cfg": the config above, "env": the variables its environment lacks}, and goes on as any
+rank; EOF on that pipe ends it at once, whatever it is doing (_go_channel).
+The JSON config carries what the environment does not: backend, sizes, warmup, iters,
 start_at (optional: wall-clock time to start timing, see _wait_for_start), run_id (optional: see RUN_KEY)
 and the torch-side timeout (a backstop only: the agent's deadlines fire first and kill this process).
 
 Protocol: one JSON object per line on the *original* stdout (file descriptor 1 is re-pointed at stderr
 before torch is imported, so a library that prints cannot corrupt the stream):
 
-    {"event": "imported", "t": ...}                    torch imported
+    {"event": "imported", "t": ..., "import_s": ..}    torch imported (and on GPUs this rank's CUDA context
+                                                       made), import_s seconds after it began
     {"event": "store", "t": ...}                       connected to the rendezvous store, arrival recorded
     {"event": "arrived", "ranks": [0, 1, ...]}         global rank 0 only: ranks that reached the store so far
     {"event": "init_done", "t": ..., "pid": ...}       process group up and a first 1-element all-reduce done
@@ -23,7 +28,8 @@ before torch is imported, so a library that prints cannot corrupt the stream):
     {"event": "size", "bytes": N, ..., "ok": false, "expected": 3.0, "got": 2.0, "mismatches": 12}
     {"event": "cut", "bytes": N, "took_s": .., "projected_s": .., "budget_s": ..}
                                                        the sweep stops before size N: the size before it took
-                                                       took_s on the slowest rank, so N would take about
+                                                       took_s on the slowest rank (its runs at its best
+                                                       iteration's pace, see _sweep), so N would take about
                                                        projected_s, over size_budget_s (all ranks agree)
     {"event": "pairs_start", "bytes": N, "iters": K}   the fleet rounds begin in this process (config "pairs",
                                                        see _pair_phase)
@@ -48,8 +54,9 @@ time. The buffer is refilled with (rank + 1) before every iteration (outside the
 never grow toward overflow.
 
 Budget: with size_budget_s in the config, after each size the ranks agree (a MAX all-reduce of the
-seconds each spent on it) on how long the next, larger size would take, scaled by its byte count; when
-that is over the budget the sweep ends there ("cut") instead of running into the agent's op deadline.
+seconds each would spend on it at its best iteration's pace) on how long the next, larger size would
+take, scaled by its byte count; when that is over the budget the sweep ends there ("cut") instead of
+running into the agent's op deadline.
 A slow link then ends as a slow, complete measurement, not as a killed rank and a connection reset.
 
 Correctness: after the timed iterations a freshly filled buffer is reduced once more and every element
@@ -174,77 +181,22 @@ def _check_run(store, rank, run_id, host, port):
 
 
 def main(argv):
+    """One rank, start to end: import torch, (warm: wait for the go), rendezvous, sweep, the phases after it."""
     _take_stdout()
     _die_with_parent()
     cfg = json.loads(argv[1])
-    backend = cfg["backend"]
-    rank = int(os.environ["RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    host = os.environ["MASTER_ADDR"]
-    port = int(os.environ["MASTER_PORT"])
-    timeout = datetime.timedelta(seconds=float(cfg.get("timeout_s", 300)))
+    go = _go_channel(int(cfg["go_fd"])) if cfg.get("warm") else None
     state = {"stage": "init", "bytes": None}
     try:
-        import torch
-        import torch.distributed as dist
-
-        emit("imported")
-        gpu = backend == "nccl"
-        if gpu:
-            # one GPU visible (srun --gpus-per-task binds it): device 0; all visible: the LOCAL_RANK-th
-            index = local_rank % max(1, torch.cuda.device_count())
-            torch.cuda.set_device(index)
-            device = torch.device("cuda", index)
-        else:
-            device = torch.device("cpu")
-
-        store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout, wait_for_workers=False)
-        _check_run(store, rank, cfg.get("run_id"), host, port)
-        watch = None
-        if rank == 0:
-            watch = _ArrivalWatch(dist, host, port, world_size)
-            watch.start()
-        store.set(ARRIVED_KEY % rank, socket.gethostname())
-        emit("store")
-
-        kwargs = dict(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
-        if gpu:
-            kwargs["device_id"] = device  # eager NCCL communicator creation (torch >= 2.3)
-        try:
-            dist.init_process_group(**kwargs)
-        except TypeError:
-            kwargs.pop("device_id", None)
-            dist.init_process_group(**kwargs)
-        probe = torch.ones(1, dtype=torch.float32, device=device)
-        dist.all_reduce(probe)
-        if gpu:
-            torch.cuda.synchronize()
-        if watch is not None:
-            watch.stop.set()
-            watch.join(2.0)
-            emit("arrived", ranks=list(range(world_size)))  # the group formed: everyone arrived
+        torch, dist, device = _import_torch(cfg["backend"], int(os.environ["LOCAL_RANK"]))
+        if go is not None:
+            cfg = _wait_for_go(go)
+        gpu = cfg["backend"] == "nccl"
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        _rendezvous(torch, dist, device, gpu, rank, world_size, cfg)
         _wait_for_start(cfg.get("start_at"))
         emit("init_done", pid=os.getpid())
-
-        expected = world_size * (world_size + 1) / 2.0
-        sizes = list(cfg["sizes"])
-        budget = cfg.get("size_budget_s")
-        done_sizes = []
-        for i, nbytes in enumerate(sizes):
-            state.update(stage="size", bytes=nbytes)
-            started = time.monotonic()
-            emit("size", **_one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected))
-            done_sizes.append((nbytes, time.monotonic() - started))
-            if budget and i + 1 < len(sizes):
-                state.update(bytes=sizes[i + 1])
-                took = _slowest(torch, dist, device, gpu, time.monotonic() - started)
-                projected = took * sizes[i + 1] / float(nbytes)
-                if projected > float(budget):
-                    emit("cut", bytes=sizes[i + 1], took_s=round(took, 4), projected_s=round(projected, 3),
-                         budget_s=float(budget))
-                    break
-
+        done_sizes = _sweep(torch, dist, device, gpu, rank, world_size, cfg, state)
         if (cfg.get("pairs") or cfg.get("node")) and done_sizes:
             state.update(stage="pairs", bytes=done_sizes[-1])
             try:
@@ -264,6 +216,113 @@ def main(argv):
     except BaseException as exc:  # noqa: B902 - report everything, including KeyboardInterrupt
         emit("error", stage=state["stage"], bytes=state["bytes"], error=_describe(exc))
         return 1
+
+
+def _import_torch(backend, local_rank):
+    """Import torch (and on GPUs make this rank's CUDA context): (torch, torch.distributed, device).
+    Emits "imported" with import_s, the seconds this took in this process."""
+    t0 = time.monotonic()
+    import torch
+    import torch.distributed as dist
+
+    if backend == "nccl":
+        # one GPU visible (srun --gpus-per-task binds it): device 0; all visible: the LOCAL_RANK-th
+        index = local_rank % max(1, torch.cuda.device_count())
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
+        torch.empty(1, device=device)  # the context now, not inside the timed rendezvous
+    else:
+        device = torch.device("cpu")
+    emit("imported", import_s=round(time.monotonic() - t0, 3))
+    return torch, dist, device
+
+
+def _go_channel(fd):
+    """A rank started ahead of the bench (warm) reads its go from the pipe fd: one JSON line. The pipe's
+    end is also its lifeline: EOF (the agent gone, or done with this rank, or the node's process ended
+    before the bench) ends the process at once, whatever it is doing. A queue that gets the go line."""
+    import queue
+
+    box = queue.Queue()
+
+    def watch():
+        with os.fdopen(fd, "rb", 0) as pipe:
+            line = pipe.readline()
+            if line:
+                box.put(line)
+                while pipe.read(4096):
+                    pass
+        os._exit(3)
+
+    threading.Thread(target=watch, name="go-watch", daemon=True).start()
+    return box
+
+
+def _wait_for_go(box):
+    """The go: {"cfg": the worker config, "env": variables to set (rank, world, rendezvous, NCCL/GLOO env)}."""
+    go = json.loads(box.get().decode("utf-8"))
+    os.environ.update({str(k): str(v) for k, v in (go.get("env") or {}).items()})
+    return go["cfg"]
+
+
+def _rendezvous(torch, dist, device, gpu, rank, world_size, cfg):
+    """Connect to the store (rank 0 hosts it), check it is this run's, form the group, one tiny all-reduce."""
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    timeout = datetime.timedelta(seconds=float(cfg.get("timeout_s", 300)))
+    store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout, wait_for_workers=False)
+    _check_run(store, rank, cfg.get("run_id"), host, port)
+    watch = None
+    if rank == 0:
+        watch = _ArrivalWatch(dist, host, port, world_size)
+        watch.start()
+    store.set(ARRIVED_KEY % rank, socket.gethostname())
+    emit("store")
+    kwargs = dict(backend=cfg["backend"], store=store, rank=rank, world_size=world_size, timeout=timeout)
+    if gpu:
+        kwargs["device_id"] = device  # eager NCCL communicator creation (torch >= 2.3)
+    try:
+        dist.init_process_group(**kwargs)
+    except TypeError:
+        kwargs.pop("device_id", None)
+        dist.init_process_group(**kwargs)
+    probe = torch.ones(1, dtype=torch.float32, device=device)
+    dist.all_reduce(probe)
+    if gpu:
+        torch.cuda.synchronize()
+    if watch is not None:
+        watch.stop.set()
+        watch.join(2.0)
+        emit("arrived", ranks=list(range(world_size)))  # the group formed: everyone arrived
+
+
+def _sweep(torch, dist, device, gpu, rank, world_size, cfg, state):
+    """Every size in order, each timed and checked; stops before a size projected over the size budget
+    (the "cut"). [(bytes, seconds it took)] of the sizes run.
+
+    The projection scales the size's runs (warm-up, timed, check) at the pace of its best iteration on
+    the slowest rank: the wall time of a small size on a starved CPU is mostly stalls (a 1 KiB size took
+    0.3 s under load, projected to 19 s at 64 KiB, and cut a healthy sweep), and stalls do not scale with
+    the byte count. A slow link slows every iteration, the best one too, so it is still cut in time."""
+    expected = world_size * (world_size + 1) / 2.0
+    sizes = list(cfg["sizes"])
+    budget = cfg.get("size_budget_s")
+    runs = int(cfg.get("warmup", 2)) + max(1, int(cfg.get("iters", 5))) + 1
+    done_sizes = []
+    for i, nbytes in enumerate(sizes):
+        state.update(stage="size", bytes=nbytes)
+        started = time.monotonic()
+        out = _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected)
+        emit("size", **out)
+        done_sizes.append((nbytes, time.monotonic() - started))
+        if budget and i + 1 < len(sizes):
+            state.update(bytes=sizes[i + 1])
+            took = _slowest(torch, dist, device, gpu, runs * float(out["min_s"]))
+            projected = took * sizes[i + 1] / float(nbytes)
+            if projected > float(budget):
+                emit("cut", bytes=sizes[i + 1], took_s=round(took, 4), projected_s=round(projected, 3),
+                     budget_s=float(budget))
+                break
+    return done_sizes
 
 
 #: The longest a rank waits for start_at (its agent's init deadline still bounds it).

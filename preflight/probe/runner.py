@@ -2,7 +2,9 @@
 
 Standard library only, Python 3.8 compatible. Called by the bundle's bootstrap as main(config, bundle).
 
-config = {"mode": "probe", "checks": {name: probe_config, ...}, "probe_timeout_s": 30, "capture": bool}
+config = {"mode": "probe", "checks": {name: probe_config, ...}, "probe_timeout_s": 30, "capture": bool,
+          "warm": {"backend", "local_world_size", "python"}}   (optional: the all-reduce's ranks start now,
+                                                               preflight.probe.bench_warm)
        | {"mode": "bench", "bench": {...}}   (see preflight.probe.bench_agent)
 
 A bench config may say "tasks": k (k ranks on the node). A transport that launches k tasks on the node,
@@ -71,11 +73,14 @@ def main(config: Dict[str, Any], bundle: bytes) -> Dict[str, Any]:
     started = time.time()
     if mode == "probe":
         records: Optional[Dict[str, Any]] = {} if config.get("capture") else None
+        warm = _warm(config.get("warm"), bundle)  # before the probes: the ranks import torch while they run
         facts = run_probes(config.get("checks", {}), float(config.get("probe_timeout_s", 30)), records)
         # bytecode: this module ran from the controller's compiled code (same Python version), not its source
         out = {"facts": facts, "elapsed_s": time.time() - started, "bytecode": bool(globals().get("__cached__"))}
         if records is not None:
             out["capture"] = records
+        if warm is not None:
+            out["warm"] = warm
         return out
     if mode == "bench":
         from preflight.probe import bench_agent
@@ -85,6 +90,15 @@ def main(config: Dict[str, Any], bundle: bytes) -> Dict[str, Any]:
             bench = bench_agent.task_share(bench, int(os.environ.get("SLURM_LOCALID", "0")))
         return {"bench": bench_agent.run(bench, bundle), "elapsed_s": time.time() - started}
     return {"error": "unknown mode %r" % mode}
+
+
+def _warm(spec: Optional[Dict[str, Any]], bundle: bytes) -> Optional[Dict[str, Any]]:
+    """Start the all-reduce's ranks ahead of it (preflight.probe.bench_warm), in this, the main, thread."""
+    if not spec:
+        return None
+    from preflight.probe import bench_agent
+
+    return bench_agent.warm(spec, bundle)
 
 
 def merge(results: List[Dict[str, Any]]) -> Dict[str, Any]:

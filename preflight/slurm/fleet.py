@@ -16,8 +16,7 @@ was stopped went DOWN mid-run, and srun ended with "Slurm job 1 has expired" for
 the step goes on without that node, which is named by its own timeout. The job preflight makes with
 salloc carries it too; where preflight runs inside a job of the user's, that job's setting stands.
 
-The all-reduce's steps have one task per rank instead (--ntasks-per-node=k --overcommit, and
---gpus-per-task=1 where the job holds GPUs): see SlurmFleet.run.
+The all-reduce with one rank a node may run in a kept step; more ranks get a step with a task per rank (see run).
 
 slurmd's own tree fan-out carries the launch. `--input=all` hands srun's stdin to every task: one
 payload holds every node's config (`bundle.broadcast_config`: nodes with equal configs share one entry;
@@ -323,6 +322,7 @@ class SlurmFleet:
             "against the node (one late slurmd times out its whole forwarding subtree); if it repeats, read slurmd's "
             "log there and `scontrol show node %s`") % (name, again, why, name))
 
+    keeps_ranks = staticmethod(lambda ranks: ranks == 1)  # one rank a node: the bench runs in the kept step (run)
     def cancel(self) -> None:
         """Cancel the step in flight (Ctrl-C): scancel, then kill srun."""
         with self._lock:

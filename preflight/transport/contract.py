@@ -26,6 +26,9 @@ A **Fleet** runs the probe bundle (preflight/transport/bundle.py) on many nodes 
     fleet.close()       end every kept process and connection; a fleet that made a scheduler allocation
                         releases it. Nothing preflight started on a node outlives close().
     fleet.describe()    what carried the run, for the report: {"kind": "ssh"|"local"|"slurm"|..., ...}.
+    fleet.keeps_ranks(k) optional: True when a bench run with k ranks a node, after runs with then=True,
+                        goes to the node process that ran them (what that process started ahead of the
+                        bench, preflight.probe.bench_warm, is then adopted); an engine without it: False.
     with fleet: ...     closes on exit.
 
 A node's stdout is read with **bundle.ResultReader** (feed bytes as they arrive, has_result() as soon as

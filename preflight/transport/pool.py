@@ -162,6 +162,11 @@ class SessionPool:
                     return
             time.sleep(0.05)
 
+    def keeps_ranks(self, ranks: int) -> bool:
+        """A bench run after a phase run with then=True goes to the same node process: ranks started by
+        phase 1 (preflight.probe.bench_warm) can be adopted, however many a node runs."""
+        return True
+
     def describe(self) -> Dict[str, Any]:
         """What carried the run, for the report: {"kind": "ssh" (or "local"), "connections": N}, over SSH
         with "bundle": {"sent": nodes the zip went to, "kept": nodes that used their copy of it}."""

@@ -114,7 +114,39 @@ def test_four_cpu_nodes_pass_with_the_whole_curve(sim_cluster):
     assert rc == 0, [r for r in doc["results"] if r["status"] in ("fail", "error")]
     assert_healthy(doc, 4)
     report_time("4 nodes, healthy, full check", wall, doc["allreduce"])
+    assert_plan_was_honest(cluster, inv, doc)
     assert cluster.leftover_processes() == {}
+
+
+def assert_plan_was_honest(cluster, inv, doc):
+    """The time plan printed before the run (`--plan`) against what ran, phase by phase.
+
+    Asserted: the structure, which load cannot change (the phases the plan lists are the ones that ran;
+    the sizes swept, the in-process pair rotations, the rounds within the plan's bound) and the first
+    launch and the separate pair rounds within the plan's budgets, the worst case the deadlines allow
+    (only a deadline that does not fire could break that, and that is a bug). Only printed: actual against expected seconds, which
+    the load of two shared cores moves by 10x (the model assumes a node's own cores)."""
+    proc = cluster.ctl([sys.executable, "-m", "preflight", "check", inv, "--plan", "--json", "-"], cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    tp = json.loads(proc.stdout)["allreduce_plan"]
+    section, n = doc["allreduce"], len(doc["allreduce"]["nodes"])
+    phases = {p["phase"]: p for p in tp["phases"]}
+    assert sorted(phases) == ["node tests", "pair rounds", "sweep"], tp["phases"]
+    assert tp["sizes"] == [p["bytes"] for p in section["curve"]]  # the whole planned sweep ran, uncut
+    assert section["node_rounds"][0]["name"] == "loopback"  # the node tests ran in the sweep's processes
+    loc = section["localization"]
+    assert loc["in_process_rotations"] == len(plan.pair_rotations(section["nodes"])) and phases["pair rounds"]["runs"] == 0
+    assert loc["rounds"] <= tp["rounds"]["planned_max"]
+    timings = section["timings_s"]
+    # the first launch (sweep, node tests and in-process pairs in the same ranks) and the separate rounds
+    actual = {"sweep": timings["run_s"], "pair rounds": sum(timings.get("rounds_s") or [])}
+    for name, seconds in actual.items():
+        assert 0 <= seconds <= phases[name]["budget_s"], (name, seconds, phases[name])
+    actual["node tests"] = timings.get("slowest_node_s")
+    for name in ("sweep", "node tests", "pair rounds"):
+        print("plan vs actual, %d nodes, %-11s expected %6.1f s  actual %6s s  budget %6.1f s" % (
+            n, name, phases[name]["expected_s"], "%.1f" % actual[name] if actual[name] is not None else "-",
+            phases[name]["budget_s"]))
 
 
 def test_eight_cpu_nodes_pass(sim_cluster):
@@ -124,6 +156,38 @@ def test_eight_cpu_nodes_pass(sim_cluster):
     assert rc == 0, allreduce_results(doc)
     assert_healthy(doc, 8)
     report_time("8 nodes, healthy, --only allreduce", wall, doc["allreduce"])
+    assert cluster.leftover_processes() == {}
+
+
+def test_ranks_warm_during_the_node_checks_and_a_node_that_fails_them_never_joins(sim_cluster):
+    """The ranks start importing torch in phase 1 (preflight.probe.bench_warm) and the bench adopts them; n004
+    fails the nic check (its data link down), so it gets no bench: its warm rank ends with its node process,
+    the all-reduce runs on the other three, and nothing is left on any node."""
+    cluster = sim_cluster(4)
+    cluster.data_link_down(4)
+    try:
+        inv = inventory(cluster, {"init_timeout": 120, "op_timeout": 20})
+        rc, doc, wall = run_preflight(cluster, inv, "--only", "nic,allreduce")
+        assert rc == 1
+        assert [(r["node"], r["status"]) for r in doc["results"] if r["check"] == "nic" and r["status"] != "pass"] \
+            == [("n004", "fail")]
+        section = doc["allreduce"]
+        assert section["nodes"] == ["n001", "n002", "n003"] and section["world_size"] == 3, section
+        assert section["verdict"] == "pass" and section["timings_s"]["warm_ranks"] == 3, section["timings_s"]
+        report_time("4 nodes, n004 fails phase 1, warm ranks", wall, section)
+        assert cluster.leftover_processes() == {}
+    finally:
+        cluster.heal(4)
+
+
+def test_ranks_started_cold_when_warming_is_off_give_the_same_verdict(sim_cluster):
+    """Twin: cluster.allreduce.warm false starts every rank at the bench, as before; same verdict."""
+    cluster = sim_cluster(3)
+    inv = inventory(cluster, {"init_timeout": 120, "op_timeout": 20, "warm": False})
+    rc, doc, wall = run_preflight(cluster, inv, "--only", "allreduce")
+    assert rc == 0, allreduce_results(doc)
+    assert doc["allreduce"]["verdict"] == "pass" and doc["allreduce"]["timings_s"]["warm_ranks"] == 0
+    report_time("3 nodes, warming off", wall, doc["allreduce"])
     assert cluster.leftover_processes() == {}
 
 
@@ -344,8 +408,10 @@ def test_a_second_run_while_one_holds_the_rendezvous_blames_no_node(sim_cluster,
 
 
 def _ranks_everywhere(cluster):
-    """True when every node runs a rank (the worker's argv carries its JSON config)."""
-    return all(any('"warmup"' in cmd for _pid, cmd in cluster.processes(node)) for node in cluster.nodes)
+    """True when every node runs a rank (the worker's argv carries its JSON config: a warm rank's, started
+    in phase 1, says "warm")."""
+    return all(any('"warmup"' in cmd or '"warm": true' in cmd for _pid, cmd in cluster.processes(node))
+               for node in cluster.nodes)
 
 
 def test_ctrl_c_during_the_all_reduce_exits_130_and_leaves_nothing(sim_cluster):

@@ -265,6 +265,38 @@ def test_a_size_over_the_budget_ends_the_sweep_cleanly_on_every_rank():
     assert "sweep stopped before 2 KiB" in f.message, f.message
 
 
+#: a sitecustomize for the ranks: the first all-reduce of 256 float32 (the 1 KiB size's first warm-up
+#: iteration) stalls, as a starved CPU stalls a rank (the flake of tests/e2e/test_envfile.py under load)
+STALL_ONCE = """
+import time
+import torch.distributed as dist
+_real, _seen = dist.all_reduce, []
+def _stalled(tensor, *args, **kwargs):
+    if tensor.numel() == 256 and not _seen:
+        _seen.append(1)
+        time.sleep(1.0)
+    return _real(tensor, *args, **kwargs)
+dist.all_reduce = _stalled
+"""
+
+
+def test_a_stall_in_a_small_size_does_not_cut_the_sweep(tmp_path):
+    """Twin of the cut: a size whose wall time is a stall (1 s in one 1 KiB iteration), not its bytes, is
+    projected at its best iteration's pace, so 64 KiB runs (the wall time said 64 s, over the 5 s budget)."""
+    site = tmp_path / "stall"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(STALL_ONCE)
+    cfg = dict(config(free_port(), 2, local=2, sizes=[1024, 65536]), size_budget_s=5.0)
+    cfg["env"] = dict(cfg["env"], PYTHONPATH=str(site))
+    (doc,) = run_all((cfg,))
+    assert doc["error"] is None and doc["deadline"] is None, doc
+    for r in doc["ranks"]:
+        assert r["status"] == "ok" and r["cut"] is None, r
+        assert [s["bytes"] for s in r["sizes"]] == [1024, 65536]
+    assert max(s["max_s"] for r in doc["ranks"] for s in r["sizes"][:1]) < 1.0  # the stall was in a warm-up
+    assert_no_leftovers(doc)
+
+
 def test_nccl_debug_lines_are_kept_apart_from_the_error_tail():
     log = ("n001:11:12 [0] NCCL INFO Bootstrap : Using eth1:198.19.0.3<0>\n"
            "NCCL version 2.21.5+cuda12.4\n"

@@ -92,8 +92,9 @@ def test_allreduce_hang_through_srun_is_named_and_nothing_is_left(cluster):
 
 def test_one_srun_task_per_rank_and_every_phase_in_one_step(cluster):
     """One srun task per rank (one rank a node on CPU nodes, as training launches one per GPU); phases 1
-    and 2 share one step before the all-reduce's; the partner-free node test (two gloo ranks through each
-    node's data-NIC address) rides in the sweep's own processes: no step of its own."""
+    and 2 and the whole-cluster sweep share one step (its ranks started in phase 1 and adopted:
+    preflight.probe.bench_warm); the partner-free node test (two gloo ranks through each node's data-NIC
+    address) rides in the sweep's own processes: no step of its own."""
     settings = {"sizes": [1024, 4096], "warmup": 1, "iters": 2, "init_timeout": INIT_TIMEOUT, "op_timeout": 20,
                 "total_timeout": TOTAL_TIMEOUT, "node_round": True}
     out = cluster.slurm.preflight(["check", _inventory(cluster, settings), "--only", "allreduce,mtu", "--json", "-"],
@@ -102,13 +103,14 @@ def test_one_srun_task_per_rank_and_every_phase_in_one_step(cluster):
     doc = json.loads(out.stdout)
     assert out.returncode == 0, [r for r in doc["results"] if r["status"] != "pass"]
     tasks = doc["transport"]["step_tasks"]
-    # phase 1 + 2 in one step (one task a node); the whole-cluster sweep (one rank a node), which also
-    # ran every node's loopback test: no step had more than one task a node
+    # phase 1 + 2 and the whole-cluster sweep (one rank a node, warmed in phase 1), which also ran every
+    # node's loopback test, in one step of one task a node
     # a node that measured low in the sweep (a busy moment on the CI machine's two cores) is re-measured
     # beside a known-good partner: one step of two nodes for each such confirmation round, and no other step
     loc = doc["allreduce"].get("localization") or {}
     confirmations = {g["round"] for g in loc.get("groups") or [] if g.get("round")}
-    assert tasks[:2] == [N, N] and len(tasks) == 2 + len(confirmations) and max(tasks) == N, (tasks, loc)
+    assert tasks[:1] == [N] and len(tasks) == 1 + len(confirmations) and max(tasks) == N, (tasks, loc)
+    assert doc["allreduce"]["timings_s"]["warm_ranks"] == N, doc["allreduce"]["timings_s"]
     (loopback,) = doc["allreduce"].get("node_rounds") or [None]
     assert loopback is not None and loopback["name"] == "loopback", doc["allreduce"]
     assert loopback["named"] == [] and sorted(loopback["nodes"]) == sorted(n.name for n in cluster.nodes), loopback

@@ -59,6 +59,24 @@ def _participants(view: ClusterView, healthy: Sequence[str], inv: Inventory) -> 
     return head + [n for n in out if not n.is_head]  # the head hosts rank 0 (and the TCPStore)
 
 
+def warm(fleet: Fleet, inv: Inventory) -> Dict[str, Dict[str, Any]]:
+    """{node: the ranks its phase-1 run starts ahead of the all-reduce} (preflight.probe.bench_warm): each
+    imports torch and makes its CUDA context while the node checks run, and the bench later adopts it.
+    Only where the fleet runs the bench in the process that ran phase 1 (fleet.keeps_ranks(ranks a node));
+    none when the test is off (cluster.allreduce.enabled or .warm false) or would be a single rank. A
+    node that fails the node checks gets no bench: its warm ranks end with its process, never joining."""
+    raw = inv.cluster.get("allreduce") or {}
+    keeps = getattr(fleet, "keeps_ranks", None)
+    if raw.get("enabled") is False or raw.get("warm") is False or keeps is None:
+        return {}
+    backend = "nccl" if all(s.gpus_per_node > 0 for s in inv.nodes) else "gloo"
+    ranks = {s.name: s.gpus_per_node if backend == "nccl" else 1 for s in inv.nodes}
+    if sum(ranks.values()) < 2:
+        return {}
+    return {s.name: {"backend": backend, "local_world_size": ranks[s.name], "python": s.python}
+            for s in inv.nodes if keeps(ranks[s.name])}
+
+
 def _settings(inv: Inventory) -> Dict[str, Any]:
     return timeplan.settings(dict(inv.cluster.get("allreduce") or {}))
 
@@ -209,9 +227,7 @@ def _measure(result: BenchResult, fleet: Fleet, view: ClusterView, nodes: List[N
     timings.update(_slowest_start(first["docs"]))
     result.docs = first["docs"]
     meta = first["metas"][0]
-    meta["unanswered"] = first["unanswered"]
-    meta["env"] = env_vars
-    meta["timings_s"] = timings
+    meta.update(unanswered=first["unanswered"], env=env_vars, timings_s=timings)
     if compute:
         meta["compute"] = compute  # the gpu_compute check reads the ranks' figures against it
     meta.update(_hardware(view, [n.name for n in nodes], choice))
@@ -227,83 +243,108 @@ def _measure(result: BenchResult, fleet: Fleet, view: ClusterView, nodes: List[N
     meta["slow_fraction"] = settings["slow_fraction"]
     wanted = localize.localization_plan(first["docs"], meta, limit) if len(nodes) >= 2 else None
     if wanted is not None:
-        by_name = {n.name: n for n in nodes}
-        by_bandwidth = wanted["mode"] in ("slow", "check")
-        # only the size that decides, under deadlines taken from what the whole-cluster run measured
-        # gloo rounds time more iterations: groups side by side share CPUs, and their best iteration is
-        # what they are compared on (one size of a few ms: 20 iterations cost well under a second)
-        iters = max(settings["iters"], ROUND_MIN_ITERS) if meta["backend"] == "gloo" else settings["iters"]
-        short = dict(settings, sizes=wanted["sizes"], iters=iters, deadlines=plan.round_deadlines(
-            meta["deadlines"], first["docs"], settings["warmup"], iters, len(wanted["sizes"]),
-            at_init=bool(wanted.get("at_init"))))
-        # no more iterations than fit half the rounds' op deadline at the pace the sweep measured there
-        # (a slow link's pair must end as a slow measurement, not as a hang), as the in-process pairs do
-        short["iters"] = plan.round_iters(first["docs"], wanted["sizes"], settings["warmup"], iters,
-                                          settings["iters"], short["deadlines"]["op_s"])
-        timings["rounds_s"] = []
-
-        def run_groups(groups: List[List[str]], extra_env=None, local_ranks=None, sync=True) -> List[Dict[str, Any]]:
-            started = time.monotonic()
-            infos = [[by_name[n] for n in g] for g in groups]  # each group's first node hosts its store
-            # every group starts timing at once, once the slowest of them should have started: the slowest
-            # start of the whole-cluster run, scaled by how many more ranks each node starts now
-            ratio = float(local_ranks or 1) if meta["backend"] == "gloo" else 1.0
-            delay = ROUND_START_FACTOR * ratio * float(timings.get("slowest_init_s") or 0) + 1.0
-            # never so late that the agents' init deadline fires first
-            start_at = time.time() + min(max(ROUND_START_MIN_S, delay), 0.5 * short["deadlines"]["init_s"])
-            if not sync:  # judged on completion: no need to wait for the others
-                start_at = None
-            done = _run_groups(fleet, infos, addr_of, port, dict(env_vars, **(extra_env or {})),
-                               dict(short, local_ranks=local_ranks, start_at=start_at))
-            docs = dict(done["docs"])
-            timings["rounds_s"].append(round(time.monotonic() - started, 3))
-            return [localize.group_result(g, {n: docs.get(n) for n in g}, meta["backend"]) for g in groups]
-
-        # partner-free rounds that need their own launch (nccl: the NIC loopback): every node alone, all
-        # at once, then the suspects again, each beside a known-good node timed at the same moment
+        rounds = _Rounds(fleet, nodes, addr_of, port, env_vars, settings, meta, first["docs"], wanted)
         if node_phase:
-            for spec in plan.node_rounds(nodes, meta["backend"]):
-                results = [dict(g, **{"pass": 0}) for g in run_groups([[n.name] for n in nodes], spec["env"],
-                                                                       spec["local_ranks"], sync=by_bandwidth)]
-                suspects, good = judge.node_suspects(results, settings["slow_fraction"]) if by_bandwidth else ([], [])
-                pairs = list(zip(suspects, good))
-                if pairs:
-                    again = run_groups([[s] for s, _g in pairs] + [[g] for _s, g in pairs], spec["env"],
-                                       spec["local_ranks"])
-                    results += [dict(r, beside=pairs[i][1], **{"pass": 1}) for i, r in enumerate(again[:len(pairs)])]
-                    results += [dict(r, control_for=pairs[i][0], **{"pass": 1})
-                                for i, r in enumerate(again[len(pairs):])]
-                meta.setdefault("node_rounds", []).append(dict(spec, results=results, sizes=wanted["sizes"],
-                                                               by_bandwidth=by_bandwidth))
-        # pairs: the path between nodes, which only a partner can test
-        if len(nodes) >= 3:
-            # the in-process rotations stand for the first rounds when the sweep completed (they judge
-            # bandwidth); a hang or an error is localized by separate rounds at the size it stopped at
-            done = localize.pair_results(first["docs"], first["configs"], rotations) if (
-                rotations and by_bandwidth) else None
-            begun, one_round = time.monotonic(), plan.outer_deadline({"deadlines": short["deadlines"]})
-            verdict = localize.localize([n.name for n in nodes], run_groups, threshold=limit if by_bandwidth else None,
-                                        by_bandwidth=by_bandwidth, slow_fraction=settings["slow_fraction"],
-                                        results=done, may_start=lambda: time.monotonic() - begun + one_round
-                                        <= plan.LOCALIZE_BUDGET_S)
-            meta["localization"] = {
-                "results": verdict["results"], "rounds": verdict["rounds"],
-                "in_process_rotations": len(rotations) if done is not None else 0,
-                "out_of_time": verdict["out_of_time"],
-                "threshold_gbps": limit if by_bandwidth else None, "by_bandwidth": by_bandwidth, "mode": wanted["mode"],
-                "why": wanted["why"], "sizes": wanted["sizes"], "deadlines": short["deadlines"],
-            }
+            rounds.node_rounds()
+        if len(nodes) >= 3:  # pairs: the path between nodes, which only a partner can test
+            rounds.pairs(first, rotations, limit)
     timings["total_s"] = round(time.monotonic() - t0, 3)
     result.meta = meta
 
 
+class _Rounds:
+    """The localization rounds after a whole-cluster run that failed or was slow: groups launched side by
+    side at the one size that decides, under deadlines taken from what the whole-cluster run measured."""
+
+    def __init__(self, fleet: Fleet, nodes: List[NodeInfo], addr_of: Dict[str, str], port: int,
+                 env_vars: Dict[str, str], settings: Dict[str, Any], meta: Dict[str, Any],
+                 docs: Dict[str, Dict[str, Any]], wanted: Dict[str, Any]) -> None:
+        self.fleet, self.nodes, self.addr_of, self.port, self.env_vars = fleet, nodes, addr_of, port, env_vars
+        self.settings, self.meta, self.wanted = settings, meta, wanted
+        self.by_name = {n.name: n for n in nodes}
+        self.by_bandwidth = wanted["mode"] in ("slow", "check")
+        self.timings = meta["timings_s"]
+        self.timings["rounds_s"] = []
+        # gloo rounds time more iterations: groups side by side share CPUs, and their best iteration is
+        # what they are compared on (one size of a few ms: 20 iterations cost well under a second)
+        iters = max(settings["iters"], ROUND_MIN_ITERS) if meta["backend"] == "gloo" else settings["iters"]
+        self.short = dict(settings, sizes=wanted["sizes"], iters=iters, deadlines=plan.round_deadlines(
+            meta["deadlines"], docs, settings["warmup"], iters, len(wanted["sizes"]),
+            at_init=bool(wanted.get("at_init"))))
+        # no more iterations than fit half the rounds' op deadline at the pace the sweep measured there
+        # (a slow link's pair must end as a slow measurement, not as a hang), as the in-process pairs do
+        self.short["iters"] = plan.round_iters(docs, wanted["sizes"], settings["warmup"], iters,
+                                               settings["iters"], self.short["deadlines"]["op_s"])
+
+    def run_groups(self, groups: List[List[str]], extra_env=None, local_ranks=None, sync=True) -> List[Dict[str, Any]]:
+        """One round: every group at once; each group's result (localize.group_result)."""
+        started = time.monotonic()
+        infos = [[self.by_name[n] for n in g] for g in groups]  # each group's first node hosts its store
+        # every group starts timing at once, once the slowest of them should have started: the slowest
+        # start of the whole-cluster run, scaled by how many more ranks each node starts now
+        ratio = float(local_ranks or 1) if self.meta["backend"] == "gloo" else 1.0
+        delay = ROUND_START_FACTOR * ratio * float(self.timings.get("slowest_launch_s") or 0) + 1.0
+        # never so late that the agents' init deadline fires first
+        start_at = time.time() + min(max(ROUND_START_MIN_S, delay), 0.5 * self.short["deadlines"]["init_s"])
+        if not sync:  # judged on completion: no need to wait for the others
+            start_at = None
+        done = _run_groups(self.fleet, infos, self.addr_of, self.port, dict(self.env_vars, **(extra_env or {})),
+                           dict(self.short, local_ranks=local_ranks, start_at=start_at))
+        docs = dict(done["docs"])
+        self.timings["rounds_s"].append(round(time.monotonic() - started, 3))
+        return [localize.group_result(g, {n: docs.get(n) for n in g}, self.meta["backend"]) for g in groups]
+
+    def node_rounds(self) -> None:
+        """Partner-free rounds that need their own launch (nccl: the NIC loopback): every node alone, all
+        at once, then the suspects again, each beside a known-good node timed at the same moment."""
+        for spec in plan.node_rounds(self.nodes, self.meta["backend"]):
+            results = [dict(g, **{"pass": 0}) for g in self.run_groups([[n.name] for n in self.nodes], spec["env"],
+                                                                        spec["local_ranks"], sync=self.by_bandwidth)]
+            suspects, good = (judge.node_suspects(results, self.settings["slow_fraction"]) if self.by_bandwidth
+                              else ([], []))
+            pairs = list(zip(suspects, good))
+            if pairs:
+                again = self.run_groups([[s] for s, _g in pairs] + [[g] for _s, g in pairs], spec["env"],
+                                        spec["local_ranks"])
+                results += [dict(r, beside=pairs[i][1], **{"pass": 1}) for i, r in enumerate(again[:len(pairs)])]
+                results += [dict(r, control_for=pairs[i][0], **{"pass": 1}) for i, r in enumerate(again[len(pairs):])]
+            self.meta.setdefault("node_rounds", []).append(dict(spec, results=results, sizes=self.wanted["sizes"],
+                                                                by_bandwidth=self.by_bandwidth))
+
+    def pairs(self, first: Dict[str, Any], rotations: Optional[List[Any]], limit: Optional[float]) -> None:
+        """The pair rounds. The in-process rotations stand for the first rounds when the sweep completed
+        (they judge bandwidth); a hang or an error is localized by separate rounds at the size it stopped at."""
+        done = localize.pair_results(first["docs"], first["configs"], rotations) if (
+            rotations and self.by_bandwidth) else None
+        begun, one_round = time.monotonic(), plan.outer_deadline({"deadlines": self.short["deadlines"]})
+        verdict = localize.localize([n.name for n in self.nodes], self.run_groups,
+                                    threshold=limit if self.by_bandwidth else None, by_bandwidth=self.by_bandwidth,
+                                    slow_fraction=self.settings["slow_fraction"], results=done,
+                                    may_start=lambda: time.monotonic() - begun + one_round <= plan.LOCALIZE_BUDGET_S)
+        self.meta["localization"] = {
+            "results": verdict["results"], "rounds": verdict["rounds"],
+            "in_process_rotations": len(rotations) if done is not None else 0,
+            "out_of_time": verdict["out_of_time"],
+            "threshold_gbps": limit if self.by_bandwidth else None, "by_bandwidth": self.by_bandwidth,
+            "mode": self.wanted["mode"], "why": self.wanted["why"], "sizes": self.wanted["sizes"],
+            "deadlines": self.short["deadlines"],
+        }
+
+
 def _slowest_start(docs: Dict[str, Dict[str, Any]]) -> Dict[str, Optional[float]]:
-    """The slowest rank's torch import and whole init (seconds from its start), where every rank got there."""
+    """The slowest rank's torch import and whole init (seconds from its start, or a warm rank's from its go),
+    where every rank got there; how many ranks were warm; the slowest sweep and phases after it."""
     out: Dict[str, Optional[float]] = {}
     entries = [e for doc in docs.values() for e in doc.get("ranks") or []]
     for key in ("import_s", "init_s"):
         values = [e.get(key) for e in entries]
         out["slowest_" + key] = max(values) if values and None not in values else None
+    out["warm_ranks"] = sum(1 for e in entries if e.get("warm"))  # started in phase 1 (bench_warm), adopted
+    # what starting these ranks anew costs (the rounds do): a warm rank's init counts from its go, so its
+    # own import is added (an upper bound where the go found it still importing)
+    launch = [None if e.get("init_s") is None else e["init_s"] + float((e.get("warm") and e.get("import_s")) or 0)
+              for e in entries]
+    out["slowest_launch_s"] = max(launch) if launch and None not in launch else None
     for key in ("sweep_s", "node_s", "pairs_s"):  # the sweep, the node tests, node tests + pairs (in run_s)
         values = [e[key] for e in entries if e.get(key) is not None]
         if values:

@@ -100,67 +100,29 @@ def time_plan(gpus_per_node: Sequence[int], raw_settings: Mapping[str, Any], exp
     ranks = sum(gpus_per_node) if backend == "nccl" else n
     sizes = sorted(int(s) for s in (cfg["sizes"] or (plan.GPU_SIZES if backend == "nccl" else plan.CPU_SIZES)))
     warmup, iters = int(cfg["warmup"]), int(cfg["iters"])
-    runs = warmup + iters
     dl = plan.default_deadlines(backend)
     dl.update(cfg["deadlines"])
     rate = rates(expect, gpu_model)
     net = rate["net_gbps"] if backend == "nccl" else min(rate["net_gbps"], CPU_GBPS)
     per_node = max(gpus_per_node) if backend == "nccl" and n else 1
     verdict = max([s for s in sizes if s >= GiB] or sizes) if backend == "nccl" else sizes[-1]
-    phases: List[Dict[str, Any]] = []
-
-    def phase(name, what, count, world, gbps, nsizes_sizes, budget):
-        step = sum(runs * op_s(s, world, gbps, hop) for s in nsizes_sizes)
-        expected = count * (launch_s(world, launch, per_doubling) + step)
-        phases.append({"phase": name, "what": what, "runs": count, "ranks": world,
-                       "expected_s": round(expected, 1), "budget_s": round(count * budget, 1)})
-        return step
+    ph = _Phases(warmup + iters, launch, per_doubling, hop)
 
     # 1. the whole-cluster sweep: one launch, every size; the controller waits plan.outer_deadline()
     gbps_world = net if n > 1 else rate["nvlink_gbps"]
-    sweep_step = phase("sweep", "whole cluster, %d sizes %s-%s, %d+%d runs each" % (
+    sweep_step = ph.add("sweep", "whole cluster, %d sizes %s-%s, %d+%d runs each" % (
         len(sizes), human_bytes(sizes[0]), human_bytes(sizes[-1]), warmup, iters),
         1, ranks, gbps_world, sizes, plan.outer_deadline({"deadlines": dl}))
     # the rounds' deadlines, as plan.round_deadlines derives them from the sweep's slowest size
-    slowest = max((runs + 1) * op_s(s, ranks, gbps_world, hop) for s in sizes) if sizes else 0.0
+    slowest = max((ph.runs + 1) * op_s(s, ranks, gbps_world, hop) for s in sizes) if sizes else 0.0
     rdl = plan.round_budget(dl, None, slowest, 1)
     round_budget = plan.outer_deadline({"deadlines": rdl})
-    node_tests = cfg["node_round"] is not False and n >= 2
-    if node_tests and (backend == "gloo" or per_node >= 2):
-        # in the sweep's own processes: every node alone at once, then the suspects beside known-good
-        # nodes (the worst case: one more pass); no launch
-        world = 2 if backend == "gloo" else per_node
-        gbps = CPU_GBPS if backend == "gloo" else rate["nvlink_gbps"]
-        phase("node tests", "every node alone, in the sweep's processes: %s; suspects again beside a "
-              "known-good node" % plan.NODE_TESTS["loopback" if backend == "gloo" else "local"], 0, world, gbps,
-              [verdict], 0.0)
-        phases[-1]["expected_s"] = round(2 * runs * op_s(verdict, world, gbps, hop), 1)
-    if node_tests:
-        for spec in plan.node_rounds([_Node(g) for g in gpus_per_node], backend):
-            phase("node round: " + spec["name"], "every node alone, at once: %s; suspects again beside a "
-                  "known-good node (a second launch)" % spec["what"], 1, per_node, net, [verdict], 2 * round_budget)
-            phases[-1]["worst_runs"] = 2
-            phases[-1]["expected_worst_s"] = round(2 * phases[-1]["expected_s"], 1)
-    log2_bound = math.ceil(math.log2(n)) if n >= 2 else 0
+    if cfg["node_round"] is not False and n >= 2:
+        _node_phases(ph, gpus_per_node, backend, per_node, verdict, net, rate["nvlink_gbps"], round_budget)
     most = localize.max_rounds(n) if n >= 3 else 0
     if n >= 3:
-        pair_world = 2 * per_node
-        in_process = backend == "gloo"
-        one = launch_s(pair_world, launch, per_doubling) + runs * op_s(verdict, pair_world, net, hop)
-        phase("pair rounds", "screening: every node beside %s (%s); then at most %d rounds (ceil(log2 %d) + 2: "
-              "group halving and two confirmations) while a node is undecided" % (
-                  "up to %d partners" % plan.PAIR_ROTATIONS if in_process else "one partner",
-                  "in the sweep's own processes" if in_process else "one launch", most, n),
-              0 if in_process else 1, pair_world, net, [verdict], round_budget)
-        worst = most + (0 if in_process else 1)
-        # the rounds start none that could end past plan.LOCALIZE_BUDGET_S (the screening launch aside)
-        phases[-1]["budget_s"] = round(min(worst * round_budget, (0 if in_process else round_budget) +
-                                           max(plan.LOCALIZE_BUDGET_S, round_budget)), 1)
-        phases[-1]["worst_runs"] = worst
-        phases[-1]["expected_worst_s"] = round(worst * one, 1)
-        if in_process:
-            phases[-1]["expected_s"] = round(len(plan.pair_rotations(["n%d" % i for i in range(n)])) * runs *
-                                             op_s(verdict, pair_world, net, hop), 1)
+        _pair_phase(ph, n, backend, per_node, verdict, net, round_budget, most)
+    phases = ph.phases
     expected = round(sum(p["expected_s"] for p in phases), 1)
     return {
         "nodes": n, "ranks": ranks, "backend": backend, "sizes": sizes, "warmup": warmup, "iters": iters,
@@ -173,8 +135,75 @@ def time_plan(gpus_per_node: Sequence[int], raw_settings: Mapping[str, Any], exp
         # every pair round the code may run (a suspect in each): the full run with localization
         "expected_with_localization_s": round(sum(p.get("expected_worst_s", p["expected_s"]) for p in phases), 1),
         "sweep_op_s": round(sweep_step, 3),
-        "rounds": {"planned_max": most, "log2_bound": log2_bound},
+        "rounds": {"planned_max": most, "log2_bound": math.ceil(math.log2(n)) if n >= 2 else 0},
     }
+
+
+class _Phases:
+    """The plan's phase list, and the model every phase is costed by (runs a size, launch, hop latency)."""
+
+    def __init__(self, runs: int, launch: float, per_doubling: float, hop: float) -> None:
+        self.runs, self.launch, self.per_doubling, self.hop = runs, launch, per_doubling, hop
+        self.phases: List[Dict[str, Any]] = []
+
+    def op(self, nbytes: int, world: int, gbps: float) -> float:
+        return op_s(nbytes, world, gbps, self.hop)
+
+    def launch_s(self, world: int) -> float:
+        return launch_s(world, self.launch, self.per_doubling)
+
+    def add(self, name: str, what: str, count: int, world: int, gbps: float, sizes: Sequence[int],
+            budget: float) -> float:
+        """A phase of `count` launches of `world` ranks, each running every size; its op time per launch."""
+        step = sum(self.runs * self.op(s, world, gbps) for s in sizes)
+        expected = count * (self.launch_s(world) + step)
+        self.phases.append({"phase": name, "what": what, "runs": count, "ranks": world,
+                            "expected_s": round(expected, 1), "budget_s": round(count * budget, 1)})
+        return step
+
+
+def _node_phases(ph: _Phases, gpus_per_node: Sequence[int], backend: str, per_node: int, verdict: int, net: float,
+                 nvlink: float, round_budget: float) -> None:
+    """The partner-free node tests: in the sweep's processes (gloo loopback, nccl NVLink) and the rounds
+    that need a launch of their own (nccl: the NIC loopback)."""
+    if backend == "gloo" or per_node >= 2:
+        # in the sweep's own processes: every node alone at once, then the suspects beside known-good
+        # nodes (the worst case: one more pass); no launch
+        world = 2 if backend == "gloo" else per_node
+        gbps = CPU_GBPS if backend == "gloo" else nvlink
+        ph.add("node tests", "every node alone, in the sweep's processes: %s; suspects again beside a "
+               "known-good node" % plan.NODE_TESTS["loopback" if backend == "gloo" else "local"], 0, world, gbps,
+               [verdict], 0.0)
+        ph.phases[-1]["expected_s"] = round(2 * ph.runs * ph.op(verdict, world, gbps), 1)
+    for spec in plan.node_rounds([_Node(g) for g in gpus_per_node], backend):
+        ph.add("node round: " + spec["name"], "every node alone, at once: %s; suspects again beside a "
+               "known-good node (a second launch)" % spec["what"], 1, per_node, net, [verdict], 2 * round_budget)
+        ph.phases[-1]["worst_runs"] = 2
+        ph.phases[-1]["expected_worst_s"] = round(2 * ph.phases[-1]["expected_s"], 1)
+
+
+def _pair_phase(ph: _Phases, n: int, backend: str, per_node: int, verdict: int, net: float, round_budget: float,
+                most: int) -> None:
+    """The pair rounds: the screening (gloo: rotations in the sweep's processes; nccl: one launch), then at
+    most `most` rounds while a node is undecided, none started past plan.LOCALIZE_BUDGET_S."""
+    pair_world = 2 * per_node
+    in_process = backend == "gloo"
+    one = ph.launch_s(pair_world) + ph.runs * ph.op(verdict, pair_world, net)
+    ph.add("pair rounds", "screening: every node beside %s (%s); then at most %d rounds (ceil(log2 %d) + 2: "
+           "group halving and two confirmations) while a node is undecided" % (
+               "up to %d partners" % plan.PAIR_ROTATIONS if in_process else "one partner",
+               "in the sweep's own processes" if in_process else "one launch", most, n),
+           0 if in_process else 1, pair_world, net, [verdict], round_budget)
+    last = ph.phases[-1]
+    worst = most + (0 if in_process else 1)
+    # the rounds start none that could end past plan.LOCALIZE_BUDGET_S (the screening launch aside)
+    last["budget_s"] = round(min(worst * round_budget, (0 if in_process else round_budget) +
+                                 max(plan.LOCALIZE_BUDGET_S, round_budget)), 1)
+    last["worst_runs"] = worst
+    last["expected_worst_s"] = round(worst * one, 1)
+    if in_process:
+        last["expected_s"] = round(len(plan.pair_rotations(["n%d" % i for i in range(n)])) * ph.runs *
+                                   ph.op(verdict, pair_world, net), 1)
 
 
 def for_inventory(inv: Any) -> Dict[str, Any]:
