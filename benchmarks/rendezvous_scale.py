@@ -207,33 +207,26 @@ def trial(server, clients, n, variant, port, args):
             "barrier": last_release - last_connect, "total": last_release - start}
 
 
-def run_variant(ns, variant, sizes, args, port_base):
+def run_variant(ns, helpers, variant, sizes, args, port_base):
+    """Every size's trials for one variant; the store host and client pool are shared by all variants."""
+    server, clients = helpers
     somax = ns.somaxconn(128 if variant == "old-kernel" else args.somaxconn)
-    server = Helper(SERVER, ns.prefix())
-    clients = [Helper(CLIENT, ns.prefix()) for _ in range(args.procs)]
     rows = []
-    try:
-        for helper in [server] + clients:
-            helper.ready()
-        for i, n in enumerate(sizes):
-            runs = []
-            for k in range(args.repeat):
-                port = port_base + i * args.repeat + k if ns.name else free_port()
-                runs.append(trial(server, clients, n, variant, port, args))
-                sys.stderr.write("%s %d ranks: %s\n" % (variant, n, runs[-1]))
-            bad = [r for r in runs if "errors" in r]
-            if bad:
-                rows.append({"variant": variant, "ranks": n, "somaxconn": somax, "errors": bad[0]})
-                continue
-            row = {"variant": variant, "ranks": n, "somaxconn": somax, "repeat": args.repeat}
-            for key in ("connect_p50", "connect_max", "barrier", "total"):
-                row[key] = round(statistics.median(r[key] for r in runs), 4)
-                row[key + "_max"] = round(max(r[key] for r in runs), 4)
-            rows.append(row)
-    finally:
-        server.close()
-        for c in clients:
-            c.close()
+    for i, n in enumerate(sizes):
+        runs = []
+        for k in range(args.repeat):
+            port = port_base + i * args.repeat + k if ns.name else free_port()
+            runs.append(trial(server, clients, n, variant, port, args))
+            sys.stderr.write("%s %d ranks: %s\n" % (variant, n, runs[-1]))
+        bad = [r for r in runs if "errors" in r]
+        if bad:
+            rows.append({"variant": variant, "ranks": n, "somaxconn": somax, "errors": bad[0]})
+            continue
+        row = {"variant": variant, "ranks": n, "somaxconn": somax, "repeat": args.repeat}
+        for key in ("connect_p50", "connect_max", "barrier", "total"):
+            row[key] = round(statistics.median(r[key] for r in runs), 4)
+            row[key + "_max"] = round(max(r[key] for r in runs), 4)
+        rows.append(row)
     return rows
 
 
@@ -277,10 +270,17 @@ def main(argv=None) -> int:
         print("not root or --no-netns: somaxconn cannot be set; the old-kernel variant is left out")
         variants.remove("old-kernel")
     rows = []
+    helpers = None
     try:
+        helpers = (Helper(SERVER, ns.prefix()), [Helper(CLIENT, ns.prefix()) for _ in range(args.procs)])
+        for helper in [helpers[0]] + helpers[1]:
+            helper.ready()
         for j, variant in enumerate(variants):
-            rows += run_variant(ns, variant, sizes, args, 30000 + 1000 * j)
+            # below the ephemeral range (32768-60999): a client's own port never takes a later trial's
+            rows += run_variant(ns, helpers, variant, sizes, args, 10000 + 1000 * j)
     finally:
+        for helper in ([helpers[0]] + helpers[1]) if helpers else []:
+            helper.close()
         ns.close()
     print("N ranks (threads over %d processes, loopback%s), median of %d; load average %s" % (
         args.procs, ", own netns" if ns.name else "", args.repeat, " ".join("%.1f" % x for x in os.getloadavg())))
