@@ -116,7 +116,9 @@ def run_tree(cluster: Any, transport: str, tree: str, inv: str, scratch: str) ->
     row["verdicts"] = verdicts(doc)
     bad = [v for v in row["verdicts"] if v[2] in ("fail", "error", "warn")]
     if proc.returncode != 0 or bad:
-        row["error"] = "not a healthy pass: exit %d, %s" % (proc.returncode, bad[:6])
+        said = [" ".join(str(r.get("message", "")).split())[:300] for r in doc.get("results") or []
+                if r["status"] in ("fail", "error")][:2]
+        row["error"] = "not a healthy pass: exit %d, %s; %s" % (proc.returncode, bad[:6], " | ".join(said))
     return row
 
 
