@@ -90,6 +90,9 @@ ARRIVED_KEY = "preflight/arrived/%d"
 #: and port) stops there instead of joining that run
 RUN_KEY = "preflight/run_id"
 
+#: how often a rank looks for rank 0's store before its own TCPStore client connects (see _wait_for_store)
+STORE_POLL_S = 0.05
+
 _events = None
 _events_lock = threading.Lock()
 
@@ -165,6 +168,26 @@ class _ArrivalWatch(threading.Thread):
                 missing = [r for r in missing if r not in now_in]
                 emit("arrived", ranks=arrived)
             self.stop.wait(0.5)
+
+
+def _wait_for_store(host, port, seconds):
+    """Return once the store's port takes a connection, or after seconds (the TCPStore then says why).
+
+    torch's TCPStore client, refused, tries again after a backoff that grows to seconds: a rank ready before
+    rank 0's store listens (every rank, when the imports overlap the node checks) connected up to that
+    backoff late, and the whole world waited for the last one. A refused plain connect costs microseconds,
+    so a rank that polls every STORE_POLL_S connects within that of the store's start
+    (benchmarks/rendezvous_scale.py, variants late and same-time against their -poll twins).
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(0.1, min(5.0, deadline - time.monotonic()))).close()
+            return
+        except OSError:  # refused (not listening yet) or unreachable: the TCPStore's own error names it
+            if time.monotonic() + STORE_POLL_S >= deadline:
+                return
+            time.sleep(STORE_POLL_S)
 
 
 def _check_run(store, rank, run_id, host, port):
@@ -269,6 +292,8 @@ def _rendezvous(torch, dist, device, gpu, rank, world_size, cfg):
     """Connect to the store (rank 0 hosts it), check it is this run's, form the group, one tiny all-reduce."""
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     timeout = datetime.timedelta(seconds=float(cfg.get("timeout_s", 300)))
+    if rank != 0:
+        _wait_for_store(host, port, timeout.total_seconds())
     store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout, wait_for_workers=False)
     _check_run(store, rank, cfg.get("run_id"), host, port)
     watch = None

@@ -53,7 +53,6 @@ import ctypes
 import os
 import re
 import time
-import xml.etree.ElementTree as ET
 from typing import Any, Dict, List, Optional
 
 from preflight.model import ParseError
@@ -266,6 +265,7 @@ def _process(nvml: Any, health: Dict[str, Any], proc: Any) -> Dict[str, Any]:
 def parse_health_xml(xml_text: str) -> Dict[str, Any]:
     """{"source": "nvidia-smi", ...} from `nvidia-smi -q -x` output (the gpu probe parsed it well-formed
     already): one sample, so no window (the corrected-error rate is NVML's)."""
+    import xml.etree.ElementTree as ET  # here, not at the top: a node without GPUs never parses XML
     try:
         root = ET.fromstring(xml_text)
     except ET.ParseError as exc:

@@ -10,7 +10,6 @@ clocks_event_reasons; ECC in the legacy single/double-bit or the sram/dram layou
 from __future__ import annotations
 
 import re
-import xml.etree.ElementTree as ET
 from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.model import ParseError
@@ -23,6 +22,7 @@ _PREFIXES = ("clocks_event_reason_", "clocks_throttle_reason_")
 
 def parse_nvidia_smi_xml(text: str) -> Dict[str, Any]:
     """Facts from `nvidia-smi -q -x` output (drivers 5xx: clocks_throttle_reasons or clocks_event_reasons)."""
+    import xml.etree.ElementTree as ET  # here, not at the top: a node without GPUs never parses XML
     try:
         root = ET.fromstring(text)
     except ET.ParseError as exc:
@@ -189,6 +189,7 @@ def _clock_events(el: Any, where: str) -> Optional[List[str]]:
 
 def clock_events_by_bus(text: str) -> Dict[str, Optional[List[str]]]:
     """{pci_bus_id: active clock event reasons} from `nvidia-smi -q -x` (whole, or -d PERFORMANCE)."""
+    import xml.etree.ElementTree as ET  # here, not at the top: a node without GPUs never parses XML
     try:
         root = ET.fromstring(text)
     except ET.ParseError as exc:

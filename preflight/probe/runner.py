@@ -14,11 +14,10 @@ bench_agent.task_share), and merge() joins the node's k result documents into on
 
 from __future__ import annotations
 
-import concurrent.futures
 import importlib
 import os
+import threading
 import time
-import traceback
 from typing import Any, Dict, List, Optional
 
 from preflight.probe.context import RecordingContext, Shared
@@ -35,34 +34,59 @@ def _run_probe(name: str, ctx: RecordingContext) -> Dict[str, Any]:
     return facts
 
 
+class _ProbeThread(threading.Thread):
+    """One probe in a daemon thread of its own: its facts, or the exception it raised."""
+
+    def __init__(self, name: str, ctx: RecordingContext) -> None:
+        threading.Thread.__init__(self, name="probe-" + name, daemon=True)
+        self.check, self.ctx = name, ctx
+        self.facts: Optional[Dict[str, Any]] = None
+        self.exc: Optional[BaseException] = None
+
+    def run(self) -> None:
+        try:
+            self.facts = _run_probe(self.check, self.ctx)
+        except BaseException as exc:  # SystemExit too: reported by run_probes with its last frame
+            self.exc = exc
+
+
+def _failed(exc: BaseException, ctx: RecordingContext) -> Dict[str, Any]:
+    """A probe bug or an unexpected node state: reported, never hidden."""
+    import traceback  # only on this path: a healthy run need not load it
+
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = "%s:%d" % (tb[-1].filename, tb[-1].lineno) if tb else "?"
+    return {"probe_error": "%s: %s (at %s)" % (type(exc).__name__, exc, where), "message": str(exc), "raw": ctx.raw()}
+
+
 def run_probes(checks: Dict[str, Dict[str, Any]], timeout_s: float, records: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """{check name: facts}; a probe that raised or overran its time maps to {"probe_error": ...} with the
     raw outputs it had been given ("raw": the last commands and reads, capped). records, when given,
-    receives every probe's full recording (for --capture)."""
+    receives every probe's full recording (for --capture).
+
+    One plain daemon thread per probe, not concurrent.futures: its import (and the logging it pulls in)
+    cost every node about a tenth of a Python start per run, for a pool that never reused a thread."""
     facts: Dict[str, Any] = {}
     shared = Shared()  # one kernel log read for xid and ib_errors (NodeContext.run_once)
     deadline = time.monotonic() + timeout_s  # a probe running a long command (dcgm) ends it before this
     contexts = {name: RecordingContext(cfg or {}, shared=shared, deadline=deadline) for name, cfg in checks.items()}
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(checks)))
-    futures = {pool.submit(_run_probe, name, ctx): name for name, ctx in contexts.items()}
-    done, pending = concurrent.futures.wait(futures, timeout=timeout_s)
-    running = {futures[f]: contexts[futures[f]].running for f in pending}
+    threads = [_ProbeThread(name, ctx) for name, ctx in contexts.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    pending = [t for t in threads if t.is_alive()]
+    running = {t.check: contexts[t.check].running for t in pending}
     shared.stop()  # the commands of probes that overran: their whole process groups, and none started after
-    for future in done:
-        name = futures[future]
-        try:
-            facts[name] = future.result()
-        except Exception as exc:  # a probe bug or an unexpected node state: reported, never hidden
-            tb = traceback.extract_tb(exc.__traceback__)
-            where = "%s:%d" % (tb[-1].filename, tb[-1].lineno) if tb else "?"
-            facts[name] = {"probe_error": "%s: %s (at %s)" % (type(exc).__name__, exc, where),
-                           "message": str(exc), "raw": contexts[name].raw()}
-    for future in pending:
-        name = futures[future]
+    for t in threads:
+        if t in pending:
+            continue
+        facts[t.check] = t.facts if t.exc is None else _failed(t.exc, contexts[t.check])
+    for t in pending:
+        name = t.check
         killed = " (killed with its children: %s)" % " ".join(running[name])[:200] if running[name] else ""
         facts[name] = {"probe_error": "did not finish within %g s%s" % (timeout_s, killed),
                        "raw": contexts[name].raw()}
-    pool.shutdown(wait=False)
     if records is not None:
         records.update({name: ctx.record() for name, ctx in contexts.items()})
     return facts

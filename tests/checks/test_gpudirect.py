@@ -57,7 +57,7 @@ def test_missing_peermem_fails(tmp_path, monkeypatch):
 def test_missing_peermem_only_warns_with_the_open_module_on_a_new_kernel(tmp_path, monkeypatch):
     node = hgx_node(tmp_path, monkeypatch, no_peermem=True)
     node.write_sys("module/nvidia/taint", "OE\n")  # open module: out-of-tree, unsigned, not proprietary
-    monkeypatch.setattr(gpudirect_probe.platform, "release", lambda: "6.8.0-45-generic")
+    monkeypatch.setattr(gpudirect_probe, "kernel_release", lambda: "6.8.0-45-generic")
     out = judge(facts_of(node))
     assert [f.status for f in out] == [Status.WARN] and "DMA-BUF" in out[0].message
     node.write_sys("module/nvidia/taint", "POE\n")  # the proprietary module

@@ -6,7 +6,6 @@ import ast
 import os
 import re
 import sys
-import xml.etree.ElementTree as ET
 from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.model import ParseError
@@ -126,6 +125,7 @@ def _torch() -> Optional[Dict[str, Any]]:
 
 def parse_smi_header(text: str) -> Tuple[str, Optional[str]]:
     """(driver_version, cuda_version) from the header of `nvidia-smi -q -x`."""
+    import xml.etree.ElementTree as ET  # here, not at the top: a node without GPUs never parses XML
     try:
         root = ET.fromstring(text)
     except ET.ParseError as exc:

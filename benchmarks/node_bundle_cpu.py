@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""CPU of one node's phase-1 bundle run (what each Slurm task or SSH session runs), several trees side by side.
+
+    python3 benchmarks/node_bundle_cpu.py --runs 11 /work/wt/base6910 .         # before / after
+    python3 benchmarks/node_bundle_cpu.py --profile /tmp/p1.prof .               # cProfile, every thread
+
+For each tree: `preflight node` is run once in-process with that tree first on sys.path, and the stdin payload its
+local transport sends the bundle for phase 1 (the config line, then the zipped bundle) is kept. Then, rounds
+interleaved, each tree's payload is replayed into `python3 -c BOOTSTRAP` (that tree's bootstrap, its own session:
+the bootstrap kills its process group on EOF) and the CPU of the whole process tree (getrusage of the reaped
+children: python, ip, sh, ldconfig, ...) and the wall are taken; beside them the floor, `python3 -c pass`.
+Printed: median CPU, its ratio to the floor's and the difference. This machine's checks (no GPU here: the gpu
+probes find no driver) stand for a simulated node's; the Slurm simulator's nodes have none either.
+--profile PATH: one run under cProfile, every thread's profile merged (threading.Thread._bootstrap_inner wrapped), written
+to PATH and its top functions printed by cumulative time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+CAPTURE = r'''
+import sys
+tree, out = sys.argv[1], sys.argv[2]
+sys.path.insert(0, tree)
+from preflight.transport import bundle
+real = bundle.stdin_payload
+def keep(config, *a, **k):
+    payload = real(config, *a, **k)
+    if '"ssh"' in payload.split(b"\n", 1)[0].decode():  # phase 1: the config naming the ssh probe
+        with open(out, "wb") as fh:
+            fh.write(payload)
+    return payload
+bundle.stdin_payload = keep
+from preflight.cli import main
+sys.argv = ["preflight", "node", "--only", "ssh,gpu,driver,nic,ib_hca"] if "--short" in sys.argv else ["preflight", "node"]
+main()
+'''
+
+PROFILED = (
+    "import cProfile,os,sys,threading\npr=cProfile.Profile();_e=os._exit;_P=[]\n_r=threading.Thread._bootstrap_inner\n"
+    "def _run(self):\n p=cProfile.Profile();_P.append(p);p.enable()\n try:_r(self)\n finally:p.disable()\n"
+    "threading.Thread._bootstrap_inner=_run\n"
+    "def _d(o):\n import pstats;pr.create_stats();s=pstats.Stats(pr)\n for p in _P:\n  p.create_stats();s.add(p)\n"
+    " s.dump_stats(o)\n"
+    "def _x(c):\n pr.disable();_d(%r);_e(c)\n"
+    "os._exit=_x\npr.enable()\ntry:\n exec(compile(%r,'<bootstrap>','exec'),{'__name__':'__main__'})\n"
+    "finally:\n pr.disable();_d(%r)\n")
+
+
+def bootstrap(tree: str) -> str:
+    """The tree's BOOTSTRAP text (read from its file: two trees' modules cannot share one process)."""
+    ns: dict = {}
+    with open(os.path.join(tree, "preflight", "transport", "bootstrap.py")) as fh:
+        exec(compile(fh.read(), "bootstrap.py", "exec"), ns)
+    return ns["BOOTSTRAP"]
+
+
+def capture(tree: str, scratch: str) -> bytes:
+    out = os.path.join(scratch, "payload-%d" % abs(hash(tree)))
+    subprocess.run([sys.executable, "-c", CAPTURE, tree, out], cwd=scratch, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=300, start_new_session=True)
+    with open(out, "rb") as fh:
+        return fh.read()
+
+
+def once(argv, payload: bytes):
+    """(CPU ms of the whole process tree, wall ms) of one run fed payload; stdin closed after the result."""
+    r0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            cwd="/", start_new_session=True)
+    try:
+        proc.stdin.write(payload)
+        proc.stdin.flush()
+        out = b""
+        while True:  # until the result's lines stop coming: from there an EOF is the controller done with it
+            seen = b"preflight-result" in out and out.endswith(b"\n")
+            if not select.select([proc.stdout], [], [], 0.5 if seen else 120)[0]:
+                break
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            out += chunk
+        proc.stdin.close()
+    except BrokenPipeError:  # the floor reads no stdin
+        pass
+    proc.stdout.read()
+    proc.wait()
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return 1000 * (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime), 1000 * (time.monotonic() - t0)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n", 2)[2],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trees", nargs="+", help="directories holding a preflight package")
+    ap.add_argument("--runs", type=int, default=9, help="interleaved rounds (median printed)")
+    ap.add_argument("--profile", metavar="PATH", help="profile one run of the first tree instead")
+    ap.add_argument("--top", type=int, default=40, help="functions printed from the profile")
+    args = ap.parse_args(argv)
+    trees = [os.path.abspath(t) for t in args.trees]
+    with tempfile.TemporaryDirectory() as scratch:
+        payloads = {t: capture(t, scratch) for t in trees}
+    if args.profile:
+        tree = trees[0]
+        cpu, wall = once([sys.executable, "-c", PROFILED % (args.profile, bootstrap(tree), args.profile)], payloads[tree])
+        import pstats
+
+        print("profiled run: CPU %.0f ms, wall %.0f ms (cProfile's overhead included)" % (cpu, wall))
+        stats = pstats.Stats(args.profile)
+        stats.sort_stats("cumulative").print_stats(args.top)
+        stats.sort_stats("tottime").print_stats(args.top)
+        return 0
+    cpu = {t: [] for t in ["floor"] + trees}
+    wall = {t: [] for t in ["floor"] + trees}
+    for _ in range(args.runs):
+        c, w = once([sys.executable, "-c", "pass"], b"")
+        cpu["floor"].append(c)
+        wall["floor"].append(w)
+        for t in trees:
+            c, w = once([sys.executable, "-c", bootstrap(t)], payloads[t])
+            cpu[t].append(c)
+            wall[t].append(w)
+    floor = statistics.median(cpu["floor"])
+    print("phase-1 bundle run on this machine, median of %d interleaved rounds; load average %s" % (
+        args.runs, " ".join("%.1f" % x for x in os.getloadavg())))
+    for t in ["floor"] + trees:
+        c = statistics.median(cpu[t])
+        print("%-40s CPU %5.0f ms  %.2fx floor  %+5.0f ms   wall %5.0f ms" % (
+            "python3 -c pass (floor)" if t == "floor" else t, c, c / floor, c - floor, statistics.median(wall[t])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

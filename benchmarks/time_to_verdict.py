@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Time to a go/no-go: a healthy `preflight check` (every check, the all-reduce included) on simulated clusters,
+two preflight trees side by side, per phase, over SSH and Slurm (issue 38).
+
+    sudo python3 benchmarks/time_to_verdict.py                                   # 4 and 16 nodes, ssh + slurm
+    sudo python3 benchmarks/time_to_verdict.py --nodes 4,16,64 --repeats 2 --json ttv.json
+    sudo python3 benchmarks/time_to_verdict.py --before /tmp/pf-main --after . --transports slurm
+
+--before DIR / --after DIR: each a directory holding a `preflight` package (a git checkout or worktree, or
+`git archive REV preflight | tar -x -C DIR`). The default --before is commit 6910cf4 of this repository
+(extracted into a temporary directory with git archive), the default --after this checkout. Each tree runs as
+the controller through PYTHONPATH (`python3 -m preflight`, the working directory a scratch folder) and ships
+its own probe bundle and bench worker to the nodes.
+
+For each size, one simulated cluster (tests/sim: one network namespace, sshd and slurmd per node, a real
+slurmctld; the all-reduce runs with gloo on CPU, one rank per node), then per repeat each tree once, in
+alternating order, on the same nodes:
+    ssh    preflight check INVENTORY --no-progress --json OUT
+    slurm  preflight check --slurm --nodelist n[001-N] --no-progress --json OUT
+Columns (seconds, from the run's JSON report; medians over the repeats):
+    wall       the whole command, as the job owner waits for it
+    nodes      node checks: phase_times_s phase1_s + phase2_s (probes, the ports/mtu cross-node tests)
+    launch     the all-reduce's launch, torch import and rendezvous: allreduce.timings_s run_s minus the
+               slowest rank's sweep (and node/pair tests riding on it)
+    sweep      the slowest rank's sweep, node and pair tests in the first launch
+    rounds     the all-reduce after its first launch (localization rounds, collection, judging)
+    other      everything else: Python start, inventory, allocation, writing the outputs
+A verdict other than a healthy pass (exit 0), or two trees disagreeing on any (check, node, status), is printed
+as such and makes the exit status 1. Absolute times on a shared 2-core machine say how busy it was: read the
+ratios (after / before, same cluster, same minute) and the load average printed with each run.
+Needs root, iproute2, OpenSSH, slurmctld/slurmd/munge (see benchmarks/README.md) and torch on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+BASE_REV = "6910cf4"
+PHASES = ("wall", "nodes", "launch", "sweep", "rounds", "other")
+
+
+def extract(rev: str, into: str) -> str:
+    """This repository's preflight package at rev, extracted under into (git archive); returns the tree."""
+    tree = os.path.join(into, "before-%s" % rev)
+    os.makedirs(tree)
+    archive = subprocess.run(["git", "-C", REPO, "archive", rev, "preflight"], stdout=subprocess.PIPE, check=True)
+    subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(tree, "preflight")], check=False)
+    return tree
+
+
+def phases(doc: Dict[str, Any], wall: float) -> Dict[str, Optional[float]]:
+    """The run's phases (seconds) from its JSON report; None where the tree's report does not say."""
+    times = doc.get("phase_times_s") or {}
+    ar = doc.get("allreduce") or {}
+    timings = ar.get("timings_s") or {}
+    out: Dict[str, Optional[float]] = {"wall": wall}
+    out["nodes"] = times.get("phase1_s", 0.0) + times.get("phase2_s", 0.0) if "phase1_s" in times else None
+    run_s = timings.get("run_s")
+    ran = [timings.get(k) for k in ("slowest_sweep_s", "slowest_pairs_s", "slowest_node_s")]
+    sweep = max([v for v in ran if v is not None], default=None)  # pairs_s and node_s include what ran before
+    out["sweep"] = sweep
+    out["launch"] = run_s - sweep if run_s is not None and sweep is not None else None
+    total_ar = times.get("allreduce_s")
+    out["rounds"] = total_ar - run_s if total_ar is not None and run_s is not None else None
+    out["other"] = wall - sum(v for v in times.values() if isinstance(v, (int, float)))
+    return out
+
+
+def verdicts(doc: Dict[str, Any]) -> List[Tuple[str, str, str]]:
+    """Every (check, node, status) of the report, sorted: what two trees must agree on."""
+    return sorted((r["check"], r.get("node") or "-", r["status"]) for r in doc.get("results") or [])
+
+
+def run_tree(cluster: Any, transport: str, tree: str, inv: str, scratch: str) -> Dict[str, Any]:
+    """One `preflight check` by tree over transport; its phases, exit status and verdicts."""
+    from preflight.common import fold
+
+    report = os.path.join(scratch, "report-%d.json" % time.monotonic_ns())
+    env = dict(os.environ, PYTHONPATH=tree)
+    argv = [sys.executable, "-m", "preflight", "check"]
+    if transport == "slurm":
+        env.update(cluster.slurm.env())
+        argv += ["--slurm", "--nodelist", fold([n.name for n in cluster.nodes])]
+    else:
+        argv += [inv]
+    argv += ["--no-progress", "--json", report]
+    load = os.getloadavg()[0]
+    t0 = time.monotonic()
+    proc = cluster.ctl(argv, env=env, cwd=scratch, timeout=1800)
+    wall = time.monotonic() - t0
+    row: Dict[str, Any] = {"rc": proc.returncode, "load1": round(load, 1)}
+    try:
+        with open(report) as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError) as exc:
+        row["error"] = "no report (%s): %s" % (exc, (proc.stderr or proc.stdout or "").strip()[-400:])
+        return row
+    finally:
+        if os.path.exists(report):
+            os.unlink(report)
+    row["phases"] = phases(doc, wall)
+    row["verdicts"] = verdicts(doc)
+    bad = [v for v in row["verdicts"] if v[2] in ("fail", "error", "warn")]
+    if proc.returncode != 0 or bad:
+        said = [" ".join(str(r.get("message", "")).split())[:300] for r in doc.get("results") or []
+                if r["status"] in ("fail", "error")][:2]
+        row["error"] = "not a healthy pass: exit %d, %s; %s" % (proc.returncode, bad[:6], " | ".join(said))
+    return row
+
+
+def median_phases(rows: List[Dict[str, Any]]) -> Dict[str, Optional[float]]:
+    out: Dict[str, Optional[float]] = {}
+    for key in PHASES:
+        values = [r["phases"][key] for r in rows if "phases" in r and r["phases"].get(key) is not None]
+        out[key] = statistics.median(values) if values else None
+    return out
+
+
+def fmt(value: Optional[float]) -> str:
+    return "%7.1f" % value if value is not None else "      –"
+
+
+def report(n: int, transport: str, results: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
+    """Print one size/transport block: each tree's median phases and after/before; returns it as data."""
+    med = {label: median_phases(rows) for label, rows in results.items()}
+    print("\n%d nodes over %s (median of %d; load %s)" % (
+        n, transport, len(results["after"]), "/".join(str(r["load1"]) for rows in results.values() for r in rows)))
+    print("%-8s" % "" + "".join("%8s" % p for p in PHASES))
+    for label in ("before", "after"):
+        print("%-8s" % label + "".join(" " + fmt(med[label][p]) for p in PHASES))
+    # a phase under 0.1 s (no localization rounds on a healthy run) has no meaningful ratio
+    ratio = {p: (med["after"][p] / med["before"][p]) if med["after"][p] is not None and (med["before"][p] or 0) >= 0.1
+             else None for p in PHASES}
+    print("%-8s" % "after/b" + "".join("%8s" % ("%.2f" % ratio[p] if ratio[p] is not None else "–") for p in PHASES))
+    errors = ["%s: %s" % (label, r["error"]) for label, rows in results.items() for r in rows if "error" in r]
+    disagree = {tuple(map(tuple, r.get("verdicts") or [])) for rows in results.values() for r in rows if "verdicts" in r}
+    if len(disagree) > 1:
+        errors.append("the trees' verdicts differ: %s" % " vs ".join(str(sorted(d)[:8]) for d in disagree))
+    for e in errors:
+        print("  !! " + e[:600])
+    return {"nodes": n, "transport": transport, "median": med, "ratio": ratio, "errors": errors,
+            "runs": {label: [{k: v for k, v in r.items() if k != "verdicts"} for r in rows]
+                     for label, rows in results.items()}}
+
+
+def bench_size(n: int, args: argparse.Namespace, trees: Dict[str, str], scratch: str) -> List[Dict[str, Any]]:
+    from tests.sim.cluster import SimCluster
+
+    blocks = []
+    with SimCluster(n, slurm="slurm" in args.transports) as cluster:
+        inv = cluster.inventory(command_timeout=120)
+        for transport in args.transports:
+            results: Dict[str, List[Dict[str, Any]]] = {"before": [], "after": []}
+            order = ["before", "after"]
+            for i in range(args.repeats + 1):  # the first round warms caches and is not counted
+                for label in order:
+                    row = run_tree(cluster, transport, trees[label], inv, scratch)
+                    if i > 0 or args.repeats == 0:
+                        results[label].append(row)
+                    print("  %s %-6s %-6s #%d%s exit %s load %s %s" % (
+                        transport, label, "" if i else "(warm)", i, "", row["rc"], row["load1"],
+                        " ".join("%s=%s" % (k, fmt(v).strip()) for k, v in (row.get("phases") or {}).items())),
+                        flush=True)
+                    if transport == "slurm":
+                        cluster.slurm.wait_idle([node.name for node in cluster.nodes], 120)
+                order.reverse()
+            blocks.append(report(n, transport, results))
+    return blocks
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n", 2)[2],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--before", metavar="DIR", help="the tree to compare against (default: %s of this repository, "
+                    "extracted with git archive)" % BASE_REV)
+    ap.add_argument("--after", metavar="DIR", default=REPO, help="the tree under test (default: this checkout)")
+    ap.add_argument("--nodes", default="4,16", help="comma-separated cluster sizes (default 4,16; 64 takes minutes)")
+    ap.add_argument("--transports", default="ssh,slurm", help="comma-separated: ssh, slurm (default both)")
+    ap.add_argument("--repeats", type=int, default=1, help="counted runs per tree after one warm-up (default 1)")
+    ap.add_argument("--json", metavar="PATH", help="also write every run and the medians as JSON")
+    args = ap.parse_args(argv)
+    args.transports = [t for t in args.transports.split(",") if t]
+    if set(args.transports) - {"ssh", "slurm"}:
+        ap.error("--transports takes ssh and/or slurm")
+    try:
+        sizes = [int(x) for x in args.nodes.split(",")]
+    except ValueError:
+        ap.error("--nodes takes comma-separated integers, e.g. 4,16,64")
+    for label in ("before", "after"):
+        tree = getattr(args, label)
+        if tree and not os.path.isfile(os.path.join(tree, "preflight", "__init__.py")):
+            ap.error("--%s %s: no preflight package there (want DIR/preflight/__init__.py)" % (label, tree))
+    if os.geteuid() != 0:
+        ap.error("needs root: the simulated nodes are network namespaces")
+    scratch = tempfile.mkdtemp(prefix="ttv-")
+    try:
+        trees = {"before": os.path.abspath(args.before) if args.before else extract(BASE_REV, scratch),
+                 "after": os.path.abspath(args.after)}
+        print("before: %s\nafter:  %s" % (trees["before"], trees["after"]))
+        blocks = []
+        for n in sizes:
+            blocks += bench_size(n, args, trees, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(blocks, fh, indent=1)
+    return 1 if any(b["errors"] for b in blocks) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
