@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any, List, Optional, Tuple
 
+from preflight.actions import tier_gate
 from preflight.errors import UsageError
 from preflight.inventory import Inventory
 from preflight.k8s import deploy, manifest
@@ -56,7 +57,13 @@ def open_fleet(inv: Inventory, opts: Any) -> Any:
 
 
 def set_aside(findings: List[Any], inv: Inventory, args: argparse.Namespace) -> List[Any]:
-    return findings
+    """With --resume --tier standard|burn-in, the nodes preflight cordoned (those --resume may return) held
+    back unless the tier passed on them in this run (preflight.actions.tier_gate); cordoned nodes are checked
+    like the others, so nothing else is set aside."""
+    if inv.allocation is None or not getattr(args, "resume", False) or getattr(args, "tier", "quick") == "quick":
+        return findings
+    ours = [name for name, mark in applier(inv).marks().items() if mark.out and mark.back is None]
+    return tier_gate.hold(findings, args.tier, ours)
 
 
 def outputs(args: argparse.Namespace, inv: Inventory, result: Any) -> List[Tuple[str, str, str]]:

@@ -368,3 +368,28 @@ def test_drain_after_one_cordons_at_once_under_a_breaker_it_does_not_trip(deploy
     assert api.get("nodes", "n004")["spec"].get("unschedulable") is True, out.stdout
     assert "not drained yet" not in out.stdout and "circuit breaker" not in out.stdout
     assert _decided(db) == [(1, "n004", "cordon", 0)]
+
+
+def test_resume_with_a_tier_returns_a_cordoned_node_only_after_that_tier_passed_on_it(deployed, tmp_path):
+    """n002, cordoned by preflight for an MTU black hole and since repaired, is rechecked with --resume --tier
+    standard: with the compute check left out it stays cordoned (held, not cordoned again for it); with it, it
+    returns. The node in service beside it is never touched by the gate."""
+    cluster, api = deployed
+    pair = ["--k8s", "--nodelist", "n[001-004]", "--no-progress"]  # 4: a black hole is blamed on one end
+    cluster.mtu_blackhole("n002")
+    out = _run(api, pair + ["--only", "mtu", "--drain", "--max-drain-fraction", "0.5"])
+    assert out.returncode == 1 and api.get("nodes", "n002")["spec"]["unschedulable"] is True, out.stdout + out.stderr
+    reason = api.get("nodes", "n002")["metadata"]["annotations"]["preflight/drained"]
+    cluster.heal()
+    out, doc = _report(api, pair + ["--resume", "--tier", "standard", "--skip", "gpu_compute"], tmp_path)
+    held = [f for f in doc["results"] if (f.get("data") or {}).get("tier_gate")]
+    assert out.returncode == 1 and [f["node"] for f in held] == ["n002"], out.stdout + out.stderr
+    assert "n002 not returned to service: --resume --tier standard needs allreduce, gpu_compute" in held[0]["message"]
+    node = api.get("nodes", "n002")
+    assert node["spec"]["unschedulable"] is True and node["metadata"]["annotations"]["preflight/drained"] == reason
+    assert not api.get("nodes", "n001")["spec"].get("unschedulable")
+    out = _run(api, pair + ["--resume", "--tier", "standard"], timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    node = api.get("nodes", "n002")
+    assert not node["spec"].get("unschedulable") and "preflight/drained" not in (node["metadata"].get("annotations") or {})
+    _no_leftovers(cluster, api)
