@@ -78,6 +78,9 @@ class Shared:
         with self._lock:
             if self._stopped:
                 raise RunEnded()
+        # the watchdog runs before the command does: a kill between the command's start and its "+PGID" line is
+        # then a window of a few instructions, not of the watchdog's own start (a fork and exec of /bin/sh)
+        _WATCH.ensure()
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         with self._lock:  # listed (or killed, when stop() came while it started) before anything else
@@ -216,10 +219,18 @@ class _Watchdog:
         self._proc: Optional[subprocess.Popen] = None  # never waited for: it ends when this process does
         self._pid: Optional[int] = None
 
+    def ensure(self) -> None:
+        """Start this process's watchdog if it has none yet (first use, or a forked child: one of its own)."""
+        with self._lock:
+            self._ensure()
+
+    def _ensure(self) -> None:
+        if self._pid != os.getpid():
+            self._proc, self._pid = self._start(), os.getpid()
+
     def tell(self, line: str) -> None:
         with self._lock:
-            if self._pid != os.getpid():  # first use, or a forked child: a watchdog of its own
-                self._proc, self._pid = self._start(), os.getpid()
+            self._ensure()
             if self._proc is None or self._proc.stdin is None:
                 return
             try:
