@@ -46,6 +46,7 @@ SCENARIOS = {
     # their FAILs need NVML's two reads (the nvidia-smi simulator gives one sample): through FakeNVML
     "nvlink_errors": ("checks.test_gpu_health", "test_nvlink_replay_or_crc_storm_isolates_a_few_crc_warn", None),
     "gpu_pcie": ("checks.test_gpu_health", "test_pcie_replays_during_the_window_isolate_a_few_warn_old_ones_pass", None),
+    "nvbandwidth": ("e2e.test_catalogue", "test_burn_in_nvbandwidth_names_the_gpu_whose_host_copies_are_slow", None),
 }
 
 
@@ -226,4 +227,39 @@ def test_hung_dcgm_diagnostic_costs_its_deadline_and_the_others_report(sim_clust
     assert by_node["n001"]["status"] == "pass", by_node
     assert by_node["n002"]["status"] == "error" and "dcgmi diag -r 1 did not finish within" in by_node["n002"]["message"]
     assert {r["status"] for r in results(doc, "gpu")} <= {"pass", "warn"}, results(doc, "gpu")
+    assert cluster.leftover_processes() == {}
+
+
+#: nvbandwidth v0.6's output on an 8 x H100 node (tests/fixtures/nvbandwidth/: the public captures it follows)
+NVBANDWIDTH = os.path.join(REPO, "tests", "fixtures", "nvbandwidth", "h100x8_h2d_d2h_waived_v06.txt")
+NVBANDWIDTH_SCRIPT = """#!{python}
+import sys
+sys.stdout.write({text!r})
+"""
+
+
+def test_burn_in_nvbandwidth_names_the_gpu_whose_host_copies_are_slow(sim_cluster):
+    """nvbandwidth on PATH on every node of three HGX nodes; n002's GPU 3 copies from the host at 30 GB/s where
+    its peers' GPU 3 do 55 (a link trained narrow): FAIL isolate naming the position; the other two pass. The
+    quick tier does not run it (SKIP, named)."""
+    cluster = sim_cluster(3)
+    hgx(cluster)
+    with open(NVBANDWIDTH) as fh:
+        healthy = fh.read()
+    slow = healthy.replace(" 0     55.20     55.31     55.28     55.19", " 0     55.20     55.31     55.28     30.00")
+    assert slow != healthy
+    for node in cluster.nodes:
+        node.install_executable("nvbandwidth", NVBANDWIDTH_SCRIPT.format(
+            python=sys.executable, text=slow if node.name == "n002" else healthy))
+    inv = cluster.inventory(gpus_per_node=8)
+    rc, doc, err = run_preflight(cluster, inv, "--only", "nvbandwidth", "--tier", "burn-in", "--timeout", "60")
+    assert rc == 1, err
+    failed = results(doc, "nvbandwidth", "fail")
+    assert [r["node"] for r in failed] == ["n002"], results(doc, "nvbandwidth")
+    assert "30 GB/s" in failed[0]["message"] and "->3" in failed[0]["message"], failed[0]["message"]
+    assert failed[0]["action"] == "isolate", failed[0]
+    assert {r["node"]: r["status"] for r in results(doc, "nvbandwidth")} == {"n001": "pass", "n002": "fail", "n003": "pass"}
+    rc, doc, err = run_preflight(cluster, inv, "--only", "nvbandwidth")
+    assert rc == 0, err
+    assert {r["status"] for r in results(doc, "nvbandwidth")} == {"skip"}, results(doc, "nvbandwidth")
     assert cluster.leftover_processes() == {}
