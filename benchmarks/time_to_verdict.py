@@ -56,7 +56,10 @@ def extract(rev: str, into: str) -> str:
     """This repository's preflight package at rev, extracted under into (git archive); returns the tree."""
     tree = os.path.join(into, "before-%s" % rev)
     os.makedirs(tree)
-    archive = subprocess.run(["git", "-C", REPO, "archive", rev, "preflight"], stdout=subprocess.PIPE, check=True)
+    archive = subprocess.run(["git", "-C", REPO, "archive", rev, "preflight"], stdout=subprocess.PIPE)
+    if archive.returncode != 0:
+        raise SystemExit("time_to_verdict: cannot extract %s from %s (not a git checkout holding it): give "
+                         "--before DIR" % (rev, REPO))
     subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
     subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(tree, "preflight")], check=False)
     return tree
