@@ -10,8 +10,8 @@ Runs the real bench agent and worker (preflight.probe.bench_agent, gloo on 127.0
   stop      iters 5, iters_min 3 (the defaults): a size stops at 3 once stable, else at the cap
   stop-20   iters 20, iters_min 3: the same rule with room to reach stability
 
-Prints per variant: the sweep's wall time (the agent's run less its slowest rank's init, median over
-repeats), the timed iterations per size and why they stopped, the verdict size's busbw (median, and its
+Prints per variant: the sweep's wall time (from the last rank's init_done to the last rank's last size
+event, median over repeats), the timed iterations per size and why they stopped, the verdict size's busbw (median, and its
 spread over repeats: (max - min) / median), and the stop rule's own cost: how many 2-element MAX
 all-reduces (one per decision) the sweep ran, at the 1 KiB size's per-iteration time each.
 """
@@ -24,7 +24,6 @@ import os
 import socket
 import statistics
 import sys
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -48,14 +47,19 @@ def one(ranks, extra):
                 "sizes": plan.CPU_SIZES, "warmup": 2,
                 "deadlines": {"init_s": 120, "op_s": 30, "total_s": 300, "kill_grace_s": 2, "fail_grace_s": 3}},
                **extra)
-    t0 = time.monotonic()
-    doc = bench_agent.run(cfg)
-    wall = time.monotonic() - t0
+    marks = collections.defaultdict(dict)  # rank: {"init_done": t, "size": t of its last size}
+
+    def mark(info, event):
+        if event.get("event") in ("init_done", "size"):
+            marks[info["rank"]][event["event"]] = float(event["t"])
+
+    doc = bench_agent.run(cfg, on_event=mark)
     bad = [r for r in doc["ranks"] if r["status"] != "ok"]
     if doc.get("error") or bad:
         raise SystemExit("run failed: %s %s" % (doc.get("error"), bad))
     points = curve({"n": doc}, ranks)
-    sweep_s = wall - max(float(r["init_s"]) for r in doc["ranks"])
+    # the sweep: from the last rank's init_done to the last rank's last size (the ranks' own clocks)
+    sweep_s = max(m["size"] for m in marks.values()) - max(m["init_done"] for m in marks.values())
     return sweep_s, points
 
 
