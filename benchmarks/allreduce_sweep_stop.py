@@ -11,9 +11,9 @@ Runs the real bench agent and worker (preflight.probe.bench_agent, gloo on 127.0
   stop-20   iters 20, iters_min 3: the same rule with room to reach stability
 
 Prints per variant: the sweep's wall time (from the last rank's init_done to the last rank's last size
-event, median over repeats), the timed iterations per size and why they stopped, the verdict size's busbw (median, and its
-spread over repeats: (max - min) / median), and the stop rule's own cost: how many 2-element MAX
-all-reduces (one per decision) the sweep ran, at the 1 KiB size's per-iteration time each.
+event, median over repeats), the timed iterations per size and why they stopped, the verdict size's busbw
+(median, and its spread over repeats: (max - min) / median), and the stop rule's own cost: how many
+2-element MAX all-reduces (one per decision) the sweep ran, at the 1 KiB size's per-iteration time each.
 """
 
 from __future__ import annotations

@@ -1,15 +1,17 @@
 """One rank of the timed all-reduce test: rendezvous, sweep the sizes, check the sums, report as JSON lines.
 
 Started by bench_agent (one process per GPU, or one per CPU node) as `python -u - '<json config>'`, this
-file's source on stdin after a COMPUTE_SOURCE line (_compute_module; the probe bundle lives in memory on
-the node, so there is no file to point at; running it as a file works the same), with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and the configured NCCL_*/GLOO_* variables in
-its environment. A rank started ahead of the bench (preflight.probe.bench_warm: during the node checks)
-gets the config {"warm": true, "backend", "go_fd"} instead: it imports torch, then waits on the pipe go_fd
-for one line, {"cfg": the config above, "env": the variables its environment lacks}, and goes on as any
-rank; EOF on that pipe ends it at once, whatever it is doing (_go_channel).
+file's source on stdin after a COMPUTE_SOURCE line (_compute_module; the probe bundle lives in memory on the
+node, so there is no file to point at; running it as a file works the same), with RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT and the configured NCCL_*/GLOO_* variables in its environment. A rank
+started ahead of the bench (preflight.probe.bench_warm: during the node checks) gets the config {"warm":
+true, "backend", "go_fd"} instead: it imports torch, then waits on the pipe go_fd for one line, {"cfg": the
+config above, "env": the variables its environment lacks}, and goes on as any rank; EOF on that pipe ends it
+at once, whatever it is doing (_go_channel).
 The JSON config carries what the environment does not: backend, sizes, warmup, iters, iters_min and
-stable_tol (optional: the sweep's stop rule, see _stop_rule), start_at (optional: wall-clock time to start timing, see _wait_for_start), run_id (optional: see RUN_KEY)
-and the torch-side timeout (a backstop only: the agent's deadlines fire first and kill this process).
+stable_tol (optional: the sweep's stop rule, see _stop_rule), start_at (optional: wall-clock time to start
+timing, see _wait_for_start), run_id (optional: see RUN_KEY) and the torch-side timeout (a backstop only:
+the agent's deadlines fire first and kill this process).
 
 Protocol: one JSON object per line on the *original* stdout (file descriptor 1 is re-pointed at stderr
 before torch is imported, so a library that prints cannot corrupt the stream):
