@@ -40,7 +40,7 @@ NODE_KEYS = (
 #: the run's own `cluster:` keys; the checks' keys (and every `expect:` key) come from their CHECK's
 #: settings (preflight.checks.settings()), so a new check's key needs no edit here
 CLUSTER_KEYS = ("master_port", "head", "expect", "allreduce", "transport", "max_nodes", "history")
-ALLREDUCE_KEYS = ("sizes", "warmup", "iters", "init_timeout", "op_timeout", "total_timeout", "enabled", "slow_fraction",
+ALLREDUCE_KEYS = ("sizes", "warmup", "iters", "iters_min", "init_timeout", "op_timeout", "total_timeout", "enabled", "slow_fraction",
                   "node_round", "warm")
 TOP_KEYS = ("defaults", "cluster", "nodes")
 
@@ -517,7 +517,7 @@ def _check_allreduce(v: _Validator, allreduce: Dict[str, Any]) -> None:
         if key == "sizes":
             if not isinstance(value, list) or not value or not all(isinstance(s, int) and not isinstance(s, bool) and 4 <= s <= 2**36 for s in value):
                 raise v.fail(at, "sizes must be a list of byte counts", "e.g. [1048576, 16777216] (4 B to 64 GiB)")
-        elif key in ("warmup", "iters"):
+        elif key in ("warmup", "iters", "iters_min"):
             allreduce[key] = v.integer(value, at, key, 0 if key == "warmup" else 1, 1000)
         elif key in ("enabled", "node_round", "warm"):
             if not isinstance(value, bool):
@@ -529,6 +529,9 @@ def _check_allreduce(v: _Validator, allreduce: Dict[str, Any]) -> None:
             allreduce[key] = float(value)
         else:
             allreduce[key] = v.number(value, at, key, 1, 3600)
+    if allreduce.get("iters_min", 1) > allreduce.get("iters", 5):
+        raise v.fail(("cluster", "allreduce", "iters_min"), "iters_min %d is above iters %d (the cap)" % (
+            allreduce["iters_min"], allreduce.get("iters", 5)), "set iters_min at most iters")
 
 
 def local_inventory(gpus_per_node: Optional[int] = None) -> Inventory:

@@ -47,6 +47,8 @@ BAD = [
     ("bad-proxy", 'defaults:\n  proxy_jump: "bastion;id"\nnodes: [a]\n', 2, "proxy_jump"),
     ("slow-fraction-range", "cluster:\n  allreduce:\n    slow_fraction: 20\nnodes: [a]\n", 3, "slow_fraction must be"),
     ("node-round-type", "cluster:\n  allreduce:\n    node_round: sometimes\nnodes: [a]\n", 3, "node_round must be"),
+    ("iters-min-over-cap", "cluster:\n  allreduce:\n    iters: 4\n    iters_min: 6\nnodes: [a]\n", 4,
+     "iters_min 6 is above iters 4"),
     ("xid-window-text", "cluster:\n  xid_window_s: one day\nnodes: [a]\n", 2, "xid_window_s must be a number"),
     ("xid-window-zero", "cluster:\n  xid_window_s: 0\nnodes: [a]\n", 2, "xid_window_s 0 is out of range"),
 ]

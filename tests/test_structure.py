@@ -25,6 +25,8 @@ PKG = os.path.join(ROOT, "preflight")
 MAX_LINES = 600
 LONG_OK = {
     "preflight/probe/bench_agent.py": "one job (the rank supervisor) with its protocol written at the top",
+    "preflight/probe/bench_worker.py": "one rank's program, sent whole as source on stdin (a split needs its own "
+                                       "shipping, as bench_compute's), its protocol written at the top",
 }
 
 # Third-party packages and the only places allowed to import them.

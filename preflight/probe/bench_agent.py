@@ -22,7 +22,8 @@ Config (built by the controller)::
       "local_rank_offset": 0,          # LOCAL_RANK of this agent's first rank (task_share: one rank a task)
       "env": {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "=eth1"},   # set in the ranks
       "sizes": [1024, 2048, ...],      # bytes per all-reduce, in sweep order (rounded down to float32)
-      "warmup": 2, "iters": 5,
+      "warmup": 2, "iters": 5,         # iters: each size's cap
+      "iters_min": 3,                  # optional: a size stops once stable, after at least this many
       "deadlines": {"init_s": 30, "op_s": 20, "total_s": 120, "kill_grace_s": 3, "fail_grace_s": 5},
       "python": "/path/to/python",     # interpreter for the ranks; default sys.executable
       "size_budget_s": 15,             # optional; default op_s * SIZE_BUDGET_FRACTION (see bench_worker)
@@ -299,6 +300,7 @@ def _normalise(config: Dict[str, Any]) -> Dict[str, Any]:
     cfg["sizes"] = [s - s % 4 for s in sizes]
     cfg["warmup"] = max(0, int(cfg.get("warmup", 2)))
     cfg["iters"] = max(1, int(cfg.get("iters", 5)))
+    cfg["iters_min"] = min(cfg["iters"], max(1, int(cfg.get("iters_min") or cfg["iters"])))
     deadlines = dict(DEFAULT_DEADLINES)
     deadlines.update({k: float(v) for k, v in (cfg.get("deadlines") or {}).items()})
     cfg["deadlines"] = deadlines
@@ -524,6 +526,8 @@ def _spawn(cfg: Dict[str, Any], rank: _Rank, sel: selectors.BaseSelector) -> Non
         "sizes": cfg["sizes"],
         "warmup": cfg["warmup"],
         "iters": cfg["iters"],
+        "iters_min": cfg["iters_min"],  # the sweep's stop rule (bench_worker._stop_rule)
+        "stable_tol": cfg.get("stable_tol"),
         # torch's own timeout is only a backstop behind the agent's deadlines.
         "timeout_s": cfg["deadlines"]["total_s"] + 30,
         # stop the sweep before a size that would run into the op deadline (see bench_worker)

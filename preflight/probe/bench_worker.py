@@ -1,20 +1,17 @@
 """One rank of the timed all-reduce test: rendezvous, sweep the sizes, check the sums, report as JSON lines.
 
-Started by bench_agent (one process per GPU, or one per CPU node) as
-
-    python -u - '<json config>'       (this file's source on stdin, after a COMPUTE_SOURCE line: see
-                                       _compute_module)
-
-(the probe bundle lives in memory on the node, so there is no file to point at; running it as a file
-works the same)
-with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and the configured NCCL_*/GLOO_* variables in
-its environment. A rank started ahead of the bench (preflight.probe.bench_warm: during the node checks)
-gets the config {"warm": true, "backend", "go_fd"} instead: it imports torch, then waits on the pipe go_fd
-for one line, {"cfg": the config above, "env": the variables its environment lacks}, and goes on as any
-rank; EOF on that pipe ends it at once, whatever it is doing (_go_channel).
-The JSON config carries what the environment does not: backend, sizes, warmup, iters,
-start_at (optional: wall-clock time to start timing, see _wait_for_start), run_id (optional: see RUN_KEY)
-and the torch-side timeout (a backstop only: the agent's deadlines fire first and kill this process).
+Started by bench_agent (one process per GPU, or one per CPU node) as `python -u - '<json config>'`, this
+file's source on stdin after a COMPUTE_SOURCE line (_compute_module; the probe bundle lives in memory on the
+node, so there is no file to point at; running it as a file works the same), with RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT and the configured NCCL_*/GLOO_* variables in its environment. A rank
+started ahead of the bench (preflight.probe.bench_warm: during the node checks) gets the config {"warm":
+true, "backend", "go_fd"} instead: it imports torch, then waits on the pipe go_fd for one line, {"cfg": the
+config above, "env": the variables its environment lacks}, and goes on as any rank; EOF on that pipe ends it
+at once, whatever it is doing (_go_channel).
+The JSON config carries what the environment does not: backend, sizes, warmup, iters, iters_min and
+stable_tol (optional: the sweep's stop rule, see _stop_rule), start_at (optional: wall-clock time to start
+timing, see _wait_for_start), run_id (optional: see RUN_KEY) and the torch-side timeout (a backstop only:
+the agent's deadlines fire first and kill this process).
 
 Protocol: one JSON object per line on the *original* stdout (file descriptor 1 is re-pointed at stderr
 before torch is imported, so a library that prints cannot corrupt the stream):
@@ -24,21 +21,17 @@ before torch is imported, so a library that prints cannot corrupt the stream):
     {"event": "store", "t": ...}                       connected to the rendezvous store, arrival recorded
     {"event": "arrived", "ranks": [0, 1, ...]}         global rank 0 only: ranks that reached the store so far
     {"event": "init_done", "t": ..., "pid": ...}       process group up and a first 1-element all-reduce done
-    {"event": "size", "bytes": N, "time_s": median, "ok": true, "min_s": .., "max_s": .., "cpu_s": ..}
+    {"event": "size", "bytes": N, "time_s": median, "ok": true, "min_s": .., "max_s": .., "cpu_s": ..,
+     "iters": timed iterations run, "stop": "stable" | "cap" | "budget"}   (why it ran that many)
     {"event": "size", "bytes": N, ..., "ok": false, "expected": 3.0, "got": 2.0, "mismatches": 12}
     {"event": "cut", "bytes": N, "took_s": .., "projected_s": .., "budget_s": ..}
-                                                       the sweep stops before size N: the size before it took
-                                                       took_s on the slowest rank (its runs at its best
-                                                       iteration's pace, see _sweep), so N would take about
-                                                       projected_s, over size_budget_s (all ranks agree)
-    {"event": "pairs_start", "bytes": N, "iters": K}   the fleet rounds begin in this process (config "pairs",
-                                                       see _pair_phase)
+                                                       the sweep stops before size N, projected over
+                                                       size_budget_s (see Budget; all ranks agree)
+    {"event": "pairs_start", "bytes": N, "iters": K}   the fleet rounds begin (config "pairs", _pair_phase)
     {"event": "pair", "rotation": r, "ranks": [..], "bytes": N, "time_s": .., "min_s": .., "ok": true}
     {"event": "pairs_ready", "rotation": r}             a rotation's sub-groups are made (progress)
-    {"event": "node_ready"} {"event": "node", "pass": 0|1, "node": i, ...}   the partner-free tests, in the
-                                                       same phase before the pairs (config "node", see
-                                                       _node_phase); {"event": "node_done"} or
-                                                       {"event": "node_error", "error": ..}
+    {"event": "node_ready"} {"event": "node", "pass": 0|1, "node": i, ...}   the partner-free tests, before
+        the pairs (config "node", _node_phase); {"event": "node_done"} or {"event": "node_error", "error": ..}
     {"event": "pairs_done"} | {"event": "pairs_error", "error": "..."}
     {"event": "compute_step", "what": "gemm bf16"}      the compute tier (config "compute", after the pairs):
     {"event": "compute", "gemm": .., "copy": .., "sdc": ..}   progress, then its figures (bench_compute);
@@ -53,11 +46,14 @@ every rank times its own view, and the controller takes the slowest rank's media
 time. The buffer is refilled with (rank + 1) before every iteration (outside the timed region) so values
 never grow toward overflow.
 
+Iterations: `iters` is the cap; with iters_min below it a size stops as soon as every rank's last
+iters_min iterations are within stable_tol of their best ("stable"), or before its time would pass
+size_budget_s ("budget"); else at the cap ("cap"). All ranks run the same count (_agree_stop).
+
 Budget: with size_budget_s in the config, after each size the ranks agree (a MAX all-reduce of the
 seconds each would spend on it at its best iteration's pace) on how long the next, larger size would
 take, scaled by its byte count; when that is over the budget the sweep ends there ("cut") instead of
-running into the agent's op deadline.
-A slow link then ends as a slow, complete measurement, not as a killed rank and a connection reset.
+running into the agent's op deadline: a slow link ends as a slow, complete measurement, not a killed rank.
 
 Correctness: after the timed iterations a freshly filled buffer is reduced once more and every element
 must equal world_size * (world_size + 1) / 2 (exact in float32 for any realistic world size).
@@ -173,11 +169,10 @@ class _ArrivalWatch(threading.Thread):
 def _wait_for_store(host, port, seconds):
     """Return once the store's port takes a connection, or after seconds (the TCPStore then says why).
 
-    torch's TCPStore client, refused, tries again after a backoff that grows to seconds: a rank ready before
-    rank 0's store listens (every rank, when the imports overlap the node checks) connected up to that
-    backoff late, and the whole world waited for the last one. A refused plain connect costs microseconds,
-    so a rank that polls every STORE_POLL_S connects within that of the store's start
-    (benchmarks/rendezvous_scale.py, variants late and same-time against their -poll twins).
+    torch's TCPStore client, refused, retries after a backoff that grows to seconds: a rank ready before
+    rank 0's store listens connected up to that backoff late, and the whole world waited for the last one.
+    A refused plain connect costs microseconds, so a rank polling every STORE_POLL_S connects within that
+    of the store's start (benchmarks/rendezvous_scale.py, variants late and same-time vs their -poll twins).
     """
     deadline = time.monotonic() + seconds
     while True:
@@ -321,13 +316,13 @@ def _rendezvous(torch, dist, device, gpu, rank, world_size, cfg):
 
 
 def _sweep(torch, dist, device, gpu, rank, world_size, cfg, state):
-    """Every size in order, each timed and checked; stops before a size projected over the size budget
-    (the "cut"). [(bytes, seconds it took)] of the sizes run.
+    """Every size in order, each timed (until stable: _stop_rule) and checked; stops before a size
+    projected over the size budget (the "cut"). [(bytes, seconds it took, runs)] of the sizes run.
 
-    The projection scales the size's runs (warm-up, timed, check) at the pace of its best iteration on
-    the slowest rank: the wall time of a small size on a starved CPU is mostly stalls (a 1 KiB size took
-    0.3 s under load, projected to 19 s at 64 KiB, and cut a healthy sweep), and stalls do not scale with
-    the byte count. A slow link slows every iteration, the best one too, so it is still cut in time."""
+    The projection scales the size's runs (warm-up, the cap's iterations, check) at the pace of its best
+    iteration on the slowest rank: the wall time of a small size on a starved CPU is mostly stalls, which
+    do not scale with the byte count (a 1 KiB size took 0.3 s under load, projected to 19 s at 64 KiB, and
+    cut a healthy sweep). A slow link slows every iteration, the best one too, so it is still cut in time."""
     expected = world_size * (world_size + 1) / 2.0
     sizes = list(cfg["sizes"])
     budget = cfg.get("size_budget_s")
@@ -336,9 +331,9 @@ def _sweep(torch, dist, device, gpu, rank, world_size, cfg, state):
     for i, nbytes in enumerate(sizes):
         state.update(stage="size", bytes=nbytes)
         started = time.monotonic()
-        out = _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected)
+        out = _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected, stop=_stop_rule(cfg))
         emit("size", **out)
-        done_sizes.append((nbytes, time.monotonic() - started))
+        done_sizes.append((nbytes, time.monotonic() - started, int(cfg.get("warmup", 2)) + out["iters"] + 1))
         if budget and i + 1 < len(sizes):
             state.update(bytes=sizes[i + 1])
             took = _slowest(torch, dist, device, gpu, runs * float(out["min_s"]))
@@ -404,11 +399,11 @@ def _pair_phase(torch, dist, device, gpu, rank, last, cfg):
     the agent reports it as the rank's pairs_error.
     """
     spec = cfg.get("pairs") or {}
-    nbytes, took = last
+    nbytes, took, runs = last
     budget = float(cfg.get("size_budget_s") or 0) or None
     warmup = int(cfg.get("warmup", 2))
     iters = int(spec.get("iters") or (cfg.get("node") or {}).get("iters") or cfg.get("iters", 5))
-    per_iter = _slowest(torch, dist, device, gpu, took) / float(warmup + int(cfg.get("iters", 5)) + 1)
+    per_iter = _slowest(torch, dist, device, gpu, took / float(runs))
     if budget and per_iter > 0:
         iters = max(int(cfg.get("iters", 5)), min(iters, int(budget / per_iter) - warmup - 1))
     emit("pairs_start", bytes=nbytes, iters=iters)
@@ -539,15 +534,57 @@ def _loopback(torch, dist, nbytes, cfg, tag):
             "ok": wrong == [0, 0], "iface": os.environ.get("GLOO_SOCKET_IFNAME")}
 
 
-def _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected, group=None):
-    """Warm up, time `iters` all-reduces of nbytes, then verify one more on a fresh buffer."""
+#: The sweep's stop rule's default tolerance, and how often the ranks decide after iters_min iterations
+#: (each decision is one 2-element MAX all-reduce: benchmarks/allreduce_sweep_stop.py measures its cost).
+STABLE_TOL, DECIDE_EVERY = 0.05, 2
+
+
+def _stop_rule(cfg):
+    """The sweep's stop rule from the config, or None (every size runs `iters` iterations)."""
+    least, iters = int(cfg.get("iters_min") or 0), max(1, int(cfg.get("iters", 5)))
+    if least < 1 or least >= iters:
+        return None
+    tol = cfg.get("stable_tol")
+    return {"min": least, "tol": STABLE_TOL if tol is None else float(tol), "budget": cfg.get("size_budget_s")}
+
+
+def _agree_stop(torch, dist, device, times, elapsed, n, stop):
+    """After n timed iterations: "stable" when every rank's last stop["min"] are within tol of their best,
+    "budget" when the next DECIDE_EVERY would take the slowest rank past the size budget, else None.
+    All ranks get the same answer (one MAX all-reduce of [unstable, elapsed])."""
+    last = sorted(times[-int(stop["min"]):])
+    unstable = 1.0 if statistics.median(last) > last[0] * (1.0 + stop["tol"]) else 0.0
+    t = torch.tensor([unstable, float(elapsed)], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    unstable, elapsed = (float(x) for x in t.cpu().tolist())
+    if not unstable:
+        return "stable"
+    if stop["budget"] and elapsed * (n + DECIDE_EVERY) / float(n) > float(stop["budget"]):
+        return "budget"
+    return None
+
+
+def _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected, group=None, stop=None):
+    """Warm up, time `iters` all-reduces of nbytes (fewer once the ranks agree to stop: _agree_stop),
+    then verify one more on a fresh buffer."""
     count = max(1, nbytes // 4)
     warmup, iters = int(cfg.get("warmup", 2)), max(1, int(cfg.get("iters", 5)))
     buf = torch.empty(count, dtype=torch.float32, device=device)
     times = []
     cpu = []
     marks = []
+    why, started = "cap", time.monotonic()
     for i in range(warmup + iters):
+        n = i - warmup  # timed iterations done
+        if n == 0:
+            started = time.monotonic()
+        elif stop and n >= stop["min"] and (n - stop["min"]) % DECIDE_EVERY == 0:
+            if gpu:
+                torch.cuda.synchronize()
+                times = [s.elapsed_time(e) / 1e3 for s, e in marks]
+            why = _agree_stop(torch, dist, device, times, time.monotonic() - started, n, stop) or why
+            if why != "cap":
+                break
         buf.fill_(rank + 1)
         if gpu:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -578,6 +615,8 @@ def _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected, group=None)
         "min_s": min(times),
         "max_s": max(times),
         "ok": mismatches == 0,
+        "iters": len(times),
+        "stop": why,
     }
     if cpu:  # CPU seconds this process (all its threads) spent per timed all-reduce: gloo is CPU-bound
         out["cpu_s"] = statistics.median(cpu)

@@ -76,3 +76,21 @@ def test_check_plan_prints_the_plan_and_touches_no_node(tmp_path):
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)["allreduce_plan"]
     assert doc["nodes"] == 3 and doc["phases"][0]["phase"] == "sweep"
+
+
+def test_the_sweep_is_expected_at_iters_min_and_capped_at_iters():
+    # each size stops once stable after iters_min (default 3) timed runs, at most iters: the expected time
+    # counts the minimum, expected_cap_s the cap (bench_worker._stop_rule)
+    tp = timeplan.time_plan([8] * 4, {"sizes": [GiB], "warmup": 1, "iters": 9}, {"busbw_gbps": 100})
+    sweep = tp["phases"][0]
+    op = timeplan.op_s(GiB, 32, 100.0)
+    assert tp["iters_min"] == timeplan.ITERS_MIN == 3 and tp["iters"] == 9
+    assert sweep["expected_s"] == round(timeplan.launch_s(32) + (1 + 3) * op, 1)
+    assert sweep["expected_cap_s"] == round(timeplan.launch_s(32) + (1 + 9) * op, 1) > sweep["expected_s"]
+    assert "1 warm-up + 3-9 (stops once stable) timed runs each" in sweep["what"]
+    assert any("every size run to its cap of 9 iterations" in line for line in timeplan.render(tp))
+    # iters_min at iters: fixed iterations, as before the stop rule; above iters: the cap wins
+    for raw in ({"iters_min": 9}, {"iters_min": 20}):
+        fixed = timeplan.time_plan([8] * 4, dict({"sizes": [GiB], "warmup": 1, "iters": 9}, **raw), {"busbw_gbps": 100})
+        assert fixed["phases"][0]["expected_s"] == fixed["phases"][0]["expected_cap_s"] == sweep["expected_cap_s"]
+        assert "1 warm-up + 9 timed runs each" in fixed["phases"][0]["what"]

@@ -133,6 +133,13 @@ def assert_plan_was_honest(cluster, inv, doc):
     phases = {p["phase"]: p for p in tp["phases"]}
     assert sorted(phases) == ["node tests", "pair rounds", "sweep"], tp["phases"]
     assert tp["sizes"] == [p["bytes"] for p in section["curve"]]  # the whole planned sweep ran, uncut
+    # each size ran between the plan's minimum and its cap, and says why it stopped there
+    for point in section["curve"]:
+        assert tp["iters_min"] <= point["iters"] <= tp["iters"], (point, tp["iters_min"], tp["iters"])
+        assert point["stop"] in ("stable", "cap", "budget") and (point["stop"] == "cap") == (
+            point["iters"] == tp["iters"]), point
+    print("sweep iterations per size (min %d, cap %d): %s" % (tp["iters_min"], tp["iters"], " ".join(
+        "%s:%d/%s" % (common.human_bytes(p["bytes"]), p["iters"], p["stop"]) for p in section["curve"])))
     assert section["node_rounds"][0]["name"] == "loopback"  # the node tests ran in the sweep's processes
     loc = section["localization"]
     assert loc["in_process_rotations"] == len(plan.pair_rotations(section["nodes"])) and phases["pair rounds"]["runs"] == 0

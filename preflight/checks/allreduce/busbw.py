@@ -95,13 +95,18 @@ def curve(docs: Mapping[str, Mapping[str, Any]], world_size: int) -> List[Dict[s
 
     Per size the slowest rank's median time is the collective's time (every rank waits for the last
     one to contribute): [{bytes, time_s, algbw_gbps, busbw_gbps, slowest_rank, fastest_rank}], plus
-    cpu_s (the ranks' mean CPU seconds per all-reduce) where every rank measured it (gloo).
+    cpu_s (the ranks' mean CPU seconds per all-reduce) where every rank measured it (gloo), and iters and
+    stop (the timed iterations run and why they stopped: "stable", "cap", "budget"; every rank ran the
+    same) where the ranks report them.
     """
     by_size: Dict[int, Dict[int, float]] = {}
     cpu: Dict[int, List[float]] = {}
+    runs: Dict[int, Dict[str, Any]] = {}
     for rank, (_node, entry) in rank_table(docs).items():
         for s in entry.get("sizes") or []:
             by_size.setdefault(int(s["bytes"]), {})[rank] = float(s["time_s"])
+            if s.get("iters") is not None:
+                runs[int(s["bytes"])] = {"iters": int(s["iters"]), "stop": s.get("stop")}
             if s.get("cpu_s") is not None:
                 cpu.setdefault(int(s["bytes"]), []).append(float(s["cpu_s"]))
     points = []
@@ -126,6 +131,7 @@ def curve(docs: Mapping[str, Mapping[str, Any]], world_size: int) -> List[Dict[s
         )
         if len(cpu.get(nbytes) or []) == len(times):
             points[-1]["cpu_s"] = statistics.mean(cpu[nbytes])
+        points[-1].update(runs.get(nbytes) or {})
     return points
 
 

@@ -71,13 +71,15 @@ def make_configs(
     deadlines: Optional[Mapping[str, float]] = None,
     local_ranks: Optional[int] = None,
     run_id: Optional[str] = None,
+    iters_min: Optional[int] = None,
 ) -> Dict[str, Dict[str, Any]]:
     """{node name: bench_agent config} for the nodes, in order (node_rank = position). Pure.
 
     nccl with one rank per GPU when every node has GPUs, else gloo with one rank per node (local_ranks
     per node when given: the node round's two local gloo ranks).
     A node's `python` setting, when the inventory has one, names the ranks' interpreter. run_id (the
-    launch's id, unique per group) lets a rank tell its own store from another preflight run's.
+    launch's id, unique per group) lets a rank tell its own store from another preflight run's. iters_min
+    (the whole-cluster sweep only): each size stops once stable after that many iterations, iters the cap.
     """
     if not nodes:
         return {}
@@ -103,6 +105,8 @@ def make_configs(
             cfg["python"] = node.settings["python"]
         if run_id:
             cfg["run_id"] = run_id
+        if iters_min:
+            cfg["iters_min"] = int(iters_min)
         out[node.name] = cfg
         offset += local
     return out

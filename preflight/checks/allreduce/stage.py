@@ -139,6 +139,7 @@ def _run_groups(
             deadlines=settings["deadlines"],
             local_ranks=settings.get("local_ranks"),
             run_id=secrets.token_hex(8),
+            iters_min=settings.get("iters_min"),
         )
         if settings.get("start_at"):
             for cfg in cfgs.values():
@@ -268,7 +269,8 @@ class _Rounds:
         # gloo rounds time more iterations: groups side by side share CPUs, and their best iteration is
         # what they are compared on (one size of a few ms: 20 iterations cost well under a second)
         iters = max(settings["iters"], ROUND_MIN_ITERS) if meta["backend"] == "gloo" else settings["iters"]
-        self.short = dict(settings, sizes=wanted["sizes"], iters=iters, deadlines=plan.round_deadlines(
+        # the rounds time a fixed count (no stop rule): groups are compared at the same iterations
+        self.short = dict(settings, sizes=wanted["sizes"], iters=iters, iters_min=None, deadlines=plan.round_deadlines(
             meta["deadlines"], docs, settings["warmup"], iters, len(wanted["sizes"]),
             at_init=bool(wanted.get("at_init"))))
         # no more iterations than fit half the rounds' op deadline at the pace the sweep measured there

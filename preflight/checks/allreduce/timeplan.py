@@ -17,7 +17,8 @@ The model (each figure an assumption, printed with the plan):
   one size    latency + bytes * 2(n-1)/n / busbw (nccl-tests' busbw definition, inverted), with
               latency = HOP_LATENCY_S * 2 * log2(ranks) (a tree's depth, up and down: NCCL picks trees
               for small messages at scale)
-  a sweep     (warmup + iters) runs of every size
+  a sweep     (warmup + iters_min) runs of every size (each stops once stable), at most (warmup + iters):
+              the cap, its figure expected_cap_s
   busbw       between nodes: expect.busbw_gbps, else expect.ib_hcas * ib_rate_gbps / 8 * LINE_RATE_FRACTION;
               inside a node: the NVLink profile of the GPU (busbw.NVLINK_PROFILES); gloo: CPU_GBPS
   rounds      the pair rounds run every group at once: one launch and one size each, whatever the node
@@ -42,6 +43,9 @@ LAUNCH_PER_DOUBLING_S = 1.0
 HOP_LATENCY_S = 5e-6
 #: gloo over TCP on a CPU node's data NIC, GB/s (a 10 GbE link); assumed when no figure is known.
 CPU_GBPS = 1.0
+#: The sweep's timed iterations a size runs at least (cluster.allreduce.iters_min): it stops there when
+#: its busbw is stable (bench_worker._stop_rule); `iters` is the cap.
+ITERS_MIN = 3
 #: NVLink busbw assumed for a GPU model no profile knows (NVLink4, H100 SXM).
 DEFAULT_NVLINK_GBPS = 450.0
 
@@ -52,7 +56,9 @@ def settings(raw: Mapping[str, Any]) -> Dict[str, Any]:
     for key, name in (("init_timeout", "init_s"), ("op_timeout", "op_s"), ("total_timeout", "total_s")):
         if key in raw:
             deadlines[name] = float(raw[key])
-    return {"sizes": raw.get("sizes"), "warmup": raw.get("warmup", 2), "iters": raw.get("iters", 5),
+    iters = raw.get("iters", 5)
+    return {"sizes": raw.get("sizes"), "warmup": raw.get("warmup", 2), "iters": iters,
+            "iters_min": min(iters, raw.get("iters_min", ITERS_MIN)),
             "deadlines": deadlines, "slow_fraction": float(raw.get("slow_fraction", localize.SLOW_FRACTION)),
             "node_round": raw.get("node_round")}
 
@@ -99,7 +105,7 @@ def time_plan(gpus_per_node: Sequence[int], raw_settings: Mapping[str, Any], exp
     backend = "nccl" if n and all(g > 0 for g in gpus_per_node) else "gloo"
     ranks = sum(gpus_per_node) if backend == "nccl" else n
     sizes = sorted(int(s) for s in (cfg["sizes"] or (plan.GPU_SIZES if backend == "nccl" else plan.CPU_SIZES)))
-    warmup, iters = int(cfg["warmup"]), int(cfg["iters"])
+    warmup, iters, least = int(cfg["warmup"]), int(cfg["iters"]), int(cfg["iters_min"])
     dl = plan.default_deadlines(backend)
     dl.update(cfg["deadlines"])
     rate = rates(expect, gpu_model)
@@ -110,9 +116,13 @@ def time_plan(gpus_per_node: Sequence[int], raw_settings: Mapping[str, Any], exp
 
     # 1. the whole-cluster sweep: one launch, every size; the controller waits plan.outer_deadline()
     gbps_world = net if n > 1 else rate["nvlink_gbps"]
-    sweep_step = ph.add("sweep", "whole cluster, %d sizes %s-%s, %d+%d runs each" % (
-        len(sizes), human_bytes(sizes[0]), human_bytes(sizes[-1]), warmup, iters),
-        1, ranks, gbps_world, sizes, plan.outer_deadline({"deadlines": dl}))
+    # expected: every size stable at iters_min; expected_cap_s: none stable before the cap (iters)
+    sweep_step = ph.add("sweep", "whole cluster, %d sizes %s-%s, %d warm-up + %s timed runs each" % (
+        len(sizes), human_bytes(sizes[0]), human_bytes(sizes[-1]), warmup,
+        "%d" % iters if least >= iters else "%d-%d (stops once stable)" % (least, iters)),
+        1, ranks, gbps_world, sizes, plan.outer_deadline({"deadlines": dl}), runs=warmup + least)
+    ph.phases[-1]["expected_cap_s"] = round(ph.launch_s(ranks) + sum(
+        ph.runs * ph.op(s, ranks, gbps_world) for s in sizes), 1)
     # the rounds' deadlines, as plan.round_deadlines derives them from the sweep's slowest size
     slowest = max((ph.runs + 1) * op_s(s, ranks, gbps_world, hop) for s in sizes) if sizes else 0.0
     rdl = plan.round_budget(dl, None, slowest, 1)
@@ -126,6 +136,7 @@ def time_plan(gpus_per_node: Sequence[int], raw_settings: Mapping[str, Any], exp
     expected = round(sum(p["expected_s"] for p in phases), 1)
     return {
         "nodes": n, "ranks": ranks, "backend": backend, "sizes": sizes, "warmup": warmup, "iters": iters,
+        "iters_min": least,
         "verdict_bytes": verdict, "rates": rate,
         "assumptions": {"launch_s": launch, "launch_per_doubling_s": per_doubling, "hop_latency_s": hop,
                         "op": "latency (hop x 2 log2 ranks) + bytes x 2(n-1)/n / busbw",
@@ -153,9 +164,10 @@ class _Phases:
         return launch_s(world, self.launch, self.per_doubling)
 
     def add(self, name: str, what: str, count: int, world: int, gbps: float, sizes: Sequence[int],
-            budget: float) -> float:
-        """A phase of `count` launches of `world` ranks, each running every size; its op time per launch."""
-        step = sum(self.runs * self.op(s, world, gbps) for s in sizes)
+            budget: float, runs: Optional[int] = None) -> float:
+        """A phase of `count` launches of `world` ranks, each running every size `runs` times (default
+        warm-up + iters); its op time per launch."""
+        step = sum((runs or self.runs) * self.op(s, world, gbps) for s in sizes)
         expected = count * (self.launch_s(world) + step)
         self.phases.append({"phase": name, "what": what, "runs": count, "ranks": world,
                             "expected_s": round(expected, 1), "budget_s": round(count * budget, 1)})
@@ -253,6 +265,9 @@ def render(tp: Mapping[str, Any]) -> List[str]:
     lines.append("  %-20s %10s %10s  %s" % ("phase", "expected", "budget", "what"))
     for p in tp["phases"]:
         lines.append("  %-20s %9.1fs %9.1fs  %s" % (p["phase"], p["expected_s"], p["budget_s"], p["what"]))
+        if p.get("expected_cap_s", p["expected_s"]) != p["expected_s"]:
+            lines.append("  %-20s %9.1fs %10s  (every size run to its cap of %d iterations)" % (
+                "", p["expected_cap_s"], "", tp["iters"]))
     lines.append("  %-20s %9.1fs %9.1fs  (localization %.1fs; with every pair round: %.1fs)" % (
         "total", tp["expected_s"], tp["budget_s"], tp["localization_expected_s"], tp["expected_with_localization_s"]))
     r = tp["rates"]
