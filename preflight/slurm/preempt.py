@@ -7,9 +7,14 @@ findings for its nodes (preempted: not failed, not returned to service).
 burn-in QOS in the users' QOS's `Preempt=` list. preflight's allocation is interactive (`salloc
 --no-shell`), which Slurm cannot requeue: a preempted burn-in is cancelled, and its job record says
 `JobState=PREEMPTED` (Slurm 22.05 `scontrol -o show job`, recorded from tests/sim/slurm.py in
-tests/actions/test_slurm_preempt.py; a batch job with `--requeue` would read PENDING with `Restarts=1`,
-also read here as preempted). Slurm keeps the record MinJobAge seconds (300 by default) after the end:
-the run reads it right after its steps.
+tests/actions/test_slurm_preempt.py). Slurm keeps the record MinJobAge seconds (300 by default) after
+the end: the run reads it right after its steps.
+
+Inside a batch job (`sbatch --requeue --partition burnin --wrap 'exec preflight check --slurm
+--preemptible ...'`, no --partition/--qos: the job's partition is the preemptible one), Slurm requeues
+the job instead: SIGTERM to all its processes, preflight's too, SIGKILL after KillWait. yield_to_preemption
+reads the record at that SIGTERM (COMPLETING, Restarts above this attempt's SLURM_RESTART_COUNT) and lets
+the run finish its report; the next attempt runs when the nodes are free (tests/actions/test_slurm_requeue.py).
 
 Every node of a preempted job gets one finding that marks it unavailable (status skip, `data.unavailable`
 with state PREEMPTED), so the drain policy neither drains nor resumes it and it does not fail the run; its
