@@ -49,10 +49,10 @@ def test_a_user_job_preempts_the_burn_in_and_preflight_reports_it_preempted(clus
         _wait("preflight's burn-in job running", lambda: _running_preflight_job(s) or proc.poll() is not None)
         assert proc.poll() is None, proc.communicate()
         job = _running_preflight_job(s)[0]
-        # the node checks are one step (JOB.0); the all-reduce with its burn-in soak the next: preempted there
-        _wait("the burn-in's all-reduce step", lambda: any(st.split()[0].startswith(job + ".") and
-                                                            st.split()[0] != job + ".0" for st in s.leftover_steps())
-              or proc.poll() is not None, 180)
+        # every phase runs in one kept step (JOB.0): the all-reduce is under way once its ranks are connected
+        # to rank 0's store on n001 (the master port), then preempted there
+        _wait("the burn-in's all-reduce", lambda: cluster.node_exec("n001", [
+            "ss", "-Htn", "state", "established", "( sport = :29500 )"]).stdout.strip() or proc.poll() is not None, 180)
         assert proc.poll() is None, proc.communicate()
         # a user's job onto n001 in the users' partition: Slurm preempts the burn-in to run it
         user = s.run(["salloc", "--no-shell", "-p", "users", "-w", "n001", "-N1", "-t", "5", "--immediate=60"])
