@@ -42,18 +42,22 @@ def inventory_of(args: argparse.Namespace) -> Inventory:
     if args.nodelist and args.nodes:
         raise UsageError("give --nodelist or --partition/--nodes, not both", "e.g. --nodelist gpu-[001-064]")
     qos = getattr(args, "qos", None)
-    if getattr(args, "preemptible", False) and not (args.partition or qos):
+    allocating = bool(args.nodelist or args.partition or args.nodes)
+    if getattr(args, "preemptible", False) and allocating and not (args.partition or qos):
         raise UsageError("--preemptible needs the partition or QOS your site lets user jobs preempt",
                          "e.g. --partition burnin --preemptible (slurm.conf: PreemptType=preempt/partition_prio, "
-                         "PriorityTier lower than the users' partitions)")
-    if args.nodelist or args.partition or args.nodes:
+                         "PriorityTier lower than the users' partitions), or run it inside a batch job there: "
+                         "sbatch --requeue --partition burnin")
+    if allocating:
         alloc = slurm.allocate(nodelist=args.nodelist, partition=args.partition, nodes=args.nodes,
                                recheck_ours=_recheck(args), timeout=_alloc_wait(args), run_s=slurm.run_budget(args.timeout),
                                qos=qos)
-    elif qos or getattr(args, "preemptible", False):
-        raise UsageError("--qos/--preemptible apply when preflight allocates", "add --nodelist NODES")
-    else:
+    elif qos:
+        raise UsageError("--qos applies when preflight allocates", "add --nodelist NODES, or give the QOS to sbatch/salloc")
+    else:  # inside a job; with --preemptible, a batch job in the burn-in partition (preflight.slurm.preempt)
         alloc = slurm.current_allocation()
+        if getattr(args, "preemptible", False):
+            preempt.yield_to_preemption(alloc.job_id)
     try:
         inv = slurm.inventory(alloc, python=python, gpus_per_node=args.gpus_per_node)
         note = alloc.gpu_note()

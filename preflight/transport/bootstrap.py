@@ -11,6 +11,10 @@ reads and reads what it prints; its module docstring is the wire protocol."""
 # with us, not gone: the main thread writes the result and exits 0 (the deadline still guards the
 # write), never a kill of our own group racing our own exit (a Kubernetes attach closes stdin right
 # after the result, stdinOnce; a rank killed there exits 9 and failed its Job).
+# It ends with os._exit, also when the run raises (SystemExit: the bench agent's on SIGTERM, its ranks
+# stopped): an interpreter's normal exit waited for the deadline's timer thread (a task that Slurm's
+# preemption had signalled lived on until KillWait's SIGKILL, its srun and preflight waiting on it), and
+# with daemon timers it aborted (SIGABRT) on the stdin reader blocked in readline at finalization.
 # A module runs from the bytecode the controller compiled (bytecode/<path>c, a marshalled code object)
 # when the node's Python has the controller's magic number (bytecode/MAGIC), else from its source.
 BOOTSTRAP = r"""
@@ -108,16 +112,21 @@ def _watch():
     _die()
 threading.Thread(target=_watch,daemon=True).start()
 from preflight.probe.runner import main
-_t=None
-while _cfg:
+_t=None;_x=0
+try:
+  while _cfg:
     if _t:_t.cancel()
-    _t=threading.Timer(float(_cfg.get('deadline_s',600)),_die);_t.start()
+    _t=threading.Timer(float(_cfg.get('deadline_s',600)),_die);_t.daemon=True;_t.start()
     _r=base64.b64encode(zlib.compress(json.dumps(main(_cfg,_zb)).encode(),1)).decode();_k=int(_cfg.get('line_max') or len(_r));_n=-(-len(_r)//_k)
     if not _cfg.get('more'):_F.release()
     for _i in range(_n-1):sys.stdout.write('preflight-part %d %s\n'%(_i,_r[_i*_k:_i*_k+_k]))
     sys.stdout.write('preflight-result %d %d %08x %s\n'%(_n-1,len(_r),zlib.crc32(_r.encode()),_r[(_n-1)*_k:]));sys.stdout.flush()
     if not _cfg.get('more'):break
-    _t.cancel();_t=threading.Timer(float(_cfg.get('wait_s',60)),_die);_t.start()
+    _t.cancel();_t=threading.Timer(float(_cfg.get('wait_s',60)),_die);_t.daemon=True;_t.start()
     _cfg=_pick(json.loads(_Q.get()))
-os._exit(0)
+except SystemExit as _e:_x=_e.code if isinstance(_e.code,int) else 1
+except BaseException:
+  import traceback;traceback.print_exc();_x=1
+try:sys.stdout.flush();sys.stderr.flush()
+finally:os._exit(_x)
 """

@@ -41,15 +41,6 @@ def _running_preflight_job(s):
     return [j.split()[0] for j in s.jobs() if " preflight-" in j and " RUNNING " in j]
 
 
-def _ranks_running(cluster, job):
-    """The all-reduce's rank processes are up on n001: in the node checks' kept step (warm ranks, one rank a
-    node on CPU) or in a step of their own."""
-    steps = [st.split()[0] for st in cluster.slurm.leftover_steps()]
-    if any(st.startswith(job + ".") and st != job + ".0" for st in steps):
-        return True
-    return any('"backend"' in cmd for _pid, cmd in cluster.processes("n001"))
-
-
 def test_a_user_job_preempts_the_burn_in_and_preflight_reports_it_preempted(cluster):
     s = cluster.slurm
     proc = _preflight(cluster, ["--partition", "burnin", "--preemptible"])
@@ -58,9 +49,10 @@ def test_a_user_job_preempts_the_burn_in_and_preflight_reports_it_preempted(clus
         _wait("preflight's burn-in job running", lambda: _running_preflight_job(s) or proc.poll() is not None)
         assert proc.poll() is None, proc.communicate()
         job = _running_preflight_job(s)[0]
-        # the all-reduce's ranks (started during the node checks, warm, or by a step of their own): preempted
-        # while they run
-        _wait("the burn-in's all-reduce ranks", lambda: _ranks_running(cluster, job) or proc.poll() is not None, 180)
+        # every phase runs in one kept step (JOB.0): the all-reduce is under way once its ranks are connected
+        # to rank 0's store on n001 (the master port), then preempted there
+        _wait("the burn-in's all-reduce", lambda: cluster.node_exec("n001", [
+            "ss", "-Htn", "state", "established", "( sport = :29500 )"]).stdout.strip() or proc.poll() is not None, 180)
         assert proc.poll() is None, proc.communicate()
         # a user's job onto n001 in the users' partition: Slurm preempts the burn-in to run it
         user = s.run(["salloc", "--no-shell", "-p", "users", "-w", "n001", "-N1", "-t", "5", "--immediate=60"])

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .base import BASE_DIR, DATA_MTU, MGMT_MTU, PREFIX_BASE, SimError, ed25519_keypair, ip_batch, tail, write_file
 from .faults import FaultInjection
@@ -194,7 +194,7 @@ class SimCluster(FaultInjection):
     def __init__(self, n: int, *, prefix: Optional[str] = None, docker0: Union[bool, Iterable] = False,
                  root: Optional[str] = None, keep_root: bool = False, start_timeout: float = 60.0,
                  slurm: bool = False, slurm_gpus: int = 0, sshd: bool = True, link_local: bool = True,
-                 slurm_conf: str = "") -> None:
+                 slurm_conf: str = "", slurm_options: Optional[Dict[str, Any]] = None) -> None:
         if not 1 <= n < MAX_NODES:
             raise ValueError("n must be between 1 and %d" % (MAX_NODES - 1))
         self.want_sshd = sshd
@@ -238,6 +238,7 @@ class SimCluster(FaultInjection):
         self.want_slurm = slurm
         self.slurm_gpus = slurm_gpus  # Gres=gpu:N on every Slurm node (tests/sim/slurm.py)
         self.slurm_conf = slurm_conf  # lines added to slurm.conf (partitions, preemption: tests/sim/slurm.py)
+        self.slurm_options = dict(slurm_options or {})  # SimSlurm's keywords (kill_wait, cred_expire)
         self.slurm = None
 
     # ---------------------------------------------------------------- lookup
@@ -292,7 +293,8 @@ class SimCluster(FaultInjection):
             if self.want_slurm:
                 from .slurm import SimSlurm
 
-                self.slurm = SimSlurm(self, gpus=self.slurm_gpus, extra_conf=self.slurm_conf).start()
+                self.slurm = SimSlurm(self, gpus=self.slurm_gpus, extra_conf=self.slurm_conf,
+                                      **self.slurm_options).start()
             t4 = time.monotonic()
         except BaseException:
             self.stop()

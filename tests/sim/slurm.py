@@ -77,8 +77,13 @@ class SimSlurm:
     """The Slurm daemons of one SimCluster. Built by SimCluster(slurm=True); see the module docstring."""
 
     def __init__(self, cluster, message_timeout: int = 5, gpus: int = 0, tree_width: Optional[int] = None,
-                 proctrack: str = "linuxproc", extra_conf: str = "") -> None:
+                 proctrack: str = "linuxproc", extra_conf: str = "", kill_wait: int = 2,
+                 cred_expire: Optional[int] = None) -> None:
         self.cluster = cluster
+        # KillWait: SIGTERM to SIGKILL when a job ends (Slurm's default is 30 s); cred_expire (AuthInfo): a step
+        # credential's lifetime, also how long a requeued batch job waits before it may start again (120 s)
+        self.kill_wait = kill_wait
+        self.cred_expire = cred_expire
         self.extra_conf = extra_conf  # slurm.conf lines after the default partition (e.g. a preemptible one)
         self.gpus = gpus  # Gres=gpu:N per node, the devices being char-device stand-ins (see _gres)
         self.dir = os.path.join(cluster.root, "slurm")
@@ -148,7 +153,7 @@ class SimSlurm:
             "SlurmdPort=%(slurmd_port)d\n"
             "AuthType=auth/munge\n"
             "CredType=cred/munge\n"
-            "AuthInfo=socket=%(sock)s\n"
+            "AuthInfo=socket=%(sock)s%(cred_expire)s\n"
             "StateSaveLocation=%(dir)s/state\n"
             "SlurmdSpoolDir=%(dir)s/spool/%%n\n"
             "SlurmctldPidFile=%(dir)s/slurmctld.pid\n"
@@ -165,7 +170,7 @@ class SimSlurm:
             "MessageTimeout=%(msg_timeout)d\n"
             "%(tree_width)s"
             "SlurmdTimeout=120\n"
-            "KillWait=2\n"
+            "KillWait=%(kill_wait)d\n"
             "SlurmctldDebug=info\n"
             "SlurmdDebug=info\n"
             "JobAcctGatherType=jobacct_gather/none\n"
@@ -175,7 +180,8 @@ class SimSlurm:
         ) % {"ctl": CTL_HOSTNAME, "ctl_ip": self.cluster.ctl_mgmt_ip, "ctld_port": CTLD_PORT,
              "slurmd_port": SLURMD_PORT, "sock": self.socket, "dir": self.dir, "nodes": nodes,
              "part": PARTITION, "msg_timeout": self.message_timeout, "proctrack": self.proctrack,
-             "tree_width": "TreeWidth=%d\n" % self.tree_width if self.tree_width else ""} + self.extra_conf)
+             "tree_width": "TreeWidth=%d\n" % self.tree_width if self.tree_width else "", "kill_wait": self.kill_wait,
+             "cred_expire": ",cred_expire=%d" % self.cred_expire if self.cred_expire else ""} + self.extra_conf)
 
     def _gres(self) -> None:
         """gres.conf (read from SLURM_CONF's folder) giving every node `gpus` GPU devices: character
