@@ -152,7 +152,10 @@ def report(n: int, transport: str, results: Dict[str, List[Dict[str, Any]]]) -> 
     errors = ["%s: %s" % (label, r["error"]) for label, rows in results.items() for r in rows if "error" in r]
     disagree = {tuple(map(tuple, r.get("verdicts") or [])) for rows in results.values() for r in rows if "verdicts" in r}
     if len(disagree) > 1:
-        errors.append("the trees' verdicts differ: %s" % " vs ".join(str(sorted(d)[:8]) for d in disagree))
+        sets = [set(d) for d in disagree]
+        common = set.intersection(*sets)
+        # what differs, not the first rows of each (a check one tree lacks shows as its own rows)
+        errors.append("the trees' verdicts differ: %s" % " vs ".join(str(sorted(s - common)[:12]) for s in sets))
     for e in errors:
         print("  !! " + e[:600])
     return {"nodes": n, "transport": transport, "median": med, "ratio": ratio, "errors": errors,
