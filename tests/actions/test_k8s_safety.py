@@ -262,6 +262,13 @@ def _orphans(api):
 
 def _sigkill_at(api, argv, ready):
     """Run preflight check ARGV and SIGKILL it once ready() holds; its stderr so far."""
+    from tests.sim.kubeapi import controller_turn
+
+    with controller_turn():
+        return _sigkilled(api, argv, ready)
+
+
+def _sigkilled(api, argv, ready):
     proc = subprocess.Popen([sys.executable, "-m", "preflight", "check"] + argv, env=_env(api), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:

@@ -37,11 +37,14 @@ own faults (hang_commands, mtu_blackhole) apply as is.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
 import json
 import os
 import socketserver
 import subprocess
+import tempfile
 import threading
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
@@ -49,6 +52,24 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import kuberest, kubestream
 from .cluster import SESSION_PATH_TAIL, SimCluster
 from .kuberest import RESOURCES, now
+
+
+@contextlib.contextmanager
+def controller_turn():
+    """One preflight controller at a time in this machine's own network namespace, across test processes.
+
+    The Kubernetes tests run preflight beside the API double, in the host's network namespace, where the
+    controller claims the nodes it runs the all-reduce on (preflight.probe.portclaim: abstract Unix names per
+    node). Two test modules' simulated clusters both name their nodes n001...: run at once by two xdist
+    workers, the second run would rightly read "another preflight run on this machine is testing n001".
+    """
+    path = os.path.join(tempfile.gettempdir(), "preflight-tests-host-controller.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 class KubeAPI:

@@ -82,8 +82,11 @@ def _env(api):
 
 
 def _run(api, argv, timeout=180):
-    return subprocess.run([sys.executable, "-m", "preflight", "check"] + argv, env=_env(api), capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+    from tests.sim.kubeapi import controller_turn
+
+    with controller_turn():
+        return subprocess.run([sys.executable, "-m", "preflight", "check"] + argv, env=_env(api), capture_output=True,
+                              text=True, timeout=timeout, cwd=ROOT)
 
 
 def _report(api, argv, tmp_path):
@@ -100,6 +103,13 @@ def _findings(doc, node, status=("fail", "error")):
 
 def _interrupt(api, argv, signum, ready):
     """Run preflight check ARGV, send it `signum` once ready() holds (or after 60 s); (exit code, stderr)."""
+    from tests.sim.kubeapi import controller_turn
+
+    with controller_turn():
+        return _interrupted(api, argv, signum, ready)
+
+
+def _interrupted(api, argv, signum, ready):
     proc = subprocess.Popen([sys.executable, "-m", "preflight", "check"] + argv, env=_env(api), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
@@ -381,6 +391,7 @@ def test_resume_with_a_tier_returns_a_cordoned_node_only_after_that_tier_passed_
     assert out.returncode == 1 and api.get("nodes", "n002")["spec"]["unschedulable"] is True, out.stdout + out.stderr
     reason = api.get("nodes", "n002")["metadata"]["annotations"]["preflight/drained"]
     cluster.heal()
+    pair = ["--k8s", "--nodelist", "n[001-002]", "--no-progress"]  # the recheck: n002 beside one node in service
     out, doc = _report(api, pair + ["--resume", "--tier", "standard", "--skip", "gpu_compute"], tmp_path)
     held = [f for f in doc["results"] if (f.get("data") or {}).get("tier_gate")]
     assert out.returncode == 1 and [f["node"] for f in held] == ["n002"], out.stdout + out.stderr
