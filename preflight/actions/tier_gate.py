@@ -16,7 +16,7 @@ where its tool is installed (dcgm's level-3 diagnostic, nvbandwidth) may SKIP wi
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from preflight.model import Finding, Status
 
@@ -58,6 +58,13 @@ def unproven(findings: Sequence[Finding], tier: str, node: str) -> Optional[Tupl
         return check, "%s did not run here%s" % (check, ": " + said[0].message if said else
                                                   " (not selected, or no result from this node)")
     return None
+
+
+def demanded(args: Any) -> Optional[str]:
+    """The tier a run's --resume demands of the nodes it would return (--resume --tier standard|burn-in), None
+    when it demands none (no --resume, or the quick tier): what every backend's gate asks first."""
+    tier = getattr(args, "tier", "quick")
+    return tier if getattr(args, "resume", False) and REQUIRED.get(tier) else None
 
 
 def hold(findings: Iterable[Finding], tier: str, candidates: Iterable[str]) -> List[Finding]:

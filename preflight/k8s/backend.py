@@ -60,10 +60,11 @@ def set_aside(findings: List[Any], inv: Inventory, args: argparse.Namespace) -> 
     """With --resume --tier standard|burn-in, the nodes preflight cordoned (those --resume may return) held
     back unless the tier passed on them in this run (preflight.actions.tier_gate); cordoned nodes are checked
     like the others, so nothing else is set aside."""
-    if inv.allocation is None or not getattr(args, "resume", False) or getattr(args, "tier", "quick") == "quick":
+    tier = tier_gate.demanded(args)
+    if inv.allocation is None or tier is None:
         return findings
     ours = [name for name, mark in applier(inv).marks().items() if mark.out and mark.back is None]
-    return tier_gate.hold(findings, args.tier, ours)
+    return tier_gate.hold(findings, tier, ours)
 
 
 def outputs(args: argparse.Namespace, inv: Inventory, result: Any) -> List[Tuple[str, str, str]]:

@@ -94,8 +94,9 @@ def set_aside(findings: List[Any], inv: Inventory, args: argparse.Namespace) -> 
     findings = drain.set_aside(findings, inv.allocation.excluded, strict=getattr(args, "count_unavailable", False))
     if getattr(args, "preemptible", False):
         findings = preempt.mark(findings, inv.allocation)
-    if getattr(args, "resume", False) and getattr(args, "tier", "quick") != "quick":
-        findings = tier_gate.hold(findings, args.tier, list(inv.allocation.held))
+    tier = tier_gate.demanded(args)
+    if tier is not None:
+        findings = tier_gate.hold(findings, tier, list(inv.allocation.held))
     return findings
 
 
