@@ -116,6 +116,7 @@ def run_tree(cluster: Any, transport: str, tree: str, inv: str, scratch: str) ->
         if os.path.exists(report):
             os.unlink(report)
     row["phases"] = phases(doc, wall)
+    row["allreduce_timings"] = (doc.get("allreduce") or {}).get("timings_s")  # the ranks' import/init, warm
     row["verdicts"] = verdicts(doc)
     bad = [v for v in row["verdicts"] if v[2] in ("fail", "error", "warn")]
     if proc.returncode != 0 or bad:
