@@ -159,17 +159,19 @@ def drain_policy(h: History, doc: Mapping[str, Any], now: float, s: Settings) ->
     return policy
 
 
-def breaker(h: History, now: float, s: Settings, fleet: int, new: Sequence[str]) -> Optional[str]:
-    """Why draining `new` now would trip the circuit breaker, or None."""
+def breaker(h: History, now: float, s: Settings, fleet: int, new: Sequence[str], kind: str = "drain") -> Optional[str]:
+    """Why taking `new` out now would trip the circuit breaker, or None. Drains and cordons count together;
+    kind ("drain" or "cordon", the applier's word) only words the answer."""
     recent = {r[0] for r in h.conn.execute(
         "SELECT n.name FROM actions a JOIN runs r ON r.id = a.run_id JOIN nodes n ON n.id = a.node_id"
         " WHERE a.kind IN ('drain', 'cordon') AND a.shadow=0 AND r.started_at >= ?", (now - s.breaker_window_s,))}
     total = recent | set(new)
     if not new or fleet <= 0 or len(total) <= s.breaker_fraction * fleet:
         return None
-    return ("%d nodes drained by preflight within %g s with this run's %d (%.0f%% of %d > breaker_fraction %.0f%%);"
-            " drained nothing new: find the common cause" % (len(total), s.breaker_window_s, len(new),
-                                                           100.0 * len(total) / fleet, fleet, 100 * s.breaker_fraction))
+    done = "cordoned" if kind == "cordon" else "drained"
+    return ("%d nodes %s by preflight within %g s with this run's %d (%.0f%% of %d > breaker_fraction %.0f%%);"
+            " %s nothing new: find the common cause" % (len(total), done, s.breaker_window_s, len(new),
+                                                      100.0 * len(total) / fleet, fleet, 100 * s.breaker_fraction, done))
 
 
 def drain_input(findings: Sequence[Any], policy: DrainPolicy) -> List[Any]:

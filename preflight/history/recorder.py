@@ -57,7 +57,7 @@ def decide(h: History, doc: Mapping[str, Any], findings: Sequence[Any], cluster:
     policy = escalation.drain_policy(h, doc, now, s)
     out = escalation.drain_input(findings, policy)
     new = would_drain(out)
-    policy.breaker = escalation.breaker(h, now, s, len(doc.get("nodes") or []), new)
+    policy.breaker = escalation.breaker(h, now, s, len(doc.get("nodes") or []), new, kind)
     for line in policy.lines():
         say(line)
     for node, why in policy.held.items():

@@ -186,7 +186,8 @@ def test_cordons_are_recorded_under_kubernetes_word_and_count_toward_the_breaker
         assert kinds == [(NODES[0], "cordon"), (NODES[1], "resume")]
         s = escalation.Settings(breaker_fraction=0.2, breaker_window_s=3 * 86400)
         later = epoch(fleet.stamp(1))
-        why = escalation.breaker(h, later, s, len(NODES), [NODES[2]])
-        assert why is not None and why.startswith("2 nodes drained by preflight")  # the cordon counted
+        why = escalation.breaker(h, later, s, len(NODES), [NODES[2]], "cordon")
+        assert why is not None and why.startswith("2 nodes cordoned by preflight")  # the cordon counted
+        assert why.endswith("cordoned nothing new: find the common cause")  # in Kubernetes' word, not Slurm's
         assert escalation.breaker(h, later, escalation.Settings(breaker_fraction=0.5, breaker_window_s=3 * 86400),
                                   len(NODES), [NODES[2]]) is None  # the twin: within the fraction

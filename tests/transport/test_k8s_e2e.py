@@ -353,7 +353,7 @@ def test_cordons_obey_the_history_policy_and_resumes_are_recorded(deployed, tmp_
     assert not cordoned("n003")
 
     tripped = _run(api, argv + ["--drain-limit", "0.1/1h"])
-    assert "drain: circuit breaker: 1 nodes drained by preflight within 3600 s" in " ".join(tripped.stdout.split()), tripped.stdout
+    assert "drain: circuit breaker: 1 nodes cordoned by preflight within 3600 s" in " ".join(tripped.stdout.split()), tripped.stdout
     assert not cordoned("n003")
 
     last = _run(api, argv)
