@@ -12,6 +12,7 @@ import pytest
 
 from preflight.checks.somaxconn import probe as somax_probe
 from preflight.checks.somaxconn import rule as somax_rule
+from preflight.derived import rendezvous
 from preflight.model import NodeInfo, Status
 from preflight.probe.context import NodeContext
 from tests.builders import names, view
@@ -107,19 +108,19 @@ def test_a_head_whose_proc_file_is_unreadable_is_unknown_not_passed():
 
 
 def test_cpu_nodes_count_one_gloo_rank_each():
-    assert somax_rule.rendezvous_ranks([NodeInfo(n, n, 0) for n in names(200)]) == (
+    assert rendezvous.ranks([NodeInfo(n, n, 0) for n in names(200)]) == (
         200, "one per node: the gloo all-reduce over nodes without GPUs")
     out = somax_rule.rule(view({n: _facts(128) for n in names(200)}, gpus=0))
     assert [f.status for f in out if f.node == "n001"] == [Status.WARN]
     assert [f.status for f in somax_rule.rule(view({n: _facts(128) for n in names(100)}, gpus=0))
             if f.node == "n001"] == [Status.PASS]
     mixed = [NodeInfo("a", "a", 8), NodeInfo("b", "b", 4)]
-    assert somax_rule.rendezvous_ranks(mixed) == (12, "one per GPU: the GPUs of 2 nodes")
+    assert rendezvous.ranks(mixed) == (12, "one per GPU: the GPUs of 2 nodes")
 
 
 def test_the_fix_asks_for_the_ranks_past_the_default_and_leaves_a_large_syn_backlog_alone():
-    assert somax_rule.fix_command(8192, 16384) == "sysctl -w net.core.somaxconn=8192 (persist it in /etc/sysctl.d/)"
-    assert somax_rule.fix_command(256, None).endswith("net.ipv4.tcp_max_syn_backlog=4096 (persist it in /etc/sysctl.d/)")
+    assert rendezvous.fix_command(8192, 16384) == "sysctl -w net.core.somaxconn=8192 (persist it in /etc/sysctl.d/)"
+    assert rendezvous.fix_command(256, None).endswith("net.ipv4.tcp_max_syn_backlog=4096 (persist it in /etc/sysctl.d/)")
     # the default 4096 is itself short for 8,192 ranks: warned, with the ranks as the value to set
     out = _judge(nodes=1024, head=_facts(4096, 8192))
     assert [f.status for f in out if f.node == "n001"] == [Status.WARN]

@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List
 
 from preflight.checks.somaxconn import NAME
 from preflight.checks.somaxconn.probe import SYSCTLS
-from preflight.model import ClusterView, Finding, NodeInfo, Status, probe_error
-
-#: The kernel's somaxconn default since Linux 5.4 (ip-sysctl.rst): what the fix asks for at the least.
-DEFAULT = 4096
-#: What a burst past the accept queue cost, measured with real torch TCPStore clients (docs/speed.md).
-MEASURED = ("measured with somaxconn 128: 1,024 ranks connected in 3.24 s instead of 2.2 s, 256 in 1.12 s "
-            "instead of 0.40 s")
-
-
-def rendezvous_ranks(nodes: Sequence[NodeInfo]) -> Tuple[int, str]:
-    """(ranks that connect to rank 0's store at once, how they were counted) for a run over `nodes`: one per GPU
-    when every node has GPUs (the nccl all-reduce, and a torchrun job's workers), else one per node (gloo)."""
-    gpus = [n.gpus_per_node for n in nodes]
-    if gpus and all(g > 0 for g in gpus):
-        each = "%d GPUs on each of %d nodes" % (gpus[0], len(gpus)) if len(set(gpus)) == 1 else \
-            "the GPUs of %d nodes" % len(gpus)
-        return sum(gpus), "one per GPU: %s" % each
-    return len(gpus), "one per node: the gloo all-reduce over nodes without GPUs"
+from preflight.derived import rendezvous
+from preflight.model import ClusterView, Finding, Status, probe_error
 
 
 def rule(view: ClusterView) -> List[Finding]:
@@ -36,7 +20,7 @@ def rule(view: ClusterView) -> List[Finding]:
         return out
     facts = view.facts[head].get(NAME)
     err = probe_error(NAME, head, facts)
-    return out + [err if err else judge(head, facts, *rendezvous_ranks(view.nodes))]
+    return out + [err if err else judge(head, facts, *rendezvous.ranks(view.nodes))]
 
 
 def judge(head: str, facts: Dict[str, Any], ranks: int, counted: str) -> Finding:
@@ -57,13 +41,6 @@ def judge(head: str, facts: Dict[str, Any], ranks: int, counted: str) -> Finding
         NAME, head, Status.WARN, "%s: net.core.somaxconn is %d, below %s: the kernel truncates the store's listen "
         "backlog to %d, so the SYNs of the rest of the burst are dropped and each of those ranks waits out TCP's SYN "
         "retransmission (1 s, then 3 s after its first try) before it connects (%s); fix on %s: %s" % (
-            head, somax, who, somax, MEASURED, head, fix_command(ranks, syn)),
+            head, somax, who, somax, rendezvous.MEASURED, head, rendezvous.fix_command(ranks, syn)),
         expected=expected, actual=str(somax), action="fix_config", data=data)
 
-
-def fix_command(ranks: int, syn: Optional[int]) -> str:
-    """The sysctl that makes the head's queues hold `ranks`: somaxconn, and tcp_max_syn_backlog when it is lower
-    too (or unknown): it bounds the SYN queue where syncookies are off."""
-    want = max(DEFAULT, ranks)
-    extra = "" if syn is not None and syn >= want else " net.ipv4.tcp_max_syn_backlog=%d" % want
-    return "sysctl -w net.core.somaxconn=%d%s (persist it in /etc/sysctl.d/)" % (want, extra)
