@@ -30,13 +30,18 @@ def ranks(nodes: Sequence[NodeInfo]) -> Tuple[int, str]:
 def short_backlog(view: ClusterView) -> Optional[Dict[str, Any]]:
     """{"head", "somaxconn", "ranks", "tcp_max_syn_backlog"} when the head's somaxconn is known and below the ranks of a run over the
     inventory; else None (enough, unknown, or not read)."""
-    head = view.head.name
-    facts = (view.facts.get(head) or {}).get(NAME)
-    somax = facts.get("somaxconn") if isinstance(facts, dict) else None
+    somax, syn = head_sysctls(view)
     count = ranks(view.nodes)[0]
-    if not isinstance(somax, int) or somax >= count:
+    if somax is None or somax >= count:
         return None
-    return {"head": head, "somaxconn": somax, "ranks": count, "tcp_max_syn_backlog": facts.get("tcp_max_syn_backlog")}
+    return {"head": view.head.name, "somaxconn": somax, "ranks": count, "tcp_max_syn_backlog": syn}
+
+
+def head_sysctls(view: ClusterView) -> Tuple[Optional[int], Optional[int]]:
+    """(somaxconn, tcp_max_syn_backlog) the somaxconn check read on the head; None for each not known."""
+    facts = (view.facts.get(view.head.name) or {}).get(NAME)
+    values = [facts.get(k) if isinstance(facts, dict) else None for k in ("somaxconn", "tcp_max_syn_backlog")]
+    return values[0] if isinstance(values[0], int) else None, values[1] if isinstance(values[1], int) else None
 
 
 def fix_command(count: int, syn: Optional[int]) -> str:

@@ -48,5 +48,5 @@ CHECK = Check(
     action="fix_config",
     reads="/proc/sys/net/core/somaxconn, /proc/sys/net/ipv4/tcp_max_syn_backlog",
     takes="< 0.1 s",
-    order=81,
+    order=78,
 )
