@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, Optional
 
 from preflight.model import ParseError
@@ -22,6 +23,6 @@ def parse_sysctl(text: Optional[str], path: str = "/proc/sys file") -> Optional[
     if text is None:
         return None
     value = text.strip()
-    if not value.lstrip("-").isdigit():
+    if not re.fullmatch(r"[0-9]+", value):  # both are non-negative (somaxconn's minimum is 0)
         raise ParseError("%s: expected one integer, got %.40r" % (path, text))
     return int(value)
