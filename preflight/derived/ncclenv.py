@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from preflight.derived import datanet, envfabric, envvendor
+from preflight.derived import datanet, envfabric, envvendor, rendezvous
 from preflight.derived.envvars import IFNAME_EXPECTED, IFNAME_OK, Derived, EnvVar, fold_names, is_ipv4, refuse
 from preflight.model import ClusterView
 
@@ -167,6 +167,13 @@ def _rendezvous(view: ClusterView, nodes: Sequence[str], chosen: Dict[str, Any],
     )
     reached = "%s connected to it" % fold_names(peers) if peers else "no other node"
     derived.variables.append(EnvVar("MASTER_PORT", str(int(port)), ["ports check: %s listened on %d and %s" % (head, int(port), reached), yours], default=True))
+    short = rendezvous.short_backlog(view)
+    if short:  # the job's ranks overflow the head's accept queue: say what it costs before the job meets it
+        derived.notes.append("somaxconn check: %s's net.core.somaxconn is %d, below the %s ranks that connect to "
+                             "MASTER_ADDR at once: expect the rendezvous to take about 1 s longer, 3 s for a rank "
+                             "whose SYN is dropped twice (%s); fix on %s: %s" % (
+                                 head, short["somaxconn"], format(short["ranks"], ","), rendezvous.MEASURED, head,
+                                 rendezvous.fix_command(short["ranks"], short["tcp_max_syn_backlog"])))
 
 
 def _torch_text(view: ClusterView, node: str) -> Optional[str]:

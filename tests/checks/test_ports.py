@@ -206,6 +206,27 @@ def test_most_nodes_unreached_by_a_head_whose_listener_could_not_keep_up_is_a_re
     assert {f.node for f in found if f.status == Status.SKIP} == {"n003", "n004", "n005", "n006", "n007"}
 
 
+def test_an_overloaded_head_whose_somaxconn_is_below_the_nodes_names_it():
+    """The kernel truncates the listener's backlog to net.core.somaxconn: an overloaded head whose somaxconn (the
+    somaxconn check's facts) is below the connecting nodes says so, as the cause a retest meets again; its twin at
+    4096 (and one whose value was not read) reads as before."""
+    head = {"role": "listen", "port": 29500, "bind_ip": "0.0.0.0", "listening": True, "queued": 0, "overflows": 40,
+            "peers": [{"ip": "198.19.0.2", "name": "n002", "at_s": 0.1}]}
+    lost = dict(connected(3), connected=False, handshake=False, reply="", errno="timeout", error="timed out")
+    facts = {"n001": head, "n002": connected(1), **{n: dict(lost) for n in ("n003", "n004", "n005", "n006", "n007")}}
+    messages = {}
+    for somax in (4, 4096, None):
+        v = cluster(7, facts)
+        if somax is not None:
+            v.facts["n001"]["somaxconn"] = {"somaxconn": somax, "tcp_max_syn_backlog": 4096}
+        (verdict,) = [f for f in ports_rule.rule(v) if f.node == "n001"]
+        assert (verdict.status, verdict.action) == (Status.ERROR, "retest"), verdict
+        messages[somax] = verdict.message
+    assert ("40 handshakes dropped for a full accept queue; net.core.somaxconn 4 on the head truncated its backlog "
+            "below the 6 connecting nodes: raise it as the somaxconn check says): the head overloaded") in messages[4], messages[4]
+    assert messages[4096] == messages[None] and "somaxconn" not in messages[4096]
+
+
 def test_a_refusal_before_the_head_listened_is_not_tested_and_one_after_is_a_fail():
     """At 1,000 simulated nodes 6 healthy nodes FAILed 'refused ... after 10s': the head's starved probe bound
     the port after their retry window had closed. The head says when it began listening and each node when it

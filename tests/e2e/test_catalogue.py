@@ -33,6 +33,8 @@ SCENARIOS = {
     "topology": ("e2e.test_hw_checks", "test_fault_on_one_node_is_named", "topology"),
     "mtu": ("e2e.test_catalogue", "test_mtu_black_hole_names_the_node", None),
     "ports": ("e2e.test_catalogue", "test_master_port_held_on_head", None),
+    # a short listen backlog is a WARN (it slows the rendezvous, it breaks nothing): its WARN end to end
+    "somaxconn": ("e2e.test_somaxconn", "test_a_head_whose_backlog_is_below_the_ranks_warns_and_its_twins_pass", None),
     "nccl_env": ("e2e.test_checks_v2", "test_nccl_env_names_the_stale_line_in_one_nodes_etc_nccl_conf", None),
     "storage": ("e2e.test_checks_v2", "test_storage_names_the_node_whose_shared_path_is_a_local_directory", None),
     "allreduce": ("e2e.test_allreduce", "test_mtu_black_hole_hangs_at_a_size_and_the_pairs_name_the_node", None),

@@ -35,7 +35,7 @@ CHECK = Check(
     "firewall for the data network (firewall-cmd --add-port=29500/tcp, or the ufw/iptables equivalent); a port "
     "another preflight run holds is reported as that: retest when it has finished.",
     phase=2,
-    needs=("nic",),
+    needs=("nic", "somaxconn"),
     action="fix_config",
     reads="binds the rendezvous port on the head; a TCP connect from every node (phase 2)",
     takes="< 1 s",

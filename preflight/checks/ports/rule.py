@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional
 from preflight.checks.ports import NAME
 from preflight.checks.ports.probe import RETRY_S, WINDOW_S
 from preflight.common import clock_offset, fold, plural
-from preflight.derived import datanet
+from preflight.derived import datanet, rendezvous
 from preflight.model import ClusterView, Finding, Status, probe_error
 from preflight.probe import portclaim
 
@@ -118,7 +118,7 @@ def rule(view: ClusterView) -> List[Finding]:
             head.failed = True
             out.append(_listen_failure(head.name, head.port, head.facts))
     ssh = view.of("ssh")  # the clock offsets _late_head corrects with
-    out += _unreached_head(head, facts, ssh)
+    out += _unreached_head(head, facts, ssh, rendezvous.head_sysctls(view)[0])
     for name, f in facts.items():
         if name != head.name:
             out.append(_connector_finding(head, name, f, ssh))
@@ -130,10 +130,11 @@ def rule(view: ClusterView) -> List[Finding]:
     return out
 
 
-def _unreached_head(head: _Head, facts: Dict[str, Any], ssh: Dict[str, Any]) -> List[Finding]:
+def _unreached_head(head: _Head, facts: Dict[str, Any], ssh: Dict[str, Any], somaxconn: Optional[int]) -> List[Finding]:
     """One finding on the head when most connectors could not reach the listening head (no foreign reply among
-    them): the head's end, a firewall there (FAIL) or a listener too busy to answer (ERROR, retest); a
-    minority failing is each node's own path. Sets head.unreached to the nodes it covers."""
+    them): the head's end, a firewall there (FAIL) or a listener too busy to answer (ERROR, retest, naming the
+    head's net.core.somaxconn when it is below the connecting nodes: the kernel truncated the listener's backlog to
+    it); a minority failing is each node's own path. Sets head.unreached to the nodes it covers."""
     connecting = {n: f for n, f in facts.items()
                   if n != head.name and isinstance(f, dict) and f.get("role") == "connect"}
     unreached = sorted((n for n, f in connecting.items() if not f.get("handshake") and not f.get("reply")), key=str)
@@ -142,6 +143,9 @@ def _unreached_head(head: _Head, facts: Dict[str, Any], ssh: Dict[str, Any]) -> 
     head.unreached = unreached
     busy = _overload(head.facts, unreached, sum(
         1 for n in unreached if _late_head(ssh, head.name, head.facts, n, connecting[n]) is not None))
+    if busy and somaxconn is not None and somaxconn < len(connecting):
+        busy += "; net.core.somaxconn %d on the head truncated its backlog below the %d connecting nodes: raise " \
+                "it as the somaxconn check says" % (somaxconn, len(connecting))
     why = ("its listener, preflight's own, could not keep up (%s): the head overloaded, not a firewall; not "
            "tested, retest" % busy) if busy else "the head's end (a firewall on it dropping them), not theirs"
     return [Finding(
