@@ -15,14 +15,15 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional
 
-from preflight.transport.contract import Fleet
+Fleet = Any  # preflight.transport.contract.Fleet (a layer below the stage, above this module's)
 
-#: When a node's spares start (preflight.probe.bench_spares), by run and backend. The sweep: nccl's traffic is
-#: the GPUs', so the spares import beside it once every local rank is initialised; gloo's traffic is the
-#: node's own CPUs and the sweep's in-process screening decides whether any round runs at all, so its spares
-#: start once the node's ranks have their results. A round: its ranks connect to the store, then wait for
-#: the common start (stage.ROUND_START_*), idle: gloo's spares import from that moment; nccl's as in the sweep.
-AFTER = {"sweep": {"nccl": "init", "gloo": "done"}, "round": {"nccl": "init", "gloo": "store"}}
+#: When a node's spares start (preflight.probe.bench_spares), by run and backend: once every local rank has
+#: connected to the store ("store"), so the import (and CUDA context) overlaps the communicator's bootstrap,
+#: a round's wait for its common start (stage.ROUND_START_*) and the traffic; nccl's traffic is the GPUs',
+#: and an idle second context does not slow it. Except gloo's sweep: its traffic is the node's own CPUs and
+#: its in-process screening decides whether any round runs at all, so its spares start once the node's
+#: ranks have their results ("done"); a gloo round's ranks mostly wait for the common start.
+AFTER = {"sweep": {"nccl": "store", "gloo": "done"}, "round": {"nccl": "store", "gloo": "store"}}
 
 
 def enabled(raw: Mapping[str, Any], fleet: Fleet) -> bool:
