@@ -2,12 +2,13 @@
 contexts) during this bench, and the next bench on this node process adopts them (bench_warm.take/go).
 
 Node side, standard library only, Python 3.8 compatible. The controller asks for them in the bench config,
-{"next_warm": {"backend", "local_world_size", "python", "after": "store" | "init" | "done"}}
+{"next_warm": {"backend", "local_world_size", "python", "after": "store" | "init" | "done" | "end"}}
 (preflight.checks.allreduce.stage: only where its transport sends the next bench to this same process,
 fleet.keeps_ranks). They start, in this (the main) thread, once every local rank of this bench has reached
 `after`: "store" (connected to the rendezvous store: the import overlaps the group's creation and the
 wait for the round's common start), "init" (its process group is made: the import overlaps the traffic) or
-"done" (its results are in), or when the bench ends short of that (a fault: the rounds follow). The
+"done" (its results are in), or when the bench ends ("end", and at the latest: a bench that fails short of
+its trigger is followed by rounds). The
 controller picks it (preflight.checks.allreduce.spares.AFTER).
 
 The same rules as phase 1's warm ranks (bench_warm's docstring): a spare only imports until its go (it
@@ -38,7 +39,7 @@ class Spares:
 
     def poll(self, ranks: Any) -> None:
         """Start the spares once every local rank has reached `after` (init_done, or done)."""
-        if self.spec is None or self.result is not None or not ranks:
+        if self.spec is None or self.result is not None or not ranks or self.after == "end":
             return
         if self.after == "store":  # connected to the store: the rendezvous and the wait to start are idle
             reached = all(r.init_done or r.step == "group" for r in ranks)

@@ -48,7 +48,7 @@ def test_mark_asks_for_spares_only_where_the_fleet_keeps_the_process():
     assert spares.mark(k8s, cfgs()) is False
     sweep = cfgs("gloo", 1)
     spares.mark(Fleet(), sweep, "sweep")
-    assert sweep["n1"]["next_warm"]["after"] == "done"  # gloo's sweep: not beside its own judged traffic
+    assert sweep["n1"]["next_warm"]["after"] == "end"  # gloo's sweep: not beside its own judged traffic
 
 
 def test_warming_is_off_by_inventory_or_without_keeps_ranks():
@@ -58,9 +58,11 @@ def test_warming_is_off_by_inventory_or_without_keeps_ranks():
 
 
 def test_the_warm_launch_is_read_only_from_a_round_where_every_rank_was_warm():
-    assert spares.warm_launch_s({"a": rank_doc(0, True, 0.5), "b": rank_doc(1, True, 1.5)}) == 1.5
-    assert spares.warm_launch_s({"a": rank_doc(0, True, 0.5), "b": rank_doc(1, False, 9.0)}) is None
-    assert spares.warm_launch_s({"a": None}) is None
+    both = {"a": rank_doc(0, True, 0.5), "b": rank_doc(1, True, 1.5)}  # import_s 2.0 each
+    assert spares.warm_launch_s(both, 10.0) == 0.5  # the spares had 8.5 s after the slowest store: imported
+    assert spares.warm_launch_s(both, 2.5) == 1.5  # only 1 s: 1 s of the import is left, plus the connection
+    assert spares.warm_launch_s({"a": rank_doc(0, True, 0.5), "b": rank_doc(1, False, 9.0)}, 10.0) is None
+    assert spares.warm_launch_s({"a": None}, 10.0) is None
 
 
 def rounds(fleet, names=("n1", "n2", "n3", "n4")):
@@ -80,7 +82,7 @@ def test_a_round_asks_for_the_next_rounds_spares_and_the_one_after_starts_at_the
     r.run_groups([["n1", "n2"], ["n3", "n4"]])
     (names, then, nxt), = fleet.calls
     assert then is True and all(v["after"] == "store" for v in nxt.values())
-    assert r.kept == {"n1", "n2", "n3", "n4"} and r.warm_launch_s == 0.4
+    assert r.kept == {"n1", "n2", "n3", "n4"} and r.warm_launch_s is not None
     assert r.timings["rounds_warm_ranks"] == [4]
 
 

@@ -13,15 +13,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
-import subprocess
 import sys
 
 import pytest
 
 from preflight.probe import bench_agent, bench_warm
-from tests.probe.test_bench_agent import assert_no_leftovers, config, free_port, our_ranks
-from tests.probe.test_bench_warm import REPO, alive, wait_gone
+from tests.probe.test_bench_agent import assert_no_leftovers, config, free_port
+from tests.probe.test_bench_warm import REPO, alive, node_ends_and_takes_its_ranks, wait_gone
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the bench needs torch")
 
@@ -54,7 +52,7 @@ def sockets(pid):
     return out
 
 
-@pytest.mark.parametrize("after", ["done", "store", "init"])
+@pytest.mark.parametrize("after", ["done", "store", "init", "end"])
 def test_a_bench_starts_the_next_rounds_ranks_and_the_next_bench_adopts_them(after):
     doc = bench_agent.run(with_next(config(free_port(), 2, local=2), after))
     assert doc["error"] is None and [(r["status"], r["warm"]) for r in doc["ranks"]] == [("ok", False)] * 2, doc
@@ -153,23 +151,4 @@ def test_spares_never_outlive_the_node_process(end):
     """The kept process is killed (the controller gone, a deadline), exits (a round that leaves the node out,
     or the stage's end: the transport ends a process not named), or its group is killed: no spare is left."""
     cfg = with_next(config(free_port(), 1, local=1))
-    node = subprocess.Popen([sys.executable, "-c", NODE % {"repo": REPO}, json.dumps(cfg)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, start_new_session=True)
-    try:
-        assert json.loads(node.stdout.readline()) == ["ok"]
-        pids = json.loads(node.stdout.readline())
-        assert len(pids) == 1 and all(alive(p) for p in pids)
-        if end == "sigkill":
-            node.kill()
-        elif end == "exit":
-            node.stdin.write(b"exit\n")
-            node.stdin.flush()
-        else:
-            os.killpg(node.pid, signal.SIGKILL)
-        node.wait(60)
-        assert wait_gone(pids) == []
-        assert our_ranks(node.pid) == []
-    finally:
-        if node.poll() is None:
-            os.killpg(node.pid, signal.SIGKILL)
-            node.wait(10)
+    node_ends_and_takes_its_ranks([sys.executable, "-c", NODE % {"repo": REPO}, json.dumps(cfg)], ["ok"], 1, end)

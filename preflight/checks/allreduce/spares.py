@@ -21,9 +21,9 @@ Fleet = Any  # preflight.transport.contract.Fleet (a layer below the stage, abov
 #: connected to the store ("store"), so the import (and CUDA context) overlaps the communicator's bootstrap,
 #: a round's wait for its common start (stage.ROUND_START_*) and the traffic; nccl's traffic is the GPUs',
 #: and an idle second context does not slow it. Except gloo's sweep: its traffic is the node's own CPUs and
-#: its in-process screening decides whether any round runs at all, so its spares start once the node's
-#: ranks have their results ("done"); a gloo round's ranks mostly wait for the common start.
-AFTER = {"sweep": {"nccl": "store", "gloo": "done"}, "round": {"nccl": "store", "gloo": "store"}}
+#: its in-process screening decides whether any round runs at all, so its spares start when the node's bench
+#: has ended ("end": its ranks gone, not while they tear down); a gloo round's ranks mostly wait for the common start.
+AFTER = {"sweep": {"nccl": "store", "gloo": "end"}, "round": {"nccl": "store", "gloo": "store"}}
 
 
 def enabled(raw: Mapping[str, Any], fleet: Fleet) -> bool:
@@ -53,11 +53,15 @@ def end(fleet: Fleet) -> None:
     fleet.run({}, lambda spec: 1.0)
 
 
-def warm_launch_s(docs: Mapping[str, Optional[Dict[str, Any]]]) -> Optional[float]:
-    """The slowest rank's way to the store (a warm rank's from its go: any import left, then the connection)
-    in a round where every rank was warm: what the next round's launch costs when its spares are adopted
-    too (its init_s would count the wait for the common start); None otherwise."""
+def warm_launch_s(docs: Mapping[str, Optional[Dict[str, Any]]], round_s: float) -> Optional[float]:
+    """What the next round's launch costs when it adopts the spares this round (round_s long, every rank
+    warm) started at its store connection: the quickest way to the store from a go (a rank whose import was
+    done: the connection alone) plus what is left of the slowest import (the rank's own import_s) once the
+    spares have had this round after its slowest store connection. None unless every rank was warm (a
+    rank's init_s would count the wait for the common start, so store_s is read)."""
     entries = [e for doc in docs.values() if doc for e in doc.get("ranks") or []]
     if not entries or not all(e.get("warm") and e.get("store_s") is not None for e in entries):
         return None
-    return max(float(e["store_s"]) for e in entries)
+    stores = [float(e["store_s"]) for e in entries]
+    imports = [float(e.get("import_s") or 0) for e in entries]
+    return round(min(stores) + max(0.0, max(imports) - (round_s - max(stores))), 3)

@@ -316,8 +316,9 @@ class _Rounds:
                            dict(self.short, local_ranks=local_ranks, start_at=start_at),
                            warm_next="round" if self.settings["warm_next"] else None)
         docs = dict(done["docs"])
-        self.kept, self.warm_launch_s = done["kept"], spares.warm_launch_s(docs)
-        self.timings["rounds_s"].append(round(time.monotonic() - started, 3))
+        took = time.monotonic() - started
+        self.kept, self.warm_launch_s = done["kept"], spares.warm_launch_s(docs, took)
+        self.timings["rounds_s"].append(round(took, 3))
         self.timings["rounds_warm_ranks"].append(sum(1 for d in docs.values() for e in d.get("ranks") or []
                                                      if e.get("warm")))
         return [localize.group_result(g, {n: docs.get(n) for n in g}, self.meta["backend"]) for g in groups]
