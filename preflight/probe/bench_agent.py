@@ -39,6 +39,9 @@ Config (built by the controller)::
       "compute": {"seconds": 2, "gemm_n": 8192, "copy_bytes": 1073741824, "sdc_n": 512, "sdc_steps": 8},
                                        # optional (--tier standard): GEMM, copy and SDC digest after the
                                        # sweep, in the same ranks (bench_worker._compute_phase)
+      "next_warm": {"backend": "gloo", "local_world_size": 1, "python": "...", "after": "store"},
+                                       # optional: start the next round's ranks during this one, for the
+                                       # next bench in this process to adopt (bench_spares)
     }
 
 Two runs at once: the agent that hosts the store (node_rank 0, first task) claims the rendezvous port

@@ -13,7 +13,9 @@ undecided. When the whole-cluster run hangs, fails or is slow and no node stands
 pairs, then suspects beside known-good nodes (preflight.checks.allreduce.localize), so the report names the node to
 exclude. The rounds re-run only the size the first run stopped at (or its verdict size), under deadlines
 derived from what the first run measured (localize.localization_plan, plan.round_deadlines): a hang is
-already known, so each round costs one torch import and one short op deadline, not a whole sweep.
+already known, so each round costs one torch import and one short op deadline, not a whole sweep; where the
+transport keeps each node's process from one bench to the next, not even that: every run starts the next
+round's ranks while it runs, and the round adopts them (preflight.checks.allreduce.spares).
 """
 
 from __future__ import annotations
