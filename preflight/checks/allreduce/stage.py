@@ -211,9 +211,9 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
         return result
     try:
         _measure(result, fleet, view, nodes, addr_of, port, env_vars, settings, choice)
-    finally:
-        if settings["warm_next"]:
+        if settings["warm_next"]:  # (on Ctrl-C the fleet's cancel and close end them)
             spares.end(fleet)  # the processes kept for a round that did not come, and their spares
+    finally:
         for claim in claims:
             claim.close()
     return result
