@@ -39,6 +39,9 @@ Config (built by the controller)::
       "compute": {"seconds": 2, "gemm_n": 8192, "copy_bytes": 1073741824, "sdc_n": 512, "sdc_steps": 8},
                                        # optional (--tier standard): GEMM, copy and SDC digest after the
                                        # sweep, in the same ranks (bench_worker._compute_phase)
+      "next_warm": {"backend": "gloo", "local_world_size": 1, "python": "...", "after": "store"},
+                                       # optional: start the next round's ranks during this one, for the
+                                       # next bench in this process to adopt (bench_spares)
     }
 
 Two runs at once: the agent that hosts the store (node_rank 0, first task) claims the rendezvous port
@@ -83,6 +86,7 @@ Result document::
          "stderr_tail": "...",                           # last lines of the rank's stderr
          "import_s": 4.1, "init_s": 5.3,                 # seconds from the rank's start to "imported" and
                                                          # to "init_done" (null if it never got there)
+         "store_s": 4.3,                                 # ... and to its store connection
          "sizes": [{"bytes": 1024, "time_s": 1.2e-05, "ok": true, "min_s": ..., "max_s": ...}],
          "cut": null | {"bytes": N, "took_s": .., "projected_s": .., "budget_s": ..},  # sweep ended early
          "nccl_log": null | "...",   # nccl: the rank's NCCL_DEBUG=INFO lines (first NCCL_LOG_MAX bytes)
@@ -122,7 +126,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from preflight.probe import portclaim
+from preflight.probe import bench_spares, portclaim
 
 WORKER_MODULE = "preflight.probe.bench_worker"
 WORKER_PATH = "preflight/probe/bench_worker.py"  # inside the probe bundle's zip
@@ -178,6 +182,7 @@ class _Rank:
         self.arrived = None  # type: Optional[List[int]]
         self.import_s = None  # type: Optional[float]
         self.init_s = None  # type: Optional[float]
+        self.store_s = None  # type: Optional[float]  # to the store connection (a round's init waits to start)
         self.cut = None  # type: Optional[Dict[str, Any]]
         self.pairs = []  # type: List[Dict[str, Any]]
         self.pairs_state = None  # type: Optional[str]  # "running" after pairs_start, "done" after pairs_done
@@ -247,6 +252,7 @@ class _Rank:
             "stderr_tail": self.stderr_tail() if self.status != "ok" else "",
             "import_s": self.import_s,
             "init_s": self.init_s,
+            "store_s": self.store_s,
             "sizes": self.sizes,
             "cut": self.cut,
             "nccl_log": "\n".join(self.nccl_log) if self.nccl_log else None,
@@ -416,6 +422,7 @@ def run(
         doc["elapsed_s"] = round(time.monotonic() - t0, 3)
         return doc
     doc["sizes"] = cfg["sizes"]
+    spares = bench_spares.Spares(cfg, default_python(), NCCL_DEBUG_ENV)  # the next bench's ranks
     claim = None
     if cfg["node_rank"] == 0 and cfg["local_rank_offset"] == 0:  # this node hosts the store
         claim = portclaim.claim(cfg["master_port"])  # a squatter of another uid is not believed: the store binds
@@ -426,26 +433,20 @@ def run(
             doc["elapsed_s"] = round(time.monotonic() - t0, 3)
             return doc
     try:
-        return _run_claimed(cfg, doc, t0, on_event)
+        return _run_claimed(cfg, doc, t0, on_event, spares)
     finally:
         if claim is not None:
             claim.close()
-        _discard_warm()
+        spares.settle()  # warm ranks not adopted are stopped, but the spares started for the next bench
 
 
-def _discard_warm() -> None:
-    """The ranks warmed for this node and not adopted (more than this bench wants) are stopped."""
-    from preflight.probe import bench_warm
-
-    bench_warm.discard()
-
-
-def _run_claimed(cfg: Dict[str, Any], doc: Dict[str, Any], t0: float, on_event: Optional[EventHook]) -> Dict[str, Any]:
+def _run_claimed(cfg: Dict[str, Any], doc: Dict[str, Any], t0: float, on_event: Optional[EventHook],
+                 spares: Any = None) -> Dict[str, Any]:
     """run(), once the port is claimed (or not this agent's to claim)."""
     ranks = [_Rank(cfg["rank_offset"] + i, cfg["local_rank_offset"] + i) for i in range(cfg["local_world_size"])]
     restore = _trap_signals()
     try:
-        _supervise(cfg, ranks, doc, t0, on_event)
+        _supervise(cfg, ranks, doc, t0, on_event, spares)
     except Exception as exc:  # a bug here must still yield a document, ranks stopped
         doc["error"] = "agent error: %s: %s" % (type(exc).__name__, exc)
     except _Interrupted as exc:
@@ -457,6 +458,8 @@ def _run_claimed(cfg: Dict[str, Any], doc: Dict[str, Any], t0: float, on_event: 
     finally:
         _stop(ranks, cfg["deadlines"]["kill_grace_s"])
         restore()
+    if spares is not None:
+        spares.start()  # if no rank got that far (a fault: the rounds follow), the spares start now
 
     for r in ranks:  # only after an agent error: never leave a rank without a verdict
         if not r.settled:
@@ -539,7 +542,7 @@ def _spawn(cfg: Dict[str, Any], rank: _Rank, sel: selectors.BaseSelector) -> Non
         "compute": cfg.get("compute"),
     }
     rank.started = rank.last_progress = time.monotonic()
-    if not _adopt(cfg, rank, worker_cfg):
+    if not bench_spares.adopt(cfg, rank, worker_cfg, rank_env(cfg, rank)):
         _start_cold(cfg, rank, worker_cfg)
     if rank.proc is None:
         return
@@ -547,21 +550,6 @@ def _spawn(cfg: Dict[str, Any], rank: _Rank, sel: selectors.BaseSelector) -> Non
         os.set_blocking(stream.fileno(), False)
         sel.register(stream, selectors.EVENT_READ, (rank, name))
         rank.open_fds += 1
-
-
-def _adopt(cfg: Dict[str, Any], rank: _Rank, worker_cfg: Dict[str, Any]) -> bool:
-    """Run this rank in the process warmed for its local rank during phase 1 (bench_warm), when there is
-    one that fits: its init deadline counts from this go, its torch import is already done or under way."""
-    from preflight.probe import bench_warm
-
-    warm = bench_warm.take(cfg, rank.local_rank)
-    if warm is None:
-        return False
-    if not bench_warm.go(warm, worker_cfg, rank_env(cfg, rank)):
-        bench_warm.stop(warm)
-        return False
-    rank.proc, rank.go_fd, rank.warm = warm.proc, warm.go_fd, True
-    return True
 
 
 def _start_cold(cfg: Dict[str, Any], rank: _Rank, worker_cfg: Dict[str, Any]) -> None:
@@ -592,7 +580,7 @@ def _start_cold(cfg: Dict[str, Any], rank: _Rank, worker_cfg: Dict[str, Any]) ->
             pass
 
 
-def _supervise(cfg, ranks, doc, t0, on_event) -> None:
+def _supervise(cfg, ranks, doc, t0, on_event, spares=None) -> None:
     dl = cfg["deadlines"]
     sizes = cfg["sizes"]
     sel = selectors.DefaultSelector()
@@ -602,6 +590,8 @@ def _supervise(cfg, ranks, doc, t0, on_event) -> None:
         failed_at = None  # type: Optional[float]
         while True:
             _reap(ranks, sizes)
+            if spares is not None:
+                spares.poll(ranks)
             live = [r for r in ranks if not r.settled]
             if not live:
                 return
@@ -674,6 +664,7 @@ def _on_event(rank: _Rank, event: Dict[str, Any], sizes: List[int]) -> None:
         rank.import_s = event.get("import_s") if rank.warm else round(now - rank.started, 3)
     elif kind == "store":
         rank.step = "group"
+        rank.store_s = round(now - rank.started, 3)
     elif kind == "arrived":
         rank.arrived = list(event.get("ranks") or [])
     elif kind == "init_done":

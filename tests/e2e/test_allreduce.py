@@ -254,6 +254,8 @@ def test_a_throttled_data_link_is_named_slow_by_the_fleet_with_no_threshold(sim_
     (named,) = [r for r in allreduce_results(doc, "fail") if r["node"] is not None]
     assert named["node"] == "n003" and "slow: busbw" in named["message"] and "below the fleet median" in named["message"]
     assert "confirmed beside" in named["message"] and "measured beside it" in named["message"], named
+    # each round's ranks were started during the run before it and adopted (preflight.probe.bench_spares)
+    assert section["timings_s"]["rounds_warm_ranks"] == [4, 4], section["timings_s"]
     report_time("4 nodes, n003's data link throttled, no threshold", wall, section)
     assert cluster.leftover_processes() == {}
 
@@ -284,6 +286,9 @@ def test_three_nodes_an_mtu_black_hole_is_named_and_left_out_of_the_hostfile(sim
     loc = doc["allreduce"]["localization"]
     assert loc["exclude"] == ["n003"] and loc["rounds"] == 2, loc
     assert [g["nodes"] for g in loc["groups"]] == [["n001", "n002"], ["n003", "n001"]]  # never the trio again
+    # the first round adopts the sweep's spares; n003, left out of it, lost its process and spares, so the
+    # second round, which names it again, ends every kept process first and starts cold (stage._Rounds)
+    assert doc["allreduce"]["timings_s"]["rounds_warm_ranks"] == [2, 0], doc["allreduce"]["timings_s"]
     (named,) = [r for r in allreduce_results(doc, "fail") if r["node"] is not None]
     assert named["node"] == "n003" and named["message"].startswith("pair test: failed beside known-good n001")
     main = [r for r in allreduce_results(doc) if r["node"] is None]

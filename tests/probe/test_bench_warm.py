@@ -123,12 +123,17 @@ sys.stdin.read()
 def test_warm_ranks_never_outlive_the_node_process(end):
     """The node process is SIGKILLed (the controller gone, the bootstrap's watchdog), exits after its last
     phase without a bench (a node that failed phase 1), or its group is killed: no warm rank is left."""
-    node = subprocess.Popen([sys.executable, "-c", NODE % {"repo": REPO}], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, start_new_session=True)
+    node_ends_and_takes_its_ranks([sys.executable, "-c", NODE % {"repo": REPO}], {"started": 2}, 2, end)
+
+
+def node_ends_and_takes_its_ranks(argv, first_line, count, end):
+    """Start the node process argv (it prints first_line, then its warm ranks' pids, then waits on stdin),
+    end it the way `end` says, and assert that none of its ranks is left."""
+    node = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
     try:
-        assert json.loads(node.stdout.readline()) == {"started": 2}
+        assert json.loads(node.stdout.readline()) == first_line
         pids = json.loads(node.stdout.readline())
-        assert len(pids) == 2 and all(alive(p) for p in pids)
+        assert len(pids) == count and all(alive(p) for p in pids)
         if end == "sigkill":
             node.kill()
         elif end == "exit":

@@ -13,7 +13,9 @@ undecided. When the whole-cluster run hangs, fails or is slow and no node stands
 pairs, then suspects beside known-good nodes (preflight.checks.allreduce.localize), so the report names the node to
 exclude. The rounds re-run only the size the first run stopped at (or its verdict size), under deadlines
 derived from what the first run measured (localize.localization_plan, plan.round_deadlines): a hang is
-already known, so each round costs one torch import and one short op deadline, not a whole sweep.
+already known, so each round costs one torch import and one short op deadline, not a whole sweep; where the
+transport keeps each node's process from one bench to the next, not even that: every run starts the next
+round's ranks while it runs, and the round adopts them (preflight.checks.allreduce.spares).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import secrets
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from preflight.checks.allreduce import judge, localize, plan, tiers, timeplan
+from preflight.checks.allreduce import judge, localize, plan, spares, tiers, timeplan
 from preflight.checks.allreduce.busbw import threshold_for
 from preflight.derived import datanet, rails
 from preflight.derived.gpus import node_gpus
@@ -120,11 +122,13 @@ def _run_groups(
     pairs: Optional[Sequence[Sequence[Sequence[str]]]] = None,
     node_phase: bool = False,
     compute: Optional[Dict[str, Any]] = None,
+    warm_next: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """Run one all-reduce per group, all groups at once. {"configs", "docs", "unanswered"}.
+    """Run one all-reduce per group, all groups at once. {"configs", "docs", "unanswered", "kept"}.
 
     pairs: node-pair rotations the (single) group's ranks time after their sweep (plan.pair_rotations);
-    node_phase: the partner-free tests they time first (plan.node_spec)."""
+    node_phase: the partner-free tests they time first (plan.node_spec); warm_next ("sweep" or "round"): the
+    nodes start the next round's ranks during this one (spares.mark), kept: the nodes holding them now."""
     configs: Dict[str, Dict[str, Any]] = {}
     metas = []
     for group in groups:
@@ -159,7 +163,9 @@ def _run_groups(
     # "tasks": a transport that launches one task per rank (srun) splits the node's ranks across them
     bundles = {name: {"mode": "bench", "bench": cfg, "tasks": cfg["local_world_size"],
                       "gpus_per_task": 1 if cfg["backend"] == "nccl" else 0} for name, cfg in configs.items()}
-    outcomes = fleet.run(bundles, lambda spec: plan.outer_deadline(configs[spec.name]))
+    deadline = lambda spec: plan.outer_deadline(configs[spec.name])  # noqa: E731
+    keep = bool(warm_next) and spares.mark(fleet, configs, warm_next)
+    outcomes = fleet.run(bundles, deadline, then=True) if keep else fleet.run(bundles, deadline)
     docs: Dict[str, Dict[str, Any]] = {}
     unanswered: Dict[str, str] = {}
     for name, outcome in outcomes.items():
@@ -168,13 +174,15 @@ def _run_groups(
             unanswered[name] = "no all-reduce result: %s" % (outcome.failure or "the agent returned nothing")
         else:
             docs[name] = bench
-    return {"configs": configs, "metas": metas, "docs": docs, "unanswered": unanswered}
+    kept = {name for name in docs if configs[name].get("next_warm")}
+    return {"configs": configs, "metas": metas, "docs": docs, "unanswered": unanswered, "kept": kept}
 
 
 def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str], env: Any, opts: Any) -> BenchResult:
     """The whole-cluster all-reduce, then localization rounds if it failed or was slow and no node stands out."""
     result = BenchResult()
-    settings = dict(_settings(inv), tier=getattr(opts, "tier", "quick"))
+    settings = dict(_settings(inv), tier=getattr(opts, "tier", "quick"),
+                    warm_next=spares.enabled(inv.cluster.get("allreduce") or {}, fleet))
     if inv.cluster.get("allreduce", {}).get("enabled") is False:
         result.meta = {"skip": "disabled in the inventory (cluster.allreduce.enabled: false)"}
         return result
@@ -203,6 +211,8 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
         return result
     try:
         _measure(result, fleet, view, nodes, addr_of, port, env_vars, settings, choice)
+        if settings["warm_next"]:  # (on Ctrl-C the fleet's cancel and close end them)
+            spares.end(fleet)  # the processes kept for a round that did not come, and their spares
     finally:
         for claim in claims:
             claim.close()
@@ -223,7 +233,8 @@ def _measure(result: BenchResult, fleet: Fleet, view: ClusterView, nodes: List[N
     compute = tiers.compute_spec(settings["tier"], "gloo" if gloo else "nccl")
     first = _run_groups(fleet, [nodes], addr_of, port, env_vars,
                         dict(settings, pair_iters=ROUND_MIN_ITERS if gloo else settings["iters"]),
-                        pairs=rotations, node_phase=node_phase, compute=compute)
+                        pairs=rotations, node_phase=node_phase, compute=compute,
+                        warm_next="sweep" if settings["warm_next"] else None)
     timings: Dict[str, Any] = {"run_s": round(time.monotonic() - t0, 3)}
     timings.update(_slowest_start(first["docs"]))
     result.docs = first["docs"]
@@ -245,6 +256,7 @@ def _measure(result: BenchResult, fleet: Fleet, view: ClusterView, nodes: List[N
     wanted = localize.localization_plan(first["docs"], meta, limit) if len(nodes) >= 2 else None
     if wanted is not None:
         rounds = _Rounds(fleet, nodes, addr_of, port, env_vars, settings, meta, first["docs"], wanted)
+        rounds.kept = first["kept"]
         if node_phase:
             rounds.node_rounds()
         if len(nodes) >= 3:  # pairs: the path between nodes, which only a partner can test
@@ -266,6 +278,9 @@ class _Rounds:
         self.by_bandwidth = wanted["mode"] in ("slow", "check")
         self.timings = meta["timings_s"]
         self.timings["rounds_s"] = []
+        self.timings["rounds_warm_ranks"] = []  # per round: the ranks adopted from the last run's spares
+        self.kept = set()  # type: set  # nodes whose process holds spares for the next round (spares.mark)
+        self.warm_launch_s = None  # type: Optional[float]  # the last round's launch, every rank warm
         # gloo rounds time more iterations: groups side by side share CPUs, and their best iteration is
         # what they are compared on (one size of a few ms: 20 iterations cost well under a second)
         iters = max(settings["iters"], ROUND_MIN_ITERS) if meta["backend"] == "gloo" else settings["iters"]
@@ -285,15 +300,29 @@ class _Rounds:
         # every group starts timing at once, once the slowest of them should have started: the slowest
         # start of the whole-cluster run, scaled by how many more ranks each node starts now
         ratio = float(local_ranks or 1) if self.meta["backend"] == "gloo" else 1.0
-        delay = ROUND_START_FACTOR * ratio * float(self.timings.get("slowest_launch_s") or 0) + 1.0
+        names = {n for g in groups for n in g}
+        launch = self.timings.get("slowest_launch_s")
+        if names <= self.kept and self.warm_launch_s is not None:  # every rank adopts a spare, as last round
+            launch = self.warm_launch_s
+        elif self.kept and not names <= self.kept:
+            # a node the last round left out has no process to warm it: every kept one ends first (under
+            # Slurm a kept step cannot take back a node whose task left it), and this round starts cold
+            spares.end(self.fleet)
+            self.kept = set()
+        delay = ROUND_START_FACTOR * ratio * float(launch or 0) + 1.0
         # never so late that the agents' init deadline fires first
         start_at = time.time() + min(max(ROUND_START_MIN_S, delay), 0.5 * self.short["deadlines"]["init_s"])
         if not sync:  # judged on completion: no need to wait for the others
             start_at = None
         done = _run_groups(self.fleet, infos, self.addr_of, self.port, dict(self.env_vars, **(extra_env or {})),
-                           dict(self.short, local_ranks=local_ranks, start_at=start_at))
+                           dict(self.short, local_ranks=local_ranks, start_at=start_at),
+                           warm_next="round" if self.settings["warm_next"] else None)
         docs = dict(done["docs"])
-        self.timings["rounds_s"].append(round(time.monotonic() - started, 3))
+        took = time.monotonic() - started
+        self.kept, self.warm_launch_s = done["kept"], spares.warm_launch_s(docs, took)
+        self.timings["rounds_s"].append(round(took, 3))
+        self.timings["rounds_warm_ranks"].append(sum(1 for d in docs.values() for e in d.get("ranks") or []
+                                                     if e.get("warm")))
         return [localize.group_result(g, {n: docs.get(n) for n in g}, self.meta["backend"]) for g in groups]
 
     def node_rounds(self) -> None:

@@ -24,6 +24,12 @@ The model (each figure an assumption, printed with the plan):
   rounds      the pair rounds run every group at once: one launch and one size each, whatever the node
               count; at most localize.max_rounds(n) = ceil(log2 n) + 2 of them after the screening (group
               halving, then two confirmations); a healthy fleet runs none on gloo, the screening on nccl
+  overlap     (warm, the default) IMPORT_S of a launch is the ranks' torch import and CUDA context, which a
+              warm rank has done before its go: the first launch's is hidden up to first_hidden_s (the node
+              checks it overlaps: the caller's figure, 0 for `--plan`), each later launch's up to the previous
+              run's time after its store connection (its bootstrap and traffic: preflight.checks.allreduce.
+              spares starts the next round's ranks then); only where the transport keeps a node's process
+              (SSH; Slurm with one rank a node), which a plan made before the run cannot know
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ CPU_GBPS = 1.0
 ITERS_MIN = 3
 #: NVLink busbw assumed for a GPU model no profile knows (NVLink4, H100 SXM).
 DEFAULT_NVLINK_GBPS = 450.0
+#: Of LAUNCH_S, the ranks' torch import and CUDA context: what a rank started warm has done before its go
+#: (the rest: the agents' start, the go, the round's common start).
+IMPORT_S = 15.0
 
 
 def settings(raw: Mapping[str, Any]) -> Dict[str, Any]:
@@ -93,7 +102,7 @@ def rates(expect: Mapping[str, Any], gpu_model: Optional[str] = None) -> Dict[st
 
 def time_plan(gpus_per_node: Sequence[int], raw_settings: Mapping[str, Any], expect: Mapping[str, Any],
               gpu_model: Optional[str] = None, launch: float = LAUNCH_S, per_doubling: float = LAUNCH_PER_DOUBLING_S,
-              hop: float = HOP_LATENCY_S) -> Dict[str, Any]:
+              hop: float = HOP_LATENCY_S, first_hidden_s: float = 0.0, import_s: float = IMPORT_S) -> Dict[str, Any]:
     """The phases of the all-reduce bench on nodes with these GPU counts, their expected and budget seconds.
 
     Returns {"nodes", "ranks", "backend", "sizes", "warmup", "iters", "rates", "assumptions",
@@ -133,12 +142,17 @@ def time_plan(gpus_per_node: Sequence[int], raw_settings: Mapping[str, Any], exp
     if n >= 3:
         _pair_phase(ph, n, backend, per_node, verdict, net, round_budget, most)
     phases = ph.phases
+    warm = raw_settings.get("warm") is not False
+    if warm:
+        _hide_imports(phases, per_doubling, min(import_s, launch), first_hidden_s)
     expected = round(sum(p["expected_s"] for p in phases), 1)
     return {
         "nodes": n, "ranks": ranks, "backend": backend, "sizes": sizes, "warmup": warmup, "iters": iters,
         "iters_min": least,
         "verdict_bytes": verdict, "rates": rate,
         "assumptions": {"launch_s": launch, "launch_per_doubling_s": per_doubling, "hop_latency_s": hop,
+                        "warm": warm, "import_s": min(import_s, launch) if warm else 0.0,
+                        "first_hidden_s": first_hidden_s if warm else 0.0,
                         "op": "latency (hop x 2 log2 ranks) + bytes x 2(n-1)/n / busbw",
                         "deadlines": dl, "round_deadlines": rdl},
         "phases": phases, "expected_s": expected, "budget_s": round(sum(p["budget_s"] for p in phases), 1),
@@ -170,8 +184,28 @@ class _Phases:
         step = sum((runs or self.runs) * self.op(s, world, gbps) for s in sizes)
         expected = count * (self.launch_s(world) + step)
         self.phases.append({"phase": name, "what": what, "runs": count, "ranks": world,
-                            "expected_s": round(expected, 1), "budget_s": round(count * budget, 1)})
+                            "expected_s": round(expected, 1), "budget_s": round(count * budget, 1),
+                            "tail_s": self.per_doubling * math.log2(max(world, 1)) + step})
         return step
+
+
+def _hide_imports(phases: List[Dict[str, Any]], per_doubling: float, import_s: float, first_hidden_s: float) -> None:
+    """Take off each launch's import what overlaps something before it (the module docstring's `overlap`):
+    the first launch's under the node checks, each later one's under the previous run after its store
+    connection (its bootstrap and traffic). A phase gets "hidden_s"; budgets stay (a deadline still may fire)."""
+    tail = None
+    for p in phases:
+        tail_s = p.pop("tail_s")
+        if not p["runs"]:
+            continue
+        hidden = min(import_s, first_hidden_s if tail is None else tail)
+        p["hidden_s"] = round(hidden, 1)
+        p["expected_s"] = round(max(0.0, p["expected_s"] - hidden), 1)
+        if "expected_worst_s" in p:  # a second launch of the same round (suspects again) follows this one
+            p["expected_worst_s"] = round(max(0.0, p["expected_worst_s"] - hidden - min(import_s, tail_s)), 1)
+        if "expected_cap_s" in p:
+            p["expected_cap_s"] = round(max(0.0, p["expected_cap_s"] - hidden), 1)
+        tail = tail_s
 
 
 def _node_phases(ph: _Phases, gpus_per_node: Sequence[int], backend: str, per_node: int, verdict: int, net: float,
@@ -279,6 +313,12 @@ def render(tp: Mapping[str, Any]) -> List[str]:
                  "the screening: at most %d (ceil(log2 n) = %d halvings + 2 confirmations)" % (
                      a["launch_s"], a["launch_per_doubling_s"], a["op"], a["hop_latency_s"] * 1e6,
                      tp["rounds"]["planned_max"], tp["rounds"]["log2_bound"]))
+    if a.get("warm"):
+        hidden = ["%s %.1fs" % (p["phase"], p["hidden_s"]) for p in tp["phases"] if p.get("hidden_s") is not None]
+        lines.append("  overlap: a warm rank has done its torch import and CUDA context (%gs of a launch) before its go: "
+                     "hidden %s (the first launch's under the node checks: %gs given; a round's under the run before "
+                     "it, where the transport keeps each node's process: SSH, Slurm with one rank a node)" % (
+                         a["import_s"], ", ".join(hidden) or "nothing", a["first_hidden_s"]))
     if tp.get("tier"):
         from preflight.checks.allreduce import tiers
 

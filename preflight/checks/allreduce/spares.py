@@ -1,0 +1,67 @@
+"""The ranks of the next launch start warm: each bench run asks its nodes to start the next round's ranks
+while it runs (preflight.probe.bench_spares), so a localization round adopts processes that have imported
+torch (and made their CUDA contexts) instead of paying that again.
+
+Controller side, pure apart from the fleet calls. It holds only where the transport sends the next bench to
+the node process that ran this one (fleet.keeps_ranks: SSH and local yes, whatever the ranks a node; Slurm
+with one rank a node, the kept step; Kubernetes no: each bench is an Indexed Job). A node the next round
+leaves out is not named in its fleet.run, so the transport ends its kept process and the spares in it; after
+the last round, end() ends every kept process (the contract's fleet.run({})): nothing waits past the stage.
+A spare that does not fit the next round (another rank count, an import-time variable) is stopped and a cold
+rank started on the node (bench_warm.fits): the verdict never depends on warming.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional
+
+Fleet = Any  # preflight.transport.contract.Fleet (a layer below the stage, above this module's)
+
+#: When a node's spares start (preflight.probe.bench_spares), by run and backend: once every local rank has
+#: connected to the store ("store"), so the import (and CUDA context) overlaps the communicator's bootstrap,
+#: a round's wait for its common start (stage.ROUND_START_*) and the traffic; nccl's traffic is the GPUs',
+#: and an idle second context does not slow it. Except gloo's sweep: its traffic is the node's own CPUs and
+#: its in-process screening decides whether any round runs at all, so its spares start when the node's bench
+#: has ended ("end": its ranks gone, not while they tear down); a gloo round's ranks mostly wait for the common start.
+AFTER = {"sweep": {"nccl": "store", "gloo": "end"}, "round": {"nccl": "store", "gloo": "store"}}
+
+
+def enabled(raw: Mapping[str, Any], fleet: Fleet) -> bool:
+    """Warm rounds unless the inventory turns warming off (cluster.allreduce.warm: false) or the fleet
+    cannot keep a node's process from one bench to the next."""
+    return raw.get("warm") is not False and getattr(fleet, "keeps_ranks", None) is not None
+
+
+def mark(fleet: Fleet, configs: Dict[str, Dict[str, Any]], run: str = "sweep") -> bool:
+    """Ask every node whose process the fleet keeps for a next bench of the same ranks a node to start that
+    bench's ranks during this one (config "next_warm"). True when any was asked: run with then=True."""
+    keeps = getattr(fleet, "keeps_ranks", None)
+    asked = False
+    for cfg in configs.values():
+        ranks = int(cfg.get("local_world_size") or 1)
+        if keeps is None or not keeps(ranks):
+            continue
+        cfg["next_warm"] = {"backend": cfg["backend"], "local_world_size": ranks, "after": AFTER[run][cfg["backend"]]}
+        if cfg.get("python"):
+            cfg["next_warm"]["python"] = cfg["python"]
+        asked = True
+    return asked
+
+
+def end(fleet: Fleet) -> None:
+    """End every node process kept for a next bench, and the spares it holds (no round follows)."""
+    fleet.run({}, lambda spec: 1.0)
+
+
+def warm_launch_s(docs: Mapping[str, Optional[Dict[str, Any]]], round_s: float) -> Optional[float]:
+    """What the next round's launch costs when it adopts the spares this round (round_s long, every rank
+    warm) started at its store connection: the quickest way to the store from a go (a rank whose import was
+    done: the connection alone) plus what is left of the slowest import (the rank's own import_s) once the
+    spares have had this round after its slowest store connection. None unless every rank was warm (a
+    rank's init_s would count the wait for the common start, so store_s is read)."""
+    entries = [e for doc in docs.values() if doc for e in doc.get("ranks") or []]
+    if not entries or not all(e.get("warm") and e.get("store_s") is not None for e in entries):
+        return None
+    stores = [float(e["store_s"]) for e in entries]
+    imports = [float(e.get("import_s") or 0) for e in entries]
+    return round(min(stores) + max(0.0, max(imports) - (round_s - max(stores))), 3)

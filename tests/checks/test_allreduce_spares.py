@@ -1,0 +1,107 @@
+"""The controller's side of warm rounds (preflight.checks.allreduce.spares, stage._Rounds): which nodes are
+asked to start the next round's ranks, on which transports, when kept processes are ended, and how the
+rounds' common start uses what an all-warm round measured. A recording fleet stands in for the transport
+(the node side, with real processes, is tests/probe/test_bench_spares.py)."""
+
+from __future__ import annotations
+
+from preflight.checks.allreduce import plan, spares, stage
+from preflight.model import NodeInfo
+from preflight.transport.contract import Outcome
+
+SIZE = plan.CPU_SIZES[-1]
+
+
+def rank_doc(node_rank, warm=False, store_s=0.4):
+    entry = {"rank": node_rank, "local_rank": 0, "status": "ok", "stage": None, "step": None, "bytes": None,
+             "error": None, "import_s": 2.0, "init_s": 3.0, "store_s": store_s, "warm": warm,
+             "sizes": [{"bytes": SIZE, "time_s": 1e-3, "min_s": 1e-3, "max_s": 2e-3, "ok": True}]}
+    return {"node_rank": node_rank, "backend": "gloo", "world_size": 2, "sizes": [SIZE], "deadline": None,
+            "error": None, "ranks": [entry]}
+
+
+class Fleet:
+    """Records every run: (the nodes named, then, each config's next_warm); answers every bench as warm."""
+
+    def __init__(self, keeps=lambda ranks: True, warm=True):
+        self.calls, self.warm = [], warm
+        if keeps is not None:
+            self.keeps_ranks = keeps
+
+    def run(self, configs, deadline_of, then=False):
+        self.calls.append((sorted(configs), then, {n: c["bench"].get("next_warm") for n, c in configs.items()}))
+        return {n: Outcome(n, result={"bench": rank_doc(c["bench"]["node_rank"], self.warm)})
+                for n, c in configs.items()}
+
+
+def cfgs(backend="gloo", ranks=1):
+    return {"n%d" % i: {"backend": backend, "local_world_size": ranks, "python": "/opt/py"} for i in (1, 2)}
+
+
+def test_mark_asks_for_spares_only_where_the_fleet_keeps_the_process():
+    slurm = Fleet(keeps=lambda ranks: ranks == 1)  # one rank a node: the kept step
+    one, eight = cfgs("gloo", 1), cfgs("nccl", 8)
+    assert spares.mark(slurm, one, "round") is True
+    assert one["n1"]["next_warm"] == {"backend": "gloo", "local_world_size": 1, "after": "store", "python": "/opt/py"}
+    assert spares.mark(slurm, eight) is False and "next_warm" not in eight["n1"]  # eight tasks a node: a new step
+    k8s = Fleet(keeps=lambda ranks: False)  # each bench an Indexed Job
+    assert spares.mark(k8s, cfgs()) is False
+    sweep = cfgs("gloo", 1)
+    spares.mark(Fleet(), sweep, "sweep")
+    assert sweep["n1"]["next_warm"]["after"] == "end"  # gloo's sweep: not beside its own judged traffic
+
+
+def test_warming_is_off_by_inventory_or_without_keeps_ranks():
+    assert spares.enabled({}, Fleet()) is True
+    assert spares.enabled({"warm": False}, Fleet()) is False
+    assert spares.enabled({}, Fleet(keeps=None)) is False
+
+
+def test_the_warm_launch_is_read_only_from_a_round_where_every_rank_was_warm():
+    both = {"a": rank_doc(0, True, 0.5), "b": rank_doc(1, True, 1.5)}  # import_s 2.0 each
+    assert spares.warm_launch_s(both, 10.0) == 0.5  # the spares had 8.5 s after the slowest store: imported
+    assert spares.warm_launch_s(both, 2.5) == 1.5  # only 1 s: 1 s of the import is left, plus the connection
+    assert spares.warm_launch_s({"a": rank_doc(0, True, 0.5), "b": rank_doc(1, False, 9.0)}, 10.0) is None
+    assert spares.warm_launch_s({"a": None}, 10.0) is None
+
+
+def rounds(fleet, names=("n1", "n2", "n3", "n4")):
+    nodes = [NodeInfo(n, n, 0, i == 0) for i, n in enumerate(names)]
+    docs = {n: rank_doc(i) for i, n in enumerate(names)}
+    settings = {"iters": 5, "warmup": 1, "slow_fraction": 0.2, "deadlines": {}, "warm_next": True}
+    meta = {"backend": "gloo", "deadlines": plan.default_deadlines("gloo"), "timings_s": {"slowest_launch_s": 20.0}}
+    r = stage._Rounds(fleet, nodes, {n: "10.0.0.%d" % i for i, n in enumerate(names)}, 29500, {}, settings, meta,
+                      docs, {"mode": "slow", "sizes": [SIZE]})
+    r.kept = set(names)  # the sweep asked every node for spares
+    return r
+
+
+def test_a_round_asks_for_the_next_rounds_spares_and_the_one_after_starts_at_the_warm_launch():
+    fleet = Fleet()
+    r = rounds(fleet)
+    r.run_groups([["n1", "n2"], ["n3", "n4"]])
+    (names, then, nxt), = fleet.calls
+    assert then is True and all(v["after"] == "store" for v in nxt.values())
+    assert r.kept == {"n1", "n2", "n3", "n4"} and r.warm_launch_s is not None
+    assert r.timings["rounds_warm_ranks"] == [4]
+
+
+def test_a_round_that_names_a_node_left_out_before_ends_the_kept_processes_first():
+    """The last round left n4 out (its process ended, its spares with it); this round names it again: every
+    kept process ends first (a kept Slurm step cannot take n4 back) and the round starts cold."""
+    fleet = Fleet()
+    r = rounds(fleet)
+    r.run_groups([["n1", "n2"], ["n3", "n1"]])
+    assert r.kept == {"n1", "n2", "n3"}
+    r.run_groups([["n4", "n1"]])
+    assert [c[0] for c in fleet.calls] == [["n1", "n2", "n3"], [], ["n1", "n4"]]  # [] : spares.end
+
+
+def test_no_spares_are_asked_for_when_warming_is_off():
+    """Twin: cluster.allreduce.warm false (or a transport without keeps_ranks): then=False, no next_warm."""
+    fleet = Fleet()
+    r = rounds(fleet)
+    r.settings["warm_next"] = False
+    r.run_groups([["n1", "n2"], ["n3", "n4"]])
+    (names, then, nxt), = fleet.calls
+    assert then is False and set(nxt.values()) == {None} and r.kept == set()
