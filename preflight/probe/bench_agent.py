@@ -459,7 +459,7 @@ def _run_claimed(cfg: Dict[str, Any], doc: Dict[str, Any], t0: float, on_event: 
         _stop(ranks, cfg["deadlines"]["kill_grace_s"])
         restore()
     if spares is not None:
-        spares.start()  # if no rank got that far (a fault: the rounds follow), the spares start now
+        spares.at_end(ranks)  # if no rank got that far (a fault: the rounds follow), the spares start now
 
     for r in ranks:  # only after an agent error: never leave a rank without a verdict
         if not r.settled:

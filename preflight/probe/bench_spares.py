@@ -2,13 +2,14 @@
 contexts) during this bench, and the next bench on this node process adopts them (bench_warm.take/go).
 
 Node side, standard library only, Python 3.8 compatible. The controller asks for them in the bench config,
-{"next_warm": {"backend", "local_world_size", "python", "after": "store" | "init" | "done" | "end"}}
+{"next_warm": {"backend", "local_world_size", "python", "after": "store" | "init" | "done" | "end" | "failed"}}
 (preflight.checks.allreduce.stage: only where its transport sends the next bench to this same process,
 fleet.keeps_ranks). They start, in this (the main) thread, once every local rank of this bench has reached
 `after`: "store" (connected to the rendezvous store: the import overlaps the group's creation and the
 wait for the round's common start), "init" (its process group is made: the import overlaps the traffic) or
 "done" (its results are in), or when the bench ends ("end", and at the latest: a bench that fails short of
-its trigger is followed by rounds). The
+its trigger is followed by rounds), or when it ends with a local rank that did not finish ok ("failed": a
+sweep whose own screening settles a healthy cluster, so a healthy node pays no import for nothing). The
 controller picks it (preflight.checks.allreduce.spares.AFTER).
 
 The same rules as phase 1's warm ranks (bench_warm's docstring): a spare only imports until its go (it
@@ -39,7 +40,7 @@ class Spares:
 
     def poll(self, ranks: Any) -> None:
         """Start the spares once every local rank has reached `after` (init_done, or done)."""
-        if self.spec is None or self.result is not None or not ranks or self.after == "end":
+        if self.spec is None or self.result is not None or not ranks or self.after in ("end", "failed"):
             return
         if self.after == "store":  # connected to the store: the rendezvous and the wait to start are idle
             reached = all(r.init_done or r.step == "group" for r in ranks)
@@ -54,6 +55,13 @@ class Spares:
         """Start them now (at the latest when the bench ends: a failed bench is followed by rounds)."""
         if self.spec is not None and self.result is None:
             self.result = bench_warm.start(self.spec, self.source, self.python, self.nccl_env)
+
+    def at_end(self, ranks: Any) -> None:
+        """The bench is over: start the spares if they have not started, unless they were asked for only
+        after a fault ("failed") and every local rank finished ok."""
+        if self.after == "failed" and ranks and all(r.status == "ok" for r in ranks):
+            return
+        self.start()
 
     def settle(self) -> None:
         """The bench is over: the spares started for the next bench stay; any other warm rank is stopped."""

@@ -47,8 +47,11 @@ def test_mark_asks_for_spares_only_where_the_fleet_keeps_the_process():
     k8s = Fleet(keeps=lambda ranks: False)  # each bench an Indexed Job
     assert spares.mark(k8s, cfgs()) is False
     sweep = cfgs("gloo", 1)
-    spares.mark(Fleet(), sweep, "sweep")
-    assert sweep["n1"]["next_warm"]["after"] == "end"  # gloo's sweep: not beside its own judged traffic
+    # gloo's sweep: only where it failed on the node (its in-process screening settles a healthy cluster)
+    assert spares.mark(Fleet(), sweep, "sweep") is True and sweep["n1"]["next_warm"]["after"] == "failed"
+    nccl_sweep = cfgs("nccl", 8)
+    assert spares.mark(Fleet(), nccl_sweep, "sweep") is True  # nccl's: its NIC round and screening follow
+    assert nccl_sweep["n1"]["next_warm"]["after"] == "store"
 
 
 def test_warming_is_off_by_inventory_or_without_keeps_ranks():

@@ -119,6 +119,18 @@ def test_a_bench_that_fails_before_the_trigger_still_starts_the_spares():
     assert bad["error"].startswith("invalid config") and not bench_warm.WARM
 
 
+def test_spares_asked_for_after_a_fault_start_only_after_one():
+    """"failed" (gloo's sweep): a bench whose ranks all finish ok leaves no spare (a healthy cluster needs
+    no round); its twin, a bench whose init deadline fires, starts them at its end."""
+    doc = bench_agent.run(with_next(config(free_port(), 2, local=2), "failed"))
+    assert [r["status"] for r in doc["ranks"]] == ["ok", "ok"] and not bench_warm.WARM, doc
+    failed = bench_agent.run(with_next(config(free_port(), 2, local=1, init_s=3), "failed"))
+    assert failed["deadline"] == {"kind": "init", "limit_s": 3.0}, failed
+    assert len(spare_pids()) == 1
+    bench_warm.discard()
+    assert_no_leftovers(doc, failed)
+
+
 def test_a_spare_still_importing_at_the_init_deadline_is_named_at_its_import(tmp_path):
     slow = tmp_path / "slowpython"
     slow.write_text("#!%s\nimport os, sys, time\ntime.sleep(60)\nos.execv(%r, [%r] + sys.argv[1:])\n"

@@ -20,10 +20,13 @@ Fleet = Any  # preflight.transport.contract.Fleet (a layer below the stage, abov
 #: When a node's spares start (preflight.probe.bench_spares), by run and backend: once every local rank has
 #: connected to the store ("store"), so the import (and CUDA context) overlaps the communicator's bootstrap,
 #: a round's wait for its common start (stage.ROUND_START_*) and the traffic; nccl's traffic is the GPUs',
-#: and an idle second context does not slow it. Except gloo's sweep: its traffic is the node's own CPUs and
-#: its in-process screening decides whether any round runs at all, so its spares start when the node's bench
-#: has ended ("end": its ranks gone, not while they tear down); a gloo round's ranks mostly wait for the common start.
-AFTER = {"sweep": {"nccl": "store", "gloo": "end"}, "round": {"nccl": "store", "gloo": "store"}}
+#: and an idle second context does not slow it; a gloo round's ranks mostly wait for the common start.
+#: gloo's sweep asks for them only where it failed on the node ("failed": at its end, when a local rank did
+#: not finish ok): its in-process screening (plan.pair_rotations) settles a healthy cluster with no round at
+#: all, so spares after every sweep would be a torch import per node thrown away on every healthy run (on
+#: the CPUs the run's own judging and the next job use); a slow but complete sweep's first round starts cold
+#: (it waits for its common start anyway: round 1 measured 0.98x with spares, docs/speed.md).
+AFTER = {"sweep": {"nccl": "store", "gloo": "failed"}, "round": {"nccl": "store", "gloo": "store"}}
 
 
 def enabled(raw: Mapping[str, Any], fleet: Fleet) -> bool:
@@ -39,9 +42,10 @@ def mark(fleet: Fleet, configs: Dict[str, Dict[str, Any]], run: str = "sweep") -
     asked = False
     for cfg in configs.values():
         ranks = int(cfg.get("local_world_size") or 1)
+        after = AFTER[run][cfg["backend"]]
         if keeps is None or not keeps(ranks):
             continue
-        cfg["next_warm"] = {"backend": cfg["backend"], "local_world_size": ranks, "after": AFTER[run][cfg["backend"]]}
+        cfg["next_warm"] = {"backend": cfg["backend"], "local_world_size": ranks, "after": after}
         if cfg.get("python"):
             cfg["next_warm"]["python"] = cfg["python"]
         asked = True
