@@ -46,8 +46,8 @@ main()
 '''
 
 PROFILED = (
-    "import cProfile,os,sys,threading\npr=cProfile.Profile();_e=os._exit;_P=[]\n_r=threading.Thread._bootstrap_inner\n"
-    "def _run(self):\n p=cProfile.Profile();_P.append(p);p.enable()\n try:_r(self)\n finally:p.disable()\n"
+    "import cProfile,os,sys,threading,time\npr=cProfile.Profile(time.thread_time);_e=os._exit;_P=[]\n_r=threading.Thread._bootstrap_inner\n"
+    "def _run(self):\n p=cProfile.Profile(time.thread_time);_P.append(p);p.enable()\n try:_r(self)\n finally:p.disable()\n"
     "threading.Thread._bootstrap_inner=_run\n"
     "def _d(o):\n import pstats;pr.create_stats();s=pstats.Stats(pr)\n for p in _P:\n  p.create_stats();s.add(p)\n"
     " s.dump_stats(o)\n"

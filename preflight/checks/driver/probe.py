@@ -8,7 +8,7 @@ import re
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 from preflight.probe.nvml import bounded_nvml, load_nvml, nvml_shutdown, nvml_wedged
 
 PROC_VERSION = "/proc/driver/nvidia/version"

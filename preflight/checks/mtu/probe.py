@@ -6,7 +6,7 @@ import concurrent.futures
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 
 COUNT = 3
 #: seconds between a target's pings: 50 ms keeps three pings to 0.1 s. iputils before 20210202 refuses
