@@ -4,7 +4,8 @@ Standard library only, Python 3.8 compatible: runs on the node inside the probe 
 every node and every run (the kernel-log patterns of xid, ib_errors and preflight.probe.nvrm: about 7 ms, a
 tenth of a Python start); most of them parse lines a healthy node never logs, so they are compiled only where
 such a line is found. A Lazy answers every method of the compiled pattern (match, search, finditer, findall,
-sub, ...); `pattern` and `flags` are read without compiling. Two threads that use it first at once both compile
+sub, ...); `pattern` and `flags` are read without compiling. A match's `.re` is the compiled pattern, not the
+Lazy: tell patterns apart by the Lazy itself (preflight.probe.nvrm), never by `m.re is ...`. Two threads that use it first at once both compile
 it (re's own cache makes the second cheap); either result is the same pattern.
 """
 

@@ -88,7 +88,7 @@ def _matches(text: str) -> Dict[Tuple[str, Optional[str], Optional[str]], List[T
         for m in pattern.finditer(text):
             groups = [g for g in m.groups() if g is not None]
             pci = gpu = None
-            if kind == "probe_failed" and m.re is PATTERNS[1][1]:
+            if kind == "probe_failed" and pattern is PATTERNS[1][1]:
                 pci, detail = bus(groups[0]), "probe of the GPU failed with error %s" % groups[1]
             elif kind == "probe_failed":
                 detail = "the NVIDIA probe routine failed for %s device(s)" % groups[0]
