@@ -9,7 +9,8 @@ local transport sends the bundle for phase 1 (the config line, then the zipped b
 interleaved, each tree's payload is replayed into `python3 -c BOOTSTRAP` (that tree's bootstrap, its own session:
 the bootstrap kills its process group on EOF) and the CPU of the whole process tree (getrusage of the reaped
 children: python, ip, sh, ldconfig, ...) and the wall are taken; beside them the floor, `python3 -c pass`.
-Printed: median CPU, its ratio to the floor's and the difference. This machine's checks (no GPU here: the gpu
+Printed: median CPU, its ratio to the floor's and the difference; beside them `python3 -S -c pass` (no site: what
+the interpreter costs without this machine's site-packages .pth files, which the floor and every tree pay alike). This machine's checks (no GPU here: the gpu
 probes find no driver) stand for a simulated node's; the Slurm simulator's nodes have none either.
 --profile PATH: one run under cProfile, every thread's profile merged (threading.Thread._bootstrap_inner wrapped), written
 to PATH and its top functions printed by cumulative time.
@@ -46,8 +47,8 @@ main()
 '''
 
 PROFILED = (
-    "import cProfile,os,sys,threading\npr=cProfile.Profile();_e=os._exit;_P=[]\n_r=threading.Thread._bootstrap_inner\n"
-    "def _run(self):\n p=cProfile.Profile();_P.append(p);p.enable()\n try:_r(self)\n finally:p.disable()\n"
+    "import cProfile,os,sys,threading,time\npr=cProfile.Profile(time.thread_time);_e=os._exit;_P=[]\n_r=threading.Thread._bootstrap_inner\n"
+    "def _run(self):\n p=cProfile.Profile(time.thread_time);_P.append(p);p.enable()\n try:_r(self)\n finally:p.disable()\n"
     "threading.Thread._bootstrap_inner=_run\n"
     "def _d(o):\n import pstats;pr.create_stats();s=pstats.Stats(pr)\n for p in _P:\n  p.create_stats();s.add(p)\n"
     " s.dump_stats(o)\n"
@@ -119,12 +120,14 @@ def main(argv=None) -> int:
         stats.sort_stats("cumulative").print_stats(args.top)
         stats.sort_stats("tottime").print_stats(args.top)
         return 0
-    cpu = {t: [] for t in ["floor"] + trees}
-    wall = {t: [] for t in ["floor"] + trees}
+    rows = ["floor", "nosite"] + trees
+    cpu = {t: [] for t in rows}
+    wall = {t: [] for t in rows}
     for _ in range(args.runs):
-        c, w = once([sys.executable, "-c", "pass"], b"")
-        cpu["floor"].append(c)
-        wall["floor"].append(w)
+        for row, flags in (("floor", []), ("nosite", ["-S"])):
+            c, w = once([sys.executable] + flags + ["-c", "pass"], b"")
+            cpu[row].append(c)
+            wall[row].append(w)
         for t in trees:
             c, w = once([sys.executable, "-c", bootstrap(t)], payloads[t])
             cpu[t].append(c)
@@ -132,10 +135,11 @@ def main(argv=None) -> int:
     floor = statistics.median(cpu["floor"])
     print("phase-1 bundle run on this machine, median of %d interleaved rounds; load average %s" % (
         args.runs, " ".join("%.1f" % x for x in os.getloadavg())))
-    for t in ["floor"] + trees:
+    names = {"floor": "python3 -c pass (floor)", "nosite": "python3 -S -c pass (no site)"}
+    for t in rows:
         c = statistics.median(cpu[t])
         print("%-40s CPU %5.0f ms  %.2fx floor  %+5.0f ms   wall %5.0f ms" % (
-            "python3 -c pass (floor)" if t == "floor" else t, c, c / floor, c - floor, statistics.median(wall[t])))
+            names.get(t, t), c, c / floor, c - floor, statistics.median(wall[t])))
     return 0
 
 

@@ -1,7 +1,8 @@
 """The shared vocabulary: statuses, findings, check declarations and the cluster view rules read.
 
-Standard library only, Python 3.8 compatible: this module travels to the nodes in the probe bundle,
-because every check module imports it.
+Standard library only, Python 3.8 compatible. The controller's: the node side imports its share (ParseError,
+CommandResult) from preflight.node_model, and the probe bundle ships the check declarations that import this
+module as empty packages (preflight.transport.bundle), so no node pays for its dataclasses.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from preflight.node_model import CommandResult, ParseError  # noqa: F401 - the node side's share, re-exported
 
 
 class Status(str, enum.Enum):
@@ -98,25 +101,6 @@ class Finding:
             data=doc.get("data"),
             action=doc.get("action"),
         )
-
-
-class ParseError(ValueError):
-    """A parser met output it does not understand. The message names the source and what was wrong."""
-
-
-@dataclass
-class CommandResult:
-    """What one command run on the node returned. rc is 127 when the program does not exist."""
-
-    argv: List[str]
-    rc: int
-    stdout: str
-    stderr: str
-    timed_out: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.rc == 0 and not self.timed_out
 
 
 @dataclass(frozen=True)

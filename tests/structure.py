@@ -28,7 +28,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 #: matches names the layer), so a check folder's declaration, probe and stage are placed before the folder's
 #: other modules.
 LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
-    ("vocabulary", ("preflight/__init__.py", "preflight/model.py", "preflight/common.py", "preflight/errors.py",
+    ("vocabulary", ("preflight/__init__.py", "preflight/model.py", "preflight/node_model.py", "preflight/common.py", "preflight/errors.py",
                     "preflight/located_yaml.py")),
     ("node side", ("preflight/probe/*", "preflight/checks/__init__.py", "preflight/checks/*/__init__.py",
                    "preflight/checks/*/probe.py")),

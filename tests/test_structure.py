@@ -40,7 +40,7 @@ CONFINED = {
 }
 
 # What travels to the nodes in the probe bundle: standard library (and preflight's node modules) only.
-NODE_SIDE = ("preflight/__init__.py", "preflight/common.py", "preflight/model.py", "preflight/probe/",
+NODE_SIDE = ("preflight/__init__.py", "preflight/common.py", "preflight/model.py", "preflight/node_model.py", "preflight/probe/",
              "preflight/checks/__init__.py")
 
 

@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from preflight.model import CommandResult
+from preflight.node_model import CommandResult
 
 SYSFS_ENV = "PREFLIGHT_SYSFS_ROOT"
 #: How much of one raw output a failed probe sends back with its error (bytes of text, per item).

@@ -55,7 +55,7 @@ import re
 import time
 from typing import Any, Dict, List, Optional
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 from preflight.probe.nvml import NvmlSlow, NvmlWedged, bounded_nvml, call_c, cannot_say, entering, text
 
 #: Seconds between the two reads of the corrected-error counters: as long as the pcie and ib_errors

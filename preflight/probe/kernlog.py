@@ -28,7 +28,8 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from preflight.model import ParseError, Setting
+from preflight.node_model import ParseError
+from preflight.probe.lazy_re import lazy
 
 JOURNALCTL = ("journalctl", "-k", "-b", "0", "-o", "short-monotonic", "--no-pager", "-q")
 DMESG = ("dmesg",)
@@ -39,7 +40,7 @@ TIMEOUT_S = 30.0
 #: ISO with or without brackets, dmesg --time-format iso; the journal's "Mar 05 23:33:35"), then "HOST kernel:"
 #: or "kernel:" (journalctl -o short / short-iso / short-monotonic, or lines cut to "kernel: ..."), in syslog files
 #: (/var/log/kern.log, nvidia-bug-report.log) followed by the monotonic stamp.
-_LINE = re.compile(
+_LINE = lazy(
     r"(?:<\d{1,3}>|[a-z]+ *: *[a-z]+ *: )?"
     r"(?:\[ *(?P<mono>\d+\.\d+)\]:? ?"
     r"|\[(?:[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}|[<+ ]*[+-]?\d+\.\d+|[A-Z][a-z]{2}\d\d \d\d:\d\d"
@@ -53,10 +54,10 @@ FORMATS = ("dmesg", "dmesg (printk.time=0)", "dmesg -T", "dmesg -d", "dmesg --ti
            "syslog file (kern.log)")
 #: (after a newline) a line messages() skips: empty or blank, journalctl's "-- ... --" markers, indented
 #: continuations
-_SKIPPED = re.compile(r"\n(?:[ \t]|-- |[^\S\n]*(?=\n|$))")
+_SKIPPED = lazy(r"\n(?:[ \t]|-- |[^\S\n]*(?=\n|$))")
 #: (after a newline) a line that is neither stamped nor one messages() skips: not journalctl -o short-monotonic
-_UNSTAMPED = re.compile(r"\n(?![\[ \t]|-- |[^\S\n]*(?:\n|$))")
-_FIRST_STAMP = re.compile(r"\n\[[^\S\n]*(\d+\.\d+)\]")
+_UNSTAMPED = lazy(r"\n(?![\[ \t]|-- |[^\S\n]*(?:\n|$))")
+_FIRST_STAMP = lazy(r"\n\[[^\S\n]*(\d+\.\d+)\]")
 #: how many of a folded group's latest stamps the facts keep (enough to count a window's events exactly
 #: up to this many)
 RECENT = 16
@@ -216,11 +217,6 @@ def fold(events: Iterable[Dict[str, Any]], key: Sequence[str]) -> List[Dict[str,
 def age(uptime_s: Optional[float], ts: Optional[float]) -> Optional[float]:
     """Seconds since a line was logged; None when either time is unknown (then it counts as inside any window)."""
     return None if uptime_s is None or ts is None else max(0.0, uptime_s - ts)
-
-
-#: cluster.xid_window_s, the window xid and ib_errors judge kernel-log events in (default: since boot)
-WINDOW = Setting("xid_window_s", "number", "judge only kernel-log events this recent (default: since boot)",
-                 low=1, high=10 * 365 * 86400, unit="seconds")
 
 
 def in_window(age_s: Optional[float], window_s: Optional[float]) -> bool:

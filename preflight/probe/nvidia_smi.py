@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 from preflight.probe.gpu_facts import empty_gpu
 
 # ---------------------------------------------------------------------------------- nvidia-smi -q -x

@@ -34,10 +34,10 @@ timeout every few seconds for a week sends one entry.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.probe import kernlog
+from preflight.probe.lazy_re import lazy
 
 _BDF = r"((?:[0-9A-Fa-f]{4,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
 #: The next line of one message: indented (dmesg, journalctl), or on a console without stamps "NVRM: ..." that
@@ -47,18 +47,18 @@ _MORE = r"(?:[ \t]+|(?=NVRM: (?!Xid |The NVIDIA GPU |GPU )))"
 #: (kind, pattern, literal it holds): group 1 the bus id or the driver's GPU<n>; a pattern never crosses into the
 #: next stamped line.
 PATTERNS = (
-    ("fallen_off_bus", re.compile(r"NVRM: (?:The NVIDIA GPU|GPU at|GPU) (?:PCI:)?" + _BDF + r"(?::|\b)(?:[^\n]*\n" + _MORE + r"){0,3}?[^\n]*?fallen off the bus"), "fallen off the bus"),
-    ("probe_failed", re.compile(r"nvidia(?:: probe of " + _BDF + r"| " + _BDF + r": probe with driver nvidia) failed with error (-?\d+)"), "failed with error"),
-    ("probe_failed", re.compile(r"NVRM: The NVIDIA probe routine failed for (\d+) device\(s\)"), "probe routine failed"),
-    ("gsp_timeout", re.compile(r"NVRM: (?:(GPU\d+) )?_kgspLogRpcTimeout: \**\s*GSP Timeout"), "GSP Timeout"),
-    ("gsp_heartbeat", re.compile(r"NVRM: (?:(GPU\d+) )?(?:_kgspIsHeartbeatTimedOut: Heartbeat timed out|_kgspRpcRecvPoll: GSP RM heartbeat timed out)"), "eartbeat timed out"),
-    ("memsys_error", re.compile(r"NVRM: (?:(GPU\d+) )?\w+: Memory Subsystem Error detected"), "Memory Subsystem Error detected"),
+    ("fallen_off_bus", lazy(r"NVRM: (?:The NVIDIA GPU|GPU at|GPU) (?:PCI:)?" + _BDF + r"(?::|\b)(?:[^\n]*\n" + _MORE + r"){0,3}?[^\n]*?fallen off the bus"), "fallen off the bus"),
+    ("probe_failed", lazy(r"nvidia(?:: probe of " + _BDF + r"| " + _BDF + r": probe with driver nvidia) failed with error (-?\d+)"), "failed with error"),
+    ("probe_failed", lazy(r"NVRM: The NVIDIA probe routine failed for (\d+) device\(s\)"), "probe routine failed"),
+    ("gsp_timeout", lazy(r"NVRM: (?:(GPU\d+) )?_kgspLogRpcTimeout: \**\s*GSP Timeout"), "GSP Timeout"),
+    ("gsp_heartbeat", lazy(r"NVRM: (?:(GPU\d+) )?(?:_kgspIsHeartbeatTimedOut: Heartbeat timed out|_kgspRpcRecvPoll: GSP RM heartbeat timed out)"), "eartbeat timed out"),
+    ("memsys_error", lazy(r"NVRM: (?:(GPU\d+) )?\w+: Memory Subsystem Error detected"), "Memory Subsystem Error detected"),
 )
 #: "The NVIDIA GPU <bdf> ... is not supported ..." (a line of its own per part in old drivers, continuation
 #: lines in new ones): the reason a probe failed that is the driver's, not the GPU's.
-_UNSUPPORTED = re.compile(r"NVRM: The NVIDIA GPU " + _BDF + r"(?:[^\n]*\n){0,3}?[^\n]*?is not supported")
+_UNSUPPORTED = lazy(r"NVRM: The NVIDIA GPU " + _BDF + r"(?:[^\n]*\n){0,3}?[^\n]*?is not supported")
 #: an Xid line that names the driver's GPU<n> beside the bus id (Xid 119/120 text)
-_GPU_OF_XID = re.compile(r"NVRM: Xid \((?:PCI:)?" + _BDF + r"\): \d+,[^\n]*?\b(GPU\d+) GSP\b")
+_GPU_OF_XID = lazy(r"NVRM: Xid \((?:PCI:)?" + _BDF + r"\): \d+,[^\n]*?\b(GPU\d+) GSP\b")
 MAX_DETAIL = 200
 
 
@@ -88,7 +88,7 @@ def _matches(text: str) -> Dict[Tuple[str, Optional[str], Optional[str]], List[T
         for m in pattern.finditer(text):
             groups = [g for g in m.groups() if g is not None]
             pci = gpu = None
-            if kind == "probe_failed" and m.re is PATTERNS[1][1]:
+            if kind == "probe_failed" and pattern is PATTERNS[1][1]:
                 pci, detail = bus(groups[0]), "probe of the GPU failed with error %s" % groups[1]
             elif kind == "probe_failed":
                 detail = "the NVIDIA probe routine failed for %s device(s)" % groups[0]

@@ -190,24 +190,27 @@ NODE_ENTRY_POINTS = ("preflight/__init__.py", "preflight/probe/runner.py", "pref
 
 
 def _sources() -> List[Tuple[str, str]]:
-    """(file, name in the zip) of the node-side code: the entry points, every check's probe (with its
-    declaration, the probe's package) and the preflight modules they import (found by reading their imports,
-    nothing imported), plus pynvml. Rules, derived facts, the checks without a probe and everything else
-    controller-side stay home."""
+    """(file, name in the zip) of the node-side code: the entry points, every check's probe and the preflight
+    modules they import (found by reading their imports, nothing imported), plus pynvml. The catalogue and the
+    check declarations travel as empty packages (os.devnull; whole if a node module imports one by name): their
+    preflight.model dataclasses cost a node more than its probes' imports. The rest stays home."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(preflight.__file__)))
     checks = os.path.join(root, "preflight", "checks")
-    todo = list(NODE_ENTRY_POINTS) + ["preflight/checks/__init__.py"]
+    todo = [(rel, True) for rel in NODE_ENTRY_POINTS]
     for name in sorted(os.listdir(checks)):
-        if os.path.isfile(os.path.join(checks, name, "probe.py")):  # its declaration comes as its package
-            todo.append("preflight/checks/%s/probe.py" % name)
-    seen: Dict[str, None] = {}
+        if os.path.isfile(os.path.join(checks, name, "probe.py")):
+            todo.append(("preflight/checks/%s/probe.py" % name, True))
+    whole: Dict[str, bool] = {}  # rel: travels whole (False: an empty package)
     while todo:
-        rel = todo.pop(0)
-        if rel in seen:
+        rel, named = todo.pop(0)
+        marker = _DECLARATION_RE.fullmatch(rel) is not None and not named
+        if rel in whole and (whole[rel] or marker):
             continue
-        seen[rel] = None
-        todo.extend(_packages_of(rel) + _imported(root, rel))
-    out = [(os.path.join(root, rel), rel) for rel in sorted(seen)]
+        whole[rel] = not marker
+        todo.extend((p, False) for p in _packages_of(rel))
+        if not marker:
+            todo.extend((i, True) for i in _imported(root, rel))
+    out = [(os.path.join(root, rel) if whole[rel] else os.devnull, rel) for rel in sorted(whole)]
     # found, not imported (12 ms): nvidia-ml-py's pynvml.py, never the legacy pynvml 11.x package folder
     from preflight.probe.nvml import PYNVML_FIX, pynvml_source
 
@@ -218,6 +221,9 @@ def _sources() -> List[Tuple[str, str]]:
         sys.stderr.write("preflight: warning: the probe bundle carries no pynvml: %s; every node reads its GPUs "
                          "with nvidia-smi instead of NVML (%s)\n" % (why, PYNVML_FIX))
     return out
+
+
+_DECLARATION_RE = re.compile(r"preflight/checks/(?:[^/]+/)?__init__\.py")
 
 
 def _packages_of(rel: str) -> List[str]:

@@ -30,7 +30,7 @@ import re
 import time
 from typing import Any, Dict, List, Optional
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 from preflight.probe.rdma import is_efa, natural_key
 
 #: Where each fabric's NCCL plugin is installed (read under the host root).

@@ -8,7 +8,7 @@ import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from preflight.common import one_line
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 
 #: How long each level may run before dcgmi is killed (DCGM user guide, "Run levels": level 1 ~seconds,
 #: level 2 ~2 minutes, level 3 ~30 minutes on 8 GPUs), with headroom for slow starts.

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 from preflight.probe.nvml import bounded_nvml, load_nvml, nvml_shutdown, nvml_wedged
 
 PROC_VERSION = "/proc/driver/nvidia/version"
@@ -184,6 +183,8 @@ def nccl_version_from_filename(path: str) -> Optional[str]:
 
 def parse_torch_version_py(text: str) -> Dict[str, Any]:
     """{"version", "cuda"} from torch/version.py (plain or annotated assignments)."""
+    import ast  # here, not at the top: only a node with torch parses its version.py
+
     try:
         tree = ast.parse(text)
     except SyntaxError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 
 UNIT = "nvidia-fabricmanager"
 #: The IMEX daemon: multi-node NVLink (GB200/GB300 NVL racks) shares GPU memory across trays through it.

@@ -6,7 +6,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 from preflight.probe.pci import bridges, hypervisor, nvidia_gpus, rdma_hcas
 
 MODULES = ("nvidia_peermem", "nv_peer_mem")

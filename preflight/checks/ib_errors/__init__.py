@@ -66,10 +66,13 @@ Facts: {"interval_s": float, "at": unix time of the second read, "efa": [EFA dev
 
 from __future__ import annotations
 
-from preflight.model import Check
-from preflight.probe import kernlog
+from preflight.model import Check, Setting
 
 NAME = "ib_errors"
+
+#: cluster.xid_window_s, xid's kernel-log window, declared alike here (the catalogue checks that they are)
+WINDOW = Setting("xid_window_s", "number", "judge only kernel-log events this recent (default: since boot)",
+                 low=1, high=10 * 365 * 86400, unit="seconds")
 
 CHECK = Check(
     name=NAME,
@@ -84,5 +87,5 @@ CHECK = Check(
     reads="sysfs class/infiniband/*/ports/*/counters, read twice; the kernel log (journalctl -k or dmesg, shared with xid)",
     takes="1 s window (none without HCAs)",
     order=65,
-    settings=(kernlog.WINDOW,),
+    settings=(WINDOW,),
 )

@@ -7,8 +7,9 @@ import re
 import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 from preflight.probe import kernlog
+from preflight.probe.lazy_re import lazy
 from preflight.probe.rdma import is_efa
 
 INTERVAL_S = 1.0
@@ -29,15 +30,15 @@ WIDTH_BITS = {
     "VL15_dropped": 16,
 }
 COUNTERS = tuple(WIDTH_BITS)
-_INT = re.compile(r"^\d+$")
+_INT = lazy(r"^\d+$")
 NO_PMA = "N/A (no PMA)"
 _BDF = r"([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])"
 #: ib_core (drivers/infiniband/core/cache.c): "<driver> <pci> <ibdev>: Port: <n> Link <state>"
-_IB_PORT = re.compile(r"^(\S+) %s (\S+): Port: (\d+) Link ([A-Z_]+)\s*$" % _BDF)
+_IB_PORT = lazy(r"^(\S+) %s (\S+): Port: (\d+) Link ([A-Z_]+)\s*$" % _BDF)
 #: mlx5e_update_carrier: "mlx5_core <pci> <netdev>: Link up|down"
-_NETDEV = re.compile(r"^mlx5_core %s (\S+): Link (up|down)\s*$" % _BDF)
+_NETDEV = lazy(r"^mlx5_core %s (\S+): Link (up|down)\s*$" % _BDF)
 #: mlx5 events.c port_module: "mlx5_core <pci>: Port module event[error]: module <n>, <status>[, <error>]"
-_MODULE = re.compile(r"^mlx5_core %s: Port module event(\[error\])?: module (\d+), ([^,]+?)(?:, (.+?))?\s*$" % _BDF)
+_MODULE = lazy(r"^mlx5_core %s: Port module event(\[error\])?: module (\d+), ([^,]+?)(?:, (.+?))?\s*$" % _BDF)
 _UP = ("ACTIVE", "up", "Cable plugged")
 DOWN = ("DOWN", "down", "Cable unplugged")
 #: The lines the parser reads (kernlog.lines_with): every other line is only counted.

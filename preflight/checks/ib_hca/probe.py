@@ -7,7 +7,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 from preflight.probe.rdma import is_efa, natural_key  # noqa: F401  (this module's API too)
 
 STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}

@@ -6,7 +6,7 @@ import os
 import re
 from typing import Any, Dict, Optional, Tuple
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 
 IMEX_DIR = "/dev/nvidia-caps-imex-channels"
 _LIMIT = re.compile(r"^(Max [a-z ]+?)\s{2,}(\S+)\s+(\S+)(?:\s+(\S+))?\s*$")

@@ -6,7 +6,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 from preflight.probe.ncclconf import CONF_ENV, relevant
 
 SYSTEM_CONF = "/etc/nccl.conf"

@@ -7,7 +7,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 
 
 def _load_json_list(text: str, source: str) -> List[Dict[str, Any]]:

@@ -9,7 +9,7 @@ import re
 import time
 from typing import Any, Dict, List, Optional
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 
 TESTCASES = ("host_to_device_memcpy_ce", "device_to_host_memcpy_ce", "device_to_device_memcpy_read_ce")
 #: the longest the testcases may run on one node (8 GPUs: 56 peer pairs); the probe deadline caps it

@@ -7,7 +7,7 @@ import re
 import time
 from typing import Any, Dict, Optional
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 from preflight.probe import pci
 
 KINDS = ("correctable", "nonfatal", "fatal")

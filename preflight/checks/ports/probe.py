@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 from preflight.probe import listenq, portclaim
 
 WINDOW_S = 15.0

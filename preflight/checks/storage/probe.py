@@ -6,7 +6,7 @@ import os
 import secrets
 from typing import Any, Dict, List, Mapping, Optional
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 
 TOKEN_FILE = ".preflight-shared-token"
 WRITE_PREFIX = ".preflight-write-"

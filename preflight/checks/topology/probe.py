@@ -6,7 +6,7 @@ import os
 import re
 from typing import Any, Dict, Optional
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 from preflight.probe.pci import bridges, nvidia_gpus, rdma_hcas
 
 LINK_FILES = ("current_link_width", "max_link_width", "current_link_speed", "max_link_speed")

@@ -62,10 +62,13 @@ Rule (per GPU node; CPU-only nodes SKIP):
 
 from __future__ import annotations
 
-from preflight.model import Check
-from preflight.probe import kernlog
+from preflight.model import Check, Setting
 
 NAME = "xid"
+
+#: cluster.xid_window_s, the window xid and ib_errors judge kernel-log events in (default: since boot)
+WINDOW = Setting("xid_window_s", "number", "judge only kernel-log events this recent (default: since boot)",
+                 low=1, high=10 * 365 * 86400, unit="seconds")
 
 CHECK = Check(
     name=NAME,
@@ -81,5 +84,5 @@ CHECK = Check(
     takes="< 1 s (one pass over the log, however long)",
     order=45,
     needs=("gpu",),
-    settings=(kernlog.WINDOW,),
+    settings=(WINDOW,),
 )

@@ -8,28 +8,29 @@ from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.probe import kernlog, nvrm
+from preflight.probe.lazy_re import lazy
 
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?)(?:,\s*(.*))?$")
-_SXID = re.compile(r"(nvidia-nvswitch\d+): SXid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?)(?:,\s*(.*))?$")
+_XID = lazy(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?)(?:,\s*(.*))?$")
+_SXID = lazy(r"(nvidia-nvswitch\d+): SXid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?)(?:,\s*(.*))?$")
 #: How many Xid-looking lines the facts keep verbatim when their code cannot be read.
 MAX_UNPARSED = 5
 #: An Xid/SXid and its code where it starts, found by the regex engine from its literal start (a log may hold
 #: a million): the text found, [the switch,] the PCI address, the code (as _XID/_SXID read them)
-_XID_AT = re.compile(r"(NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?))(?=,|$)", re.M)
-_SXID_AT = re.compile(r"((nvidia-nvswitch\d+): SXid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?))(?=,|$)", re.M)
+_XID_AT = lazy(r"(NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?))(?=,|$)", re.M)
+_SXID_AT = lazy(r"((nvidia-nvswitch\d+): SXid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?))(?=,|$)", re.M)
 #: Text that starts an Xid-looking line the patterns above cannot read (shown as unparsed, never a code)
 _UNREAD = {
-    "xid": re.compile(r"NVRM: Xid(?! \((?:PCI:)?[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?\): ?\S*?(?:,|$))", re.M),
-    "sxid": re.compile(r"SXid \((?!PCI:[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?\): ?\S*?(?:,|$))", re.M),
+    "xid": lazy(r"NVRM: Xid(?! \((?:PCI:)?[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?\): ?\S*?(?:,|$))", re.M),
+    "sxid": lazy(r"SXid \((?!PCI:[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?\): ?\S*?(?:,|$))", re.M),
 }
 #: An NVLink Xid (144-150) as R575+ drivers write it, up to its link: "NVRM: Xid (PCI:0000:01:00): 144, SAW_MVB
 #: Nonfatal XC0 i0 Link 0 (0x...)" (leptonai/gpud pull requests #1160 and #1174): folded per link and severity
-_NVLINK_AT = re.compile(r"(NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(14[4-9]|150), \w+ "
+_NVLINK_AT = lazy(r"(NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(14[4-9]|150), \w+ "
                         r"(?:Fatal|Nonfatal|Non-fatal) [^\n(]*?\bLink (-?\d+))", re.M)
-_NVLINK_DETAIL = re.compile(r"^(\w+) (Fatal|Nonfatal|Non-fatal)\b[^(]*?\bLink (-?\d+)")
+_NVLINK_DETAIL = lazy(r"^(\w+) (Fatal|Nonfatal|Non-fatal)\b[^(]*?\bLink (-?\d+)")
 NVLINK_XIDS = range(144, 151)
 #: "Xid (PCI:...): 45, pid=..., Ch 00000001 caused by previous Xid 149" (NVIDIA/open-gpu-kernel-modules issue #1150)
-_CAUSE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\d+),[^\n]*?caused by previous Xid (\d+)")
+_CAUSE = lazy(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\d+),[^\n]*?caused by previous Xid (\d+)")
 
 
 def _nvidia_present(ctx: Any) -> bool:
