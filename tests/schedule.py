@@ -22,25 +22,30 @@ from typing import Dict, List, Sequence, Tuple
 #: fixtures that start a simulated cluster (tests/conftest.py), directly or under another fixture
 SIM_FIXTURES = frozenset({"sim_cluster", "module_cluster", "slurm_cluster"})
 
-#: the slowest modules, slowest first (per-module wall of `--durations=0 --junitxml` runs: docs/incoming/suite.md)
+#: the slowest modules, slowest first (per-module wall of `--durations=0 --junitxml` runs: docs/incoming/suite.md);
+#: the two Kubernetes modules apart, as their preflight runs take turns (tests/sim/kubeapi.controller_turn)
 RUN_FIRST = (
     "tests/actions/test_slurm_ops.py",
+    "tests/transport/test_k8s_e2e.py",
     "tests/e2e/test_allreduce_hangs.py",
     "tests/e2e/test_allreduce_slow.py",
-    "tests/transport/test_k8s_e2e.py",
+    "tests/actions/test_slurm_preempt.py",
+    "tests/transport/test_slurm_allreduce.py",
     "tests/e2e/test_allreduce_concurrent.py",
-    "tests/e2e/test_catalogue.py",
     "tests/actions/test_k8s_safety.py",
+    "tests/transport/test_slurm_e2e.py",
+    "tests/e2e/test_catalogue.py",
+    "tests/transport/test_slurm_bundle.py",
+    "tests/actions/test_slurm_requeue.py",
+    "tests/transport/test_bundle_srun.py",
     "tests/e2e/test_allreduce.py",
     "tests/e2e/test_envfile.py",
     "tests/e2e/test_envfile_slurm.py",
-    "tests/transport/test_slurm_allreduce.py",
-    "tests/actions/test_slurm_requeue.py",
 )
 
 
 def module_of(nodeid: str) -> str:
-    """The module part of a test id ("tests/e2e/test_x.py::test_y[a]" -> "tests/e2e/test_x.py")."""
+    """The module part of a test id: its path, before the first "::"."""
     return nodeid.split("::", 1)[0]
 
 
