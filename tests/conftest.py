@@ -1,7 +1,8 @@
 """Shared fixtures, defined once for every test module: `sim_cluster` (per test), `module_cluster` and
 `slurm_cluster` (per module) build simulated clusters (network namespaces + real sshd per node, slurmd beside
 it for the last), `slurm_healed` puts a module's shared Slurm cluster back after each test, `reaper` kills
-what a test started indirectly."""
+what a test started indirectly. pytest_collection_modifyitems hands the modules to pytest-xdist slowest first
+(tests/schedule.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,13 @@ def reaper():
             os.kill(pid, signal.SIGKILL)
         except OSError:  # already gone (reaped by the code under test): nothing left to kill
             continue
+
+
+def pytest_collection_modifyitems(items):
+    """The slowest modules first (tests/schedule.py), so pytest-xdist's loadfile workers finish together."""
+    from tests.schedule import ordered
+
+    items[:] = ordered(items)
 
 
 @contextlib.contextmanager

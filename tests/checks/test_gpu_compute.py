@@ -299,7 +299,7 @@ sys.meta_path.insert(0, _OnTorch())
 
 @needs_torch
 def test_standard_tier_end_to_end_names_the_node_whose_library_corrupts_matmul(sim_cluster):
-    from tests.e2e.test_allreduce import inventory, run_preflight
+    from tests.e2e.allreduce_sim import inventory, run_preflight
 
     cluster = sim_cluster(3)
     site = os.path.join(cluster.node("n003").dir, "badlib")

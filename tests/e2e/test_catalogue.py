@@ -37,7 +37,7 @@ SCENARIOS = {
     "somaxconn": ("e2e.test_somaxconn", "test_a_head_whose_backlog_is_below_the_ranks_warns_and_its_twins_pass", None),
     "nccl_env": ("e2e.test_checks_v2", "test_nccl_env_names_the_stale_line_in_one_nodes_etc_nccl_conf", None),
     "storage": ("e2e.test_checks_v2", "test_storage_names_the_node_whose_shared_path_is_a_local_directory", None),
-    "allreduce": ("e2e.test_allreduce", "test_mtu_black_hole_hangs_at_a_size_and_the_pairs_name_the_node", None),
+    "allreduce": ("e2e.test_allreduce_hangs", "test_mtu_black_hole_hangs_at_a_size_and_the_pairs_name_the_node", None),
     "dcgm": ("e2e.test_catalogue", "test_hardware_fault_is_named", "dcgm_isolate"),
     "pcie": ("e2e.test_catalogue", "test_hardware_fault_is_named", "aer_fatal"),
     # NVLS never FAILs (a performance feature: never a drain): its WARN end to end on a GB200 tray without IMEX
