@@ -70,6 +70,13 @@ def extract(rev: str, into: str) -> str:
         raise SystemExit("time_to_verdict: cannot extract %s from %s (not a git checkout holding it): give "
                          "--before DIR" % (rev, REPO))
     subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
+    return tree
+
+
+def compiled(tree: str) -> str:
+    """tree, its preflight package byte-compiled (as an installed package is): with PYTHONDONTWRITEBYTECODE
+    set, a tree without __pycache__ compiles every module on every run (seconds of the controller's CPU on
+    a busy machine), which would be measured as that tree's time."""
     subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(tree, "preflight")], check=False)
     return tree
 
@@ -260,14 +267,14 @@ def bench_size(n: int, args: argparse.Namespace, trees: Dict[str, str], scratch:
             for i in range(args.repeats + 1):  # the first round warms caches and is not counted
                 for label in order:
                     row = run_tree(cluster, transport, trees[label], inv, scratch)
-                    if args.timeline:
-                        print_timeline(row)
                     if i > 0 or args.repeats == 0:
                         results[label].append(row)
                     print("  %s %-6s %-6s #%d%s exit %s load %s %s" % (
                         transport, label, "" if i else "(warm)", i, "", row["rc"], row["load1"],
                         " ".join("%s=%s" % (k, fmt(v).strip()) for k, v in (row.get("phases") or {}).items())),
                         flush=True)
+                    if args.timeline:
+                        print_timeline(row)
                     if transport == "slurm":
                         cluster.slurm.wait_idle([node.name for node in cluster.nodes], 120)
                 order.reverse()
@@ -309,9 +316,9 @@ def main(argv=None) -> int:
         ap.error("needs root: the simulated nodes are network namespaces")
     scratch = tempfile.mkdtemp(prefix="ttv-")
     try:
-        trees = {"before": os.path.abspath(args.before) if args.before else extract(BASE_REV, scratch),
-                 "after": os.path.abspath(args.after)}
-        print("before: %s\nafter:  %s" % (trees["before"], trees["after"]))
+        trees = {"before": compiled(os.path.abspath(args.before) if args.before else extract(BASE_REV, scratch)),
+                 "after": compiled(os.path.abspath(args.after))}
+        print("before: %s\nafter:  %s\n(both byte-compiled)" % (trees["before"], trees["after"]))
         blocks = []
         for n in sizes:
             blocks += bench_size(n, args, trees, scratch)
