@@ -763,11 +763,11 @@ def _reap(ranks: List[_Rank], sizes: List[int]) -> None:
 
 def _expire(ranks, sizes, kind, limit, doc, grace) -> None:
     """A deadline passed: stop every rank still running and record where each was."""
-    if kind == "finish":
-        # Every live rank reported done but has not exited: results stand.
-        for r in ranks:
-            if not r.settled and r.done:
-                r.status = "ok"
+    # A rank that reported done has all its results out, whichever deadline fired: they stand (at "finish"
+    # every live rank is such a rank; rank 0 may also be waiting for the others to leave its store).
+    for r in ranks:
+        if not r.settled and r.done:
+            r.status = "ok"
     failed = [r.local_rank for r in ranks if r.status == "error"]
     live = [r for r in ranks if not r.settled]
     in_pairs = [r for r in live if r.pairs_state == "running"]
