@@ -17,6 +17,7 @@ slurmctld; the all-reduce runs with gloo on CPU, one rank per node), then per re
 alternating order, on the same nodes:
     ssh    preflight check INVENTORY --no-progress --json OUT
     slurm  preflight check --slurm --nodelist n[001-N] --no-progress --json OUT
+           (with raised deadlines: preflight check SLURM_INVENTORY ..., `transport: slurm`, the same nodes)
 Columns (seconds, from the run's JSON report; medians over the repeats):
     wall       the whole command, as the job owner waits for it
     nodes      node checks: phase_times_s phase1_s + phase2_s (probes, the ports/mtu cross-node tests)
@@ -25,8 +26,12 @@ Columns (seconds, from the run's JSON report; medians over the repeats):
     sweep      the slowest rank's sweep, node and pair tests in the first launch
     rounds     the all-reduce after its first launch (localization rounds, collection, judging)
     other      everything else: Python start, inventory, allocation, writing the outputs
-A verdict other than a healthy pass (exit 0), or two trees disagreeing on any (check, node, status), is printed
-as such and makes the exit status 1. Absolute times on a shared 2-core machine say how busy it was: read the
+A verdict other than a healthy pass (exit 0), or two trees disagreeing on any (check, node, status) of the
+checks both report (a check only one tree has is listed, not compared), is printed as such and makes the exit
+status 1. From 32 nodes both trees get the same raised all-reduce deadlines (cluster.allreduce init_timeout,
+total_timeout; --init-timeout), printed with the size: every node's torch import shares this machine's cores.
+--timeline prints each run's first launch step by step (allreduce.timings_s.timeline: the agents' start, the
+ranks' imported/store/init_done/pairs_start/done/exit, the agents' return, seconds from the bench call). Absolute times on a shared 2-core machine say how busy it was: read the
 ratios (after / before, same cluster, same minute) and the load average printed with each run.
 Needs root, iproute2, OpenSSH, slurmctld/slurmd/munge (see benchmarks/README.md) and torch on this machine.
 """
@@ -49,6 +54,10 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 BASE_REV = "6910cf4"
+#: from this many nodes both trees get raised all-reduce deadlines (--init-timeout auto)
+AUTO_FROM_NODES = 32
+AUTO_INIT_S_PER_NODE = 5.0
+DEFAULT_TOTAL_S = 300  # bench_agent.DEFAULT_DEADLINES total_s, added above the raised init deadline
 PHASES = ("wall", "nodes", "launch", "sweep", "rounds", "other")
 
 
@@ -61,6 +70,13 @@ def extract(rev: str, into: str) -> str:
         raise SystemExit("time_to_verdict: cannot extract %s from %s (not a git checkout holding it): give "
                          "--before DIR" % (rev, REPO))
     subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
+    return tree
+
+
+def compiled(tree: str) -> str:
+    """tree, its preflight package byte-compiled (as an installed package is): with PYTHONDONTWRITEBYTECODE
+    set, a tree without __pycache__ compiles every module on every run (seconds of the controller's CPU on
+    a busy machine), which would be measured as that tree's time."""
     subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(tree, "preflight")], check=False)
     return tree
 
@@ -88,8 +104,45 @@ def verdicts(doc: Dict[str, Any]) -> List[Tuple[str, str, str]]:
     return sorted((r["check"], r.get("node") or "-", r["status"]) for r in doc.get("results") or [])
 
 
-def run_tree(cluster: Any, transport: str, tree: str, inv: str, scratch: str) -> Dict[str, Any]:
-    """One `preflight check` by tree over transport; its phases, exit status and verdicts."""
+def deadlines_for(n: int, init_timeout: Optional[str]) -> Dict[str, float]:
+    """The cluster.allreduce deadlines both trees get at n nodes ({}: their defaults). auto: from 32 nodes,
+    AUTO_INIT_S_PER_NODE a node (every node's torch import shares this machine's 2 cores: 64 imports miss
+    the default 60 s init deadline in both trees), the total deadline as much above its default."""
+    if init_timeout in (None, "auto"):
+        if n < AUTO_FROM_NODES:
+            return {}
+        init = float(AUTO_INIT_S_PER_NODE * n)
+    else:
+        init = float(init_timeout)
+    return {"init_timeout": init, "total_timeout": init + DEFAULT_TOTAL_S}
+
+
+def inventories(cluster: Any, allreduce: Dict[str, float], scratch: str) -> Dict[str, Optional[str]]:
+    """{transport: the inventory its runs use}: SSH a hosts.yaml; Slurm none (`--slurm --nodelist`) unless
+    deadlines are raised, then one with `transport: slurm` and the same cluster.allreduce (both honour it)."""
+    import yaml
+
+    from preflight.common import fold
+
+    ssh = cluster.inventory(command_timeout=120)
+    if not allreduce:
+        return {"ssh": ssh, "slurm": None}
+    with open(ssh) as fh:
+        doc = yaml.safe_load(fh)
+    doc["cluster"]["allreduce"] = dict(allreduce)
+    with open(ssh, "w") as fh:
+        yaml.safe_dump(doc, fh, sort_keys=False)
+    slurm = os.path.join(scratch, "slurm-%d.yaml" % len(cluster.nodes))
+    with open(slurm, "w") as fh:
+        yaml.safe_dump({"defaults": {"python": "python3", "gpus_per_node": 0},
+                        "cluster": {"transport": "slurm", "master_port": 29500, "allreduce": dict(allreduce)},
+                        "nodes": [fold([n.name for n in cluster.nodes])]}, fh, sort_keys=False)
+    return {"ssh": ssh, "slurm": slurm}
+
+
+def run_tree(cluster: Any, transport: str, tree: str, inv: Optional[str], scratch: str) -> Dict[str, Any]:
+    """One `preflight check` by tree over transport (inv: its inventory, None for `--slurm --nodelist`);
+    its phases, exit status and verdicts."""
     from preflight.common import fold
 
     report = os.path.join(scratch, "report-%d.json" % time.monotonic_ns())
@@ -97,6 +150,7 @@ def run_tree(cluster: Any, transport: str, tree: str, inv: str, scratch: str) ->
     argv = [sys.executable, "-m", "preflight", "check"]
     if transport == "slurm":
         env.update(cluster.slurm.env())
+    if inv is None:
         argv += ["--slurm", "--nodelist", fold([n.name for n in cluster.nodes])]
     else:
         argv += [inv]
@@ -126,6 +180,39 @@ def run_tree(cluster: Any, transport: str, tree: str, inv: str, scratch: str) ->
     return row
 
 
+def disagreements(results: Dict[str, List[Dict[str, Any]]]) -> List[str]:
+    """Where the runs' verdicts differ, over the checks every run reported (a check one tree lacks, such as
+    a new check's SKIP rows, is not a disagreement): one line naming each run by its tree."""
+    runs = [("%s#%d" % (label, i + 1), {tuple(v) for v in r["verdicts"]})
+            for label in ("before", "after") for i, r in enumerate(results.get(label) or []) if "verdicts" in r]
+    if len(runs) < 2:
+        return []
+    shared = set.intersection(*({v[0] for v in verdicts} for _, verdicts in runs))
+    runs = [(name, {v for v in verdicts if v[0] in shared}) for name, verdicts in runs]
+    common = set.intersection(*(verdicts for _, verdicts in runs))
+    if all(verdicts == common for _, verdicts in runs):
+        return []
+    # what differs, not the first rows of each
+    return ["the trees' verdicts differ (over the checks both have): %s" % " vs ".join(
+        "%s %s" % (name, sorted(verdicts - common)[:12]) for name, verdicts in runs)]
+
+
+def only_in_one(results: Dict[str, List[Dict[str, Any]]]) -> Dict[str, List[str]]:
+    """{tree: the checks only its runs report} (not compared)."""
+    checks = {label: {v[0] for r in rows if "verdicts" in r for v in r["verdicts"]} for label, rows in results.items()}
+    return {label: sorted(mine - set.union(set(), *(c for other, c in checks.items() if other != label)))
+            for label, mine in checks.items()}
+
+
+def print_timeline(row: Dict[str, Any]) -> None:
+    """The run's first launch, step by step: [earliest, latest] over the ranks, seconds from the bench call."""
+    timings = row.get("allreduce_timings") or {}
+    steps = timings.get("timeline") or {}
+    if steps:
+        print("      run_s %s: %s" % (timings.get("run_s"), "  ".join(
+            "%s %.2f..%.2f" % (step, span[0], span[1]) for step, span in steps.items())), flush=True)
+
+
 def median_phases(rows: List[Dict[str, Any]]) -> Dict[str, Optional[float]]:
     out: Dict[str, Optional[float]] = {}
     for key in PHASES:
@@ -151,12 +238,10 @@ def report(n: int, transport: str, results: Dict[str, List[Dict[str, Any]]]) -> 
              else None for p in PHASES}
     print("%-8s" % "after/b" + "".join("%8s" % ("%.2f" % ratio[p] if ratio[p] is not None else "–") for p in PHASES))
     errors = ["%s: %s" % (label, r["error"]) for label, rows in results.items() for r in rows if "error" in r]
-    disagree = {tuple(map(tuple, r.get("verdicts") or [])) for rows in results.values() for r in rows if "verdicts" in r}
-    if len(disagree) > 1:
-        sets = [set(d) for d in disagree]
-        common = set.intersection(*sets)
-        # what differs, not the first rows of each (a check one tree lacks shows as its own rows)
-        errors.append("the trees' verdicts differ: %s" % " vs ".join(str(sorted(s - common)[:12]) for s in sets))
+    errors += disagreements(results)
+    for label, names in only_in_one(results).items():
+        if names:
+            print("  (only %s reports %s: not compared)" % (label, ", ".join(names)))
     for e in errors:
         print("  !! " + e[:600])
     return {"nodes": n, "transport": transport, "median": med, "ratio": ratio, "errors": errors,
@@ -168,9 +253,15 @@ def bench_size(n: int, args: argparse.Namespace, trees: Dict[str, str], scratch:
     from tests.sim.cluster import SimCluster
 
     blocks = []
+    allreduce = deadlines_for(n, args.init_timeout)
+    if allreduce:
+        print("%d nodes: both trees run with cluster.allreduce %s (raised: the default 60 s init deadline is "
+              "shorter than %d torch imports on this machine's cores)" % (
+                  n, " ".join("%s=%g" % kv for kv in sorted(allreduce.items())), n), flush=True)
     with SimCluster(n, slurm="slurm" in args.transports) as cluster:
-        inv = cluster.inventory(command_timeout=120)
+        invs = inventories(cluster, allreduce, scratch)
         for transport in args.transports:
+            inv = invs[transport]
             results: Dict[str, List[Dict[str, Any]]] = {"before": [], "after": []}
             order = ["before", "after"]
             for i in range(args.repeats + 1):  # the first round warms caches and is not counted
@@ -182,10 +273,14 @@ def bench_size(n: int, args: argparse.Namespace, trees: Dict[str, str], scratch:
                         transport, label, "" if i else "(warm)", i, "", row["rc"], row["load1"],
                         " ".join("%s=%s" % (k, fmt(v).strip()) for k, v in (row.get("phases") or {}).items())),
                         flush=True)
+                    if args.timeline:
+                        print_timeline(row)
                     if transport == "slurm":
                         cluster.slurm.wait_idle([node.name for node in cluster.nodes], 120)
                 order.reverse()
-            blocks.append(report(n, transport, results))
+            block = report(n, transport, results)
+            block["allreduce_settings"] = allreduce
+            blocks.append(block)
     return blocks
 
 
@@ -198,6 +293,12 @@ def main(argv=None) -> int:
     ap.add_argument("--nodes", default="4,16", help="comma-separated cluster sizes (default 4,16; 64 takes minutes)")
     ap.add_argument("--transports", default="ssh,slurm", help="comma-separated: ssh, slurm (default both)")
     ap.add_argument("--repeats", type=int, default=1, help="counted runs per tree after one warm-up (default 1)")
+    ap.add_argument("--init-timeout", metavar="S|auto", default="auto",
+                    help="cluster.allreduce init_timeout (and total_timeout S + %d) for both trees; auto: from %d "
+                         "nodes %g s a node, below that the trees' defaults" % (DEFAULT_TOTAL_S, AUTO_FROM_NODES,
+                                                                              AUTO_INIT_S_PER_NODE))
+    ap.add_argument("--timeline", action="store_true",
+                    help="print each run's all-reduce timeline (allreduce.timings_s.timeline, trees that have it)")
     ap.add_argument("--json", metavar="PATH", help="also write every run and the medians as JSON")
     args = ap.parse_args(argv)
     args.transports = [t for t in args.transports.split(",") if t]
@@ -215,9 +316,9 @@ def main(argv=None) -> int:
         ap.error("needs root: the simulated nodes are network namespaces")
     scratch = tempfile.mkdtemp(prefix="ttv-")
     try:
-        trees = {"before": os.path.abspath(args.before) if args.before else extract(BASE_REV, scratch),
-                 "after": os.path.abspath(args.after)}
-        print("before: %s\nafter:  %s" % (trees["before"], trees["after"]))
+        trees = {"before": compiled(os.path.abspath(args.before) if args.before else extract(BASE_REV, scratch)),
+                 "after": compiled(os.path.abspath(args.after))}
+        print("before: %s\nafter:  %s\n(both byte-compiled)" % (trees["before"], trees["after"]))
         blocks = []
         for n in sizes:
             blocks += bench_size(n, args, trees, scratch)

@@ -69,6 +69,7 @@ Result document::
       "node_rank": 0, "hostname": "n001", "backend": "gloo", "world_size": 8,
       "sizes": [1024, ...],             # the sweep, as run (rounded down to whole float32 elements)
       "elapsed_s": 12.3,
+      "at": {"start": t, "end": t},     # wall-clock time (the node's clock) the agent began and returned
       "deadline": null | {"kind": "init"|"op"|"total", "limit_s": 30},
       "error": null | "invalid config: ...",
       "busy": {"port": 29500, "pid": 4242, "uid": 0},   # only when another preflight run holds the port
@@ -99,8 +100,11 @@ Result document::
          "node_s": null | 0.4,         # seconds of that phase spent in the partner-free tests
          "compute": null | {"device", "versions", "gemm", "copy", "sdc", "nvml"},  # bench_worker._compute_phase
          "compute_error": null | "...",  # the compute phase failed; the sweep's results stand
-         "warm": false}      # true: started during the node checks (bench_warm) and adopted; import_s is
+         "warm": false,      # true: started during the node checks (bench_warm) and adopted; import_s is
                              # then the rank's own import and init_s counts from its go
+         "at": {"imported": t, "store": t, "init_done": t, "pairs_start": t, "done": t, "exit": t}}
+                             # the rank's wall-clock time (time.time(), the node's clock) of each step
+                             # it reached: the run's timeline (stage._timeline)
       ]
     }
 
@@ -132,6 +136,9 @@ WORKER_MODULE = "preflight.probe.bench_worker"
 WORKER_PATH = "preflight/probe/bench_worker.py"  # inside the probe bundle's zip
 COMPUTE_MODULE = "preflight.probe.bench_compute"
 COMPUTE_PATH = "preflight/probe/bench_compute.py"
+
+#: The rank's steps whose wall-clock time its document keeps ("at"), and "exit" (seen by the agent).
+TIMELINE = ("imported", "store", "init_done", "pairs_start", "done")
 
 DEFAULT_DEADLINES = {"init_s": 60.0, "op_s": 30.0, "total_s": 300.0, "kill_grace_s": 3.0, "fail_grace_s": 5.0}
 STDERR_TAIL = 4000
@@ -198,6 +205,7 @@ class _Rank:
         self.compute_error = None  # type: Optional[str]
         self.warm = False  # started ahead of the bench and handed its go (bench_warm)
         self.go_fd = None  # type: Optional[int]  # a warm rank's go pipe, kept open while it runs
+        self.at = {}  # type: Dict[str, float]  # wall-clock time of each step (TIMELINE), for the run's timeline
 
     @property
     def settled(self) -> bool:
@@ -266,6 +274,7 @@ class _Rank:
             "compute": self.compute,
             "compute_error": self.compute_error,
             "warm": self.warm,
+            "at": self.at,
         }
 
     def settle_in_pairs(self, why: str) -> bool:
@@ -399,6 +408,7 @@ def run(
     """
     t0 = time.monotonic()
     doc = {
+        "at": {"start": round(time.time(), 3)},
         "node_rank": config.get("node_rank"),
         "hostname": socket.gethostname(),
         "backend": config.get("backend"),
@@ -469,6 +479,7 @@ def _run_claimed(cfg: Dict[str, Any], doc: Dict[str, Any], t0: float, on_event: 
     if cfg["node_rank"] == 0 and ranks and ranks[0].rank == 0:
         doc["rendezvous"] = {"addr": cfg["master_addr"], "port": cfg["master_port"], "arrived": ranks[0].arrived}
     doc["elapsed_s"] = round(time.monotonic() - t0, 3)
+    doc["at"]["end"] = round(time.time(), 3)
     return doc
 
 
@@ -658,6 +669,8 @@ def _read(key, sel, sizes, on_event) -> None:
 def _on_event(rank: _Rank, event: Dict[str, Any], sizes: List[int]) -> None:
     kind = event.get("event")
     now = time.monotonic()
+    if kind in TIMELINE and isinstance(event.get("t"), (int, float)):
+        rank.at.setdefault(kind, round(float(event["t"]), 3))
     if kind == "imported":
         rank.step = "store"
         # a warm rank imported before its go: its own figure (the import and CUDA init in the rank)
@@ -724,6 +737,7 @@ def _reap(ranks: List[_Rank], sizes: List[int]) -> None:
         if rc is None or r.open_fds > 0:
             continue
         r.exit = rc
+        r.at["exit"] = round(time.time(), 3)
         if r.settled:
             continue
         if r.done:
@@ -740,11 +754,11 @@ def _reap(ranks: List[_Rank], sizes: List[int]) -> None:
 
 def _expire(ranks, sizes, kind, limit, doc, grace) -> None:
     """A deadline passed: stop every rank still running and record where each was."""
-    if kind == "finish":
-        # Every live rank reported done but has not exited: results stand.
-        for r in ranks:
-            if not r.settled and r.done:
-                r.status = "ok"
+    # A rank that reported done has all its results out, whichever deadline fired: they stand (at "finish"
+    # every live rank is such a rank; rank 0 may also be waiting for the others to leave its store).
+    for r in ranks:
+        if not r.settled and r.done:
+            r.status = "ok"
     failed = [r.local_rank for r in ranks if r.status == "error"]
     live = [r for r in ranks if not r.settled]
     in_pairs = [r for r in live if r.pairs_state == "running"]

@@ -336,6 +336,14 @@ def test_pair_rotations_run_in_the_same_processes_after_the_sweep():
         assert [(m["node"], m["bytes"], m["ranks"], m["ok"], m["iface"]) for m in first] == [
             (r["rank"], SMALL[-1], 2, True, "lo")], r["nodes"]
     assert_no_leftovers(doc)
+    # each rank's timeline in order, and rank 0, the store's host, ends after every other rank is done
+    # (bench_worker._leave): a rank still making its last pair's sub-group never finds the store gone
+    for r in doc["ranks"]:
+        at = r["at"]
+        steps = [at[k] for k in ("imported", "store", "init_done", "pairs_start", "done", "exit")]
+        assert steps == sorted(steps), r["at"]
+    first = doc["ranks"][0]
+    assert first["rank"] == 0 and all(first["at"]["exit"] >= r["at"]["done"] for r in doc["ranks"]), doc["ranks"]
     per_node = {n: dict(doc, ranks=[doc["ranks"][i]]) for i, n in enumerate(names)}
     groups = localize.pair_results(per_node, configs, rotations)
     assert [g["nodes"] for g in groups] == [["n001", "n003"], ["n002", "n004"], ["n001", "n004"], ["n002", "n003"]]

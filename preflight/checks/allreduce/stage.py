@@ -222,7 +222,7 @@ def run(fleet: Fleet, inv: Inventory, view: ClusterView, healthy: Sequence[str],
 def _measure(result: BenchResult, fleet: Fleet, view: ClusterView, nodes: List[NodeInfo], addr_of: Dict[str, str],
              port: int, env_vars: Dict[str, str], settings: Dict[str, Any], choice: Any) -> None:
     """The whole-cluster run and the rounds after it, into result: the documents and the metadata."""
-    t0 = time.monotonic()
+    t0, t0_wall = time.monotonic(), time.time()
     # gloo: the pair tests ride on the whole-cluster run (one launch, one torch import); see
     # plan.PAIR_ROTATIONS. nccl keeps them as separate rounds, beside its node rounds.
     gloo = not all(n.gpus_per_node > 0 for n in nodes)
@@ -237,6 +237,7 @@ def _measure(result: BenchResult, fleet: Fleet, view: ClusterView, nodes: List[N
                         warm_next="sweep" if settings["warm_next"] else None)
     timings: Dict[str, Any] = {"run_s": round(time.monotonic() - t0, 3)}
     timings.update(_slowest_start(first["docs"]))
+    timings["timeline"] = _timeline(first["docs"], t0_wall)
     result.docs = first["docs"]
     meta = first["metas"][0]
     meta.update(unanswered=first["unanswered"], env=env_vars, timings_s=timings)
@@ -381,6 +382,28 @@ def _slowest_start(docs: Dict[str, Dict[str, Any]]) -> Dict[str, Optional[float]
         if values:
             out["slowest_" + key] = max(values)
     return out
+
+
+def _timeline(docs: Dict[str, Dict[str, Any]], t0_wall: float) -> Dict[str, List[float]]:
+    """Where the first launch's time went: for each step (the agents' start, each rank's import, store,
+    init, sweep end, done and exit, the agents' return), [earliest, latest] over the ranks, in seconds
+    from the controller's bench call (time.time(): the nodes' clocks, so their offsets from the
+    controller's are in it; a warm rank's import is negative: it ended during the node checks)."""
+    steps: Dict[str, List[float]] = {}
+
+    def add(step: str, when: Any) -> None:
+        if isinstance(when, (int, float)):
+            steps.setdefault(step, []).append(float(when) - t0_wall)
+
+    for doc in docs.values():
+        at = doc.get("at") or {}
+        add("agent_start", at.get("start"))
+        for entry in doc.get("ranks") or []:
+            for step, when in (entry.get("at") or {}).items():
+                add(step, when)
+        add("agent_end", at.get("end"))
+    order = ("agent_start", "imported", "store", "init_done", "pairs_start", "done", "exit", "agent_end")
+    return {step: [round(min(steps[step]), 3), round(max(steps[step]), 3)] for step in order if step in steps}
 
 
 def summary(findings: Sequence[Any], meta: Dict[str, Any], elapsed_s: Optional[float]) -> Optional[Dict[str, Any]]:

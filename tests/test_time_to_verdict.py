@@ -1,0 +1,35 @@
+"""benchmarks/time_to_verdict.py's judgement of two trees' runs: verdicts compared over the checks both
+report, each differing run named by its tree; the same raised deadlines for both trees from 32 nodes."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "time_to_verdict.py")
+_spec = importlib.util.spec_from_file_location("time_to_verdict", _PATH)
+ttv = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ttv)
+
+BOTH = [["allreduce", "-", "pass"], ["nic", "n001", "pass"], ["nic", "n002", "pass"]]
+NEW = [["nvbandwidth", "n001", "skip"], ["nvbandwidth", "n002", "skip"]]
+
+
+def test_a_check_only_one_tree_has_is_listed_not_a_disagreement():
+    results = {"before": [{"verdicts": BOTH}], "after": [{"verdicts": sorted(BOTH + NEW)}]}
+    assert ttv.disagreements(results) == []
+    assert ttv.only_in_one(results) == {"before": [], "after": ["nvbandwidth"]}
+
+
+def test_a_difference_names_each_run_by_its_tree_before_first():
+    failed = [v if v[1] != "n002" else ["nic", "n002", "fail"] for v in BOTH]
+    results = {"after": [{"verdicts": failed + NEW}], "before": [{"verdicts": BOTH}]}
+    (line,) = ttv.disagreements(results)
+    assert line.index("before#1 [('nic', 'n002', 'pass')]") < line.index("after#1 [('nic', 'n002', 'fail')]"), line
+    assert "nvbandwidth" not in line
+
+
+def test_both_trees_get_the_same_raised_deadlines_from_32_nodes():
+    assert ttv.deadlines_for(16, "auto") == {}
+    assert ttv.deadlines_for(64, "auto") == {"init_timeout": 320.0, "total_timeout": 620.0}
+    assert ttv.deadlines_for(4, "90") == {"init_timeout": 90.0, "total_timeout": 390.0}
