@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Optional
 
-from preflight.model import ParseError
+from preflight.node_model import ParseError
 
 #: {fact: file}; per network namespace, so read as the probe's own (where the store will listen), not under
 #: PREFLIGHT_HOST_ROOT (a /proc mounted elsewhere still shows the reader's namespace)
