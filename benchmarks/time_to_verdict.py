@@ -171,6 +171,9 @@ def run_tree(cluster: Any, transport: str, tree: str, inv: Optional[str], scratc
             os.unlink(report)
     row["phases"] = phases(doc, wall)
     row["allreduce_timings"] = (doc.get("allreduce") or {}).get("timings_s")  # the ranks' import/init, warm
+    loc = (doc.get("allreduce") or {}).get("localization")
+    if loc:  # why a healthy run ran rounds, and what they decided
+        row["localization"] = {k: loc.get(k) for k in ("why", "rounds", "in_process_rotations", "exclude", "groups")}
     row["verdicts"] = verdicts(doc)
     bad = [v for v in row["verdicts"] if v[2] in ("fail", "error", "warn")]
     if proc.returncode != 0 or bad:

@@ -148,6 +148,18 @@ def test_the_a3_mega_twin_with_one_gpu_nic_at_1460_fails_naming_it(node_probe):
     assert "eth4 MTU 1460 (expected MTU 8244 on every GPU NIC" in found["n002"].message
 
 
+def test_processes_are_read_for_the_rxdm_only_on_compute_engine(node_probe):
+    """On a node with no sign of Compute Engine (its DMI, a gVNIC, a TCPX/TCPXO plugin) no /proc/PID/comm is
+    read: a process named like the RxDM there is not taken for one (twin: on an A3 Mega it is, test above)."""
+    def plain(node):
+        node.write_host_file("/proc/1/comm", "systemd\n")
+        node.write_host_file("/proc/4242/comm", "fastrak_gpumem_\n")
+    facts = node_probe(plain)
+    assert facts["rxdm"] == [] and facts["gve"] == [] and facts["product_name"] is None
+    only_dmi = node_probe(lambda n: (plain(n), n.write_sys("class/dmi/id/product_name", "Google Compute Engine\n")))
+    assert only_dmi["rxdm"] == [{"pid": 4242, "comm": "fastrak_gpumem_", "fabric": "tcpxo"}]
+
+
 def test_rxdm_not_running_fails_across_nodes_but_not_on_one(node_probe):
     idle = node_probe(lambda n: cloud_hw.install_google(n, "tcpxo", [8244] * 8, rxdm=False))
     assert idle["rxdm"] == []

@@ -117,6 +117,10 @@ def _profiles(ctx: Any, plugins: Dict[str, List[str]]) -> Dict[str, str]:
     return out
 
 
+#: Compute Engine's DMI product_name (cloud-init's DataSourceGCE.py reads the same file)
+GCE_PRODUCT = "Google Compute Engine"
+
+
 def _rxdm(ctx: Any) -> List[Dict[str, Any]]:
     proc = ctx.host_path("/proc")
     out = []
@@ -235,13 +239,18 @@ def probe(ctx: Any) -> Dict[str, Any]:
         (efa if is_efa(ctx, os.path.join(root, dev)) else hcas).append(dev)
     dmi = ctx.sys_path("class", "dmi", "id")
     plugins = _plugins(ctx)
+    product = (ctx.read(os.path.join(dmi, "product_name")) or "").strip() or None
+    gve = _gve(ctx)
+    # the RxDM runs only on Compute Engine's TCPX/TCPXO machines: elsewhere no /proc/PID/comm is read
+    # (every process's, on every run, for nothing: thousands of reads on a busy node)
+    google = product == GCE_PRODUCT or bool(gve) or any(plugins.get(k) for k in ("tcpx", "tcpxo", "gke"))
     return {
-        "product_name": (ctx.read(os.path.join(dmi, "product_name")) or "").strip() or None,
+        "product_name": product,
         "sys_vendor": (ctx.read(os.path.join(dmi, "sys_vendor")) or "").strip() or None,
         "efa": efa, "hcas": hcas,
         "fi_info": _fi_info(ctx) if efa else None,
         "plugins": plugins, "profiles": _profiles(ctx, plugins),
-        "rxdm": _rxdm(ctx), "gve": _gve(ctx),
+        "rxdm": _rxdm(ctx) if google else [], "gve": gve,
         "efa_counters": efa_counters(ctx, root, efa), "at": time.time(),
         "plugin_versions": _plugin_versions(ctx, plugins), "bundled_nccl": _bundled_nccl(ctx, plugins),
         "chassis_asset_tag": (ctx.read(os.path.join(dmi, "chassis_asset_tag")) or "").strip() or None,

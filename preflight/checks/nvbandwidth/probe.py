@@ -5,23 +5,23 @@ Standard library only. The format is described in __init__.py (real captures cit
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any, Dict, List, Optional
 
 from preflight.node_model import ParseError
+from preflight.probe.lazy_re import lazy  # compiled where nvbandwidth ran (the burn-in tier), not on every node run
 
 TESTCASES = ("host_to_device_memcpy_ce", "device_to_host_memcpy_ce", "device_to_device_memcpy_read_ce")
 #: the longest the testcases may run on one node (8 GPUs: 56 peer pairs); the probe deadline caps it
 BUDGET_S = 240.0
 DEADLINE_SLACK_S = 3.0
 
-_TITLE = re.compile(r"^\s*(memcpy(?:Kernel)?\s+(?:CE|SM)\s+\S+\(row\)\s*(?:->|<-|<->)\s*\S+\(column\)\s+"
+_TITLE = lazy(r"^\s*(memcpy(?:Kernel)?\s+(?:CE|SM)\s+\S+\(row\)\s*(?:->|<-|<->)\s*\S+\(column\)\s+"
                     r"bandwidth\s*\(GB/s\))\s*$")
-_SUM = re.compile(r"^\s*SUM\s+(\S+)\s+([0-9.]+|N/A)\s*$")
-_RUNNING = re.compile(r"^\s*Running\s+(\S+?)\.?\s*$")
-_HEADER = re.compile(r"^\s*nvbandwidth Version:\s*(\S+)")
-_DRIVER = re.compile(r"^\s*Driver Version:\s*(\S+)")
+_SUM = lazy(r"^\s*SUM\s+(\S+)\s+([0-9.]+|N/A)\s*$")
+_RUNNING = lazy(r"^\s*Running\s+(\S+?)\.?\s*$")
+_HEADER = lazy(r"^\s*nvbandwidth Version:\s*(\S+)")
+_DRIVER = lazy(r"^\s*Driver Version:\s*(\S+)")
 
 
 def probe(ctx: Any) -> Dict[str, Any]:
