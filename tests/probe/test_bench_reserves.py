@@ -2,10 +2,8 @@
 torch.distributed (gloo on 127.0.0.1 standing in for nccl): three benches in a row each adopt one set and ask
 for no spares while a reserve for the next launch is held; once they are used up, spares start as before; a
 misfit is stopped and a cold rank runs; a reserve opens no socket before its go; and none outlives the node
-process that started it (killed, exited, its group killed), an unused set included.
-
-The node process is this test process (the agent runs in it, as in the bundle's kept process on a node) or,
-for the lifetime tests, a child python that plays it and is then killed or exits.
+process that started it (killed, exited, its group killed), an unused set included. The node process is
+this test process, or for the lifetime tests a child python that plays it (as in test_bench_warm.py).
 """
 
 from __future__ import annotations
@@ -20,15 +18,9 @@ from preflight.probe import bench_agent, bench_warm
 from tests.probe.test_bench_agent import assert_no_leftovers, config, free_port
 from tests.probe.test_bench_spares import sockets, with_next
 from tests.probe.test_bench_warm import REPO, alive, node_ends_and_takes_its_ranks, wait_gone, warm
+from tests.probe.test_bench_warm import no_warm_left  # noqa: F401  (autouse: no warm rank or reserve left)
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the bench needs torch")
-
-
-@pytest.fixture(autouse=True)
-def no_warm_left():
-    yield
-    bench_warm.discard()
-    assert not bench_warm.WARM and not bench_warm.RESERVES
 
 
 def pids(ranks):
