@@ -27,6 +27,12 @@ scenarios, each assumption printed beside it:
                CUDA context more per GPU while they wait (a few hundred MB of HBM, no kernels); the spares' import
                overlaps the sweep's traffic on real nodes because that traffic is the GPUs' and NICs' while the
                import is one CPU core of dozens (on the 2-core simulator it is not: gloo's sweep starts them last).
+  reserves     also the launches certain to follow a healthy nccl sweep (the NIC round, the pair screening) have
+               their ranks started in phase 1 beside the first launch's (built: preflight.checks.allreduce.spares.
+               reserves, docs/incoming/reserves.md): each hides its import like the first, up to the node checks
+               plus the phases before it. Costs: k+1 = 3 CUDA contexts per GPU while the node checks run (two idle
+               ones more: --context-gb each of HBM), k+1 = 3 imports per GPU at once on the node's CPUs (24 on an
+               8-GPU node; --node-cores). On the 2-core simulator nothing of this can be shown (gloo starts none).
 The rendezvous (TCPStore connect + a store barrier, all ranks at once) is measured, not modelled:
 --rendezvous-s (default: benchmarks/rendezvous_scale.py at 1,024 ranks, see RENDEZVOUS_1024_S); it is printed
 against the per-doubling NCCL bootstrap term it must fit in.
@@ -54,6 +60,12 @@ RENDEZVOUS_1024_S = 2.4
 #: node checks (phase 1 and 2) at 128 nodes: an assumption (the controller's CPU at ~30 ms a node is 4 s; nodes
 #: probe in parallel, nvidia-smi -q -x and dcgmi diag -r 1 take seconds on a real H100 node); not measured there
 NODE_CHECKS_S = 12.0
+#: HBM one idle CUDA context holds with torch loaded (no kernels run): an assumption, not measured here (no
+#: GPU). Public figures with lazy module loading (torch's default since 1.13): 287 MB (pytorch/pytorch PR 86509,
+#: 667 MB eager), ~400 MB (pytorch/pytorch issue 109888), 426 MiB on an RTX 6000 Ada (unslothai/unsloth-zoo PR 1053)
+CONTEXT_GB = 0.5
+#: CPU cores of an 8-GPU node (DGX H100: 2 x 56): an assumption, the reserves' imports must fit in them
+NODE_CORES = 112
 
 
 def main(argv=None) -> int:
@@ -71,6 +83,8 @@ def main(argv=None) -> int:
     ap.add_argument("--node-checks", type=float, default=NODE_CHECKS_S, help="seconds of the node checks (phases 1+2)")
     ap.add_argument("--rendezvous-s", type=float, default=RENDEZVOUS_1024_S,
                     help="measured TCPStore connect + barrier of all the ranks, seconds")
+    ap.add_argument("--context-gb", type=float, default=CONTEXT_GB, help="HBM of one idle CUDA context, GB")
+    ap.add_argument("--node-cores", type=int, default=NODE_CORES, help="CPU cores of a node")
     args = ap.parse_args(argv)
     tp = plan_for(args, {"warm": False})  # every launch cold: the figures issue 23 set its goal on
     timeplan.write(tp, args.json, print)
@@ -85,22 +99,29 @@ def main(argv=None) -> int:
     return 0
 
 
-def plan_for(args, raw, first_hidden_s=0.0):
+def plan_for(args, raw, first_hidden_s=0.0, reserves=False):
     return timeplan.time_plan([args.gpus] * args.nodes, raw, {"ib_hcas": args.hcas, "ib_rate_gbps": args.rate_gbps},
                               gpu_model="NVIDIA H100 80GB HBM3", launch=args.launch, per_doubling=args.per_doubling,
-                              hop=args.hop_us * 1e-6, first_hidden_s=first_hidden_s, import_s=args.import_s)
+                              hop=args.hop_us * 1e-6, first_hidden_s=first_hidden_s, import_s=args.import_s,
+                              reserves=reserves)
+
+
+def hidden_later(tp):
+    return ", ".join("%s %.1f s" % (p["phase"], p["hidden_s"]) for p in tp["phases"][1:] if p.get("hidden_s") is not None)
 
 
 def go_no_go(tp, args):
-    """The healthy go/no-go in three scenarios (today, overlapped import, warm rounds), assumptions stated."""
+    """The healthy go/no-go in four scenarios (today, overlapped import, warm rounds, reserves), assumptions
+    stated."""
     first = timeplan.launch_s(tp["ranks"], args.launch, args.per_doubling)
     hidden = min(args.import_s, args.launch, args.node_checks)  # the first import, up to the node checks' length
     today = args.node_checks + tp["expected_s"]
     overlap = today - hidden
     warm_tp = plan_for(args, {}, first_hidden_s=args.node_checks)  # what --plan models, the node checks given
     warm = args.node_checks + warm_tp["expected_s"]
-    rounds_hidden = ", ".join("%s %.1f s" % (p["phase"], p["hidden_s"]) for p in warm_tp["phases"][1:]
-                              if p.get("hidden_s") is not None)
+    reserve_tp = plan_for(args, {}, first_hidden_s=args.node_checks, reserves=True)
+    reserved = args.node_checks + reserve_tp["expected_s"]
+    sets = 1 + sum(1 for p in reserve_tp["phases"][1:] if p["runs"])  # the sweep's set and one per later launch
     bootstrap = args.per_doubling * math.log2(max(tp["ranks"], 1))
     yield ""
     yield "healthy go/no-go, %d nodes / %d GPUs (goal <= %.0f s):" % (tp["nodes"], tp["ranks"], GO_GOAL_S)
@@ -113,11 +134,18 @@ def go_no_go(tp, args):
     yield "  measured TCPStore connect + barrier of %d ranks: %.2f s (--rendezvous-s; rendezvous_scale.py, loopback), " \
           "%s the %.1f s bootstrap term of the first launch (%.1f s)" % (
               tp["ranks"], args.rendezvous_s, "inside" if args.rendezvous_s <= bootstrap else "OVER", bootstrap, first)
+    yield "  assumed  reserves: %d sets of ranks a node start in phase 1, so %d CUDA contexts per GPU during the node" \
+          " checks (%d idle, %.1f GB of HBM each: %.1f GB of 80 GB per GPU, --context-gb) and %d imports at once on" \
+          " %d cores a node (--node-cores; %s); nothing of it measured on a GPU" % (
+              sets, sets, sets - 1, args.context_gb, (sets - 1) * args.context_gb, sets * args.gpus,
+              args.node_cores, "fits" if sets * args.gpus <= args.node_cores else "OVER: they would queue")
     for label, value, what in (
             ("today", today, "node checks + all-reduce %.1f s, every launch pays its fixed part" % tp["expected_s"]),
             ("overlap", overlap, "the first launch's import overlaps the node checks: -%.1f s (issue 38 item 1)" % hidden),
             ("warm rounds", warm, "and each later launch's import under the run before it: %s (built)"
-             % rounds_hidden)):
+             % hidden_later(warm_tp)),
+            ("reserves", reserved, "the NIC round's and the screening's ranks start in phase 1 too: %s (built)"
+             % hidden_later(reserve_tp))):
         yield "  %-12s %6.1f s  %s  goal: %s" % (label, value, what, "met" if value <= GO_GOAL_S else "NOT met")
 
 

@@ -18,6 +18,11 @@ go pipe), a misfit is stopped and a cold rank started (the verdict never depends
 still importing at the next bench's init deadline is a timeout at step "import". A node the next round
 leaves out gets no config: the transport ends its kept process (contract: a node not named), and its spares
 with it. This bench's own unadopted warm ranks are stopped when the spares start (bench_warm.start).
+
+Where phase 1 started reserves (bench_warm.RESERVES: the next launch's ranks, importing since the node
+checks), a bench starts no spares (no second import of the same launch): when it ends, the next reserve set
+becomes the warm ranks the next bench adopts (bench_warm.next_set). Once the reserves are used up, spares
+start as above.
 """
 
 from __future__ import annotations
@@ -52,9 +57,13 @@ class Spares:
             self.start()
 
     def start(self) -> None:
-        """Start them now (at the latest when the bench ends: a failed bench is followed by rounds)."""
+        """Start them now (at the latest when the bench ends: a failed bench is followed by rounds), unless
+        a reserve set for the next launch is held already (it started in phase 1)."""
         if self.spec is not None and self.result is None:
-            self.result = bench_warm.start(self.spec, self.source, self.python, self.nccl_env)
+            if bench_warm.RESERVES:
+                self.result = {"reserved": len(bench_warm.RESERVES)}
+            else:
+                self.result = bench_warm.start(self.spec, self.source, self.python, self.nccl_env)
 
     def at_end(self, ranks: Any) -> None:
         """The bench is over: start the spares if they have not started, unless they were asked for only
@@ -64,9 +73,10 @@ class Spares:
         self.start()
 
     def settle(self) -> None:
-        """The bench is over: the spares started for the next bench stay; any other warm rank is stopped."""
+        """The bench is over: the spares started for the next bench stay; any other warm rank is stopped,
+        and the next reserve set, if one is held, is what the next bench adopts."""
         if self.result is None or "started" not in self.result:
-            bench_warm.discard()
+            bench_warm.next_set()
 
 
 def adopt(cfg: Dict[str, Any], rank: Any, worker_cfg: Dict[str, Any], env: Dict[str, str]) -> bool:

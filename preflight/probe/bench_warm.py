@@ -16,6 +16,13 @@ in the main thread: the signal follows the starting *thread*), the rank is in th
 bootstrap's deadline and stdin-EOF watchdogs kill the group), and the go pipe is its lifeline: EOF on it
 (that process gone, or the run over) ends the rank (bench_worker._go_channel). A node that fails phase 1
 is given no bench: its kept process is ended, and its warm ranks with it, so it never joins.
+
+Reserves: where the run will certainly launch again (nccl: the NIC loopback round, the pair screening), the
+config adds "reserves": k and k more sets of the same local ranks start beside the first (RESERVES, in
+launch order): each later bench adopts one set as the first bench adopts WARM. When a bench ends, what it
+left in WARM is stopped and the next reserve set becomes WARM (next_set); a bench asks for no spares while
+a reserve is held (bench_spares). They live by the same rules: they connect nowhere before their go, and they
+die with the node process (an unused set when the stage ends the process).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import os
 import signal
 import subprocess
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 #: Variables read when torch is imported or CUDA starts: a bench env that sets one of these cannot use a
 #: rank warmed without it (the thread pools and the visible devices are fixed by then).
@@ -46,6 +53,8 @@ class Warm:
 
 #: {local rank: its warm rank}, in this node process, from start() until the bench takes them
 WARM: Dict[int, Warm] = {}
+#: the later launches' sets, in launch order: each becomes WARM when the bench before it ends (next_set)
+RESERVES: List[Dict[int, Warm]] = []
 
 
 def warm_env(backend: str, local_rank: int, local_world_size: int, nccl_env: Dict[str, str]) -> Dict[str, str]:
@@ -61,16 +70,32 @@ def warm_env(backend: str, local_rank: int, local_world_size: int, nccl_env: Dic
 
 
 def start(spec: Dict[str, Any], source: str, python: str, nccl_env: Dict[str, str]) -> Dict[str, Any]:
-    """Start spec["local_world_size"] warm ranks running `source` (any left from before are stopped first);
-    python: the interpreter when spec names none. {"started": n} or {"error": why}: a failure here only
-    means the bench starts its ranks cold (bench_agent.warm calls this)."""
+    """Start spec["local_world_size"] warm ranks running `source`, and spec["reserves"] more sets of them for
+    the later launches (any left from before are stopped first); python: the interpreter when spec names none.
+    {"started": n (, "reserves": k)} or {"error": why}: a failure here only means the bench starts its ranks
+    cold (bench_agent.warm calls this)."""
     discard()
     try:
         backend = str(spec["backend"])
         count = int(spec.get("local_world_size") or 1)
         python = str(spec.get("python") or python)
+        reserves = max(0, int(spec.get("reserves") or 0))
     except (KeyError, TypeError, ValueError) as exc:
         return {"error": "cannot warm the ranks: %s" % exc}
+    for index in range(1 + reserves):  # the first launch's set first: it is wanted soonest
+        ranks = WARM if index == 0 else {}  # type: Dict[int, Warm]
+        if index:
+            RESERVES.append(ranks)
+        error = _start_set(ranks, count, backend, source, python, nccl_env)
+        if error is not None:
+            discard()
+            return {"error": error}
+    return dict({"started": count}, **({"reserves": reserves} if reserves else {}))
+
+
+def _start_set(ranks: Dict[int, Warm], count: int, backend: str, source: str, python: str,
+               nccl_env: Dict[str, str]) -> Optional[str]:
+    """Start one set of `count` warm ranks into `ranks`; None, or why one could not start."""
     for local_rank in range(count):
         env = warm_env(backend, local_rank, count, nccl_env)
         read_fd, go_fd = os.pipe()
@@ -81,18 +106,17 @@ def start(spec: Dict[str, Any], source: str, python: str, nccl_env: Dict[str, st
                                     env=env, close_fds=True, pass_fds=(read_fd,))
         except OSError as exc:
             os.close(go_fd)
-            discard()
-            return {"error": "cannot start %s: %s" % (python, exc)}
+            return "cannot start %s: %s" % (python, exc)
         finally:
             os.close(read_fd)
-        WARM[local_rank] = Warm(proc, go_fd, python, backend, env)
+        ranks[local_rank] = Warm(proc, go_fd, python, backend, env)
         try:
             proc.stdin.write(source.encode("utf-8"))
         except OSError:
             pass  # it died at once: its exit status and stderr tell the bench that adopts it why
         finally:
             _close(proc.stdin)
-    return {"started": count}
+    return None
 
 
 def fits(warm: Warm, cfg: Dict[str, Any]) -> Optional[str]:
@@ -145,10 +169,23 @@ def stop(warm: Warm) -> None:
         _close(stream)
 
 
+def next_set() -> None:
+    """A bench is over: stop the warm ranks it did not take; the next reserve set (if any) becomes WARM."""
+    _stop_all(WARM)
+    if RESERVES:
+        WARM.update(RESERVES.pop(0))
+
+
 def discard() -> None:
-    """Stop every warm rank not taken (the bench is over, or never came to this node process)."""
-    while WARM:
-        stop(WARM.pop(next(iter(WARM))))
+    """Stop every warm rank not taken, reserves included (the bench is over, or never came to this process)."""
+    _stop_all(WARM)
+    while RESERVES:
+        _stop_all(RESERVES.pop(0))
+
+
+def _stop_all(ranks: Dict[int, Warm]) -> None:
+    while ranks:
+        stop(ranks.pop(next(iter(ranks))))
 
 
 def close_go(fd: Optional[int]) -> None:

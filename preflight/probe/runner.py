@@ -3,8 +3,8 @@
 Standard library only, Python 3.8 compatible. Called by the bundle's bootstrap as main(config, bundle).
 
 config = {"mode": "probe", "checks": {name: probe_config, ...}, "probe_timeout_s": 30, "capture": bool,
-          "warm": {"backend", "local_world_size", "python"}}   (optional: the all-reduce's ranks start now,
-                                                               preflight.probe.bench_warm)
+          "warm": {"backend", "local_world_size", "python", "reserves"}}   (optional: the all-reduce's ranks
+                                     start now, and "reserves" more sets for the launches after it: bench_warm)
        | {"mode": "bench", "bench": {...}}   (see preflight.probe.bench_agent)
 
 A bench config may say "tasks": k (k ranks on the node). A transport that launches k tasks on the node,

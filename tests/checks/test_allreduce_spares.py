@@ -108,3 +108,45 @@ def test_no_spares_are_asked_for_when_warming_is_off():
     r.run_groups([["n1", "n2"], ["n3", "n4"]])
     (names, then, nxt), = fleet.calls
     assert then is False and set(nxt.values()) == {None} and r.kept == set()
+
+
+def inventory(gpus, count, **allreduce):
+    from preflight.inventory import Inventory, NodeSpec
+
+    nodes = [NodeSpec("n%d" % i, "n%d" % i, i + 1, python="/opt/py", gpus_per_node=gpus) for i in range(count)]
+    return Inventory("hosts.yaml", nodes, cluster={"allreduce": allreduce} if allreduce else {})
+
+
+def test_phase_1_asks_for_reserves_only_for_the_nccl_launches_certain_to_follow():
+    """nccl, 2+ GPUs a node, 3+ nodes: the NIC round and the pair screening (2 reserve sets); 2 nodes: the NIC
+    round only; 1 GPU a node: the screening only; node_round false: the screening only."""
+    ssh = Fleet()
+    specs = stage.warm(ssh, inventory(8, 3))
+    assert specs["n0"] == {"backend": "nccl", "local_world_size": 8, "python": "/opt/py", "reserves": 2}
+    assert {s["reserves"] for s in specs.values()} == {2} and len(specs) == 3
+    assert {s["reserves"] for s in stage.warm(ssh, inventory(8, 2)).values()} == {1}
+    assert {s["reserves"] for s in stage.warm(ssh, inventory(1, 3)).values()} == {1}
+    assert {s["reserves"] for s in stage.warm(ssh, inventory(8, 4, node_round=False)).values()} == {1}
+    # two nodes of one GPU: no NIC round, no screening: the sweep is the only certain launch
+    assert [s.get("reserves") for s in stage.warm(ssh, inventory(1, 2)).values()] == [None, None]
+
+
+def test_no_reserves_for_gloo_when_warming_is_off_or_where_the_fleet_keeps_no_process():
+    """Twins: gloo's healthy run is one launch (its pairs ride in the sweep's processes): its warm ranks, no
+    reserve; cluster.allreduce.warm false: nothing; Slurm GPU nodes (one task a rank: a new step) and
+    Kubernetes: nothing."""
+    gloo = stage.warm(Fleet(), inventory(0, 4))
+    assert gloo["n0"] == {"backend": "gloo", "local_world_size": 1, "python": "/opt/py"}
+    assert stage.warm(Fleet(), inventory(8, 3, warm=False)) == {}
+    assert stage.warm(Fleet(keeps=lambda ranks: ranks == 1), inventory(8, 3)) == {}
+    assert stage.warm(Fleet(keeps=None), inventory(8, 3)) == {}
+
+
+def test_the_first_round_starts_at_the_warm_launch_after_an_all_warm_nccl_sweep():
+    """nccl: the next launch's ranks were importing by the sweep's store connection (spares) or since phase 1
+    (reserves), so the first round's common start is set from the sweep as after an all-warm round; gloo's
+    sweep starts spares only after a fault: its first round keeps the cold figure."""
+    docs = {"a": rank_doc(0, True, 0.5), "b": rank_doc(1, True, 1.5)}
+    assert spares.first_round_launch_s(docs, 10.0, "nccl") == spares.warm_launch_s(docs, 10.0) == 0.5
+    assert spares.first_round_launch_s(docs, 10.0, "gloo") is None
+    assert spares.first_round_launch_s({"a": rank_doc(0, False), "b": rank_doc(1, True)}, 10.0, "nccl") is None

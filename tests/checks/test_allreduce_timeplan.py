@@ -94,3 +94,33 @@ def test_the_sweep_is_expected_at_iters_min_and_capped_at_iters():
         fixed = timeplan.time_plan([8] * 4, dict({"sizes": [GiB], "warmup": 1, "iters": 9}, **raw), {"busbw_gbps": 100})
         assert fixed["phases"][0]["expected_s"] == fixed["phases"][0]["expected_cap_s"] == sweep["expected_cap_s"]
         assert "1 warm-up + 9 timed runs each" in fixed["phases"][0]["what"]
+
+
+def test_reserves_hide_each_certain_launchs_import_under_the_node_checks_and_the_phases_before_it():
+    """nccl, warm: the NIC round's and the screening's ranks start in phase 1 (reserves), so each hides
+    min(import, node checks + the phases before it) where warm rounds hid only the run before's tail."""
+    kw = dict(gpu_model="NVIDIA H100 80GB HBM3", first_hidden_s=12.0)
+    expect = {"ib_hcas": 8, "ib_rate_gbps": 400}
+    reserved = timeplan.time_plan([8] * 128, {}, expect, **kw)
+    rounds = timeplan.time_plan([8] * 128, {}, expect, reserves=False, **kw)
+    assert reserved["assumptions"]["reserves"] is True and rounds["assumptions"]["reserves"] is False
+    hidden = {p["phase"]: p.get("hidden_s") for p in reserved["phases"]}
+    assert hidden == {"sweep": 12.0, "node tests": None, "node round: nic": 15.0, "pair rounds": 15.0}
+    tails = {p["phase"]: p.get("hidden_s") for p in rounds["phases"]}
+    assert tails["node round: nic"] < 15.0 and tails["pair rounds"] < tails["node round: nic"]
+    assert reserved["phases"][0] == rounds["phases"][0]  # the sweep's own launch: the same
+    assert reserved["expected_s"] < rounds["expected_s"]
+    assert any("(reserves)" in line for line in timeplan.render(reserved))
+    # `--plan` (no node checks given): the first launch hides nothing, a reserve still had the sweep (a launch
+    # at least as long as its import) before its round: all of it
+    plain = timeplan.time_plan([8] * 4, {"sizes": [GiB]}, {"busbw_gbps": 100})
+    sweep, _nvlink, nic, pairs = plain["phases"]
+    assert sweep["hidden_s"] == 0.0 and nic["hidden_s"] == pairs["hidden_s"] == timeplan.IMPORT_S
+
+
+def test_no_reserves_for_gloo_or_with_warming_off():
+    """Twins: gloo's healthy run launches once (nothing to reserve); warm false hides nothing at all."""
+    gloo = timeplan.time_plan([0] * 5, {}, {}, first_hidden_s=12.0)
+    assert gloo["assumptions"]["reserves"] is False
+    cold = timeplan.time_plan([8] * 4, {"warm": False}, {"busbw_gbps": 100}, first_hidden_s=12.0)
+    assert cold["assumptions"]["reserves"] is False and not any(p.get("hidden_s") for p in cold["phases"])

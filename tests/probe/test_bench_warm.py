@@ -30,7 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def no_warm_left():
     yield
     bench_warm.discard()
-    assert not bench_warm.WARM
+    assert not bench_warm.WARM and not bench_warm.RESERVES
 
 
 def warm(local=2, **spec):

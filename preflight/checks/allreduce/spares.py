@@ -9,11 +9,18 @@ leaves out is not named in its fleet.run, so the transport ends its kept process
 the last round, end() ends every kept process (the contract's fleet.run({})): nothing waits past the stage.
 A spare that does not fit the next round (another rank count, an import-time variable) is stopped and a cold
 rank started on the node (bench_warm.fits): the verdict never depends on warming.
+
+Reserves: where the healthy run certainly launches again (nccl: the NIC loopback round on nodes of 2+ GPUs,
+the pair screening from 3 nodes), phase 1 starts those launches' ranks too (reserves(), in the phase-1
+warm config: stage.warm), so each imports under the node checks instead of under the run before it; a node
+holding a reserve set for the next launch starts no spares for it (preflight.probe.bench_spares).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+from preflight.checks.allreduce import plan
 
 Fleet = Any  # preflight.transport.contract.Fleet (a layer below the stage, above this module's)
 
@@ -50,6 +57,27 @@ def mark(fleet: Fleet, configs: Dict[str, Dict[str, Any]], run: str = "sweep") -
             cfg["next_warm"]["python"] = cfg["python"]
         asked = True
     return asked
+
+
+def reserves(backend: str, nodes: Sequence[Any], raw: Mapping[str, Any]) -> int:
+    """How many launches certainly follow the sweep on these nodes (each node's gpus_per_node) when it is
+    healthy, each a set of ranks phase 1 may start ahead: nccl's NIC round (plan.node_rounds, unless
+    cluster.allreduce.node_round is false) and pair screening (3+ nodes: localize's first round). gloo: none
+    (its node and pair tests ride in the sweep's processes; a healthy CPU cluster launches once)."""
+    if backend != "nccl":
+        return 0
+    rounds = len(plan.node_rounds(nodes, backend)) if raw.get("node_round") is not False else 0
+    return rounds + (1 if len(nodes) >= 3 else 0)
+
+
+def first_round_launch_s(docs: Mapping[str, Optional[Dict[str, Any]]], sweep_s: float, backend: str) -> Optional[float]:
+    """The first round's launch when every rank of the sweep was warm: warm_launch_s of the sweep, where
+    the next launch's ranks were importing by the sweep's store connection at the latest (nccl: spares
+    after "store", or reserves since phase 1, earlier still). None for gloo (its sweep starts spares only
+    after a fault, at its end): the round's start is then set from the sweep's slowest cold launch."""
+    if AFTER["sweep"][backend] != "store":
+        return None
+    return warm_launch_s(docs, sweep_s)
 
 
 def end(fleet: Fleet) -> None:

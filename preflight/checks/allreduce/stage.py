@@ -63,7 +63,8 @@ def _participants(view: ClusterView, healthy: Sequence[str], inv: Inventory) -> 
 
 def warm(fleet: Fleet, inv: Inventory) -> Dict[str, Dict[str, Any]]:
     """{node: the ranks its phase-1 run starts ahead of the all-reduce} (preflight.probe.bench_warm): each
-    imports torch and makes its CUDA context while the node checks run, and the bench later adopts it.
+    imports torch and makes its CUDA context while the node checks run, and the bench later adopts it;
+    "reserves": one more set per launch certain to follow (spares.reserves: nccl's NIC round, screening).
     Only where the fleet runs the bench in the process that ran phase 1 (fleet.keeps_ranks(ranks a node));
     none when the test is off (cluster.allreduce.enabled or .warm false) or would be a single rank. A
     node that fails the node checks gets no bench: its warm ranks end with its process, never joining."""
@@ -75,7 +76,9 @@ def warm(fleet: Fleet, inv: Inventory) -> Dict[str, Dict[str, Any]]:
     ranks = {s.name: s.gpus_per_node if backend == "nccl" else 1 for s in inv.nodes}
     if sum(ranks.values()) < 2:
         return {}
-    return {s.name: {"backend": backend, "local_world_size": ranks[s.name], "python": s.python}
+    later = spares.reserves(backend, inv.nodes, raw)  # the launches that certainly follow: their ranks too
+    return {s.name: dict({"backend": backend, "local_world_size": ranks[s.name], "python": s.python},
+                         **({"reserves": later} if later else {}))
             for s in inv.nodes if keeps(ranks[s.name])}
 
 
@@ -258,6 +261,7 @@ def _measure(result: BenchResult, fleet: Fleet, view: ClusterView, nodes: List[N
     if wanted is not None:
         rounds = _Rounds(fleet, nodes, addr_of, port, env_vars, settings, meta, first["docs"], wanted)
         rounds.kept = first["kept"]
+        rounds.warm_launch_s = spares.first_round_launch_s(first["docs"], timings["run_s"], meta["backend"])
         if node_phase:
             rounds.node_rounds()
         if len(nodes) >= 3:  # pairs: the path between nodes, which only a partner can test

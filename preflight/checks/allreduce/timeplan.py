@@ -30,6 +30,9 @@ The model (each figure an assumption, printed with the plan):
               run's time after its store connection (its bootstrap and traffic: preflight.checks.allreduce.
               spares starts the next round's ranks then); only where the transport keeps a node's process
               (SSH; Slurm with one rank a node), which a plan made before the run cannot know
+  reserves    (nccl, warm) the launches certain to follow the sweep (the NIC round, the pair screening:
+              each phase's first launch) have their ranks started in phase 1 too (spares.reserves): each
+              hides its import like the first, up to the node checks plus the phases before it
 """
 
 from __future__ import annotations
@@ -102,8 +105,10 @@ def rates(expect: Mapping[str, Any], gpu_model: Optional[str] = None) -> Dict[st
 
 def time_plan(gpus_per_node: Sequence[int], raw_settings: Mapping[str, Any], expect: Mapping[str, Any],
               gpu_model: Optional[str] = None, launch: float = LAUNCH_S, per_doubling: float = LAUNCH_PER_DOUBLING_S,
-              hop: float = HOP_LATENCY_S, first_hidden_s: float = 0.0, import_s: float = IMPORT_S) -> Dict[str, Any]:
+              hop: float = HOP_LATENCY_S, first_hidden_s: float = 0.0, import_s: float = IMPORT_S,
+              reserves: Optional[bool] = None) -> Dict[str, Any]:
     """The phases of the all-reduce bench on nodes with these GPU counts, their expected and budget seconds.
+    reserves: whether phase 1 starts the later launches' ranks (default: warm nccl, as stage.warm does).
 
     Returns {"nodes", "ranks", "backend", "sizes", "warmup", "iters", "rates", "assumptions",
     "phases": [{"phase", "what", "runs", "expected_s", "budget_s"}], "expected_s", "budget_s",
@@ -143,15 +148,16 @@ def time_plan(gpus_per_node: Sequence[int], raw_settings: Mapping[str, Any], exp
         _pair_phase(ph, n, backend, per_node, verdict, net, round_budget, most)
     phases = ph.phases
     warm = raw_settings.get("warm") is not False
+    reserves = warm and backend == "nccl" and reserves is not False
     if warm:
-        _hide_imports(phases, per_doubling, min(import_s, launch), first_hidden_s)
+        _hide_imports(phases, min(import_s, launch), first_hidden_s, reserves)
     expected = round(sum(p["expected_s"] for p in phases), 1)
     return {
         "nodes": n, "ranks": ranks, "backend": backend, "sizes": sizes, "warmup": warmup, "iters": iters,
         "iters_min": least,
         "verdict_bytes": verdict, "rates": rate,
         "assumptions": {"launch_s": launch, "launch_per_doubling_s": per_doubling, "hop_latency_s": hop,
-                        "warm": warm, "import_s": min(import_s, launch) if warm else 0.0,
+                        "warm": warm, "reserves": reserves, "import_s": min(import_s, launch) if warm else 0.0,
                         "first_hidden_s": first_hidden_s if warm else 0.0,
                         "op": "latency (hop x 2 log2 ranks) + bytes x 2(n-1)/n / busbw",
                         "deadlines": dl, "round_deadlines": rdl},
@@ -189,22 +195,29 @@ class _Phases:
         return step
 
 
-def _hide_imports(phases: List[Dict[str, Any]], per_doubling: float, import_s: float, first_hidden_s: float) -> None:
+def _hide_imports(phases: List[Dict[str, Any]], import_s: float, first_hidden_s: float, reserves: bool) -> None:
     """Take off each launch's import what overlaps something before it (the module docstring's `overlap`):
-    the first launch's under the node checks, each later one's under the previous run after its store
-    connection (its bootstrap and traffic). A phase gets "hidden_s"; budgets stay (a deadline still may fire)."""
+    the first launch's under the node checks; with reserves each later phase's first launch's under the
+    node checks and the phases before it, else under the previous run after its store connection (its
+    bootstrap and traffic). A phase gets "hidden_s"; budgets stay (a deadline still may fire)."""
     tail = None
+    before = 0.0  # expected seconds from the node checks' end to this phase
     for p in phases:
         tail_s = p.pop("tail_s")
         if not p["runs"]:
+            before += p["expected_s"]
             continue
-        hidden = min(import_s, first_hidden_s if tail is None else tail)
+        if tail is None:
+            hidden = min(import_s, first_hidden_s)
+        else:
+            hidden = min(import_s, first_hidden_s + before if reserves else tail)
         p["hidden_s"] = round(hidden, 1)
         p["expected_s"] = round(max(0.0, p["expected_s"] - hidden), 1)
-        if "expected_worst_s" in p:  # a second launch of the same round (suspects again) follows this one
+        if "expected_worst_s" in p:  # a second launch of the same round (suspects again): a spare's
             p["expected_worst_s"] = round(max(0.0, p["expected_worst_s"] - hidden - min(import_s, tail_s)), 1)
         if "expected_cap_s" in p:
             p["expected_cap_s"] = round(max(0.0, p["expected_cap_s"] - hidden), 1)
+        before += p["expected_s"]
         tail = tail_s
 
 
@@ -316,9 +329,11 @@ def render(tp: Mapping[str, Any]) -> List[str]:
     if a.get("warm"):
         hidden = ["%s %.1fs" % (p["phase"], p["hidden_s"]) for p in tp["phases"] if p.get("hidden_s") is not None]
         lines.append("  overlap: a warm rank has done its torch import and CUDA context (%gs of a launch) before its go: "
-                     "hidden %s (the first launch's under the node checks: %gs given; a round's under the run before "
-                     "it, where the transport keeps each node's process: SSH, Slurm with one rank a node)" % (
-                         a["import_s"], ", ".join(hidden) or "nothing", a["first_hidden_s"]))
+                     "hidden %s (the first launch's under the node checks: %gs given; %s; where the transport keeps "
+                     "each node's process: SSH, Slurm with one rank a node)" % (
+                         a["import_s"], ", ".join(hidden) or "nothing", a["first_hidden_s"],
+                         "the NIC round's and the screening's too, their ranks started in phase 1 (reserves), a later "
+                         "round's under the run before it" if a.get("reserves") else "a round's under the run before it"))
     if tp.get("tier"):
         from preflight.checks.allreduce import tiers
 
