@@ -22,14 +22,14 @@ scenarios, each assumption printed beside it:
                checks run (issue 38 item 1, built): the first launch's import (--import-s of --launch) is
                hidden up to the node checks' length; the later launches pay it in full
   warm rounds  also each later launch's ranks start during the run before it (built: preflight.checks.allreduce.
-               spares, docs/incoming/warmrounds.md): the NIC round's import is hidden up to the sweep's time after
+               spares, docs/allreduce.md): the NIC round's import is hidden up to the sweep's time after
                its store connection (NCCL bootstrap + traffic), the pair screening's up to the NIC round's. One
                CUDA context more per GPU while they wait (a few hundred MB of HBM, no kernels); the spares' import
                overlaps the sweep's traffic on real nodes because that traffic is the GPUs' and NICs' while the
                import is one CPU core of dozens (on the 2-core simulator it is not: gloo's sweep starts them last).
   reserves     also the launches certain to follow a healthy nccl sweep (the NIC round, the pair screening) have
                their ranks started in phase 1 beside the first launch's (built: preflight.checks.allreduce.spares.
-               reserves, docs/incoming/reserves.md): each hides its import like the first, up to the node checks
+               reserves, docs/allreduce.md): each hides its import like the first, up to the node checks
                plus the phases before it. Costs: k+1 = 3 CUDA contexts per GPU while the node checks run (two idle
                ones more: --context-gb each of HBM), k+1 = 3 imports per GPU at once on the node's CPUs (24 on an
                8-GPU node; --node-cores). On the 2-core simulator nothing of this can be shown (gloo starts none).

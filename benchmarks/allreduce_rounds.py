@@ -12,7 +12,7 @@ same nodes, alternating, and the script prints each wall time, the verdict line 
 
 Besides the wall time it prints, per build, the median of the all-reduce's own time (timings_s.total_s), of
 each localization round (timings_s.rounds_s, by position) and the node(s) named, then after/before ratios:
-the figures for warm rounds (issue 38, docs/incoming/warmrounds.md: rounds_warm_ranks counts the adopted
+the figures for warm rounds (issue 38, docs/allreduce.md: rounds_warm_ranks counts the adopted
 ranks per round, on builds that have it).
 """
 

@@ -7,7 +7,7 @@ reordering (modules with the most tests first) handed out last the simulated-clu
 a minute or more each (the all-reduce scenarios, the env file through Slurm), so the suite ended with one of them
 running alone. tests/conftest.py's pytest_collection_modifyitems applies `ordered` instead:
 
-1. RUN_FIRST: the modules measured slowest (docs/incoming/suite.md has the figures), in that order;
+1. RUN_FIRST: the modules measured slowest (docs/development.md, Tests: how to measure them), in that order;
 2. then every other module whose tests build a simulated cluster (the fixtures in SIM_FIXTURES), those with
    the most such tests first;
 3. then the rest (unit tests, seconds each), in pytest's order, to fill the workers' gaps at the end.
@@ -22,7 +22,7 @@ from typing import Dict, List, Sequence, Tuple
 #: fixtures that start a simulated cluster (tests/conftest.py), directly or under another fixture
 SIM_FIXTURES = frozenset({"sim_cluster", "module_cluster", "slurm_cluster"})
 
-#: the slowest modules, slowest first (per-module wall of `--durations=0 --junitxml` runs: docs/incoming/suite.md);
+#: the slowest modules, slowest first (per-module wall of `--durations=0 --junitxml` runs: docs/development.md);
 #: the two Kubernetes modules apart, as their preflight runs take turns (tests/sim/kubeapi.controller_turn)
 RUN_FIRST = (
     "tests/actions/test_slurm_ops.py",

@@ -1,6 +1,6 @@
 """What a node's phase-1 run imports: not the controller's vocabulary (preflight.model's dataclasses and the
 inspect, ast-free machinery they pull in) nor the other modules a node never needs; issue 38 item 4 cut them
-(docs/incoming/nodecpu.md), and this keeps them cut."""
+(docs/speed.md), and this keeps them cut."""
 
 from __future__ import annotations
 
