@@ -44,7 +44,8 @@ class Spares:
         self.result = None  # type: Optional[Dict[str, Any]]
 
     def poll(self, ranks: Any) -> None:
-        """Start the spares once every local rank has reached `after` (init_done, or done)."""
+        """Start the spares once every local rank has reached `after` (its store connection, init_done or
+        done); "end" and "failed" wait for at_end."""
         if self.spec is None or self.result is not None or not ranks or self.after in ("end", "failed"):
             return
         if self.after == "store":  # connected to the store: the rendezvous and the wait to start are idle

@@ -49,10 +49,9 @@ def mark(fleet: Fleet, configs: Dict[str, Dict[str, Any]], run: str = "sweep") -
     asked = False
     for cfg in configs.values():
         ranks = int(cfg.get("local_world_size") or 1)
-        after = AFTER[run][cfg["backend"]]
         if keeps is None or not keeps(ranks):
             continue
-        cfg["next_warm"] = {"backend": cfg["backend"], "local_world_size": ranks, "after": after}
+        cfg["next_warm"] = {"backend": cfg["backend"], "local_world_size": ranks, "after": AFTER[run][cfg["backend"]]}
         if cfg.get("python"):
             cfg["next_warm"]["python"] = cfg["python"]
         asked = True
