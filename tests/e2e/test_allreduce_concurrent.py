@@ -54,7 +54,7 @@ def test_a_second_run_while_one_holds_the_rendezvous_blames_no_node(sim_cluster,
     report = tmp_path / "first.json"
     # about 10-20 s a size on two shared cores, so the first run is mid-sweep while the second one checks
     sweep = [128 * common.KiB, 192 * common.KiB, 256 * common.KiB]
-    first_inv = inventory(cluster, dict(LONG_SWEEP, iters=1000, sizes=sweep), path=str(tmp_path / "first.yaml"))
+    first_inv = inventory(cluster, dict(LONG_SWEEP, iters=1000, iters_min=1000, sizes=sweep), path=str(tmp_path / "first.yaml"))
     first = cluster.ctl_popen([sys.executable, "-m", "preflight", "check", first_inv, "--only", "allreduce",
                                "--no-progress", "--json", str(report)], cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
