@@ -16,6 +16,11 @@ to another process meanwhile. A group of its own no longer dies with the probe p
 transports' kill, the bootstrap's safety nets, slurmd giving up on a HealthCheckProgram), so a watchdog
 (`/bin/sh`, one per process, in a session of its own) is told each group as it starts and ends, and kills
 those still running when the probe process's end of its pipe closes, whatever killed it, SIGKILL included.
+A group's number is known only once the command runs, so a kill between the command's exec and its "+PGID"
+line (a loaded node: the command runs while the probe waits for a CPU) would leave it unlisted: the probe
+says "?" before each start, every command carries a mark in its environment (MARK_ENV, one value per
+watchdog, inherited by the command's children), and a watchdog that sees EOF with a start still unconfirmed
+kills every process that carries its mark (read from /proc/PID/environ).
 What a group kill cannot reach: a process that started a session of its own (a daemon), and a process stuck
 in the kernel (D state), which the kernel ends when it can.
 """
@@ -41,19 +46,35 @@ RAW_CAP = 4096
 HOST_ENV = "PREFLIGHT_HOST_ROOT"
 #: How long a killed command's leader gets to be reaped before it is left to the kernel (stuck in D state).
 KILL_WAIT_S = 2.0
-#: The watchdog: reads "+PGID" / "-PGID" lines (a group started / ended); at EOF (this process has died, or
-#: exits) it kills the groups still running. Builtins only: no fork per line.
+#: The environment variable that marks the commands of one probe process (and their children); its value is
+#: that process's watchdog's, passed to the watchdog as $1.
+MARK_ENV = "PREFLIGHT_PROBE_COMMAND_OF"
+#: The watchdog: reads "?" (a command is about to start), "+PGID" (it started: its group) and "-PGID" (it
+#: ended) lines; at EOF (this process has died, or exits) it kills the groups still running, and, when a start
+#: was never confirmed, every process that carries the mark $1 (two passes: a child forked while the first
+#: ran). Builtins only while the probe lives: no fork per line.
 WATCHDOG = r"""
 live=" "
+pending=0
 while IFS= read -r line; do
   g=${line#?}
   case $line in
-    +*) live="$live$g " ;;
+    "?") pending=$((pending + 1)) ;;
+    +*) live="$live$g " ; pending=$((pending - 1)) ;;
     -*) case $live in *" $g "*) live="${live%% $g *} ${live#* $g }" ;; esac ;;
+    "!") pending=$((pending - 1)) ;;
   esac
 done
 for g in $live; do kill -9 -$g 2>/dev/null; done
-"""
+if [ "$pending" -gt 0 ] && [ -n "$1" ]; then
+  for pass in 1 2; do
+    for f in $(grep -lsxzF -- "$MARK=$1" /proc/[0-9]*/environ); do
+      p=${f#/proc/}; p=${p%/environ}
+      kill -9 -$p 2>/dev/null; kill -9 $p 2>/dev/null
+    done
+  done
+fi
+""".replace("$MARK", MARK_ENV)
 
 
 class RunEnded(Exception):
@@ -78,11 +99,16 @@ class Shared:
         with self._lock:
             if self._stopped:
                 raise RunEnded()
-        # the watchdog runs before the command does: a kill between the command's start and its "+PGID" line is
-        # then a window of a few instructions, not of the watchdog's own start (a fork and exec of /bin/sh)
-        _WATCH.ensure()
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        # the watchdog runs before the command does, and hears "?" first: a kill between the command's start and
+        # its "+PGID" line finds the command by its mark (see the module's docstring)
+        mark = _WATCH.tell("?")  # from here until "+PGID", a kill makes the watchdog look for the mark
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                    env=dict(os.environ, **{MARK_ENV: mark}) if mark else None)
+        except BaseException:
+            _WATCH.tell("!")
+            raise
         with self._lock:  # listed (or killed, when stop() came while it started) before anything else
             self._groups[proc.pid] = proc
             if self._stopped:
@@ -218,6 +244,7 @@ class _Watchdog:
         self._lock = threading.Lock()
         self._proc: Optional[subprocess.Popen] = None  # never waited for: it ends when this process does
         self._pid: Optional[int] = None
+        self._mark = ""
 
     def ensure(self) -> None:
         """Start this process's watchdog if it has none yet (first use, or a forked child: one of its own)."""
@@ -226,24 +253,28 @@ class _Watchdog:
 
     def _ensure(self) -> None:
         if self._pid != os.getpid():
-            self._proc, self._pid = self._start(), os.getpid()
+            self._mark = "%d-%s" % (os.getpid(), os.urandom(8).hex())
+            self._proc, self._pid = self._start(self._mark), os.getpid()
 
-    def tell(self, line: str) -> None:
+    def tell(self, line: str) -> str:
+        """Send the watchdog a line; returns the mark its commands carry ("" when there is no watchdog)."""
         with self._lock:
             self._ensure()
             if self._proc is None or self._proc.stdin is None:
-                return
+                return ""
             try:
                 self._proc.stdin.write(line.encode() + b"\n")
                 self._proc.stdin.flush()
             except OSError:  # it was killed: the groups are still killed on every path but this process's death
                 self._proc = None
+                return ""
+            return self._mark
 
     @staticmethod
-    def _start() -> Optional[subprocess.Popen]:
+    def _start(mark: str) -> Optional[subprocess.Popen]:
         try:  # /bin/sh by its path: the probe's PATH may put a node's (or a test's) programs first
-            return subprocess.Popen(["/bin/sh", "-c", WATCHDOG], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            return subprocess.Popen(["/bin/sh", "-c", WATCHDOG, "preflight-watchdog", mark], stdin=subprocess.PIPE,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         except OSError:  # no /bin/sh: as above
             return None
 

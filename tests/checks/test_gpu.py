@@ -997,10 +997,8 @@ def test_hung_nvml_init_names_it_without_running_nvidia_smi(tmp_path, monkeypatc
     (tmp_path / "bin" / "nvidia-smi").write_text("#!/bin/sh\ntouch %s\nexec sleep 300\n" % marker)
     (tmp_path / "bin" / "nvidia-smi").chmod(0o755)
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % (tmp_path / "bin"))
-    started = time.monotonic()
     facts = _bounded(gpu_probe.probe, NodeContext(sysfs_root=str(tmp_path)))
-    assert time.monotonic() - started < 20  # the budget is 1 s here; the old code waited on nvidia-smi (60 s)
-    assert not marker.exists()
+    assert not marker.exists()  # the old code went on to nvidia-smi, and waited on it (60 s)
     assert facts["source"] is None and facts["error"].startswith("nvmlInit did not return within 1 s")
     fails = [f.message for f in run_rule(facts) if f.status is Status.FAIL]
     assert len(fails) == 1 and fails[0].startswith("nvmlInit did not return within 1 s")

@@ -68,9 +68,9 @@ def test_probe_reads_device_and_port_and_the_errors_of_the_window(tmp_path):
 
 def test_probe_window_fits_the_deadline_and_a_tree_without_aer_is_skipped(tmp_path):
     node = _tree(tmp_path, aer=False)
-    t0 = time.monotonic()
     facts = pcie_probe.probe(NodeContext({"window_s": 30}, sysfs_root=node.sys_dir, deadline=time.monotonic() + 2))
-    assert time.monotonic() - t0 < 2 and all(d["total"] is None for d in facts["devices"])
+    assert facts["window_s"] <= 2 / 4.0  # a quarter of what is left, not the 30 s asked for
+    assert all(d["total"] is None for d in facts["devices"])
     out = pcie_rule.rule(view({"n001": {"pcie": facts}}))
     assert [f.status for f in out] == [Status.SKIP] and "no AER statistics in sysfs for its 2 GPUs/NICs" in out[0].message
 

@@ -187,3 +187,60 @@ def test_the_watchdog_kills_only_the_groups_still_running():
     out = subprocess.run(["/bin/sh", "-c", script], input=lines, stdout=subprocess.PIPE, universal_newlines=True,
                          timeout=30).stdout
     assert out == "kill -9 -202\n"
+
+
+def marked_sleep(mark):
+    """A real process carrying the watchdog's mark, as a command started by Shared.start does."""
+    env = dict(os.environ, **{context.MARK_ENV: mark}) if mark else dict(os.environ)
+    return subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+
+
+def watchdog_eof(lines, mark):
+    """Run the real watchdog on lines, then close its stdin (the probe process has died)."""
+    subprocess.run(["/bin/sh", "-c", context.WATCHDOG, "preflight-watchdog", mark], input=lines,
+                   universal_newlines=True, timeout=30, stdout=subprocess.DEVNULL)
+
+
+def test_a_kill_before_the_command_is_listed_is_caught_by_its_mark(reaper):
+    """The window the list cannot cover: the command runs before its "+PGID" line is sent (a probe killed on a
+    loaded node while it waits for a CPU). The watchdog heard "?" and no "+": it kills what carries its mark,
+    and nothing else (another probe's command, an unmarked process of the same user)."""
+    mine, other, plain = marked_sleep("7-ab"), marked_sleep("8-cd"), marked_sleep("")
+    procs = [mine, other, plain]
+    reaper.extend(p.pid for p in procs)
+    try:
+        watchdog_eof("?\n+101\n-101\n?\n", "7-ab")
+        assert mine.wait(10) == -signal.SIGKILL
+        assert other.poll() is None and plain.poll() is None
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_a_probe_whose_starts_were_all_listed_leaves_the_scan_out(reaper):
+    """Its twin: every "?" was followed by "+PGID" (or "!", a start that failed), so the list is complete and
+    /proc is not read at all; a process carrying the mark but not listed (here: a stand-in) is not touched."""
+    mine = marked_sleep("7-ab")
+    reaper.append(mine.pid)
+    try:
+        watchdog_eof("?\n+101\n-101\n?\n!\n", "7-ab")
+        assert mine.poll() is None
+    finally:
+        mine.kill()
+        mine.wait()
+
+
+def test_a_command_carries_its_probe_process_mark(tmp_path, monkeypatch):
+    """Shared.start gives each command the mark (its children inherit it), and keeps the rest of the
+    environment, PATH included, as the probe has it now."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "showmark").write_text("#!/bin/sh\necho \"$%s|$PATH\"\n" % context.MARK_ENV)
+    (bindir / "showmark").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bindir) + os.pathsep + os.environ["PATH"])
+    res = NodeContext().run(["showmark"], timeout=30.0)
+    mark, _, path = res.stdout.strip().partition("|")
+    assert mark == context._WATCH.tell("-0") and mark.startswith("%d-" % os.getpid())
+    assert path.startswith(str(bindir))
+    assert context.MARK_ENV not in os.environ
