@@ -163,9 +163,12 @@ class SessionPool:
             time.sleep(0.05)
 
     def keeps_ranks(self, ranks: int) -> bool:
-        """A bench run after a phase run with then=True goes to the same node process: ranks started by
-        phase 1 (preflight.probe.bench_warm) can be adopted, however many a node runs."""
-        return True
+        """Over SSH, a bench run after a phase run with then=True goes to the same node process: ranks started
+        by phase 1 (preflight.probe.bench_warm) can be adopted, however many a node runs. A local node
+        (LocalSession) starts a process per run, so ranks started early would die unused: False when the
+        fleet has one (the engine then starts none anywhere: a fleet mixing both is rare)."""
+        with self._lock:
+            return not any(s.local for s in self.specs.values())
 
     def describe(self) -> Dict[str, Any]:
         """What carried the run, for the report: {"kind": "ssh" (or "local"), "connections": N}, over SSH

@@ -86,3 +86,20 @@ def test_every_fleet_implements_the_written_contract():
         for name in wanted:
             assert callable(getattr(backend, name, None)), "%s lacks %s" % (backend.__name__, name)
         assert list(inspect.signature(backend.run).parameters) == params, backend.__name__
+
+
+def test_a_fleet_with_a_local_node_starts_no_rank_ahead():
+    """LocalSession starts a process per run, so ranks warmed in phase 1 would die unused (a torch import per
+    rank thrown away on `preflight check` with no inventory): keeps_ranks is False. Its twin: the same names
+    over SSH, where one kept process carries every phase, keep them (whatever the ranks a node)."""
+    from preflight.transport.pool import SessionPool
+
+    local = SessionPool([NodeSpec(name="n001", host="localhost", line=0, local=True),
+                          NodeSpec(name="n002", host="h2", line=0)])
+    remote = SessionPool([NodeSpec(name="n001", host="h1", line=0), NodeSpec(name="n002", host="h2", line=0)])
+    try:
+        assert local.keeps_ranks(1) is False and local.keeps_ranks(8) is False
+        assert remote.keeps_ranks(1) is True and remote.keeps_ranks(8) is True
+    finally:
+        local.close()
+        remote.close()

@@ -3,7 +3,7 @@ while it runs (preflight.probe.bench_spares), so a localization round adopts pro
 torch (and made their CUDA contexts) instead of paying that again.
 
 Controller side, pure apart from the fleet calls. It holds only where the transport sends the next bench to
-the node process that ran this one (fleet.keeps_ranks: SSH and local yes, whatever the ranks a node; Slurm
+the node process that ran this one (fleet.keeps_ranks: SSH yes, whatever the ranks a node; Slurm
 with one rank a node, the kept step; Kubernetes no: each bench is an Indexed Job). A node the next round
 leaves out is not named in its fleet.run, so the transport ends its kept process and the spares in it; after
 the last round, end() ends every kept process (the contract's fleet.run({})): nothing waits past the stage.
