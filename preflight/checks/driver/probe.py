@@ -92,13 +92,23 @@ def _nccl_python() -> Optional[Dict[str, str]]:
         except OSError:
             continue
     for dist in NCCL_DISTRIBUTIONS:
-        pattern = re.compile(r"^%s-([^-]+)\.dist-info$" % re.sub(r"[-_.]+", "_", dist), re.I)
+        prefix = dist.replace("-", "_") + "-"  # the wheel spec's normalized name: these names hold only '-'
         for names in listings:
             for name in sorted(names):
-                found = pattern.match(name)
-                if found:
-                    return {"distribution": dist, "version": found.group(1)}
+                version = _dist_info_version(name, prefix)
+                if version:
+                    return {"distribution": dist, "version": version}
     return None
+
+
+def _dist_info_version(name: str, prefix: str) -> Optional[str]:
+    """The version of a `<prefix><version>.dist-info` folder name (case-insensitive, no '-' in the version), or
+    None: the string test a pattern per distribution compiled on every node did."""
+    low = name.lower()
+    if not (low.startswith(prefix) and low.endswith(".dist-info")):
+        return None
+    version = name[len(prefix):-len(".dist-info")]
+    return version if version and "-" not in version else None
 
 
 def _torch() -> Optional[Dict[str, Any]]:
