@@ -4,6 +4,8 @@ inspect, ast-free machinery they pull in) nor the other modules a node never nee
 
 from __future__ import annotations
 
+import ast
+import glob
 import io
 import json
 import os
@@ -158,3 +160,46 @@ def test_a_probe_run_alone_gives_the_facts_it_gives_beside_the_others(tmp_path):
         for facts in (alone, together[name]):
             facts.pop("uptime_s", None)  # read from /proc/uptime at each run
         assert alone == together[name], name
+
+
+#: node-side patterns compiled at import, each because the text it parses is on every node (or it runs outside a
+#: probe run); any other is a Lazy (preflight.probe.lazy_re), compiled where its text is found
+COMPILED_AT_IMPORT = {
+    ("preflight/probe/pci.py", "BDF"): "every bus/pci/devices entry",
+    ("preflight/checks/driver/probe.py", "_LDCONFIG_LINE"): "every line of ldconfig -p",
+    ("preflight/checks/limits/probe.py", "_LIMIT"): "every line of /proc/self/limits",
+    ("preflight/checks/mtu/probe.py", "_STATS"): "every ping's summary (phase 2)",
+    ("preflight/checks/mtu/probe.py", "_LOSS"): "every ping's summary (phase 2)",
+    ("preflight/checks/mtu/probe.py", "_RTT"): "every ping's summary (phase 2)",
+    ("preflight/checks/ports/probe.py", "_TCP_LINE"): "every line of /proc/net/tcp (phase 2)",
+    ("preflight/common.py", "_UNPRINTABLE"): "the controller's escaping of all node text",
+    ("preflight/probe/bench_agent.py", "_NCCL_DEBUG_LINE"): "the all-reduce's agent, not a probe run",
+    ("preflight/probe/bench_worker.py", "_SOURCE_LOCATION"): "the all-reduce's ranks, not a probe run",
+}
+
+
+def test_node_side_patterns_are_compiled_where_their_text_is_found():
+    root = os.path.dirname(os.path.dirname(checks.__file__))
+    found = set()
+    for rel in sorted(set(bundle_modules(root))):
+        with open(os.path.join(os.path.dirname(root), rel)) as fh:
+            tree = ast.parse(fh.read())
+        for stmt in tree.body:
+            if not isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+                continue
+            target = stmt.targets[0] if isinstance(stmt, ast.Assign) else stmt.target
+            if any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "compile"
+                   and getattr(c.func.value, "id", None) == "re" for c in ast.walk(stmt)):
+                found.add((rel, getattr(target, "id", "?")))
+    extra = sorted(found - set(COMPILED_AT_IMPORT))
+    assert not extra, "compiled at import on every node: %s; use preflight.probe.lazy_re.lazy(...) (or list it in " \
+                      "COMPILED_AT_IMPORT with the reason its text is on every node)" % extra
+    assert found, "the walk found no pattern at all: it no longer reads the node modules"
+
+
+def bundle_modules(root):
+    """The node-side modules a bundle carries: every check's probe.py and preflight/probe/, common and node_model."""
+    rels = ["preflight/common.py", "preflight/node_model.py"]
+    for folder, pattern in (("checks", "*/probe.py"), ("probe", "*.py")):
+        rels += [os.path.relpath(p, os.path.dirname(root)) for p in glob.glob(os.path.join(root, folder, pattern))]
+    return rels
