@@ -13,6 +13,8 @@ from preflight.probe.nvml import bounded_nvml, load_nvml, nvml_shutdown, nvml_we
 PROC_VERSION = "/proc/driver/nvidia/version"
 NCCL_DISTRIBUTIONS = ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11")
 LDCONFIG_CANDIDATES = ("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig")
+#: what every NCCL_DISTRIBUTIONS name's dist-info folder starts with (normalized, lower case)
+_NCCL_PREFIX = "nvidia_nccl_cu"
 
 
 def probe(ctx: Any) -> Dict[str, Any]:
@@ -87,8 +89,8 @@ def _nccl_python() -> Optional[Dict[str, str]]:
     """
     listings = []
     for entry in sys.path:
-        try:
-            listings.append(os.listdir(entry or "."))
+        try:  # only the names these distributions can have (a site-packages folder lists hundreds)
+            listings.append([n for n in os.listdir(entry or ".") if n[:len(_NCCL_PREFIX)].lower() == _NCCL_PREFIX])
         except OSError:
             continue
     for dist in NCCL_DISTRIBUTIONS:
