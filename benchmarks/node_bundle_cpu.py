@@ -12,6 +12,9 @@ children: python, ip, sh, ldconfig, ...) and the wall are taken; beside them the
 Printed: median CPU, its ratio to the floor's and the difference; beside them `python3 -S -c pass` (no site: what
 the interpreter costs without this machine's site-packages .pth files, which the floor and every tree pay alike). This machine's checks (no GPU here: the gpu
 probes find no driver) stand for a simulated node's; the Slurm simulator's nodes have none either.
+--pci-functions N: the runs read a sysfs root (PREFLIGHT_SYSFS_ROOT) that is this machine's /sys but for a PCI bus of N
+functions (8 GPUs, 4 NVSwitches, 8 ConnectX HCAs, the rest bridges: vendor and class files), for the probes that
+walk the bus as on a GPU node (a GB200 tray's lspci lists 87 functions: leptonai/gpud testdata lspci.gb200).
 --profile PATH: one run under cProfile, every thread's profile merged (threading.Thread._bootstrap_inner wrapped), written
 to PATH and its top functions printed by cumulative time.
 """
@@ -57,6 +60,29 @@ PROFILED = (
     "finally:\n pr.disable();_d(%r)\n")
 
 
+def pci_root(scratch: str, count: int) -> str:
+    """A sysfs root: /sys's entries linked, but bus/pci/devices holding `count` synthetic functions."""
+    root = os.path.join(scratch, "sys")
+    os.makedirs(os.path.join(root, "bus", "pci", "devices"))
+    for name in os.listdir("/sys"):
+        if name not in ("bus", "devices"):
+            os.symlink(os.path.join("/sys", name), os.path.join(root, name))
+    for name in os.listdir("/sys/bus"):
+        if name != "pci":
+            os.symlink(os.path.join("/sys/bus", name), os.path.join(root, "bus", name))
+    kinds = [("0x10de", "0x030200")] * 8 + [("0x10de", "0x068000")] * 4 + [("0x15b3", "0x020700")] * 8
+    for i in range(count):
+        vendor, klass = kinds[i] if i < len(kinds) else ("0x8086", "0x060400")
+        bdf = "0000:%02x:00.0" % (i + 1)
+        real = os.path.join(root, "devices", "pci0000:00", bdf)
+        os.makedirs(real)
+        for attr, text in (("vendor", vendor), ("class", klass)):
+            with open(os.path.join(real, attr), "w") as fh:
+                fh.write(text + "\n")
+        os.symlink(os.path.join("..", "..", "..", "devices", "pci0000:00", bdf), os.path.join(root, "bus", "pci", "devices", bdf))
+    return root
+
+
 def bootstrap(tree: str) -> str:
     """The tree's BOOTSTRAP text (read from its file: two trees' modules cannot share one process)."""
     ns: dict = {}
@@ -73,11 +99,11 @@ def capture(tree: str, scratch: str) -> bytes:
         return fh.read()
 
 
-def once(argv, payload: bytes):
+def once(argv, payload: bytes, env=None):
     """(CPU ms of the whole process tree, wall ms) of one run fed payload; stdin closed after the result."""
     r0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            cwd="/", start_new_session=True)
+                            cwd="/", start_new_session=True, env=env)
     try:
         proc.stdin.write(payload)
         proc.stdin.flush()
@@ -106,13 +132,20 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=9, help="interleaved rounds (median printed)")
     ap.add_argument("--profile", metavar="PATH", help="profile one run of the first tree instead")
     ap.add_argument("--top", type=int, default=40, help="functions printed from the profile")
+    ap.add_argument("--pci-functions", type=int, metavar="N", help="a PCI bus of N functions (see above)")
     args = ap.parse_args(argv)
     trees = [os.path.abspath(t) for t in args.trees]
     with tempfile.TemporaryDirectory() as scratch:
         payloads = {t: capture(t, scratch) for t in trees}
+        env = dict(os.environ, PREFLIGHT_SYSFS_ROOT=pci_root(scratch, args.pci_functions)) if args.pci_functions else None
+        return measure(args, trees, payloads, env)
+
+
+def measure(args, trees, payloads, env) -> int:
+    """Profile one run, or time the interleaved rounds and print the table."""
     if args.profile:
         tree = trees[0]
-        cpu, wall = once([sys.executable, "-c", PROFILED % (args.profile, bootstrap(tree), args.profile)], payloads[tree])
+        cpu, wall = once([sys.executable, "-c", PROFILED % (args.profile, bootstrap(tree), args.profile)], payloads[tree], env)
         import pstats
 
         print("profiled run: CPU %.0f ms, wall %.0f ms (cProfile's overhead included)" % (cpu, wall))
@@ -129,17 +162,19 @@ def main(argv=None) -> int:
             cpu[row].append(c)
             wall[row].append(w)
         for t in trees:
-            c, w = once([sys.executable, "-c", bootstrap(t)], payloads[t])
+            c, w = once([sys.executable, "-c", bootstrap(t)], payloads[t], env)
             cpu[t].append(c)
             wall[t].append(w)
     floor = statistics.median(cpu["floor"])
-    print("phase-1 bundle run on this machine, median of %d interleaved rounds; load average %s" % (
-        args.runs, " ".join("%.1f" % x for x in os.getloadavg())))
+    print("phase-1 bundle run on this machine%s, median of %d interleaved rounds; load average %s" % (
+        " (a PCI bus of %d functions)" % args.pci_functions if args.pci_functions else "", args.runs,
+        " ".join("%.1f" % x for x in os.getloadavg())))
     names = {"floor": "python3 -c pass (floor)", "nosite": "python3 -S -c pass (no site)"}
     for t in rows:
         c = statistics.median(cpu[t])
-        print("%-40s CPU %5.0f ms  %.2fx floor  %+5.0f ms   wall %5.0f ms" % (
-            names.get(t, t), c, c / floor, c - floor, statistics.median(wall[t])))
+        paired = statistics.median(a - b for a, b in zip(cpu[t], cpu["floor"]))  # each round's own floor
+        print("%-40s CPU %5.0f ms  %.2fx floor  %+5.0f ms (paired %+5.0f)   wall %5.0f ms" % (
+            names.get(t, t), c, c / floor, c - floor, paired, statistics.median(wall[t])))
     return 0
 
 

@@ -211,6 +211,22 @@ class NodeContext:
         argv = [str(a) for a in argv]
         return self.shared.once(("run",) + tuple(argv), lambda: NodeContext.run(self, argv, timeout))
 
+    def walk_once(self, key: Tuple[str, ...], walk: Any) -> Any:
+        """walk(ctx)'s result computed once per probe run, for every probe that asks (the PCI bus that the pcie,
+        topology, gpudirect, fabric_manager and xid probes all list); walk reads only through the ctx it is given.
+
+        Each asking probe records the walk's reads as if it had made them, so its capture replays on its own."""
+        def compute() -> Tuple[Any, List[Dict[str, Any]]]:
+            walker = RecordingContext(self.config, self.sysfs_root, self.shared, self.deadline)
+            return walk(walker), walker.events
+
+        value, events = self.shared.once(("walk", self.sysfs_root) + tuple(key), compute)
+        self._walked(events)
+        return value
+
+    def _walked(self, events: List[Dict[str, Any]]) -> None:
+        """A shared walk's reads, made for this probe (walk_once): nothing to keep in a plain context."""
+
     @staticmethod
     def read(path: str) -> Optional[str]:
         """A small text file's content stripped of its trailing newline; None when it cannot be read.
@@ -381,6 +397,9 @@ class RecordingContext(NodeContext):
         self.events.append({"kind": "run", "argv": list(res.argv), "rc": res.rc, "stdout": res.stdout,
                             "stderr": res.stderr, "timed_out": res.timed_out})
         return res
+
+    def _walked(self, events: List[Dict[str, Any]]) -> None:
+        self.events.extend(events)
 
     def read(self, path: str) -> Optional[str]:  # type: ignore[override]
         text = NodeContext.read(path)

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.node_model import ParseError
 from preflight.probe.gpu_facts import empty_gpu
+from preflight.probe.lazy_re import lazy
 
 # ---------------------------------------------------------------------------------- nvidia-smi -q -x
 
@@ -218,9 +219,9 @@ def _fabric(el: Any) -> Optional[Dict[str, Any]]:
 
 # ------------------------------------------------------------------------- nvidia-smi nvlink --status
 
-_GPU_LINE = re.compile(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-fA-F-]+)\)(.*)$")
-_LINK_LINE = re.compile(r"^Link (\d+): (.+)$")
-_RATE = re.compile(r"^\d+(\.\d+)? GB/s$")
+_GPU_LINE = lazy(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-fA-F-]+)\)(.*)$")
+_LINK_LINE = lazy(r"^Link (\d+): (.+)$")
+_RATE = lazy(r"^\d+(\.\d+)? GB/s$")
 
 
 def read_nvlink_status(text: str) -> Tuple[Dict[str, Optional[Dict[str, Any]]], List[str]]:

@@ -3,6 +3,8 @@
 Standard library only, Python 3.8 compatible: runs on the node inside the probe bundle. Reads through the
 probe context (ctx.sys_path / ctx.read / ctx.listdir), so a recorded sysfs tree replays it.
 
+    devices(ctx)        (entry, vendor, class) of every bus/pci/devices entry: the bus listed and each
+                        function's vendor/class read once per probe run, for every probe that asks
     functions(ctx)      [{"bdf", "vendor", "class"}] of bus/pci/devices, vendor/class as the kernel
                         prints them ("0x10de", "0x030200")
     upstream(ctx, bdf)  the bridge (port) directly above a function, from the real path of its sysfs
@@ -14,7 +16,7 @@ probe context (ctx.sys_path / ctx.read / ctx.listdir), so a recorded sysfs tree 
     bridges(ctx, bdf)   the bridges above a device, root port first (its sysfs device path)
     hypervisor(ctx)     why the node looks like a VM (/sys/hypervisor/type, DMI vendor/product), or None
 
-Used by the pcie, topology, gpudirect and gpu probes. Sources: the kernel's sysfs-bus-pci ABI (vendor, class
+Used by the pcie, topology, gpudirect, gpu, fabric_manager and xid probes. Sources: the kernel's sysfs-bus-pci ABI (vendor, class
 as 0xCCSSPP) and the PCI class codes.
 """
 
@@ -24,24 +26,33 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from preflight.probe.lazy_re import lazy
+
 BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_SPEED = re.compile(r"^(\d+(?:\.\d+)?) GT/s")
+_SPEED = lazy(r"^(\d+(?:\.\d+)?) GT/s")  # compiled where a PCIe function has a link to read
 GPU_CLASSES = ("0x0300", "0x0302")
 #: DMI vendor/product words of hypervisors.
 VM_WORDS = ("kvm", "qemu", "vmware", "virtualbox", "xen", "microsoft corporation virtual", "amazon ec2",
             "google compute engine", "openstack", "bochs", "hyper-v", "oraclecloud")
 
 
-def functions(ctx: Any) -> List[Dict[str, str]]:
+def devices(ctx: Any) -> List[Tuple[str, str, str]]:
+    """(entry, vendor, class) for every entry of bus/pci/devices, as listed (vendor/class stripped, lower case).
+
+    Read once per probe run (ctx.walk_once) for every probe that asks: pcie, topology, gpudirect,
+    fabric_manager and xid each used to list the bus and read each function's files themselves."""
+    return ctx.walk_once(("pci-devices",), _read_devices)
+
+
+def _read_devices(ctx: Any) -> List[Tuple[str, str, str]]:
     root = ctx.sys_path("bus", "pci", "devices")
-    out = []
-    for bdf in ctx.listdir(root):
-        if not BDF.match(bdf.lower()):
-            continue
-        vendor = (ctx.read(os.path.join(root, bdf, "vendor")) or "").strip().lower()
-        klass = (ctx.read(os.path.join(root, bdf, "class")) or "").strip().lower()
-        out.append({"bdf": bdf.lower(), "vendor": vendor, "class": klass})
-    return out
+    return [(entry, (ctx.read(os.path.join(root, entry, "vendor")) or "").strip().lower(),
+             (ctx.read(os.path.join(root, entry, "class")) or "").strip().lower()) for entry in ctx.listdir(root)]
+
+
+def functions(ctx: Any) -> List[Dict[str, str]]:
+    return [{"bdf": entry.lower(), "vendor": vendor, "class": klass} for entry, vendor, klass in devices(ctx)
+            if BDF.match(entry.lower())]
 
 
 def upstream(ctx: Any, bdf: str) -> Optional[str]:
@@ -65,7 +76,11 @@ def nvidia_gpus(ctx: Any) -> List[str]:
 
 
 def rdma_hcas(ctx: Any) -> List[Tuple[str, Optional[str]]]:
-    """(HCA name, its PCI bus address or None) for every class/infiniband entry."""
+    """(HCA name, its PCI bus address or None) for every class/infiniband entry; read once per probe run."""
+    return list(ctx.walk_once(("rdma-hcas",), _read_rdma_hcas))
+
+
+def _read_rdma_hcas(ctx: Any) -> List[Tuple[str, Optional[str]]]:
     root = ctx.sys_path("class", "infiniband")
     out = []
     for hca in ctx.listdir(root):
@@ -82,10 +97,15 @@ def bridges(ctx: Any, bdf: str) -> List[str]:
 
 
 def hypervisor(ctx: Any) -> Optional[str]:
-    """Why this node looks like a virtual machine (/sys/hypervisor/type, DMI vendor/product), or None.
+    """Why this node looks like a virtual machine (/sys/hypervisor/type, DMI vendor/product), or None; read once
+    per probe run (the gpu and gpudirect probes both ask).
 
     A VM is given PCI functions, not the platform: partial GPU sets, NVLink/NVSwitch left to the host,
     numa_node -1, no peer-to-peer. Checks judge such a node against what it was given."""
+    return ctx.walk_once(("hypervisor",), _read_hypervisor)
+
+
+def _read_hypervisor(ctx: Any) -> Optional[str]:
     hyper = ctx.read(ctx.sys_path("hypervisor", "type"))
     if hyper and hyper.strip():
         return "hypervisor/type %s" % hyper.strip()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -260,3 +261,14 @@ def test_nccl_wheel_found_by_its_dist_info_folder(tmp_path, monkeypatch):
     assert driver_probe._nccl_python() == {"distribution": "nvidia-nccl-cu11", "version": "2.14.3"}
     (tmp_path / "nvidia_nccl_cu12-2.21.5.dist-info").mkdir()  # cu12 is looked for first
     assert driver_probe._nccl_python() == {"distribution": "nvidia-nccl-cu12", "version": "2.21.5"}
+
+
+def test_the_dist_info_name_test_answers_as_the_pattern_it_replaced():
+    """_nccl_python reads folder names with string tests, not a pattern compiled per distribution on every node:
+    the same answers as re.match(r"^nvidia_nccl_cu12-([^-]+)\\.dist-info$", name, re.I), odd names included."""
+    old = re.compile(r"^nvidia_nccl_cu12-([^-]+)\.dist-info$", re.I)
+    for name in ("nvidia_nccl_cu12-2.21.5.dist-info", "NVIDIA_NCCL_CU12-2.21.5.DIST-INFO", "nvidia_nccl_cu12-.dist-info",
+                 "nvidia_nccl_cu12-2.21-5.dist-info", "nvidia_nccl_cu12-2.21.5.egg-info", "nvidia_nccl_cu123-1.dist-info",
+                 "nvidia_nccl_cu12-2.21.5+local.dist-info", "xnvidia_nccl_cu12-2.21.5.dist-info", "nvidia_nccl_cu12-2.21.5"):
+        found = old.match(name)
+        assert driver_probe._dist_info_version(name, "nvidia_nccl_cu12-") == (found.group(1) if found else None), name

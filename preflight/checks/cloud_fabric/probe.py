@@ -31,6 +31,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from preflight.node_model import ParseError
+from preflight.probe.lazy_re import lazy
 from preflight.probe.rdma import is_efa, natural_key
 
 #: Where each fabric's NCCL plugin is installed (read under the host root).
@@ -58,9 +59,9 @@ PROFILES = ("lib64/nccl-env-profile.sh", "scripts/set_nccl_env.sh", "set_nccl_en
 #: fastrak_gpumem_manager (google/nccl-plugin-gpudirect-tcpxo, scripts/entrypoint_rxdm_container.sh).
 RXDM = {"tcpgpudmarxd": "tcpx", "fastrak_gpumem_manager"[:15]: "tcpxo"}
 FI_INFO_DIRS = ("/opt/amazon/efa/bin",)
-_COUNTER = re.compile(r"^[a-z0-9_]{1,64}$")
-_PLUGIN_FILE = re.compile(r"^libnccl-net(?:-[A-Za-z0-9_.-]+)?\.so(?:\.[0-9.]+)?$")
-_FIELD = re.compile(r"^\s+(fabric|domain|version|type|protocol):\s*(.*?)\s*$")
+_COUNTER = lazy(r"^[a-z0-9_]{1,64}$")
+_PLUGIN_FILE = lazy(r"^libnccl-net(?:-[A-Za-z0-9_.-]+)?\.so(?:\.[0-9.]+)?$")
+_FIELD = lazy(r"^\s+(fabric|domain|version|type|protocol):\s*(.*?)\s*$")
 
 
 def parse_fi_info(text: str) -> List[Dict[str, Optional[str]]]:
@@ -179,11 +180,11 @@ def efa_counters(ctx: Any, root: str, devices: List[str]) -> Dict[str, Dict[str,
 
 #: aws-ofi-nccl logs "Initializing " PACKAGE_STRING at init (src/nccl_ofi_net.cpp), so its library holds the
 #: literal "Initializing aws-ofi-nccl 1.14.0" (autoconf's PACKAGE_STRING, "aws-ofi-nccl <version>").
-BANNERS = {"efa": re.compile(rb"Initializing aws-ofi-nccl (\d+\.\d+\.\d+(?:-aws)?)")}
+BANNERS = {"efa": lazy(rb"Initializing aws-ofi-nccl (\d+\.\d+\.\d+(?:-aws)?)")}
 #: The Azure HPC image links /opt/microsoft/<family>/topo.xml only on the VM size it was customised for
 #: (Azure/azhpc-images components/customizations/ndv5.sh, ndv4.sh, run at boot per VM size).
 AZURE_FAMILIES = ("ndv5", "ndv4")
-_BUNDLED = re.compile(r"^libnccl\.so\.(\d+\.\d+\.\d+)$")
+_BUNDLED = lazy(r"^libnccl\.so\.(\d+\.\d+\.\d+)$")
 _CHUNK = 1 << 20
 _MAX_SCAN = 256 << 20
 

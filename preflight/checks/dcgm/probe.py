@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from preflight.common import one_line
 from preflight.node_model import ParseError
+from preflight.probe.lazy_re import lazy
 
 #: How long each level may run before dcgmi is killed (DCGM user guide, "Run levels": level 1 ~seconds,
 #: level 2 ~2 minutes, level 3 ~30 minutes on 8 GPUs), with headroom for slow starts.
@@ -20,7 +21,7 @@ INNER_MARGIN_S = 10.0
 SEVERITIES = {0: "NONE", 1: "MONITOR", 2: "ISOLATE", 3: "UNKNOWN", 4: "TRIAGE", 5: "CONFIG", 6: "RESET"}
 ROOT_3X, ROOT_4X = "DCGM GPU Diagnostic", "DCGM Diagnostic"
 STATUSES = {"pass": "pass", "fail": "fail", "warn": "warn", "skip": "skip"}
-_HOSTENGINE = re.compile(r"host ?engine|unable to establish a connection", re.I)
+_HOSTENGINE = lazy(r"host ?engine|unable to establish a connection", re.I)
 
 
 def probe(ctx: Any) -> Dict[str, Any]:

@@ -13,6 +13,8 @@ from preflight.probe.nvml import bounded_nvml, load_nvml, nvml_shutdown, nvml_we
 PROC_VERSION = "/proc/driver/nvidia/version"
 NCCL_DISTRIBUTIONS = ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11")
 LDCONFIG_CANDIDATES = ("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig")
+#: what every NCCL_DISTRIBUTIONS name's dist-info folder starts with (normalized, lower case)
+_NCCL_PREFIX = "nvidia_nccl_cu"
 
 
 def probe(ctx: Any) -> Dict[str, Any]:
@@ -87,18 +89,28 @@ def _nccl_python() -> Optional[Dict[str, str]]:
     """
     listings = []
     for entry in sys.path:
-        try:
-            listings.append(os.listdir(entry or "."))
+        try:  # only the names these distributions can have (a site-packages folder lists hundreds)
+            listings.append([n for n in os.listdir(entry or ".") if n[:len(_NCCL_PREFIX)].lower() == _NCCL_PREFIX])
         except OSError:
             continue
     for dist in NCCL_DISTRIBUTIONS:
-        pattern = re.compile(r"^%s-([^-]+)\.dist-info$" % re.sub(r"[-_.]+", "_", dist), re.I)
+        prefix = dist.replace("-", "_") + "-"  # the wheel spec's normalized name: these names hold only '-'
         for names in listings:
             for name in sorted(names):
-                found = pattern.match(name)
-                if found:
-                    return {"distribution": dist, "version": found.group(1)}
+                version = _dist_info_version(name, prefix)
+                if version:
+                    return {"distribution": dist, "version": version}
     return None
+
+
+def _dist_info_version(name: str, prefix: str) -> Optional[str]:
+    """The version of a `<prefix><version>.dist-info` folder name (case-insensitive, no '-' in the version), or
+    None: the string test a pattern per distribution compiled on every node did."""
+    low = name.lower()
+    if not (low.startswith(prefix) and low.endswith(".dist-info")):
+        return None
+    version = name[len(prefix):-len(".dist-info")]
+    return version if version and "-" not in version else None
 
 
 def _torch() -> Optional[Dict[str, Any]]:

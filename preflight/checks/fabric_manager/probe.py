@@ -6,6 +6,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.node_model import ParseError
+from preflight.probe.pci import devices as pci_devices
 
 UNIT = "nvidia-fabricmanager"
 #: The IMEX daemon: multi-node NVLink (GB200/GB300 NVL racks) shares GPU memory across trays through it.
@@ -63,14 +64,7 @@ def service_error(stdout: str, stderr: str, rc: int) -> str:
 
 def find_nvswitches(ctx: Any) -> List[str]:
     """PCI addresses of NVIDIA functions whose class is 0x068000 (NVSwitch on HGX/DGX A100, H100)."""
-    root = ctx.sys_path("bus", "pci", "devices")
-    found = []
-    for bdf in ctx.listdir(root):
-        vendor = (ctx.read("%s/%s/vendor" % (root, bdf)) or "").strip().lower()
-        klass = (ctx.read("%s/%s/class" % (root, bdf)) or "").strip().lower()
-        if vendor == NVIDIA_VENDOR and klass == NVSWITCH_CLASS:
-            found.append(bdf)
-    return found
+    return [entry for entry, vendor, klass in pci_devices(ctx) if vendor == NVIDIA_VENDOR and klass == NVSWITCH_CLASS]
 
 
 def parse_systemctl_show(text: str) -> Dict[str, str]:

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Dict, List, Optional
 
 from preflight.node_model import ParseError
+from preflight.probe.lazy_re import lazy
 from preflight.probe.pci import bridges, hypervisor, nvidia_gpus, rdma_hcas
 
 MODULES = ("nvidia_peermem", "nv_peer_mem")
 #: ACS controls that send peer-to-peer requests or completions up to the root complex.
 REDIRECTS = ("ReqRedir", "CmpltRedir")
-_DEVICE = re.compile(r"^((?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]) (.+)$")
-_PORT = re.compile(r"^Capabilities: \[[0-9a-f]+\] Express \(v\d\) ([A-Za-z ]+?)(?: \(Slot[+-]\))?(?:, .*)?$")
-_FLAG = re.compile(r"([A-Za-z]+)([+-])")
+_DEVICE = lazy(r"^((?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]) (.+)$")
+_PORT = lazy(r"^Capabilities: \[[0-9a-f]+\] Express \(v\d\) ([A-Za-z ]+?)(?: \(Slot[+-]\))?(?:, .*)?$")
+_FLAG = lazy(r"([A-Za-z]+)([+-])")
 
 
 def _iommu(ctx: Any, gpus: List[str]) -> Optional[str]:

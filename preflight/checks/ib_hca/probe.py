@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.node_model import ParseError
+from preflight.probe.lazy_re import lazy
 from preflight.probe.rdma import is_efa, natural_key  # noqa: F401  (this module's API too)
 
 STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
 PHYS_STATES = {0: "NOP", 1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining", 5: "LinkUp",
                6: "LinkErrorRecovery", 7: "Phy Test"}
 LINK_LAYERS = {"InfiniBand": "ib", "Ethernet": "roce"}
-_NUMBERED = re.compile(r"^(\d+): (\S.*)$")
-_RATE = re.compile(r"^(\d+(?:\.\d+)?) Gb/sec(?: \((\d+X)(?: ?([A-Za-z0-9]+))?\))?$")
+_NUMBERED = lazy(r"^(\d+): (\S.*)$")
+_RATE = lazy(r"^(\d+(?:\.\d+)?) Gb/sec(?: \((\d+X)(?: ?([A-Za-z0-9]+))?\))?$")
 
 
 def parse_numbered(text: Optional[str], table: Dict[int, str], what: str) -> str:

@@ -7,6 +7,7 @@ import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.node_model import ParseError
+from preflight.probe.lazy_re import lazy
 
 COUNT = 3
 #: seconds between a target's pings: 50 ms keeps three pings to 0.1 s. iputils before 20210202 refuses
@@ -14,7 +15,7 @@ COUNT = 3
 #: probe then pings again at SLOW_INTERVAL.
 INTERVAL = 0.05
 SLOW_INTERVAL = 0.2
-_MIN_INTERVAL = re.compile(r"minimal interval allowed for user is", re.I)
+_MIN_INTERVAL = lazy(r"minimal interval allowed for user is", re.I)
 MAX_PARALLEL = 32
 #: seconds ping waits for the last reply (-W): the first try's, then the confirmation's
 WAIT_S = 1
@@ -23,16 +24,17 @@ CONFIRM_WAIT_S = 2
 #: that schedule whatever the network does, so one still running is a starved node (measured: 1,000 simulated
 #: nodes on 2 cores, load above 1,000, missed a 6.6 s limit), not evidence about the path: "not tested".
 PING_SLACK_S = 15.0
+#: what every ping prints (its summary): compiled at import; the error lines' patterns on first use
 _STATS = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received(?P<rest>[^\n]*)")
 _LOSS = re.compile(r"(\d+(?:\.\d+)?)% packet loss")
-_ERRORS = re.compile(r"\+(\d+) errors")
+_ERRORS = lazy(r"\+(\d+) errors")
 _RTT = re.compile(r"(?:rtt|round-trip) min/avg/max(?:/mdev)? = ([\d.]+)/([\d.]+)/([\d.]+)")
 #: iputils <= s20180629 prints "local error: Message too long, mtu=1500" (capitalised); s20190324 and later
 #: "message too long, mtu=1500" (IPv4) and "message too long, mtu: 1500" (IPv6, ping6_common.c).
-_LOCAL_MTU = re.compile(r"local error: message too long, mtu(?:=|: )(\d+)", re.I)
-_TOO_LONG = re.compile(r"message too long", re.I)
-_FRAG = re.compile(r"Frag(?:mentation)? needed and DF set \(mtu = (\d+)\)")
-_PROG_ERROR = re.compile(r"^\S*ping\S*: (.+)$", re.M)
+_LOCAL_MTU = lazy(r"local error: message too long, mtu(?:=|: )(\d+)", re.I)
+_TOO_LONG = lazy(r"message too long", re.I)
+_FRAG = lazy(r"Frag(?:mentation)? needed and DF set \(mtu = (\d+)\)")
+_PROG_ERROR = lazy(r"^\S*ping\S*: (.+)$", re.M)
 
 
 def _ping_error(text: str, stdout: str, stderr: str) -> Tuple[Optional[str], bool, Optional[int]]:

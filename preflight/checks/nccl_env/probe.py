@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.node_model import ParseError
+from preflight.probe.lazy_re import lazy
 from preflight.probe.ncclconf import CONF_ENV, relevant
 
 SYSTEM_CONF = "/etc/nccl.conf"
 USER_CONF = ".nccl.conf"
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = lazy(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def parse_nccl_conf(text: str, path: str = SYSTEM_CONF) -> Dict[str, Any]:

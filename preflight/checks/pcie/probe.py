@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import os
-import re
 import time
 from typing import Any, Dict, Optional
 
 from preflight.node_model import ParseError
 from preflight.probe import pci
+from preflight.probe.lazy_re import lazy
 
 KINDS = ("correctable", "nonfatal", "fatal")
 FILES = {"correctable": "aer_dev_correctable", "nonfatal": "aer_dev_nonfatal", "fatal": "aer_dev_fatal"}
 GPU_CLASSES = ("0x0300", "0x0302")
 WINDOW_S = 1.0  # as long as ib_errors' window: the two run concurrently, so no added wall time on IB nodes
-_LINE = re.compile(r"^(.+?)\s+(\d+)$")
+_LINE = lazy(r"^(.+?)\s+(\d+)$")
 
 
 def _read_aer(ctx: Any, bdf: Optional[str]) -> Optional[Dict[str, Dict[str, Any]]]:

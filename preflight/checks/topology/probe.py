@@ -7,10 +7,11 @@ import re
 from typing import Any, Dict, Optional
 
 from preflight.node_model import ParseError
+from preflight.probe.lazy_re import lazy
 from preflight.probe.pci import bridges, nvidia_gpus, rdma_hcas
 
 LINK_FILES = ("current_link_width", "max_link_width", "current_link_speed", "max_link_speed")
-_SPEED = re.compile(r"^(\d+(?:\.\d+)?) GT/s(?: PCIe)?$")
+_SPEED = lazy(r"^(\d+(?:\.\d+)?) GT/s(?: PCIe)?$")
 
 
 def _link_attrs(ctx: Any, bdf: str) -> Dict[str, Optional[str]]:

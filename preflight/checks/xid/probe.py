@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.probe import kernlog, nvrm
 from preflight.probe.lazy_re import lazy
+from preflight.probe.pci import devices as pci_devices
 
 _XID = lazy(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?)(?:,\s*(.*))?$")
 _SXID = lazy(r"(nvidia-nvswitch\d+): SXid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?)(?:,\s*(.*))?$")
@@ -36,11 +37,7 @@ _CAUSE = lazy(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{
 def _nvidia_present(ctx: Any) -> bool:
     if os.path.isdir(ctx.sys_path("module", "nvidia")):
         return True
-    devices = ctx.sys_path("bus", "pci", "devices")
-    for bdf in ctx.listdir(devices):
-        if (ctx.read(os.path.join(devices, bdf, "vendor")) or "").strip().lower() == "0x10de":
-            return True
-    return False
+    return any(vendor == "0x10de" for _, vendor, _ in pci_devices(ctx))
 
 
 def probe(ctx: Any) -> Dict[str, Any]:
