@@ -102,7 +102,8 @@ Result document::
          "compute_error": null | "...",  # the compute phase failed; the sweep's results stand
          "warm": false,      # true: started during the node checks (bench_warm) and adopted; import_s is
                              # then the rank's own import and init_s counts from its go
-         "at": {"imported": t, "store": t, "init_done": t, "pairs_start": t, "done": t, "exit": t}}
+         "at": {"imported": t, "store": t, "init_done": t, "pairs_start": t, "node_done": t, "pairs_done": t,
+                "done": t, "exit": t}}
                              # the rank's wall-clock time (time.time(), the node's clock) of each step
                              # it reached: the run's timeline (stage._timeline)
       ]
@@ -138,7 +139,7 @@ COMPUTE_MODULE = "preflight.probe.bench_compute"
 COMPUTE_PATH = "preflight/probe/bench_compute.py"
 
 #: The rank's steps whose wall-clock time its document keeps ("at"), and "exit" (seen by the agent).
-TIMELINE = ("imported", "store", "init_done", "pairs_start", "done")
+TIMELINE = ("imported", "store", "init_done", "pairs_start", "node_done", "pairs_done", "done")
 
 DEFAULT_DEADLINES = {"init_s": 60.0, "op_s": 30.0, "total_s": 300.0, "kill_grace_s": 3.0, "fail_grace_s": 5.0}
 STDERR_TAIL = 4000

@@ -337,7 +337,7 @@ def test_pair_rotations_run_in_the_same_processes_after_the_sweep():
     # (bench_worker._leave): a rank still making its last pair's sub-group never finds the store gone
     for r in doc["ranks"]:
         at = r["at"]
-        steps = [at[k] for k in ("imported", "store", "init_done", "pairs_start", "done", "exit")]
+        steps = [at[k] for k in ("imported", "store", "init_done", "pairs_start", "node_done", "pairs_done", "done", "exit")]
         assert steps == sorted(steps), r["at"]
     first = doc["ranks"][0]
     assert first["rank"] == 0 and all(first["at"]["exit"] >= r["at"]["done"] for r in doc["ranks"]), doc["ranks"]

@@ -390,7 +390,7 @@ def _slowest_start(docs: Dict[str, Dict[str, Any]]) -> Dict[str, Optional[float]
 
 def _timeline(docs: Dict[str, Dict[str, Any]], t0_wall: float) -> Dict[str, List[float]]:
     """Where the first launch's time went: for each step (the agents' start, each rank's import, store,
-    init, sweep end, done and exit, the agents' return), [earliest, latest] over the ranks, in seconds
+    init, sweep end, partner-free tests' end, pair tests' end, done and exit, the agents' return), [earliest, latest] over the ranks, in seconds
     from the controller's bench call (time.time(): the nodes' clocks, so their offsets from the
     controller's are in it; a warm rank's import is negative: it ended during the node checks)."""
     steps: Dict[str, List[float]] = {}
@@ -406,7 +406,8 @@ def _timeline(docs: Dict[str, Dict[str, Any]], t0_wall: float) -> Dict[str, List
             for step, when in (entry.get("at") or {}).items():
                 add(step, when)
         add("agent_end", at.get("end"))
-    order = ("agent_start", "imported", "store", "init_done", "pairs_start", "done", "exit", "agent_end")
+    order = ("agent_start", "imported", "store", "init_done", "pairs_start", "node_done", "pairs_done", "done",
+             "exit", "agent_end")
     return {step: [round(min(steps[step]), 3), round(max(steps[step]), 3)] for step in order if step in steps}
 
 
