@@ -319,16 +319,38 @@ class _Rounds:
         start_at = time.time() + min(max(ROUND_START_MIN_S, delay), 0.5 * self.short["deadlines"]["init_s"])
         if not sync:  # judged on completion: no need to wait for the others
             start_at = None
-        done = _run_groups(self.fleet, infos, self.addr_of, self.port, dict(self.env_vars, **(extra_env or {})),
-                           dict(self.short, local_ranks=local_ranks, start_at=start_at),
-                           warm_next="round" if self.settings["warm_next"] else None)
+        turns = localize.interleaved(groups)
+        if turns:  # groups that share a node (a suspect and its control on 3 nodes): one launch, alternating
+            union = [self.by_name[n] for n in dict.fromkeys(n for g in groups for n in g)]
+            done = _run_groups(self.fleet, [union], self.addr_of, self.port, dict(self.env_vars, **(extra_env or {})),
+                               dict(self.short, local_ranks=local_ranks, start_at=start_at,
+                                    deadlines=self._turn_deadlines(len(turns))),
+                               pairs=turns, warm_next="round" if self.settings["warm_next"] else None)
+        else:
+            done = _run_groups(self.fleet, infos, self.addr_of, self.port, dict(self.env_vars, **(extra_env or {})),
+                               dict(self.short, local_ranks=local_ranks, start_at=start_at),
+                               warm_next="round" if self.settings["warm_next"] else None)
         docs = dict(done["docs"])
         took = time.monotonic() - started
         self.kept, self.warm_launch_s = done["kept"], spares.warm_launch_s(docs, took)
         self.timings["rounds_s"].append(round(took, 3))
         self.timings["rounds_warm_ranks"].append(sum(1 for d in docs.values() for e in d.get("ranks") or []
                                                      if e.get("warm")))
+        if turns:
+            measured = localize.pair_results(docs, done["configs"], turns)
+            if measured is None:  # the launch failed before its turns: every group carries why
+                whole = localize.group_result(list(done["configs"]), docs, self.meta["backend"])
+                return [dict(whole, nodes=list(g), failure=whole["failure"] or "the turns did not run")
+                        for g in groups]
+            return localize.merge_turns(groups, measured)
         return [localize.group_result(g, {n: docs.get(n) for n in g}, self.meta["backend"]) for g in groups]
+
+    def _turn_deadlines(self, turns: int) -> Dict[str, float]:
+        """An interleaved round's deadlines: the round's, with its total stretched by half an op deadline per
+        turn (each turn stops within half the op deadline, bench_worker's size budget)."""
+        dl = dict(self.short["deadlines"])
+        dl["total_s"] = round(dl["total_s"] + 0.5 * dl["op_s"] * turns, 1)
+        return dl
 
     def node_rounds(self) -> None:
         """Partner-free rounds that need their own launch (nccl: the NIC loopback): every node alone, all
