@@ -324,3 +324,40 @@ def test_groups_sharing_a_node_alternate_in_one_launch():
                          "bytes": 4}
     assert merged[1]["busbw_gbps"] == 5.0 and merged[1]["failure"] is None
     assert merged[2]["failure"] == "no result"
+
+
+def _with_recheck(docs, names, turns):
+    """Add the ranks' recheck entries (bench_worker._recheck): turns [(rotation, a, b, seconds, control)]."""
+    for r, a, b, t, control in turns:
+        ranks = sorted([names.index(a), names.index(b)])
+        for n in (a, b):
+            docs[n]["ranks"][0]["pairs"].append(dict({"rotation": r, "ranks": ranks, "bytes": 4 * MB, "time_s": t,
+                                                      "min_s": t, "ok": True, "recheck": True},
+                                                     **({"control": True} if control else {})))
+    return docs
+
+
+def test_the_screenings_recheck_clears_a_busy_moment_without_a_round_and_keeps_a_slow_link():
+    """Healthy 4 nodes: n003's two screening pairs caught a busy moment (both 2x slow). The ranks re-measured
+    it in-process beside n004 with n001+n002 as the control at the same moment: fine, so no round is
+    launched, and the evidence says "not confirmed". Its twin: the recheck slow as well (a throttled link):
+    the rounds still run and name it."""
+    names = ["n001", "n002", "n003", "n004"]
+    rot = plan.pair_rotations(names)
+    screening = {(0, "n001", "n003"): 0.08, (0, "n002", "n004"): 0.04, (1, "n001", "n004"): 0.04,
+                 (1, "n002", "n003"): 0.08}
+    docs, configs, _n = _pair_docs(screening)
+    docs = _with_recheck(docs, names, [(2, "n003", "n004", 0.042, False), (2, "n001", "n002", 0.04, True)])
+    results = localize.pair_results(docs, configs, rot)
+    assert [(g["nodes"], g.get("recheck", False), g.get("control", False)) for g in results][4:] == [
+        (["n001", "n002"], True, True), (["n003", "n004"], True, False)]
+    calls = []
+    verdict = localize.localize(names, lambda groups: calls.append(groups) or [], results=results)
+    assert calls == [] and verdict["rounds"] == 0 and verdict["bad"] == {} and verdict["undecided"] == {}, verdict
+    assert verdict["not_confirmed"]["n003"].startswith("not confirmed: slow: busbw"), verdict
+    # the twin: slow on the recheck too, against its control: rounds follow and name it
+    docs, configs, _n = _pair_docs({k: (4.0 if v > 0.05 else v) for k, v in screening.items()})
+    docs = _with_recheck(docs, names, [(2, "n003", "n004", 4.0, False), (2, "n001", "n002", 0.04, True)])
+    run_round, calls = fake_round(set(), slow={"n003"}, slow_gbps=0.001, healthy_gbps=4 * MB / 0.04 / 1e9)
+    verdict = localize.localize(names, run_round, results=localize.pair_results(docs, configs, rot))
+    assert list(verdict["bad"]) == ["n003"] and verdict["rounds"] == 2, verdict

@@ -322,13 +322,17 @@ def test_pair_rotations_run_in_the_same_processes_after_the_sweep():
                for i, n in enumerate(names)}
     node = plan.node_spec(configs, 4, 0.2)
     assert node == {"kind": "loopback", "nodes": [[0], [1], [2], [3]], "warn": 0.1, "iters": 4}
-    cfg = dict(config(port, 4, local=4), pairs=plan.pair_spec(configs, rotations, 4), node=node)
+    # with the recheck on (bench_worker._recheck): a node the rotations found low is re-measured in-process
+    cfg = dict(config(port, 4, local=4), pairs=dict(plan.pair_spec(configs, rotations, 4), recheck=True, warn=0.1),
+               node=node)
     (doc,) = run_all((cfg,))
     assert doc["deadline"] is None and doc.get("pairs_deadline") is None, doc
     for r in doc["ranks"]:
         assert r["status"] == "ok" and r["pairs_error"] is None and r["node_error"] is None, r
         assert [s["bytes"] for s in r["sizes"]] == SMALL
-        assert [(p["rotation"], p["bytes"], p["ok"]) for p in r["pairs"]] == [(0, SMALL[-1], True), (1, SMALL[-1], True)]
+        assert [(p["rotation"], p["bytes"], p["ok"]) for p in r["pairs"] if not p.get("recheck")] == [
+            (0, SMALL[-1], True), (1, SMALL[-1], True)]
+        assert all(p["rotation"] >= 2 and p["ok"] for p in r["pairs"] if p.get("recheck")), r["pairs"]
         first = [m for m in r["nodes"] if m["pass"] == 0]
         assert [(m["node"], m["bytes"], m["ranks"], m["ok"], m["iface"]) for m in first] == [
             (r["rank"], SMALL[-1], 2, True, "lo")], r["nodes"]
@@ -343,7 +347,8 @@ def test_pair_rotations_run_in_the_same_processes_after_the_sweep():
     assert first["rank"] == 0 and all(first["at"]["exit"] >= r["at"]["done"] for r in doc["ranks"]), doc["ranks"]
     per_node = {n: dict(doc, ranks=[doc["ranks"][i]]) for i, n in enumerate(names)}
     groups = localize.pair_results(per_node, configs, rotations)
-    assert [g["nodes"] for g in groups] == [["n001", "n003"], ["n002", "n004"], ["n001", "n004"], ["n002", "n003"]]
+    assert [g["nodes"] for g in groups if not g.get("recheck")] == [
+        ["n001", "n003"], ["n002", "n004"], ["n001", "n004"], ["n002", "n003"]]
     assert all(g["failure"] is None and g["busbw_gbps"] > 0 and g["best_gbps"] >= g["busbw_gbps"] for g in groups), groups
     alone = localize.node_results(per_node, configs)
     assert [g["nodes"] for g in alone if g["pass"] == 0] == [[n] for n in names]

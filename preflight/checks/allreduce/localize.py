@@ -54,37 +54,59 @@ def plan_pairs(nodes: Sequence[str]) -> List[List[str]]:
 def pair_results(docs: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]],
                  rotations: Sequence[Sequence[Sequence[str]]]) -> Optional[List[GroupResult]]:
     """Group results of the in-process pair rotations from the whole-cluster run's documents, or None when
-    no rank ran them (the sweep did not complete, or an agent without the pair phase answered)."""
+    no rank ran them (the sweep did not complete, or an agent without the pair phase answered); then one
+    result per group of the ranks' own recheck (bench_worker._recheck), with "recheck": true (and
+    "control": true), its turns merged (merge_turns)."""
     table = rank_table({n: d for n, d in docs.items() if isinstance(d, dict) and not doc_problem(d)})
     if not any((e.get("pairs") is not None) for _n, e in table.values()):
         return None
     out: List[GroupResult] = []
     for r, rotation in enumerate(rotations):
         for group in rotation:
-            spec = pair_spec(configs, [[group]], 0)["rotations"][0][0]
-            found, failure = [], None
-            for rank in spec:
-                node, entry = table.get(rank, (None, {}))
-                hit = [p for p in entry.get("pairs") or [] if int(p.get("rotation", -1)) == r
-                       and sorted(int(x) for x in p.get("ranks") or []) == spec]
-                if not hit:
-                    why = entry.get("pairs_error") or "no result"
-                    failure = failure or "%s rank %d: pair test did not complete (%s)" % (node or "?", rank, why)
-                elif not hit[0].get("ok", False):
-                    failure = failure or "wrong sums at %s" % human_bytes(int(hit[0]["bytes"]))
-                else:
-                    found.append(hit[0])
-            result: GroupResult = {"nodes": list(group), "busbw_gbps": None, "failure": failure, "rotation": r}
-            if failure is None and found:
-                nbytes, world = int(found[0]["bytes"]), len(spec)
-                slowest = max(float(p["time_s"]) for p in found)
-                result["bytes"] = nbytes
-                result["busbw_gbps"] = round(nbytes / max(slowest, 1e-12) / 1e9 * busbw_factor(world), 4)
-                if all(p.get("min_s") is not None for p in found):
-                    best = max(float(p["min_s"]) for p in found)
-                    result["best_gbps"] = round(nbytes / max(best, 1e-12) / 1e9 * busbw_factor(world), 4)
-            out.append(result)
+            out.append(dict(_pair_figure(table, configs, group, r, False), rotation=r))
+    node_of = {rank: node for rank, (node, _e) in table.items()}
+    turns: Dict[Tuple[int, Tuple[int, ...]], bool] = {}
+    for _n, entry in table.values():
+        for p in entry.get("pairs") or []:
+            if p.get("recheck"):
+                turns[(int(p["rotation"]), tuple(sorted(int(x) for x in p["ranks"])))] = bool(p.get("control"))
+    groups: Dict[Tuple[str, ...], bool] = {}
+    measured = []
+    for (r, ranks), control in sorted(turns.items()):
+        nodes = list(dict.fromkeys(node_of.get(x, "?") for x in ranks))
+        groups.setdefault(tuple(nodes), control)
+        measured.append(_pair_figure(table, configs, nodes, r, True))
+    for g, turn in zip(groups, merge_turns([list(g) for g in groups], measured)):
+        out.append(dict(turn, recheck=True, **({"control": True} if groups[g] else {})))
     return out
+
+
+def _pair_figure(table: Mapping[int, Any], configs: Mapping[str, Mapping[str, Any]], group: Sequence[str],
+                 r: int, recheck: bool) -> GroupResult:
+    """One group's figure in rotation (or recheck turn) r: the slowest rank's median and best iteration."""
+    spec = sorted(pair_spec(configs, [[group]], 0)["rotations"][0][0])
+    found, failure = [], None
+    for rank in spec:
+        node, entry = table.get(rank, (None, {}))
+        hit = [p for p in entry.get("pairs") or [] if int(p.get("rotation", -1)) == r and bool(p.get("recheck")) == recheck
+               and sorted(int(x) for x in p.get("ranks") or []) == spec]
+        if not hit:
+            why = entry.get("pairs_error") or "no result"
+            failure = failure or "%s rank %d: pair test did not complete (%s)" % (node or "?", rank, why)
+        elif not hit[0].get("ok", False):
+            failure = failure or "wrong sums at %s" % human_bytes(int(hit[0]["bytes"]))
+        else:
+            found.append(hit[0])
+    result: GroupResult = {"nodes": list(group), "busbw_gbps": None, "failure": failure}
+    if failure is None and found:
+        nbytes, world = int(found[0]["bytes"]), len(spec)
+        slowest = max(float(p["time_s"]) for p in found)
+        result["bytes"] = nbytes
+        result["busbw_gbps"] = round(nbytes / max(slowest, 1e-12) / 1e9 * busbw_factor(world), 4)
+        if all(p.get("min_s") is not None for p in found):
+            best = max(float(p["min_s"]) for p in found)
+            result["best_gbps"] = round(nbytes / max(best, 1e-12) / 1e9 * busbw_factor(world), 4)
+    return result
 
 
 def node_results(docs: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]]) -> Optional[List[GroupResult]]:
@@ -181,18 +203,19 @@ def _judged(results, threshold, by_bandwidth, slow_fraction):
     by_round: Dict[int, List[GroupResult]] = {}
     for g in results:
         by_round.setdefault(int(g.get("round", 0)), []).append(g)
-    screen = reference(by_round.get(0, []))
+    screen = reference([g for g in by_round.get(0, []) if not g.get("recheck")])
     out = []
     for r in sorted(by_round):
-        groups = by_round[r]
-        controls = [g for g in groups if g.get("control")]
-        ref, name, controlled = screen, "the fleet median", False
-        if r > 0 and control_reference(controls):
-            ref, controlled = control_reference(controls), True
-            name = "the control %s measured beside it" % " & ".join("+".join(c["nodes"]) for c in controls)
-        for g in groups:
-            level, why = grade(g, ref, threshold, slow_fraction, by_bandwidth, ref_name=name)
-            out.append((g, level, why, controlled))
+        # the screening's own recheck (bench_worker._recheck) is a moment of its own, with its own control
+        for moment in ([g for g in by_round[r] if not g.get("recheck")], [g for g in by_round[r] if g.get("recheck")]):
+            controls = [g for g in moment if g.get("control")]
+            ref, name, controlled = screen, "the fleet median", False
+            if (r > 0 or moment and moment[0].get("recheck")) and control_reference(controls):
+                ref, controlled = control_reference(controls), r > 0
+                name = "the control %s measured beside it" % " & ".join("+".join(c["nodes"]) for c in controls)
+            for g in moment:
+                level, why = grade(g, ref, threshold, slow_fraction, by_bandwidth, ref_name=name)
+                out.append((g, level, why, controlled))
     return out
 
 
@@ -383,7 +406,7 @@ def verdict_localization(
             undecided.setdefault(n, "not tested: no partner was free")
     # suspects after the screening that a later round cleared: not named, and the evidence says so
     not_confirmed: Dict[str, str] = {}
-    screened = [g for g in results if int(g.get("round", 0)) == 0]
+    screened = [g for g in results if int(g.get("round", 0)) == 0 and not g.get("recheck")]
     _j, screen_good, _e = _assess(screened, threshold, by_bandwidth, slow_fraction)
     for n in [n for n in good if n not in screen_good] if by_bandwidth else []:
         low = next(((g, why) for g, level, why, _c in judged if level != OK and n in g["nodes"]), None)

@@ -153,6 +153,8 @@ def _run_groups(
                 cfg["start_at"] = settings["start_at"]
         if pairs:
             spec = plan.pair_spec(cfgs, pairs, settings.get("pair_iters") or settings["iters"])
+            if settings.get("recheck"):  # the screening re-measures its low nodes in-process (bench_worker._recheck)
+                spec.update(recheck=True, warn=judge.warn_fraction(settings["slow_fraction"]))
             for cfg in cfgs.values():
                 cfg["pairs"] = spec
         node = plan.node_spec(cfgs, settings.get("pair_iters") or settings["iters"],
@@ -235,7 +237,7 @@ def _measure(result: BenchResult, fleet: Fleet, view: ClusterView, nodes: List[N
     node_phase = settings["node_round"] is not False
     compute = tiers.compute_spec(settings["tier"], "gloo" if gloo else "nccl")
     first = _run_groups(fleet, [nodes], addr_of, port, env_vars,
-                        dict(settings, pair_iters=ROUND_MIN_ITERS if gloo else settings["iters"]),
+                        dict(settings, pair_iters=ROUND_MIN_ITERS if gloo else settings["iters"], recheck=True),
                         pairs=rotations, node_phase=node_phase, compute=compute,
                         warm_next="sweep" if settings["warm_next"] else None)
     timings: Dict[str, Any] = {"run_s": round(time.monotonic() - t0, 3)}
