@@ -215,6 +215,12 @@ def _judged(results, threshold, by_bandwidth, slow_fraction):
                 name = "the control %s measured beside it" % " & ".join("+".join(c["nodes"]) for c in controls)
             for g in moment:
                 level, why = grade(g, ref, threshold, slow_fraction, by_bandwidth, ref_name=name)
+                if r == 0 and level != OK and ref is not screen:
+                    # the recheck only clears (never confirms): fine against the fleet median is enough. Two
+                    # pairs on a shared machine split its CPUs unevenly; a control that got them alone
+                    # measured 3.6x the screening's figures (4 nodes, load 39) and spoiled the recheck
+                    level, why = min((level, why), grade(g, screen, threshold, slow_fraction, by_bandwidth),
+                                     key=lambda lw: lw[0] != OK)
                 out.append((g, level, why, controlled))
     return out
 
