@@ -465,3 +465,26 @@ def test_a_rank_at_another_runs_store_stops_there_and_never_joins():
     assert "belongs to another preflight run (run first-run, not this run's second-run)" in stray["error"]
     assert out.strip() == "[]"  # no arrival recorded in the other run's store
     assert_no_leftovers(doc)
+
+
+def test_a_round_whose_control_shares_the_partner_alternates_them_in_one_launch():
+    """Three "nodes" as three local ranks: the suspect pair b+a and its control c+a share a, so the round
+    runs them as alternating turns of one launch (localize.interleaved, as stage._Rounds does on 3 nodes);
+    every turn completes and each group's turns merge into one figure (localize.merge_turns)."""
+    port = free_port()
+    names = ["b", "a", "c"]  # the order the round launches them in: the suspect's group first
+    configs = {n: {"node_rank": i, "rank_offset": i, "local_world_size": 1, "backend": "gloo"}
+               for i, n in enumerate(names)}
+    groups = [["b", "a"], ["c", "a"]]
+    turns = localize.interleaved(groups)
+    (doc,) = run_all((dict(config(port, 3, local=3, sizes=SMALL[-1:]), pairs=plan.pair_spec(configs, turns, 3)),))
+    for r in doc["ranks"]:
+        assert r["status"] == "ok" and r["pairs_error"] is None, r
+    assert_no_leftovers(doc)
+    per_node = {n: dict(doc, ranks=[doc["ranks"][i]]) for i, n in enumerate(names)}
+    measured = localize.pair_results(per_node, configs, turns)
+    assert len(measured) == 2 * localize.ALTERNATIONS and all(g["failure"] is None for g in measured), measured
+    merged = localize.merge_turns(groups, measured)
+    assert [(g["nodes"], g["turns"], g["failure"]) for g in merged] == [
+        (["b", "a"], localize.ALTERNATIONS, None), (["c", "a"], localize.ALTERNATIONS, None)]
+    assert all(g["best_gbps"] >= g["busbw_gbps"] > 0 for g in merged), merged
