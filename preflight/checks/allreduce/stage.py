@@ -326,7 +326,7 @@ class _Rounds:
             union = [self.by_name[n] for n in dict.fromkeys(n for g in groups for n in g)]
             done = _run_groups(self.fleet, [union], self.addr_of, self.port, dict(self.env_vars, **(extra_env or {})),
                                dict(self.short, local_ranks=local_ranks, start_at=start_at,
-                                    deadlines=self._turn_deadlines(len(turns))),
+                                    deadlines=self._turn_deadlines(len(turns)), iters=self._turn_iters()),
                                pairs=turns, warm_next="round" if self.settings["warm_next"] else None)
         else:
             done = _run_groups(self.fleet, infos, self.addr_of, self.port, dict(self.env_vars, **(extra_env or {})),
@@ -346,6 +346,13 @@ class _Rounds:
                         for g in groups]
             return localize.merge_turns(groups, measured)
         return [localize.group_result(g, {n: docs.get(n) for n in g}, self.meta["backend"]) for g in groups]
+
+    def _turn_iters(self) -> int:
+        """An interleaved round's iterations per turn: the round's split over its ALTERNATIONS turns (at least
+        3), so a group is timed about as often as in a plain round and no turn of a slow link runs past the
+        op deadline without an event (a rank outside a turn waits at its barrier; seen once: a throttled
+        3-node run's suspect turn of 22 iterations at 256 KiB hung at the 10 s op deadline)."""
+        return max(3, -(-int(self.short["iters"]) // localize.ALTERNATIONS))
 
     def _turn_deadlines(self, turns: int) -> Dict[str, float]:
         """An interleaved round's deadlines: the round's, with its total stretched by half an op deadline per
