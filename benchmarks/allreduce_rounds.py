@@ -44,6 +44,11 @@ def run(cluster, inv, pythonpath, cwd):
         doc = json.load(fh)
     os.unlink(out)
     verdicts = [(r["status"], r["node"], r["message"][:160]) for r in doc["results"] if r["check"] == "allreduce"]
+    loc = (doc.get("allreduce") or {}).get("localization") or {}
+    if loc.get("rounds"):  # why a round ran: every group measured, by round (recheck: the screening's own)
+        verdicts.append(("groups", None, " ".join("r%d%s%s:%s=%s" % (
+            g.get("round", 0), "R" if g.get("recheck") else "", "C" if g.get("control") else "", "+".join(g["nodes"]),
+            g.get("best_gbps", g.get("busbw_gbps"))) for g in loc.get("groups") or [])))
     return wall, proc.returncode, verdicts, (doc.get("allreduce") or {}).get("timings_s")
 
 
@@ -86,6 +91,9 @@ def main():
             for line in compare_stages(stages[label], stages["after"], label):
                 print(line)
             print("named: %s %s, after %s" % (label, sorted(named[label]), sorted(named["after"])))
+            print("runs that paid a localization round: %s %d/%d, after %d/%d" % (
+                label, sum(1 for t in stages[label] if t.get("rounds_s")), len(stages[label]),
+                sum(1 for t in stages["after"] if t.get("rounds_s")), len(stages["after"])))
 
 
 def compare_stages(before, after, label):

@@ -435,20 +435,95 @@ def _pair_phase(torch, dist, device, gpu, rank, last, cfg):
             _node_phase(torch, dist, device, gpu, rank, nbytes, sub, cfg["node"])
         except Exception as exc:  # the pairs still run; the agent reports this as the rank's node_error
             emit("node_error", error=_describe(exc))
-    for r, rotation in enumerate(spec.get("rotations") or []):
-        # a rotation's groups are made just before it runs (every rank makes each one, member or not),
-        # and say so: on a large cluster making them is progress the agent's op deadline must see
-        made = [(sorted(int(x) for x in ranks), dist.new_group(ranks=sorted(int(x) for x in ranks)))
-                for ranks in rotation]
-        emit("pairs_ready", rotation=r)
-        dist.barrier()
-        for ranks, group in made:
-            if rank in ranks:
-                expected = sum(x + 1 for x in ranks)
-                out = _one_size(torch, dist, device, gpu, rank, nbytes, sub, expected, group=group)
-                emit("pair", rotation=r, ranks=ranks, **out)
+    rotations = spec.get("rotations") or []
+    mine = []  # (pair index over every rotation, time_s, min_s) of this rank's pairs
+    for r, rotation in enumerate(rotations):
+        for ranks, out in _pair_turn(torch, dist, device, gpu, rank, nbytes, sub, rotation, r):
+            emit("pair", rotation=r, ranks=ranks, **out)
+            p = sum(len(x) for x in rotations[:r]) + [sorted(int(x) for x in g) for g in rotation].index(ranks)
+            mine.append((p, out["time_s"] if out["ok"] else float("inf"), out["min_s"] if out["ok"] else float("inf")))
+    if spec.get("recheck") and spec.get("nodes"):
+        _recheck(torch, dist, device, gpu, rank, nbytes, sub, spec, mine)
     dist.barrier()
     emit("pairs_done")
+
+
+def _pair_turn(torch, dist, device, gpu, rank, nbytes, cfg, groups, r):
+    """One rotation (or recheck turn): its disjoint rank groups timed at once; [(ranks, figures)] of this
+    rank's group. The groups are made just before it runs (every rank makes each one, member or not), and
+    say so: on a large cluster making them is progress the agent's op deadline must see."""
+    made = [(sorted(int(x) for x in ranks), dist.new_group(ranks=sorted(int(x) for x in ranks))) for ranks in groups]
+    emit("pairs_ready", rotation=r)
+    dist.barrier()
+    return [(ranks, _one_size(torch, dist, device, gpu, rank, nbytes, cfg, sum(x + 1 for x in ranks), group=group))
+            for ranks, group in made if rank in ranks]
+
+
+def _recheck(torch, dist, device, gpu, rank, nbytes, cfg, spec, mine):
+    """Re-measure, once and in these processes, every node the rotations found low beside every partner
+    (recheck_plan), beside a known-good partner with a control pair of known-good nodes at the same moment
+    (alternated with it where it shares a node): a pair spoiled by a busy moment is cleared here instead
+    of costing a localization round. Emits "pair" events with "recheck": true (and "control": true)."""
+    pairs = [sorted(int(x) for x in ranks) for rotation in spec["rotations"] for ranks in rotation]
+    nodes = [sorted(int(x) for x in ranks) for ranks in spec["nodes"]]
+    node_of = {r: i for i, ranks in enumerate(nodes) for r in ranks}
+    n = len(pairs)
+    figures = torch.zeros(2 * n, dtype=torch.float64, device=device)
+    for p, t, m in mine:
+        figures[p], figures[n + p] = float(t), float(m)
+    dist.all_reduce(figures, op=dist.ReduceOp.MAX)  # every pair's slowest rank, known to every rank
+    vals = [float(x) for x in figures.cpu().tolist()]
+    pair_nodes = [sorted({node_of[r] for r in ranks}) for ranks in pairs]
+    turns = recheck_plan(pair_nodes, vals[:n], vals[n:], float(spec.get("warn", 0.1)))
+    for k, turn in enumerate(turns):
+        groups = [sum((nodes[i] for i in g), []) for g, _c in turn]
+        control = {tuple(sorted(x)) for x, (_g, c) in zip(groups, turn) if c}
+        for ranks, out in _pair_turn(torch, dist, device, gpu, rank, nbytes, cfg, groups, len(spec["rotations"]) + k):
+            emit("pair", rotation=len(spec["rotations"]) + k, ranks=ranks, recheck=True,
+                 **dict(out, **({"control": True} if tuple(ranks) in control else {})))
+
+
+#: A recheck alternates a control that shares a node with a suspect's pair (3 nodes) this many times with it
+#: (preflight.checks.allreduce.localize.ALTERNATIONS, the rounds' figure).
+RECHECK_ALTERNATIONS = 3
+
+
+def recheck_plan(pairs, times, bests, warn, alternations=RECHECK_ALTERNATIONS):
+    """The recheck's turns, [[(node indices, is_control), ...], ...], from the rotations' pairs (node
+    indices) and each pair's median and best iteration times. A node is low when every pair it sat in is
+    more than `warn` below the fleet (the median over nodes of each node's median, on both kinds, the more
+    favourable kept: the controller's judge.reference and grade); each low node (the slowest MAX_CONFIRM)
+    goes beside a distinct known-good node, one it has not met where it can, and two spare known-good
+    nodes are the control, timed at once (one turn); with fewer than two spare, a control that shares a
+    partner, alternated with the suspects `alternations` times. [] when nothing is low or nothing is good."""
+    by_node = {}
+    for p, members in enumerate(pairs):
+        for i in members:
+            by_node.setdefault(i, []).append(p)
+    bw = [[1.0 / max(f[p], 1e-12) for p in range(len(pairs))] for f in (times, bests)]
+    ref = [statistics.median(statistics.median(b[p] for p in ps) for ps in by_node.values()) for b in bw]
+
+    def fine(p):
+        return max(bw[0][p] / max(ref[0], 1e-12), bw[1][p] / max(ref[1], 1e-12)) >= 1.0 - warn
+
+    good = [i for i in sorted(by_node) if any(fine(p) for p in by_node[i])]
+    low = [i for i in sorted(by_node) if i not in good][:MAX_CONFIRM]
+    free, groups = list(good), []
+    for s in low:
+        met = {m for p in by_node[s] for m in pairs[p]}
+        partner = next((g for g in free if g not in met), free[0] if free else None)
+        if partner is None:
+            break
+        free.remove(partner)
+        groups.append([s, partner])
+    if not groups:
+        return []
+    if len(free) >= 2:
+        return [[(g, False) for g in groups] + [(free[:2], True)]]
+    pool = free + [g[1] for g in groups]
+    if len(pool) < 2:
+        return [[(g, False) for g in groups]]
+    return [[(g, False) for g in groups], [(pool[:2], True)]] * alternations
 
 
 #: The node phase's second pass re-measures at most this many suspects (one at a time), each beside

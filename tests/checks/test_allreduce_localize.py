@@ -237,7 +237,9 @@ def test_three_nodes_the_slow_middle_one_is_named_though_its_pairs_are_the_major
     verdict = localize.localize(names, run_round, results=results)
     assert list(verdict["bad"]) == ["b"] and verdict["good"] == ["a", "c"], verdict
     assert verdict["bad"]["b"].startswith("failed beside known-good a: slow: busbw"), verdict["bad"]
-    assert calls == [[["b", "a"]], [["b", "c"]]]  # three nodes: no spare pair for a control
+    # three nodes: no spare pair, so each round's control shares the partner (the round alternates them)
+    assert calls == [[["b", "a"], ["c", "a"]], [["b", "c"], ["a", "c"]]]
+    assert [g.get("control", False) for g in verdict["results"] if g["round"] > 0] == [False, True, False, True]
     # the twin: three healthy nodes, one pair disturbed once (a busy neighbour): nobody is named
     noisy = {(0, "a", "b"): 0.04, (1, "a", "c"): 0.04, (2, "b", "c"): 0.07}
     docs, configs, names = _pair_docs(noisy)
@@ -267,3 +269,115 @@ def test_a_node_test_names_a_node_only_when_every_confirmation_beside_a_known_go
     # the whole machine slowed during the confirmation (the control as much as the suspect): not named
     loaded = first + [g("d", 0.3, 1, beside="b"), g("b", 0.31, 1, control_for="d")]
     assert judge.judge_nodes(loaded)["fail"] == {}
+
+
+def _three_screened_low(node="b"):
+    """Three healthy nodes whose screening caught `node` in a busy moment: both its pairs 44% low."""
+    rot = plan.pair_rotations(["a", "b", "c"])
+    figures = {(r, x, y): (0.0714 if node in (x, y) else 0.04) for r, rotation in enumerate(rot) for x, y in rotation}
+    docs, configs, names = _pair_docs(figures)
+    return names, localize.pair_results(docs, configs, rot)
+
+
+def test_three_healthy_nodes_a_load_burst_during_the_confirmation_names_nobody():
+    """The verdict defect (tests/e2e/test_allreduce.py, 3 nodes, load 18): the screening caught b low beside
+    both partners, then CPU load came back during both confirmation rounds. Judged against the screening's
+    median, measured earlier, b was confirmed "44% below the fleet median". Each round now times a control
+    beside the suspect pair (on 3 nodes alternating with it, sharing the partner); the burst slows the
+    control as much, and nobody is named."""
+    names, results = _three_screened_low()
+    healthy = 4 * MB / 0.04 / 1e9  # the screening's healthy pairs, GB/s
+    run_round, calls = fake_round(set(), healthy_gbps=healthy, scale=0.56)  # the whole round slowed by the burst
+    verdict = localize.localize(names, run_round, results=results)
+    assert verdict["bad"] == {} and verdict["warn"] == {} and verdict["undecided"] == {}, verdict
+    assert "b" in verdict["not_confirmed"] and verdict["rounds"] == 1, verdict
+    assert all(len(c) == 2 for c in calls), calls  # every round held a control
+    # the twin: b's link really slow, its control healthy at the same moment: named, with that evidence
+    run_round, calls = fake_round(set(), slow={"b"}, slow_gbps=0.001, healthy_gbps=healthy)
+    verdict = localize.localize(names, run_round, results=results)
+    assert list(verdict["bad"]) == ["b"] and "measured beside it" in verdict["bad"]["b"], verdict
+
+
+def test_a_round_without_a_control_clears_a_node_but_never_confirms_one():
+    """A round whose control did not complete is judged against the screening's median (another moment):
+    it can clear the suspect, never name it; the node is "not confirmed" (a WARN: retest), not a FAIL."""
+    names, results = _three_screened_low()
+
+    def no_control(groups):
+        return [{"nodes": g, "busbw_gbps": 0.001, "failure": None} if i == 0 else
+                {"nodes": g, "busbw_gbps": None, "failure": "c rank 2: pair test did not complete"}
+                for i, g in enumerate(groups)]
+
+    verdict = localize.localize(names, no_control, results=results)
+    assert verdict["bad"] == {} and verdict["warn"] == {}, verdict
+    assert "not confirmed: no control pair was timed beside it (retest)" in verdict["undecided"]["b"], verdict
+
+
+def test_groups_sharing_a_node_alternate_in_one_launch():
+    assert localize.interleaved([["b", "a"], ["d", "c"]]) == []  # disjoint: side by side
+    turns = localize.interleaved([["b", "a"], ["c", "a"]])
+    assert turns == [[["b", "a"]], [["c", "a"]]] * localize.ALTERNATIONS
+    measured = [{"nodes": ["b", "a"], "busbw_gbps": v, "best_gbps": v + 1, "failure": None, "bytes": 4}
+                for v in (1.0, 3.0, 2.0)] + [{"nodes": ["a", "c"], "busbw_gbps": 5.0, "failure": None}] * 2
+    merged = localize.merge_turns([["b", "a"], ["c", "a"], ["b", "c"]], measured)
+    assert merged[0] == {"nodes": ["b", "a"], "busbw_gbps": 2.0, "best_gbps": 4.0, "failure": None, "turns": 3,
+                         "bytes": 4}
+    assert merged[1]["busbw_gbps"] == 5.0 and merged[1]["failure"] is None
+    assert merged[2]["failure"] == "no result"
+
+
+def _with_recheck(docs, names, turns):
+    """Add the ranks' recheck entries (bench_worker._recheck): turns [(rotation, a, b, seconds, control)]."""
+    for r, a, b, t, control in turns:
+        ranks = sorted([names.index(a), names.index(b)])
+        for n in (a, b):
+            docs[n]["ranks"][0]["pairs"].append(dict({"rotation": r, "ranks": ranks, "bytes": 4 * MB, "time_s": t,
+                                                      "min_s": t, "ok": True, "recheck": True},
+                                                     **({"control": True} if control else {})))
+    return docs
+
+
+def test_the_screenings_recheck_clears_a_busy_moment_without_a_round_and_keeps_a_slow_link():
+    """Healthy 4 nodes: n003's two screening pairs caught a busy moment (both 2x slow). The ranks re-measured
+    it in-process beside n004 with n001+n002 as the control at the same moment: fine, so no round is
+    launched, and the evidence says "not confirmed". Its twin: the recheck slow as well (a throttled link):
+    the rounds still run and name it."""
+    names = ["n001", "n002", "n003", "n004"]
+    rot = plan.pair_rotations(names)
+    screening = {(0, "n001", "n003"): 0.08, (0, "n002", "n004"): 0.04, (1, "n001", "n004"): 0.04,
+                 (1, "n002", "n003"): 0.08}
+    docs, configs, _n = _pair_docs(screening)
+    docs = _with_recheck(docs, names, [(2, "n003", "n004", 0.042, False), (2, "n001", "n002", 0.04, True)])
+    results = localize.pair_results(docs, configs, rot)
+    assert [(g["nodes"], g.get("recheck", False), g.get("control", False)) for g in results][4:] == [
+        (["n001", "n002"], True, True), (["n003", "n004"], True, False)]
+    calls = []
+    verdict = localize.localize(names, lambda groups: calls.append(groups) or [], results=results)
+    assert calls == [] and verdict["rounds"] == 0 and verdict["bad"] == {} and verdict["undecided"] == {}, verdict
+    assert verdict["not_confirmed"]["n003"].startswith("not confirmed: slow: busbw"), verdict
+    # the twin: slow on the recheck too, against its control: rounds follow and name it
+    docs, configs, _n = _pair_docs({k: (4.0 if v > 0.05 else v) for k, v in screening.items()})
+    docs = _with_recheck(docs, names, [(2, "n003", "n004", 4.0, False), (2, "n001", "n002", 0.04, True)])
+    run_round, calls = fake_round(set(), slow={"n003"}, slow_gbps=0.001, healthy_gbps=4 * MB / 0.04 / 1e9)
+    verdict = localize.localize(names, run_round, results=localize.pair_results(docs, configs, rot))
+    assert list(verdict["bad"]) == ["n003"] and verdict["rounds"] == 2, verdict
+
+
+def test_a_recheck_whose_control_ran_alone_still_clears_a_node_fine_against_the_fleet():
+    """Measured (benchmarks/allreduce_rounds.py, 4 healthy nodes, load 39): n001 was 11% low beside both partners;
+    its recheck beside n002 measured 0.167 GB/s, as good as the screening's median, while the control n003+n004,
+    timed at once, got the two cores to itself and measured 0.598. Judged against that control alone a round
+    was ordered; the recheck only clears, so the screening's median suffices and no round runs."""
+    names = ["n001", "n002", "n003", "n004"]
+    rot = plan.pair_rotations(names)
+    secs = {gbps: 4 * MB / (gbps * 1e9) for gbps in (0.124, 0.1777, 0.1251, 0.1442)}  # the GB/s measured
+    screening = {(0, "n001", "n003"): secs[0.124], (0, "n002", "n004"): secs[0.1777],
+                 (1, "n001", "n004"): secs[0.1251], (1, "n002", "n003"): secs[0.1442]}
+    docs, configs, _n = _pair_docs(screening)
+    docs = _with_recheck(docs, names, [(2, "n001", "n002", 4 * MB / 0.1669e9, False),
+                                       (2, "n003", "n004", 4 * MB / 0.5981e9, True)])
+    calls = []
+    verdict = localize.localize(names, lambda groups: calls.append(groups) or [],
+                                results=localize.pair_results(docs, configs, rot))
+    assert calls == [] and verdict["bad"] == {} and verdict["undecided"] == {}, verdict
+    assert "n001" in verdict["not_confirmed"], verdict

@@ -39,7 +39,8 @@ def test_pair_rotations_give_every_node_distinct_cross_half_partners():
     # three nodes: every pair, so every node is measured beside two partners
     assert plan.pair_rotations(["a", "b", "c"]) == [[["a", "b"]], [["a", "c"]], [["b", "c"]]]
     assert plan.pair_spec({"a": {"rank_offset": 0, "local_world_size": 2}, "b": {"rank_offset": 2,
-                                "local_world_size": 2}}, [[["a", "b"]]], 20) == {"rotations": [[[0, 1, 2, 3]]], "iters": 20}
+                                "local_world_size": 2}}, [[["a", "b"]]], 20) == {"rotations": [[[0, 1, 2, 3]]], "iters": 20,
+                                                                 "nodes": [[0, 1], [2, 3]]}
 
 
 def test_round_iterations_fit_half_the_op_deadline_at_the_pace_the_sweep_measured():

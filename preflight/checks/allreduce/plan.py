@@ -176,7 +176,9 @@ def pair_spec(configs: Mapping[str, Mapping[str, Any]], rotations: Sequence[Sequ
         first = int(c.get("rank_offset", 0))
         return list(range(first, first + int(c.get("local_world_size", 1))))
 
-    return {"rotations": [[ranks(a) + ranks(b) for a, b in rotation] for rotation in rotations], "iters": int(iters)}
+    ordered = [name for name, _c in sorted(configs.items(), key=lambda kv: kv[1].get("node_rank", 0))]
+    return {"rotations": [[ranks(a) + ranks(b) for a, b in rotation] for rotation in rotations], "iters": int(iters),
+            "nodes": [ranks(name) for name in ordered]}
 
 
 def node_spec(configs: Mapping[str, Mapping[str, Any]], iters: int, slow_fraction: float) -> Optional[Dict[str, Any]]:

@@ -153,6 +153,8 @@ def _run_groups(
                 cfg["start_at"] = settings["start_at"]
         if pairs:
             spec = plan.pair_spec(cfgs, pairs, settings.get("pair_iters") or settings["iters"])
+            if settings.get("recheck"):  # the screening re-measures its low nodes in-process (bench_worker._recheck)
+                spec.update(recheck=True, warn=judge.warn_fraction(settings["slow_fraction"]))
             for cfg in cfgs.values():
                 cfg["pairs"] = spec
         node = plan.node_spec(cfgs, settings.get("pair_iters") or settings["iters"],
@@ -235,7 +237,7 @@ def _measure(result: BenchResult, fleet: Fleet, view: ClusterView, nodes: List[N
     node_phase = settings["node_round"] is not False
     compute = tiers.compute_spec(settings["tier"], "gloo" if gloo else "nccl")
     first = _run_groups(fleet, [nodes], addr_of, port, env_vars,
-                        dict(settings, pair_iters=ROUND_MIN_ITERS if gloo else settings["iters"]),
+                        dict(settings, pair_iters=ROUND_MIN_ITERS if gloo else settings["iters"], recheck=True),
                         pairs=rotations, node_phase=node_phase, compute=compute,
                         warm_next="sweep" if settings["warm_next"] else None)
     timings: Dict[str, Any] = {"run_s": round(time.monotonic() - t0, 3)}
@@ -319,16 +321,45 @@ class _Rounds:
         start_at = time.time() + min(max(ROUND_START_MIN_S, delay), 0.5 * self.short["deadlines"]["init_s"])
         if not sync:  # judged on completion: no need to wait for the others
             start_at = None
-        done = _run_groups(self.fleet, infos, self.addr_of, self.port, dict(self.env_vars, **(extra_env or {})),
-                           dict(self.short, local_ranks=local_ranks, start_at=start_at),
-                           warm_next="round" if self.settings["warm_next"] else None)
+        turns = localize.interleaved(groups)
+        if turns:  # groups that share a node (a suspect and its control on 3 nodes): one launch, alternating
+            union = [self.by_name[n] for n in dict.fromkeys(n for g in groups for n in g)]
+            done = _run_groups(self.fleet, [union], self.addr_of, self.port, dict(self.env_vars, **(extra_env or {})),
+                               dict(self.short, local_ranks=local_ranks, start_at=start_at,
+                                    deadlines=self._turn_deadlines(len(turns)), iters=self._turn_iters()),
+                               pairs=turns, warm_next="round" if self.settings["warm_next"] else None)
+        else:
+            done = _run_groups(self.fleet, infos, self.addr_of, self.port, dict(self.env_vars, **(extra_env or {})),
+                               dict(self.short, local_ranks=local_ranks, start_at=start_at),
+                               warm_next="round" if self.settings["warm_next"] else None)
         docs = dict(done["docs"])
         took = time.monotonic() - started
         self.kept, self.warm_launch_s = done["kept"], spares.warm_launch_s(docs, took)
         self.timings["rounds_s"].append(round(took, 3))
         self.timings["rounds_warm_ranks"].append(sum(1 for d in docs.values() for e in d.get("ranks") or []
                                                      if e.get("warm")))
+        if turns:
+            measured = localize.pair_results(docs, done["configs"], turns)
+            if measured is None:  # the launch failed before its turns: every group carries why
+                whole = localize.group_result(list(done["configs"]), docs, self.meta["backend"])
+                return [dict(whole, nodes=list(g), failure=whole["failure"] or "the turns did not run")
+                        for g in groups]
+            return localize.merge_turns(groups, measured)
         return [localize.group_result(g, {n: docs.get(n) for n in g}, self.meta["backend"]) for g in groups]
+
+    def _turn_iters(self) -> int:
+        """An interleaved round's iterations per turn: the round's split over its ALTERNATIONS turns (at least
+        3), so a group is timed about as often as in a plain round and no turn of a slow link runs past the
+        op deadline without an event (a rank outside a turn waits at its barrier; seen once: a throttled
+        3-node run's suspect turn of 22 iterations at 256 KiB hung at the 10 s op deadline)."""
+        return max(3, -(-int(self.short["iters"]) // localize.ALTERNATIONS))
+
+    def _turn_deadlines(self, turns: int) -> Dict[str, float]:
+        """An interleaved round's deadlines: the round's, with its total stretched by half an op deadline per
+        turn (each turn stops within half the op deadline, bench_worker's size budget)."""
+        dl = dict(self.short["deadlines"])
+        dl["total_s"] = round(dl["total_s"] + 0.5 * dl["op_s"] * turns, 1)
+        return dl
 
     def node_rounds(self) -> None:
         """Partner-free rounds that need their own launch (nccl: the NIC loopback): every node alone, all
