@@ -2,7 +2,7 @@
 
 bench_worker._one_size against a real gloo process group of one rank in this process (torch.distributed
 through a counting pass-through: every call reaches gloo). Each collective is a network round trip on
-every rank of the world (90-130 ms each at 16 simulated nodes at load 23-27: docs/incoming/wall.md), so a
+every rank of the world (90-130 ms each at 16 simulated nodes at load 23-27: docs/speed.md), so a
 sweep of 13 sizes pays for every one it adds. A wrong result must still be caught: the correctness check
 reads the last timed all-reduce (its buffer freshly filled like every iteration's) instead of a 14th run.
 """
