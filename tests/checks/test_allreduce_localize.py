@@ -381,3 +381,14 @@ def test_a_recheck_whose_control_ran_alone_still_clears_a_node_fine_against_the_
                                 results=localize.pair_results(docs, configs, rot))
     assert calls == [] and verdict["bad"] == {} and verdict["undecided"] == {}, verdict
     assert "n001" in verdict["not_confirmed"], verdict
+
+
+def test_may_start_is_asked_with_the_groups_of_the_round_it_would_start():
+    """localize asks before each round after the screening, naming that round's groups (controls included)."""
+    asked = []
+    slow = {"nodes": ["a", "b"], "busbw_gbps": 1.0, "best_gbps": 1.0, "failure": None}
+    fast = {"nodes": ["c", "d"], "busbw_gbps": 10.0, "best_gbps": 10.0, "failure": None}
+    verdict = localize.localize(["a", "b", "c", "d"], lambda groups: [], threshold=5.0, results=[slow, fast],
+                                may_start=lambda groups: asked.append(groups) or False)
+    assert verdict["out_of_time"] is True and verdict["rounds"] == 0
+    assert asked and all(isinstance(g, list) for g in asked[0]) and {"a", "b"} & {n for g in asked[0] for n in g}

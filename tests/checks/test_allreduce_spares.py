@@ -5,7 +5,7 @@ rounds' common start uses what an all-warm round measured. A recording fleet sta
 
 from __future__ import annotations
 
-from preflight.checks.allreduce import plan, spares, stage
+from preflight.checks.allreduce import localize, plan, spares, stage
 from preflight.model import NodeInfo
 from preflight.transport.contract import Outcome
 
@@ -150,3 +150,17 @@ def test_the_first_round_starts_at_the_warm_launch_after_an_all_warm_nccl_sweep(
     assert spares.first_round_launch_s(docs, 10.0, "nccl") == spares.warm_launch_s(docs, 10.0) == 0.5
     assert spares.first_round_launch_s(docs, 10.0, "gloo") is None
     assert spares.first_round_launch_s({"a": rank_doc(0, False), "b": rank_doc(1, True)}, 10.0, "nccl") is None
+
+
+def test_the_time_budget_counts_an_interleaved_round_at_its_stretched_deadline():
+    """A round whose groups share a node (a suspect and its control on 3 nodes) runs as alternating turns of one
+    launch, its total deadline stretched per turn: the localization's budget check (may_start) must count that,
+    not a plain round's. Its twin: disjoint groups run side by side and keep the plain deadline."""
+    r = rounds(Fleet(), names=("n1", "n2", "n3"))
+    plain = plan.outer_deadline({"deadlines": r.short["deadlines"]})
+    assert r.round_deadline([["n1", "n2"], ["n3", "n4"]]) == plain
+    shared = [["n1", "n2"], ["n3", "n2"]]
+    turns = len(localize.interleaved(shared))
+    assert turns == 2 * localize.ALTERNATIONS
+    assert r.round_deadline(shared) == plain + 0.5 * r.short["deadlines"]["op_s"] * turns > plain
+

@@ -450,12 +450,13 @@ def localize(
     by_bandwidth: bool = True,
     slow_fraction: float = SLOW_FRACTION,
     results: Optional[Sequence[GroupResult]] = None,
-    may_start: Optional[Callable[[], bool]] = None,
+    may_start: Optional[Callable[[List[List[str]]], bool]] = None,
 ) -> Dict[str, Any]:
     """Drive the rounds: run_round(groups) runs those groups concurrently and returns their results.
 
-    may_start(): asked before each round after the screening; False (the localization's time budget
-    would be overrun) stops there, and what is left undecided is said so.
+    may_start(groups): asked before each round after the screening, with the groups it would run (an
+    interleaved round lasts longer than a plain one); False (the localization's time budget would be
+    overrun) stops there, and what is left undecided is said so.
 
     results: groups already measured (the in-process pair rotations): they are the screening (round 0);
     otherwise the screening is one round of disjoint pairs (plan_pairs). Then at most max_rounds(n)
@@ -476,11 +477,12 @@ def localize(
         planned = plan_round(results, nodes, threshold, by_bandwidth, slow_fraction, chunk)
         if not planned["groups"]:
             break
-        if may_start is not None and not may_start():
+        groups = planned["groups"] + planned["controls"]
+        if may_start is not None and not may_start(groups):
             stopped = True
             break
         chunk = planned["chunk"]
-        done = run_round(planned["groups"] + planned["controls"])
+        done = run_round(groups)
         ngroups = len(planned["groups"])
         results.extend(dict(g, round=r, **({"control": True} if i >= ngroups else {})) for i, g in enumerate(done))
         rounds += 1

@@ -347,6 +347,13 @@ class _Rounds:
             return localize.merge_turns(groups, measured)
         return [localize.group_result(g, {n: docs.get(n) for n in g}, self.meta["backend"]) for g in groups]
 
+    def round_deadline(self, groups: List[List[str]]) -> float:
+        """The longest the controller waits for a round of these groups: an interleaved one (groups sharing a
+        node) has its total stretched per turn (_turn_deadlines), so the time budget counts it as such."""
+        turns = localize.interleaved(groups)
+        deadlines = self._turn_deadlines(len(turns)) if turns else self.short["deadlines"]
+        return plan.outer_deadline({"deadlines": deadlines})
+
     def _turn_iters(self) -> int:
         """An interleaved round's iterations per turn: the round's split over its ALTERNATIONS turns (at least
         3), so a group is timed about as often as in a plain round and no turn of a slow link runs past the
@@ -383,11 +390,12 @@ class _Rounds:
         (they judge bandwidth); a hang or an error is localized by separate rounds at the size it stopped at."""
         done = localize.pair_results(first["docs"], first["configs"], rotations) if (
             rotations and self.by_bandwidth) else None
-        begun, one_round = time.monotonic(), plan.outer_deadline({"deadlines": self.short["deadlines"]})
+        begun = time.monotonic()
         verdict = localize.localize([n.name for n in self.nodes], self.run_groups,
                                     threshold=limit if self.by_bandwidth else None, by_bandwidth=self.by_bandwidth,
                                     slow_fraction=self.settings["slow_fraction"], results=done,
-                                    may_start=lambda: time.monotonic() - begun + one_round <= plan.LOCALIZE_BUDGET_S)
+                                    may_start=lambda groups: time.monotonic() - begun + self.round_deadline(groups)
+                                    <= plan.LOCALIZE_BUDGET_S)
         self.meta["localization"] = {
             "results": verdict["results"], "rounds": verdict["rounds"],
             "in_process_rotations": len(rotations) if done is not None else 0,
