@@ -288,6 +288,13 @@ def _node_round(rnd: Mapping[str, Any], exclude: set) -> str:
     return head + table % shown + more
 
 
+def _round_label(g: Mapping[str, Any]) -> str:
+    """What a group was in its round: the screening's in-process recheck of a low node (round 0, a moment of
+    its own: bench_worker._recheck) and a control timed beside a suspect are said so."""
+    kinds = [k for k, on in (("recheck", g.get("recheck")), ("control", g.get("control"))) if on]
+    return " (%s)" % ", ".join(kinds) if kinds else ""
+
+
 def _pair_rounds(loc: Mapping[str, Any], exclude: set) -> str:
     """The pair rounds that localized a slow or failing run: each group per round, the excluded node's marked."""
     groups = [g for g in loc.get("groups") or [] if isinstance(g, dict)]
@@ -306,13 +313,13 @@ def _pair_rounds(loc: Mapping[str, Any], exclude: set) -> str:
     def row(g: Mapping[str, Any]) -> str:
         hit = any(n in exclude for n in g.get("nodes") or [])
         return '<tr%s><td class="num">%s%s</td><td class="mono">%s</td><td class="num">%s</td><td>%s</td><td>%s</td></tr>' % (
-            ' class="hit"' if hit else "", esc(g.get("round", 0)), " (control)" if g.get("control") else "",
+            ' class="hit"' if hit else "", esc(g.get("round", 0)), _round_label(g),
             esc(" + ".join(g.get("nodes") or [])), _gbps(g.get("busbw_gbps")), _bar(g.get("busbw_gbps"), peak, hit),
             esc(g.get("failure") or ""))
 
     # the screening's groups that held no suspect fold away: on 1,000 nodes they are 500 rows of "fine"
     ordered = sorted(groups, key=lambda g: int(g.get("round") or 0))
-    quiet = [g for g in ordered if not int(g.get("round") or 0) and not g.get("failure")
+    quiet = [g for g in ordered if not int(g.get("round") or 0) and not g.get("failure") and not g.get("recheck")
              and not any(n in exclude for n in g.get("nodes") or []) and len(ordered) > NODE_ROWS]
     table = "<table><tr><th>round</th><th>group</th><th>busbw GB/s</th><th></th><th>failure</th></tr>%s</table>"
     hidden = {id(g) for g in quiet}

@@ -222,3 +222,17 @@ def test_check_with_history_puts_each_nodes_runs_on_the_page(tmp_path):
         assert "%d of 2</td>" % troubled in hist and html.esc(node) in hist
     else:
         assert '1 node passed every recorded run: <span class="mono">%s</span>' % html.esc(node) in hist
+
+
+def test_the_screenings_recheck_is_labelled_and_never_folded_away():
+    """A recheck group (the screening re-measuring a low node in-process, round 0) is said so, its control
+    too, and stays in view when the quiet screening groups fold; a plain screening group carries no label."""
+    quiet = [{"nodes": ["n%03d" % i, "n%03d" % (i + 1)], "round": 0, "busbw_gbps": 10.0} for i in range(10, 200, 2)]
+    loc = {"rounds": 0, "why": "the screening measured n002 low", "groups": quiet + [
+        {"nodes": ["n002", "n003"], "round": 0, "recheck": True, "busbw_gbps": 9.5},
+        {"nodes": ["n004", "n005"], "round": 0, "recheck": True, "control": True, "busbw_gbps": 9.8}]}
+    out = html._pair_rounds(loc, set())
+    shown = out.split("<details>")[0]
+    assert '<td class="num">0 (recheck)</td><td class="mono">n002 + n003</td>' in shown
+    assert '<td class="num">0 (recheck, control)</td><td class="mono">n004 + n005</td>' in shown
+    assert '<td class="num">0</td><td class="mono">n010 + n011</td>' in out.split("<details>")[1]
