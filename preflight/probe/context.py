@@ -262,12 +262,8 @@ class _Watchdog:
         self._pid: Optional[int] = None
         self._mark = ""
 
-    def ensure(self) -> None:
-        """Start this process's watchdog if it has none yet (first use, or a forked child: one of its own)."""
-        with self._lock:
-            self._ensure()
-
     def _ensure(self) -> None:
+        """Start this process's watchdog if it has none yet (first use, or a forked child: one of its own)."""
         if self._pid != os.getpid():
             self._mark = "%d-%s" % (os.getpid(), os.urandom(8).hex())
             self._proc, self._pid = self._start(self._mark), os.getpid()

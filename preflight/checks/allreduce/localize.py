@@ -88,8 +88,8 @@ def _pair_figure(table: Mapping[int, Any], configs: Mapping[str, Mapping[str, An
     found, failure = [], None
     for rank in spec:
         node, entry = table.get(rank, (None, {}))
-        hit = [p for p in entry.get("pairs") or [] if int(p.get("rotation", -1)) == r and bool(p.get("recheck")) == recheck
-               and sorted(int(x) for x in p.get("ranks") or []) == spec]
+        hit = [p for p in entry.get("pairs") or [] if int(p.get("rotation", -1)) == r
+               and bool(p.get("recheck")) == recheck and sorted(int(x) for x in p.get("ranks") or []) == spec]
         if not hit:
             why = entry.get("pairs_error") or "no result"
             failure = failure or "%s rank %d: pair test did not complete (%s)" % (node or "?", rank, why)
@@ -209,13 +209,14 @@ def _judged(results, threshold, by_bandwidth, slow_fraction):
         # the screening's own recheck (bench_worker._recheck) is a moment of its own, with its own control
         for moment in ([g for g in by_round[r] if not g.get("recheck")], [g for g in by_round[r] if g.get("recheck")]):
             controls = [g for g in moment if g.get("control")]
-            ref, name, controlled = screen, "the fleet median", False
+            ref, name, beside_control = screen, "the fleet median", False
             if (r > 0 or moment and moment[0].get("recheck")) and control_reference(controls):
-                ref, controlled = control_reference(controls), r > 0
+                ref, beside_control = control_reference(controls), True
                 name = "the control %s measured beside it" % " & ".join("+".join(c["nodes"]) for c in controls)
+            controlled = beside_control and r > 0
             for g in moment:
                 level, why = grade(g, ref, threshold, slow_fraction, by_bandwidth, ref_name=name)
-                if r == 0 and level != OK and ref is not screen:
+                if r == 0 and level != OK and beside_control:
                     # the recheck only clears (never confirms): fine against the fleet median is enough. Two
                     # pairs on a shared machine split its CPUs unevenly; a control that got them alone
                     # measured 3.6x the screening's figures (4 nodes, load 39) and spoiled the recheck
@@ -286,8 +287,9 @@ def plan_round(
     round), so n nodes are decided in at most ceil(log2 n) rounds plus the confirmations (max_rounds()).
     Bandwidth rounds add a control pair of two spare known-good nodes, measured at the same moment: the
     round's own expected rate; with fewer than two spare, a control that shares a node with a group,
-    which the round alternates with the groups (interleaved()). With no known-good node at all, an untested node goes beside a suspect, and
-    in a cluster of three the suspects are paired in a way not tried yet.
+    which the round alternates with the groups (interleaved()). With no known-good node at all, an
+    untested node goes beside a suspect, and in a cluster of three the suspects are paired in a way not
+    tried yet.
     """
     judged, good, evidence = _assess(results, threshold, by_bandwidth, slow_fraction)
     bad, warn, _waiting = _decide(evidence, by_bandwidth)

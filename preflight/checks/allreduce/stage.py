@@ -321,17 +321,13 @@ class _Rounds:
         start_at = time.time() + min(max(ROUND_START_MIN_S, delay), 0.5 * self.short["deadlines"]["init_s"])
         if not sync:  # judged on completion: no need to wait for the others
             start_at = None
+        settings = dict(self.short, local_ranks=local_ranks, start_at=start_at)
         turns = localize.interleaved(groups)
         if turns:  # groups that share a node (a suspect and its control on 3 nodes): one launch, alternating
-            union = [self.by_name[n] for n in dict.fromkeys(n for g in groups for n in g)]
-            done = _run_groups(self.fleet, [union], self.addr_of, self.port, dict(self.env_vars, **(extra_env or {})),
-                               dict(self.short, local_ranks=local_ranks, start_at=start_at,
-                                    deadlines=self._turn_deadlines(len(turns)), iters=self._turn_iters()),
-                               pairs=turns, warm_next="round" if self.settings["warm_next"] else None)
-        else:
-            done = _run_groups(self.fleet, infos, self.addr_of, self.port, dict(self.env_vars, **(extra_env or {})),
-                               dict(self.short, local_ranks=local_ranks, start_at=start_at),
-                               warm_next="round" if self.settings["warm_next"] else None)
+            infos = [[self.by_name[n] for n in dict.fromkeys(n for g in groups for n in g)]]
+            settings.update(deadlines=self._turn_deadlines(len(turns)), iters=self._turn_iters())
+        done = _run_groups(self.fleet, infos, self.addr_of, self.port, dict(self.env_vars, **(extra_env or {})),
+                           settings, pairs=turns or None, warm_next="round" if self.settings["warm_next"] else None)
         docs = dict(done["docs"])
         took = time.monotonic() - started
         self.kept, self.warm_launch_s = done["kept"], spares.warm_launch_s(docs, took)
@@ -429,8 +425,8 @@ def _slowest_start(docs: Dict[str, Dict[str, Any]]) -> Dict[str, Optional[float]
 
 def _timeline(docs: Dict[str, Dict[str, Any]], t0_wall: float) -> Dict[str, List[float]]:
     """Where the first launch's time went: for each step (the agents' start, each rank's import, store,
-    init, sweep end, partner-free tests' end, pair tests' end, done and exit, the agents' return), [earliest, latest] over the ranks, in seconds
-    from the controller's bench call (time.time(): the nodes' clocks, so their offsets from the
+    init, sweep end, partner-free tests' end, pair tests' end, done and exit, the agents' return),
+    [earliest, latest] over the ranks, in seconds from the controller's bench call (time.time(): the nodes' clocks, so their offsets from the
     controller's are in it; a warm rank's import is negative: it ended during the node checks)."""
     steps: Dict[str, List[float]] = {}
 
