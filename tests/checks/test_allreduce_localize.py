@@ -426,7 +426,7 @@ def test_a_round_that_failed_with_its_control_names_nobody_one_whose_control_com
     verdict = localize.localize(names, control_completed, results=results)
     assert list(verdict["bad"]) == ["b"] and verdict["rounds"] == 1, verdict
     assert verdict["bad"]["b"].startswith("failed beside known-good") and "hung at 4 MiB" in verdict["bad"]["b"]
-    recheck = [dict(g, round=0, recheck=True, busbw_gbps=None, failure="n002 rank 1: pair test did not complete",
-                    **({"control": True} if i else {})) for i, g in enumerate([{"nodes": ["b", "a"]}, {"nodes": ["c", "a"]}])]
+    recheck = [dict({"nodes": g}, round=0, recheck=True, busbw_gbps=None, failure="b rank 1: pair test did not complete",
+                    **({"control": True} if i else {})) for i, g in enumerate([["b", "a"], ["c", "a"]])]
     verdict = localize.localize(names, lambda groups: [], results=results + recheck, max_rounds_=0)
     assert verdict["bad"] == {} and "b" in verdict["undecided"], verdict

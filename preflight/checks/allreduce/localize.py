@@ -239,7 +239,7 @@ def _assess(results, threshold, by_bandwidth=True, slow_fraction=SLOW_FRACTION):
     for g, level, _why, _c, _d in judged:
         if level == OK:
             good.extend(n for n in g["nodes"] if n not in good)
-    evidence: Dict[str, List[Tuple[GroupResult, str, str, List[str], bool]]] = {}
+    evidence: Dict[str, List[Tuple[GroupResult, str, str, List[str], bool, bool]]] = {}
     for g, level, why, controlled, decisive in judged:
         if level == OK:
             continue
