@@ -29,6 +29,7 @@ RUN_FIRST = (
     "tests/transport/test_k8s_e2e.py",
     "tests/e2e/test_allreduce_hangs.py",
     "tests/e2e/test_allreduce_slow.py",
+    "tests/e2e/test_allreduce_confirm.py",
     "tests/actions/test_slurm_preempt.py",
     "tests/transport/test_slurm_allreduce.py",
     "tests/e2e/test_allreduce_concurrent.py",

@@ -392,3 +392,41 @@ def test_may_start_is_asked_with_the_groups_of_the_round_it_would_start():
                                 may_start=lambda groups: asked.append(groups) or False)
     assert verdict["out_of_time"] is True and verdict["rounds"] == 0
     assert asked and all(isinstance(g, list) for g in asked[0]) and {"a", "b"} & {n for g in asked[0] for n in g}
+
+
+def test_a_round_that_failed_with_its_control_names_nobody_one_whose_control_completed_does():
+    """On 3 nodes a round is one launch of the suspect's pair and its control, alternating: a stall of any of
+    its ranks past the op deadline ends every group of it (tests/e2e/test_allreduce_confirm.py). A failure
+    shared with the round's control is the moment's, not the suspect's: it names nobody, and the next round
+    measures again (b, healthy, is cleared). The twin: the control completed while b's group failed: b is
+    named at once, as before; and a failed recheck (which only clears) sends b to the rounds, never names it."""
+    names, results = _three_screened_low()
+    healthy = 4 * MB / 0.04 / 1e9
+    calls = []
+
+    def stalled_then_fine(groups):
+        calls.append(groups)
+        if len(calls) == 1:  # the whole launch hung: every group of it, the control too
+            return [{"nodes": g, "busbw_gbps": None, "failure": "hung at 4 MiB (rank 0: no progress within the op "
+                     "deadline (6 s))"} for g in groups]
+        return [{"nodes": g, "busbw_gbps": healthy, "failure": None} for g in groups]
+
+    verdict = localize.localize(names, stalled_then_fine, results=results)
+    assert verdict["bad"] == {} and verdict["warn"] == {} and verdict["undecided"] == {}, verdict
+    assert "b" in verdict["not_confirmed"] and verdict["rounds"] == 2, verdict
+    # with no round after it, the spoiled round leaves b undecided and says why: retest
+    calls.clear()
+    spoiled = localize.localize(names, stalled_then_fine, results=results, max_rounds_=1)
+    assert spoiled["bad"] == {} and "its control failed in the same round (retest)" in spoiled["undecided"]["b"]
+
+    def control_completed(groups):
+        return [{"nodes": g, "busbw_gbps": None, "failure": "hung at 4 MiB"} if "b" in g else
+                {"nodes": g, "busbw_gbps": healthy, "failure": None} for g in groups]
+
+    verdict = localize.localize(names, control_completed, results=results)
+    assert list(verdict["bad"]) == ["b"] and verdict["rounds"] == 1, verdict
+    assert verdict["bad"]["b"].startswith("failed beside known-good") and "hung at 4 MiB" in verdict["bad"]["b"]
+    recheck = [dict({"nodes": g}, round=0, recheck=True, busbw_gbps=None, failure="b rank 1: pair test did not complete",
+                    **({"control": True} if i else {})) for i, g in enumerate([["b", "a"], ["c", "a"]])]
+    verdict = localize.localize(names, lambda groups: [], results=results + recheck, max_rounds_=0)
+    assert verdict["bad"] == {} and "b" in verdict["undecided"], verdict

@@ -196,10 +196,13 @@ def max_rounds(n: int) -> int:
 
 
 def _judged(results, threshold, by_bandwidth, slow_fraction):
-    """[(group, level, why, controlled)]: round 0 (the screening) against its own fleet median; a later round
-    against its control groups measured at the same moment (controlled) when one completed, else the
+    """[(group, level, why, controlled, decisive)]: round 0 (the screening) against its own fleet median; a later
+    round against its control groups measured at the same moment (controlled) when one completed, else the
     screening's median (not controlled: that figure is from another moment, so it can clear a node but
-    never confirm one, see _decide)."""
+    never confirm one, see _decide). decisive: a failure (hang, error) that may name a node at once; not one
+    of the screening's recheck (it only clears) nor one whose moment's controls all failed with it (on 3
+    nodes the control alternates with the group in one launch, so a stall of any of its ranks ends every
+    group of it: the failure is the moment's, not the group's)."""
     by_round: Dict[int, List[GroupResult]] = {}
     for g in results:
         by_round.setdefault(int(g.get("round", 0)), []).append(g)
@@ -214,7 +217,9 @@ def _judged(results, threshold, by_bandwidth, slow_fraction):
                 ref, beside_control = control_reference(controls), True
                 name = "the control %s measured beside it" % " & ".join("+".join(c["nodes"]) for c in controls)
             controlled = beside_control and r > 0
+            shared = bool(controls) and not beside_control  # every control of the moment failed too
             for g in moment:
+                decisive = not (g.get("failure") and (g.get("recheck") or shared))
                 level, why = grade(g, ref, threshold, slow_fraction, by_bandwidth, ref_name=name)
                 if r == 0 and level != OK and beside_control:
                     # the recheck only clears (never confirms): fine against the fleet median is enough. Two
@@ -222,26 +227,26 @@ def _judged(results, threshold, by_bandwidth, slow_fraction):
                     # measured 3.6x the screening's figures (4 nodes, load 39) and spoiled the recheck
                     level, why = min((level, why), grade(g, screen, threshold, slow_fraction, by_bandwidth),
                                      key=lambda lw: lw[0] != OK)
-                out.append((g, level, why, controlled))
+                out.append((g, level, why, controlled, decisive))
     return out
 
 
 def _assess(results, threshold, by_bandwidth=True, slow_fraction=SLOW_FRACTION):
-    """(judged, good nodes, {node: [(group, level, why, partners, controlled)]} evidence beside known-good
-    partners)."""
+    """(judged, good nodes, {node: [(group, level, why, partners, controlled, decisive)]} evidence beside
+    known-good partners)."""
     judged = _judged(results, threshold, by_bandwidth, slow_fraction)
     good: List[str] = []
-    for g, level, _why, _c in judged:
+    for g, level, _why, _c, _d in judged:
         if level == OK:
             good.extend(n for n in g["nodes"] if n not in good)
-    evidence: Dict[str, List[Tuple[GroupResult, str, str, List[str], bool]]] = {}
-    for g, level, why, controlled in judged:
+    evidence: Dict[str, List[Tuple[GroupResult, str, str, List[str], bool, bool]]] = {}
+    for g, level, why, controlled, decisive in judged:
         if level == OK:
             continue
         for n in g["nodes"]:
             partners = [m for m in g["nodes"] if m != n]
             if n not in good and partners and all(m in good for m in partners):
-                evidence.setdefault(n, []).append((g, level, why, partners, controlled))
+                evidence.setdefault(n, []).append((g, level, why, partners, controlled, decisive))
     return judged, good, evidence
 
 
@@ -258,7 +263,7 @@ def _decide(evidence, by_bandwidth) -> Tuple[Dict[str, str], Dict[str, str], Dic
     waiting: Dict[str, str] = {}
     for n, ev in evidence.items():
         first = "failed beside known-good %s: %s" % (fold(ev[0][3]), ev[0][2])
-        hard = [e for e in ev if e[0].get("failure") or not by_bandwidth]
+        hard = [e for e in ev if (e[0].get("failure") or not by_bandwidth) and e[5]]
         if hard:
             bad[n] = "failed beside known-good %s: %s" % (fold(hard[0][3]), hard[0][2])
             continue
@@ -268,7 +273,9 @@ def _decide(evidence, by_bandwidth) -> Tuple[Dict[str, str], Dict[str, str], Dic
             why = first + "; confirmed beside %s: %s" % (fold(later[-1][3]), later[-1][2])
             (bad if severity([e[1] for e in ev]) == FAIL else warn)[n] = why
         elif any(int(e[0].get("round", 0)) > 0 and not e[4] for e in ev):
-            waiting[n] = first + "; not confirmed: no control pair was timed beside it (retest)"
+            spoiled = any(e[0].get("failure") and not e[5] for e in ev)
+            waiting[n] = first + "; not confirmed: %s (retest)" % (
+                "its control failed in the same round" if spoiled else "no control pair was timed beside it")
         else:
             waiting[n] = first + "; not yet confirmed beside another known-good partner"
     return bad, warn, waiting
@@ -402,7 +409,7 @@ def verdict_localization(
     not named (their evidence says so)."""
     judged, good, evidence = _assess(results, threshold, by_bandwidth, slow_fraction)
     bad, warn, undecided = _decide(evidence, by_bandwidth)
-    for g, level, why, _c in judged:
+    for g, level, why, _c, _d in judged:
         if level == OK:
             continue
         for n in g["nodes"]:
@@ -417,8 +424,8 @@ def verdict_localization(
     screened = [g for g in results if int(g.get("round", 0)) == 0 and not g.get("recheck")]
     _j, screen_good, _e = _assess(screened, threshold, by_bandwidth, slow_fraction)
     for n in [n for n in good if n not in screen_good] if by_bandwidth else []:
-        low = next(((g, why) for g, level, why, _c in judged if level != OK and n in g["nodes"]), None)
-        fine = next((g for g, level, _w, _c in judged if level == OK and n in g["nodes"]), None)
+        low = next(((g, why) for g, level, why, _c, _d in judged if level != OK and n in g["nodes"]), None)
+        fine = next((g for g, level, _w, _c, _d in judged if level == OK and n in g["nodes"]), None)
         if low and fine:
             not_confirmed[n] = "not confirmed: %s beside %s, then busbw %s beside %s" % (
                 low[1], fold([m for m in low[0]["nodes"] if m != n]), gbps(judged_gbps(fine)),
