@@ -514,6 +514,21 @@ def test_a_failed_run_and_its_localization_print_one_cluster_verdict():
     assert "pair test: every group passed: no node stands out" in cluster_findings[0].message
 
 
+def test_a_localization_left_undecided_warns_with_its_retest_action_a_clean_one_adds_none_to_the_runs_own_warn():
+    docs = eight_ranks_on(4, 1, [KiB], backend="gloo")
+    hung = [{"nodes": ["n001", "n002"], "busbw_gbps": None, "failure": "hung at 1 KiB"},
+            {"nodes": ["n003", "n004"], "busbw_gbps": 0.1, "failure": None}]
+    (main,) = [f for f in ar_rule.rule(cluster(docs, gpus=0, localization={"results": hung, "by_bandwidth": False}))
+               if f.node is None]
+    assert main.status is Status.WARN and "could not localize" in main.message, main.message
+    assert main.action == "retest"
+    clean = [dict(hung[1], nodes=["n001", "n002"]), hung[1]]
+    (main,) = [f for f in ar_rule.rule(cluster(docs, gpus=0, localization={"results": clean, "by_bandwidth": False}))
+               if f.node is None]
+    # the run's own WARN (no threshold on a CPU run) is not the rounds': they add no retest to it
+    assert "every group passed" in main.message and main.action is None, (main.action, main.message)
+
+
 def ar_cpu_sizes():
     return [KiB, 4 * MiB]
 

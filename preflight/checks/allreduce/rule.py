@@ -317,7 +317,10 @@ def _with_fleet(out: List[Finding], view: ClusterView, meta: Mapping[str, Any]) 
     merged = dict(main.data or {})
     merged.update(data)
     out = list(out)
-    out[idx] = dataclasses.replace(main, status=new_status, message=message + "; " + "; ".join(notes), data=merged)
+    # a WARN the rounds left (a node undecided or not confirmed) is retested: its documented action
+    action = "retest" if main.action is None and new_status is Status.WARN and status is Status.WARN else main.action
+    out[idx] = dataclasses.replace(main, status=new_status, message=message + "; " + "; ".join(notes), data=merged,
+                                   action=action)
     by_node = {f.node: i for i, f in enumerate(out) if f.node is not None}
     for f in extra:
         if f.node in by_node:
