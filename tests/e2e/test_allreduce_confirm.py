@@ -212,6 +212,8 @@ def test_twin_a_link_throttled_through_the_rounds_is_still_named_despite_the_sta
     assert section["localization"]["exclude"] == [SUSPECT], evidence(doc)
     (named,) = [r for r in allreduce_results(doc, "fail") if r["node"] is not None]
     assert named["node"] == SUSPECT and named["action"] == "isolate", named
-    assert "slow: busbw" in named["message"] and "confirmed beside" in named["message"], named
+    # in two of the three pairs, yet it alone is named (test_allreduce_slow's 3-node case, a stall on top)
+    assert "slow: busbw" in named["message"] and "below the fleet median" in named["message"], named
+    assert "confirmed beside" in named["message"], named
     report_time("3 nodes, n002 throttled throughout, %s stalled in round 1" % partner, wall, section)
     assert cluster.leftover_processes() == {}
