@@ -22,7 +22,7 @@ before torch is imported, so a library that prints cannot corrupt the stream):
     {"event": "arrived", "ranks": [0, 1, ...]}         global rank 0 only: ranks that reached the store so far
     {"event": "init_done", "t": ..., "pid": ...}       process group up and a first 1-element all-reduce done
     {"event": "size", "bytes": N, "time_s": median, "ok": true, "min_s": .., "max_s": .., "cpu_s": ..,
-     "iters": timed iterations run, "stop": "stable" | "cap" | "budget"}   (why it ran that many)
+     "iters": timed iterations run, "stop": "stable" | "latency" | "cap" | "budget"}   (why it ran that many)
     {"event": "size", "bytes": N, ..., "ok": false, "expected": 3.0, "got": 2.0, "mismatches": 12}
     {"event": "cut", "bytes": N, "took_s": .., "projected_s": .., "budget_s": ..}
                                                        the sweep stops before size N, projected over
@@ -47,7 +47,9 @@ time. The buffer is refilled with (rank + 1) before every iteration (outside the
 never grow toward overflow.
 
 Iterations: `iters` is the cap; with iters_min below it a size stops as soon as every rank's last
-iters_min iterations are within stable_tol of their best ("stable"), or before its time would pass
+iters_min iterations are within stable_tol of their best ("stable"), with latency_growth in the config (the
+whole-cluster sweep) when a size below the last took no longer than latency_growth times the size before it
+("latency": latency-bound, its figure would not move with more iterations), or before its time would pass
 size_budget_s ("budget"); else at the cap ("cap"). All ranks run the same count (_agree_stop).
 
 Budget: with size_budget_s in the config, after each size the ranks agree (a MAX all-reduce of the
@@ -352,13 +354,17 @@ def _sweep(torch, dist, device, gpu, rank, world_size, cfg, state):
     budget = cfg.get("size_budget_s")
     runs = int(cfg.get("warmup", 2)) + max(1, int(cfg.get("iters", 5)))
     done_sizes = []
+    prev_s = 0.0  # the previous size's slowest best iteration at its decision (0: none)
     for i, nbytes in enumerate(sizes):
         state.update(stage="size", bytes=nbytes)
         started = time.monotonic()
         stop = _stop_rule(cfg)
         if stop is not None:
             stop["runs"] = runs
+            if stop["growth"] and prev_s and 0 < i < len(sizes) - 1 and nbytes < LATENCY_MAX_BYTES:
+                stop["prev_s"] = prev_s  # a size below the last may stop as latency-bound (_agree_stop)
         out = _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected, stop=stop)
+        prev_s = (stop or {}).get("bound_s", 0.0) / runs
         emit("size", **out)
         done_sizes.append((nbytes, time.monotonic() - started, int(cfg.get("warmup", 2)) + out["iters"]))
         if budget and i + 1 < len(sizes):
@@ -662,12 +668,20 @@ def _stop_rule(cfg):
     if least < 1 or least >= iters:
         return None
     tol = cfg.get("stable_tol")
-    return {"min": least, "tol": STABLE_TOL if tol is None else float(tol), "budget": cfg.get("size_budget_s")}
+    return {"min": least, "tol": STABLE_TOL if tol is None else float(tol), "budget": cfg.get("size_budget_s"),
+            "growth": float(cfg.get("latency_growth") or 0.0)}
+
+
+#: Sizes from here up are never stopped as latency-bound: the GPU verdict is taken at >= 1 GiB.
+LATENCY_MAX_BYTES = 1 << 30
 
 
 def _agree_stop(torch, dist, device, times, elapsed, n, stop):
     """After n timed iterations: "stable" when every rank's last stop["min"] are within tol of their best,
-    "budget" when the next DECIDE_EVERY would take the slowest rank past the size budget, else None.
+    "latency" when the slowest rank's best is within stop["growth"] times the previous size's (stop["prev_s"],
+    taken the same way: twice the bytes did not take longer, so the size measures latency, not bandwidth,
+    and more iterations would only repeat that), "budget" when the next DECIDE_EVERY would take the slowest
+    rank past the size budget, else None.
     All ranks get the same answer (one MAX all-reduce of [unstable, elapsed, bound]). With stop["runs"]
     (the sweep), stop["bound_s"] becomes the slowest rank's runs x best iteration so far: _sweep's cut
     projection is never above it."""
@@ -681,6 +695,8 @@ def _agree_stop(torch, dist, device, times, elapsed, n, stop):
         stop["bound_s"] = bound
     if not unstable:
         return "stable"
+    if stop.get("prev_s") and bound / float(stop["runs"]) <= float(stop["growth"]) * float(stop["prev_s"]):
+        return "latency"
     if stop["budget"] and elapsed * (n + DECIDE_EVERY) / float(n) > float(stop["budget"]):
         return "budget"
     return None

@@ -87,7 +87,7 @@ def test_the_sweep_is_expected_at_iters_min_and_capped_at_iters():
     assert tp["iters_min"] == timeplan.ITERS_MIN == 3 and tp["iters"] == 9
     assert sweep["expected_s"] == round(timeplan.launch_s(32) + (1 + 3) * op, 1)
     assert sweep["expected_cap_s"] == round(timeplan.launch_s(32) + (1 + 9) * op, 1) > sweep["expected_s"]
-    assert "1 warm-up + 3-9 (stops once stable) timed runs each" in sweep["what"]
+    assert "1 warm-up + 3-9 (stops once stable or latency-bound) timed runs each" in sweep["what"]
     assert any("every size run to its cap of 9 iterations" in line for line in timeplan.render(tp))
     # iters_min at iters: fixed iterations, as before the stop rule; above iters: the cap wins
     for raw in ({"iters_min": 9}, {"iters_min": 20}):

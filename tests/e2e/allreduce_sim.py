@@ -122,7 +122,7 @@ def assert_plan_was_honest(cluster, inv, doc):
     # each size ran between the plan's minimum and its cap, and says why it stopped there
     for point in section["curve"]:
         assert tp["iters_min"] <= point["iters"] <= tp["iters"], (point, tp["iters_min"], tp["iters"])
-        assert point["stop"] in ("stable", "cap", "budget") and (point["stop"] == "cap") == (
+        assert point["stop"] in ("stable", "latency", "cap", "budget") and (point["stop"] == "cap") == (
             point["iters"] == tp["iters"]), point
     print("sweep iterations per size (min %d, cap %d): %s" % (tp["iters_min"], tp["iters"], " ".join(
         "%s:%d/%s" % (common.human_bytes(p["bytes"]), p["iters"], p["stop"]) for p in section["curve"])))

@@ -131,3 +131,18 @@ def test_the_time_plan_counts_the_collectives_a_sweep_runs(world_of_one, tol, ke
     assert len(done) == len(plan.CPU_SIZES)
     assert world_of_one[1].all_reduces == sweep_plan[key] == (78 if key == "collectives" else 104), sweep_plan
     assert timeplan.DECIDE_EVERY == bench_worker.DECIDE_EVERY
+
+
+@pytest.mark.parametrize("growth,stops", [(1e9, ["cap", "latency", "latency", "cap"]), (1e-9, ["cap"] * 4), (0, ["cap"] * 4)],
+                         ids=["latency-bound", "each size slower than the last", "rule off"])
+def test_a_latency_bound_size_below_the_last_stops_at_iters_min(world_of_one, growth, stops):
+    # forced through the config, never through timing: a growth nothing exceeds stops every size but the
+    # first (nothing to compare with) and the last (the verdict) at its decision; one nothing meets, none;
+    # without latency_growth (the rounds, an older controller) the rule is off
+    sizes = [1024, 2048, 4096, 8192]
+    done, events = sweep(world_of_one, sizes, warmup=2, iters=5, iters_min=3, stable_tol=0.0, size_budget_s=1e6,
+                         latency_growth=growth)
+    got = [(e["bytes"], e["iters"], e["stop"]) for e in events if e["event"] == "size"]
+    assert got == [(b, 3 if why == "latency" else 5, why) for b, why in zip(sizes, stops)], got
+    assert world_of_one[1].all_reduces == sum(2 + (3 if why == "latency" else 5) + 1 for why in stops)
+    assert [d[2] for d in done] == [2 + (3 if why == "latency" else 5) for why in stops]

@@ -61,6 +61,14 @@ LOCALIZE_BUDGET_S = 300.0
 ROUND_MIN_ITERS = 20
 
 
+#: The whole-cluster sweep stops a size below its last at iters_min when the slowest rank's best iteration
+#: took at most this many times the size before it (bench_worker._agree_stop, "latency"): twice the bytes,
+#: the same time, so the size measures latency and more iterations would not change its figure. A
+#: bandwidth-bound size takes twice as long as the one before it; 1.5 lies between the two. The verdict
+#: size (the last; any size >= 1 GiB) always runs to stable or the cap.
+LATENCY_GROWTH = 1.5
+
+
 # ------------------------------------------------------------------------------------------------ launch
 
 def make_configs(
@@ -83,7 +91,8 @@ def make_configs(
     per node when given: the node round's two local gloo ranks).
     A node's `python` setting, when the inventory has one, names the ranks' interpreter. run_id (the
     launch's id, unique per group) lets a rank tell its own store from another preflight run's. iters_min
-    (the whole-cluster sweep only): each size stops once stable after that many iterations, iters the cap.
+    (the whole-cluster sweep only): each size stops once stable (or latency-bound below the last size:
+    LATENCY_GROWTH) after that many iterations, iters the cap.
     """
     if not nodes:
         return {}
@@ -111,6 +120,7 @@ def make_configs(
             cfg["run_id"] = run_id
         if iters_min:
             cfg["iters_min"] = int(iters_min)
+            cfg["latency_growth"] = LATENCY_GROWTH
         out[node.name] = cfg
         offset += local
     return out

@@ -17,7 +17,8 @@ The model (each figure an assumption, printed with the plan):
   one size    latency + bytes * 2(n-1)/n / busbw (nccl-tests' busbw definition, inverted), with
               latency = HOP_LATENCY_S * 2 * log2(ranks) (a tree's depth, up and down: NCCL picks trees
               for small messages at scale)
-  a sweep     (warmup + iters_min) runs of every size (each stops once stable), at most (warmup + iters):
+  a sweep     (warmup + iters_min) runs of every size (each stops once stable, or latency-bound below the
+              last size: plan.LATENCY_GROWTH), at most (warmup + iters):
               the cap, its figure expected_cap_s; the last timed run is the size's check (no extra run),
               and with the stop rule each size's decisions are one tiny all-reduce each (latency only),
               which also carry the budget agreement between sizes (bench_worker._sweep)
@@ -217,7 +218,7 @@ def _sweep_phase(ph: _Phases, sizes: Sequence[int], warmup: int, least: int, ite
     apart = 0 if rule else max(0, len(sizes) - 1)
     step = ph.add("sweep", "whole cluster, %d sizes %s-%s, %d warm-up + %s timed runs each, the last the check" % (
         len(sizes), human_bytes(sizes[0]), human_bytes(sizes[-1]), warmup,
-        "%d" % iters if not rule else "%d-%d (stops once stable)" % (least, iters)),
+        "%d" % iters if not rule else "%d-%d (stops once stable or latency-bound)" % (least, iters)),
         1, ranks, gbps, sizes, plan.outer_deadline({"deadlines": dl}), runs=warmup + least)
     p = ph.phases[-1]
     extra = (len(sizes) * (1 if rule else 0) + apart) * decide
