@@ -24,6 +24,7 @@ Config (built by the controller)::
       "sizes": [1024, 2048, ...],      # bytes per all-reduce, in sweep order (rounded down to float32)
       "warmup": 2, "iters": 5,         # iters: each size's cap
       "iters_min": 3,                  # optional: a size stops once stable, after at least this many
+      "latency_growth": 1.5,           # optional (the whole-cluster sweep): ... or once latency-bound
       "deadlines": {"init_s": 30, "op_s": 20, "total_s": 120, "kill_grace_s": 3, "fail_grace_s": 5},
       "python": "/path/to/python",     # interpreter for the ranks; default sys.executable
       "size_budget_s": 15,             # optional; default op_s * SIZE_BUDGET_FRACTION (see bench_worker)
@@ -31,9 +32,9 @@ Config (built by the controller)::
       "pairs": {"rotations": [[[0, 4], [1, 5], ...], ...], "iters": 20},
                                        # optional: after the sweep, the same ranks time these disjoint
                                        # sub-groups at the sweep's last size (bench_worker._pair_phase)
-      "node": {"kind": "loopback" | "local", "nodes": [[0], [1], ...], "warn": 0.1, "iters": 20},
+      "node": {"kind": "loopback" | "local", "nodes": [[0], [1], ...], "warn": 0.1, "iters": 5},
                                        # optional: before those pairs, every node alone, then suspects
-                                       # beside known-good nodes (bench_worker._node_phase)
+                                       # beside known-good nodes unless "confirm": false (bench_worker._node_phase)
       "run_id": "9f2c...",             # optional: this launch's id; a rank whose store answers with
                                        # another id is at another preflight run's store (bench_worker)
       "compute": {"seconds": 2, "gemm_n": 8192, "copy_bytes": 1073741824, "sdc_n": 512, "sdc_steps": 8},
@@ -543,6 +544,7 @@ def _spawn(cfg: Dict[str, Any], rank: _Rank, sel: selectors.BaseSelector) -> Non
         "iters": cfg["iters"],
         "iters_min": cfg["iters_min"],  # the sweep's stop rule (bench_worker._stop_rule)
         "stable_tol": cfg.get("stable_tol"),
+        "latency_growth": cfg.get("latency_growth"),  # a latency-bound size stops at iters_min (bench_worker)
         # torch's own timeout is only a backstop behind the agent's deadlines.
         "timeout_s": cfg["deadlines"]["total_s"] + 30,
         # stop the sweep before a size that would run into the op deadline (see bench_worker)

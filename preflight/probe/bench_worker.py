@@ -22,7 +22,7 @@ before torch is imported, so a library that prints cannot corrupt the stream):
     {"event": "arrived", "ranks": [0, 1, ...]}         global rank 0 only: ranks that reached the store so far
     {"event": "init_done", "t": ..., "pid": ...}       process group up and a first 1-element all-reduce done
     {"event": "size", "bytes": N, "time_s": median, "ok": true, "min_s": .., "max_s": .., "cpu_s": ..,
-     "iters": timed iterations run, "stop": "stable" | "cap" | "budget"}   (why it ran that many)
+     "iters": timed iterations run, "stop": "stable" | "latency" | "cap" | "budget"}   (why it ran that many)
     {"event": "size", "bytes": N, ..., "ok": false, "expected": 3.0, "got": 2.0, "mismatches": 12}
     {"event": "cut", "bytes": N, "took_s": .., "projected_s": .., "budget_s": ..}
                                                        the sweep stops before size N, projected over
@@ -47,13 +47,17 @@ time. The buffer is refilled with (rank + 1) before every iteration (outside the
 never grow toward overflow.
 
 Iterations: `iters` is the cap; with iters_min below it a size stops as soon as every rank's last
-iters_min iterations are within stable_tol of their best ("stable"), or before its time would pass
+iters_min iterations are within stable_tol of their best ("stable"), with latency_growth in the config (the
+whole-cluster sweep) when a size below the last took no longer than latency_growth times the size before it
+("latency": latency-bound, its figure would not move with more iterations), or before its time would pass
 size_budget_s ("budget"); else at the cap ("cap"). All ranks run the same count (_agree_stop).
 
 Budget: with size_budget_s in the config, after each size the ranks agree (a MAX all-reduce of the
 seconds each would spend on it at its best iteration's pace) on how long the next, larger size would
 take, scaled by its byte count; when that is over the budget the sweep ends there ("cut") instead of
 running into the agent's op deadline: a slow link ends as a slow, complete measurement, not a killed rank.
+With the stop rule that agreement rides on the size's stop decision, which carries an upper bound of it
+(_agree_stop); a separate MAX all-reduce runs only when that bound alone would cut.
 
 Correctness: the last timed iteration's result (a freshly filled buffer, as every iteration's) is checked:
 every element must equal world_size * (world_size + 1) / 2 (exact in float32 for any realistic world size).
@@ -350,14 +354,27 @@ def _sweep(torch, dist, device, gpu, rank, world_size, cfg, state):
     budget = cfg.get("size_budget_s")
     runs = int(cfg.get("warmup", 2)) + max(1, int(cfg.get("iters", 5)))
     done_sizes = []
+    prev_s = 0.0  # the previous size's slowest best iteration at its decision (0: none)
     for i, nbytes in enumerate(sizes):
         state.update(stage="size", bytes=nbytes)
         started = time.monotonic()
-        out = _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected, stop=_stop_rule(cfg))
+        stop = _stop_rule(cfg)
+        if stop is not None:
+            stop["runs"] = runs
+            if stop["growth"] and prev_s and 0 < i < len(sizes) - 1 and nbytes < LATENCY_MAX_BYTES:
+                stop["prev_s"] = prev_s  # a size below the last may stop as latency-bound (_agree_stop)
+        out = _one_size(torch, dist, device, gpu, rank, nbytes, cfg, expected, stop=stop)
+        prev_s = (stop or {}).get("bound_s", 0.0) / runs
         emit("size", **out)
         done_sizes.append((nbytes, time.monotonic() - started, int(cfg.get("warmup", 2)) + out["iters"]))
         if budget and i + 1 < len(sizes):
             state.update(bytes=sizes[i + 1])
+            # the size's stop decision carried every rank's runs x best iteration so far (_agree_stop): an
+            # upper bound of `took` below (a best only falls), so under it the next size cannot be cut and
+            # the agreement, one more collective of every rank, is not needed
+            bound = (stop or {}).get("bound_s")
+            if bound is not None and bound * sizes[i + 1] / float(nbytes) <= float(budget):
+                continue
             took = _slowest(torch, dist, device, gpu, runs * float(out["min_s"]))
             projected = took * sizes[i + 1] / float(nbytes)
             if projected > float(budget):
@@ -431,8 +448,9 @@ def _pair_phase(torch, dist, device, gpu, rank, last, cfg):
     emit("pairs_start", bytes=nbytes, iters=iters)
     sub = dict(cfg, warmup=warmup, iters=iters)
     if cfg.get("node"):
-        try:
-            _node_phase(torch, dist, device, gpu, rank, nbytes, sub, cfg["node"])
+        try:  # at the node spec's own iterations (the gloo loopback: the sweep's; judged on completion only)
+            _node_phase(torch, dist, device, gpu, rank, nbytes,
+                        dict(sub, iters=min(int(cfg["node"].get("iters") or iters), iters)), cfg["node"])
         except Exception as exc:  # the pairs still run; the agent reports this as the rank's node_error
             emit("node_error", error=_describe(exc))
     rotations = spec.get("rotations") or []
@@ -538,7 +556,8 @@ def _node_phase(torch, dist, device, gpu, rank, nbytes, cfg, spec):
     same moment, one suspect at a time (pass 1, the confirmation; preflight.checks.allreduce.judge.judge_nodes
     reads both).
 
-    spec: {"kind": "loopback" | "local", "nodes": [[global ranks of node 0], ...], "warn": 0.1}.
+    spec: {"kind": "loopback" | "local", "nodes": [[global ranks of node 0], ...], "warn": 0.1[, "confirm":
+    false: pass 0 only (_node_confirm)]}.
     "local" (nccl): the node's own ranks as a sub-group: its GPUs over NVLink/NVSwitch (or PCIe P2P).
     "loopback" (gloo, one rank a node): two gloo ranks in this process (_loopback) rendezvous in memory
     and exchange the data over TCP through the node's data-NIC address (GLOO_SOCKET_IFNAME), not lo.
@@ -562,6 +581,16 @@ def _node_phase(torch, dist, device, gpu, rank, nbytes, cfg, spec):
     dist.barrier()
     first = measure("p0")
     emit("node", **dict(first, node=mine, **{"pass": 0}))
+    if spec.get("confirm", True):
+        _node_confirm(torch, dist, device, first, mine, nodes, spec, measure)
+    dist.barrier()
+    emit("node_done")
+
+
+def _node_confirm(torch, dist, device, first, mine, nodes, spec, measure):
+    """The node phase's pass 1: each node more than `warn` below the median of pass 0, re-measured beside
+    known-good nodes one suspect at a time. Skipped where the controller judges the test on completion
+    only (spec "confirm": false, the gloo loopback): its figures would decide nothing."""
     # every rank learns every node's figure (its slowest rank's), so all take the same decision
     nn = len(nodes)
     figures = torch.zeros(2 * nn, dtype=torch.float64, device=device)
@@ -586,8 +615,6 @@ def _node_phase(torch, dist, device, gpu, rank, nbytes, cfg, spec):
                 emit("node", **dict(measure("p1-%d-%d" % (s, j)), node=mine, beside=g, **{"pass": 1}))
             elif mine == g:
                 emit("node", **dict(measure("p1-%d-%d" % (s, j)), node=mine, control_for=s, **{"pass": 1}))
-    dist.barrier()
-    emit("node_done")
 
 
 def _loopback(torch, dist, nbytes, cfg, tag):
@@ -612,8 +639,7 @@ def _loopback(torch, dist, nbytes, cfg, tag):
                 pg.allreduce([buf]).wait()
                 if i >= warmup:
                     mine.append(time.perf_counter() - t0)
-            buf.fill_(r + 1)
-            pg.allreduce([buf]).wait()
+            # the last timed iteration (a freshly filled buffer, as every one) is the check: no extra run
             wrong[r] = int(buf.ne(3.0).sum().item())
             times[r] = mine
         except Exception as exc:  # raised below, in the calling thread
@@ -628,7 +654,7 @@ def _loopback(torch, dist, nbytes, cfg, tag):
         raise RuntimeError("loopback: %s" % (errors[0] if errors else "a rank did not finish"))
     slower = [max(a, b) for a, b in zip(times[0], times[1])]
     return {"bytes": count * 4, "time_s": statistics.median(slower), "min_s": min(slower), "max_s": max(slower),
-            "ok": wrong == [0, 0], "iface": os.environ.get("GLOO_SOCKET_IFNAME")}
+            "ok": wrong == [0, 0], "iters": len(slower), "iface": os.environ.get("GLOO_SOCKET_IFNAME")}
 
 
 #: The sweep's stop rule's default tolerance, and how often the ranks decide after iters_min iterations
@@ -642,20 +668,35 @@ def _stop_rule(cfg):
     if least < 1 or least >= iters:
         return None
     tol = cfg.get("stable_tol")
-    return {"min": least, "tol": STABLE_TOL if tol is None else float(tol), "budget": cfg.get("size_budget_s")}
+    return {"min": least, "tol": STABLE_TOL if tol is None else float(tol), "budget": cfg.get("size_budget_s"),
+            "growth": float(cfg.get("latency_growth") or 0.0)}
+
+
+#: Sizes from here up are never stopped as latency-bound: the GPU verdict is taken at >= 1 GiB.
+LATENCY_MAX_BYTES = 1 << 30
 
 
 def _agree_stop(torch, dist, device, times, elapsed, n, stop):
     """After n timed iterations: "stable" when every rank's last stop["min"] are within tol of their best,
-    "budget" when the next DECIDE_EVERY would take the slowest rank past the size budget, else None.
-    All ranks get the same answer (one MAX all-reduce of [unstable, elapsed])."""
+    "latency" when the slowest rank's best is within stop["growth"] times the previous size's (stop["prev_s"],
+    taken the same way: twice the bytes did not take longer, so the size measures latency, not bandwidth,
+    and more iterations would only repeat that), "budget" when the next DECIDE_EVERY would take the slowest
+    rank past the size budget, else None.
+    All ranks get the same answer (one MAX all-reduce of [unstable, elapsed, bound]). With stop["runs"]
+    (the sweep), stop["bound_s"] becomes the slowest rank's runs x best iteration so far: _sweep's cut
+    projection is never above it."""
     last = sorted(times[-int(stop["min"]):])
     unstable = 1.0 if statistics.median(last) > last[0] * (1.0 + stop["tol"]) else 0.0
-    t = torch.tensor([unstable, float(elapsed)], dtype=torch.float64, device=device)
+    bound = float(stop.get("runs") or 0) * min(times)
+    t = torch.tensor([unstable, float(elapsed), bound], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    unstable, elapsed = (float(x) for x in t.cpu().tolist())
+    unstable, elapsed, bound = (float(x) for x in t.cpu().tolist())
+    if stop.get("runs"):
+        stop["bound_s"] = bound
     if not unstable:
         return "stable"
+    if stop.get("prev_s") and bound / float(stop["runs"]) <= float(stop["growth"]) * float(stop["prev_s"]):
+        return "latency"
     if stop["budget"] and elapsed * (n + DECIDE_EVERY) / float(n) > float(stop["budget"]):
         return "budget"
     return None

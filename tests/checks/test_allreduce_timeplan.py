@@ -87,7 +87,7 @@ def test_the_sweep_is_expected_at_iters_min_and_capped_at_iters():
     assert tp["iters_min"] == timeplan.ITERS_MIN == 3 and tp["iters"] == 9
     assert sweep["expected_s"] == round(timeplan.launch_s(32) + (1 + 3) * op, 1)
     assert sweep["expected_cap_s"] == round(timeplan.launch_s(32) + (1 + 9) * op, 1) > sweep["expected_s"]
-    assert "1 warm-up + 3-9 (stops once stable) timed runs each" in sweep["what"]
+    assert "1 warm-up + 3-9 (stops once stable or latency-bound) timed runs each" in sweep["what"]
     assert any("every size run to its cap of 9 iterations" in line for line in timeplan.render(tp))
     # iters_min at iters: fixed iterations, as before the stop rule; above iters: the cap wins
     for raw in ({"iters_min": 9}, {"iters_min": 20}):
@@ -124,3 +124,26 @@ def test_no_reserves_for_gloo_or_with_warming_off():
     assert gloo["assumptions"]["reserves"] is False
     cold = timeplan.time_plan([8] * 4, {"warm": False}, {"busbw_gbps": 100}, first_hidden_s=12.0)
     assert cold["assumptions"]["reserves"] is False and not any(p.get("hidden_s") for p in cold["phases"])
+
+
+def test_the_plan_counts_the_iterations_each_phase_runs():
+    # gloo, the defaults: the loopback at the sweep's cap, one pass (judged on completion only); the in-process
+    # pairs at plan.ROUND_MIN_ITERS; the rounds' deadlines from warm-up + cap runs of the slowest size, the last
+    # of them the check (no extra run)
+    tp = timeplan.time_plan([0] * 16, {}, {})
+    phases = {p["phase"]: p for p in tp["phases"]}
+    node, pairs = phases["node tests"], phases["pair rounds"]
+    assert (node["iters"], node["passes"]) == (tp["iters"], 1) and "suspects again" not in node["what"]
+    assert node["expected_s"] == round((tp["warmup"] + tp["iters"]) * timeplan.op_s(plan.CPU_SIZES[-1], 2, 1.0), 1)
+    assert (pairs["iters"], pairs["rotations"]) == (plan.ROUND_MIN_ITERS, plan.PAIR_ROTATIONS)
+    assert pairs["expected_s"] == round(3 * (tp["warmup"] + 20) * timeplan.op_s(plan.CPU_SIZES[-1], 2, 1.0), 1)
+    slowest = (tp["warmup"] + tp["iters"]) * timeplan.op_s(plan.CPU_SIZES[-1], 16, 1.0)
+    assert tp["assumptions"]["round_deadlines"] == plan.round_budget(plan.default_deadlines("gloo"), None, slowest, 1)
+    # the sweep: each size's decision is counted, with the budget agreement riding on it
+    sweep = phases["sweep"]
+    assert (sweep["collectives"], sweep["collectives_cap"]) == (13 * (2 + 3 + 1), 13 * (2 + 5 + 1))
+    fixed = {p["phase"]: p for p in timeplan.time_plan([0] * 16, {"iters_min": 5}, {})["phases"]}["sweep"]
+    assert fixed["collectives"] == fixed["collectives_cap"] == 13 * (2 + 5) + 12  # the agreement apart
+    # nccl's NVLink test keeps its confirmation pass in the worst case
+    gpu = {p["phase"]: p for p in timeplan.time_plan([8] * 4, {}, {"busbw_gbps": 100})["phases"]}["node tests"]
+    assert gpu["passes"] == 1 and gpu["expected_worst_s"] >= gpu["expected_s"]

@@ -122,13 +122,20 @@ def assert_plan_was_honest(cluster, inv, doc):
     # each size ran between the plan's minimum and its cap, and says why it stopped there
     for point in section["curve"]:
         assert tp["iters_min"] <= point["iters"] <= tp["iters"], (point, tp["iters_min"], tp["iters"])
-        assert point["stop"] in ("stable", "cap", "budget") and (point["stop"] == "cap") == (
+        assert point["stop"] in ("stable", "latency", "cap", "budget") and (point["stop"] == "cap") == (
             point["iters"] == tp["iters"]), point
     print("sweep iterations per size (min %d, cap %d): %s" % (tp["iters_min"], tp["iters"], " ".join(
         "%s:%d/%s" % (common.human_bytes(p["bytes"]), p["iters"], p["stop"]) for p in section["curve"])))
-    assert section["node_rounds"][0]["name"] == "loopback"  # the node tests ran in the sweep's processes
+    rnd = section["node_rounds"][0]
+    assert rnd["name"] == "loopback"  # the node tests ran in the sweep's processes
+    # the iterations and passes the plan counts are the ones that ran: the loopback at the sweep's cap, one
+    # pass (judged on completion only); every in-process pair at the pairs' iterations
+    assert (rnd["iters"], rnd["passes"]) == ([phases["node tests"]["iters"]], phases["node tests"]["passes"]), rnd
     loc = section["localization"]
-    assert loc["in_process_rotations"] == len(plan.pair_rotations(section["nodes"])) and phases["pair rounds"]["runs"] == 0
+    assert loc["in_process_rotations"] == phases["pair rounds"]["rotations"] == len(plan.pair_rotations(section["nodes"]))
+    assert phases["pair rounds"]["runs"] == 0
+    screened = [g for g in loc["groups"] if not g.get("recheck") and g.get("rotation") is not None]
+    assert screened and {g.get("iters") for g in screened} == {phases["pair rounds"]["iters"]}, screened
     assert loc["rounds"] <= tp["rounds"]["planned_max"]
     timings = section["timings_s"]
     # the first launch (sweep, node tests and in-process pairs in the same ranks) and the separate rounds

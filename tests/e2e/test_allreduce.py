@@ -145,7 +145,10 @@ def test_round_deadlines_follow_what_the_first_run_measured():
     assert plan.round_deadlines(given, docs, 2, 5, at_init=True)["init_s"] == plan.LOCALIZE_INIT_MIN_S
     slow = {"n%03d" % (i + 1): _doc(i, i, plan.CPU_SIZES, init_s=25.0, time_s=0.5) for i in range(4)}
     dl = plan.round_deadlines(given, slow, warmup=2, iters=5, at_init=True)
-    assert dl["init_s"] == 100.0 and dl["op_s"] == 30.0  # 4 x 25 s; 10 x 8 x 1 s capped by op_s
+    assert dl["init_s"] == 100.0 and dl["op_s"] == 30.0  # 4 x 25 s; 10 x 7 x 1 s capped by op_s
+    # the op deadline counts what a size runs: 2 warm-up + 5 timed, the last the check (no 8th run)
+    medium = {"n%03d" % (i + 1): _doc(i, i, plan.CPU_SIZES, time_s=0.1) for i in range(4)}
+    assert plan.round_deadlines(given, medium, warmup=2, iters=5)["op_s"] == 10 * 0.2 * (2 + 5) == 14.0
     never = _docs({2: {"status": "timeout", "stage": "init", "step": "import", "import_s": None, "init_s": None}})
     assert plan.round_deadlines({"init_s": 90}, never, 2, 5, at_init=True)["init_s"] == 90
 

@@ -72,3 +72,10 @@ def test_iters_min_above_iters_is_clamped_by_the_agent():
     # the inventory refuses it (exit 2); a hand-written agent config runs fixed iterations
     by_rank, _doc = sweep(iters=3, iters_min=9)
     assert counts(by_rank[0]) == counts(by_rank[1]) == [(b, 3, "cap") for b in SIZES]
+
+
+def test_a_latency_bound_size_stops_at_the_minimum_through_the_agent():
+    # latency_growth reaches the ranks (the agent forwards it); forced through the config, not timing: a growth
+    # nothing exceeds stops the middle size (the first has nothing to compare with, the last is the verdict)
+    by_rank, _doc = sweep(iters=6, iters_min=2, stable_tol=-0.5, size_budget_s=3600, latency_growth=1e9)
+    assert counts(by_rank[0]) == counts(by_rank[1]) == [(1024, 6, "cap"), (4096, 2, "latency"), (65536, 6, "cap")]

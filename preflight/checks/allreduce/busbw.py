@@ -96,7 +96,7 @@ def curve(docs: Mapping[str, Mapping[str, Any]], world_size: int) -> List[Dict[s
     Per size the slowest rank's median time is the collective's time (every rank waits for the last
     one to contribute): [{bytes, time_s, algbw_gbps, busbw_gbps, slowest_rank, fastest_rank}], plus
     cpu_s (the ranks' mean CPU seconds per all-reduce) where every rank measured it (gloo), and iters and
-    stop (the timed iterations run and why they stopped: "stable", "cap", "budget"; every rank ran the
+    stop (the timed iterations run and why they stopped: "stable", "latency", "cap", "budget"; every rank ran the
     same) where the ranks report them.
     """
     by_size: Dict[int, Dict[int, float]] = {}

@@ -106,6 +106,8 @@ def _pair_figure(table: Mapping[int, Any], configs: Mapping[str, Mapping[str, An
         if all(p.get("min_s") is not None for p in found):
             best = max(float(p["min_s"]) for p in found)
             result["best_gbps"] = round(nbytes / max(best, 1e-12) / 1e9 * busbw_factor(world), 4)
+        if found[0].get("iters") is not None:
+            result["iters"] = int(found[0]["iters"])  # timed iterations (the time plan counts them)
     return result
 
 
@@ -145,6 +147,8 @@ def node_results(docs: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any
         for key in ("beside", "control_for"):
             if entries and entries[0].get(key) is not None:
                 result[key] = names[int(entries[0][key])]
+        if entries and entries[0].get("iters") is not None:
+            result["iters"] = int(entries[0]["iters"])  # timed iterations (the time plan counts them)
         out.append(result)
     return out
 

@@ -56,6 +56,18 @@ LOCALIZE_INIT_FACTOR = 4.0
 #: them rather than with a run longer than the time plan says (localize.localize's may_start).
 LOCALIZE_BUDGET_S = 300.0
 
+#: Timed iterations per group in the gloo pair tests (the screening's in-process rotations and the rounds),
+#: at least: a pair timed 5 times on a shared CPU is measured low by one busy moment.
+ROUND_MIN_ITERS = 20
+
+
+#: The whole-cluster sweep stops a size below its last at iters_min when the slowest rank's best iteration
+#: took at most this many times the size before it (bench_worker._agree_stop, "latency"): twice the bytes,
+#: the same time, so the size measures latency and more iterations would not change its figure. A
+#: bandwidth-bound size takes twice as long as the one before it; 1.5 lies between the two. The verdict
+#: size (the last; any size >= 1 GiB) always runs to stable or the cap.
+LATENCY_GROWTH = 1.5
+
 
 # ------------------------------------------------------------------------------------------------ launch
 
@@ -79,7 +91,8 @@ def make_configs(
     per node when given: the node round's two local gloo ranks).
     A node's `python` setting, when the inventory has one, names the ranks' interpreter. run_id (the
     launch's id, unique per group) lets a rank tell its own store from another preflight run's. iters_min
-    (the whole-cluster sweep only): each size stops once stable after that many iterations, iters the cap.
+    (the whole-cluster sweep only): each size stops once stable (or latency-bound below the last size:
+    LATENCY_GROWTH) after that many iterations, iters the cap.
     """
     if not nodes:
         return {}
@@ -107,6 +120,7 @@ def make_configs(
             cfg["run_id"] = run_id
         if iters_min:
             cfg["iters_min"] = int(iters_min)
+            cfg["latency_growth"] = LATENCY_GROWTH
         out[node.name] = cfg
         offset += local
     return out
@@ -186,7 +200,9 @@ def node_spec(configs: Mapping[str, Mapping[str, Any]], iters: int, slow_fractio
     sweep's own processes, or None where there are none. gloo (one rank a node): "loopback", two gloo
     ranks in the rank's process through the node's data-NIC address; nccl with 2+ GPUs on every node:
     "local", the node's GPUs alone (NVLink/NVSwitch or PCIe P2P). warn: the share below the median that
-    sends a node to the confirmation pass (judge.warn_fraction)."""
+    sends a node to the confirmation pass (judge.warn_fraction). The loopback has no confirmation pass
+    ("confirm": false): the rule judges it on completion only (its traffic stays in the node's kernel, so its
+    figure is the node's CPU), so a second pass would be timed for nothing."""
     ordered = sorted(configs.items(), key=lambda kv: kv[1]["node_rank"])
     if len(ordered) < 2:
         return None
@@ -196,8 +212,11 @@ def node_spec(configs: Mapping[str, Mapping[str, Any]], iters: int, slow_fractio
         return None
     nodes = [list(range(int(c.get("rank_offset", 0)), int(c.get("rank_offset", 0)) + n))
              for (_n, c), n in zip(ordered, local)]
-    return {"kind": "local" if backend == "nccl" else "loopback", "nodes": nodes,
+    spec = {"kind": "local" if backend == "nccl" else "loopback", "nodes": nodes,
             "warn": warn_fraction(slow_fraction), "iters": int(iters)}
+    if backend != "nccl":
+        spec["confirm"] = False
+    return spec
 
 
 #: What each partner-free test measures (the report's words).
@@ -235,20 +254,22 @@ def round_deadlines(deadlines: Mapping[str, float], docs: Mapping[str, Any], war
     # init_s, or import_s for a rank that imported torch but hung at the rendezvous
     inits = [float(e.get("init_s") or e["import_s"]) for e in entries if (e.get("init_s") or e.get("import_s"))]
     slowest_init = max(inits) if at_init and entries and len(inits) == len(entries) else None
-    steps = [float(s.get("max_s", s.get("time_s", 0.0))) * (warmup + iters + 1) for e in entries
+    # a size runs warmup + iters all-reduces, its last timed one the check (bench_worker._one_size)
+    steps = [float(s.get("max_s", s.get("time_s", 0.0))) * (warmup + iters) for e in entries
              for s in e.get("sizes") or []]
     return round_budget(dl, slowest_init, max(steps, default=0.0), nsizes)
 
 
 def round_iters(docs: Mapping[str, Any], sizes: Sequence[int], warmup: int, wanted: int, least: int,
                 op_s: float) -> int:
-    """Timed iterations for the rounds: `wanted`, fewer when warm-up, iterations and the check at the
-    slowest per-iteration time the sweep saw at these sizes would pass half of op_s; never below `least`."""
+    """Timed iterations for the rounds: `wanted`, fewer when warm-up and iterations (the last one is the
+    check) at the slowest per-iteration time the sweep saw at these sizes would pass half of op_s; never
+    below `least`."""
     per_op = [float(s.get("time_s", 0.0)) for _n, e in rank_table(docs).values() for s in e.get("sizes") or []
               if int(s.get("bytes", -1)) in set(int(b) for b in sizes)]
     if not per_op or max(per_op) <= 0:
         return wanted
-    fit = int(0.5 * op_s / max(per_op)) - warmup - 1
+    fit = int(0.5 * op_s / max(per_op)) - warmup
     return max(least, min(wanted, fit))
 
 

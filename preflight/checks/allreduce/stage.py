@@ -36,8 +36,8 @@ from preflight.transport.contract import Fleet
 #: Groups run side by side start timing together, at least this long after their launch (bench_worker).
 ROUND_START_MIN_S = 3.0
 ROUND_START_FACTOR = 1.25
-#: Timed iterations per size in the gloo rounds (at least).
-ROUND_MIN_ITERS = 20
+#: Timed iterations per size in the gloo rounds and in-process pairs (at least): plan.ROUND_MIN_ITERS.
+ROUND_MIN_ITERS = plan.ROUND_MIN_ITERS
 
 #: Variables the agent sets itself for each rank; the env file's values are identical.
 _AGENT_SET = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -157,8 +157,8 @@ def _run_groups(
                 spec.update(recheck=True, warn=judge.warn_fraction(settings["slow_fraction"]))
             for cfg in cfgs.values():
                 cfg["pairs"] = spec
-        node = plan.node_spec(cfgs, settings.get("pair_iters") or settings["iters"],
-                              settings["slow_fraction"]) if node_phase else None
+        # the node tests at the sweep's iterations, not the pairs' (the gloo loopback is judged on completion)
+        node = plan.node_spec(cfgs, settings["iters"], settings["slow_fraction"]) if node_phase else None
         if node:
             for cfg in cfgs.values():
                 cfg["node"] = node
@@ -478,7 +478,10 @@ def summary(findings: Sequence[Any], meta: Dict[str, Any], elapsed_s: Optional[f
         "localization": _localization_summary(loc),
         "node_rounds": [{"name": r.get("name"), "what": r.get("what"), "median_gbps": r.get("median_gbps"),
                          "named": sorted(r.get("named") or {}),
-                         "nodes": {g["nodes"][0]: g.get("best_gbps", g.get("busbw_gbps")) for g in r.get("results") or []}}
+                         "nodes": {g["nodes"][0]: g.get("best_gbps", g.get("busbw_gbps")) for g in r.get("results") or []},
+                         # what ran, against the time plan's counts: timed iterations and passes
+                         "iters": sorted({g["iters"] for g in r.get("results") or [] if g.get("iters") is not None}),
+                         "passes": len({int(g.get("pass", 0)) for g in r.get("results") or []})}
                         for r in data.get("node_rounds") or []] or None,
         "nccl": {f.node: f.data["nccl"] for f in findings
                  if f.check == "allreduce" and f.node and f.data and "nccl" in f.data} or None,

@@ -17,8 +17,15 @@ The model (each figure an assumption, printed with the plan):
   one size    latency + bytes * 2(n-1)/n / busbw (nccl-tests' busbw definition, inverted), with
               latency = HOP_LATENCY_S * 2 * log2(ranks) (a tree's depth, up and down: NCCL picks trees
               for small messages at scale)
-  a sweep     (warmup + iters_min) runs of every size (each stops once stable), at most (warmup + iters):
-              the cap, its figure expected_cap_s
+  a sweep     (warmup + iters_min) runs of every size (each stops once stable, or latency-bound below the
+              last size: plan.LATENCY_GROWTH), at most (warmup + iters):
+              the cap, its figure expected_cap_s; the last timed run is the size's check (no extra run),
+              and with the stop rule each size's decisions are one tiny all-reduce each (latency only),
+              which also carry the budget agreement between sizes (bench_worker._sweep)
+  node tests  in the sweep's processes: gloo's loopback at warmup + iters, one pass (judged on completion
+              only); nccl's NVLink test at warmup + iters, a second pass for suspects in the worst case
+  pairs       gloo: the in-process rotations at plan.ROUND_MIN_ITERS timed runs (and the rounds after them);
+              nccl: warmup + iters
   busbw       between nodes: expect.busbw_gbps, else expect.ib_hcas * ib_rate_gbps / 8 * LINE_RATE_FRACTION;
               inside a node: the NVLink profile of the GPU (busbw.NVLINK_PROFILES); gloo: CPU_GBPS
   rounds      the pair rounds run every group at once: one launch and one size each, whatever the node
@@ -126,26 +133,21 @@ def time_plan(gpus_per_node: Sequence[int], raw_settings: Mapping[str, Any], exp
     net = rate["net_gbps"] if backend == "nccl" else min(rate["net_gbps"], CPU_GBPS)
     per_node = max(gpus_per_node) if backend == "nccl" and n else 1
     verdict = max([s for s in sizes if s >= GiB] or sizes) if backend == "nccl" else sizes[-1]
-    ph = _Phases(warmup + iters, launch, per_doubling, hop)
+    ph = _Phases(warmup + iters, launch, per_doubling, hop, warmup)
 
     # 1. the whole-cluster sweep: one launch, every size; the controller waits plan.outer_deadline()
     gbps_world = net if n > 1 else rate["nvlink_gbps"]
     # expected: every size stable at iters_min; expected_cap_s: none stable before the cap (iters)
-    sweep_step = ph.add("sweep", "whole cluster, %d sizes %s-%s, %d warm-up + %s timed runs each" % (
-        len(sizes), human_bytes(sizes[0]), human_bytes(sizes[-1]), warmup,
-        "%d" % iters if least >= iters else "%d-%d (stops once stable)" % (least, iters)),
-        1, ranks, gbps_world, sizes, plan.outer_deadline({"deadlines": dl}), runs=warmup + least)
-    ph.phases[-1]["expected_cap_s"] = round(ph.launch_s(ranks) + sum(
-        ph.runs * ph.op(s, ranks, gbps_world) for s in sizes), 1)
+    sweep_step = _sweep_phase(ph, sizes, warmup, least, iters, ranks, gbps_world, dl)
     # the rounds' deadlines, as plan.round_deadlines derives them from the sweep's slowest size
-    slowest = max((ph.runs + 1) * op_s(s, ranks, gbps_world, hop) for s in sizes) if sizes else 0.0
+    slowest = max(ph.runs * op_s(s, ranks, gbps_world, hop) for s in sizes) if sizes else 0.0
     rdl = plan.round_budget(dl, None, slowest, 1)
     round_budget = plan.outer_deadline({"deadlines": rdl})
     if cfg["node_round"] is not False and n >= 2:
         _node_phases(ph, gpus_per_node, backend, per_node, verdict, net, rate["nvlink_gbps"], round_budget)
     most = localize.max_rounds(n) if n >= 3 else 0
     if n >= 3:
-        _pair_phase(ph, n, backend, per_node, verdict, net, round_budget, most)
+        _pair_phase(ph, n, backend, per_node, verdict, net, round_budget, most, warmup)
     phases = ph.phases
     warm = raw_settings.get("warm") is not False
     reserves = warm and backend == "nccl" and reserves is not False
@@ -173,8 +175,8 @@ def time_plan(gpus_per_node: Sequence[int], raw_settings: Mapping[str, Any], exp
 class _Phases:
     """The plan's phase list, and the model every phase is costed by (runs a size, launch, hop latency)."""
 
-    def __init__(self, runs: int, launch: float, per_doubling: float, hop: float) -> None:
-        self.runs, self.launch, self.per_doubling, self.hop = runs, launch, per_doubling, hop
+    def __init__(self, runs: int, launch: float, per_doubling: float, hop: float, warmup: int = 0) -> None:
+        self.runs, self.launch, self.per_doubling, self.hop, self.warmup = runs, launch, per_doubling, hop, warmup
         self.phases: List[Dict[str, Any]] = []
 
     def op(self, nbytes: int, world: int, gbps: float) -> float:
@@ -193,6 +195,41 @@ class _Phases:
                             "expected_s": round(expected, 1), "budget_s": round(count * budget, 1),
                             "tail_s": self.per_doubling * math.log2(max(world, 1)) + step})
         return step
+
+
+#: What a stop decision (and the budget agreement riding on it) all-reduces: 3 float64 (bench_worker._agree_stop).
+DECISION_BYTES = 24
+#: After iters_min, the ranks decide every this many iterations (bench_worker.DECIDE_EVERY: that module is the
+#: rank's program, not imported here; tests/checks/test_allreduce_timeplan.py holds the two equal).
+DECIDE_EVERY = 2
+
+
+def _sweep_phase(ph: _Phases, sizes: Sequence[int], warmup: int, least: int, iters: int, ranks: int, gbps: float,
+                 dl: Mapping[str, float]) -> float:
+    """The whole-cluster sweep: every size's warm-up and timed runs, its last timed run the check, and with the
+    stop rule (least < iters) its decisions, one tiny all-reduce each (bench_worker._one_size): one when the size
+    is stable at `least`, every DECIDE_EVERY after it up to the cap. They carry the budget agreement (none runs
+    apart on a healthy sweep). expected_s counts every size stable at `least`, expected_cap_s every size at its
+    cap; "collectives" and "collectives_cap": the all-reduces each rank runs. Its op time per launch."""
+    rule = least < iters
+    decisions = -(-(iters - least) // DECIDE_EVERY) if rule else 0
+    decide = ph.op(DECISION_BYTES, ranks, gbps)
+    # without the stop rule the budget agreement runs between sizes, on its own (bench_worker._slowest)
+    apart = 0 if rule else max(0, len(sizes) - 1)
+    step = ph.add("sweep", "whole cluster, %d sizes %s-%s, %d warm-up + %s timed runs each, the last the check" % (
+        len(sizes), human_bytes(sizes[0]), human_bytes(sizes[-1]), warmup,
+        "%d" % iters if not rule else "%d-%d (stops once stable or latency-bound)" % (least, iters)),
+        1, ranks, gbps, sizes, plan.outer_deadline({"deadlines": dl}), runs=warmup + least)
+    p = ph.phases[-1]
+    extra = (len(sizes) * (1 if rule else 0) + apart) * decide
+    p["expected_s"] = round(p["expected_s"] + extra, 1)
+    p["tail_s"] += extra
+    p["expected_cap_s"] = round(ph.launch_s(ranks) + sum((warmup + iters) * ph.op(s, ranks, gbps) for s in sizes)
+                                + (len(sizes) * decisions + apart) * decide, 1)
+    p["iters"] = [least, iters]
+    p["collectives"] = len(sizes) * (warmup + least + (1 if rule else 0)) + apart
+    p["collectives_cap"] = len(sizes) * (warmup + iters + decisions) + apart
+    return step + extra
 
 
 def _hide_imports(phases: List[Dict[str, Any]], import_s: float, first_hidden_s: float, reserves: bool) -> None:
@@ -226,14 +263,19 @@ def _node_phases(ph: _Phases, gpus_per_node: Sequence[int], backend: str, per_no
     """The partner-free node tests: in the sweep's processes (gloo loopback, nccl NVLink) and the rounds
     that need a launch of their own (nccl: the NIC loopback)."""
     if backend == "gloo" or per_node >= 2:
-        # in the sweep's own processes: every node alone at once, then the suspects beside known-good
-        # nodes (the worst case: one more pass); no launch
+        # in the sweep's own processes, no launch: every node alone at once at warmup + iters runs (the
+        # last the check); nccl then the suspects beside known-good nodes (the worst case: one more pass),
+        # gloo's loopback none (judged on completion only: plan.node_spec)
         world = 2 if backend == "gloo" else per_node
         gbps = CPU_GBPS if backend == "gloo" else nvlink
-        ph.add("node tests", "every node alone, in the sweep's processes: %s; suspects again beside a "
-               "known-good node" % plan.NODE_TESTS["loopback" if backend == "gloo" else "local"], 0, world, gbps,
-               [verdict], 0.0)
-        ph.phases[-1]["expected_s"] = round(2 * ph.runs * ph.op(verdict, world, gbps), 1)
+        again = "" if backend == "gloo" else "; suspects again beside a known-good node"
+        ph.add("node tests", "every node alone, in the sweep's processes: %s%s" % (
+            plan.NODE_TESTS["loopback" if backend == "gloo" else "local"], again), 0, world, gbps, [verdict], 0.0)
+        one = ph.runs * ph.op(verdict, world, gbps)
+        p = ph.phases[-1]
+        p["expected_s"], p["iters"], p["passes"] = round(one, 1), ph.runs - ph.warmup, 1
+        if backend != "gloo":
+            p["expected_worst_s"] = round(2 * one, 1)
     for spec in plan.node_rounds([_Node(g) for g in gpus_per_node], backend):
         ph.add("node round: " + spec["name"], "every node alone, at once: %s; suspects again beside a "
                "known-good node (a second launch)" % spec["what"], 1, per_node, net, [verdict], 2 * round_budget)
@@ -242,12 +284,14 @@ def _node_phases(ph: _Phases, gpus_per_node: Sequence[int], backend: str, per_no
 
 
 def _pair_phase(ph: _Phases, n: int, backend: str, per_node: int, verdict: int, net: float, round_budget: float,
-                most: int) -> None:
+                most: int, warmup: int) -> None:
     """The pair rounds: the screening (gloo: rotations in the sweep's processes; nccl: one launch), then at
-    most `most` rounds while a node is undecided, none started past plan.LOCALIZE_BUDGET_S."""
+    most `most` rounds while a node is undecided, none started past plan.LOCALIZE_BUDGET_S. gloo's pairs
+    run plan.ROUND_MIN_ITERS timed iterations (stage), nccl's the sweep's cap."""
     pair_world = 2 * per_node
     in_process = backend == "gloo"
-    one = ph.launch_s(pair_world) + ph.runs * ph.op(verdict, pair_world, net)
+    runs = warmup + plan.ROUND_MIN_ITERS if in_process else ph.runs
+    one = ph.launch_s(pair_world) + runs * ph.op(verdict, pair_world, net)
     ph.add("pair rounds", "screening: every node beside %s (%s); then at most %d rounds (ceil(log2 %d) + 2: "
            "group halving and two confirmations) while a node is undecided" % (
                "up to %d partners" % plan.PAIR_ROTATIONS if in_process else "one partner",
@@ -260,9 +304,10 @@ def _pair_phase(ph: _Phases, n: int, backend: str, per_node: int, verdict: int, 
                                  max(plan.LOCALIZE_BUDGET_S, round_budget)), 1)
     last["worst_runs"] = worst
     last["expected_worst_s"] = round(worst * one, 1)
+    last["iters"] = runs - warmup
     if in_process:
-        last["expected_s"] = round(len(plan.pair_rotations(["n%d" % i for i in range(n)])) * ph.runs *
-                                   ph.op(verdict, pair_world, net), 1)
+        last["rotations"] = len(plan.pair_rotations(["n%d" % i for i in range(n)]))
+        last["expected_s"] = round(last["rotations"] * runs * ph.op(verdict, pair_world, net), 1)
 
 
 def for_inventory(inv: Any) -> Dict[str, Any]:
