@@ -1,8 +1,10 @@
-"""The bootstrap: the few lines of Python every node runs first (`python3 -c BOOTSTRAP`), which read the
+"""The bootstrap: the few lines of Python every node runs first (`python3 -S -c BOOTSTRAP`), which read the
 probe bundle (from stdin, or from a verified file) and run it. preflight.transport.bundle builds what it
 reads and reads what it prints; its module docstring is the wire protocol."""
 
-# Runs on the node as `python3 -c BOOTSTRAP`. Python 3.8+, standard library only. Kept small: it is
+from typing import List
+
+# Runs on the node as `python3 -S -c BOOTSTRAP` (FLAGS). Python 3.8+, standard library only. Kept small: it is
 # sent on every connection. It also arms the safety nets: the whole process group is killed when stdin
 # reaches EOF (the controller went away), when the config's deadline passes, or when the controller
 # does not send the next phase's config within `wait_s` (default 60 s; the transports send the phase's
@@ -17,6 +19,20 @@ reads and reads what it prints; its module docstring is the wire protocol."""
 # with daemon timers it aborted (SIGABRT) on the stdin reader blocked in readline at finalization.
 # A module runs from the bytecode the controller compiled (bytecode/<path>c, a marshalled code object)
 # when the node's Python has the controller's magic number (bytecode/MAGIC), else from its source.
+#: the interpreter's options before `-c BOOTSTRAP`. -S: no `site`, so no .pth file in the node's site-packages runs
+#: inside the probe (conda's, setuptools' distutils-precedence.pth, editable installs' finders, one that imports
+#: certifi): they were most of a phase-1 run's interpreter start (71 of 92 ms here), and node code the probe has
+#: no use for. The probes are standard library only; what looks for installed packages (the driver probe's NCCL
+#: wheel and torch) reads the same site-packages directories without running them (preflight.probe.sitedirs).
+#: The all-reduce's ranks, which import torch, are interpreters of their own, started without it (bench_agent).
+FLAGS = ("-S",)
+
+
+def bootstrap_argv(python: str) -> List[str]:
+    """The node's bootstrap process: `python -S -c BOOTSTRAP` (FLAGS say why -S)."""
+    return [python] + list(FLAGS) + ["-c", BOOTSTRAP]
+
+
 BOOTSTRAP = r"""
 import sys,os,io,json,time,signal,threading,queue,zipfile,importlib.util,marshal,zlib,base64
 sys.stdout.write('preflight-clock %r\n'%time.time());sys.stdout.flush()

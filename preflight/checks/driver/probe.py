@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.node_model import ParseError
+from preflight.probe import sitedirs
 from preflight.probe.nvml import bounded_nvml, load_nvml, nvml_shutdown, nvml_wedged
 
 PROC_VERSION = "/proc/driver/nvidia/version"
@@ -81,14 +81,14 @@ def _nccl_system(ctx: Any) -> List[Dict[str, Any]]:
 
 
 def _nccl_python() -> Optional[Dict[str, str]]:
-    """The nvidia-nccl-cu* wheel importable here: its `<name>-<version>.dist-info` folder on sys.path.
+    """The nvidia-nccl-cu* wheel importable here: its `<name>-<version>.dist-info` folder on the import path.
 
-    Read from the folder name (the wheel spec's normalized name and version), the first sys.path entry
-    that holds one winning, as for importlib.metadata.version(); importing importlib.metadata instead
-    costs 20-30 ms of CPU on every node.
+    Read from the folder name (the wheel spec's normalized name and version), the first entry of the path
+    site gives this python (sitedirs.search_path: the probe runs without site) that holds one winning, as for
+    importlib.metadata.version(); importing importlib.metadata instead costs 20-30 ms of CPU on every node.
     """
     listings = []
-    for entry in sys.path:
+    for entry in sitedirs.search_path():
         try:  # only the names these distributions can have (a site-packages folder lists hundreds)
             listings.append([n for n in os.listdir(entry or ".") if n[:len(_NCCL_PREFIX)].lower() == _NCCL_PREFIX])
         except OSError:
@@ -114,10 +114,8 @@ def _dist_info_version(name: str, prefix: str) -> Optional[str]:
 
 
 def _torch() -> Optional[Dict[str, Any]]:
-    import importlib.util
-
     try:
-        spec = importlib.util.find_spec("torch")
+        spec = sitedirs.find_spec("torch")
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
