@@ -188,6 +188,8 @@ class NodeContext:
         """Run a program (never through a shell) in its own process group, killed whole when it returns or
         times out. rc 127 when it does not exist; timed_out on deadline (or when the probe run has ended)."""
         argv = [str(a) for a in argv]
+        if _nowhere(argv[0]):  # what exec would find: a fork, a watchdog line and an execve per PATH entry saved
+            return CommandResult(argv, 127, "", "%s: command not found" % argv[0])
         try:
             proc = self.shared.start(argv, input is not None)
         except FileNotFoundError:
@@ -292,6 +294,15 @@ class _Watchdog:
 
 
 _WATCH = _Watchdog()
+
+
+def _nowhere(program: str) -> bool:
+    """Whether exec would not find `program` (ENOENT): a bare name that no PATH entry holds. A file that is there
+    but not executable is left to exec (126, as before), as is a path."""
+    if not program or os.sep in program:
+        return False
+    return not any(os.path.lexists(os.path.join(d or ".", program))
+                   for d in os.environ.get("PATH", os.defpath).split(os.pathsep))
 
 
 def _kill_group(pgid: int) -> None:

@@ -17,6 +17,8 @@ from typing import List
 # stopped): an interpreter's normal exit waited for the deadline's timer thread (a task that Slurm's
 # preemption had signalled lived on until KillWait's SIGKILL, its srun and preflight waiting on it), and
 # with daemon timers it aborted (SIGABRT) on the stdin reader blocked in readline at finalization.
+# zipfile and shutil import bz2 and lzma if they can (2 ms of CPU, their C libraries loaded): the bundle is deflated,
+# so they are kept out while zipfile loads, and importable again after.
 # A module runs from the bytecode the controller compiled (bytecode/<path>c, a marshalled code object)
 # when the node's Python has the controller's magic number (bytecode/MAGIC), else from its source.
 #: the interpreter's options before `-c BOOTSTRAP`. -S: no `site`, so no .pth file in the node's site-packages runs
@@ -34,7 +36,11 @@ def bootstrap_argv(python: str) -> List[str]:
 
 
 BOOTSTRAP = r"""
-import sys,os,io,json,time,signal,threading,queue,zipfile,importlib.util,marshal,zlib,base64
+import sys
+for _m in('bz2','lzma'):sys.modules.setdefault(_m,None)
+import os,io,json,time,signal,threading,queue,zipfile,importlib.util,marshal,zlib,base64
+for _m in('bz2','lzma'):
+    if sys.modules[_m] is None:del sys.modules[_m]
 sys.stdout.write('preflight-clock %r\n'%time.time());sys.stdout.flush()
 _in=sys.stdin.buffer;_c=json.loads(_in.readline());_h=_in.readline()
 def _file(p,d,ask=False):
