@@ -36,9 +36,12 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preflight.node_model import CommandResult
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 SYSFS_ENV = "PREFLIGHT_SYSFS_ROOT"
 #: How much of one raw output a failed probe sends back with its error (bytes of text, per item).

@@ -53,10 +53,13 @@ import ctypes
 import os
 import re
 import time
-from typing import Any, Dict, List, Optional
 
 from preflight.node_model import ParseError
 from preflight.probe.nvml import NvmlSlow, NvmlWedged, bounded_nvml, call_c, cannot_say, entering, text
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional
 
 #: Seconds between the two reads of the corrected-error counters: as long as the pcie and ib_errors
 #: windows, which run concurrently with the gpu probe, so the window costs no wall time on such nodes.

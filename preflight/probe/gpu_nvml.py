@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import Any, Dict, Optional
 
 from preflight.probe.gpu_facts import empty_gpu, no_gpu_facts
 from preflight.probe.nvml import NvmlGpuFabricInfo, call_c, cannot_say, entering, text
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, Optional
 
 #: NVML clock event reason bits (nvmlClocksEventReason*, same values as the older *ThrottleReason*).
 EVENT_BITS = (

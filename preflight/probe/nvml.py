@@ -23,7 +23,10 @@ import ctypes
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
 NVIDIA_PROC = "/proc/driver/nvidia"
 #: Longest one NVML call may take before the driver is taken for wedged. Without persistence mode every

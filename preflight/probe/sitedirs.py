@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, List, Optional, Set, Tuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, List, Optional, Set, Tuple
 
 
 def search_path() -> List[str]:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.node_model import ParseError
 from preflight.probe import sitedirs
 from preflight.probe.nvml import bounded_nvml, load_nvml, nvml_shutdown, nvml_wedged
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional, Tuple
 
 PROC_VERSION = "/proc/driver/nvidia/version"
 NCCL_DISTRIBUTIONS = ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11")

@@ -5,9 +5,12 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-from typing import Any, Dict, List, Optional
 
 from preflight.node_model import ParseError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional
 
 
 def _load_json_list(text: str, source: str) -> List[Dict[str, Any]]:
