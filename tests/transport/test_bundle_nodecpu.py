@@ -20,8 +20,10 @@ from preflight.transport import bundle
 
 #: modules a probe run must not import: the declarations' vocabulary (preflight.model: dataclasses, inspect,
 #: the check declarations), a thread pool and logging (plain threads), platform (its regexes at import), typing
-#: (8-14 ms of a node's CPU: node modules import it under `if TYPE_CHECKING:`, their annotations postponed)
-NOT_ON_A_NODE = ("preflight.model", "dataclasses", "inspect", "concurrent.futures", "logging", "platform", "typing")
+#: (8-14 ms of a node's CPU: node modules import it under `if TYPE_CHECKING:`, their annotations postponed), ast
+#: (torch/version.py as PyTorch generates it is read line by line; where torch is installed, as on this machine)
+NOT_ON_A_NODE = ("preflight.model", "dataclasses", "inspect", "concurrent.futures", "logging", "platform", "typing",
+                 "ast")
 
 #: run before the bootstrap: record the programs the process starts (its audit events), and at its os._exit write
 #: the names of the modules it imported and those programs

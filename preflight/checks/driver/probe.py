@@ -7,6 +7,7 @@ import re
 
 from preflight.node_model import ParseError
 from preflight.probe import sitedirs
+from preflight.probe.lazy_re import lazy
 from preflight.probe.nvml import bounded_nvml, load_nvml, nvml_shutdown, nvml_wedged
 
 TYPE_CHECKING = False
@@ -194,9 +195,53 @@ def nccl_version_from_filename(path: str) -> Optional[str]:
     return match.group(1) if match else None
 
 
+#: one line of torch/version.py as PyTorch's build writes it (tools/generate_torch_version.py): a name, an optional
+#: annotation, a one-line string literal without escapes, or None
+_TORCH_LINE = lazy(r"(__version__|cuda)[ \t]*(?::[^=]*)?=[ \t]*(?:'([^'\\]*)'|\"([^\"\\]*)\"|(None))[ \t]*(?:#.*)?")
+_NAME = lazy(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def parse_torch_version_py(text: str) -> Dict[str, Any]:
     """{"version", "cuda"} from torch/version.py (plain or annotated assignments)."""
-    import ast  # here, not at the top: only a node with torch parses its version.py
+    values = _generated_values(text)
+    if values is None:
+        values = _ast_values(text)
+    version = values.get("__version__")
+    if not isinstance(version, str):
+        raise ParseError("torch/version.py: no __version__ string")
+    cuda = values.get("cuda")
+    if cuda is not None and not isinstance(cuda, str):
+        raise ParseError("torch/version.py: cuda is %r, expected a string or None" % (cuda,))
+    return {"version": version, "cuda": cuda}
+
+
+def _generated_values(text: str) -> Optional[Dict[str, Any]]:
+    """__version__ and cuda read line by line as _ast_values reads them, where every line that assigns them is a
+    plain one-line literal assignment and the file compiles; None where only the syntax tree can tell (a string
+    spanning lines, a continued line, any other statement that names them). Importing ast costs a node with torch
+    3-5 ms of CPU a run; compile() is the interpreter's own."""
+    if "'''" in text or '"""' in text or "\\\n" in text:
+        return None
+    values: Dict[str, Any] = {}
+    for line in text.splitlines():
+        name = _NAME.match(line)
+        if name is None or name.group() not in ("__version__", "cuda"):
+            continue
+        found = _TORCH_LINE.fullmatch(line)
+        if found is None:
+            return None
+        literal = found.group(2) if found.group(2) is not None else found.group(3)
+        values[found.group(1)] = None if found.group(4) else literal
+    try:
+        compile(text, "torch/version.py", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return None  # _ast_values says why
+    return values
+
+
+def _ast_values(text: str) -> Dict[str, Any]:
+    """{name: constant} of the module's top-level plain and annotated assignments of a constant."""
+    import ast  # here, not at the top: only a version.py that is not as PyTorch generates it needs its syntax tree
 
     try:
         tree = ast.parse(text)
@@ -212,10 +257,4 @@ def parse_torch_version_py(text: str) -> Dict[str, Any]:
             continue
         if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
             values[target.id] = value.value
-    version = values.get("__version__")
-    if not isinstance(version, str):
-        raise ParseError("torch/version.py: no __version__ string")
-    cuda = values.get("cuda")
-    if cuda is not None and not isinstance(cuda, str):
-        raise ParseError("torch/version.py: cuda is %r, expected a string or None" % (cuda,))
-    return {"version": version, "cuda": cuda}
+    return values
