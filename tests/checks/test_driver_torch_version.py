@@ -1,7 +1,7 @@
 """torch/version.py read line by line where PyTorch generated it, through the syntax tree otherwise: the same facts
-(or the same error) as reading every file through `ast`, without importing `ast` on a node with a generated file
-(issue 38 item 4). Formats: tests/fixtures/driver/torch_version_*.py (PyTorch's tools/generate_torch_version.py
-output, 1.13 to 2.5) and the variants below."""
+(or the same error) as reading every file through `ast`, without importing `ast` on a node with a generated file.
+Formats: tests/fixtures/driver/torch_version_*.py (PyTorch's tools/generate_torch_version.py output, 1.13 to 2.5)
+and the variants below."""
 
 from __future__ import annotations
 

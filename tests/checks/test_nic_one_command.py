@@ -1,6 +1,6 @@
 """The nic probe runs one `ip -j -d addr show` where it ran `ip -j addr show` and `ip -j -d link show`: the real
 iproute2 of this machine, in a network namespace of its own holding links of several kinds, gives both parsers the
-same answers from the one command as from the two (issue 38 item 4: one process less on every node, every run)."""
+same answers from the one command as from the two (one process less on every node, every run)."""
 
 from __future__ import annotations
 

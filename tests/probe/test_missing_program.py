@@ -1,6 +1,6 @@
 """A program that no PATH entry holds (nvidia-smi on a node without the driver) answers rc 127 without a process
 being started (no fork, no watchdog line, no execve per PATH entry); one that is there but cannot be run still goes
-to exec and answers as exec does (issue 38 item 4)."""
+to exec and answers as exec does."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def test_a_probe_run_does_not_import_the_controllers_vocabulary(tmp_path):
 
 
 def test_a_probe_run_starts_no_site_no_pth_code_and_one_ip(tmp_path):
-    """The cuts of issue 38 item 4 that a profile would not show as a test failure: `site` and what the machine's
+    """The node CPU cuts that a profile would not show as a test failure: `site` and what the machine's
     .pth files import (python3 -S), bz2/lzma that zipfile would load, the second `ip` and programs that are not
     there (nvidia-smi, dcgmi... on this machine without a GPU: no process started for them)."""
     imported, started = probe_run(tmp_path)
