@@ -71,6 +71,8 @@ def test_a_probe_run_does_not_import_the_controllers_vocabulary(tmp_path):
     imported = modules_of_a_probe_run(tmp_path)
     assert "preflight.probe.runner" in imported and "preflight.checks.xid.probe" in imported  # it did run
     assert not [m for m in NOT_ON_A_NODE if m in imported], sorted(m for m in NOT_ON_A_NODE if m in imported)
+    if not os.path.isdir("/proc/driver/nvidia"):  # ctypes is for NVML's structures (preflight.probe.nvml_structs)
+        assert "ctypes" not in imported and "_ctypes" not in imported
 
 
 def test_a_probe_run_starts_no_site_no_pth_code_and_one_ip(tmp_path):
