@@ -21,12 +21,13 @@ from typing import List
 # so they are kept out while zipfile loads, and importable again after.
 # A module runs from the bytecode the controller compiled (bytecode/<path>c, a marshalled code object)
 # when the node's Python has the controller's magic number (bytecode/MAGIC), else from its source.
+
 #: the interpreter's options before `-c BOOTSTRAP`. -S: no `site`, so no .pth file in the node's site-packages runs
 #: inside the probe (conda's, setuptools' distutils-precedence.pth, editable installs' finders, one that imports
-#: certifi): they were most of a phase-1 run's interpreter start (71 of 92 ms here), and node code the probe has
-#: no use for. The probes are standard library only; what looks for installed packages (the driver probe's NCCL
-#: wheel and torch) reads the same site-packages directories without running them (preflight.probe.sitedirs).
-#: The all-reduce's ranks, which import torch, are interpreters of their own, started without it (bench_agent).
+#: certifi): node code the probe has no use for, and CPU (most of what they import that a probe run does not
+#: import itself). The probes are standard library only; what looks for installed packages (the driver probe's
+#: NCCL wheel and torch) reads the same site-packages directories without running them (preflight.probe.sitedirs).
+#: The all-reduce's ranks, which import torch, are interpreters of their own, started without -S (bench_agent).
 FLAGS = ("-S",)
 
 
