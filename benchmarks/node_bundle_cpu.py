@@ -6,7 +6,8 @@
 
 For each tree: `preflight node` is run once in-process with that tree first on sys.path, and the stdin payload its
 local transport sends the bundle for phase 1 (the config line, then the zipped bundle) is kept. Then, rounds
-interleaved, each tree's payload is replayed into `python3 -c BOOTSTRAP` (that tree's bootstrap, its own session:
+interleaved, each tree's payload is replayed into `python3 [FLAGS] -c BOOTSTRAP` (that tree's bootstrap and flags,
+-S from issue 38's last cut on; its own session:
 the bootstrap kills its process group on EOF) and the CPU of the whole process tree (getrusage of the reaped
 children: python, ip, sh, ldconfig, ...) and the wall are taken; beside them the floor, `python3 -c pass`.
 Printed: median CPU, its ratio to the floor's and the difference; beside them `python3 -S -c pass` (no site: what
@@ -83,12 +84,13 @@ def pci_root(scratch: str, count: int) -> str:
     return root
 
 
-def bootstrap(tree: str) -> str:
-    """The tree's BOOTSTRAP text (read from its file: two trees' modules cannot share one process)."""
+def bootstrap(tree: str) -> list:
+    """The tree's bootstrap command line after the interpreter: its FLAGS (none before -S) and `-c BOOTSTRAP` (read
+    from its file: two trees' modules cannot share one process)."""
     ns: dict = {}
     with open(os.path.join(tree, "preflight", "transport", "bootstrap.py")) as fh:
         exec(compile(fh.read(), "bootstrap.py", "exec"), ns)
-    return ns["BOOTSTRAP"]
+    return list(ns.get("FLAGS", ())) + ["-c", ns["BOOTSTRAP"]]
 
 
 def capture(tree: str, scratch: str) -> bytes:
@@ -145,7 +147,8 @@ def measure(args, trees, payloads, env) -> int:
     """Profile one run, or time the interleaved rounds and print the table."""
     if args.profile:
         tree = trees[0]
-        cpu, wall = once([sys.executable, "-c", PROFILED % (args.profile, bootstrap(tree), args.profile)], payloads[tree], env)
+        flags, text = bootstrap(tree)[:-2], bootstrap(tree)[-1]
+        cpu, wall = once([sys.executable] + flags + ["-c", PROFILED % (args.profile, text, args.profile)], payloads[tree], env)
         import pstats
 
         print("profiled run: CPU %.0f ms, wall %.0f ms (cProfile's overhead included)" % (cpu, wall))
@@ -162,7 +165,7 @@ def measure(args, trees, payloads, env) -> int:
             cpu[row].append(c)
             wall[row].append(w)
         for t in trees:
-            c, w = once([sys.executable, "-c", bootstrap(t)], payloads[t], env)
+            c, w = once([sys.executable] + bootstrap(t), payloads[t], env)
             cpu[t].append(c)
             wall[t].append(w)
     floor = statistics.median(cpu["floor"])

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple, TypeVar
 
-T = TypeVar("T", bound=Hashable)
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple, TypeVar
+
+    T = TypeVar("T", bound=Hashable)
 
 KiB = 1 << 10
 MiB = 1 << 20

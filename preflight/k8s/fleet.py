@@ -7,7 +7,7 @@ so the engine, the rules, the report and the bench never know which backend carr
 One phase on one node is one process on the controller:
 
     kubectl [--context C] exec -i -n preflight <agent pod> -c agent -- \
-        setsid -w sh -c 'echo preflight-pid $$; exec python3 -c BOOTSTRAP'
+        setsid -w sh -c 'echo preflight-pid $$; exec python3 -S -c BOOTSTRAP'
 
 with bundle.stdin_payload (config line, zip) on kubectl's stdin, exactly as over SSH. `setsid` puts the
 probe in a process group of its own inside the container, so the bootstrap's safety nets (kill its group

@@ -27,9 +27,12 @@ start as above.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
 
 from preflight.probe import bench_warm
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, Optional
 
 
 class Spares:

@@ -32,7 +32,10 @@ import os
 import signal
 import subprocess
 import time
-from typing import Any, Dict, List, Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional
 
 #: Variables read when torch is imported or CUDA starts: a bench env that sets one of these cannot use a
 #: rank warmed without it (the thread pools and the visible devices are fixed by then).

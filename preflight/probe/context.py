@@ -36,9 +36,12 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from preflight.node_model import CommandResult
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 SYSFS_ENV = "PREFLIGHT_SYSFS_ROOT"
 #: How much of one raw output a failed probe sends back with its error (bytes of text, per item).
@@ -188,6 +191,8 @@ class NodeContext:
         """Run a program (never through a shell) in its own process group, killed whole when it returns or
         times out. rc 127 when it does not exist; timed_out on deadline (or when the probe run has ended)."""
         argv = [str(a) for a in argv]
+        if _nowhere(argv[0]):  # what exec would find: a fork, a watchdog line and an execve per PATH entry saved
+            return CommandResult(argv, 127, "", "%s: command not found" % argv[0])
         try:
             proc = self.shared.start(argv, input is not None)
         except FileNotFoundError:
@@ -292,6 +297,15 @@ class _Watchdog:
 
 
 _WATCH = _Watchdog()
+
+
+def _nowhere(program: str) -> bool:
+    """Whether exec would not find `program` (ENOENT): a bare name that no PATH entry holds. A file that is there
+    but not executable is left to exec (126, as before), as is a path."""
+    if not program or os.sep in program:
+        return False
+    return not any(os.path.lexists(os.path.join(d or ".", program))
+                   for d in os.environ.get("PATH", os.defpath).split(os.pathsep))
 
 
 def _kill_group(pgid: int) -> None:

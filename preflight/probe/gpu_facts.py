@@ -48,7 +48,9 @@ Facts schema (both sources produce the same one)::
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, Optional
 
 
 def no_gpu_facts(error: str, nvml_error: Optional[str]) -> Dict[str, Any]:

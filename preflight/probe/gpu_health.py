@@ -49,14 +49,16 @@ the nvidia-smi XML of drivers 418-590 (tests/fixtures/gpu_health and ../shared/r
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import time
-from typing import Any, Dict, List, Optional
 
 from preflight.node_model import ParseError
 from preflight.probe.nvml import NvmlSlow, NvmlWedged, bounded_nvml, call_c, cannot_say, entering, text
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional
 
 #: Seconds between the two reads of the corrected-error counters: as long as the pcie and ib_errors
 #: windows, which run concurrently with the gpu probe, so the window costs no wall time on such nodes.
@@ -74,17 +76,6 @@ FIELD_PCIE_REPLAY = 94
 HISTOGRAM = ("max", "high", "partial", "low", "none")
 
 
-class FabricInfoV3(ctypes.Structure):
-    """nvmlGpuFabricInfo_v3_t as nvml.h (R550+) declares it (v2 is the same without healthSummary):
-    unsigned int version; unsigned char clusterUuid[16]; nvmlReturn_t status; unsigned int cliqueId;
-    nvmlGpuFabricState_t state (unsigned char); unsigned int healthMask; unsigned char healthSummary.
-    Sizes 40 (v3) and 36 (v2): the version words nvmlGpuFabricInfo_v3 0x3000028 and _v2 0x2000024."""
-
-    _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_ubyte * 16), ("status", ctypes.c_uint),
-                ("cliqueId", ctypes.c_uint), ("state", ctypes.c_ubyte), ("healthMask", ctypes.c_uint),
-                ("healthSummary", ctypes.c_ubyte)]
-
-
 FABRIC_VERSIONS = ((3, 0x3000028), (2, 0x2000024))
 #: NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_* (bits 8-11; 0 not supported, 1 none).
 INCORRECT_CONFIG = {2: "incorrect system GUID", 3: "incorrect chassis serial number", 4: "no partition",
@@ -96,12 +87,14 @@ FABRIC_SUMMARY = {1: "Healthy", 2: "Unhealthy", 3: "Limited Capacity"}
 def _fabric_health(nvml: Any, health: Dict[str, Any], h: Any) -> Optional[Dict[str, Any]]:
     """The fabric health mask through nvmlDeviceGetGpuFabricInfoV, v3 then v2 (a driver that knows only v1
     answers ARGUMENT_VERSION_MISMATCH or FUNCTION_NOT_FOUND: no health, the gpu facts keep the v1 state)."""
+    from preflight.probe.nvml_structs import FabricInfoV3, pointer
+
     for version, word in FABRIC_VERSIONS:
         info = FabricInfoV3()
         info.version = word
         entering("nvmlDeviceGetGpuFabricInfoV")
         try:
-            call_c(nvml, "nvmlDeviceGetGpuFabricInfoV", h, ctypes.pointer(info))
+            call_c(nvml, "nvmlDeviceGetGpuFabricInfoV", h, pointer(info))
         except nvml.NVMLError as exc:
             if getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25):
                 continue

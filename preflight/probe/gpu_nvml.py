@@ -7,12 +7,14 @@ does not return is named. Function names and structures: nvml.h (NVML API refere
 
 from __future__ import annotations
 
-import ctypes
 import time
-from typing import Any, Dict, Optional
 
 from preflight.probe.gpu_facts import empty_gpu, no_gpu_facts
-from preflight.probe.nvml import NvmlGpuFabricInfo, call_c, cannot_say, entering, text
+from preflight.probe.nvml import call_c, cannot_say, entering, text
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, Optional
 
 #: NVML clock event reason bits (nvmlClocksEventReason*, same values as the older *ThrottleReason*).
 EVENT_BITS = (
@@ -242,10 +244,12 @@ def nvml_links(nvml: Any, gpu: Dict[str, Any], h: Any) -> Optional[Dict[str, Any
 
 
 def nvml_fabric(nvml: Any, gpu: Dict[str, Any], h: Any) -> Optional[Dict[str, Any]]:
+    from preflight.probe.nvml_structs import NvmlGpuFabricInfo, pointer
+
     info = NvmlGpuFabricInfo()
     entering("nvmlDeviceGetGpuFabricInfo")
     try:
-        call_c(nvml, "nvmlDeviceGetGpuFabricInfo", h, ctypes.pointer(info))
+        call_c(nvml, "nvmlDeviceGetGpuFabricInfo", h, pointer(info))
     except nvml.NVMLError as exc:
         if not cannot_say(nvml, exc):
             gpu["query_errors"].append("NVML nvmlDeviceGetGpuFabricInfo failed: %s" % exc)

@@ -26,10 +26,13 @@ count_in_window). A node that logged 1M Xid lines sends a few dozen entries.
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from preflight.node_model import ParseError
 from preflight.probe.lazy_re import lazy
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 JOURNALCTL = ("journalctl", "-k", "-b", "0", "-o", "short-monotonic", "--no-pager", "-q")
 DMESG = ("dmesg",)

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import socket
 import struct
-from typing import Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Optional
 
 #: offset of tcpi_unacked in struct tcp_info (linux/tcp.h): 8 one-byte fields, then rto, ato, snd_mss,
 #: rcv_mss as 32-bit words

@@ -8,7 +8,9 @@ setting, e.g. preflight.derived.nvls reading NCCL_NVLS_ENABLE). Order and lookup
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, Optional, Tuple
 
 CONF_ENV = "NCCL_CONF_FILE"
 #: Variables NCCL, torch's NCCL process group and gloo read.

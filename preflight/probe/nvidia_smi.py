@@ -10,11 +10,14 @@ clocks_event_reasons; ECC in the legacy single/double-bit or the sram/dram layou
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.node_model import ParseError
 from preflight.probe.gpu_facts import empty_gpu
 from preflight.probe.lazy_re import lazy
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional, Tuple
 
 # ---------------------------------------------------------------------------------- nvidia-smi -q -x
 

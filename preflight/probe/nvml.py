@@ -19,11 +19,13 @@ Decisions:
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
 NVIDIA_PROC = "/proc/driver/nvidia"
 #: Longest one NVML call may take before the driver is taken for wedged. Without persistence mode every
@@ -174,31 +176,6 @@ def pynvml_source() -> Tuple[Optional[str], Optional[str]]:
 
 def text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-class NvmlGpuFabricInfo(ctypes.Structure):
-    """nvmlGpuFabricInfo_t exactly as nvml.h (R535 onwards) declares it:
-
-        #define NVML_GPU_FABRIC_UUID_LEN 16
-        typedef unsigned char nvmlGpuFabricState_t;
-        typedef struct {
-            unsigned char        clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
-            nvmlReturn_t         status;
-            unsigned int         cliqueId;
-            nvmlGpuFabricState_t state;
-        } nvmlGpuFabricInfo_t;
-
-    Defined here, not taken from pynvml: nvidia-ml-py before 13.615 declares clusterUuid as 80 bytes, so
-    its structure reads state and status at the wrong offsets (every H100 then looks "not supported").
-    Source: nvml.h of the CUDA 12.x nvml_dev headers (also quoted in NVSHMEM's nvml wrapper).
-    """
-
-    _fields_ = [
-        ("clusterUuid", ctypes.c_ubyte * 16),
-        ("status", ctypes.c_uint),
-        ("cliqueId", ctypes.c_uint),
-        ("state", ctypes.c_ubyte),
-    ]
 
 
 def cannot_say(nvml: Any, exc: Exception) -> bool:

@@ -34,10 +34,13 @@ timeout every few seconds for a week sends one entry.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.probe import kernlog
 from preflight.probe.lazy_re import lazy
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional, Tuple
 
 _BDF = r"((?:[0-9A-Fa-f]{4,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
 #: The next line of one message: indented (dmesg, journalctl), or on a console without stamps "NVRM: ..." that

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.probe.lazy_re import lazy
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional, Tuple
 
 BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _SPEED = lazy(r"^(\d+(?:\.\d+)?) GT/s")  # compiled where a PCIe function has a link to read

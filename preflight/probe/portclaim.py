@@ -31,7 +31,10 @@ import hashlib
 import os
 import socket
 import struct
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 PREFIX = "preflight-port-"
 NODE_PREFIX = "preflight-node-"

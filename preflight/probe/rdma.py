@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Optional, Tuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Optional, Tuple
 
 #: The PCI vendor id of Amazon's EFA functions (device/vendor), where device/uevent names no driver.
 EFA_VENDOR = "0x1d0f"

@@ -18,9 +18,12 @@ import importlib
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional
 
 from preflight.probe.context import RecordingContext, Shared
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional
 
 
 def _run_probe(name: str, ctx: RecordingContext) -> Dict[str, Any]:

@@ -7,7 +7,7 @@ One job step across all the nodes carries every phase of a run, one task per nod
 
     srun --jobid J -N n -n n --ntasks-per-node=1 -w NODES --kill-on-bad-exit=0 --no-kill --label --input=all \
          --overlap --cpu-bind=none -J preflight-TOKEN \
-         /bin/sh -c 'echo preflight-node $SLURMD_NODENAME; echo preflight-pid $$; exec python3 -c BOOTSTRAP'
+         /bin/sh -c 'echo preflight-node $SLURMD_NODENAME; echo preflight-pid $$; exec python3 -S -c BOOTSTRAP'
 
 --no-kill (srun(1), salloc(1)): by default Slurm ends the whole step, and the whole job, when one of its
 nodes fails (slurmd not responding for SlurmdTimeout, or set DOWN): every other node's result would be

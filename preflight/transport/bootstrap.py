@@ -1,8 +1,10 @@
-"""The bootstrap: the few lines of Python every node runs first (`python3 -c BOOTSTRAP`), which read the
+"""The bootstrap: the few lines of Python every node runs first (`python3 -S -c BOOTSTRAP`), which read the
 probe bundle (from stdin, or from a verified file) and run it. preflight.transport.bundle builds what it
 reads and reads what it prints; its module docstring is the wire protocol."""
 
-# Runs on the node as `python3 -c BOOTSTRAP`. Python 3.8+, standard library only. Kept small: it is
+from typing import List
+
+# Runs on the node as `python3 -S -c BOOTSTRAP` (FLAGS). Python 3.8+, standard library only. Kept small: it is
 # sent on every connection. It also arms the safety nets: the whole process group is killed when stdin
 # reaches EOF (the controller went away), when the config's deadline passes, or when the controller
 # does not send the next phase's config within `wait_s` (default 60 s; the transports send the phase's
@@ -15,10 +17,31 @@ reads and reads what it prints; its module docstring is the wire protocol."""
 # stopped): an interpreter's normal exit waited for the deadline's timer thread (a task that Slurm's
 # preemption had signalled lived on until KillWait's SIGKILL, its srun and preflight waiting on it), and
 # with daemon timers it aborted (SIGABRT) on the stdin reader blocked in readline at finalization.
+# zipfile and shutil import bz2 and lzma if they can (2 ms of CPU, their C libraries loaded): the bundle is deflated,
+# so they are kept out while zipfile loads, and importable again after.
 # A module runs from the bytecode the controller compiled (bytecode/<path>c, a marshalled code object)
 # when the node's Python has the controller's magic number (bytecode/MAGIC), else from its source.
+
+#: the interpreter's options before `-c BOOTSTRAP`. -S: no `site`, so no .pth file in the node's site-packages runs
+#: inside the probe (conda's, setuptools' distutils-precedence.pth, editable installs' finders, one that imports
+#: certifi): node code the probe has no use for, and CPU (most of what they import that a probe run does not
+#: import itself). The probes are standard library only; what looks for installed packages (the driver probe's
+#: NCCL wheel and torch) reads the same site-packages directories without running them (preflight.probe.sitedirs).
+#: The all-reduce's ranks, which import torch, are interpreters of their own, started without -S (bench_agent).
+FLAGS = ("-S",)
+
+
+def bootstrap_argv(python: str) -> List[str]:
+    """The node's bootstrap process: `python -S -c BOOTSTRAP` (FLAGS say why -S)."""
+    return [python] + list(FLAGS) + ["-c", BOOTSTRAP]
+
+
 BOOTSTRAP = r"""
-import sys,os,io,json,time,signal,threading,queue,zipfile,importlib.util,marshal,zlib,base64
+import sys
+for _m in('bz2','lzma'):sys.modules.setdefault(_m,None)
+import os,io,json,time,signal,threading,queue,zipfile,importlib.util,marshal,zlib,base64
+for _m in('bz2','lzma'):
+    if sys.modules[_m] is None:del sys.modules[_m]
 sys.stdout.write('preflight-clock %r\n'%time.time());sys.stdout.flush()
 _in=sys.stdin.buffer;_c=json.loads(_in.readline());_h=_in.readline()
 def _file(p,d,ask=False):

@@ -72,7 +72,7 @@ from types import CodeType
 from typing import Any, Dict, List, Optional, Tuple
 
 import preflight
-from preflight.transport.bootstrap import BOOTSTRAP  # noqa: F401 - the node's first lines, as bundle.BOOTSTRAP
+from preflight.transport.bootstrap import BOOTSTRAP, bootstrap_argv  # noqa: F401 - the node's first lines, as bundle.*
 from preflight.transport.contract import RunResult
 
 #: a process kept for a next phase waits for its config this long past the phase's deadline (wait_s)
@@ -383,7 +383,7 @@ def broadcast_config(by_node: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
 
 def remote_command(python: str) -> str:
     """The command line sent to the node's login shell. `python` was validated by the inventory and is quoted."""
-    return "echo preflight-pid $$; exec %s -c %s" % (shlex.quote(python), shlex.quote(BOOTSTRAP))
+    return "echo preflight-pid $$; exec %s" % " ".join(shlex.quote(arg) for arg in bootstrap_argv(python))
 
 
 _PID_RE = re.compile(rb"preflight-pid (\d+)$")

@@ -42,7 +42,7 @@ class LocalSession(Session):
         sent_at = time.time()
         try:
             proc = subprocess.Popen(
-                [python, "-c", bundle.BOOTSTRAP],
+                bundle.bootstrap_argv(python),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -21,7 +21,7 @@ from preflight.checks.driver import probe as driver_probe
 from preflight.checks.gpu import probe as gpu_probe
 from preflight.checks.gpu import rule as gpu_rule
 from preflight.model import NodeInfo, ParseError, Status
-from preflight.probe import gpu_facts, gpu_health, gpu_nvml, nvidia_smi
+from preflight.probe import gpu_facts, gpu_health, gpu_nvml, nvidia_smi, nvml_structs
 from preflight.probe import nvml as probe_nvml
 from preflight.probe.context import NodeContext
 from tests.builders import StubNode, by_status, fake_nvidia_smi, gpu_expected as expected, gpu_rule as run_rule
@@ -360,7 +360,7 @@ def test_narrow_pcie_link_is_still_warned_when_topology_did_not_see_the_gpu():
 
 
 def test_fabric_struct_has_nvml_h_layout():
-    s = probe_nvml.NvmlGpuFabricInfo
+    s = nvml_structs.NvmlGpuFabricInfo
     offsets = {name: getattr(s, name).offset for name, _ in s._fields_}
     assert offsets == {"clusterUuid": 0, "status": 16, "cliqueId": 20, "state": 24}
     assert ctypes.sizeof(s) == 28
@@ -727,7 +727,7 @@ def test_fabric_struct_against_a_compiled_nvml_h(tmp_path):
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib_path), str(src)], check=True)
     lib = ctypes.CDLL(str(lib_path))
     lib.fabric_info_size.restype = ctypes.c_ulong
-    assert lib.fabric_info_size() == ctypes.sizeof(probe_nvml.NvmlGpuFabricInfo)
+    assert lib.fabric_info_size() == ctypes.sizeof(nvml_structs.NvmlGpuFabricInfo)
 
     class Library:  # pynvml's shape: the C entry point by name, NVMLError by code
         NVMLError = FakeNVML.NVMLError

@@ -72,7 +72,7 @@ def test_parse_int_attr():
 
 def test_probe_fails_clearly_without_ip(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(RuntimeError, match="ip -j addr show failed"):
+    with pytest.raises(RuntimeError, match="ip -j -d addr show failed"):
         nic_probe.probe(NodeContext(sysfs_root=str(tmp_path)))
 
 
@@ -94,15 +94,15 @@ def test_an_ip_starved_once_is_run_again_and_its_answer_used(tmp_path, monkeypat
     _slow_ip(tmp_path, monkeypatch, first_only=True)
     facts = nic_probe.probe(NodeContext(sysfs_root="/sys"))
     assert any(i["name"] == "lo" for i in facts["interfaces"])
-    assert (tmp_path / "calls").read_text().splitlines()[:2] == ["-j addr show", "-j addr show"]
+    assert (tmp_path / "calls").read_text().splitlines()[:2] == ["-j -d addr show", "-j -d addr show"]
 
 
 def test_an_ip_that_hangs_twice_is_an_error_and_one_without_time_left_is_not_tried_again(tmp_path, monkeypatch):
     _slow_ip(tmp_path, monkeypatch, first_only=False)
-    with pytest.raises(RuntimeError, match=r"ip -j addr show timed out twice, after 1s each"):
+    with pytest.raises(RuntimeError, match=r"ip -j -d addr show timed out twice, after 1s each"):
         nic_probe.probe(NodeContext(sysfs_root="/sys"))
     (tmp_path / "calls").unlink()
-    with pytest.raises(RuntimeError, match=r"ip -j addr show failed \(rc -1\): timed out after 1s"):
+    with pytest.raises(RuntimeError, match=r"ip -j -d addr show failed \(rc -1\): timed out after 1s"):
         nic_probe.probe(NodeContext(sysfs_root="/sys", deadline=time.monotonic() + 5))
     assert len((tmp_path / "calls").read_text().splitlines()) == 1
 

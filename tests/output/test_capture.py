@@ -27,7 +27,7 @@ def test_capture_of_a_real_local_run_replays_to_the_same_facts(tmp_path, monkeyp
     assert len(node) == 1
     case = out / node[0] / "nic.json"
     doc = json.loads(case.read_text())
-    assert doc["parser"] == "probe" and doc["input"] == "nic" and "ip -j addr show" in doc["command"]
+    assert doc["parser"] == "probe" and doc["input"] == "nic" and "ip -j -d addr show" in doc["command"]
     assert (out / node[0] / "nic" / "commands.json").exists()
     assert (out / node[0] / "nic" / "sys" / "class" / "net" / "lo" / "type").exists()
     recorded = doc["expected"]
@@ -61,7 +61,7 @@ def test_failed_probe_carries_its_raw_output_capped(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(bindir))
     facts = runner.run_probes({"nic": {}}, 20)["nic"]
     assert "not valid JSON" in facts["probe_error"] and "not valid JSON" in facts["message"]
-    raw = next(r for r in facts["raw"] if r.get("argv") == ["ip", "-j", "addr", "show"])
+    raw = next(r for r in facts["raw"] if r.get("argv") == ["ip", "-j", "-d", "addr", "show"])
     assert raw["stdout"].startswith("not json not json") and len(raw["stdout"]) < RAW_CAP + 100
     assert "more characters" in raw["stdout"]
     json.dumps(facts)

@@ -105,7 +105,7 @@ def _write_sysfs(attrs, root):
 
 FAKE_IP = """#!{python}
 import sys
-files = {{("-j", "addr", "show"): {addr!r}, ("-j", "-d", "link", "show"): {link!r}}}
+files = {{("-j", "-d", "addr", "show"): {both!r}}}
 name = files.get(tuple(sys.argv[1:]))
 if name is None:
     sys.stderr.write("ip: unexpected arguments %r\\n" % (sys.argv[1:],))
@@ -114,16 +114,28 @@ sys.stdout.write(open(name).read())
 """
 
 
+def _d_addr(addr_path, link_path, out):
+    """What `ip -j -d addr show` prints on the node of an `ip -j addr show` capture and its `ip -j -d link show`
+    twin: each addr entry with its link's linkinfo (the addr capture alone where there is no twin; a
+    `-d -j addr` capture, such as netplan's, already carries it)."""
+    entries = json.loads(addr_path.read_text())
+    if link_path.exists() and link_path != addr_path:
+        info = {item["ifname"]: item.get("linkinfo") for item in json.loads(link_path.read_text())}
+        for item in entries:
+            if info.get(item.get("ifname")) is not None:
+                item["linkinfo"] = info[item["ifname"]]
+    out.write_text(json.dumps(entries))
+    return out
+
+
 def _nic_probe(addr_path, tmp_path, monkeypatch):
-    """nic_probe.probe on a node whose `ip` prints the capture (the link capture when there is one, else the
-    addr capture, whose entries carry the same ifname/linkinfo) and whose sysfs holds the side attributes."""
-    link_path = Path(str(addr_path).replace(".addr.json", ".link.json"))
-    if link_path == addr_path or not link_path.exists():
-        link_path = addr_path
+    """nic_probe.probe on a node whose `ip -j -d addr show` prints the capture (with its link twin's linkinfo when
+    there is one) and whose sysfs holds the side attributes."""
+    both = _d_addr(addr_path, Path(str(addr_path).replace(".addr.json", ".link.json")), tmp_path / "ip-d-addr.json")
     bindir = tmp_path / "bin"
     bindir.mkdir()
     script = bindir / "ip"
-    script.write_text(FAKE_IP.format(python=sys.executable, addr=str(addr_path), link=str(link_path)))
+    script.write_text(FAKE_IP.format(python=sys.executable, both=str(both)))
     script.chmod(0o755)
     monkeypatch.setenv("PATH", "%s%s%s" % (bindir, os.pathsep, os.environ.get("PATH", "")))
     monkeypatch.delenv("SSH_CONNECTION", raising=False)
@@ -230,6 +242,11 @@ def _agree_ip(path, facts):
         for i in facts["interfaces"]
     }
     assert got == raw
+    twin = Path(str(path).replace(".addr.json", ".link.json"))
+    if twin != path and twin.exists():  # the link kinds the one `ip -j -d addr show` carries are the twin's
+        kinds = {i["ifname"]: (i.get("linkinfo") or {}).get("info_kind") for i in json.loads(twin.read_text())}
+        assert {i["name"]: i["kind"] for i in facts["interfaces"] if kinds.get(i["name"])} == \
+            {name: kind for name, kind in kinds.items() if kind}
     # A healthy single node: the nic rule picks an interface and raises nothing.
     view = builders.view({"n1": {"nic": facts}}, nodes=[NodeInfo("n1", "n1", 8, is_head=True)])
     findings = nic_rule.rule(view)

@@ -9,6 +9,7 @@ import glob
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,23 +19,34 @@ from preflight.probe.lazy_re import Lazy, lazy
 from preflight.transport import bundle
 
 #: modules a probe run must not import: the declarations' vocabulary (preflight.model: dataclasses, inspect,
-#: the check declarations), a thread pool and logging (plain threads), platform (its regexes at import)
-NOT_ON_A_NODE = ("preflight.model", "dataclasses", "inspect", "concurrent.futures", "logging", "platform")
+#: the check declarations), a thread pool and logging (plain threads), platform (its regexes at import), typing
+#: (8-14 ms of a node's CPU: node modules import it under `if TYPE_CHECKING:`, their annotations postponed), ast
+#: (torch/version.py as PyTorch generates it is read line by line; where torch is installed, as on this machine)
+NOT_ON_A_NODE = ("preflight.model", "dataclasses", "inspect", "concurrent.futures", "logging", "platform", "typing",
+                 "ast")
 
-#: run before the bootstrap: at its os._exit, write the names of the modules the process imported
-RECORD = ("import os,sys\n_e=os._exit\ndef _x(c):\n with open(%r,'w') as fh:fh.write('\\n'.join(sorted(sys.modules)))\n"
+#: run before the bootstrap: record the programs the process starts (its audit events), and at its os._exit write
+#: the names of the modules it imported and those programs
+RECORD = ("import os,sys\n_e=os._exit;_s=[]\n"
+          "sys.addaudithook(lambda e,a:_s.append(os.path.basename(str(a[1][0]))) if e=='subprocess.Popen' else None)\n"
+          "def _x(c):\n with open(%r,'w') as fh:fh.write(repr((sorted(sys.modules),_s)))\n"
           " _e(c)\nos._exit=_x\n")
 
 
-def modules_of_a_probe_run(tmp_path) -> set:
-    """The modules imported by `python -c BOOTSTRAP` running every check's probe, fed as a transport feeds it."""
+def probe_run(tmp_path) -> tuple:
+    """(the modules imported, the programs started) by the bootstrap, started as the transports start it
+    (bundle.bootstrap_argv), running every check's probe, fed as a transport feeds it."""
+    import ast as _ast
+
     names = [name for name in checks.module_names() if checks.has_probe(name)]
     config = {"mode": "probe", "checks": {n: {} for n in names}, "probe_timeout_s": 60, "deadline_s": 120}
     blob = bundle.base_zip()
     payload = json.dumps(config).encode() + b"\n" + str(len(blob)).encode() + b"\n" + blob
     out = tmp_path / "modules"
-    proc = subprocess.Popen([sys.executable, "-c", RECORD % str(out) + bundle.BOOTSTRAP], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/")
+    argv = bundle.bootstrap_argv(sys.executable)
+    argv[-1] = RECORD % str(out) + argv[-1]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            start_new_session=True, cwd="/")
     try:
         proc.stdin.write(payload)
         proc.stdin.flush()
@@ -46,13 +58,36 @@ def modules_of_a_probe_run(tmp_path) -> set:
         proc.wait(timeout=120)
     result = bundle.parse_output(line)["result"]
     assert set(result["facts"]) == set(names), result  # every probe ran and answered
-    return set(out.read_text().split())
+    modules, started = _ast.literal_eval(out.read_text())
+    return set(modules), started
+
+
+def modules_of_a_probe_run(tmp_path) -> set:
+    """The modules imported by the bootstrap running every check's probe (probe_run)."""
+    return probe_run(tmp_path)[0]
 
 
 def test_a_probe_run_does_not_import_the_controllers_vocabulary(tmp_path):
     imported = modules_of_a_probe_run(tmp_path)
     assert "preflight.probe.runner" in imported and "preflight.checks.xid.probe" in imported  # it did run
     assert not [m for m in NOT_ON_A_NODE if m in imported], sorted(m for m in NOT_ON_A_NODE if m in imported)
+    if not os.path.isdir("/proc/driver/nvidia"):  # ctypes is for NVML's structures (preflight.probe.nvml_structs)
+        assert "ctypes" not in imported and "_ctypes" not in imported
+
+
+def test_a_probe_run_starts_no_site_no_pth_code_and_one_ip(tmp_path):
+    """The node CPU cuts that a profile would not show as a test failure: `site` and what the machine's
+    .pth files import (python3 -S), bz2/lzma that zipfile would load, the second `ip` and programs that are not
+    there (nvidia-smi, dcgmi... on this machine without a GPU: no process started for them)."""
+    imported, started = probe_run(tmp_path)
+    # site itself is imported (sitedirs reads its functions) but never run: nothing a .pth file imports is here
+    ran = [m for m in imported if m in ("sitecustomize", "usercustomize", "_distutils_hack", "certifi", "bz2", "lzma",
+                                        "_lzma") or m.startswith("__editable__")]
+    assert not ran, ran
+    assert started.count("ip") == 1, started
+    missing = sorted({p for p in started if p != "sh" and not shutil.which(p) and not os.path.exists(p)})
+    assert not missing, "started though no PATH entry holds them: %s" % missing
+    assert "sh" in started and "ldconfig" in started  # the watchdog, and the library cache NCCL is looked up in
 
 
 def test_the_declarations_travel_as_empty_packages_and_the_vocabulary_stays_home():

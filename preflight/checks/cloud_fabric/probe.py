@@ -28,11 +28,14 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Any, Dict, List, Optional
 
 from preflight.node_model import ParseError
 from preflight.probe.lazy_re import lazy
 from preflight.probe.rdma import is_efa, natural_key
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional
 
 #: Where each fabric's NCCL plugin is installed (read under the host root).
 #: efa: the EFA installer's aws-ofi-nccl (/opt/amazon/ofi-nccl, AWS EC2 User Guide "Get started with EFA and

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from preflight.common import one_line
 from preflight.node_model import ParseError
 from preflight.probe.lazy_re import lazy
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 #: How long each level may run before dcgmi is killed (DCGM user guide, "Run levels": level 1 ~seconds,
 #: level 2 ~2 minutes, level 3 ~30 minutes on 8 GPUs), with headroom for slow starts.

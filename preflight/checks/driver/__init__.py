@@ -7,9 +7,13 @@ Sources, first that answers wins:
   else ``/proc/driver/nvidia/version``. ``PREFLIGHT_NVML=off`` skips NVML, as in the gpu check.
 - NCCL: every ``libnccl.so*`` in ``ldconfig -p``, its version read from the real file name the soname
   link resolves to (libnccl.so.2 -> libnccl.so.2.21.5); and the ``nvidia-nccl-cu11/12/13`` Python
-  distribution (the NCCL torch wheels load) through importlib.metadata.
-- torch: ``torch/version.py`` located with importlib.util.find_spec and read as text: importing torch
+  distribution (the NCCL torch wheels load): its dist-info folder's name.
+- torch: ``torch/version.py`` located as importlib finds ``torch`` and read as text: importing torch
   costs seconds per node, and the controller must never need it.
+- Both are looked for on the import path the node's python has with ``site`` (its venv's, the user's and the
+  system's site-packages and the directories their .pth files name), computed without running ``site``: the
+  probe runs as ``python3 -S``, so no .pth file's code (an ``import`` line) runs in it, and a package reachable
+  only through such a line's import hook is not found (preflight.probe.sitedirs).
 
 Facts schema::
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import re
-import sys
-from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.node_model import ParseError
+from preflight.probe import sitedirs
+from preflight.probe.lazy_re import lazy
 from preflight.probe.nvml import bounded_nvml, load_nvml, nvml_shutdown, nvml_wedged
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional, Tuple
 
 PROC_VERSION = "/proc/driver/nvidia/version"
 NCCL_DISTRIBUTIONS = ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11")
@@ -81,14 +85,14 @@ def _nccl_system(ctx: Any) -> List[Dict[str, Any]]:
 
 
 def _nccl_python() -> Optional[Dict[str, str]]:
-    """The nvidia-nccl-cu* wheel importable here: its `<name>-<version>.dist-info` folder on sys.path.
+    """The nvidia-nccl-cu* wheel importable here: its `<name>-<version>.dist-info` folder on the import path.
 
-    Read from the folder name (the wheel spec's normalized name and version), the first sys.path entry
-    that holds one winning, as for importlib.metadata.version(); importing importlib.metadata instead
-    costs 20-30 ms of CPU on every node.
+    Read from the folder name (the wheel spec's normalized name and version), the first entry of the path
+    site gives this python (sitedirs.search_path: the probe runs without site) that holds one winning, as for
+    importlib.metadata.version(); importing importlib.metadata instead costs 20-30 ms of CPU on every node.
     """
     listings = []
-    for entry in sys.path:
+    for entry in sitedirs.search_path():
         try:  # only the names these distributions can have (a site-packages folder lists hundreds)
             listings.append([n for n in os.listdir(entry or ".") if n[:len(_NCCL_PREFIX)].lower() == _NCCL_PREFIX])
         except OSError:
@@ -114,10 +118,8 @@ def _dist_info_version(name: str, prefix: str) -> Optional[str]:
 
 
 def _torch() -> Optional[Dict[str, Any]]:
-    import importlib.util
-
     try:
-        spec = importlib.util.find_spec("torch")
+        spec = sitedirs.find_spec("torch")
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
@@ -193,9 +195,53 @@ def nccl_version_from_filename(path: str) -> Optional[str]:
     return match.group(1) if match else None
 
 
+#: one line of torch/version.py as PyTorch's build writes it (tools/generate_torch_version.py): a name, an optional
+#: annotation, a one-line string literal without escapes, or None
+_TORCH_LINE = lazy(r"(__version__|cuda)[ \t]*(?::[^=]*)?=[ \t]*(?:'([^'\\]*)'|\"([^\"\\]*)\"|(None))[ \t]*(?:#.*)?")
+_NAME = lazy(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def parse_torch_version_py(text: str) -> Dict[str, Any]:
     """{"version", "cuda"} from torch/version.py (plain or annotated assignments)."""
-    import ast  # here, not at the top: only a node with torch parses its version.py
+    values = _generated_values(text)
+    if values is None:
+        values = _ast_values(text)
+    version = values.get("__version__")
+    if not isinstance(version, str):
+        raise ParseError("torch/version.py: no __version__ string")
+    cuda = values.get("cuda")
+    if cuda is not None and not isinstance(cuda, str):
+        raise ParseError("torch/version.py: cuda is %r, expected a string or None" % (cuda,))
+    return {"version": version, "cuda": cuda}
+
+
+def _generated_values(text: str) -> Optional[Dict[str, Any]]:
+    """__version__ and cuda read line by line as _ast_values reads them, where every line that assigns them is a
+    plain one-line literal assignment and the file compiles; None where only the syntax tree can tell (a string
+    spanning lines, a continued line, any other statement that names them). Importing ast costs a node with torch
+    3-5 ms of CPU a run; compile() is the interpreter's own."""
+    if "'''" in text or '"""' in text or "\\\n" in text:
+        return None
+    values: Dict[str, Any] = {}
+    for line in text.splitlines():
+        name = _NAME.match(line)
+        if name is None or name.group() not in ("__version__", "cuda"):
+            continue
+        found = _TORCH_LINE.fullmatch(line)
+        if found is None:
+            return None
+        literal = found.group(2) if found.group(2) is not None else found.group(3)
+        values[found.group(1)] = None if found.group(4) else literal
+    try:
+        compile(text, "torch/version.py", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return None  # _ast_values says why
+    return values
+
+
+def _ast_values(text: str) -> Dict[str, Any]:
+    """{name: constant} of the module's top-level plain and annotated assignments of a constant."""
+    import ast  # here, not at the top: only a version.py that is not as PyTorch generates it needs its syntax tree
 
     try:
         tree = ast.parse(text)
@@ -211,10 +257,4 @@ def parse_torch_version_py(text: str) -> Dict[str, Any]:
             continue
         if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
             values[target.id] = value.value
-    version = values.get("__version__")
-    if not isinstance(version, str):
-        raise ParseError("torch/version.py: no __version__ string")
-    cuda = values.get("cuda")
-    if cuda is not None and not isinstance(cuda, str):
-        raise ParseError("torch/version.py: cuda is %r, expected a string or None" % (cuda,))
-    return {"version": version, "cuda": cuda}
+    return values

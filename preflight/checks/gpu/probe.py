@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict
 
 from preflight.probe.gpu_facts import guest_mode, no_gpu_facts
 from preflight.probe.gpu_health import health_from_nvml, parse_health_xml
@@ -13,6 +12,10 @@ from preflight.probe.nvidia_smi import (  # noqa: F401
     clock_events_by_bus, merge_nvlink, parse_nvidia_smi_xml, parse_nvlink_status, read_nvlink_status)
 from preflight.probe.nvml import NvmlSlow, NvmlWedged, bounded_nvml, load_nvml, nvml_shutdown, nvml_wedged
 from preflight.probe.pci import hypervisor
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict
 
 #: Clock event reasons that cut clocks hard enough to make this GPU the straggler: FAIL.
 HW_THROTTLE = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")

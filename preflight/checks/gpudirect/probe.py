@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional
 
 from preflight.node_model import ParseError
 from preflight.probe.lazy_re import lazy
 from preflight.probe.pci import bridges, hypervisor, nvidia_gpus, rdma_hcas
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional
 
 MODULES = ("nvidia_peermem", "nv_peer_mem")
 #: ACS controls that send peer-to-peer requests or completions up to the root complex.

@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from preflight.node_model import ParseError
 from preflight.probe import kernlog
 from preflight.probe.lazy_re import lazy
 from preflight.probe.rdma import is_efa
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 INTERVAL_S = 1.0
 #: Width in bits of each IBTA PortCounters field (IBA spec vol. 1, PortCounters attribute): the value

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.node_model import ParseError
 from preflight.probe.lazy_re import lazy
 from preflight.probe.rdma import is_efa, natural_key  # noqa: F401  (this module's API too)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional, Tuple
 
 STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
 PHYS_STATES = {0: "NOP", 1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining", 5: "LinkUp",

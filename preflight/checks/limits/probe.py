@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, Optional, Tuple
 
 from preflight.node_model import ParseError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, Optional, Tuple
 
 IMEX_DIR = "/dev/nvidia-caps-imex-channels"
 _LIMIT = re.compile(r"^(Max [a-z ]+?)\s{2,}(\S+)\s+(\S+)(?:\s+(\S+))?\s*$")

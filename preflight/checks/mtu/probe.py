@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.node_model import ParseError
 from preflight.probe.lazy_re import lazy
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional, Tuple
 
 COUNT = 3
 #: seconds between a target's pings: 50 ms keeps three pings to 0.1 s. iputils before 20210202 refuses

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.node_model import ParseError
 from preflight.probe.lazy_re import lazy
 from preflight.probe.ncclconf import CONF_ENV, relevant
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional, Tuple
 
 SYSTEM_CONF = "/etc/nccl.conf"
 USER_CONF = ".nccl.conf"

@@ -1,6 +1,6 @@
 """nic: every node has an up data interface, with an IPv4 address in a subnet the other nodes share.
 
-The probe lists the node's interfaces (`ip -j addr show`, `ip -j -d link show`, and the sysfs attributes
+The probe lists the node's interfaces (`ip -j -d addr show`: addresses and link kinds in one, and the sysfs attributes
 speed, type and device). Which of them is each node's data network is decided on the controller by
 `preflight.derived.datanet.of(view)` (the policy is documented there; derived once, carried on the view), the one
 choice the mtu and ports checks, the NCCL env-file writer and the bench launcher share. The rule reports
@@ -28,7 +28,7 @@ CHECK = Check(
     fix="Bring the data interface up with its address (ip link set IF up; check netplan/NetworkManager), or pin "
     "it with data_interface: in the inventory; export NCCL_SOCKET_IFNAME as printed in the env file.",
     action="fix_config",
-    reads="ip -j addr show, ip -j -d link show; sysfs class/net/*/{speed,operstate,device}",
+    reads="ip -j -d addr show; sysfs class/net/*/{speed,operstate,device}",
     takes="< 0.1 s",
     order=50,
     settings=(EXPECT_MTU,),

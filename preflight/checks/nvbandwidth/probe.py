@@ -6,10 +6,13 @@ Standard library only. The format is described in __init__.py (real captures cit
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional
 
 from preflight.node_model import ParseError
 from preflight.probe.lazy_re import lazy  # compiled where nvbandwidth ran (the burn-in tier), not on every node run
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional
 
 TESTCASES = ("host_to_device_memcpy_ce", "device_to_host_memcpy_ce", "device_to_device_memcpy_read_ce")
 #: the longest the testcases may run on one node (8 GPUs: 56 peer pairs); the probe deadline caps it

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Dict, Optional
 
 from preflight.node_model import ParseError
 from preflight.probe import pci
 from preflight.probe.lazy_re import lazy
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, Optional
 
 KINDS = ("correctable", "nonfatal", "fatal")
 FILES = {"correctable": "aer_dev_correctable", "nonfatal": "aer_dev_nonfatal", "fatal": "aer_dev_fatal"}

@@ -8,10 +8,13 @@ import re
 import socket
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.node_model import ParseError
 from preflight.probe import listenq, portclaim
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional, Tuple
 
 WINDOW_S = 15.0
 RETRY_S = 10.0

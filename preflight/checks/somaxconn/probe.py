@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Optional
 
 from preflight.node_model import ParseError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, Optional
 
 #: {fact: file}; per network namespace, so read as the probe's own (where the store will listen), not under
 #: PREFLIGHT_HOST_ROOT (a /proc mounted elsewhere still shows the reader's namespace)

@@ -6,7 +6,10 @@ import os
 import resource
 import sys
 import time
-from typing import Any, Dict
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict
 
 
 def probe(ctx: Any) -> Dict[str, Any]:

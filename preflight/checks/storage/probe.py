@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import secrets
-from typing import Any, Dict, List, Mapping, Optional
 
 from preflight.node_model import ParseError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Mapping, Optional
 
 TOKEN_FILE = ".preflight-shared-token"
 WRITE_PREFIX = ".preflight-write-"

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, Optional
 
 from preflight.node_model import ParseError
 from preflight.probe.lazy_re import lazy
 from preflight.probe.pci import bridges, nvidia_gpus, rdma_hcas
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, Optional
 
 LINK_FILES = ("current_link_width", "max_link_width", "current_link_speed", "max_link_speed")
 _SPEED = lazy(r"^(\d+(?:\.\d+)?) GT/s(?: PCIe)?$")

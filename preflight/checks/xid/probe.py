@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.probe import kernlog, nvrm
 from preflight.probe.lazy_re import lazy
 from preflight.probe.pci import devices as pci_devices
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: a node does not import typing
+    from typing import Any, Dict, List, Optional, Tuple
 
 _XID = lazy(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?)(?:,\s*(.*))?$")
 _SXID = lazy(r"(nvidia-nvswitch\d+): SXid \(PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): ?(\S*?)(?:,\s*(.*))?$")
