@@ -250,6 +250,35 @@ def test_a_refusal_before_the_head_listened_is_not_tested_and_one_after_is_a_fai
     assert found["n003"].status == Status.FAIL, found["n003"]
 
 
+def test_a_refusal_after_the_heads_window_closed_is_not_tested_one_while_it_listened_is_a_fail():
+    """At 256 simulated Slurm nodes on 2 cores (load 300) healthy nodes FAILed 'refused ... after 10s' whose
+    probes started after the head's listener had closed its window: such a node was not tested (retest); its
+    twin, refused while the head still listened, FAILs; a head that began listening within the clocks'
+    uncertainty of a node's last try is said so, not as a negative delay."""
+    head = dict(listening("n002"), from_t=1000.0, elapsed_s=15.0)  # listened 1000.0 .. 1015.0
+    refused = dict(connected(40), connected=False, handshake=False, errno="ECONNREFUSED", error="Connection refused",
+                   elapsed_s=10.0, until_t=1027.0)  # tried 1017.0 .. 1027.0
+    found = {f.node: f for f in ports_rule.rule(cluster(3, {"n001": head, "n002": connected(1), "n003": refused}))}
+    assert (found["n003"].status, found["n003"].action) == (Status.ERROR, "retest"), found["n003"]
+    assert "the head's listener had closed its window 2.0s before this node's first try" in found["n003"].message
+    during = dict(refused, until_t=1014.0)  # tried 1004.0 .. 1014.0, while the head listened
+    found = {f.node: f for f in ports_rule.rule(cluster(3, {"n001": head, "n002": connected(1), "n003": during}))}
+    assert found["n003"].status == Status.FAIL and "refused" in found["n003"].message, found["n003"]
+    # n003's clock 10 s ahead of the controller's (the ssh check's offset): its 1027.0 is the controller's 1017.0,
+    # so it tried while the head listened: a FAIL
+    facts = {n: {"nic": data_node(i), "ports": f} for i, (n, f) in enumerate(
+        (("n001", head), ("n002", connected(1)), ("n003", refused)), 1)}
+    facts["n003"]["ssh"] = {"time": 1510.0, "window": [1499.9, 1500.1]}
+    found = {f.node: f for f in ports_rule.rule(view(facts))}
+    assert found["n003"].status == Status.FAIL, found["n003"]
+    # the head began listening 1 s before the node's last try, inside the clocks' uncertainty (2 s): retest, said so
+    facts["n003"]["ssh"] = {"time": 1500.0, "window": [1498.0, 1502.0]}
+    facts["n003"]["ports"] = dict(refused, until_t=1001.0)
+    found = {f.node: f for f in ports_rule.rule(view(facts))}
+    assert found["n003"].status == Status.ERROR, found["n003"]
+    assert "about when this node stopped trying (within the clocks' uncertainty)" in found["n003"].message
+
+
 def test_the_kernel_traces_of_a_listener_that_does_not_keep_up():
     """A real listening socket that accepts nothing: its accept queue fills (TCP_INFO's tcpi_unacked) and the
     kernel counts the handshakes it drops (/proc/net/netstat ListenOverflows, this network namespace)."""

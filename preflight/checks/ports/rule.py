@@ -185,9 +185,18 @@ def _connector_finding(head: _Head, name: str, f: Any, ssh: Dict[str, Any]) -> F
             actual=f.get("reply") or "no reply")
     late = _late_head(ssh, head.name, head.facts, name, f)
     if late is not None:
-        return Finding(NAME, name, Status.ERROR, "%s → %s %s: refused for %ss, and the head began listening only "
-                       "%.1fs after this node's last try (its probe started late: the head too busy): not "
-                       "tested; retest" % (name, head.name, target, f.get("elapsed_s"), late), action="retest")
+        when = ("only %.1fs after this node's last try" % late if late > 0 else
+                "about when this node stopped trying (within the clocks' uncertainty)")
+        return Finding(NAME, name, Status.ERROR, "%s → %s %s: refused for %ss, and the head began listening %s "
+                       "(its probe started late: the head too busy): not tested; retest" % (
+                           name, head.name, target, f.get("elapsed_s"), when), action="retest")
+    closed = _closed_head(ssh, head.name, head.facts, name, f)
+    if closed is not None:
+        return Finding(NAME, name, Status.ERROR, "%s → %s %s: refused for %ss, and the head's listener had closed "
+                       "its window %s (this node's probe started late: the node too busy): not tested; retest" % (
+                           name, head.name, target, f.get("elapsed_s"),
+                           "%.1fs before this node's first try" % closed if closed > 0 else
+                           "about when this node began trying (within the clocks' uncertainty)"), action="retest")
     return Finding(NAME, name, Status.FAIL, "%s → %s %s: %s after %ss (%s)" % (
         name, head.name, target, _connect_hint(f.get("error"), f.get("errno")), f.get("elapsed_s"), f.get("error")),
         expected="a TCP connection to the rendezvous port", actual=f.get("errno") or f.get("error"))
@@ -204,6 +213,19 @@ def _late_head(ssh: Dict[str, Any], head: str, head_facts: Any, name: str, f: Di
     (head_off, head_err), (off, err) = (clock_offset(ssh.get(n) or {}) or (0.0, 0.0) for n in (head, name))
     late = (head_facts["from_t"] - head_off) - (f["until_t"] - off)
     return late if late + head_err + err > 0 else None
+
+
+def _closed_head(ssh: Dict[str, Any], head: str, head_facts: Any, name: str, f: Dict[str, Any]) -> Optional[float]:
+    """Seconds by which the head's listener closed (its window over, preflight.checks.ports.probe.listen) before
+    this node's first refused try, its uncertainty counted in the node's favour, or None: the node's probe
+    started after the head had stopped listening, so its refusal says nothing against it (256 simulated Slurm
+    nodes on 2 cores at load 300: 8 healthy nodes FAILed 'refused ... after 10s')."""
+    if f.get("errno") != "ECONNREFUSED" or not isinstance(head_facts, dict) or None in (
+            head_facts.get("from_t"), head_facts.get("elapsed_s"), f.get("until_t"), f.get("elapsed_s")):
+        return None
+    (head_off, head_err), (off, err) = (clock_offset(ssh.get(n) or {}) or (0.0, 0.0) for n in (head, name))
+    closed = (f["until_t"] - f["elapsed_s"] - off) - (head_facts["from_t"] + head_facts["elapsed_s"] - head_off)
+    return closed if closed + head_err + err > 0 else None
 
 
 def _overload(head: Dict[str, Any], unreached: List[str], early: int) -> str:
