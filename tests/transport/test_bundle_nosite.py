@@ -105,4 +105,10 @@ def test_the_path_found_without_site_is_the_one_site_gives(tmp_path, python, kin
         assert len(found) > len(json.loads(subprocess.run([interpreter, "-S", "-c", WITH_SITE], env=env, cwd="/",
                                                           capture_output=True, text=True, timeout=60).stdout))
     if kind == "user-site":
-        assert str(tmp_path / "from-user-pth") in found
+        # site adds the user's directory unless the interpreter is a venv's without the system's site-packages
+        # (site.venv turns ENABLE_USER_SITE off), as when the tests run from `python3 -m venv .venv`
+        probe = "import json, site, sys; print(json.dumps([site.ENABLE_USER_SITE, sys.prefix != sys.base_prefix]))"
+        enabled, in_venv = json.loads(subprocess.run([python, "-c", probe], env=env, cwd="/", check=True,
+                                                     capture_output=True, text=True, timeout=60).stdout)
+        assert enabled or in_venv
+        assert (str(tmp_path / "from-user-pth") in found) is bool(enabled)
