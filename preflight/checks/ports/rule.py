@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from preflight.checks.ports import NAME
 from preflight.checks.ports.probe import RETRY_S, WINDOW_S
@@ -203,29 +203,35 @@ def _connector_finding(head: _Head, name: str, f: Any, ssh: Dict[str, Any]) -> F
 
 
 def _late_head(ssh: Dict[str, Any], head: str, head_facts: Any, name: str, f: Dict[str, Any]) -> Optional[float]:
-    """Seconds by which the head began listening after this node's last refused try (both clocks taken back to
-    the controller's by the ssh check's offsets, their uncertainty counted in the head's favour), or None: a
-    refusal that says nothing listened because nothing listened yet (at 1,000 simulated nodes on 2 cores, 6
-    healthy nodes FAILed 'refused' while the head's starved probe had not bound the port). `ssh`: view.of("ssh")."""
-    if f.get("errno") != "ECONNREFUSED" or not isinstance(head_facts, dict) or None in (
-            head_facts.get("from_t"), f.get("until_t")):
+    """Seconds by which the head began listening after this node's last refused try, or None: a refusal that
+    says nothing listened because nothing listened yet (at 1,000 simulated nodes on 2 cores, 6 healthy nodes
+    FAILed 'refused' while the head's starved probe had not bound the port). `ssh`: view.of("ssh")."""
+    if f.get("errno") != "ECONNREFUSED" or not isinstance(head_facts, dict):
         return None
-    (head_off, head_err), (off, err) = (clock_offset(ssh.get(n) or {}) or (0.0, 0.0) for n in (head, name))
-    late = (head_facts["from_t"] - head_off) - (f["until_t"] - off)
-    return late if late + head_err + err > 0 else None
+    return _gap(ssh, (name, f.get("until_t")), (head, head_facts.get("from_t")))
 
 
 def _closed_head(ssh: Dict[str, Any], head: str, head_facts: Any, name: str, f: Dict[str, Any]) -> Optional[float]:
     """Seconds by which the head's listener closed (its window over, preflight.checks.ports.probe.listen) before
-    this node's first refused try, its uncertainty counted in the node's favour, or None: the node's probe
-    started after the head had stopped listening, so its refusal says nothing against it (256 simulated Slurm
-    nodes on 2 cores at load 300: 8 healthy nodes FAILed 'refused ... after 10s')."""
+    this node's first refused try, or None: a node whose probe started after the head had stopped listening
+    was not tested (likely what FAILed 8 healthy nodes 'refused ... after 10s' at 256 simulated Slurm nodes on
+    2 cores, load 330; their facts were not kept)."""
     if f.get("errno") != "ECONNREFUSED" or not isinstance(head_facts, dict) or None in (
             head_facts.get("from_t"), head_facts.get("elapsed_s"), f.get("until_t"), f.get("elapsed_s")):
         return None
-    (head_off, head_err), (off, err) = (clock_offset(ssh.get(n) or {}) or (0.0, 0.0) for n in (head, name))
-    closed = (f["until_t"] - f["elapsed_s"] - off) - (head_facts["from_t"] + head_facts["elapsed_s"] - head_off)
-    return closed if closed + head_err + err > 0 else None
+    return _gap(ssh, (head, head_facts["from_t"] + head_facts["elapsed_s"]), (name, f["until_t"] - f["elapsed_s"]))
+
+
+def _gap(ssh: Dict[str, Any], first: Tuple[str, Optional[float]], then: Tuple[str, Optional[float]]) -> Optional[float]:
+    """Seconds from `first` to `then`, each (node, a time on its clock) taken back to the controller's clock by
+    the ssh check's offsets, or None when a time is unknown or the gap is below zero by more than the clocks'
+    uncertainty (counted in the gap's favour: the refusal is then not held against the node)."""
+    if first[1] is None or then[1] is None:
+        return None
+    (first_off, first_err), (then_off, then_err) = (clock_offset(ssh.get(n) or {}) or (0.0, 0.0)
+                                                    for n in (first[0], then[0]))
+    gap = (then[1] - then_off) - (first[1] - first_off)
+    return gap if gap + first_err + then_err > 0 else None
 
 
 def _overload(head: Dict[str, Any], unreached: List[str], early: int) -> str:
