@@ -17,8 +17,12 @@ from typing import List
 # stopped): an interpreter's normal exit waited for the deadline's timer thread (a task that Slurm's
 # preemption had signalled lived on until KillWait's SIGKILL, its srun and preflight waiting on it), and
 # with daemon timers it aborted (SIGABRT) on the stdin reader blocked in readline at finalization.
-# zipfile and shutil import bz2 and lzma if they can (2 ms of CPU, their C libraries loaded): the bundle is deflated,
-# so they are kept out while zipfile loads, and importable again after.
+# The bundle (a zip that preflight.transport.bundle writes: deflated, no comment, no zip64) is read by _Zip, the
+# few lines of the format it needs (PKWARE APPNOTE.TXT 4.3: end record, central directory, local headers; each
+# entry's CRC-32 checked as zipfile does), not by zipfile: importing zipfile pulled in pathlib, urllib.parse and
+# importlib.util, 12-16 ms of CPU on every node for nothing a probe uses (benchmarks/node_bundle_cpu.py).
+# shutil (the probes' context imports it) imports bz2 and lzma if it can (2 ms of CPU, their C libraries loaded):
+# it is imported here with them kept out, and they are importable again after.
 # A module runs from the bytecode the controller compiled (bytecode/<path>c, a marshalled code object)
 # when the node's Python has the controller's magic number (bytecode/MAGIC), else from its source.
 
@@ -39,9 +43,26 @@ def bootstrap_argv(python: str) -> List[str]:
 BOOTSTRAP = r"""
 import sys
 for _m in('bz2','lzma'):sys.modules.setdefault(_m,None)
-import os,io,json,time,signal,threading,queue,zipfile,importlib.util,marshal,zlib,base64
+import os,json,time,signal,threading,queue,shutil,marshal,zlib,base64,struct
 for _m in('bz2','lzma'):
     if sys.modules[_m] is None:del sys.modules[_m]
+try:from _frozen_importlib import spec_from_loader as _sl;from _frozen_importlib_external import MAGIC_NUMBER as _MG
+except ImportError:from importlib.util import spec_from_loader as _sl,MAGIC_NUMBER as _MG
+class _Zip:
+    def __init__(s,b):
+        e=len(b)-22
+        if e<0 or b[e:e+4]!=b'PK\5\6':raise ValueError('bundle: no zip end record (%d bytes)'%len(b))
+        n,_,p=struct.unpack_from('<HII',b,e+10);s.b=b;s.f={}
+        for _ in range(n):
+            h=struct.unpack_from('<4s6H3I5H2I',b,p)
+            if h[0]!=b'PK\1\2':raise ValueError('bundle: bad zip directory at %d'%p)
+            s.f[b[p+46:p+46+h[10]].decode()]=h;p+=46+h[10]+h[11]+h[12]
+    def read(s,k):
+        h=s.f[k];q=h[16];l,x=struct.unpack_from('<HH',s.b,q+26);q+=30+l+x;d=s.b[q:q+h[8]]
+        if h[4]==8:d=zlib.decompress(d,-15)
+        elif h[4]:raise ValueError('bundle: %s: compression method %d'%(k,h[4]))
+        if zlib.crc32(d)!=h[7]:raise ValueError('bundle: %s: CRC mismatch'%k)
+        return d
 sys.stdout.write('preflight-clock %r\n'%time.time());sys.stdout.flush()
 _in=sys.stdin.buffer;_c=json.loads(_in.readline());_h=_in.readline()
 def _file(p,d,ask=False):
@@ -96,8 +117,8 @@ def _ask(h):
 def _at(h):
     d,p=h[1:].decode().split(' ',1);return _file(p.strip(),d)
 _zb=_at(_h) if _h[:1]==b'@' else _ask(_h) if _h[:1]==b'?' else _in.read(int(_h))
-_z=zipfile.ZipFile(io.BytesIO(_zb));_S={};_N=set(_z.namelist())
-_B='bytecode/MAGIC' in _N and _z.read('bytecode/MAGIC')==importlib.util.MAGIC_NUMBER
+_z=_Zip(_zb);_S={};_N=_z.f
+_B='bytecode/MAGIC' in _N and _z.read('bytecode/MAGIC')==_MG
 for _n in _N:
     if _n.endswith('.py'):
         _m=_n[:-3].replace('/','.');_p=_m.endswith('.__init__')
@@ -105,7 +126,7 @@ for _n in _N:
 class _L:
     @staticmethod
     def find_spec(name,path=None,target=None):
-        if name in _S:return importlib.util.spec_from_loader(name,_L,origin='bundle:'+_S[name][0],is_package=_S[name][1])
+        if name in _S:return _sl(name,_L,origin='bundle:'+_S[name][0],is_package=_S[name][1])
     @staticmethod
     def create_module(spec):return None
     @staticmethod

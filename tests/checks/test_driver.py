@@ -272,3 +272,18 @@ def test_the_dist_info_name_test_answers_as_the_pattern_it_replaced():
                  "nvidia_nccl_cu12-2.21.5+local.dist-info", "xnvidia_nccl_cu12-2.21.5.dist-info", "nvidia_nccl_cu12-2.21.5"):
         found = old.match(name)
         assert driver_probe._dist_info_version(name, "nvidia_nccl_cu12-") == (found.group(1) if found else None), name
+
+
+def test_ldconfig_only_the_lines_asked_for_are_parsed_and_judged():
+    """The probe asks for the libnccl lines only: they come back as the whole parse has them, and a line it did
+    not ask for is not judged (an odd one fails the whole parse); the header is still checked either way."""
+    text = read(os.path.join(FIX, "ldconfig_nccl_apt.txt"))
+    whole = driver_probe.parse_ldconfig(text)
+    nccl = [entry for entry in whole if "libnccl.so" in entry[0] + entry[1]]
+    assert nccl and len(nccl) < len(whole)
+    odd = text.replace("\tlibz.so.1 (libc6,x86-64) => ", "\tlibz.so.1 [libc6] -> ", 1)
+    with pytest.raises(driver_probe.ParseError, match="unexpected"):
+        driver_probe.parse_ldconfig(odd)
+    assert driver_probe.parse_ldconfig(odd, only="libnccl.so") == nccl
+    with pytest.raises(driver_probe.ParseError, match="first line"):
+        driver_probe.parse_ldconfig("\n".join(text.splitlines()[1:]), only="libnccl.so")

@@ -21,9 +21,10 @@ from preflight.transport import bundle
 #: modules a probe run must not import: the declarations' vocabulary (preflight.model: dataclasses, inspect,
 #: the check declarations), a thread pool and logging (plain threads), platform (its regexes at import), typing
 #: (8-14 ms of a node's CPU: node modules import it under `if TYPE_CHECKING:`, their annotations postponed), ast
-#: (torch/version.py as PyTorch generates it is read line by line; where torch is installed, as on this machine)
+#: (torch/version.py as PyTorch generates it is read line by line; where torch is installed, as on this machine),
+#: zipfile and the pathlib and urllib.parse it imports (the bootstrap reads the bundle's zip itself: 12 ms)
 NOT_ON_A_NODE = ("preflight.model", "dataclasses", "inspect", "concurrent.futures", "logging", "platform", "typing",
-                 "ast")
+                 "ast", "zipfile", "pathlib", "urllib.parse")
 
 #: run before the bootstrap: record the programs the process starts (its audit events), and at its os._exit write
 #: the names of the modules it imported and those programs
