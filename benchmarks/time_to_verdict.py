@@ -39,6 +39,7 @@ Needs root, iproute2, OpenSSH, slurmctld/slurmd/munge (see benchmarks/README.md)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -102,6 +103,42 @@ def phases(doc: Dict[str, Any], wall: float) -> Dict[str, Optional[float]]:
 def verdicts(doc: Dict[str, Any]) -> List[Tuple[str, str, str]]:
     """Every (check, node, status) of the report, sorted: what two trees must agree on."""
     return sorted((r["check"], r.get("node") or "-", r["status"]) for r in doc.get("results") or [])
+
+
+#: the kernel's ARP table (net.ipv4.neigh.default, gc_thresh1..3): one table for every network namespace
+NEIGH = "/proc/sys/net/ipv4/neigh/default/gc_thresh%d"
+
+
+@contextlib.contextmanager
+def arp_room(n: int):
+    """Room in the kernel's one ARP table for n simulated nodes' full mesh, restored on the way out. Every
+    namespace's dynamic entries share it: the all-reduce's gloo ranks connect every rank to every other
+    (n * (n - 1) entries on the data network, 4,032 at 64 nodes), past gc_thresh3 (1,024 by default), and
+    the kernel then refuses new entries ("neighbour: arp_cache: neighbor table overflow!" in dmesg): pings
+    fail with ENOBUFS and gloo's connectFullMesh with "No route to host", at random, in both trees."""
+    need = 2 * n * (n + 2)  # the data and the management networks, with the controller and some room
+    try:
+        with open(NEIGH % 3) as fh:
+            have = int(fh.read())
+    except (OSError, ValueError):
+        have = None
+    if have is None or have >= need:
+        yield
+        return
+    old = {}
+    for i, value in ((1, need // 4), (2, need // 2), (3, need)):
+        with open(NEIGH % i) as fh:
+            old[i] = fh.read().strip()
+        with open(NEIGH % i, "w") as fh:
+            fh.write(str(max(value, int(old[i]))))
+    print("%d nodes: the ARP table's gc_thresh3 raised from %d to %d for the run (restored after)" % (n, have, need),
+          flush=True)
+    try:
+        yield
+    finally:
+        for i, value in old.items():
+            with open(NEIGH % i, "w") as fh:
+                fh.write(value)
 
 
 def deadlines_for(n: int, init_timeout: Optional[str]) -> Dict[str, float]:
@@ -261,7 +298,7 @@ def bench_size(n: int, args: argparse.Namespace, trees: Dict[str, str], scratch:
         print("%d nodes: both trees run with cluster.allreduce %s (raised: the default 60 s init deadline is "
               "shorter than %d torch imports on this machine's cores)" % (
                   n, " ".join("%s=%g" % kv for kv in sorted(allreduce.items())), n), flush=True)
-    with SimCluster(n, slurm="slurm" in args.transports) as cluster:
+    with arp_room(n), SimCluster(n, slurm="slurm" in args.transports) as cluster:
         invs = inventories(cluster, allreduce, scratch)
         for transport in args.transports:
             inv = invs[transport]
