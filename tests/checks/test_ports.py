@@ -20,17 +20,12 @@ from preflight.probe.context import NodeContext
 from tests.builders import data_node, names, view
 from tests.fixture_cases import fixture_dir, read
 from tests.probe.test_portclaim import nobody, squatter
+from tests.netports import free_port  # a port of this worker's own block
 
 # Recorded on Linux 6.x with a listener on 0.0.0.0:29500, one accepted connection to it, and a
 # listener on [::1]:29501 (the cases tests/fixtures/ports/proc_net_tcp*_listener.json).
 PROC_NET_TCP = read(os.path.join(fixture_dir("ports"), "proc_net_tcp_listener.txt"))
 PROC_NET_TCP6 = read(os.path.join(fixture_dir("ports"), "proc_net_tcp6_listener.txt"))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------------- parser

@@ -10,7 +10,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,17 +23,12 @@ from preflight.checks.allreduce import rule as allreduce_rule
 from preflight.model import NodeInfo, Status
 from preflight.probe import bench_agent, portclaim
 from tests import builders
+from tests.netports import free_port  # a port of this worker's own block
 
 # The ranks import torch; this process never does (it is slow, and the agent must not need it).
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the bench needs torch")
 
 SMALL = [1024, 2048, 4096, 65536]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def config(port, world, node_rank=0, local=1, offset=None, sizes=SMALL, **deadlines):

@@ -14,6 +14,7 @@ import threading
 import pytest
 
 import preflight.probe
+from tests.netports import free_port as _free_port  # a port of this worker's own block
 
 WORKER = os.path.join(os.path.dirname(preflight.probe.__file__), "bench_worker.py")
 
@@ -29,12 +30,6 @@ def worker():
     finally:
         sys.path[:] = saved
     return module
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_the_wait_ends_with_a_connection_to_a_store_that_started_late(worker):
