@@ -118,27 +118,26 @@ def arp_room(n: int):
     fail with ENOBUFS and gloo's connectFullMesh with "No route to host", at random, in both trees."""
     need = 2 * n * (n + 2)  # the data and the management networks, with the controller and some room
     try:
-        with open(NEIGH % 3) as fh:
-            have = int(fh.read())
+        old = {}
+        for i in (1, 2, 3):
+            with open(NEIGH % i) as fh:
+                old[i] = int(fh.read())
     except (OSError, ValueError):
-        have = None
-    if have is None or have >= need:
+        old = {}
+    if not old or old[3] >= need:
         yield
         return
-    old = {}
     for i, value in ((1, need // 4), (2, need // 2), (3, need)):
-        with open(NEIGH % i) as fh:
-            old[i] = fh.read().strip()
         with open(NEIGH % i, "w") as fh:
-            fh.write(str(max(value, int(old[i]))))
-    print("%d nodes: the ARP table's gc_thresh3 raised from %d to %d for the run (restored after)" % (n, have, need),
+            fh.write(str(max(value, old[i])))
+    print("%d nodes: the ARP table's gc_thresh3 raised from %d to %d for the run (restored after)" % (n, old[3], need),
           flush=True)
     try:
         yield
     finally:
         for i, value in old.items():
             with open(NEIGH % i, "w") as fh:
-                fh.write(value)
+                fh.write(str(value))
 
 
 def deadlines_for(n: int, init_timeout: Optional[str]) -> Dict[str, float]:

@@ -1,5 +1,5 @@
-"""TCP ports for tests that run a rendezvous store (or a ports-check listener) on this machine's own network
-namespace, where the pytest-xdist workers run side by side.
+"""TCP ports for tests that run a listener (a rendezvous store, the ports check's, Prometheus and its node exporter)
+in this machine's own network namespace, where the pytest-xdist workers run side by side.
 
 `bind(("127.0.0.1", 0))` then close hands out a port from the kernel's ephemeral range, which every worker's
 tests draw from at once: two workers were handed the same number, and the second agent found the first one's

@@ -228,21 +228,15 @@ def test_a_refusal_before_the_head_listened_is_not_tested_and_one_after_is_a_fai
     stopped trying; with the ssh check's clock offsets between them, a node refused before the head listened
     was not tested (retest); its twin, refused while the head listened (a REJECT rule), still FAILs."""
     head = dict(listening("n002"), from_t=1000.0)
-    refused = dict(connected(40), connected=False, handshake=False, errno="ECONNREFUSED", error="Connection refused",
-                   elapsed_s=10.0, until_t=995.0)
-    found = {f.node: f for f in ports_rule.rule(cluster(3, {"n001": head, "n002": connected(1), "n003": refused}))}
-    assert (found["n003"].status, found["n003"].action) == (Status.ERROR, "retest"), found["n003"]
-    assert "the head began listening only 5.0s after this node's last try" in found["n003"].message
-    during = dict(refused, until_t=1009.0)
-    found = {f.node: f for f in ports_rule.rule(cluster(3, {"n001": head, "n002": connected(1), "n003": during}))}
-    assert found["n003"].status == Status.FAIL and "refused" in found["n003"].message, found["n003"]
+    found = judged_n003(head, refused(until_t=995.0))
+    assert (found.status, found.action) == (Status.ERROR, "retest"), found
+    assert "the head began listening only 5.0s after this node's last try" in found.message
+    found = judged_n003(head, refused(until_t=1009.0))
+    assert found.status == Status.FAIL and "refused" in found.message, found
     # clocks: n003's runs 10 s behind the controller's, so its 995.0 is the controller's 1005.0: it tried while
     # the head listened (the ssh check measured the offset: the clock read in the middle of the window sent)
-    facts = {n: {"nic": data_node(i), "ports": f} for i, (n, f) in enumerate(
-        (("n001", head), ("n002", connected(1)), ("n003", refused)), 1)}
-    facts["n003"]["ssh"] = {"time": 1490.0, "window": [1499.9, 1500.1]}
-    found = {f.node: f for f in ports_rule.rule(view(facts))}
-    assert found["n003"].status == Status.FAIL, found["n003"]
+    found = judged_n003(head, refused(until_t=995.0), ssh={"time": 1490.0, "window": [1499.9, 1500.1]})
+    assert found.status == Status.FAIL, found
 
 
 def test_a_refusal_after_the_heads_window_closed_is_not_tested_one_while_it_listened_is_a_fail():
@@ -251,27 +245,35 @@ def test_a_refusal_after_the_heads_window_closed_is_not_tested_one_while_it_list
     twin, refused while the head still listened, FAILs; a head that began listening within the clocks'
     uncertainty of a node's last try is said so, not as a negative delay."""
     head = dict(listening("n002"), from_t=1000.0, elapsed_s=15.0)  # listened 1000.0 .. 1015.0
-    refused = dict(connected(40), connected=False, handshake=False, errno="ECONNREFUSED", error="Connection refused",
-                   elapsed_s=10.0, until_t=1027.0)  # tried 1017.0 .. 1027.0
-    found = {f.node: f for f in ports_rule.rule(cluster(3, {"n001": head, "n002": connected(1), "n003": refused}))}
-    assert (found["n003"].status, found["n003"].action) == (Status.ERROR, "retest"), found["n003"]
-    assert "the head's listener had closed its window 2.0s before this node's first try" in found["n003"].message
-    during = dict(refused, until_t=1014.0)  # tried 1004.0 .. 1014.0, while the head listened
-    found = {f.node: f for f in ports_rule.rule(cluster(3, {"n001": head, "n002": connected(1), "n003": during}))}
-    assert found["n003"].status == Status.FAIL and "refused" in found["n003"].message, found["n003"]
+    found = judged_n003(head, refused(until_t=1027.0))  # tried 1017.0 .. 1027.0
+    assert (found.status, found.action) == (Status.ERROR, "retest"), found
+    assert "the head's listener had closed its window 2.0s before this node's first try" in found.message
+    found = judged_n003(head, refused(until_t=1014.0))  # tried 1004.0 .. 1014.0, while the head listened
+    assert found.status == Status.FAIL and "refused" in found.message, found
     # n003's clock 10 s ahead of the controller's (the ssh check's offset): its 1027.0 is the controller's 1017.0,
     # so it tried while the head listened: a FAIL
-    facts = {n: {"nic": data_node(i), "ports": f} for i, (n, f) in enumerate(
-        (("n001", head), ("n002", connected(1)), ("n003", refused)), 1)}
-    facts["n003"]["ssh"] = {"time": 1510.0, "window": [1499.9, 1500.1]}
-    found = {f.node: f for f in ports_rule.rule(view(facts))}
-    assert found["n003"].status == Status.FAIL, found["n003"]
+    found = judged_n003(head, refused(until_t=1027.0), ssh={"time": 1510.0, "window": [1499.9, 1500.1]})
+    assert found.status == Status.FAIL, found
     # the head began listening 1 s before the node's last try, inside the clocks' uncertainty (2 s): retest, said so
-    facts["n003"]["ssh"] = {"time": 1500.0, "window": [1498.0, 1502.0]}
-    facts["n003"]["ports"] = dict(refused, until_t=1001.0)
-    found = {f.node: f for f in ports_rule.rule(view(facts))}
-    assert found["n003"].status == Status.ERROR, found["n003"]
-    assert "about when this node stopped trying (within the clocks' uncertainty)" in found["n003"].message
+    found = judged_n003(head, refused(until_t=1001.0), ssh={"time": 1500.0, "window": [1498.0, 1502.0]})
+    assert found.status == Status.ERROR, found
+    assert "about when this node stopped trying (within the clocks' uncertainty)" in found.message
+
+
+def refused(until_t):
+    """A connecting node's facts: refused for its whole 10 s window, its last try at until_t (its own clock)."""
+    return dict(connected(40), connected=False, handshake=False, errno="ECONNREFUSED", error="Connection refused",
+                elapsed_s=10.0, until_t=until_t)
+
+
+def judged_n003(head, ports, ssh=None):
+    """The ports finding on n003 (facts `ports`) beside the head n001 (`head`) and a connected n002; ssh: n003's
+    ssh check facts (its clock's offset from the controller's)."""
+    v = cluster(3, {"n001": head, "n002": connected(1), "n003": ports})
+    if ssh is not None:
+        v.facts["n003"]["ssh"] = ssh
+    (found,) = [f for f in ports_rule.rule(v) if f.node == "n003"]
+    return found
 
 
 def test_the_kernel_traces_of_a_listener_that_does_not_keep_up():

@@ -17,7 +17,6 @@ import ctypes.util
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -36,6 +35,7 @@ from preflight.output import dashboard
 from preflight.output.prometheus import history_metrics, to_prometheus, write_prometheus
 from preflight.slurm import drain
 from tests import history_fleet as fleet
+from tests.netports import free_port as _free_port  # a port of this worker's own block
 
 PROMETHEUS = shutil.which("prometheus")
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
@@ -55,12 +55,6 @@ NODE_GBPS[LEMON] = 4.0
 HEALTHY_GBPS = 12.0
 DEADLINE_S = 90.0  # daemons starting and a scrape, on a loaded 2-core machine
 PORT_TRIES = 3  # a free port another process takes before the daemon binds it: new ports
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _night(day: int) -> Dict[str, Any]:
