@@ -513,7 +513,8 @@ def recheck_plan(pairs, times, bests, warn, alternations=RECHECK_ALTERNATIONS):
     favourable kept: the controller's judge.reference and grade); each low node (the slowest MAX_CONFIRM)
     goes beside a distinct known-good node, one it has not met where it can, and two spare known-good
     nodes are the control, timed at once (one turn); with fewer than two spare, a control that shares a
-    partner, alternated with the suspects `alternations` times. [] when nothing is low or nothing is good."""
+    partner, alternated with the suspects `alternations` times (every other time in reverse). [] when nothing
+    is low or nothing is good."""
     by_node = {}
     for p, members in enumerate(pairs):
         for i in members:
@@ -541,7 +542,9 @@ def recheck_plan(pairs, times, bests, warn, alternations=RECHECK_ALTERNATIONS):
     pool = free + [g[1] for g in groups]
     if len(pool) < 2:
         return [[(g, False) for g in groups]]
-    return [[(g, False) for g in groups], [(pool[:2], True)]] * alternations
+    sides = [[(g, False) for g in groups], [(pool[:2], True)]]
+    # every other alternation reversed (A B, B A, A B), as the controller's interleaved rounds
+    return [side for i in range(alternations) for side in (sides if i % 2 == 0 else sides[::-1])]
 
 
 #: The node phase's second pass re-measures at most this many suspects (one at a time), each beside

@@ -42,7 +42,10 @@ def test_mark_asks_for_spares_only_where_the_fleet_keeps_the_process():
     slurm = Fleet(keeps=lambda ranks: ranks == 1)  # one rank a node: the kept step
     one, eight = cfgs("gloo", 1), cfgs("nccl", 8)
     assert spares.mark(slurm, one, "round") is True
-    assert one["n1"]["next_warm"] == {"backend": "gloo", "local_world_size": 1, "after": "store", "python": "/opt/py"}
+    # gloo's rounds: once the ranks are done, so that no import competes with the round's CPU traffic
+    assert one["n1"]["next_warm"] == {"backend": "gloo", "local_world_size": 1, "after": "done", "python": "/opt/py"}
+    nccl_round = cfgs("nccl", 1)
+    assert spares.mark(slurm, nccl_round, "round") and nccl_round["n1"]["next_warm"]["after"] == "store"
     assert spares.mark(slurm, eight) is False and "next_warm" not in eight["n1"]  # eight tasks a node: a new step
     k8s = Fleet(keeps=lambda ranks: False)  # each bench an Indexed Job
     assert spares.mark(k8s, cfgs()) is False
@@ -64,6 +67,7 @@ def test_the_warm_launch_is_read_only_from_a_round_where_every_rank_was_warm():
     both = {"a": rank_doc(0, True, 0.5), "b": rank_doc(1, True, 1.5)}  # import_s 2.0 each
     assert spares.warm_launch_s(both, 10.0) == 0.5  # the spares had 8.5 s after the slowest store: imported
     assert spares.warm_launch_s(both, 2.5) == 1.5  # only 1 s: 1 s of the import is left, plus the connection
+    assert spares.warm_launch_s(both, 10.0, "done") == 2.5  # started as the round ended: the whole import left
     assert spares.warm_launch_s({"a": rank_doc(0, True, 0.5), "b": rank_doc(1, False, 9.0)}, 10.0) is None
     assert spares.warm_launch_s({"a": None}, 10.0) is None
 
@@ -84,7 +88,7 @@ def test_a_round_asks_for_the_next_rounds_spares_and_the_one_after_starts_at_the
     r = rounds(fleet)
     r.run_groups([["n1", "n2"], ["n3", "n4"]])
     (names, then, nxt), = fleet.calls
-    assert then is True and all(v["after"] == "store" for v in nxt.values())
+    assert then is True and all(v["after"] == "done" for v in nxt.values())  # gloo: after the round's traffic
     assert r.kept == {"n1", "n2", "n3", "n4"} and r.warm_launch_s is not None
     assert r.timings["rounds_warm_ranks"] == [4]
 

@@ -166,8 +166,9 @@ def run_with_a_stall(cluster, tmp_path, heal):
 def evidence(doc):
     """The run's all-reduce findings and every localization group, one line each (for a failing assert)."""
     lines = ["%s %s %s: %s" % (r["status"], r["node"], r.get("action"), r["message"]) for r in allreduce_results(doc)]
-    lines += ["round %s%s %s: %s %s" % (g["round"], " control" if g.get("control") else "", "+".join(g["nodes"]),
-                                        g.get("best_gbps", g.get("busbw_gbps")), g.get("failure") or "")
+    lines += ["round %s%s %s: %s %s%s" % (g["round"], " control" if g.get("control") else "", "+".join(g["nodes"]),
+                                          g.get("best_gbps", g.get("busbw_gbps")), g.get("failure") or "",
+                                          " turns %s" % g["turn_gbps"] if g.get("turn_gbps") else "")
               for g in (doc["allreduce"].get("localization") or {}).get("groups") or []]
     return "\n".join(lines)
 

@@ -480,3 +480,6 @@ def test_a_round_whose_control_shares_the_partner_alternates_them_in_one_launch(
     assert [(g["nodes"], g["turns"], g["failure"]) for g in merged] == [
         (["b", "a"], localize.ALTERNATIONS, None), (["c", "a"], localize.ALTERNATIONS, None)]
     assert all(g["best_gbps"] >= g["busbw_gbps"] > 0 for g in merged), merged
+    # each turn's own figure, for the confirmation's rule (localize.overlap): the group's best is one of them
+    assert all(len(g["turn_gbps"]) == localize.ALTERNATIONS and max(g["turn_gbps"]) == round(g["best_gbps"], 4)
+               for g in merged), merged

@@ -32,6 +32,8 @@ def test_three_nodes_the_control_shares_the_partner_and_alternates_with_the_susp
     pairs = [[0, 1], [0, 2], [1, 2]]  # plan.pair_rotations of three nodes: every pair, one a rotation
     times = [0.07, 0.04, 0.07]  # node 1 low beside both
     turns = bench_worker.recheck_plan(pairs, times, times, 0.1)
-    assert turns == [[([1, 0], False)], [([2, 0], True)]] * bench_worker.RECHECK_ALTERNATIONS
+    suspect, control = [([1, 0], False)], [([2, 0], True)]
+    assert turns == [suspect, control, control, suspect, suspect, control]  # every other alternation reversed
+    assert bench_worker.RECHECK_ALTERNATIONS == 3
     # every pair alike (the whole machine slow): nobody stands out, nothing to recheck
     assert bench_worker.recheck_plan(pairs, [0.07] * 3, [0.07] * 3, 0.1) == []

@@ -330,7 +330,8 @@ class _Rounds:
                            settings, pairs=turns or None, warm_next="round" if self.settings["warm_next"] else None)
         docs = dict(done["docs"])
         took = time.monotonic() - started
-        self.kept, self.warm_launch_s = done["kept"], spares.warm_launch_s(docs, took)
+        self.kept = done["kept"]
+        self.warm_launch_s = spares.warm_launch_s(docs, took, spares.AFTER["round"][self.meta["backend"]])
         self.timings["rounds_s"].append(round(took, 3))
         self.timings["rounds_warm_ranks"].append(sum(1 for d in docs.values() for e in d.get("ranks") or []
                                                      if e.get("warm")))
