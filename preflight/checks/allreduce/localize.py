@@ -243,9 +243,9 @@ def overlap(group: GroupResult, controls: Sequence[GroupResult]) -> Optional[str
 
     On a shared machine the median of three short turns moves with load that lasts a few of them; only
     turns apart (every one of the suspect's below every one of the control's) say the node was slower,
-    whatever the load did. Seen once in the suite (2 cores, three test workers): a healed node 23% and 25%
-    below its control in two rounds running, named FAIL. By chance, with the turns exchangeable, all three of one
-    side fall below all three of the other 1 time in 20 a round; a throttled link's turns sit far apart.
+    whatever the load did. Seen twice in the suite (2 cores, three test workers): a healed node named after
+    rounds 23% and 25% below its control, and 13% and 64%. By chance, with the turns exchangeable, all three of
+    one side fall below all three of the other 1 time in 20 a round; a throttled link's turns sit far apart.
     Groups without turn figures (rounds side by side) are not judged here."""
     mine = group.get("turn_gbps") or []
     theirs = [x for c in controls if c.get("failure") is None for x in c.get("turn_gbps") or []]
@@ -263,7 +263,7 @@ def _assess(results, threshold, by_bandwidth=True, slow_fraction=SLOW_FRACTION):
     for g, level, _why, _c, _d, _o in judged:
         if level == OK:
             good.extend(n for n in g["nodes"] if n not in good)
-    evidence: Dict[str, List[Tuple[GroupResult, str, str, List[str], bool, bool]]] = {}
+    evidence: Dict[str, List[Tuple[GroupResult, str, str, List[str], bool, bool, Optional[str]]]] = {}
     for g, level, why, controlled, decisive, doubt in judged:
         if level == OK:
             continue
