@@ -124,7 +124,12 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25, help="tests listed (default 25)")
     ap.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments (default: the whole suite)")
     args = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="suite-imports-")
+    with tempfile.TemporaryDirectory(prefix="suite-imports-") as tmp:
+        return report(args, tmp)
+
+
+def report(args: argparse.Namespace, tmp: str) -> int:
+    """Run pytest with the plugin (written into tmp) under the watch, then print the counts."""
     with open(os.path.join(tmp, "suite_imports_plugin.py"), "w") as fh:
         fh.write(PLUGIN)
     prefixes_log = os.path.join(tmp, "prefixes.tsv")
@@ -139,7 +144,7 @@ def main() -> int:
     cpu, wall = busy_cpu_s() - cpu0, time.monotonic() - t0
     stop.set()
     watcher.join(2)
-    events = list(events)  # a snapshot: import_cpu_s() below opens the library too
+    events = list(events)  # a snapshot: should the watcher outlive join's 2 s, import_cpu_s() opens the library too
     test_of = {}
     if os.path.exists(prefixes_log):
         with open(prefixes_log) as fh:

@@ -543,7 +543,8 @@ def recheck_plan(pairs, times, bests, warn, alternations=RECHECK_ALTERNATIONS):
     if len(pool) < 2:
         return [[(g, False) for g in groups]]
     sides = [[(g, False) for g in groups], [(pool[:2], True)]]
-    # every other alternation reversed (A B, B A, A B), as the controller's interleaved rounds
+    # every other alternation reversed (A B, B A, A B), as the controller's rounds (localize.interleaved: the
+    # same expression; a rank cannot import the controller's module)
     return [side for i in range(alternations) for side in (sides if i % 2 == 0 else sides[::-1])]
 
 

@@ -331,10 +331,8 @@ def test_groups_sharing_a_node_alternate_in_one_launch():
 def _turn_round(suspect_turns, control_turns):
     """run_round for localize(): an interleaved round (the suspect's group and its control share a node) whose
     turns measured these figures (GB/s, each side's in its own launch order), merged as stage._Rounds does."""
-    calls = []
 
     def run_round(groups):
-        calls.append(groups)
         turns = localize.interleaved(groups)
         assert turns, groups  # 3 nodes: the control shares the partner
         figures = {0: list(suspect_turns), 1: list(control_turns)}
@@ -342,7 +340,7 @@ def _turn_round(suspect_turns, control_turns):
                      "bytes": 4 * MB} for side in turns]
         return localize.merge_turns(groups, measured)
 
-    return run_round, calls
+    return run_round
 
 
 def test_a_confirmation_needs_the_suspects_turns_apart_from_its_controls():
@@ -351,7 +349,7 @@ def test_a_confirmation_needs_the_suspects_turns_apart_from_its_controls():
     with load that lasts two of them; a round now confirms only when every turn of the suspect measured below
     every turn of its control. Here one of b's turns is as fast as the control's: not named, retest."""
     names, results = _three_screened_low()
-    run_round, calls = _turn_round([0.07, 0.072, 0.096], [0.095, 0.094, 0.1])  # medians 24% apart
+    run_round = _turn_round([0.07, 0.072, 0.096], [0.095, 0.094, 0.1])  # medians 24% apart
     verdict = localize.localize(names, run_round, results=results)
     assert verdict["bad"] == {} and verdict["warn"] == {}, verdict
     why = verdict["undecided"]["b"]
@@ -359,7 +357,7 @@ def test_a_confirmation_needs_the_suspects_turns_apart_from_its_controls():
     rounds = [g for g in verdict["results"] if g["round"] > 0 and "b" in g["nodes"]]
     assert rounds and all(g["turn_gbps"] == [0.07, 0.072, 0.096] for g in rounds), rounds
     # the twin: the same medians, every turn of b below every turn of its control: named, as before
-    run_round, calls = _turn_round([0.07, 0.072, 0.073], [0.095, 0.094, 0.1])
+    run_round = _turn_round([0.07, 0.072, 0.073], [0.095, 0.094, 0.1])
     verdict = localize.localize(names, run_round, results=results)
     assert list(verdict["bad"]) == ["b"] and "confirmed beside" in verdict["bad"]["b"], verdict
     assert "slow: busbw" in verdict["bad"]["b"] and "overlapped" not in verdict["bad"]["b"], verdict
