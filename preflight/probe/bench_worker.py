@@ -250,7 +250,12 @@ def _import_torch(backend, local_rank):
     """Import torch (and on GPUs make this rank's CUDA context): (torch, torch.distributed, device).
     Emits "imported" with import_s, the seconds this took in this process."""
     t0 = time.monotonic()
-    import torch
+    _without_numpy()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+        import torch
     import torch.distributed as dist
 
     if backend == "nccl":
@@ -263,6 +268,17 @@ def _import_torch(backend, local_rank):
         device = torch.device("cpu")
     emit("imported", import_s=round(time.monotonic() - t0, 3))
     return torch, dist, device
+
+
+def _without_numpy():
+    """Keep numpy out of this process: `import torch` imports it where it is installed (for the tensor/ndarray
+    bridge, which no rank uses), and numpy's OpenBLAS starts its thread pool at load, a thread per CPU up to
+    its build's limit, in every rank. Measured (benchmarks/rank_import_cpu.py, torch 2.13.0 CPU, numpy
+    2.4.6, 2 cores, 16 alternating runs): 2.21 -> 1.96 CPU-s a rank's import, median. torch then warns once
+    ("Failed to initialize NumPy"), which _import_torch silences. A numpy already loaded (a site hook, the
+    inventory's python) is left as it is."""
+    if "numpy" not in sys.modules:
+        sys.modules["numpy"] = None  # `import numpy` raises ImportError, as if it were not installed
 
 
 def _go_channel(fd):

@@ -5,31 +5,10 @@ Real sockets on loopback: a listener that starts after the wait began, and a por
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import socket
-import sys
 import threading
 
-import pytest
-
-import preflight.probe
 from tests.netports import free_port as _free_port  # a port of this worker's own block
-
-WORKER = os.path.join(os.path.dirname(preflight.probe.__file__), "bench_worker.py")
-
-
-@pytest.fixture(scope="module")
-def worker():
-    """The worker module, loaded from its file; the sys.path entry its import drops is put back."""
-    saved = list(sys.path)
-    spec = importlib.util.spec_from_file_location("preflight_bench_worker_under_test", WORKER)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = saved
-    return module
 
 
 def test_the_wait_ends_with_a_connection_to_a_store_that_started_late(worker):

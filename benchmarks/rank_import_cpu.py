@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""CPU and threads of a rank's torch import: `import torch` as is against bench_worker._import_torch (numpy kept
+out, issue 38), each in a fresh interpreter, alternating, on this machine's torch.
+
+    python3 benchmarks/rank_import_cpu.py                 # 12 runs each
+    python3 benchmarks/rank_import_cpu.py --runs 30 --backend gloo
+
+Each run: `python3 -c CODE` imports torch and torch.distributed (plain) or runs this checkout's
+preflight/probe/bench_worker.py's _import_torch (rank), prints its thread count right after, and exits with
+os._exit (as a rank ends: the interpreter's teardown is not the import). The CPU is the child's user + system
+time (getrusage of the reaped child). Printed: median, mean and min of each, the rank's median over plain's, and
+the threads (numpy's OpenBLAS starts its pool at load: one thread per CPU up to its build's limit, so this
+figure grows with the machine's cores). Needs torch; numpy installed is what the rank's guard is for (without
+it both variants import the same).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import resource
+import statistics
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(REPO, "preflight", "probe", "bench_worker.py")
+
+THREADS = "open('/proc/self/status').read().split('Threads:')[1].split()[0]"
+PLAIN = "import os, sys\nimport torch, torch.distributed\nsys.stderr.write('THREADS %%s\\n' %% %s)\nos._exit(0)\n" % THREADS
+RANK = (
+    "import importlib.util, os, sys\n"
+    "spec = importlib.util.spec_from_file_location('w', %r)\n"
+    "w = importlib.util.module_from_spec(spec); spec.loader.exec_module(w)\n"
+    "w._take_stdout()\n"
+    "w._import_torch(%r, 0)\n"
+    "sys.stderr.write('THREADS %%s\\n' %% %s)\nos._exit(0)\n"
+)
+
+
+def one(code: str) -> tuple:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit("rank_import_cpu: a run failed: %s" % proc.stderr.strip()[-400:])
+    threads = int(proc.stderr.split("THREADS ")[1].split()[0])
+    return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, threads
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=12, help="runs of each variant (default 12)")
+    ap.add_argument("--backend", default="gloo", help="the rank's backend (nccl makes a CUDA context: a GPU node)")
+    args = ap.parse_args()
+    if importlib.util.find_spec("torch") is None:
+        raise SystemExit("rank_import_cpu: torch is not installed here")
+    variants = {"plain": PLAIN, "rank": RANK % (WORKER, args.backend, THREADS)}
+    cpu = {k: [] for k in variants}
+    threads = {k: set() for k in variants}
+    for i in range(args.runs):
+        order = list(variants) if i % 2 == 0 else list(reversed(list(variants)))
+        for name in order:
+            seconds, count = one(variants[name])
+            cpu[name].append(seconds)
+            threads[name].add(count)
+    print("numpy installed here: %s; CPUs: %d; load %.1f; %d runs each, alternating" % (
+        importlib.util.find_spec("numpy") is not None, os.cpu_count() or 0, os.getloadavg()[0], args.runs))
+    for name, values in cpu.items():
+        print("%-6s CPU-s median %.3f  mean %.3f  min %.3f  threads after import %s" % (
+            name, statistics.median(values), statistics.mean(values), min(values), sorted(threads[name])))
+    print("rank / plain (medians): %.3f" % (statistics.median(cpu["rank"]) / statistics.median(cpu["plain"])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
