@@ -30,6 +30,11 @@ A verdict other than a healthy pass (exit 0), or two trees disagreeing on any (c
 checks both report (a check only one tree has is listed, not compared), is printed as such and makes the exit
 status 1. From 32 nodes both trees get the same raised all-reduce deadlines (cluster.allreduce init_timeout,
 total_timeout; --init-timeout), printed with the size: every node's torch import shares this machine's cores.
+--cpu samples every process's CPU from /proc (20 times a second) during each run and prints the machine's busy
+CPU-seconds beside the run's wall, by kind: ranks (the bench worker's python), probes (the phase-1/2 bundle's
+python), controller, sshd, slurm (slurmd, slurmstepd), this benchmark (its sampling), other. A process that starts and ends between two samples
+is missed (the machine figure, from /proc/stat, is not). On this simulator a run is CPU-bound once its wall is
+about busy / cores.
 --timeline prints each run's first launch step by step (allreduce.timings_s.timeline: the agents' start, the
 ranks' imported/store/init_done/pairs_start/done/exit, the agents' return, seconds from the bench call). Absolute times on a shared 2-core machine say how busy it was: read the
 ratios (after / before, same cluster, same minute) and the load average printed with each run.
@@ -176,7 +181,83 @@ def inventories(cluster: Any, allreduce: Dict[str, float], scratch: str) -> Dict
     return {"ssh": ssh, "slurm": slurm}
 
 
-def run_tree(cluster: Any, transport: str, tree: str, inv: Optional[str], scratch: str) -> Dict[str, Any]:
+#: --cpu: what a process is, from its command line (the first kind whose marker it holds)
+KINDS = (("ranks", '"backend": '), ("controller", "-m preflight check"), ("probes", "python3 -S -c"),
+         ("probes", "python3 -c"), ("sshd", "sshd"), ("slurm", "slurmd"), ("slurm", "slurmstepd"))
+
+
+def kind_of(cmdline: str) -> str:
+    """The --cpu kind of a process's command line (NULs as spaces): one of KINDS' names, else "other"."""
+    for name, marker in KINDS:
+        if marker in cmdline:
+            return name
+    return "other"
+
+
+def _busy_ticks() -> int:
+    with open("/proc/stat") as fh:
+        values = [int(x) for x in fh.readline().split()[1:]]
+    return sum(values) - values[3] - values[4]  # all but idle and iowait
+
+
+class CpuSampler:
+    """Every process's CPU over a run, from /proc, by kind (kind_of); busy: the machine's, from /proc/stat.
+    A process seen at the first sample counts from there (what it had used before the run is not the run's)."""
+
+    def __init__(self, period_s: float = 0.05):
+        import threading
+
+        self.period_s = period_s
+        self.hz = os.sysconf("SC_CLK_TCK")
+        self.seen: Dict[Tuple[str, str], List[Any]] = {}  # (pid, start time): [kind, first ticks, last ticks]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self, first: bool) -> None:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % pid) as fh:
+                    stat = fh.read()
+                fields = stat[stat.rindex(")") + 2:].split()
+                ticks, key = int(fields[11]) + int(fields[12]), (pid, fields[19])
+                if key not in self.seen:
+                    with open("/proc/%s/cmdline" % pid, "rb") as fh:
+                        cmdline = fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
+                    kind = "this benchmark" if int(pid) == os.getpid() else kind_of(cmdline)  # the sampler's own
+                    self.seen[key] = [kind, ticks if first else 0, ticks]
+                else:
+                    self.seen[key][2] = ticks
+            except (OSError, ValueError, IndexError):
+                continue  # the process ended between listdir and the read: its last sample stands
+
+    def _run(self) -> None:
+        first = True
+        while not self.stop.is_set():
+            self._sample(first)
+            first = False
+            self.stop.wait(self.period_s)
+
+    def __enter__(self) -> "CpuSampler":
+        self.busy0 = _busy_ticks()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.busy = (_busy_ticks() - self.busy0) / float(self.hz)
+
+    def by_kind(self) -> Dict[str, float]:
+        out: Dict[str, float] = {"busy": round(self.busy, 1)}
+        for kind, first, last in self.seen.values():
+            out[kind] = out.get(kind, 0.0) + (last - first) / float(self.hz)
+        return {k: round(v, 1) for k, v in out.items()}
+
+
+def run_tree(cluster: Any, transport: str, tree: str, inv: Optional[str], scratch: str,
+             cpu: bool = False) -> Dict[str, Any]:
     """One `preflight check` by tree over transport (inv: its inventory, None for `--slurm --nodelist`);
     its phases, exit status and verdicts."""
     from preflight.common import fold
@@ -192,10 +273,14 @@ def run_tree(cluster: Any, transport: str, tree: str, inv: Optional[str], scratc
         argv += [inv]
     argv += ["--no-progress", "--json", report]
     load = os.getloadavg()[0]
-    t0 = time.monotonic()
-    proc = cluster.ctl(argv, env=env, cwd=scratch, timeout=1800)
-    wall = time.monotonic() - t0
+    sampler = CpuSampler() if cpu else contextlib.nullcontext()
+    with sampler:
+        t0 = time.monotonic()
+        proc = cluster.ctl(argv, env=env, cwd=scratch, timeout=1800)
+        wall = time.monotonic() - t0
     row: Dict[str, Any] = {"rc": proc.returncode, "load1": round(load, 1)}
+    if cpu:
+        row["cpu_s"] = sampler.by_kind()
     try:
         with open(report) as fh:
             doc = json.load(fh)
@@ -305,7 +390,7 @@ def bench_size(n: int, args: argparse.Namespace, trees: Dict[str, str], scratch:
             order = ["before", "after"]
             for i in range(args.repeats + 1):  # the first round warms caches and is not counted
                 for label in order:
-                    row = run_tree(cluster, transport, trees[label], inv, scratch)
+                    row = run_tree(cluster, transport, trees[label], inv, scratch, cpu=args.cpu)
                     if i > 0 or args.repeats == 0:
                         results[label].append(row)
                     print("  %s %-6s %-6s #%d%s exit %s load %s %s" % (
@@ -314,6 +399,11 @@ def bench_size(n: int, args: argparse.Namespace, trees: Dict[str, str], scratch:
                         flush=True)
                     if args.timeline:
                         print_timeline(row)
+                    if "cpu_s" in row:
+                        print("      cpu_s over %.1f s wall (%d cores): %s" % (
+                            row["phases"]["wall"] if "phases" in row else float("nan"), os.cpu_count() or 0,
+                            "  ".join("%s %s" % kv for kv in sorted(row["cpu_s"].items(), key=lambda kv: -kv[1]))),
+                            flush=True)
                     if transport == "slurm":
                         cluster.slurm.wait_idle([node.name for node in cluster.nodes], 120)
                 order.reverse()
@@ -338,6 +428,8 @@ def main(argv=None) -> int:
                                                                               AUTO_INIT_S_PER_NODE))
     ap.add_argument("--timeline", action="store_true",
                     help="print each run's all-reduce timeline (allreduce.timings_s.timeline, trees that have it)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="sample every process's CPU during each run and print it by kind (see above)")
     ap.add_argument("--json", metavar="PATH", help="also write every run and the medians as JSON")
     args = ap.parse_args(argv)
     args.transports = [t for t in args.transports.split(",") if t]

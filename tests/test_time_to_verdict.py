@@ -33,3 +33,12 @@ def test_both_trees_get_the_same_raised_deadlines_from_32_nodes():
     assert ttv.deadlines_for(16, "auto") == {}
     assert ttv.deadlines_for(64, "auto") == {"init_timeout": 320.0, "total_timeout": 620.0}
     assert ttv.deadlines_for(4, "90") == {"init_timeout": 90.0, "total_timeout": 390.0}
+
+
+def test_cpu_kinds_come_from_the_command_lines_the_simulator_runs():
+    assert ttv.kind_of('python3 -u - {"warm": true, "backend": "gloo", "go_fd": 5}') == "ranks"
+    assert ttv.kind_of("/usr/bin/python3 -m preflight check /tmp/hosts.yaml --no-progress --json r.json") == "controller"
+    assert ttv.kind_of("bash -c echo preflight-pid $$; exec python3 -S -c import sys") == "probes"
+    assert ttv.kind_of("sshd: root@notty") == "sshd"
+    assert ttv.kind_of("slurmstepd: [12.0]") == "slurm"
+    assert ttv.kind_of("/usr/sbin/munged") == "other"
