@@ -32,9 +32,9 @@ status 1. From 32 nodes both trees get the same raised all-reduce deadlines (clu
 total_timeout; --init-timeout), printed with the size: every node's torch import shares this machine's cores.
 --cpu samples every process's CPU from /proc (20 times a second) during each run and prints the machine's busy
 CPU-seconds beside the run's wall, by kind: ranks (the bench worker's python), probes (the phase-1/2 bundle's
-python), controller, sshd, slurm (slurmd, slurmstepd), this benchmark (its sampling), other. A process that starts and ends between two samples
-is missed (the machine figure, from /proc/stat, is not). On this simulator a run is CPU-bound once its wall is
-about busy / cores.
+python), controller, sshd, slurm (slurmd, slurmstepd), this benchmark (its sampling), other. A process that
+starts and ends between two samples is missed (the machine figure, from /proc/stat, is not). On this simulator
+a run is CPU-bound once its wall is about busy / cores.
 --timeline prints each run's first launch step by step (allreduce.timings_s.timeline: the agents' start, the
 ranks' imported/store/init_done/pairs_start/done/exit, the agents' return, seconds from the bench call). Absolute times on a shared 2-core machine say how busy it was: read the
 ratios (after / before, same cluster, same minute) and the load average printed with each run.
