@@ -34,7 +34,8 @@ total_timeout; --init-timeout), printed with the size: every node's torch import
 CPU-seconds beside the run's wall, by kind: ranks (the bench worker's python), probes (the phase-1/2 bundle's
 python), controller, sshd, slurm (slurmd, slurmstepd), this benchmark (its sampling), other. A process that
 starts and ends between two samples is missed (the machine figure, from /proc/stat, is not). On this simulator
-a run is CPU-bound once its wall is about busy / cores.
+a run is CPU-bound once its wall is about busy / cores. The sampling itself takes about 0.1 CPU-s a second of
+wall (its line "this benchmark"), from both trees alike: take wall ratios from runs without --cpu.
 --timeline prints each run's first launch step by step (allreduce.timings_s.timeline: the agents' start, the
 ranks' imported/store/init_done/pairs_start/done/exit, the agents' return, seconds from the bench call). Absolute times on a shared 2-core machine say how busy it was: read the
 ratios (after / before, same cluster, same minute) and the load average printed with each run.
@@ -194,6 +195,15 @@ def kind_of(cmdline: str) -> str:
     return "other"
 
 
+#: kinds a process keeps once seen (python does not exec another program); the others are read again each sample
+SETTLED = ("ranks", "controller", "probes", "this benchmark")
+
+
+def _cmdline(pid: str) -> str:
+    with open("/proc/%s/cmdline" % pid, "rb") as fh:
+        return fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
+
+
 def _busy_ticks() -> int:
     with open("/proc/stat") as fh:
         values = [int(x) for x in fh.readline().split()[1:]]
@@ -223,12 +233,14 @@ class CpuSampler:
                 fields = stat[stat.rindex(")") + 2:].split()
                 ticks, key = int(fields[11]) + int(fields[12]), (pid, fields[19])
                 if key not in self.seen:
-                    with open("/proc/%s/cmdline" % pid, "rb") as fh:
-                        cmdline = fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
-                    kind = "this benchmark" if int(pid) == os.getpid() else kind_of(cmdline)  # the sampler's own
+                    kind = "this benchmark" if int(pid) == os.getpid() else kind_of(_cmdline(pid))  # the sampler's own
                     self.seen[key] = [kind, ticks if first else 0, ticks]
                 else:
                     self.seen[key][2] = ticks
+                    if self.seen[key][0] not in SETTLED:  # a fork of slurmstepd or sshd may exec a python yet
+                        line = _cmdline(pid)
+                        if line:  # empty once it is a zombie: its kind stands
+                            self.seen[key][0] = kind_of(line)
             except (OSError, ValueError, IndexError):
                 continue  # the process ended between listdir and the read: its last sample stands
 
