@@ -53,12 +53,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+
+from benchmarks.slurm_fanout import machine_cpu_s  # noqa: E402
 
 BASE_REV = "6910cf4"
 #: from this many nodes both trees get raised all-reduce deadlines (--init-timeout auto)
@@ -204,19 +207,11 @@ def _cmdline(pid: str) -> str:
         return fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
 
 
-def _busy_ticks() -> int:
-    with open("/proc/stat") as fh:
-        values = [int(x) for x in fh.readline().split()[1:]]
-    return sum(values) - values[3] - values[4]  # all but idle and iowait
-
-
 class CpuSampler:
-    """Every process's CPU over a run, from /proc, by kind (kind_of); busy: the machine's, from /proc/stat.
+    """Every process's CPU over a run, from /proc, by kind (kind_of); busy: the machine's (machine_cpu_s).
     A process seen at the first sample counts from there (what it had used before the run is not the run's)."""
 
     def __init__(self, period_s: float = 0.05):
-        import threading
-
         self.period_s = period_s
         self.hz = os.sysconf("SC_CLK_TCK")
         self.seen: Dict[Tuple[str, str], List[Any]] = {}  # (pid, start time): [kind, first ticks, last ticks]
@@ -252,14 +247,14 @@ class CpuSampler:
             self.stop.wait(self.period_s)
 
     def __enter__(self) -> "CpuSampler":
-        self.busy0 = _busy_ticks()
+        self.busy0 = machine_cpu_s()
         self.thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.stop.set()
         self.thread.join()
-        self.busy = (_busy_ticks() - self.busy0) / float(self.hz)
+        self.busy = machine_cpu_s() - self.busy0
 
     def by_kind(self) -> Dict[str, float]:
         out: Dict[str, float] = {"busy": round(self.busy, 1)}

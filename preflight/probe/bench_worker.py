@@ -83,6 +83,7 @@ import socket  # noqa: E402
 import statistics  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+import warnings  # noqa: E402
 
 ARRIVED_KEY = "preflight/arrived/%d"
 #: rank 0 writes its run's id here as soon as its store is up; every other rank reads it before it
@@ -251,8 +252,6 @@ def _import_torch(backend, local_rank):
     Emits "imported" with import_s, the seconds this took in this process."""
     t0 = time.monotonic()
     _without_numpy()
-    import warnings
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
         import torch
