@@ -4,10 +4,12 @@ out, issue 38), each in a fresh interpreter, alternating, on this machine's torc
 
     python3 benchmarks/rank_import_cpu.py                 # 12 runs each
     python3 benchmarks/rank_import_cpu.py --runs 30 --backend gloo
+    python3 benchmarks/rank_import_cpu.py --runs 16 --before /tmp/base     # a tree's rank beside this one's
 
 Each run: `python3 -c CODE` imports torch and torch.distributed (plain) or runs this checkout's
 preflight/probe/bench_worker.py's _import_torch (rank), prints its thread count right after, and exits with
-os._exit (as a rank ends: the interpreter's teardown is not the import). The CPU is the child's user + system
+os._exit (as a rank ends: the interpreter's teardown is not the import). --before TREE adds a third variant,
+that tree's bench_worker.py's _import_torch ("before"), and prints rank / before. The CPU is the child's user + system
 time (getrusage of the reaped child). Printed: median, mean and min of each, the rank's median over plain's, and
 the threads (numpy's OpenBLAS starts its pool at load: one thread per CPU up to its build's limit, so this
 figure grows with the machine's cores). Needs torch; numpy installed is what the rank's guard is for (without
@@ -53,14 +55,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=12, help="runs of each variant (default 12)")
     ap.add_argument("--backend", default="gloo", help="the rank's backend (nccl makes a CUDA context: a GPU node)")
+    ap.add_argument("--before", metavar="TREE", help="also run this tree's rank import (a checkout or git archive)")
     args = ap.parse_args()
     if importlib.util.find_spec("torch") is None:
         raise SystemExit("rank_import_cpu: torch is not installed here")
     variants = {"plain": PLAIN, "rank": RANK % (WORKER, args.backend, THREADS)}
+    if args.before:
+        worker = os.path.join(os.path.abspath(args.before), "preflight", "probe", "bench_worker.py")
+        if not os.path.isfile(worker):
+            raise SystemExit("rank_import_cpu: --before %s holds no preflight/probe/bench_worker.py" % args.before)
+        variants["before"] = RANK % (worker, args.backend, THREADS)
     cpu = {k: [] for k in variants}
     threads = {k: set() for k in variants}
     for i in range(args.runs):
-        order = list(variants) if i % 2 == 0 else list(reversed(list(variants)))
+        order = list(variants) if i % 2 == 0 else list(reversed(list(variants)))  # each variant first and last alike
         for name in order:
             seconds, count = one(variants[name])
             cpu[name].append(seconds)
@@ -71,6 +79,8 @@ def main() -> int:
         print("%-6s CPU-s median %.3f  mean %.3f  min %.3f  threads after import %s" % (
             name, statistics.median(values), statistics.mean(values), min(values), sorted(threads[name])))
     print("rank / plain (medians): %.3f" % (statistics.median(cpu["rank"]) / statistics.median(cpu["plain"])))
+    if args.before:
+        print("rank / before (medians): %.3f" % (statistics.median(cpu["rank"]) / statistics.median(cpu["before"])))
     return 0
 
 
