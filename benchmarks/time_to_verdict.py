@@ -38,7 +38,10 @@ a run is CPU-bound once its wall is about busy / cores. The sampling itself take
 wall (its line "this benchmark"), from both trees alike: take wall ratios from runs without --cpu.
 --timeline prints each run's first launch step by step (allreduce.timings_s.timeline: the agents' start, the
 ranks' imported/store/init_done/pairs_start/done/exit, the agents' return, seconds from the bench call). Absolute times on a shared 2-core machine say how busy it was: read the
-ratios (after / before, same cluster, same minute) and the load average printed with each run.
+ratios (after / before, same cluster, same minute) and the load average printed with each run. A run during
+which the machine's page cache was dropped (drop_caches written from outside) or 100 MiB or more of files were
+read back from disk is marked "!! page cache under this run" (the /proc/vmstat deltas, also in --json as
+page_cache): torch's files re-read cost that run CPU its twin did not pay.
 Needs root, iproute2, OpenSSH, slurmctld/slurmd/munge (see benchmarks/README.md) and torch on this machine.
 """
 
@@ -263,6 +266,38 @@ class CpuSampler:
         return {k: round(v, 1) for k, v in out.items()}
 
 
+#: /proc/vmstat counters that say the page cache went away under a run: drop_pagecache counts writes to
+#: /proc/sys/vm/drop_caches (on these machines a host agent's: nothing in the project writes it),
+#: workingset_refault_file the file pages read back after being evicted, pgmajfault the faults that waited
+#: for the disk. A run that read torch's libraries back from disk costs more CPU than its twin.
+VMSTAT = ("drop_pagecache", "workingset_refault_file", "pgmajfault")
+#: file pages read back that make a run worth a note: 100 MiB of 4 KiB pages (torch's own files are ~600 MB)
+REFAULT_NOTE_PAGES = 25600
+
+
+def vmstat(path: str = "/proc/vmstat") -> Dict[str, int]:
+    """VMSTAT's counters now ({} where /proc/vmstat cannot be read; a counter the kernel lacks is left out)."""
+    out: Dict[str, int] = {}
+    try:
+        with open(path) as fh:
+            for line in fh:
+                name, _, value = line.partition(" ")
+                if name in VMSTAT:
+                    out[name] = int(value)
+    except (OSError, ValueError):
+        return {}
+    return out
+
+
+def page_cache_note(before: Dict[str, int], after: Dict[str, int]) -> Optional[str]:
+    """A line for a run during which the page cache was dropped or much of it read back, else None."""
+    delta = {k: after[k] - before[k] for k in VMSTAT if k in before and k in after}
+    if delta.get("drop_pagecache", 0) <= 0 and delta.get("workingset_refault_file", 0) < REFAULT_NOTE_PAGES:
+        return None
+    return ("page cache under this run: %s; its CPU and wall are not comparable with its twin's" % ", ".join(
+        "%s +%d" % (k, delta[k]) for k in VMSTAT if k in delta))
+
+
 def run_tree(cluster: Any, transport: str, tree: str, inv: Optional[str], scratch: str,
              cpu: bool = False) -> Dict[str, Any]:
     """One `preflight check` by tree over transport (inv: its inventory, None for `--slurm --nodelist`);
@@ -281,11 +316,15 @@ def run_tree(cluster: Any, transport: str, tree: str, inv: Optional[str], scratc
     argv += ["--no-progress", "--json", report]
     load = os.getloadavg()[0]
     sampler = CpuSampler() if cpu else contextlib.nullcontext()
+    cache0 = vmstat()
     with sampler:
         t0 = time.monotonic()
         proc = cluster.ctl(argv, env=env, cwd=scratch, timeout=1800)
         wall = time.monotonic() - t0
     row: Dict[str, Any] = {"rc": proc.returncode, "load1": round(load, 1)}
+    note = page_cache_note(cache0, vmstat())
+    if note:
+        row["page_cache"] = note
     if cpu:
         row["cpu_s"] = sampler.by_kind()
     try:
@@ -404,6 +443,8 @@ def bench_size(n: int, args: argparse.Namespace, trees: Dict[str, str], scratch:
                         transport, label, "" if i else "(warm)", i, "", row["rc"], row["load1"],
                         " ".join("%s=%s" % (k, fmt(v).strip()) for k, v in (row.get("phases") or {}).items())),
                         flush=True)
+                    if row.get("page_cache"):
+                        print("      !! %s" % row["page_cache"], flush=True)
                     if args.timeline:
                         print_timeline(row)
                     if "cpu_s" in row:

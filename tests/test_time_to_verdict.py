@@ -42,3 +42,23 @@ def test_cpu_kinds_come_from_the_command_lines_the_simulator_runs():
     assert ttv.kind_of("sshd: root@notty") == "sshd"
     assert ttv.kind_of("slurmstepd: [12.0]") == "slurm"
     assert ttv.kind_of("/usr/sbin/munged") == "other"
+
+
+def test_a_run_under_which_the_page_cache_went_away_is_marked_and_a_quiet_one_is_not(tmp_path):
+    # /proc/vmstat's layout (name, a space, the value), counters from this machine's
+    stat = tmp_path / "vmstat"
+    stat.write_text("nr_free_pages 5776845\nworkingset_refault_file 1000\npgmajfault 1797\ndrop_pagecache 0\n")
+    before = ttv.vmstat(str(stat))
+    assert before == {"workingset_refault_file": 1000, "pgmajfault": 1797, "drop_pagecache": 0}
+    quiet = dict(before, workingset_refault_file=1000 + ttv.REFAULT_NOTE_PAGES - 1, pgmajfault=1900)
+    assert ttv.page_cache_note(before, quiet) is None  # some faults, under 100 MiB read back: an ordinary run
+    dropped = dict(before, drop_pagecache=1)
+    assert "drop_pagecache +1" in ttv.page_cache_note(before, dropped)
+    reread = dict(before, workingset_refault_file=1000 + 160843)
+    assert "workingset_refault_file +160843" in ttv.page_cache_note(before, reread)
+
+
+def test_no_vmstat_is_no_note_not_an_error(tmp_path):
+    assert ttv.vmstat(str(tmp_path / "absent")) == {}
+    assert ttv.page_cache_note({}, {}) is None
+    assert ttv.page_cache_note({"drop_pagecache": 0}, {}) is None  # a counter read once is no delta
