@@ -271,8 +271,9 @@ class CpuSampler:
 #: workingset_refault_file the file pages read back after being evicted, pgmajfault the faults that waited
 #: for the disk. A run that read torch's libraries back from disk costs more CPU than its twin.
 VMSTAT = ("drop_pagecache", "workingset_refault_file", "pgmajfault")
-#: file pages read back that make a run worth a note: 100 MiB of 4 KiB pages (torch's own files are ~600 MB)
-REFAULT_NOTE_PAGES = 25600
+#: file pages read back that make a run worth a note: 100 MiB in this machine's pages (25,600 of 4 KiB; torch's
+#: own files are ~600 MB)
+REFAULT_NOTE_PAGES = 100 * 2**20 // os.sysconf("SC_PAGE_SIZE")
 
 
 def vmstat(path: str = "/proc/vmstat") -> Dict[str, int]:

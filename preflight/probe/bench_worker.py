@@ -255,9 +255,9 @@ def _import_torch(backend, local_rank):
     The import runs with the cyclic garbage collector off, and what it loaded is then frozen (gc.freeze: moved
     where later collections do not walk it). Importing torch 2.13 leaves about 240,000 tracked objects, and
     the collector's ~370 passes over them during the import free about 7,000: work for nearly nothing.
-    Afterwards a collection no longer walks torch's modules either. Reference counting frees as before, and the import's few
-    thousand cyclic leftovers stay frozen (no RSS difference against collecting them first, which costs a full
-    pass of ~100 ms). A collector the caller had turned off stays off. Measured
+    Afterwards a collection no longer walks torch's modules either. Reference counting frees as before, and
+    the import's few thousand cyclic leftovers stay frozen (no RSS difference against collecting them first,
+    which costs a full pass of ~100 ms). A collector the caller had turned off stays off. Measured
     (benchmarks/rank_import_cpu.py --before, torch 2.13.0 CPU, 2 cores): see benchmarks/README.md."""
     t0 = time.monotonic()
     _without_numpy()
