@@ -7,7 +7,7 @@ probe context (ctx.sys_path / ctx.read / ctx.listdir), so a recorded sysfs tree 
                         function's vendor/class read once per probe run, for every probe that asks
     functions(ctx)      [{"bdf", "vendor", "class"}] of bus/pci/devices, vendor/class as the kernel
                         prints them ("0x10de", "0x030200")
-    upstream(ctx, bdf)  the bridge (port) directly above a function, from the real path of its sysfs
+    upstream(ctx, bdf)  the bridge (port) directly above a function, from the real path (ctx.realpath) of its sysfs
                         directory (devices/pci0000:00/0000:00:01.0/0000:01:00.0), or None at the root
     link_rate(ctx, bdf) (GT/s, lanes) of the function's maximum link (max_link_speed, max_link_width),
                         or None where the kernel does not say (a VM's emulated device, a root bus)
@@ -59,7 +59,7 @@ def functions(ctx: Any) -> List[Dict[str, str]]:
 
 
 def upstream(ctx: Any, bdf: str) -> Optional[str]:
-    real = os.path.realpath(ctx.sys_path("bus", "pci", "devices", bdf))
+    real = ctx.realpath(ctx.sys_path("bus", "pci", "devices", bdf))
     parent = os.path.basename(os.path.dirname(real)).lower()
     return parent if BDF.match(parent) else None
 
@@ -87,14 +87,14 @@ def _read_rdma_hcas(ctx: Any) -> List[Tuple[str, Optional[str]]]:
     root = ctx.sys_path("class", "infiniband")
     out = []
     for hca in ctx.listdir(root):
-        real = os.path.basename(os.path.realpath(os.path.join(root, hca, "device"))).lower()
+        real = os.path.basename(ctx.realpath(os.path.join(root, hca, "device"))).lower()
         out.append((hca, real if BDF.match(real) else None))
     return out
 
 
 def bridges(ctx: Any, bdf: str) -> List[str]:
     """The PCI bridges above a device, root port first (from the real path of its sysfs directory)."""
-    real = os.path.realpath(ctx.sys_path("bus", "pci", "devices", bdf))
+    real = ctx.realpath(ctx.sys_path("bus", "pci", "devices", bdf))
     chain = [part.lower() for part in real.split(os.sep) if BDF.match(part.lower())]
     return chain[:-1] if chain and chain[-1] == bdf else chain
 

@@ -175,5 +175,5 @@ def probe(ctx: Any) -> Dict[str, Any]:
 
 def _hca_pci(ctx: Any, hca: str) -> Optional[str]:
     """The PCI function an HCA sits on: the name of the directory class/infiniband/<hca>/device links to."""
-    real = os.path.basename(os.path.realpath(ctx.sys_path("class", "infiniband", hca, "device"))).lower()
+    real = os.path.basename(ctx.realpath(ctx.sys_path("class", "infiniband", hca, "device"))).lower()
     return real if re.match(_BDF + "$", real) else None
