@@ -48,19 +48,10 @@ RANK = (
 )
 
 
-def one(code: str) -> tuple:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise SystemExit("rank_import_cpu: a run failed: %s" % proc.stderr.strip()[-400:])
-    threads = int(proc.stderr.split("THREADS ")[1].split()[0])
-    return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, threads
-
-
 def batch(code: str, n: int, at_once: int) -> tuple:
     """n copies of code, no more than at_once running at a time (the next started as one exits): (seconds to
-    the last exit, CPU-s per copy, threads of one). Each copy's stderr goes to a file of its own."""
+    the last exit, CPU-s per copy, threads of one). Each copy's stderr goes to a file of its own. One run of a
+    variant is batch(code, 1, 1)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     running, finished = {}, []
@@ -113,11 +104,9 @@ def main() -> int:
     for i in range(args.runs):
         order = list(variants) if i % 2 == 0 else list(reversed(list(variants)))  # each variant first and last alike
         for name in order:
+            wall, seconds, count = batch(variants[name], args.concurrent, at_once[name])
             if args.concurrent > 1:
-                wall, seconds, count = batch(variants[name], args.concurrent, at_once[name])
                 walls[name].append(wall)
-            else:
-                seconds, count = one(variants[name])
             cpu[name].append(seconds)
             threads[name].add(count)
     print("numpy installed here: %s; CPUs: %d; load %.1f; %d runs each, alternating%s" % (
