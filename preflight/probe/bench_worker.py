@@ -257,10 +257,12 @@ def _import_torch(backend, local_rank):
     the collector's ~370 passes over them during the import free about 7,000: work for nearly nothing.
     Afterwards a collection no longer walks torch's modules either. Reference counting frees as before, and
     the import's few thousand cyclic leftovers stay frozen (no RSS difference against collecting them first,
-    which costs a full pass of ~100 ms). A collector the caller had turned off stays off. Measured
+    which costs a full pass of ~100 ms). A collector the caller had turned off stays off. torch's Python meta
+    kernels are deferred (DEFERRED_TORCH_MODULES: a quarter of the import, used by no rank). Measured
     (benchmarks/rank_import_cpu.py --before, torch 2.13.0 CPU, 2 cores): see benchmarks/README.md."""
     t0 = time.monotonic()
     _without_numpy()
+    _defer_unused_torch_modules()
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -268,6 +270,7 @@ def _import_torch(backend, local_rank):
             warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
             import torch
         import torch.distributed as dist
+        _bind_deferred(torch)
     finally:
         gc.freeze()
         if collecting:
@@ -294,6 +297,49 @@ def _without_numpy():
     inventory's python) is left as it is."""
     if "numpy" not in sys.modules:
         sys.modules["numpy"] = None  # `import numpy` raises ImportError, as if it were not installed
+
+
+# torch modules a rank's `import torch` loads only to register things no rank uses, and that nothing else loads:
+# torch/__init__.py ends with `from torch import _meta_registrations`, which registers Python meta kernels
+# (shape functions for the "meta" device, fake tensors, torch.compile and export) and, to build them, imports
+# torch._prims, torch._refs and torch._decomp. A rank runs eager collectives, fills and GEMMs on real CPU or
+# CUDA tensors, dispatched to their native kernels. Measured (benchmarks/rank_import_cpu.py, torch 2.13.0 CPU,
+# 2 cores): see benchmarks/README.md.
+DEFERRED_TORCH_MODULES = ("torch._meta_registrations",)
+FULL_IMPORT_ENV = "PREFLIGHT_RANK_FULL_TORCH_IMPORT"
+
+
+class _Deferred(type(sys)):
+    """Stands in sys.modules for a deferred module until something asks it for a name: then the real module is
+    imported (with everything it registers) and answers, and it replaces this one in sys.modules and on its
+    package. So code that does use the module gets it, at the point it would have been imported anyway."""
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):  # import machinery's probes (__path__, __file__, ...): no import for those
+            raise AttributeError(attr)
+        name = self.__name__
+        if sys.modules.get(name) is self:
+            del sys.modules[name]
+        import importlib
+
+        return getattr(importlib.import_module(name), attr)
+
+
+def _defer_unused_torch_modules():
+    """Put _Deferred stand-ins for DEFERRED_TORCH_MODULES before `import torch` (not where torch is already
+    loaded, and not with PREFLIGHT_RANK_FULL_TORCH_IMPORT=1 in the rank's environment)."""
+    if "torch" in sys.modules or os.environ.get(FULL_IMPORT_ENV) == "1":
+        return
+    for name in DEFERRED_TORCH_MODULES:
+        sys.modules.setdefault(name, _Deferred(name))
+
+
+def _bind_deferred(torch):
+    """A stand-in that survived the import is bound on its package, as the real module would have been."""
+    for name in DEFERRED_TORCH_MODULES:
+        module = sys.modules.get(name)
+        if isinstance(module, _Deferred) and not hasattr(torch, name.rpartition(".")[2]):
+            setattr(torch, name.rpartition(".")[2], module)
 
 
 def _go_channel(fd):
