@@ -235,6 +235,7 @@ def main(argv):
         if cfg.get("compute"):
             state.update(stage="compute", bytes=None)
             try:
+                _load_deferred()
                 emit("compute", **_compute_module().compute_phase(torch, dist, device, gpu, cfg["compute"], emit))
             except Exception as exc:  # the sweep's results stand; the agent reports this as compute_error
                 emit("compute_error", error=_describe(exc))
@@ -258,11 +259,11 @@ def _import_torch(backend, local_rank):
     Afterwards a collection no longer walks torch's modules either. Reference counting frees as before, and
     the import's few thousand cyclic leftovers stay frozen (no RSS difference against collecting them first,
     which costs a full pass of ~100 ms). A collector the caller had turned off stays off. torch's Python meta
-    kernels are deferred (DEFERRED_TORCH_MODULES: a quarter of the import, used by no rank). Measured
+    kernels are deferred on gloo ranks (DEFERRED_TORCH_MODULES: a quarter of the import). Measured
     (benchmarks/rank_import_cpu.py --before, torch 2.13.0 CPU, 2 cores): see benchmarks/README.md."""
     t0 = time.monotonic()
     _without_numpy()
-    _defer_unused_torch_modules()
+    _defer_unused_torch_modules(backend)
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -299,12 +300,15 @@ def _without_numpy():
         sys.modules["numpy"] = None  # `import numpy` raises ImportError, as if it were not installed
 
 
-# torch modules a rank's `import torch` loads only to register things no rank uses, and that nothing else loads:
+# torch modules a CPU rank's `import torch` loads only to register things its all-reduce does not use:
 # torch/__init__.py ends with `from torch import _meta_registrations`, which registers Python meta kernels
 # (shape functions for the "meta" device, fake tensors, torch.compile and export) and, to build them, imports
-# torch._prims, torch._refs and torch._decomp. A rank runs eager collectives, fills and GEMMs on real CPU or
-# CUDA tensors, dispatched to their native kernels. Measured (benchmarks/rank_import_cpu.py, torch 2.13.0 CPU,
-# 2 cores): see benchmarks/README.md.
+# torch._prims, torch._refs and torch._decomp. The all-reduce runs eager collectives and fills on real tensors,
+# dispatched to native kernels. Not everything there is for tracing: torch._prims.rng_prims sets the metaclass
+# that `torch.Generator()` needs (torch 2.13 refuses to make one before), so the compute tier, which seeds its
+# own generator, loads the real modules first (_load_deferred). Only gloo ranks defer: a GPU rank's import is
+# mostly CUDA's, the saving small, and its NCCL path is not run here without a GPU. Measured
+# (benchmarks/rank_import_cpu.py, torch 2.13.0 CPU, 2 cores): see benchmarks/README.md.
 DEFERRED_TORCH_MODULES = ("torch._meta_registrations",)
 FULL_IMPORT_ENV = "PREFLIGHT_RANK_FULL_TORCH_IMPORT"
 
@@ -317,18 +321,22 @@ class _Deferred(type(sys)):
     def __getattr__(self, attr):
         if attr.startswith("__"):  # import machinery's probes (__path__, __file__, ...): no import for those
             raise AttributeError(attr)
-        name = self.__name__
-        if sys.modules.get(name) is self:
-            del sys.modules[name]
-        import importlib
-
-        return getattr(importlib.import_module(name), attr)
+        return getattr(_import_real(self.__name__), attr)
 
 
-def _defer_unused_torch_modules():
-    """Put _Deferred stand-ins for DEFERRED_TORCH_MODULES before `import torch` (not where torch is already
-    loaded, and not with PREFLIGHT_RANK_FULL_TORCH_IMPORT=1 in the rank's environment)."""
-    if "torch" in sys.modules or os.environ.get(FULL_IMPORT_ENV) == "1":
+def _import_real(name):
+    """The real module `name`, imported now if a _Deferred stands in its place (and bound on its package)."""
+    import importlib
+
+    if isinstance(sys.modules.get(name), _Deferred):
+        del sys.modules[name]
+    return importlib.import_module(name)
+
+
+def _defer_unused_torch_modules(backend):
+    """Put _Deferred stand-ins for DEFERRED_TORCH_MODULES before a gloo rank's `import torch` (not where torch
+    is already loaded, and not with PREFLIGHT_RANK_FULL_TORCH_IMPORT=1 in the rank's environment)."""
+    if backend != "gloo" or "torch" in sys.modules or os.environ.get(FULL_IMPORT_ENV) == "1":
         return
     for name in DEFERRED_TORCH_MODULES:
         sys.modules.setdefault(name, _Deferred(name))
@@ -340,6 +348,13 @@ def _bind_deferred(torch):
         module = sys.modules.get(name)
         if isinstance(module, _Deferred) and not hasattr(torch, name.rpartition(".")[2]):
             setattr(torch, name.rpartition(".")[2], module)
+
+
+def _load_deferred():
+    """torch whole: the real DEFERRED_TORCH_MODULES for what goes beyond the all-reduce (the compute tier)."""
+    for name in DEFERRED_TORCH_MODULES:
+        if isinstance(sys.modules.get(name), _Deferred):
+            _import_real(name)
 
 
 def _go_channel(fd):

@@ -1,10 +1,13 @@
-"""A rank's `import torch` defers torch's Python meta kernels (bench_worker.DEFERRED_TORCH_MODULES): torch/__init__.py
-ends by importing torch._meta_registrations, which registers shape functions for the meta device, fake tensors and
-torch.compile, and imports torch._prims, torch._refs and torch._decomp to build them; no rank uses any of it.
+"""A gloo rank's `import torch` defers torch's Python meta kernels (bench_worker.DEFERRED_TORCH_MODULES):
+torch/__init__.py ends by importing torch._meta_registrations, which registers shape functions for the meta device,
+fake tensors and torch.compile, and imports torch._prims, torch._refs and torch._decomp to build them; the
+all-reduce uses none of it. The compute tier does (torch._prims.rng_prims makes `torch.Generator()` possible in
+torch 2.13) and loads the real modules first (_load_deferred; tests/checks/test_gpu_compute.py runs it end to end).
 
 The real worker file and the real torch, in fresh interpreters: the rank's collectives on a one-rank gloo group
 (all-reduce, broadcast, a sub-group) and a matmul run with the stand-in in place; the first name asked of it
-imports the real module; PREFLIGHT_RANK_FULL_TORCH_IMPORT=1 imports torch whole.
+imports the real module; _load_deferred makes a seeded Generator possible; PREFLIGHT_RANK_FULL_TORCH_IMPORT=1
+imports torch whole; a GPU (nccl) rank defers nothing.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ SCRIPT = (
     "facts['after_asking'] = type(sys.modules['torch._meta_registrations']).__name__\n"
     "facts['after_asking_loaded'] = " + LOADED + "\n"
     "facts['rebound'] = torch._meta_registrations is sys.modules['torch._meta_registrations']\n"
+    "w._load_deferred()\n"
+    "facts['generator'] = torch.randn(2, generator=torch.Generator().manual_seed(7)).tolist() == "
+    "torch.randn(2, generator=torch.Generator().manual_seed(7)).tolist()\n"
     "print('FACTS', json.dumps(facts), file=sys.stderr)\n"
     "os._exit(0)\n"
 )
@@ -83,6 +89,7 @@ def test_a_rank_runs_its_collectives_without_torchs_meta_kernels_and_gets_them_w
     assert facts["asked"] is True and facts["after_asking"] == "module", facts  # the first name asked: the real one
     assert facts["after_asking_loaded"] == {"torch._prims": True, "torch._refs": True, "torch._decomp": True}, facts
     assert facts["rebound"] is True, facts
+    assert facts["generator"] is True, facts  # the compute tier's seeded generator works once torch is whole
 
 
 @needs_torch
@@ -96,8 +103,20 @@ def test_the_full_import_switch_imports_torch_whole():
 def test_nothing_is_deferred_where_torch_is_already_loaded(monkeypatch, worker):
     monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
     monkeypatch.delitem(sys.modules, "torch._meta_registrations", raising=False)
-    worker._defer_unused_torch_modules()
+    worker._defer_unused_torch_modules("gloo")
     assert "torch._meta_registrations" not in sys.modules
+
+
+def test_a_gpu_rank_defers_nothing_and_a_cpu_rank_does(monkeypatch, worker):
+    monkeypatch.delenv("PREFLIGHT_RANK_FULL_TORCH_IMPORT", raising=False)
+    monkeypatch.setitem(sys.modules, "torch", None)  # undone last: this process's torch back as it was
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setitem(sys.modules, "torch._meta_registrations", None)
+    monkeypatch.delitem(sys.modules, "torch._meta_registrations")
+    worker._defer_unused_torch_modules("nccl")
+    assert "torch._meta_registrations" not in sys.modules
+    worker._defer_unused_torch_modules("gloo")
+    assert isinstance(sys.modules["torch._meta_registrations"], worker._Deferred)
 
 
 def test_a_stand_in_loads_the_real_module_on_the_first_name_asked(monkeypatch, tmp_path, worker):
