@@ -345,9 +345,12 @@ def run_tree(cluster: Any, transport: str, tree: str, inv: Optional[str], scratc
     row["verdicts"] = verdicts(doc)
     bad = [v for v in row["verdicts"] if v[2] in ("fail", "error", "warn")]
     if proc.returncode != 0 or bad:
-        said = [" ".join(str(r.get("message", "")).split())[:300] for r in doc.get("results") or []
-                if r["status"] in ("fail", "error")][:2]
+        not_pass = [r for r in doc.get("results") or [] if r["status"] in ("fail", "error", "warn")]
+        said = [" ".join(str(r.get("message", "")).split())[:300] for r in not_pass][:2]
         row["error"] = "not a healthy pass: exit %d, %s; %s" % (proc.returncode, bad[:6], " | ".join(said))
+        # the JSON keeps what each such result said (a healthy run's WARN must be explainable afterwards)
+        row["not_pass"] = [{k: r.get(k) for k in ("check", "node", "status", "message", "expected", "actual", "action")}
+                           for r in not_pass[:20]]
     return row
 
 

@@ -85,7 +85,8 @@ def test_a_rank_runs_its_collectives_without_torchs_meta_kernels_and_gets_them_w
     assert facts["deferred"] == "_Deferred" and facts["bound"], facts
     assert facts["sum"] == 3.0 * 1024 and facts["matmul"] == 64.0, facts
     assert facts["after_collectives"] == none, facts  # nothing a rank does needed them
-    assert facts["has_dunder_path"] is False and facts["after_dunder"] == "_Deferred", facts  # import probes load nothing
+    # the import machinery's probes load nothing
+    assert facts["has_dunder_path"] is False and facts["after_dunder"] == "_Deferred", facts
     assert facts["asked"] is True and facts["after_asking"] == "module", facts  # the first name asked: the real one
     assert facts["after_asking_loaded"] == {"torch._prims": True, "torch._refs": True, "torch._decomp": True}, facts
     assert facts["rebound"] is True, facts
