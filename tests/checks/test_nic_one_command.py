@@ -18,7 +18,10 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
                                 reason="needs root, unshare(1) and iproute2")
 
 #: links of the kinds this kernel can make in a namespace (bridge, veth enslaved to it, vxlan), addresses on two;
-#: each step checked (sh -e): a kind the kernel lacks fails the test rather than thinning it
+#: each step checked (sh -e): a kind the kernel lacks fails the test rather than thinning it. The kernel reports a
+#: link's operational state asynchronously (linkwatch: up to a second after `ip link set up`), so the commands
+#: compared run only once the bridge and both veth ends are operationally UP; before that, two commands a moment
+#: apart could see br0 DOWN, then UP (seen once in CI under load)
 SETUP = """
 ip link set lo up
 ip link add br0 type bridge
@@ -30,6 +33,11 @@ ip addr add fd00::1/64 dev v0
 ip link set br0 up
 ip link set v0 up
 ip link set v1 up
+n=0
+until [ "$(ip -br link show dev br0 | awk '{print $2}')" = UP ] && [ "$(ip -br link show dev v0 | awk '{print $2}')" = UP ] \
+      && [ "$(ip -br link show dev v1 | awk '{print $2}')" = UP ]; do
+    n=$((n + 1)); [ $n -lt 200 ] || { echo "br0, v0, v1 not operationally UP after 10 s" >&2; exit 1; }; sleep 0.05
+done
 """
 
 
