@@ -16,8 +16,8 @@ probe context (ctx.sys_path / ctx.read / ctx.listdir), so a recorded sysfs tree 
     bridges(ctx, bdf)   the bridges above a device, root port first (its sysfs device path)
     hypervisor(ctx)     why the node looks like a VM (/sys/hypervisor/type, DMI vendor/product), or None
 
-Used by the pcie, topology, gpudirect, gpu, fabric_manager and xid probes. Sources: the kernel's sysfs-bus-pci ABI (vendor, class
-as 0xCCSSPP) and the PCI class codes.
+Used by the pcie, topology, gpudirect, gpu, fabric_manager, xid and ib_errors probes. Sources: the kernel's
+sysfs-bus-pci ABI (vendor, class as 0xCCSSPP) and the PCI class codes.
 """
 
 from __future__ import annotations

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import re
 import time
 
 from preflight.node_model import ParseError
-from preflight.probe import kernlog
+from preflight.probe import kernlog, pci
 from preflight.probe.lazy_re import lazy
 from preflight.probe.rdma import is_efa
 
@@ -163,7 +162,8 @@ def probe(ctx: Any) -> Dict[str, Any]:
     for p in ports:
         p["after"] = _read_counters(ctx, p.pop("dir"))
     facts = {"interval_s": round(time.monotonic() - started, 3), "at": time.time(), "ports": ports, "efa": efa}
-    facts["hca_pci"] = {hca: _hca_pci(ctx, hca) for hca in sorted({p["hca"] for p in ports})}
+    bus = dict(pci.rdma_hcas(ctx))  # each HCA's PCI function, resolved once per probe run for every probe
+    facts["hca_pci"] = {hca: bus.get(hca) for hca in sorted({p["hca"] for p in ports})}
     facts["uptime_s"] = kernlog.uptime(ctx)
     klog = kernlog.read(ctx)
     log: Dict[str, Any] = {"source": klog["source"], "error": klog["error"], "lines": 0, "first_ts": None, "events": []}
@@ -171,9 +171,3 @@ def probe(ctx: Any) -> Dict[str, Any]:
         log.update(parse_link_events(klog["text"], klog["source"], facts["hca_pci"]))
     facts["kernel_log"] = log
     return facts
-
-
-def _hca_pci(ctx: Any, hca: str) -> Optional[str]:
-    """The PCI function an HCA sits on: the name of the directory class/infiniband/<hca>/device links to."""
-    real = os.path.basename(ctx.realpath(ctx.sys_path("class", "infiniband", hca, "device"))).lower()
-    return real if re.match(_BDF + "$", real) else None
